@@ -1,0 +1,56 @@
+"""One error shape for the whole API: {"detail": sentence, "code": stable code, "problems": [...]}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import RequestDataTooBig
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from .definitions import flatten_errors, path_text
+from .errors import CatalogError
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, CatalogError):
+        return Response(exc.as_dict(), status=exc.status)
+    if isinstance(exc, RequestDataTooBig):
+        return Response(
+            {
+                "detail": "The request body is too large; a model definition is a few kilobytes.",
+                "code": "too_large",
+            },
+            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+        )
+    if isinstance(exc, exceptions.ValidationError):
+        pairs = flatten_errors(exc.detail)
+        problems = [{"field": path_text(path), "message": message} for path, message in pairs]
+        listed = "; ".join(f"{p['field']}: {p['message']}" if p["field"] else p["message"] for p in problems[:5])
+        return Response(
+            {"detail": f"The request was refused, nothing was changed: {listed}.", "code": "invalid", "problems": problems},
+            status=status.HTTP_400_BAD_REQUEST,
+        )
+    response = drf_exception_handler(exc, context)
+    if response is not None and isinstance(exc, exceptions.APIException):
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        body: dict[str, Any] = {"detail": _sentence(detail, exc), "code": _code(exc)}
+        line = getattr(exc, "line", None)
+        if line is not None:
+            body["line"] = line
+        response.data = body
+    return response
+
+
+def _code(exc: exceptions.APIException) -> str:
+    codes = exc.get_codes()
+    return codes if isinstance(codes, str) else exc.default_code
+
+
+def _sentence(detail: str, exc: exceptions.APIException) -> str:
+    if isinstance(exc, exceptions.NotAuthenticated):
+        return "Log in first: send an API token as 'Authorization: Token KEY' (llmgw ctl reads LLMGW_TOKEN)."
+    if isinstance(exc, exceptions.AuthenticationFailed):
+        return f"{detail} Check LLMGW_TOKEN; the run command prints a token for the admin user."
+    return detail

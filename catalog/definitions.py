@@ -1,0 +1,282 @@
+"""The model definition schema: one serializer for server.yaml and `llmgw ctl model add -f`.
+
+A definition is checked here on its own (types, ranges, names, unknown fields);
+`catalog.validation` then checks it against the rest of the catalog.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Any
+from urllib.parse import urlsplit
+
+from rest_framework import serializers
+
+from .durations import DurationError, parse_duration
+from .errors import CatalogError, Problem, invalid
+from .yamltext import Path, line_for
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9._:-]+$")
+PROFILE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]+$")
+SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+CLASSES = ("critical", "standard", "opportunistic")
+
+# Ceilings well above any real machine: a figure beyond them is a typo (GB for
+# MB, an extra zero), and refusing it beats reserving a node that cannot exist.
+MAX_REPLICAS = 1000
+MAX_MEMORY_GB = 16384
+MAX_CORES = 4096
+MAX_GPUS = 64
+MAX_CONTEXT = 1_048_576
+MAX_NAME = 100
+
+
+def validate_name(value: str) -> str:
+    if len(value) > MAX_NAME:
+        raise serializers.ValidationError(f"names are at most {MAX_NAME} characters")
+    if not NAME_PATTERN.match(value):
+        raise serializers.ValidationError(
+            f"{value!r} has characters a name cannot have: use letters, digits, '.', '_', '-' and ':'"
+        )
+    return value
+
+
+def validate_source(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise serializers.ValidationError(
+            f"{value!r} is not an http(s) URL; a source is where the weights are, "
+            "usually a mirror URL like http://HOST:PORT/mirror/ORG/REPO/COMMIT/FILE.gguf"
+        )
+    return value
+
+
+def validate_sha256(value: str) -> str:
+    if not SHA256_PATTERN.match(value):
+        raise serializers.ValidationError("a sha256 is 64 lowercase hexadecimal characters")
+    return value
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses fields it does not know, by name: a misspelt field must not silently mean nothing."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            known = set(self.fields)
+            unknown = [key for key in data if key not in known]
+            if unknown:
+                errors = {}
+                for key in unknown:
+                    close = difflib.get_close_matches(str(key), sorted(known), n=1)
+                    hint = f"did you mean {close[0]!r}?" if close else f"known fields: {', '.join(sorted(known))}"
+                    errors[str(key)] = [f"unknown field; {hint}"]
+                raise serializers.ValidationError(errors)
+        return super().to_internal_value(data)
+
+
+class DurationField(serializers.Field):
+    default_error_messages = {"invalid": "{message}"}
+
+    def to_internal_value(self, data: Any) -> int:
+        try:
+            return parse_duration(data)
+        except DurationError as exc:
+            self.fail("invalid", message=str(exc))
+            raise AssertionError("unreachable") from exc
+
+    def to_representation(self, value: int) -> str:
+        from .durations import format_duration
+
+        return format_duration(value)
+
+
+class ProfileSerializer(StrictSerializer):
+    name = serializers.CharField(max_length=50)
+    memory_gb = serializers.FloatField(
+        min_value=0,
+        max_value=MAX_MEMORY_GB,
+        error_messages={
+            "min_value": "must not be negative",
+            "max_value": f"more than {MAX_MEMORY_GB} GB is not a real machine; is the figure a typo?",
+        },
+    )
+    cores = serializers.FloatField(
+        min_value=0,
+        max_value=MAX_CORES,
+        default=0,
+        error_messages={"min_value": "must not be negative", "max_value": f"at most {MAX_CORES}"},
+    )
+    gpus = serializers.IntegerField(
+        min_value=0,
+        max_value=MAX_GPUS,
+        default=0,
+        error_messages={"min_value": "must not be negative", "max_value": f"at most {MAX_GPUS}"},
+    )
+    gpu_memory_gb = serializers.FloatField(
+        min_value=0,
+        max_value=MAX_MEMORY_GB,
+        default=0,
+        error_messages={"min_value": "must not be negative", "max_value": f"at most {MAX_MEMORY_GB}"},
+    )
+
+    def validate_name(self, value: str) -> str:
+        if not PROFILE_NAME_PATTERN.match(value):
+            raise serializers.ValidationError("use letters, digits, '.', '_' and '-'")
+        return value
+
+
+class AdapterSerializer(StrictSerializer):
+    name = serializers.CharField(validators=[validate_name])
+    source = serializers.CharField(max_length=2000, validators=[validate_source])
+    scale = serializers.FloatField(
+        min_value=0,
+        max_value=10,
+        default=1.0,
+        error_messages={"min_value": "must not be negative", "max_value": "a LoRA scale above 10 is not sensible"},
+    )
+    sha256 = serializers.CharField(required=False, validators=[validate_sha256])
+
+
+class ModelDefinitionSerializer(StrictSerializer):
+    name = serializers.CharField(validators=[validate_name])
+    source = serializers.CharField(max_length=2000, validators=[validate_source])
+    sha256 = serializers.CharField(required=False, validators=[validate_sha256])
+    description = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
+    owner = serializers.CharField(required=False, max_length=150)
+    min_replicas = serializers.IntegerField(
+        min_value=0,
+        max_value=MAX_REPLICAS,
+        default=1,
+        error_messages={"min_value": "must not be negative", "max_value": f"at most {MAX_REPLICAS} replicas"},
+    )
+    max_replicas = serializers.IntegerField(
+        min_value=0,
+        max_value=MAX_REPLICAS,
+        required=False,
+        allow_null=True,
+        default=None,
+        error_messages={"min_value": "must not be negative", "max_value": f"at most {MAX_REPLICAS} replicas"},
+    )
+    idle_timeout = DurationField(required=False, default=0)
+    fallbacks = serializers.ListField(
+        child=serializers.CharField(validators=[validate_name]), required=False, default=list, max_length=16
+    )
+    context_length = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_CONTEXT,
+        required=False,
+        allow_null=True,
+        default=None,
+        error_messages={"min_value": "must be at least 1 token", "max_value": f"at most {MAX_CONTEXT} tokens"},
+    )
+    profiles = ProfileSerializer(many=True, allow_empty=False)
+    adapters = AdapterSerializer(many=True, required=False, default=list, max_length=32)
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        # "class" is the public field name; it cannot be a Python attribute.
+        fields["class"] = serializers.ChoiceField(
+            choices=list(CLASSES),
+            required=False,
+            allow_blank=True,
+            default="",
+            error_messages={"invalid_choice": f"{{input}} is not a class: use one of {', '.join(CLASSES)}, or leave it out for the default"},
+        )
+        return fields
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        errors: dict[str, list[str]] = {}
+        maximum = attrs.get("max_replicas")
+        if maximum is not None and attrs["min_replicas"] > maximum:
+            errors["max_replicas"] = [
+                f"max_replicas ({maximum}) is below min_replicas ({attrs['min_replicas']}); "
+                "max is a ceiling, so it must be at least min (or left out to follow min)"
+            ]
+        if attrs["name"] in attrs.get("fallbacks", []):
+            errors["fallbacks"] = ["a model cannot fall back to itself"]
+        profile_names = [p["name"] for p in attrs["profiles"]]
+        if len(set(profile_names)) != len(profile_names):
+            errors["profiles"] = ["two profiles have the same name"]
+        adapter_names = [a["name"] for a in attrs.get("adapters", [])]
+        if len(set(adapter_names)) != len(adapter_names):
+            errors["adapters"] = ["two adapters have the same name"]
+        if errors:
+            raise serializers.ValidationError(errors)
+        return attrs
+
+
+def flatten_errors(detail: Any, path: Path = ()) -> list[tuple[Path, str]]:
+    """DRF's nested error structure as (path, message) pairs."""
+    if isinstance(detail, dict):
+        pairs = []
+        for key, value in detail.items():
+            sub = path if key == "non_field_errors" else (*path, key)
+            pairs.extend(flatten_errors(value, sub))
+        return pairs
+    if isinstance(detail, list):
+        if all(isinstance(item, str) for item in detail):
+            return [(path, str(item)) for item in detail]
+        pairs = []
+        for index, item in enumerate(detail):
+            if item:
+                pairs.extend(flatten_errors(item, (*path, index)))
+        return pairs
+    return [(path, str(detail))]
+
+
+def path_text(path: Path) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def clean_definition(
+    data: Any,
+    *,
+    lines: dict[Path, int] | None = None,
+    prefix: Path = (),
+    what: str = "The definition",
+) -> dict[str, Any]:
+    """A validated definition, or a CatalogError naming every field that is wrong (and its line)."""
+    if not isinstance(data, dict):
+        raise CatalogError(
+            f"{what} must be a mapping of fields (name, source, profiles, ...), not {type(data).__name__}.",
+            code="invalid",
+        )
+    serializer = ModelDefinitionSerializer(data=data)
+    if serializer.is_valid():
+        return normalize(dict(serializer.validated_data))
+    problems = [
+        Problem(path_text(path), message, line_for(lines, (*prefix, *path)) if lines else None)
+        for path, message in flatten_errors(serializer.errors)
+    ]
+    raise invalid(problems, what=what)
+
+
+def _number(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else float(value)
+
+
+def normalize(attrs: dict[str, Any]) -> dict[str, Any]:
+    """The validated definition in the form it is stored: plain dicts, whole numbers as ints."""
+    attrs["profiles"] = [
+        {
+            "name": p["name"],
+            "memory_gb": _number(p["memory_gb"]),
+            "cores": _number(p["cores"]),
+            "gpus": p["gpus"],
+            "gpu_memory_gb": _number(p["gpu_memory_gb"]),
+        }
+        for p in attrs["profiles"]
+    ]
+    adapters = []
+    for a in attrs.get("adapters", []):
+        adapter = {"name": a["name"], "source": a["source"], "scale": _number(a["scale"])}
+        if a.get("sha256"):
+            adapter["sha256"] = a["sha256"]
+        adapters.append(adapter)
+    attrs["adapters"] = adapters
+    attrs["fallbacks"] = list(attrs.get("fallbacks", []))
+    return attrs

@@ -1,0 +1,170 @@
+"""The catalog: models people serve, and the audit trail of every change to them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+
+from .durations import format_duration
+
+CLASS_CHOICES = [
+    ("critical", "critical"),
+    ("standard", "standard"),
+    ("opportunistic", "opportunistic"),
+]
+
+
+class Model(models.Model):
+    """One model in the catalog: where its weights are, how many replicas, what each reserves.
+
+    Profiles and adapters are kept as JSON lists on the row: they are always
+    read and written with their model, validated as part of its definition, and
+    a definition round-trips through server.yaml unchanged.
+    """
+
+    name = models.CharField(max_length=100, unique=True)
+    source = models.CharField(max_length=2000)
+    sha256 = models.CharField(max_length=64, blank=True, default="")
+    description = models.TextField(blank=True, default="")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="owned_models",
+    )
+    model_class = models.CharField(
+        "class", max_length=20, choices=CLASS_CHOICES, blank=True, default=""
+    )
+    min_replicas = models.PositiveIntegerField(default=1)
+    max_replicas = models.PositiveIntegerField(null=True, blank=True)
+    idle_timeout = models.PositiveIntegerField(
+        default=0, help_text="seconds; 0 takes the cluster default"
+    )
+    fallbacks = models.JSONField(default=list, blank=True)
+    context_length = models.PositiveIntegerField(null=True, blank=True)
+    profiles = models.JSONField(default=list)
+    adapters = models.JSONField(default=list, blank=True)
+    declared = models.BooleanField(
+        default=False, help_text="declared in server.yaml (re-read on every start)"
+    )
+    # Bumped by a rolling restart: replicas started under an older generation
+    # are out of date and replaced one at a time.
+    generation = models.PositiveIntegerField(default=0)
+    source_size = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    # -- scaling in force -------------------------------------------------------
+
+    @property
+    def effective_max(self) -> int:
+        """max_replicas left out follows min_replicas."""
+        return self.min_replicas if self.max_replicas is None else self.max_replicas
+
+    @property
+    def on_demand(self) -> bool:
+        return self.min_replicas == 0 and self.effective_max > 0
+
+    @property
+    def parked(self) -> bool:
+        """min 0 max 0: kept in the catalog, deliberately not running."""
+        return self.min_replicas == 0 and self.effective_max == 0
+
+    @property
+    def class_in_force(self) -> str:
+        if self.model_class:
+            return self.model_class
+        return "opportunistic" if self.on_demand else "standard"
+
+    def idle_timeout_in_force(self, cluster_default: int) -> int:
+        return self.idle_timeout or cluster_default
+
+    # -- the definition, as written in server.yaml ------------------------------
+
+    def definition(self) -> dict[str, Any]:
+        """The model as the YAML schema writes it; `model add -f` takes it back unchanged."""
+        data: dict[str, Any] = {"name": self.name, "source": self.source}
+        if self.sha256:
+            data["sha256"] = self.sha256
+        if self.description:
+            data["description"] = self.description
+        if self.owner_id is not None:
+            data["owner"] = self.owner.username
+        if self.model_class:
+            data["class"] = self.model_class
+        data["min_replicas"] = self.min_replicas
+        if self.max_replicas is not None:
+            data["max_replicas"] = self.max_replicas
+        if self.idle_timeout:
+            data["idle_timeout"] = format_duration(self.idle_timeout)
+        if self.fallbacks:
+            data["fallbacks"] = list(self.fallbacks)
+        if self.context_length is not None:
+            data["context_length"] = self.context_length
+        data["profiles"] = [dict(p) for p in self.profiles]
+        if self.adapters:
+            data["adapters"] = [dict(a) for a in self.adapters]
+        return data
+
+
+class CatalogVersion(models.Model):
+    """A single row, locked by every catalog write and bumped by it.
+
+    Validation looks at the whole would-be catalog; holding this lock while
+    doing so means two concurrent changes cannot each pass against a catalog
+    that the other is about to change (say, two adds of the same adapter name).
+    """
+
+    version = models.PositiveBigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"catalog version {self.version}"
+
+
+class AuditEntry(models.Model):
+    """Who changed what, when, through which door; written in the change's transaction."""
+
+    DOORS = [
+        ("api", "API"),
+        ("cli", "llmgw ctl"),
+        ("console", "console"),
+        ("admin", "admin"),
+        ("config", "server.yaml"),
+        ("system", "system"),
+    ]
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    # Kept as text as well: entries outlive users, and "config"/"system" act
+    # without being users.
+    actor_name = models.CharField(max_length=150, db_index=True)
+    model_name = models.CharField(max_length=100, db_index=True)
+    action = models.CharField(max_length=40, db_index=True)
+    door = models.CharField(max_length=20, choices=DOORS)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    changes = models.JSONField(default=dict, blank=True)
+    note = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        verbose_name_plural = "audit entries"
+        indexes = [models.Index(fields=["model_name", "-at"])]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor_name} {self.action} {self.model_name}"

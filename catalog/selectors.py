@@ -1,0 +1,71 @@
+"""Reads of the catalog, shaped for the API, the CLI and the console."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+
+from .config import ClusterConfig
+from .durations import format_duration
+from .models import AuditEntry, Model
+
+
+def model_queryset() -> QuerySet[Model]:
+    return Model.objects.select_related("owner").order_by("name")
+
+
+def scaling_in_force(model: Model, config: ClusterConfig) -> dict[str, Any]:
+    return {
+        "min": model.min_replicas,
+        "max": model.effective_max,
+        "max_follows_min": model.max_replicas is None,
+        "on_demand": model.on_demand,
+        "parked": model.parked,
+        "idle_timeout": format_duration(model.idle_timeout_in_force(config.default_idle_timeout)),
+    }
+
+
+def model_view(model: Model, config: ClusterConfig) -> dict[str, Any]:
+    """One model as the API shows it: its definition and what is in force."""
+    return {
+        "name": model.name,
+        "kind": "declared" if model.declared else "runtime",
+        "owner": model.owner.username if model.owner else None,
+        "class": model.class_in_force,
+        "class_set": model.model_class or "default",
+        "scaling": scaling_in_force(model, config),
+        "source_size": model.source_size,
+        "generation": model.generation,
+        "definition": model.definition(),
+        "created_at": model.created_at.isoformat(),
+        "updated_at": model.updated_at.isoformat(),
+    }
+
+
+def audit_queryset(
+    *, model: str | None = None, actor: str | None = None, action: str | None = None
+) -> QuerySet[AuditEntry]:
+    entries = AuditEntry.objects.all()
+    if model:
+        entries = entries.filter(model_name=model)
+    if actor:
+        entries = entries.filter(actor_name=actor)
+    if action:
+        entries = entries.filter(action=action)
+    return entries.order_by("-at", "-id")
+
+
+def audit_view(entry: AuditEntry) -> dict[str, Any]:
+    return {
+        "id": entry.pk,
+        "at": entry.at.isoformat(),
+        "actor": entry.actor_name,
+        "door": entry.door,
+        "model": entry.model_name,
+        "action": entry.action,
+        "changes": entry.changes,
+        "before": entry.before,
+        "after": entry.after,
+        "note": entry.note,
+    }

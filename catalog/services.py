@@ -1,0 +1,470 @@
+"""Every write to the catalog: add, remove, scale, resources, class, owner, adapters, server.yaml.
+
+Views, API classes, the admin, the CLI (through the API) and start-up all call
+these, so they cannot disagree. Each one builds the would-be catalog, validates
+it whole, writes, and records its audit entry in the same transaction; a refused
+change writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+
+from .definitions import CLASSES, MAX_CORES, MAX_MEMORY_GB, MAX_REPLICAS
+from .errors import CatalogError, Problem, conflict, forbidden, invalid, not_found
+from .models import AuditEntry, CatalogVersion, Model
+from .signals import catalog_changed
+from .validation import catalog_problems
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser
+
+    from .config import ClusterConfig
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who is making a change and through which door (api, cli, console, admin, config, system)."""
+
+    name: str
+    door: str
+    user: AbstractBaseUser | None = None
+
+    @classmethod
+    def for_user(cls, user: Any, door: str) -> Actor:
+        return cls(name=user.get_username(), door=door, user=user)
+
+    @property
+    def is_staff(self) -> bool:
+        return bool(self.user is not None and getattr(self.user, "is_staff", False))
+
+
+CONFIG = Actor(name="config", door="config")
+SYSTEM = Actor(name="system", door="system")
+
+
+# -- shared steps ---------------------------------------------------------------
+
+
+def _lock_catalog() -> None:
+    """Hold the catalog lock until the transaction ends (see CatalogVersion)."""
+    row = CatalogVersion.objects.select_for_update().get(pk=1)
+    row.version += 1
+    row.save(update_fields=["version"])
+
+
+def _catalog_snapshot() -> dict[str, dict[str, Any]]:
+    """What whole-catalog validation needs of every model, in one query."""
+    return {
+        row["name"]: {"fallbacks": row["fallbacks"], "adapters": row["adapters"]}
+        for row in Model.objects.values("name", "fallbacks", "adapters")
+    }
+
+
+def _refuse_if_invalid(catalog: dict[str, dict[str, Any]], changed: Iterable[str]) -> None:
+    problems = catalog_problems(catalog, changed=changed)
+    if problems:
+        raise invalid(problems, what="The change")
+
+
+def _get_model(name: str) -> Model:
+    try:
+        return Model.objects.select_related("owner").get(name=name)
+    except Model.DoesNotExist:
+        raise not_found(name, list(Model.objects.values_list("name", flat=True))) from None
+
+
+def _require_change_rights(actor: Actor, model: Model) -> None:
+    if actor.door in ("config", "system") or actor.is_staff:
+        return
+    if actor.user is not None and model.owner_id == actor.user.pk:
+        return
+    if model.owner is None:
+        raise forbidden(f"{model.name} has no owner, so only a staff user may change it.")
+    raise forbidden(
+        f"{model.name} belongs to {model.owner.username}; only they or a staff user may change it. "
+        f"Ask them, or ask staff to hand it over with `llmgw ctl model owner {model.name} USER`."
+    )
+
+
+def _refuse_if_declared(model: Model, what: str) -> None:
+    from .config import current_config
+
+    if model.declared:
+        path = current_config().path
+        raise conflict(
+            f"{model.name} is declared in {path}, which is read again on every start, so {what}. "
+            f"Change it in {path} instead.",
+            code="declared_model",
+        )
+
+
+def _record(
+    actor: Actor,
+    model_name: str,
+    action: str,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+    note: str = "",
+) -> AuditEntry:
+    changes: dict[str, list[Any]] = {}
+    for key in dict.fromkeys([*(before or {}), *(after or {})]):
+        old = (before or {}).get(key)
+        new = (after or {}).get(key)
+        if old != new:
+            changes[key] = [old, new]
+    return AuditEntry.objects.create(
+        actor=actor.user,
+        actor_name=actor.name,
+        model_name=model_name,
+        action=action,
+        door=actor.door,
+        before=before,
+        after=after,
+        changes=changes,
+        note=note,
+    )
+
+
+def record_event(actor: Actor, model_name: str, action: str, note: str, **details: Any) -> AuditEntry:
+    """An audit entry for something that is not a change of definition (a preemption, a restart)."""
+    return _record(actor, model_name, action, None, details or None, note)
+
+
+def _announce(*names: str) -> None:
+    transaction.on_commit(lambda: catalog_changed.send(sender=Model, names=list(names)))
+
+
+def _resolve_user(username: str) -> Any:
+    User = get_user_model()
+    try:
+        return User.objects.get(username=username)
+    except User.DoesNotExist:
+        raise CatalogError(
+            f"There is no user named {username!r}; create the account first (console or admin).",
+            code="unknown_user",
+        ) from None
+
+
+def _apply_definition(model: Model, definition: dict[str, Any]) -> None:
+    model.source = definition["source"]
+    model.sha256 = definition.get("sha256", "")
+    model.description = definition.get("description", "")
+    model.model_class = definition.get("class", "")
+    model.min_replicas = definition["min_replicas"]
+    model.max_replicas = definition.get("max_replicas")
+    model.idle_timeout = definition.get("idle_timeout", 0)
+    model.fallbacks = definition.get("fallbacks", [])
+    model.context_length = definition.get("context_length")
+    model.profiles = definition["profiles"]
+    model.adapters = definition.get("adapters", [])
+
+
+# -- add and remove -------------------------------------------------------------
+
+
+def model_add(*, actor: Actor, definition: dict[str, Any], source_check: bool = True) -> Model:
+    """Add a runtime model; the one adding it becomes its owner (staff may name another)."""
+    owner = actor.user
+    wanted_owner = definition.get("owner")
+    if wanted_owner and (owner is None or wanted_owner != owner.get_username()):
+        if not actor.is_staff:
+            raise forbidden(
+                f"Adding a model makes you its owner; only staff may add one owned by "
+                f"{wanted_owner}. Leave owner out (or set it to yourself)."
+            )
+        owner = _resolve_user(wanted_owner)
+
+    source_size = None
+    if source_check:
+        from .sources import check_adapter, check_source
+
+        source_size = check_source(definition["source"]).size
+        for adapter in definition.get("adapters", []):
+            check_adapter(adapter, model_name=definition["name"], model_source=definition["source"])
+
+    with transaction.atomic():
+        _lock_catalog()
+        existing = Model.objects.select_related("owner").filter(name=definition["name"]).first()
+        if existing is not None:
+            who = f"owned by {existing.owner.username}" if existing.owner else "with no owner"
+            kind = "declared in server.yaml" if existing.declared else "added at runtime"
+            raise conflict(
+                f"A model named {existing.name} already exists ({kind}, {who}). "
+                "Choose another name, or remove that one first.",
+                code="name_taken",
+            )
+        catalog = _catalog_snapshot()
+        catalog[definition["name"]] = definition
+        _refuse_if_invalid(catalog, [definition["name"]])
+        model = Model(name=definition["name"], owner=owner, declared=False, source_size=source_size)
+        _apply_definition(model, definition)
+        model.save()
+        _record(actor, model.name, "add", None, model.definition())
+        _announce(model.name)
+    return model
+
+
+def model_remove(*, actor: Actor, name: str) -> None:
+    with transaction.atomic():
+        _lock_catalog()
+        model = _get_model(name)
+        _refuse_if_declared(model, "removing it here would only last until then: it would come back")
+        _require_change_rights(actor, model)
+        dependents = sorted(
+            other
+            for other, fallbacks in Model.objects.exclude(pk=model.pk).values_list("name", "fallbacks")
+            if name in fallbacks
+        )
+        if dependents:
+            raise conflict(
+                f"{name} cannot be removed: {', '.join(dependents)} "
+                f"{'falls' if len(dependents) == 1 else 'fall'} back to it. "
+                f"Remove it from their fallbacks first.",
+                code="fallback_target",
+            )
+        before = model.definition()
+        model.delete()
+        _record(actor, name, "remove", before, None)
+        _announce(name)
+
+
+# -- changes to one model -------------------------------------------------------
+
+
+def _change(actor: Actor, name: str, action: str, declared_effect: str, apply: Any) -> Model:
+    """Lock, load, check rights, apply, validate the whole catalog, save, audit."""
+    with transaction.atomic():
+        _lock_catalog()
+        model = _get_model(name)
+        _refuse_if_declared(model, declared_effect)
+        _require_change_rights(actor, model)
+        before = model.definition()
+        apply(model)
+        catalog = _catalog_snapshot()
+        catalog[model.name] = {"fallbacks": model.fallbacks, "adapters": model.adapters}
+        _refuse_if_invalid(catalog, [model.name])
+        model.save()
+        after = model.definition()
+        if after != before:
+            _record(actor, model.name, action, before, after)
+            _announce(model.name)
+    return model
+
+
+def _replica_count(value: Any, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_REPLICAS:
+        raise invalid([Problem(field, f"must be a whole number from 0 to {MAX_REPLICAS}")], what="The scale")
+    return value
+
+
+def model_scale(
+    *,
+    actor: Actor,
+    name: str,
+    min_replicas: int,
+    max_replicas: int | None = None,
+    idle_timeout: int | None = None,
+) -> Model:
+    """Set the replica count (min), the ceiling (max; None follows min) and the idle timeout."""
+    minimum = _replica_count(min_replicas, "min")
+    maximum = None if max_replicas is None else _replica_count(max_replicas, "max")
+    if maximum is not None and minimum > maximum:
+        raise invalid(
+            [
+                Problem(
+                    "max",
+                    f"max ({maximum}) is below min ({minimum}); max is a ceiling, so it must be "
+                    "at least min, or left out to follow min",
+                )
+            ],
+            what="The scale",
+        )
+
+    def apply(model: Model) -> None:
+        model.min_replicas = minimum
+        model.max_replicas = maximum
+        if idle_timeout is not None:
+            model.idle_timeout = idle_timeout
+
+    return _change(actor, name, "scale", "a scale set here would revert then", apply)
+
+
+def model_set_resources(
+    *,
+    actor: Actor,
+    name: str,
+    memory_gb: float,
+    cores: float | None = None,
+    profile: str | None = None,
+) -> Model:
+    """Set what a replica reserves of a node, for one profile or every profile."""
+    problems = []
+    if not 0 <= memory_gb <= MAX_MEMORY_GB:
+        problems.append(Problem("memory", f"must be from 0 to {MAX_MEMORY_GB} GB"))
+    if cores is not None and not 0 <= cores <= MAX_CORES:
+        problems.append(Problem("cores", f"must be from 0 to {MAX_CORES}"))
+    if problems:
+        raise invalid(problems, what="The resources")
+
+    def apply(model: Model) -> None:
+        names = [p["name"] for p in model.profiles]
+        if profile is not None and profile not in names:
+            raise invalid(
+                [Problem("profile", f"{model.name} has no profile {profile!r}; it has {', '.join(names)}")],
+                what="The resources",
+            )
+        profiles = []
+        for entry in model.profiles:
+            entry = dict(entry)
+            if profile is None or entry["name"] == profile:
+                entry["memory_gb"] = memory_gb
+                if cores is not None:
+                    entry["cores"] = cores
+            profiles.append(entry)
+        model.profiles = profiles
+
+    return _change(actor, name, "resources", "resources set here would revert then", apply)
+
+
+def model_set_class(*, actor: Actor, name: str, klass: str) -> Model:
+    """critical, standard, opportunistic, or default ("" or "default": follows the scaling)."""
+    value = "" if klass in ("", "default") else klass
+    if value and value not in CLASSES:
+        raise invalid(
+            [Problem("class", f"{klass!r} is not a class: use {', '.join(CLASSES)} or default")],
+            what="The class",
+        )
+
+    def apply(model: Model) -> None:
+        model.model_class = value
+
+    return _change(actor, name, "class", "a class set here would revert then", apply)
+
+
+def model_set_owner(*, actor: Actor, name: str, username: str) -> Model:
+    new_owner = _resolve_user(username)
+
+    def apply(model: Model) -> None:
+        model.owner = new_owner
+
+    return _change(actor, name, "owner", "an owner set here would revert then", apply)
+
+
+def model_set_adapters(
+    *,
+    actor: Actor,
+    name: str,
+    add: list[dict[str, Any]] | None = None,
+    remove: list[str] | None = None,
+    source_check: bool = True,
+) -> Model:
+    """Remove then add LoRA adapters (so --remove X --add X=URL replaces X)."""
+    add = add or []
+    remove = remove or []
+    if source_check and add:
+        from .sources import check_adapter
+
+        model = _get_model(name)
+        for adapter in add:
+            check_adapter(adapter, model_name=model.name, model_source=model.source)
+
+    def apply(model: Model) -> None:
+        current = [dict(a) for a in model.adapters]
+        names = [a["name"] for a in current]
+        missing = [r for r in remove if r not in names]
+        if missing:
+            raise invalid(
+                [
+                    Problem(
+                        "remove",
+                        f"{model.name} has no adapter {r!r}; it has {', '.join(names) or 'none'}",
+                    )
+                    for r in missing
+                ],
+                what="The adapter change",
+            )
+        current = [a for a in current if a["name"] not in remove]
+        kept = {a["name"] for a in current}
+        clashes = [a["name"] for a in add if a["name"] in kept]
+        if clashes:
+            raise invalid(
+                [
+                    Problem(
+                        "add",
+                        f"{model.name} already has an adapter {c!r}; remove it in the same "
+                        f"change to replace it (--remove {c} --add {c}=URL)",
+                    )
+                    for c in clashes
+                ],
+                what="The adapter change",
+            )
+        model.adapters = current + add
+
+    return _change(actor, name, "adapters", "adapters set here would revert then", apply)
+
+
+# -- server.yaml ----------------------------------------------------------------
+
+
+def _config_owner(username: str | None) -> Any:
+    if not username:
+        return None
+    User = get_user_model()
+    user, created = User.objects.get_or_create(username=username)
+    if created:
+        # The account exists so that the model has an owner; staff give it a
+        # password when that person should log in.
+        user.set_unusable_password()
+        user.save()
+    return user
+
+
+def config_apply(config: ClusterConfig) -> dict[str, list[str]]:
+    """Bring the declared models in line with server.yaml; refuse the whole file if it does not fit."""
+    result: dict[str, list[str]] = {"created": [], "updated": [], "removed": []}
+    with transaction.atomic():
+        _lock_catalog()
+        existing = {m.name: m for m in Model.objects.select_related("owner")}
+        wanted = {d["name"]: d for d in config.models}
+        clashes = [n for n in wanted if n in existing and not existing[n].declared]
+        if clashes:
+            runtime = existing[clashes[0]]
+            raise conflict(
+                f"{clashes[0]} is declared in the file, but a model of that name was added at "
+                f"runtime (owner {runtime.owner.username if runtime.owner else 'none'}). Rename "
+                "the declared one, or remove the runtime one with `llmgw ctl model remove`.",
+                code="name_taken",
+            )
+        catalog = _catalog_snapshot()
+        for gone in [n for n, m in existing.items() if m.declared and n not in wanted]:
+            catalog.pop(gone)
+        catalog.update(wanted)
+        _refuse_if_invalid(catalog, list(wanted))
+
+        for name, model in existing.items():
+            if model.declared and name not in wanted:
+                before = model.definition()
+                model.delete()
+                _record(CONFIG, name, "remove", before, None, note=f"gone from {config.path}")
+                result["removed"].append(name)
+        for name, definition in wanted.items():
+            model = existing.get(name) or Model(name=name, declared=True)
+            before = model.definition() if model.pk else None
+            _apply_definition(model, definition)
+            model.owner = _config_owner(definition.get("owner"))
+            after = model.definition()
+            if before == after:
+                continue
+            model.save()
+            _record(CONFIG, name, "update" if before else "add", before, after, note=f"from {config.path}")
+            result["updated" if before else "created"].append(name)
+        changed = [n for names in result.values() for n in names]
+        if changed:
+            _announce(*changed)
+    return result

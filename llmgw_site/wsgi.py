@@ -1,0 +1,13 @@
+"""WSGI entry point; server.yaml is applied when the web process starts."""
+
+import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
+
+application = get_wsgi_application()
+
+from catalog.config import apply_config_on_start  # noqa: E402  (needs Django set up)
+
+apply_config_on_start("web")
