@@ -11,6 +11,8 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from .durations import DurationError, parse_duration
@@ -75,6 +77,7 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
+@extend_schema_field(OpenApiTypes.STR)
 class DurationField(serializers.Field):
     default_error_messages = {"invalid": "{message}"}
 

@@ -323,9 +323,9 @@ def _read_preamble(cursor: _Cursor) -> int:
         if bytes(cursor.data) != GGUF_MAGIC[:have]:
             raise NotGGUFError(_not_gguf_message(bytes(cursor.data)))
         raise NeedMoreData(4, have)
-    magic = bytes(cursor.take(4))
-    if magic != GGUF_MAGIC:
-        raise NotGGUFError(_not_gguf_message(magic))
+    if bytes(cursor.take(4)) != GGUF_MAGIC:
+        # Show more than the magic: an HTML page or an LFS pointer is recognisable from it.
+        raise NotGGUFError(_not_gguf_message(bytes(cursor.data[:32])))
     version = cursor.u32()
     if version not in SUPPORTED_VERSIONS:
         # A big-endian file has its version byte-swapped when read as little-endian.
@@ -605,32 +605,35 @@ class _RangeFetcher:
                 )
             if match.group(3) != "*":
                 self.file_size = int(match.group(3))
-            for chunk in self._guarded(response.iter_content(chunk_size=_CHUNK)):
-                buffer += chunk
-                if len(buffer) >= target:
-                    break
+            self._fill(response.iter_content(chunk_size=_CHUNK), buffer, target)
             del buffer[target:]  # a server may send more than asked; keep the prefix exact
             return len(buffer) > start
 
     def _read_stream(self, buffer: bytearray, target: int) -> bool:
         assert self._stream is not None
         before = len(buffer)
-        for chunk in self._guarded(self._stream):
-            buffer += chunk
-            if len(buffer) >= target:
-                break
         # Anything read past the target stays in the buffer: it is the next part of the prefix.
+        self._fill(self._stream, buffer, target)
         return len(buffer) > before
 
-    def _guarded(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
-        try:
-            yield from chunks
-        except requests.RequestException as exc:
-            raise FetchError(
-                f"Could not fetch the GGUF header from {self.url}: the connection broke "
-                f"while reading ({exc}).",
-                url=self.url,
-            ) from exc
+    def _fill(self, chunks: Iterator[bytes], buffer: bytearray, target: int) -> None:
+        """Append chunks until ``buffer`` reaches ``target`` or the body ends.
+
+        Iterates with next() rather than a for loop over a wrapping generator: abandoning such
+        a generator would close the body's iterator and lose the rest of a streamed 200 body.
+        """
+        while len(buffer) < target:
+            try:
+                chunk = next(chunks)
+            except StopIteration:
+                return
+            except requests.RequestException as exc:
+                raise FetchError(
+                    f"Could not fetch the GGUF header from {self.url}: the connection broke "
+                    f"while reading ({exc}).",
+                    url=self.url,
+                ) from exc
+            buffer += chunk
 
     def close(self) -> None:
         # Closing a streamed response drops the connection instead of downloading the rest.

@@ -175,6 +175,10 @@ def _random(rng: np.random.Generator, *shape: int, scale: float = 0.02) -> np.nd
     return (rng.standard_normal(shape) * scale).astype(np.float32)
 
 
+# Much larger than the model's weights so that the adapter visibly changes greedy output (a
+# trained LoRA starts with lora_b at zero; a test adapter that changes nothing proves nothing).
+LORA_VALUE_SCALE = 0.5
+
 # The base tensors each adapter targets, with their (out, in) shapes in the tiny model.
 LORA_TARGETS: dict[str, tuple[int, int]] = {
     "attn_q": (EMBEDDING_LENGTH, EMBEDDING_LENGTH),
@@ -215,8 +219,8 @@ def _lora_tensors(rng: np.random.Generator, rank: int) -> list[tuple[str, np.nda
             base = f"blk.{block}.{target}.weight"
             # lora_a must directly precede its lora_b: gguf's writer (and some readers) pair them
             # by order when counting parameters.
-            tensors.append((f"{base}.lora_a", _random(rng, rank, in_dim)))
-            tensors.append((f"{base}.lora_b", _random(rng, out_dim, rank)))
+            tensors.append((f"{base}.lora_a", _random(rng, rank, in_dim, scale=LORA_VALUE_SCALE)))
+            tensors.append((f"{base}.lora_b", _random(rng, out_dim, rank, scale=LORA_VALUE_SCALE)))
     return tensors
 
 

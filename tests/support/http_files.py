@@ -91,7 +91,9 @@ def serve_directory(
         thread.join(timeout=HANDLER_TIMEOUT_SECONDS)
 
 
-def _handler_class(root: Path, honour_range: bool, stats: ServerStats) -> type[BaseHTTPRequestHandler]:
+def _handler_class(
+    root: Path, honour_range: bool, stats: ServerStats
+) -> type[BaseHTTPRequestHandler]:
     class FileHandler(_FileHandler):
         pass
 

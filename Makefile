@@ -1,0 +1,28 @@
+# The two commands: `make run` and `make test`. Everything they need is installed by `setup`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP_EXTRAS ?= dev,engine
+
+.PHONY: run setup test test-sqlite lint bench
+
+run: setup
+	$(PY) manage.py llmgw_run
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PY) -m pip install --quiet -e '.[$(PIP_EXTRAS)]'
+	touch $@
+
+test: setup
+	$(PY) -m pytest
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy .
+
+bench: setup
+	$(PY) bench/catalog_list.py

@@ -1,0 +1,742 @@
+"""Where replicas go and what must stop: the reconciler's placement plan.
+
+The reconciler calls :func:`plan_placement` once per pass with the nodes, the models and
+the replicas that are running (or starting). It gets back a :class:`Plan`: replicas to
+start, replicas to stop (scale down, removed models), replicas to preempt, and the
+replicas that fit nowhere, each with a reason a person can act on.
+
+It is a pure function over plain frozen dataclasses (no Django, no I/O), so it is cheap
+to test and can also answer "what if" questions for ``llmgw ctl``.
+
+Rules, in the order the planner applies them:
+
+1. Replicas of models no longer in the catalog are stopped. Replicas on a node the
+   caller did not pass are stopped too (nothing can be accounted for there).
+2. Scale down: a model with more replicas than ``desired`` loses the extras. The replica
+   to stop is picked by, in order: on an unschedulable (cordoned) node first, then on the
+   node holding the most replicas of that model (keeps the model spread), then on the
+   fullest node (least free memory, then fewest free cores), then node name, then
+   replica id.
+3. Serving: models are served by class rank (critical, standard, opportunistic); within
+   a class, replicas that bring a model up to its minimum go before replicas above it;
+   then by model name. For each replica, every profile is tried in order without
+   preemption (the first profile that fits anywhere wins), and only if none fits are the
+   profiles tried again in order with preemption.
+4. Node choice: spread first (fewest replicas of this model on the node), then best fit
+   (least free memory left after placing, then fewest free cores left, then node name).
+   Unschedulable nodes get nothing.
+5. Preemption: lower classes give way to higher ones. Within a class, a replica that
+   brings its model up to its minimum may take replicas another model has beyond its
+   own minimum, never that model's minimum replicas. A replica above its own model's
+   minimum never preempts its own class. Victims on a node are chosen lowest class
+   first, then replicas beyond their model's minimum, then biggest reservation first,
+   and any victim that turns out not to be needed is given back. The node whose victim
+   set is cheapest wins: lowest highest-class among victims, then fewest victims, then
+   fewest victims within their model's minimum, then fewest running (rather than just
+   planned) victims, then the usual spread / best-fit / name order.
+
+A resource a replica does not need (zero) never blocks it: "cores 0" reserves no cores.
+Quantities are compared with a small tolerance (:data:`EPSILON`) so that sums of float
+reservations do not flip a fit on rounding noise.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+#: Class ranks: a higher rank is served first and may preempt lower ranks.
+CLASS_RANK: dict[str, int] = {"critical": 3, "standard": 2, "opportunistic": 1}
+
+#: Tolerance when comparing quantities, so float sums do not break exact fits.
+EPSILON = 1e-6
+
+# Internal resource vector: (memory_gb, cores, gpus, gpu_memory_gb). Tuples and lists of
+# floats are used in the hot paths instead of Resources because they are much faster.
+_Vec = tuple[float, float, float, float]
+_DIMENSIONS = 4
+
+
+@dataclass(frozen=True)
+class Resources:
+    """An amount of node resources: a node's capacity, free room, or a reservation.
+
+    ``gpu_memory_gb`` is the total GPU memory reserved (or available) across the GPUs.
+    """
+
+    memory_gb: float = 0
+    cores: float = 0
+    gpus: int = 0
+    gpu_memory_gb: float = 0
+
+    def fits_in(self, other: Resources) -> bool:
+        """Whether this reservation fits in ``other`` (zero needs always fit)."""
+        return _fits(_vec(self), _vec(other))
+
+    def __add__(self, other: Resources) -> Resources:
+        return _resources(tuple(a + b for a, b in zip(_vec(self), _vec(other), strict=True)))
+
+    def __sub__(self, other: Resources) -> Resources:
+        return _resources(tuple(a - b for a, b in zip(_vec(self), _vec(other), strict=True)))
+
+    def describe(self) -> str:
+        """Human words, e.g. ``"24 GB memory, 8 cores, 1 GPU, 40 GB GPU memory"``."""
+        return _describe(_vec(self))
+
+
+@dataclass(frozen=True)
+class Node:
+    """A machine replicas run on. Cordoned or lost nodes are not ``schedulable``."""
+
+    name: str
+    capacity: Resources
+    schedulable: bool = True
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One way to run a model (e.g. "gpu", "cpu") and what a replica of it reserves."""
+
+    name: str
+    resources: Resources
+
+
+@dataclass(frozen=True)
+class ModelDemand:
+    """What one catalog model wants this pass.
+
+    ``desired`` is how many replicas it wants now (the caller has already applied min
+    replicas and on-demand); ``minimum`` is its min replicas (0 for an on-demand model).
+    A ``minimum`` above ``desired`` is treated as ``desired``. ``klass`` is a key of
+    :data:`CLASS_RANK`. ``profiles`` are tried in order.
+    """
+
+    name: str
+    klass: str
+    minimum: int
+    desired: int
+    profiles: tuple[Profile, ...]
+
+
+@dataclass(frozen=True)
+class Replica:
+    """A replica that is running or starting on a node, with what it reserves there."""
+
+    id: str
+    model: str
+    node: str
+    profile: str
+    resources: Resources
+
+
+@dataclass(frozen=True)
+class Start:
+    """Start one replica of ``model`` on ``node`` with ``profile``."""
+
+    model: str
+    node: str
+    profile: str
+    resources: Resources
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Stop replica ``replica_id``; ``reason`` says why in words (for events and logs)."""
+
+    replica_id: str
+    model: str
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Unplaced:
+    """``count`` replicas of ``model`` fit nowhere, even with preemption; ``reason`` says why."""
+
+    model: str
+    count: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One pass's decisions. Apply ``stops`` and ``preemptions`` before ``starts``."""
+
+    starts: tuple[Start, ...]
+    stops: tuple[Stop, ...]
+    preemptions: tuple[Stop, ...]
+    unplaced: tuple[Unplaced, ...]
+
+
+def plan_placement(
+    nodes: Sequence[Node], models: Sequence[ModelDemand], replicas: Sequence[Replica]
+) -> Plan:
+    """Decide which replicas to start, stop and preempt this pass (see the module doc).
+
+    The plan does not depend on the order of the inputs. Raises ``ValueError`` on
+    duplicate node, model or replica names, an unknown class, negative counts or
+    negative profile resources.
+    """
+    planner = _Planner(nodes, models)
+    planner.adopt(replicas)
+    planner.scale_down()
+    for rank in sorted(set(CLASS_RANK.values()), reverse=True):
+        planner.serve_class(rank)
+    return planner.plan()
+
+
+def node_free(nodes: Sequence[Node], replicas: Iterable[Replica]) -> dict[str, Resources]:
+    """Free resources per node: capacity minus the reservations of its replicas.
+
+    Replicas on nodes not in ``nodes`` are ignored. Over-committed nodes show negatives.
+    """
+    free = {node.name: list(_vec(node.capacity)) for node in nodes}
+    for replica in replicas:
+        room = free.get(replica.node)
+        if room is not None:
+            for d, amount in enumerate(_vec(replica.resources)):
+                room[d] -= amount
+    return {name: _resources(tuple(room)) for name, room in free.items()}
+
+
+# --- internals -------------------------------------------------------------------------
+
+
+def _vec(resources: Resources) -> _Vec:
+    return (
+        float(resources.memory_gb),
+        float(resources.cores),
+        float(resources.gpus),
+        float(resources.gpu_memory_gb),
+    )
+
+
+def _resources(vec: Sequence[float]) -> Resources:
+    memory_gb, cores, gpus, gpu_memory_gb = vec
+    # GPUs are whole devices; round away float noise from the vector arithmetic.
+    return Resources(memory_gb, cores, round(gpus), gpu_memory_gb)
+
+
+def _fits(need: Sequence[float], room: Sequence[float]) -> bool:
+    # A zero need always fits, even on a node that is over-committed on that resource.
+    return all(n <= 0 or n <= r + EPSILON for n, r in zip(need, room, strict=True))
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def _describe(vec: Sequence[float]) -> str:
+    memory, cores, gpus, gpu_memory = vec
+    parts = []
+    if memory:
+        parts.append(f"{_num(memory)} GB memory")
+    if cores:
+        parts.append(f"{_num(cores)} cores")
+    if gpus:
+        parts.append(f"{_num(gpus)} GPU" + ("" if gpus == 1 else "s"))
+    if gpu_memory:
+        parts.append(f"{_num(gpu_memory)} GB GPU memory")
+    return ", ".join(parts) or "nothing"
+
+
+@dataclass(slots=True, eq=False)
+class _Slot:
+    """A replica as the planner tracks it: running, or planned to start in this pass."""
+
+    key: str  # replica id, or "start#N" for a planned start
+    model: str
+    node: str
+    profile: str
+    need: _Vec
+    rank: int
+    start: int | None = None  # key of the planned Start, if it is one
+
+
+@dataclass(slots=True, eq=False)
+class _NodeState:
+    name: str
+    schedulable: bool
+    capacity: _Vec
+    free: list[float]
+    slots: dict[str, _Slot] = field(default_factory=dict)
+    # Reservations per class rank: lets the preemption search rule a node out in O(1).
+    load: dict[int, list[float]] = field(default_factory=dict)
+
+
+class _FreeIndex:
+    """Schedulable nodes sorted by (free memory, free cores, name), bucketed by free GPUs.
+
+    Why: best fit is "least free memory left, then fewest free cores, then name", which
+    for a given need is the same order as (free memory, free cores, name). So the first
+    node at or above the needed memory that fits the rest is the best fit, found with a
+    bisect instead of a scan over every node. Buckets by free GPUs let a GPU replica
+    skip nodes without enough GPUs without looking at them.
+    """
+
+    def __init__(self) -> None:
+        self._buckets: dict[int, list[tuple[float, float, str]]] = {}
+        self._where: dict[str, tuple[int, tuple[float, float, str]]] = {}
+
+    def update(self, node: _NodeState) -> None:
+        old = self._where.pop(node.name, None)
+        if old is not None:
+            bucket = self._buckets[old[0]]
+            del bucket[bisect.bisect_left(bucket, old[1])]
+        if node.schedulable:
+            gpus = max(0, int(node.free[2] + EPSILON))
+            entry = (node.free[0], node.free[1], node.name)
+            bisect.insort(self._buckets.setdefault(gpus, []), entry)
+            self._where[node.name] = (gpus, entry)
+
+    def best_fit(
+        self, need: _Vec, nodes: dict[str, _NodeState], avoid: dict[str, int]
+    ) -> str | None:
+        """The best-fit schedulable node for ``need`` among nodes not in ``avoid``."""
+        memory, cores, gpus, gpu_memory = need
+        best: tuple[float, float, str] | None = None
+        for bucket_gpus, bucket in self._buckets.items():
+            if gpus > 0 and bucket_gpus + EPSILON < gpus:
+                continue
+            first = bisect.bisect_left(bucket, (memory - EPSILON,)) if memory > 0 else 0
+            for i in range(first, len(bucket)):
+                entry = bucket[i]
+                if best is not None and entry >= best:
+                    break  # everything further in this bucket is a worse fit
+                name = entry[2]
+                if name in avoid:
+                    continue
+                if cores > 0 and entry[1] + EPSILON < cores:
+                    continue
+                if gpu_memory > 0 and nodes[name].free[3] + EPSILON < gpu_memory:
+                    continue
+                best = entry
+                break
+        return None if best is None else best[2]
+
+
+class _Planner:
+    """The mutable working state of one planning pass."""
+
+    def __init__(self, nodes: Sequence[Node], models: Sequence[ModelDemand]) -> None:
+        self.nodes: dict[str, _NodeState] = {}
+        self.index = _FreeIndex()
+        for node in sorted(nodes, key=lambda n: n.name):
+            if node.name in self.nodes:
+                raise ValueError(f"duplicate node {node.name!r}")
+            state = _NodeState(
+                name=node.name,
+                schedulable=node.schedulable,
+                capacity=_vec(node.capacity),
+                free=list(_vec(node.capacity)),
+                load={rank: [0.0] * _DIMENSIONS for rank in CLASS_RANK.values()},
+            )
+            self.nodes[node.name] = state
+            self.index.update(state)
+
+        self.models: dict[str, ModelDemand] = {}
+        self.rank: dict[str, int] = {}
+        self.minimum: dict[str, int] = {}
+        for model in sorted(models, key=lambda m: m.name):
+            _validate(model, self.models)
+            self.models[model.name] = model
+            self.rank[model.name] = CLASS_RANK[model.klass]
+            self.minimum[model.name] = min(model.minimum, model.desired)
+
+        self.count: dict[str, int] = dict.fromkeys(self.models, 0)
+        # model -> node -> replicas of that model on that node (only non-zero counts).
+        self.spread: dict[str, dict[str, int]] = {name: {} for name in self.models}
+        self.model_slots: dict[str, dict[str, _Slot]] = {name: {} for name in self.models}
+
+        self.starts: dict[int, Start] = {}  # insertion-ordered; cancelled starts removed
+        self.next_start = 0
+        self.stops: list[Stop] = []
+        self.preemptions: list[Stop] = []
+
+    # -- bookkeeping --------------------------------------------------------------------
+
+    def add(self, slot: _Slot) -> None:
+        node = self.nodes[slot.node]
+        node.slots[slot.key] = slot
+        load = node.load[slot.rank]
+        for d in range(_DIMENSIONS):
+            node.free[d] -= slot.need[d]
+            load[d] += slot.need[d]
+        spread = self.spread[slot.model]
+        spread[slot.node] = spread.get(slot.node, 0) + 1
+        self.count[slot.model] += 1
+        self.model_slots[slot.model][slot.key] = slot
+        self.index.update(node)
+
+    def remove(self, slot: _Slot) -> None:
+        node = self.nodes[slot.node]
+        del node.slots[slot.key]
+        load = node.load[slot.rank]
+        for d in range(_DIMENSIONS):
+            node.free[d] += slot.need[d]
+            load[d] -= slot.need[d]
+        spread = self.spread[slot.model]
+        spread[slot.node] -= 1
+        if not spread[slot.node]:
+            del spread[slot.node]
+        self.count[slot.model] -= 1
+        del self.model_slots[slot.model][slot.key]
+        self.index.update(node)
+
+    def start(self, model: ModelDemand, profile: Profile, need: _Vec, node: str) -> None:
+        key = self.next_start
+        self.next_start += 1
+        self.starts[key] = Start(model.name, node, profile.name, profile.resources)
+        rank = self.rank[model.name]
+        self.add(_Slot(f"start#{key}", model.name, node, profile.name, need, rank, key))
+
+    # -- steps --------------------------------------------------------------------------
+
+    def adopt(self, replicas: Sequence[Replica]) -> None:
+        """Account for the running replicas; stop those of removed models or unknown nodes."""
+        seen: set[str] = set()
+        for replica in sorted(replicas, key=lambda r: r.id):
+            if replica.id in seen:
+                raise ValueError(f"duplicate replica {replica.id!r}")
+            seen.add(replica.id)
+            if replica.model not in self.models:
+                self.stops.append(
+                    Stop(replica.id, replica.model, replica.node, "model removed from the catalog")
+                )
+            elif replica.node not in self.nodes:
+                reason = f"node {replica.node} is not in the fleet"
+                self.stops.append(Stop(replica.id, replica.model, replica.node, reason))
+            else:
+                rank = self.rank[replica.model]
+                need = _vec(replica.resources)
+                self.add(
+                    _Slot(replica.id, replica.model, replica.node, replica.profile, need, rank)
+                )
+
+    def scale_down(self) -> None:
+        """Stop replicas beyond ``desired`` (rule 2 of the module doc picks which)."""
+        for name, model in self.models.items():
+            while self.count[name] > model.desired:
+                victim = min(self.model_slots[name].values(), key=self._scale_down_order)
+                self.remove(victim)
+                reason = f"scaled down to {model.desired}"
+                self.stops.append(Stop(victim.key, victim.model, victim.node, reason))
+
+    def _scale_down_order(self, slot: _Slot) -> tuple[bool, int, float, float, str, str]:
+        node = self.nodes[slot.node]
+        return (
+            node.schedulable,  # cordoned nodes drain first: they take nothing new anyway
+            -self.spread[slot.model][slot.node],  # keep the model spread over nodes
+            node.free[0],  # then relieve the fullest node
+            node.free[1],
+            node.name,
+            slot.key,
+        )
+
+    def serve_class(self, rank: int) -> None:
+        """Serve one class: minimum replicas first, then replicas above minimum.
+
+        Why the loop: replicas above minimum started in this pass raise their model's
+        spare count, which can make more same-class replicas preemptible by a model still
+        below its minimum. Retrying those models until nothing changes makes the plan
+        stable: planning again after applying it changes nothing. It terminates because
+        every retry round places at least one minimum replica, and no minimum replica is
+        ever taken away within a class.
+        """
+        models = [m for m in self.models.values() if self.rank[m.name] == rank]
+        self.serve_phase(models, rank, within_minimum=True)
+        while self.serve_phase(models, rank, within_minimum=False):
+            if not any(self.count[m.name] < self.minimum[m.name] for m in models):
+                break
+            if not self.serve_phase(models, rank, within_minimum=True):
+                break
+
+    def serve_phase(self, models: list[ModelDemand], rank: int, within_minimum: bool) -> int:
+        """Place missing replicas (up to minimum, or up to desired); return how many."""
+        # Needs that failed even with preemption in this phase. Free room plus what may
+        # be preempted only shrinks within a phase, so a failed need stays failed.
+        failed: set[_Vec] = set()
+        candidates = self.preemption_candidates(rank, within_minimum)
+        placed = 0
+        for model in models:
+            minimum = self.minimum[model.name]
+            if within_minimum:
+                target = minimum
+            elif self.count[model.name] < minimum:
+                continue  # it could not reach its minimum; growth above it would fail too
+            else:
+                target = model.desired
+            while self.count[model.name] < target:
+                if not self.place_one(model, rank, within_minimum, failed, candidates):
+                    break  # nothing changed, so its next replica would fail the same way
+                placed += 1
+        return placed
+
+    def place_one(
+        self,
+        model: ModelDemand,
+        rank: int,
+        within_minimum: bool,
+        failed: set[_Vec],
+        candidates: list[tuple[float, str]],
+    ) -> bool:
+        # Every profile without preemption first: disturbing nothing beats a better profile.
+        for profile in model.profiles:
+            need = _vec(profile.resources)
+            node = self.best_free_node(model.name, need)
+            if node is not None:
+                self.start(model, profile, need, node)
+                return True
+        if not candidates:
+            return False
+        for profile in model.profiles:
+            need = _vec(profile.resources)
+            if need in failed:
+                continue
+            choice = self.cheapest_preemption(model.name, rank, within_minimum, need, candidates)
+            if choice is None:
+                failed.add(need)
+                continue
+            node, victims = choice
+            for victim in victims:
+                self.preempt(victim, model, need, node)
+            self.start(model, profile, need, node)
+            return True
+        return False
+
+    def best_free_node(self, model: str, need: _Vec) -> str | None:
+        """Spread first, then best fit, among nodes where ``need`` fits in free room."""
+        spread = self.spread[model]
+        # A node without this model always wins the spread, so look there first.
+        node = self.index.best_fit(need, self.nodes, spread)
+        if node is not None:
+            return node
+        best: tuple[int, float, float, str] | None = None
+        for name, replicas in spread.items():
+            state = self.nodes[name]
+            if state.schedulable and _fits(need, state.free):
+                key = (replicas, state.free[0], state.free[1], name)
+                if best is None or key < best:
+                    best = key
+        return None if best is None else best[3]
+
+    # -- preemption ---------------------------------------------------------------------
+
+    @staticmethod
+    def preemptible_ranks(rank: int, within_minimum: bool) -> list[int]:
+        # Same class only for a replica bringing its model up to its minimum.
+        return [r for r in CLASS_RANK.values() if r < rank or (r == rank and within_minimum)]
+
+    def preemption_candidates(self, rank: int, within_minimum: bool) -> list[tuple[float, str]]:
+        """Schedulable nodes, most memory free-or-preemptible first, for this phase.
+
+        The memory bound (capacity minus reservations of classes that may not be
+        preempted) can only shrink during the phase, so the search stops at the first
+        node whose bound is below the need.
+        """
+        ranks = self.preemptible_ranks(rank, within_minimum)
+        if not ranks:
+            return []
+        candidates = []
+        for node in self.nodes.values():
+            if node.schedulable:
+                bound = node.free[0] + sum(node.load[r][0] for r in ranks)
+                candidates.append((-bound, node.name))
+        candidates.sort()
+        return [(-neg_bound, name) for neg_bound, name in candidates]
+
+    def cheapest_preemption(
+        self,
+        model: str,
+        rank: int,
+        within_minimum: bool,
+        need: _Vec,
+        candidates: list[tuple[float, str]],
+    ) -> tuple[str, list[_Slot]] | None:
+        ranks = self.preemptible_ranks(rank, within_minimum)
+        best_key: tuple[int, int, int, int, int, float, float, str] | None = None
+        best: tuple[str, list[_Slot]] | None = None
+        for bound, name in candidates:
+            if need[0] > 0 and bound + EPSILON < need[0]:
+                break
+            node = self.nodes[name]
+            room = list(node.free)
+            for r in ranks:
+                for d in range(_DIMENSIONS):
+                    room[d] += node.load[r][d]
+            if not _fits(need, room):
+                continue  # even every replica of a preemptible class would not make room
+            victims = self.victims_on(node, model, rank, within_minimum, need)
+            if victims is None:
+                continue
+            key = self.victim_cost(node, model, need, victims)
+            if best_key is None or key < best_key:
+                best_key, best = key, (name, victims)
+        return best
+
+    def victims_on(
+        self, node: _NodeState, model: str, rank: int, within_minimum: bool, need: _Vec
+    ) -> list[_Slot] | None:
+        """The victims to stop on ``node`` to fit ``need``, or None if none would do."""
+        allowed = [
+            slot
+            for slot in node.slots.values()
+            if slot.model != model and (slot.rank < rank or (slot.rank == rank and within_minimum))
+        ]
+        allowed.sort(key=lambda s: (tuple(-x for x in s.need), s.key))  # biggest first
+        # A model's spare replicas (beyond its minimum) are labelled first, biggest first.
+        spare: dict[str, int] = {}
+        ranked: list[tuple[int, bool, int, _Slot]] = []
+        for order, slot in enumerate(allowed):
+            left = spare.setdefault(slot.model, self.count[slot.model] - self.minimum[slot.model])
+            beyond = left > 0
+            if beyond:
+                spare[slot.model] = left - 1
+            elif slot.rank == rank:
+                continue  # never another same-class model's minimum replicas
+            ranked.append((slot.rank, not beyond, order, slot))
+        ranked.sort(key=lambda item: item[:3])
+
+        room = list(node.free)
+        victims: list[_Slot] = []
+        for *_, slot in ranked:
+            if _fits(need, room):
+                break
+            victims.append(slot)
+            for d in range(_DIMENSIONS):
+                room[d] += slot.need[d]
+        if not _fits(need, room):
+            return None
+        # Give back victims that turned out unnecessary (latest picked first).
+        for slot in reversed(victims[:]):
+            without = [room[d] - slot.need[d] for d in range(_DIMENSIONS)]
+            if _fits(need, without):
+                victims.remove(slot)
+                room = without
+        return victims
+
+    def victim_cost(
+        self, node: _NodeState, model: str, need: _Vec, victims: list[_Slot]
+    ) -> tuple[int, int, int, int, int, float, float, str]:
+        taken: dict[str, int] = {}
+        for slot in victims:
+            taken[slot.model] = taken.get(slot.model, 0) + 1
+        within_their_minimum = sum(
+            max(0, n - (self.count[m] - self.minimum[m])) for m, n in taken.items()
+        )
+        freed = [sum(slot.need[d] for slot in victims) for d in range(_DIMENSIONS)]
+        return (
+            max(slot.rank for slot in victims),
+            len(victims),
+            within_their_minimum,
+            sum(slot.start is None for slot in victims),  # cancelling a plan beats a stop
+            self.spread[model].get(node.name, 0),
+            node.free[0] + freed[0] - need[0],
+            node.free[1] + freed[1] - need[1],
+            node.name,
+        )
+
+    def preempt(self, victim: _Slot, model: ModelDemand, need: _Vec, node: str) -> None:
+        self.remove(victim)
+        if victim.start is not None:
+            # A replica planned in this pass (same class, above its minimum): just do not
+            # start it. Its model is retried afterwards.
+            del self.starts[victim.start]
+            return
+        reason = (
+            f"preempted for {model.klass} model {model.name} (needs {_describe(need)} on {node})"
+        )
+        self.preemptions.append(Stop(victim.key, victim.model, victim.node, reason))
+
+    # -- result -------------------------------------------------------------------------
+
+    def plan(self) -> Plan:
+        explain = _Explainer(self.nodes)
+        unplaced = [
+            Unplaced(model.name, model.desired - self.count[name], explain.why(model))
+            for name, model in sorted(self.models.items(), key=lambda kv: -self.rank[kv[0]])
+            if self.count[name] < model.desired
+        ]
+        return Plan(
+            starts=tuple(self.starts.values()),
+            stops=tuple(self.stops),
+            preemptions=tuple(self.preemptions),
+            unplaced=tuple(unplaced),
+        )
+
+
+def _validate(model: ModelDemand, known: dict[str, ModelDemand]) -> None:
+    if model.name in known:
+        raise ValueError(f"duplicate model {model.name!r}")
+    if model.klass not in CLASS_RANK:
+        raise ValueError(f"model {model.name!r}: unknown class {model.klass!r}")
+    if model.minimum < 0 or model.desired < 0:
+        raise ValueError(f"model {model.name!r}: negative minimum or desired")
+    for profile in model.profiles:
+        if any(x < 0 for x in _vec(profile.resources)):
+            raise ValueError(f"model {model.name!r}: profile {profile.name!r} is negative")
+
+
+class _Explainer:
+    """Words for why a model's replicas fit nowhere, from the free room after the plan."""
+
+    _SHORT = (
+        "no node has {need} GB memory free for profile {profile}; "
+        "the largest free is {best} GB on {node}",
+        "no node has {need} cores free for profile {profile}; the most free is {best} on {node}",
+        "needs {need} GPUs for profile {profile}; the most free on any node is {best} ({node})",
+        "no node has {need} GB GPU memory free for profile {profile}; "
+        "the largest free is {best} GB on {node}",
+    )
+    _NAMES = ("memory", "cores", "GPUs", "GPU memory")
+
+    def __init__(self, nodes: dict[str, _NodeState]) -> None:
+        self.nodes = [node for node in nodes.values() if node.schedulable]  # sorted by name
+        # The most free per resource and where: the first node by name wins a tie.
+        self.most: list[tuple[float, str]] = []
+        for d in range(_DIMENSIONS):
+            best = max(self.nodes, key=lambda n: n.free[d], default=None)
+            self.most.append((best.free[d], best.name) if best else (0.0, ""))
+
+    def why(self, model: ModelDemand) -> str:
+        if not model.profiles:
+            return "the model has no profiles"
+        if not self.nodes:
+            return "no schedulable nodes"
+        profile = model.profiles[0]
+        need = _vec(profile.resources)
+        short = [
+            self._SHORT[d].format(
+                need=_num(need[d]),
+                profile=profile.name,
+                best=_num(self.most[d][0]),
+                node=self.most[d][1],
+            )
+            for d in range(_DIMENSIONS)
+            if need[d] > 0 and self.most[d][0] + EPSILON < need[d]
+        ]
+        if short:
+            return "; ".join(short)
+        return self._closest(profile.name, need)
+
+    def _closest(self, profile: str, need: _Vec) -> str:
+        # Each resource is free somewhere, just not all on one node: name the node that
+        # is short on the fewest resources and what it lacks.
+        def lacks(node: _NodeState) -> list[int]:
+            return [
+                d for d in range(_DIMENSIONS) if need[d] > 0 and node.free[d] + EPSILON < need[d]
+            ]
+
+        node = min(self.nodes, key=lambda n: len(lacks(n)))
+        missing = lacks(node)
+        if not missing:
+            # Free room fits, so what stood in the way were replicas it may not preempt.
+            return f"profile {profile} fits on {node.name} only by preempting protected replicas"
+        details = ", ".join(
+            f"{self._NAMES[d]} ({_num(node.free[d])} free of {_num(need[d])})" for d in missing
+        )
+        return (
+            f"no single node has {_describe(need)} free for profile {profile}; "
+            f"the closest is {node.name}, short on {details}"
+        )

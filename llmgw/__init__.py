@@ -1,0 +1,1 @@
+"""The `llmgw` command: `llmgw ctl` talks to the control plane's REST API; it imports no Django."""

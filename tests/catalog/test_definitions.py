@@ -1,0 +1,102 @@
+"""The definition schema on its own: types, ranges, names, unknown fields, durations."""
+
+from __future__ import annotations
+
+import pytest
+
+from catalog.definitions import clean_definition
+from catalog.durations import DurationError, format_duration, parse_duration
+from catalog.errors import CatalogError
+from catalog.yamltext import load_with_lines
+from tests.factories import definition
+
+
+def refusal(data: object, lines: dict | None = None) -> CatalogError:
+    with pytest.raises(CatalogError) as caught:
+        clean_definition(data, lines=lines)
+    return caught.value
+
+
+def test_it_accepts_the_documented_example_and_fills_defaults() -> None:
+    clean = clean_definition(definition())
+    assert clean["min_replicas"] == 1
+    assert clean["max_replicas"] is None
+    assert clean["class"] == ""
+    assert clean["profiles"] == [{"name": "cpu", "memory_gb": 1, "cores": 1, "gpus": 0, "gpu_memory_gb": 0}]
+    assert clean["adapters"] == []
+
+
+def test_it_refuses_unknown_fields_by_name_with_a_suggestion() -> None:
+    error = refusal(definition(min_replica=2))
+    assert error.problems[0].field == "min_replica"
+    assert "unknown field; did you mean 'min_replicas'?" in error.problems[0].message
+
+
+def test_it_refuses_unknown_fields_in_profiles_and_adapters() -> None:
+    error = refusal(definition(profiles=[{"name": "cpu", "memory_gb": 1, "memroy": 2}]))
+    assert error.problems[0].field == "profiles[0].memroy"
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("has space", "has characters a name cannot have"),
+        ("x" * 101, "at most 100 characters"),
+        ("bad/slash", "has characters a name cannot have"),
+    ],
+)
+def test_it_refuses_bad_names(name: str, message: str) -> None:
+    assert message in refusal(definition(name=name)).message
+
+
+def test_names_may_hold_dots_colons_dashes_and_underscores() -> None:
+    assert clean_definition(definition(name="qwen2.5:0.5b_instruct-q4"))["name"] == "qwen2.5:0.5b_instruct-q4"
+
+
+@pytest.mark.parametrize(
+    "overrides, field, message",
+    [
+        ({"min_replicas": -1}, "min_replicas", "must not be negative"),
+        ({"min_replicas": 5000}, "min_replicas", "at most 1000 replicas"),
+        ({"min_replicas": "two"}, "min_replicas", "A valid integer is required"),
+        ({"profiles": [{"name": "cpu", "memory_gb": -2}]}, "profiles[0].memory_gb", "must not be negative"),
+        ({"profiles": [{"name": "cpu", "memory_gb": 1e9}]}, "profiles[0].memory_gb", "not a real machine"),
+        ({"profiles": []}, "profiles", "may not be empty"),
+        ({"class": "vip"}, "class", "is not a class"),
+        ({"source": "ftp://x/y.gguf"}, "source", "is not an http(s) URL"),
+        ({"idle_timeout": "soon"}, "idle_timeout", "is not a duration"),
+        ({"idle_timeout": 900}, "idle_timeout", "with its unit"),
+        ({"min_replicas": 3, "max_replicas": 2}, "max_replicas", "is below min_replicas"),
+        ({"fallbacks": ["tiny-chat"]}, "fallbacks", "cannot fall back to itself"),
+        ({"adapters": [{"name": "a", "source": "http://h/a.gguf", "scale": 50}]}, "adapters[0].scale", "above 10"),
+        ({"sha256": "abc"}, "sha256", "64 lowercase hexadecimal"),
+    ],
+)
+def test_it_refuses_bad_figures_with_a_clear_message(overrides: dict, field: str, message: str) -> None:
+    error = refusal(definition(**overrides))
+    assert any(p.field == field and message in p.message for p in error.problems), error.problems
+    assert error.message.startswith("The definition was refused, nothing was changed:")
+
+
+def test_a_definition_that_is_not_a_mapping_is_refused() -> None:
+    assert "must be a mapping" in refusal(["name", "x"]).message
+
+
+def test_problems_carry_the_yaml_line() -> None:
+    text = "name: tiny\nsource: http://127.0.0.1:8000/m.gguf\nprofiles:\n  - name: cpu\n    memory_gb: -1\n"
+    data, lines = load_with_lines(text)
+    error = refusal(data, lines)
+    assert error.problems[0].line == 5
+    assert "line 5: profiles[0].memory_gb: must not be negative" in error.message
+
+
+@pytest.mark.parametrize("text, seconds", [("15m", 900), ("6h", 21600), ("1h30m", 5400), ("0", 0), ("45s", 45), ("2d", 172800)])
+def test_durations_round_trip(text: str, seconds: int) -> None:
+    assert parse_duration(text) == seconds
+    assert parse_duration(format_duration(seconds)) == seconds
+
+
+@pytest.mark.parametrize("text", ["15", "m", "-5m", "1.5h", "999999d", True, None])
+def test_bad_durations_are_refused(text: object) -> None:
+    with pytest.raises(DurationError):
+        parse_duration(text)
