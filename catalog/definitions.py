@@ -64,17 +64,25 @@ class StrictSerializer(serializers.Serializer):
     """Refuses fields it does not know, by name: a misspelt field must not silently mean nothing."""
 
     def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, dict):
-            known = set(self.fields)
-            unknown = [key for key in data if key not in known]
-            if unknown:
-                errors = {}
-                for key in unknown:
-                    close = difflib.get_close_matches(str(key), sorted(known), n=1)
-                    hint = f"did you mean {close[0]!r}?" if close else f"known fields: {', '.join(sorted(known))}"
-                    errors[str(key)] = [f"unknown field; {hint}"]
-                raise serializers.ValidationError(errors)
-        return super().to_internal_value(data)
+        if not isinstance(data, dict):
+            return super().to_internal_value(data)
+        known = set(self.fields)
+        errors: dict[str, Any] = {}
+        for key in data:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), sorted(known), n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"known fields: {', '.join(sorted(known))}"
+                errors[str(key)] = [f"unknown field; {hint}"]
+        # The known fields are checked too, so that one answer lists every problem.
+        try:
+            value = super().to_internal_value({k: v for k, v in data.items() if k in known})
+        except serializers.ValidationError as exc:
+            if not isinstance(exc.detail, dict):
+                raise
+            errors = {**exc.detail, **errors}
+        if errors:
+            raise serializers.ValidationError(errors)
+        return value
 
 
 @extend_schema_field(OpenApiTypes.STR)
@@ -258,7 +266,8 @@ def clean_definition(
     raise invalid(problems, what=what)
 
 
-def _number(value: float) -> float | int:
+def whole_if_possible(value: float) -> float | int:
+    """3.0 is stored and shown as 3."""
     return int(value) if float(value).is_integer() else float(value)
 
 
@@ -267,16 +276,16 @@ def normalize(attrs: dict[str, Any]) -> dict[str, Any]:
     attrs["profiles"] = [
         {
             "name": p["name"],
-            "memory_gb": _number(p["memory_gb"]),
-            "cores": _number(p["cores"]),
+            "memory_gb": whole_if_possible(p["memory_gb"]),
+            "cores": whole_if_possible(p["cores"]),
             "gpus": p["gpus"],
-            "gpu_memory_gb": _number(p["gpu_memory_gb"]),
+            "gpu_memory_gb": whole_if_possible(p["gpu_memory_gb"]),
         }
         for p in attrs["profiles"]
     ]
     adapters = []
     for a in attrs.get("adapters", []):
-        adapter = {"name": a["name"], "source": a["source"], "scale": _number(a["scale"])}
+        adapter = {"name": a["name"], "source": a["source"], "scale": whole_if_possible(a["scale"])}
         if a.get("sha256"):
             adapter["sha256"] = a["sha256"]
         adapters.append(adapter)

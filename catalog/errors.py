@@ -47,7 +47,7 @@ class CatalogError(Exception):
 
 def invalid(problems: list[Problem], *, what: str = "The definition") -> CatalogError:
     """A refusal listing every problem found, the first ones in the sentence itself."""
-    listed = "; ".join(str(p) for p in problems[:5])
+    listed = "; ".join(str(p).rstrip(".") for p in problems[:5])
     more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
     return CatalogError(
         f"{what} was refused, nothing was changed: {listed}{more}.",
@@ -64,7 +64,8 @@ def not_found(name: str, known: list[str] | None = None) -> CatalogError:
         close = difflib.get_close_matches(name, known, n=3)
         if close:
             hint = f"; did you mean {', '.join(close)}?"
-    return CatalogError(f"There is no model named {name!r}{hint}.", code="not_found", status=404)
+    end = "" if hint.endswith("?") else "."
+    return CatalogError(f"There is no model named {name!r}{hint}{end}", code="not_found", status=404)
 
 
 def forbidden(message: str) -> CatalogError:

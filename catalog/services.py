@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from .definitions import CLASSES, MAX_CORES, MAX_MEMORY_GB, MAX_REPLICAS
+from .definitions import CLASSES, MAX_CORES, MAX_MEMORY_GB, MAX_REPLICAS, whole_if_possible
 from .errors import CatalogError, Problem, conflict, forbidden, invalid, not_found
 from .models import AuditEntry, CatalogVersion, Model
 from .signals import catalog_changed
@@ -53,6 +53,8 @@ SYSTEM = Actor(name="system", door="system")
 
 def _lock_catalog() -> None:
     """Hold the catalog lock until the transaction ends (see CatalogVersion)."""
+    # The migration creates the row; a database flushed since (as tests do) gets it back here.
+    CatalogVersion.objects.get_or_create(pk=1)
     row = CatalogVersion.objects.select_for_update().get(pk=1)
     row.version += 1
     row.save(update_fields=["version"])
@@ -323,9 +325,9 @@ def model_set_resources(
         for entry in model.profiles:
             entry = dict(entry)
             if profile is None or entry["name"] == profile:
-                entry["memory_gb"] = memory_gb
+                entry["memory_gb"] = whole_if_possible(memory_gb)
                 if cores is not None:
-                    entry["cores"] = cores
+                    entry["cores"] = whole_if_possible(cores)
             profiles.append(entry)
         model.profiles = profiles
 

@@ -150,15 +150,16 @@ def check_adapter(adapter: dict[str, object], *, model_name: str, model_source: 
     if not host_allowed(model_source, allowed):
         raise _refuse_host(model_source, allowed)
     try:
-        model_header = gguf.read_header_from_url(model_source, timeout=settings.LLMGW_SOURCE_CHECK_TIMEOUT)
-        adapter_header = gguf.read_header_from_url(info.url, timeout=settings.LLMGW_SOURCE_CHECK_TIMEOUT)
+        timeout = settings.LLMGW_SOURCE_CHECK_TIMEOUT
+        model_header = gguf.read_header_from_url(model_source, timeout=timeout, require_tensors=True)
+        adapter_header = gguf.read_header_from_url(info.url, timeout=timeout, require_tensors=True)
     except gguf.GGUFError as exc:
         raise CatalogError(
             f"Adapter {name} could not be checked against model {model_name}: {exc}",
             code="adapter_unreadable",
         ) from None
     architecture = model_header.architecture or "unknown"
-    problems = gguf.adapter_problems(adapter_header, architecture)
+    problems = gguf.adapter_problems(adapter_header, architecture, model=model_header)
     if problems:
         raise CatalogError(
             f"Adapter {name} ({source}) cannot be used with model {model_name}: "

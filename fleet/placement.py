@@ -43,7 +43,7 @@ reservations do not flip a fit on rounding noise.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 #: Class ranks: a higher rank is served first and may preempt lower ranks.
@@ -220,7 +220,17 @@ def _resources(vec: Sequence[float]) -> Resources:
 
 def _fits(need: Sequence[float], room: Sequence[float]) -> bool:
     # A zero need always fits, even on a node that is over-committed on that resource.
-    return all(n <= 0 or n <= r + EPSILON for n, r in zip(need, room, strict=True))
+    # Unrolled: this is the hottest function of the planner.
+    return (
+        (need[0] <= 0 or need[0] <= room[0] + EPSILON)
+        and (need[1] <= 0 or need[1] <= room[1] + EPSILON)
+        and (need[2] <= 0 or need[2] <= room[2] + EPSILON)
+        and (need[3] <= 0 or need[3] <= room[3] + EPSILON)
+    )
+
+
+def _bigness(slot: _Slot) -> tuple[float, float, float, float, str]:
+    return slot.bigness
 
 
 def _num(x: float) -> str:
@@ -252,6 +262,12 @@ class _Slot:
     need: _Vec
     rank: int
     start: int | None = None  # key of the planned Start, if it is one
+    # Victim order within a class: biggest reservation first, then replica key.
+    bigness: tuple[float, float, float, float, str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        memory, cores, gpus, gpu_memory = self.need
+        self.bigness = (-memory, -cores, -gpus, -gpu_memory, self.key)
 
 
 @dataclass(slots=True, eq=False)
@@ -260,9 +276,11 @@ class _NodeState:
     schedulable: bool
     capacity: _Vec
     free: list[float]
-    slots: dict[str, _Slot] = field(default_factory=dict)
-    # Reservations per class rank: lets the preemption search rule a node out in O(1).
-    load: dict[int, list[float]] = field(default_factory=dict)
+    # Replicas per class rank, biggest reservation first: the order victims are taken in.
+    by_rank: dict[int, list[_Slot]] = field(default_factory=dict)
+    # Reservations of the replicas of class rank <= r, per r: lets the preemption search
+    # rule a node out in O(1) (preemptible classes are always the lowest ones).
+    load_upto: dict[int, list[float]] = field(default_factory=dict)
 
 
 class _FreeIndex:
@@ -330,7 +348,8 @@ class _Planner:
                 schedulable=node.schedulable,
                 capacity=_vec(node.capacity),
                 free=list(_vec(node.capacity)),
-                load={rank: [0.0] * _DIMENSIONS for rank in CLASS_RANK.values()},
+                by_rank={rank: [] for rank in CLASS_RANK.values()},
+                load_upto={rank: [0.0] * _DIMENSIONS for rank in CLASS_RANK.values()},
             )
             self.nodes[node.name] = state
             self.index.update(state)
@@ -358,11 +377,13 @@ class _Planner:
 
     def add(self, slot: _Slot) -> None:
         node = self.nodes[slot.node]
-        node.slots[slot.key] = slot
-        load = node.load[slot.rank]
+        bisect.insort(node.by_rank[slot.rank], slot, key=_bigness)
         for d in range(_DIMENSIONS):
             node.free[d] -= slot.need[d]
-            load[d] += slot.need[d]
+        for rank, load in node.load_upto.items():
+            if rank >= slot.rank:
+                for d in range(_DIMENSIONS):
+                    load[d] += slot.need[d]
         spread = self.spread[slot.model]
         spread[slot.node] = spread.get(slot.node, 0) + 1
         self.count[slot.model] += 1
@@ -371,11 +392,14 @@ class _Planner:
 
     def remove(self, slot: _Slot) -> None:
         node = self.nodes[slot.node]
-        del node.slots[slot.key]
-        load = node.load[slot.rank]
+        same_rank = node.by_rank[slot.rank]
+        del same_rank[bisect.bisect_left(same_rank, slot.bigness, key=_bigness)]
         for d in range(_DIMENSIONS):
             node.free[d] += slot.need[d]
-            load[d] -= slot.need[d]
+        for rank, load in node.load_upto.items():
+            if rank >= slot.rank:
+                for d in range(_DIMENSIONS):
+                    load[d] -= slot.need[d]
         spread = self.spread[slot.model]
         spread[slot.node] -= 1
         if not spread[slot.node]:
@@ -526,7 +550,7 @@ class _Planner:
     @staticmethod
     def preemptible_ranks(rank: int, within_minimum: bool) -> list[int]:
         # Same class only for a replica bringing its model up to its minimum.
-        return [r for r in CLASS_RANK.values() if r < rank or (r == rank and within_minimum)]
+        return sorted(r for r in CLASS_RANK.values() if r < rank or (r == rank and within_minimum))
 
     def preemption_candidates(self, rank: int, within_minimum: bool) -> list[tuple[float, str]]:
         """Schedulable nodes, most memory free-or-preemptible first, for this phase.
@@ -541,7 +565,7 @@ class _Planner:
         candidates = []
         for node in self.nodes.values():
             if node.schedulable:
-                bound = node.free[0] + sum(node.load[r][0] for r in ranks)
+                bound = node.free[0] + node.load_upto[ranks[-1]][0]
                 candidates.append((-bound, node.name))
         candidates.sort()
         return [(-neg_bound, name) for neg_bound, name in candidates]
@@ -554,67 +578,89 @@ class _Planner:
         need: _Vec,
         candidates: list[tuple[float, str]],
     ) -> tuple[str, list[_Slot]] | None:
-        ranks = self.preemptible_ranks(rank, within_minimum)
-        best_key: tuple[int, int, int, int, int, float, float, str] | None = None
-        best: tuple[str, list[_Slot]] | None = None
-        for bound, name in candidates:
-            if need[0] > 0 and bound + EPSILON < need[0]:
-                break
-            node = self.nodes[name]
-            room = list(node.free)
-            for r in ranks:
-                for d in range(_DIMENSIONS):
-                    room[d] += node.load[r][d]
-            if not _fits(need, room):
-                continue  # even every replica of a preemptible class would not make room
-            victims = self.victims_on(node, model, rank, within_minimum, need)
-            if victims is None:
-                continue
-            key = self.victim_cost(node, model, need, victims)
-            if best_key is None or key < best_key:
-                best_key, best = key, (name, victims)
-        return best
+        """The node and victims that make room for ``need`` most cheaply, if any.
+
+        Tiers: the cheapest set's highest victim class comes first in the cost, so try
+        victims of the lowest class only, then up to the next class, and stop at the
+        first tier where some node works. That keeps most nodes out of the exact search.
+        """
+        for tier in self.preemptible_ranks(rank, within_minimum):
+            best_key: tuple[int, int, int, int, int, float, float, str] | None = None
+            best: tuple[str, list[_Slot]] | None = None
+            for bound, name in candidates:
+                if need[0] > 0 and bound + EPSILON < need[0]:
+                    break
+                node = self.nodes[name]
+                free, load = node.free, node.load_upto[tier]
+                room = [free[0] + load[0], free[1] + load[1], free[2] + load[2], free[3] + load[3]]
+                if not _fits(need, room):
+                    continue  # even every preemptible replica would not make room
+                victims = self.victims_on(node, model, rank, tier, need)
+                if victims is None:
+                    continue
+                if best_key is not None and (tier, len(victims)) > best_key[:2]:
+                    continue  # cheap early out: more victims than the best so far
+                key = self.victim_cost(node, model, need, victims)
+                if best_key is None or key < best_key:
+                    best_key, best = key, (name, victims)
+            if best is not None:
+                return best
+        return None
 
     def victims_on(
-        self, node: _NodeState, model: str, rank: int, within_minimum: bool, need: _Vec
+        self, node: _NodeState, model: str, rank: int, tier: int, need: _Vec
     ) -> list[_Slot] | None:
-        """The victims to stop on ``node`` to fit ``need``, or None if none would do."""
-        allowed = [
-            slot
-            for slot in node.slots.values()
-            if slot.model != model and (slot.rank < rank or (slot.rank == rank and within_minimum))
-        ]
-        allowed.sort(key=lambda s: (tuple(-x for x in s.need), s.key))  # biggest first
-        # A model's spare replicas (beyond its minimum) are labelled first, biggest first.
-        spare: dict[str, int] = {}
-        ranked: list[tuple[int, bool, int, _Slot]] = []
-        for order, slot in enumerate(allowed):
-            left = spare.setdefault(slot.model, self.count[slot.model] - self.minimum[slot.model])
-            beyond = left > 0
-            if beyond:
-                spare[slot.model] = left - 1
-            elif slot.rank == rank:
-                continue  # never another same-class model's minimum replicas
-            ranked.append((slot.rank, not beyond, order, slot))
-        ranked.sort(key=lambda item: item[:3])
+        """The victims (of class ``tier`` or lower) to stop on ``node`` to fit ``need``.
 
+        Taken greedily in victim order until the need fits, then any victim that turned
+        out unnecessary is given back, so no replica is stopped for nothing.
+        """
         room = list(node.free)
         victims: list[_Slot] = []
-        for *_, slot in ranked:
-            if _fits(need, room):
-                break
-            victims.append(slot)
-            for d in range(_DIMENSIONS):
-                room[d] += slot.need[d]
         if not _fits(need, room):
-            return None
-        # Give back victims that turned out unnecessary (latest picked first).
-        for slot in reversed(victims[:]):
+            for slot in self.victim_order(node, model, rank, tier):
+                victims.append(slot)
+                for d in range(_DIMENSIONS):
+                    room[d] += slot.need[d]
+                if _fits(need, room):
+                    break
+            else:
+                return None
+        for slot in reversed(victims[:]):  # latest picked (least wanted) first
             without = [room[d] - slot.need[d] for d in range(_DIMENSIONS)]
             if _fits(need, without):
                 victims.remove(slot)
                 room = without
         return victims
+
+    def victim_order(self, node: _NodeState, model: str, rank: int, tier: int) -> Iterator[_Slot]:
+        """Preemptible replicas on ``node`` in the order they are taken.
+
+        Lowest class first; within a class, replicas beyond their model's minimum before
+        minimum ones; then biggest reservation first. Which of a model's replicas count as
+        "beyond its minimum" is decided biggest first. Lazy, because the greedy search
+        usually needs only the first one or two.
+        """
+        spare: dict[str, int] = {}
+        for victim_rank in sorted(node.by_rank):
+            if victim_rank > tier:
+                return
+            minimum_ones = []
+            for slot in node.by_rank[victim_rank]:
+                if slot.model == model:
+                    continue
+                left = spare.get(slot.model)
+                if left is None:
+                    left = self.count[slot.model] - self.minimum[slot.model]
+                if left > 0:
+                    spare[slot.model] = left - 1
+                    yield slot
+                else:
+                    spare[slot.model] = left
+                    # Never another same-class model's minimum replicas.
+                    if victim_rank < rank:
+                        minimum_ones.append(slot)
+            yield from minimum_ones
 
     def victim_cost(
         self, node: _NodeState, model: str, need: _Vec, victims: list[_Slot]
@@ -698,6 +744,7 @@ class _Explainer:
         for d in range(_DIMENSIONS):
             best = max(self.nodes, key=lambda n: n.free[d], default=None)
             self.most.append((best.free[d], best.name) if best else (0.0, ""))
+        self._said: dict[tuple[str, _Vec], str] = {}
 
     def why(self, model: ModelDemand) -> str:
         if not model.profiles:
@@ -706,10 +753,17 @@ class _Explainer:
             return "no schedulable nodes"
         profile = model.profiles[0]
         need = _vec(profile.resources)
+        # Many models share a profile shape; the words only depend on it.
+        words = self._said.get((profile.name, need))
+        if words is None:
+            words = self._said[profile.name, need] = self._words(profile.name, need)
+        return words
+
+    def _words(self, profile: str, need: _Vec) -> str:
         short = [
             self._SHORT[d].format(
                 need=_num(need[d]),
-                profile=profile.name,
+                profile=profile,
                 best=_num(self.most[d][0]),
                 node=self.most[d][1],
             )
@@ -718,7 +772,7 @@ class _Explainer:
         ]
         if short:
             return "; ".join(short)
-        return self._closest(profile.name, need)
+        return self._closest(profile, need)
 
     def _closest(self, profile: str, need: _Vec) -> str:
         # Each resource is free somewhere, just not all on one node: name the node that

@@ -159,7 +159,7 @@ def cmd_model_resources(client: Client, args: argparse.Namespace) -> None:
     body = {"memory_gb": args.memory, "cores": args.cores, "profile": args.profile}
     view = client.post(f"models/{args.name}/resources", body)
     for p in view["definition"]["profiles"]:
-        print(f"{view['name']}/{p['name']}: {p['memory_gb']} GB memory, {p['cores']} cores, {p['gpus']} GPUs")
+        print(f"{view['name']}/{p['name']}: {p['memory_gb']:g} GB memory, {p['cores']:g} cores, {p['gpus']} GPUs")
     print(f"Running replicas keep their old figures until restarted: llmgw ctl restart --model {view['name']}")
 
 

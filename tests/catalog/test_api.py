@@ -130,7 +130,7 @@ def test_unknown_models_get_404_with_close_names(api: Any) -> None:
     add(api("alice"))
     response = api("alice").post("/api/v1/models/tiny-caht/scale", {"min": 1}, format="json")
     assert response.status_code == 404
-    assert response.json()["detail"] == "There is no model named 'tiny-caht'; did you mean tiny-chat?."
+    assert response.json()["detail"] == "There is no model named 'tiny-caht'; did you mean tiny-chat?"
 
 
 def test_scale_reports_what_is_in_force(api: Any) -> None:
