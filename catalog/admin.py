@@ -26,7 +26,15 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(Model)
 class ModelAdmin(ReadOnlyAdmin):
-    list_display = ["name", "owner", "model_class", "min_replicas", "max_replicas", "declared", "updated_at"]
+    list_display = [
+        "name",
+        "owner",
+        "model_class",
+        "min_replicas",
+        "max_replicas",
+        "declared",
+        "updated_at",
+    ]
     list_filter = ["declared", "model_class"]
     search_fields = ["name", "description", "owner__username"]
     list_select_related = ["owner"]

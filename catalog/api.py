@@ -27,11 +27,12 @@ from .definitions import (
     clean_definition,
     normalize,
 )
-from .errors import invalid, Problem
+from .errors import Problem, invalid
 from .sources import human_size
 
-_MODEL_VIEW_FIELDS = lambda: {
-   
+
+def _model_view_fields() -> dict[str, serializers.Field]:
+    return {
         "name": serializers.CharField(),
         "kind": serializers.ChoiceField(choices=["declared", "runtime"]),
         "owner": serializers.CharField(allow_null=True),
@@ -44,8 +45,10 @@ _MODEL_VIEW_FIELDS = lambda: {
         "created_at": serializers.DateTimeField(),
         "updated_at": serializers.DateTimeField(),
     }
-MODEL_VIEW = inline_serializer("ModelView", _MODEL_VIEW_FIELDS())
-MODEL_LIST = inline_serializer("ModelViewList", _MODEL_VIEW_FIELDS(), many=True)
+
+
+MODEL_VIEW = inline_serializer("ModelView", _model_view_fields())
+MODEL_LIST = inline_serializer("ModelViewList", _model_view_fields(), many=True)
 ERROR = inline_serializer(
     "Error",
     {
@@ -68,7 +71,9 @@ def _flag(request: Request, name: str, default: bool = True) -> bool:
     return raw.strip().lower() not in ("0", "false", "no", "off")
 
 
-def _validated(serializer_class: type[serializers.Serializer], data: Any, what: str) -> dict[str, Any]:
+def _validated(
+    serializer_class: type[serializers.Serializer], data: Any, what: str
+) -> dict[str, Any]:
     serializer = serializer_class(data=data)
     serializer.is_valid(raise_exception=True)
     return dict(serializer.validated_data)
@@ -86,15 +91,26 @@ class ModelsAPI(APIView):
 
     @extend_schema(
         summary="Add a model (its definition as JSON or YAML)",
-        request={"application/json": ModelDefinitionSerializer, "application/yaml": ModelDefinitionSerializer},
-        parameters=[OpenApiParameter("source_check", bool, description="false skips asking the source URL whether the weights are there")],
+        request={
+            "application/json": ModelDefinitionSerializer,
+            "application/yaml": ModelDefinitionSerializer,
+        },
+        parameters=[
+            OpenApiParameter(
+                "source_check",
+                bool,
+                description="false skips asking the source URL whether the weights are there",
+            )
+        ],
         responses={201: MODEL_VIEW, 400: ERROR, 403: ERROR, 409: ERROR},
     )
     def post(self, request: Request) -> Response:
         data = request.data
         definition = clean_definition(data, lines=getattr(data, "lines", None))
         model = services.model_add(
-            actor=actor_of(request), definition=definition, source_check=_flag(request, "source_check")
+            actor=actor_of(request),
+            definition=definition,
+            source_check=_flag(request, "source_check"),
         )
         body = _view(model)
         if model.source_size is not None:
@@ -107,20 +123,38 @@ class ModelAPI(APIView):
     def get(self, request: Request, name: str) -> Response:
         return Response(_view(services._get_model(name)))
 
-    @extend_schema(summary="Remove a runtime model", responses={204: None, 403: ERROR, 404: ERROR, 409: ERROR})
+    @extend_schema(
+        summary="Remove a runtime model", responses={204: None, 403: ERROR, 404: ERROR, 409: ERROR}
+    )
     def delete(self, request: Request, name: str) -> Response:
         services.model_remove(actor=actor_of(request), name=name)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class ScaleInput(serializers.Serializer):
-    min = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, help_text="the replica count")
-    max = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, required=False, allow_null=True, help_text="a ceiling; left out, it follows min")
-    idle_timeout = DurationField(required=False, allow_null=True, help_text="how long an on-demand model stays up unasked-for, like 15m; 0 takes the cluster default")
+    min = serializers.IntegerField(
+        min_value=0, max_value=MAX_REPLICAS, help_text="the replica count"
+    )
+    max = serializers.IntegerField(
+        min_value=0,
+        max_value=MAX_REPLICAS,
+        required=False,
+        allow_null=True,
+        help_text="a ceiling; left out, it follows min",
+    )
+    idle_timeout = DurationField(
+        required=False,
+        allow_null=True,
+        help_text="how long an on-demand model stays up unasked-for, like 15m; 0 takes the cluster default",
+    )
 
 
 class ScaleAPI(APIView):
-    @extend_schema(summary="Set a runtime model's replica count", request=ScaleInput, responses={200: MODEL_VIEW, 400: ERROR, 403: ERROR, 409: ERROR})
+    @extend_schema(
+        summary="Set a runtime model's replica count",
+        request=ScaleInput,
+        responses={200: MODEL_VIEW, 400: ERROR, 403: ERROR, 409: ERROR},
+    )
     def post(self, request: Request, name: str) -> Response:
         data = _validated(ScaleInput, request.data, "scale")
         model = services.model_scale(
@@ -134,13 +168,27 @@ class ScaleAPI(APIView):
 
 
 class ResourcesInput(serializers.Serializer):
-    memory_gb = serializers.FloatField(min_value=0, max_value=MAX_MEMORY_GB, help_text="host RAM a replica reserves, in GB")
-    cores = serializers.FloatField(min_value=0, max_value=MAX_CORES, required=False, allow_null=True, help_text="CPU cores reserved; the engine's threads; 0 reserves none")
-    profile = serializers.CharField(required=False, allow_null=True, help_text="one profile; every profile when left out")
+    memory_gb = serializers.FloatField(
+        min_value=0, max_value=MAX_MEMORY_GB, help_text="host RAM a replica reserves, in GB"
+    )
+    cores = serializers.FloatField(
+        min_value=0,
+        max_value=MAX_CORES,
+        required=False,
+        allow_null=True,
+        help_text="CPU cores reserved; the engine's threads; 0 reserves none",
+    )
+    profile = serializers.CharField(
+        required=False, allow_null=True, help_text="one profile; every profile when left out"
+    )
 
 
 class ResourcesAPI(APIView):
-    @extend_schema(summary="Set what a replica reserves", request=ResourcesInput, responses={200: MODEL_VIEW, 400: ERROR, 403: ERROR})
+    @extend_schema(
+        summary="Set what a replica reserves",
+        request=ResourcesInput,
+        responses={200: MODEL_VIEW, 400: ERROR, 403: ERROR},
+    )
     def post(self, request: Request, name: str) -> Response:
         data = _validated(ResourcesInput, request.data, "resources")
         model = services.model_set_resources(
@@ -154,7 +202,9 @@ class ResourcesAPI(APIView):
 
 
 class ClassInput(serializers.Serializer):
-    class_ = serializers.CharField(allow_blank=True, help_text="critical, standard, opportunistic or default")
+    class_ = serializers.CharField(
+        allow_blank=True, help_text="critical, standard, opportunistic or default"
+    )
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, dict) and "class" in data:
@@ -163,11 +213,20 @@ class ClassInput(serializers.Serializer):
 
 
 class ClassAPI(APIView):
-    @extend_schema(summary="Set a model's class", request=inline_serializer("ClassInput", {"class": serializers.CharField()}), responses={200: MODEL_VIEW, 400: ERROR, 403: ERROR})
+    @extend_schema(
+        summary="Set a model's class",
+        request=inline_serializer("ClassInput", {"class": serializers.CharField()}),
+        responses={200: MODEL_VIEW, 400: ERROR, 403: ERROR},
+    )
     def post(self, request: Request, name: str) -> Response:
         if not isinstance(request.data, dict) or "class" not in request.data:
-            raise invalid([Problem("class", "give the class: critical, standard, opportunistic or default")], what="The class")
-        model = services.model_set_class(actor=actor_of(request), name=name, klass=str(request.data["class"]))
+            raise invalid(
+                [Problem("class", "give the class: critical, standard, opportunistic or default")],
+                what="The class",
+            )
+        model = services.model_set_class(
+            actor=actor_of(request), name=name, klass=str(request.data["class"])
+        )
         return Response(_view(model))
 
 
@@ -176,7 +235,11 @@ class OwnerInput(serializers.Serializer):
 
 
 class OwnerAPI(APIView):
-    @extend_schema(summary="Hand a model over to another user", request=OwnerInput, responses={200: MODEL_VIEW, 400: ERROR, 403: ERROR})
+    @extend_schema(
+        summary="Hand a model over to another user",
+        request=OwnerInput,
+        responses={200: MODEL_VIEW, 400: ERROR, 403: ERROR},
+    )
     def post(self, request: Request, name: str) -> Response:
         data = _validated(OwnerInput, request.data, "owner")
         model = services.model_set_owner(actor=actor_of(request), name=name, username=data["owner"])
@@ -189,14 +252,20 @@ class AdaptersInput(serializers.Serializer):
 
 
 class AdaptersAPI(APIView):
-    @extend_schema(summary="A model's LoRA adapters", responses={200: AdapterSerializer(many=True), 404: ERROR})
+    @extend_schema(
+        summary="A model's LoRA adapters", responses={200: AdapterSerializer(many=True), 404: ERROR}
+    )
     def get(self, request: Request, name: str) -> Response:
         return Response(services._get_model(name).adapters)
 
     @extend_schema(
         summary="Remove, then add, LoRA adapters",
         request=AdaptersInput,
-        parameters=[OpenApiParameter("source_check", bool, description="false skips checking the adapter files")],
+        parameters=[
+            OpenApiParameter(
+                "source_check", bool, description="false skips checking the adapter files"
+            )
+        ],
         responses={200: AdapterSerializer(many=True), 400: ERROR, 403: ERROR},
     )
     def post(self, request: Request, name: str) -> Response:
@@ -219,8 +288,12 @@ class AuditAPI(APIView):
             OpenApiParameter("model", str),
             OpenApiParameter("actor", str),
             OpenApiParameter("action", str),
-            OpenApiParameter("limit", int, description="at most this many entries (default 100, at most 1000)"),
-            OpenApiParameter("before", int, description="only entries older than this id (for the next page)"),
+            OpenApiParameter(
+                "limit", int, description="at most this many entries (default 100, at most 1000)"
+            ),
+            OpenApiParameter(
+                "before", int, description="only entries older than this id (for the next page)"
+            ),
         ],
         responses={200: OpenApiTypes.OBJECT},
     )
@@ -230,8 +303,12 @@ class AuditAPI(APIView):
             limit = min(max(int(params.get("limit", 100)), 1), 1000)
             before = int(params["before"]) if params.get("before") else None
         except ValueError:
-            raise invalid([Problem("limit", "limit and before are whole numbers")], what="The query") from None
-        entries = selectors.audit_queryset(model=params.get("model"), actor=params.get("actor"), action=params.get("action"))
+            raise invalid(
+                [Problem("limit", "limit and before are whole numbers")], what="The query"
+            ) from None
+        entries = selectors.audit_queryset(
+            model=params.get("model"), actor=params.get("actor"), action=params.get("action")
+        )
         if before is not None:
             entries = entries.filter(id__lt=before)
         page = [selectors.audit_view(e) for e in entries[: limit + 1]]
@@ -241,6 +318,8 @@ class AuditAPI(APIView):
 
 
 class ClusterAPI(APIView):
-    @extend_schema(summary="The cluster settings in force (server.yaml)", responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(
+        summary="The cluster settings in force (server.yaml)", responses={200: OpenApiTypes.OBJECT}
+    )
     def get(self, request: Request) -> Response:
         return Response({**current_config().summary(), "database": connection.vendor})

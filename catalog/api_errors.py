@@ -27,9 +27,15 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, exceptions.ValidationError):
         pairs = flatten_errors(exc.detail)
         problems = [{"field": path_text(path), "message": message} for path, message in pairs]
-        listed = "; ".join(f"{p['field']}: {p['message']}" if p["field"] else p["message"] for p in problems[:5])
+        listed = "; ".join(
+            f"{p['field']}: {p['message']}" if p["field"] else p["message"] for p in problems[:5]
+        )
         return Response(
-            {"detail": f"The request was refused, nothing was changed: {listed}.", "code": "invalid", "problems": problems},
+            {
+                "detail": f"The request was refused, nothing was changed: {listed}.",
+                "code": "invalid",
+                "problems": problems,
+            },
             status=status.HTTP_400_BAD_REQUEST,
         )
     response = drf_exception_handler(exc, context)

@@ -20,7 +20,13 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from rest_framework import serializers
 
-from .definitions import DurationField, StrictSerializer, clean_definition, flatten_errors, path_text
+from .definitions import (
+    DurationField,
+    StrictSerializer,
+    clean_definition,
+    flatten_errors,
+    path_text,
+)
 from .durations import format_duration
 from .errors import CatalogError, Problem
 from .yamltext import YAMLSyntaxError, line_for, load_with_lines
@@ -77,7 +83,7 @@ class _ClusterSection(StrictSerializer):
 
 class _MirrorSection(StrictSerializer):
     update_check = DurationField(required=False, default=6 * 3600)
-    root = serializers.CharField(required=False)
+    root = serializers.CharField(required=False)  # type: ignore[assignment]
 
 
 class _RegistrySection(StrictSerializer):
@@ -113,12 +119,16 @@ def parse_config(text: str, path: Path) -> ClusterConfig:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the file must be a mapping with cluster, mirror, registry, sources and models")
+        raise ConfigError(
+            f"{path}: the file must be a mapping with cluster, mirror, registry, sources and models"
+        )
     top = _ServerFile(data=data)
     if not top.is_valid():
         first_path, message = flatten_errors(top.errors)[0]
         line = line_for(lines, first_path)
-        raise ConfigError(f"{path}: {path_text(first_path)}: {message}" + (f" (line {line})" if line else ""))
+        raise ConfigError(
+            f"{path}: {path_text(first_path)}: {message}" + (f" (line {line})" if line else "")
+        )
     values = top.validated_data
     models = []
     names: set[str] = set()

@@ -34,30 +34,27 @@ MAX_CONTEXT = 1_048_576
 MAX_NAME = 100
 
 
-def validate_name(value: str) -> str:
+def validate_name(value: str) -> None:
     if len(value) > MAX_NAME:
         raise serializers.ValidationError(f"names are at most {MAX_NAME} characters")
     if not NAME_PATTERN.match(value):
         raise serializers.ValidationError(
             f"{value!r} has characters a name cannot have: use letters, digits, '.', '_', '-' and ':'"
         )
-    return value
 
 
-def validate_source(value: str) -> str:
+def validate_source(value: str) -> None:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise serializers.ValidationError(
             f"{value!r} is not an http(s) URL; a source is where the weights are, "
             "usually a mirror URL like http://HOST:PORT/mirror/ORG/REPO/COMMIT/FILE.gguf"
         )
-    return value
 
 
-def validate_sha256(value: str) -> str:
+def validate_sha256(value: str) -> None:
     if not SHA256_PATTERN.match(value):
         raise serializers.ValidationError("a sha256 is 64 lowercase hexadecimal characters")
-    return value
 
 
 class StrictSerializer(serializers.Serializer):
@@ -71,7 +68,11 @@ class StrictSerializer(serializers.Serializer):
         for key in data:
             if key not in known:
                 close = difflib.get_close_matches(str(key), sorted(known), n=1)
-                hint = f"did you mean {close[0]!r}?" if close else f"known fields: {', '.join(sorted(known))}"
+                hint = (
+                    f"did you mean {close[0]!r}?"
+                    if close
+                    else f"known fields: {', '.join(sorted(known))}"
+                )
                 errors[str(key)] = [f"unknown field; {hint}"]
         # The known fields are checked too, so that one answer lists every problem.
         try:
@@ -128,7 +129,10 @@ class ProfileSerializer(StrictSerializer):
         min_value=0,
         max_value=MAX_MEMORY_GB,
         default=0,
-        error_messages={"min_value": "must not be negative", "max_value": f"at most {MAX_MEMORY_GB}"},
+        error_messages={
+            "min_value": "must not be negative",
+            "max_value": f"at most {MAX_MEMORY_GB}",
+        },
     )
 
     def validate_name(self, value: str) -> str:
@@ -139,27 +143,35 @@ class ProfileSerializer(StrictSerializer):
 
 class AdapterSerializer(StrictSerializer):
     name = serializers.CharField(validators=[validate_name])
-    source = serializers.CharField(max_length=2000, validators=[validate_source])
+    source = serializers.CharField(max_length=2000, validators=[validate_source])  # type: ignore[assignment]
     scale = serializers.FloatField(
         min_value=0,
         max_value=10,
         default=1.0,
-        error_messages={"min_value": "must not be negative", "max_value": "a LoRA scale above 10 is not sensible"},
+        error_messages={
+            "min_value": "must not be negative",
+            "max_value": "a LoRA scale above 10 is not sensible",
+        },
     )
     sha256 = serializers.CharField(required=False, validators=[validate_sha256])
 
 
 class ModelDefinitionSerializer(StrictSerializer):
     name = serializers.CharField(validators=[validate_name])
-    source = serializers.CharField(max_length=2000, validators=[validate_source])
+    source = serializers.CharField(max_length=2000, validators=[validate_source])  # type: ignore[assignment]
     sha256 = serializers.CharField(required=False, validators=[validate_sha256])
-    description = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
+    description = serializers.CharField(
+        required=False, allow_blank=True, max_length=2000, default=""
+    )
     owner = serializers.CharField(required=False, max_length=150)
     min_replicas = serializers.IntegerField(
         min_value=0,
         max_value=MAX_REPLICAS,
         default=1,
-        error_messages={"min_value": "must not be negative", "max_value": f"at most {MAX_REPLICAS} replicas"},
+        error_messages={
+            "min_value": "must not be negative",
+            "max_value": f"at most {MAX_REPLICAS} replicas",
+        },
     )
     max_replicas = serializers.IntegerField(
         min_value=0,
@@ -167,11 +179,17 @@ class ModelDefinitionSerializer(StrictSerializer):
         required=False,
         allow_null=True,
         default=None,
-        error_messages={"min_value": "must not be negative", "max_value": f"at most {MAX_REPLICAS} replicas"},
+        error_messages={
+            "min_value": "must not be negative",
+            "max_value": f"at most {MAX_REPLICAS} replicas",
+        },
     )
     idle_timeout = DurationField(required=False, default=0)
     fallbacks = serializers.ListField(
-        child=serializers.CharField(validators=[validate_name]), required=False, default=list, max_length=16
+        child=serializers.CharField(validators=[validate_name]),
+        required=False,
+        default=list,
+        max_length=16,
     )
     context_length = serializers.IntegerField(
         min_value=1,
@@ -179,10 +197,13 @@ class ModelDefinitionSerializer(StrictSerializer):
         required=False,
         allow_null=True,
         default=None,
-        error_messages={"min_value": "must be at least 1 token", "max_value": f"at most {MAX_CONTEXT} tokens"},
+        error_messages={
+            "min_value": "must be at least 1 token",
+            "max_value": f"at most {MAX_CONTEXT} tokens",
+        },
     )
     profiles = ProfileSerializer(many=True, allow_empty=False)
-    adapters = AdapterSerializer(many=True, required=False, default=list, max_length=32)
+    adapters = AdapterSerializer(many=True, required=False, default=list, max_length=32)  # type: ignore[call-arg]
 
     def get_fields(self) -> dict[str, serializers.Field]:
         fields = super().get_fields()
@@ -192,7 +213,9 @@ class ModelDefinitionSerializer(StrictSerializer):
             required=False,
             allow_blank=True,
             default="",
-            error_messages={"invalid_choice": f"{{input}} is not a class: use one of {', '.join(CLASSES)}, or leave it out for the default"},
+            error_messages={
+                "invalid_choice": f"{{input}} is not a class: use one of {', '.join(CLASSES)}, or leave it out for the default"
+            },
         )
         return fields
 

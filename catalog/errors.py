@@ -65,7 +65,9 @@ def not_found(name: str, known: list[str] | None = None) -> CatalogError:
         if close:
             hint = f"; did you mean {', '.join(close)}?"
     end = "" if hint.endswith("?") else "."
-    return CatalogError(f"There is no model named {name!r}{hint}{end}", code="not_found", status=404)
+    return CatalogError(
+        f"There is no model named {name!r}{hint}{end}", code="not_found", status=404
+    )
 
 
 def forbidden(message: str) -> CatalogError:

@@ -97,7 +97,7 @@ class Model(models.Model):
             data["sha256"] = self.sha256
         if self.description:
             data["description"] = self.description
-        if self.owner_id is not None:
+        if self.owner is not None:
             data["owner"] = self.owner.username
         if self.model_class:
             data["class"] = self.model_class

@@ -10,7 +10,7 @@ from rest_framework.parsers import BaseParser
 from .yamltext import YAMLSyntaxError, load_with_lines
 
 
-class YAMLDocument(dict):  # type: ignore[type-arg]
+class YAMLDocument(dict):
     """A parsed YAML mapping that remembers the line of each value."""
 
     lines: dict[Any, int]
@@ -19,7 +19,7 @@ class YAMLDocument(dict):  # type: ignore[type-arg]
 class YAMLParser(BaseParser):
     media_type = "application/yaml"
 
-    def parse(self, stream, media_type=None, parser_context=None):  # type: ignore[no-untyped-def]
+    def parse(self, stream, media_type=None, parser_context=None):
         raw = stream.read() if stream is not None else b""
         try:
             text = raw.decode("utf-8")

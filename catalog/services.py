@@ -22,8 +22,6 @@ from .signals import catalog_changed
 from .validation import catalog_problems
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser
-
     from .config import ClusterConfig
 
 
@@ -33,7 +31,7 @@ class Actor:
 
     name: str
     door: str
-    user: AbstractBaseUser | None = None
+    user: Any = None  # a User, or None for config and system
 
     @classmethod
     def for_user(cls, user: Any, door: str) -> Actor:
@@ -133,7 +131,9 @@ def _record(
     )
 
 
-def record_event(actor: Actor, model_name: str, action: str, note: str, **details: Any) -> AuditEntry:
+def record_event(
+    actor: Actor, model_name: str, action: str, note: str, **details: Any
+) -> AuditEntry:
     """An audit entry for something that is not a change of definition (a preemption, a restart)."""
     return _record(actor, model_name, action, None, details or None, note)
 
@@ -216,11 +216,15 @@ def model_remove(*, actor: Actor, name: str) -> None:
     with transaction.atomic():
         _lock_catalog()
         model = _get_model(name)
-        _refuse_if_declared(model, "removing it here would only last until then: it would come back")
+        _refuse_if_declared(
+            model, "removing it here would only last until then: it would come back"
+        )
         _require_change_rights(actor, model)
         dependents = sorted(
             other
-            for other, fallbacks in Model.objects.exclude(pk=model.pk).values_list("name", "fallbacks")
+            for other, fallbacks in Model.objects.exclude(pk=model.pk).values_list(
+                "name", "fallbacks"
+            )
             if name in fallbacks
         )
         if dependents:
@@ -261,7 +265,9 @@ def _change(actor: Actor, name: str, action: str, declared_effect: str, apply: A
 
 def _replica_count(value: Any, field: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_REPLICAS:
-        raise invalid([Problem(field, f"must be a whole number from 0 to {MAX_REPLICAS}")], what="The scale")
+        raise invalid(
+            [Problem(field, f"must be a whole number from 0 to {MAX_REPLICAS}")], what="The scale"
+        )
     return value
 
 
@@ -318,7 +324,12 @@ def model_set_resources(
         names = [p["name"] for p in model.profiles]
         if profile is not None and profile not in names:
             raise invalid(
-                [Problem("profile", f"{model.name} has no profile {profile!r}; it has {', '.join(names)}")],
+                [
+                    Problem(
+                        "profile",
+                        f"{model.name} has no profile {profile!r}; it has {', '.join(names)}",
+                    )
+                ],
                 what="The resources",
             )
         profiles = []
@@ -451,9 +462,15 @@ def config_apply(config: ClusterConfig) -> dict[str, list[str]]:
 
         for name, model in existing.items():
             if model.declared and name not in wanted:
-                before = model.definition()
+                _record(
+                    CONFIG,
+                    name,
+                    "remove",
+                    model.definition(),
+                    None,
+                    note=f"gone from {config.path}",
+                )
                 model.delete()
-                _record(CONFIG, name, "remove", before, None, note=f"gone from {config.path}")
                 result["removed"].append(name)
         for name, definition in wanted.items():
             model = existing.get(name) or Model(name=name, declared=True)
@@ -464,7 +481,14 @@ def config_apply(config: ClusterConfig) -> dict[str, list[str]]:
             if before == after:
                 continue
             model.save()
-            _record(CONFIG, name, "update" if before else "add", before, after, note=f"from {config.path}")
+            _record(
+                CONFIG,
+                name,
+                "update" if before else "add",
+                before,
+                after,
+                note=f"from {config.path}",
+            )
             result["updated" if before else "created"].append(name)
         changed = [n for names in result.values() for n in names]
         if changed:

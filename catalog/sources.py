@@ -151,7 +151,9 @@ def check_adapter(adapter: dict[str, object], *, model_name: str, model_source: 
         raise _refuse_host(model_source, allowed)
     try:
         timeout = settings.LLMGW_SOURCE_CHECK_TIMEOUT
-        model_header = gguf.read_header_from_url(model_source, timeout=timeout, require_tensors=True)
+        model_header = gguf.read_header_from_url(
+            model_source, timeout=timeout, require_tensors=True
+        )
         adapter_header = gguf.read_header_from_url(info.url, timeout=timeout, require_tensors=True)
     except gguf.GGUFError as exc:
         raise CatalogError(

@@ -73,7 +73,9 @@ def _mentions(problem: Problem, names: set[str]) -> bool:
     subject = problem.field.split(".", 1)[0]
     if subject in names:
         return True
-    return any(repr(name) in problem.message or f" {name} " in f" {problem.message} " for name in names)
+    return any(
+        repr(name) in problem.message or f" {name} " in f" {problem.message} " for name in names
+    )
 
 
 def _fallback_loops(definitions: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:

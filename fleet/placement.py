@@ -56,6 +56,10 @@ EPSILON = 1e-6
 # floats are used in the hot paths instead of Resources because they are much faster.
 _Vec = tuple[float, float, float, float]
 _DIMENSIONS = 4
+# Cost of a preemption choice: highest victim class, victims, victims within their
+# model's minimum, running victims, replicas of the model on the node, memory left,
+# cores left, node name. Lower is cheaper.
+_Cost = tuple[int, int, int, int, int, float, float, str]
 
 
 @dataclass(frozen=True)
@@ -270,6 +274,10 @@ class _Slot:
         self.bigness = (-memory, -cores, -gpus, -gpu_memory, self.key)
 
 
+# Victims on a node and their cost without the spread term.
+_Found = tuple[list["_Slot"], tuple[int, int, int, int, float, float]]
+
+
 @dataclass(slots=True, eq=False)
 class _NodeState:
     name: str
@@ -281,6 +289,8 @@ class _NodeState:
     # Reservations of the replicas of class rank <= r, per r: lets the preemption search
     # rule a node out in O(1) (preemptible classes are always the lowest ones).
     load_upto: dict[int, list[float]] = field(default_factory=dict)
+    # Bumped whenever what the victim search sees on this node may have changed.
+    version: int = 0
 
 
 class _FreeIndex:
@@ -372,6 +382,8 @@ class _Planner:
         self.next_start = 0
         self.stops: list[Stop] = []
         self.preemptions: list[Stop] = []
+        # (node, need, tier, rank) -> (node version, victims and their cost, or None).
+        self.victim_cache: dict[tuple[str, _Vec, int, int], tuple[int, _Found | None]] = {}
 
     # -- bookkeeping --------------------------------------------------------------------
 
@@ -389,6 +401,7 @@ class _Planner:
         self.count[slot.model] += 1
         self.model_slots[slot.model][slot.key] = slot
         self.index.update(node)
+        self.touch(slot)
 
     def remove(self, slot: _Slot) -> None:
         node = self.nodes[slot.node]
@@ -407,6 +420,17 @@ class _Planner:
         self.count[slot.model] -= 1
         del self.model_slots[slot.model][slot.key]
         self.index.update(node)
+        self.touch(slot)
+
+    def touch(self, slot: _Slot) -> None:
+        """Invalidate cached victim searches that this replica coming or going affects.
+
+        Its own node changed, and its model's count changed, which decides which of the
+        model's replicas count as beyond its minimum on every node that hosts it.
+        """
+        self.nodes[slot.node].version += 1
+        for name in self.spread[slot.model]:
+            self.nodes[name].version += 1
 
     def start(self, model: ModelDemand, profile: Profile, need: _Vec, node: str) -> None:
         key = self.next_start
@@ -584,8 +608,9 @@ class _Planner:
         victims of the lowest class only, then up to the next class, and stop at the
         first tier where some node works. That keeps most nodes out of the exact search.
         """
+        spread = self.spread[model]
         for tier in self.preemptible_ranks(rank, within_minimum):
-            best_key: tuple[int, int, int, int, int, float, float, str] | None = None
+            best_key: _Cost | None = None
             best: tuple[str, list[_Slot]] | None = None
             for bound, name in candidates:
                 if need[0] > 0 and bound + EPSILON < need[0]:
@@ -595,21 +620,44 @@ class _Planner:
                 room = [free[0] + load[0], free[1] + load[1], free[2] + load[2], free[3] + load[3]]
                 if not _fits(need, room):
                     continue  # even every preemptible replica would not make room
-                victims = self.victims_on(node, model, rank, tier, need)
-                if victims is None:
+                found = self.victims_cached(node, rank, tier, need)
+                if found is None:
                     continue
-                if best_key is not None and (tier, len(victims)) > best_key[:2]:
-                    continue  # cheap early out: more victims than the best so far
-                key = self.victim_cost(node, model, need, victims)
+                victims, (top, many, minimum_ones, running, memory_left, cores_left) = found
+                if best_key is not None and (top, many) > best_key[:2]:
+                    continue
+                key = (
+                    top,
+                    many,
+                    minimum_ones,
+                    running,
+                    spread.get(name, 0),
+                    memory_left,
+                    cores_left,
+                    name,
+                )
                 if best_key is None or key < best_key:
                     best_key, best = key, (name, victims)
             if best is not None:
                 return best
         return None
 
-    def victims_on(
-        self, node: _NodeState, model: str, rank: int, tier: int, need: _Vec
-    ) -> list[_Slot] | None:
+    def victims_cached(self, node: _NodeState, rank: int, tier: int, need: _Vec) -> _Found | None:
+        """:meth:`victims_on` and :meth:`victim_cost`, remembered until the node changes.
+
+        Why: consecutive searches mostly look at the same nodes for the same profile
+        shapes, while each placement only changes a handful of nodes.
+        """
+        key = (node.name, need, tier, rank)
+        hit = self.victim_cache.get(key)
+        if hit is not None and hit[0] == node.version:
+            return hit[1]
+        victims = self.victims_on(node, rank, tier, need)
+        found = None if victims is None else (victims, self.victim_cost(node, need, victims))
+        self.victim_cache[key] = (node.version, found)
+        return found
+
+    def victims_on(self, node: _NodeState, rank: int, tier: int, need: _Vec) -> list[_Slot] | None:
         """The victims (of class ``tier`` or lower) to stop on ``node`` to fit ``need``.
 
         Taken greedily in victim order until the need fits, then any victim that turned
@@ -618,7 +666,7 @@ class _Planner:
         room = list(node.free)
         victims: list[_Slot] = []
         if not _fits(need, room):
-            for slot in self.victim_order(node, model, rank, tier):
+            for slot in self.victim_order(node, rank, tier):
                 victims.append(slot)
                 for d in range(_DIMENSIONS):
                     room[d] += slot.need[d]
@@ -633,13 +681,16 @@ class _Planner:
                 room = without
         return victims
 
-    def victim_order(self, node: _NodeState, model: str, rank: int, tier: int) -> Iterator[_Slot]:
+    def victim_order(self, node: _NodeState, rank: int, tier: int) -> Iterator[_Slot]:
         """Preemptible replicas on ``node`` in the order they are taken.
 
         Lowest class first; within a class, replicas beyond their model's minimum before
         minimum ones; then biggest reservation first. Which of a model's replicas count as
         "beyond its minimum" is decided biggest first. Lazy, because the greedy search
         usually needs only the first one or two.
+
+        The preempting model's own replicas never show up here: they are of its class,
+        and are only preemptible while it is below its minimum, when it has none spare.
         """
         spare: dict[str, int] = {}
         for victim_rank in sorted(node.by_rank):
@@ -647,8 +698,6 @@ class _Planner:
                 return
             minimum_ones = []
             for slot in node.by_rank[victim_rank]:
-                if slot.model == model:
-                    continue
                 left = spare.get(slot.model)
                 if left is None:
                     left = self.count[slot.model] - self.minimum[slot.model]
@@ -663,24 +712,25 @@ class _Planner:
             yield from minimum_ones
 
     def victim_cost(
-        self, node: _NodeState, model: str, need: _Vec, victims: list[_Slot]
-    ) -> tuple[int, int, int, int, int, float, float, str]:
+        self, node: _NodeState, need: _Vec, victims: list[_Slot]
+    ) -> tuple[int, int, int, int, float, float]:
+        """What stopping ``victims`` costs, cheapest first (spread is added by the caller)."""
+        if not victims:
+            # Only reached when the free room already fits, which the free search handles.
+            return (0, 0, 0, 0, node.free[0] - need[0], node.free[1] - need[1])
         taken: dict[str, int] = {}
         for slot in victims:
             taken[slot.model] = taken.get(slot.model, 0) + 1
         within_their_minimum = sum(
             max(0, n - (self.count[m] - self.minimum[m])) for m, n in taken.items()
         )
-        freed = [sum(slot.need[d] for slot in victims) for d in range(_DIMENSIONS)]
         return (
             max(slot.rank for slot in victims),
             len(victims),
             within_their_minimum,
             sum(slot.start is None for slot in victims),  # cancelling a plan beats a stop
-            self.spread[model].get(node.name, 0),
-            node.free[0] + freed[0] - need[0],
-            node.free[1] + freed[1] - need[1],
-            node.name,
+            node.free[0] + sum(slot.need[0] for slot in victims) - need[0],
+            node.free[1] + sum(slot.need[1] for slot in victims) - need[1],
         )
 
     def preempt(self, victim: _Slot, model: ModelDemand, need: _Vec, node: str) -> None:

@@ -16,7 +16,9 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 class Client:
-    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 60) -> None:
+    def __init__(
+        self, url: str | None = None, token: str | None = None, timeout: float = 60
+    ) -> None:
         self.url = (url or os.environ.get("LLMGW_URL") or DEFAULT_URL).rstrip("/")
         self.token = token if token is not None else os.environ.get("LLMGW_TOKEN", "")
         self.timeout = timeout
@@ -39,7 +41,13 @@ class Client:
         headers = {"Content-Type": content_type} if content_type else None
         try:
             response = self.session.request(
-                method, url, json=json, data=data, params=params, headers=headers, timeout=self.timeout
+                method,
+                url,
+                json=json,
+                data=data,
+                params=params,
+                headers=headers,
+                timeout=self.timeout,
             )
         except requests.ConnectionError:
             raise CtlError(
@@ -47,7 +55,9 @@ class Client:
                 "Is it running? Set LLMGW_URL to its address."
             ) from None
         except requests.Timeout:
-            raise CtlError(f"the control plane at {self.url} did not answer within {self.timeout:.0f}s") from None
+            raise CtlError(
+                f"the control plane at {self.url} did not answer within {self.timeout:.0f}s"
+            ) from None
         if response.status_code == 204:
             return None
         try:

@@ -80,7 +80,10 @@ def _scaling_text(view: dict[str, Any]) -> str:
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
+    lines = [
+        "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
     return "\n".join(lines)
 
 
@@ -96,7 +99,14 @@ def cmd_models(client: Client, args: argparse.Namespace) -> None:
         print("No models yet. Add one with: llmgw ctl model add -f model.yaml")
         return
     rows = [
-        [m["name"], m["kind"], m["owner"] or "-", m["class"], _scaling_text(m), m["definition"]["source"]]
+        [
+            m["name"],
+            m["kind"],
+            m["owner"] or "-",
+            m["class"],
+            _scaling_text(m),
+            m["definition"]["source"],
+        ]
         for m in models
     ]
     print(_table(rows, ["NAME", "KIND", "OWNER", "CLASS", "REPLICAS", "SOURCE"]))
@@ -109,8 +119,10 @@ def cmd_model_show(client: Client, args: argparse.Namespace) -> None:
         return
     import yaml
 
-    print(f"# {view['name']}: {view['kind']}, owner {view['owner'] or '-'}, class {view['class']}, "
-          f"replicas {_scaling_text(view)}")
+    print(
+        f"# {view['name']}: {view['kind']}, owner {view['owner'] or '-'}, class {view['class']}, "
+        f"replicas {_scaling_text(view)}"
+    )
     print(yaml.safe_dump(view["definition"], sort_keys=False).rstrip())
 
 
@@ -122,18 +134,24 @@ def cmd_model_add(client: Client, args: argparse.Namespace) -> None:
         raise CtlError(f"cannot read {path}: {exc.strerror}") from None
     params = {} if not args.no_source_check else {"source_check": "false"}
     try:
-        view = client.request("POST", "models", data=text, content_type="application/yaml", params=params)
+        view = client.request(
+            "POST", "models", data=text, content_type="application/yaml", params=params
+        )
     except CtlError as exc:
         raise CtlError(f"{path}: {exc}") from None
     if view.get("source_size_text"):
         print(f"Source is there: {view['source_size_text']} at {view['definition']['source']}")
-    print(f"{view['name']} added, owned by {view['owner']}; class {view['class']}; replicas {_scaling_text(view)}.")
+    print(
+        f"{view['name']} added, owned by {view['owner']}; class {view['class']}; replicas {_scaling_text(view)}."
+    )
     print("It is placed on the reconciler's next pass; watch it with: llmgw ctl models")
 
 
 def cmd_model_remove(client: Client, args: argparse.Namespace) -> None:
     client.delete(f"models/{args.name}")
-    print(f"{args.name} removed. Its replicas are withdrawn from routing, then stopped, on the next pass.")
+    print(
+        f"{args.name} removed. Its replicas are withdrawn from routing, then stopped, on the next pass."
+    )
 
 
 def cmd_scale(client: Client, args: argparse.Namespace) -> None:
@@ -151,7 +169,9 @@ def cmd_scale(client: Client, args: argparse.Namespace) -> None:
         )
     else:
         follows = ", following min" if s["max_follows_min"] else ""
-        print(f"{view['name']}: {s['min']} replica(s) (max {s['max']}{follows}). It takes effect on the next pass.")
+        print(
+            f"{view['name']}: {s['min']} replica(s) (max {s['max']}{follows}). It takes effect on the next pass."
+        )
     print("Watch it with: llmgw ctl models")
 
 
@@ -159,8 +179,12 @@ def cmd_model_resources(client: Client, args: argparse.Namespace) -> None:
     body = {"memory_gb": args.memory, "cores": args.cores, "profile": args.profile}
     view = client.post(f"models/{args.name}/resources", body)
     for p in view["definition"]["profiles"]:
-        print(f"{view['name']}/{p['name']}: {p['memory_gb']:g} GB memory, {p['cores']:g} cores, {p['gpus']} GPUs")
-    print(f"Running replicas keep their old figures until restarted: llmgw ctl restart --model {view['name']}")
+        print(
+            f"{view['name']}/{p['name']}: {p['memory_gb']:g} GB memory, {p['cores']:g} cores, {p['gpus']} GPUs"
+        )
+    print(
+        f"Running replicas keep their old figures until restarted: llmgw ctl restart --model {view['name']}"
+    )
 
 
 def cmd_model_class(client: Client, args: argparse.Namespace) -> None:
@@ -204,12 +228,16 @@ def cmd_model_adapters(client: Client, args: argparse.Namespace) -> None:
     for a in adapters:
         print(f"{a['name']}\tscale {a['scale']:g}\t{a['source']}")
     if args.add or args.remove:
-        print(f"{args.name} serves {len(adapters)} adapter(s); replicas load them when restarted: "
-              f"llmgw ctl restart --model {args.name}")
+        print(
+            f"{args.name} serves {len(adapters)} adapter(s); replicas load them when restarted: "
+            f"llmgw ctl restart --model {args.name}"
+        )
 
 
 def cmd_audit(client: Client, args: argparse.Namespace) -> None:
-    page = client.get("audit", model=args.model, actor=args.actor, action=args.action, limit=args.limit)
+    page = client.get(
+        "audit", model=args.model, actor=args.actor, action=args.action, limit=args.limit
+    )
     entries = page["entries"]
     if args.json:
         _print_json(entries)
@@ -219,10 +247,21 @@ def cmd_audit(client: Client, args: argparse.Namespace) -> None:
         return
     rows = []
     for e in entries:
-        changed = ", ".join(f"{k}: {_short(v[0])} -> {_short(v[1])}" for k, v in e["changes"].items())
+        changed = ", ".join(
+            f"{k}: {_short(v[0])} -> {_short(v[1])}" for k, v in e["changes"].items()
+        )
         if e["action"] in ("add", "remove"):
             changed = e["note"] or ""
-        rows.append([e["at"][:19].replace("T", " "), e["actor"], e["door"], e["action"], e["model"], changed or e["note"]])
+        rows.append(
+            [
+                e["at"][:19].replace("T", " "),
+                e["actor"],
+                e["door"],
+                e["action"],
+                e["model"],
+                changed or e["note"],
+            ]
+        )
     print(_table(rows, ["WHEN (UTC)", "ACTOR", "DOOR", "ACTION", "MODEL", "CHANGE"]))
 
 
@@ -240,7 +279,9 @@ def add_parser(subparsers: Any) -> None:
         help="manage the catalog through the control plane's API",
         description="Talks to the control plane at LLMGW_URL with the API token in LLMGW_TOKEN.",
     )
-    ctl.add_argument("--url", help="the control plane (default: LLMGW_URL, else http://127.0.0.1:8000)")
+    ctl.add_argument(
+        "--url", help="the control plane (default: LLMGW_URL, else http://127.0.0.1:8000)"
+    )
     ctl.add_argument("--token", help="an API token (default: LLMGW_TOKEN)")
     sub = ctl.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -248,12 +289,21 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=cmd_models)
 
-    p = sub.add_parser("scale", help="set how many replicas a runtime model runs",
-                       description=SCALING_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "scale",
+        help="set how many replicas a runtime model runs",
+        description=SCALING_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("name")
-    p.add_argument("--min", type=int, required=True, help="replicas to keep running: this is the count")
+    p.add_argument(
+        "--min", type=int, required=True, help="replicas to keep running: this is the count"
+    )
     p.add_argument("--max", type=int, help="a ceiling; left out, it follows --min")
-    p.add_argument("--idle-timeout", help="how long an on-demand model stays up unasked-for, like 15m; 0 takes the cluster default")
+    p.add_argument(
+        "--idle-timeout",
+        help="how long an on-demand model stays up unasked-for, like 15m; 0 takes the cluster default",
+    )
     p.set_defaults(run=cmd_scale)
 
     p = sub.add_parser("audit", help="who changed what, newest first")
@@ -278,9 +328,12 @@ def add_parser(subparsers: Any) -> None:
         "pass, with no restart.",
     )
     p.add_argument("-f", "--file", required=True, help="the model definition, as YAML")
-    p.add_argument("--no-source-check", action="store_true",
-                   help="add it without asking whether the weights are at the source URL; right when the "
-                   "mirror is not up yet or the nodes reach it by an address the control plane does not")
+    p.add_argument(
+        "--no-source-check",
+        action="store_true",
+        help="add it without asking whether the weights are at the source URL; right when the "
+        "mirror is not up yet or the nodes reach it by an address the control plane does not",
+    )
     p.set_defaults(run=cmd_model_add)
 
     p = msub.add_parser("show", help="a model's definition, as YAML you can copy into server.yaml")
@@ -297,18 +350,30 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("name")
     p.set_defaults(run=cmd_model_remove)
 
-    p = msub.add_parser("resources", help="set what a replica reserves of a node",
-                        description=RESOURCES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = msub.add_parser(
+        "resources",
+        help="set what a replica reserves of a node",
+        description=RESOURCES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("name")
-    p.add_argument("--memory", type=float, required=True, help="host RAM one replica reserves, in GB")
+    p.add_argument(
+        "--memory", type=float, required=True, help="host RAM one replica reserves, in GB"
+    )
     p.add_argument("--cores", type=float, help="CPU cores one replica reserves; 0 reserves none")
     p.add_argument("--profile", help="change one profile; every profile when left out")
     p.set_defaults(run=cmd_model_resources)
 
-    p = msub.add_parser("class", help="set how a model's capacity weighs against others'",
-                        description=CLASS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = msub.add_parser(
+        "class",
+        help="set how a model's capacity weighs against others'",
+        description=CLASS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("name")
-    p.add_argument("klass", metavar="CLASS", choices=["critical", "standard", "opportunistic", "default"])
+    p.add_argument(
+        "klass", metavar="CLASS", choices=["critical", "standard", "opportunistic", "default"]
+    )
     p.set_defaults(run=cmd_model_class)
 
     p = msub.add_parser("owner", help="hand a model over to another user (its owner or staff)")
@@ -316,12 +381,22 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("user")
     p.set_defaults(run=cmd_model_owner)
 
-    p = msub.add_parser("adapters", help="list, add or remove a model's LoRA adapters",
-                        description=ADAPTERS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = msub.add_parser(
+        "adapters",
+        help="list, add or remove a model's LoRA adapters",
+        description=ADAPTERS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("name")
-    p.add_argument("--add", action="append", default=[], metavar="NAME=URL[@SCALE]", help="repeatable")
+    p.add_argument(
+        "--add", action="append", default=[], metavar="NAME=URL[@SCALE]", help="repeatable"
+    )
     p.add_argument("--remove", action="append", default=[], metavar="NAME", help="repeatable")
-    p.add_argument("--no-source-check", action="store_true", help="store the adapters without checking the files")
+    p.add_argument(
+        "--no-source-check",
+        action="store_true",
+        help="store the adapters without checking the files",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=cmd_model_adapters)
 

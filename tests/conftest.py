@@ -57,7 +57,9 @@ def server_yaml(tmp_path: Path, settings: Any) -> Any:
     settings.LLMGW_CONFIG = path
 
     def write(content: Any) -> Path:
-        path.write_text(content if isinstance(content, str) else yaml.safe_dump(content, sort_keys=False))
+        path.write_text(
+            content if isinstance(content, str) else yaml.safe_dump(content, sort_keys=False)
+        )
         current_config.cache_clear()
         return path
 

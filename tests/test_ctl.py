@@ -43,7 +43,9 @@ def model_file(tmp_path: Path) -> Any:
 
 
 def test_add_then_list(ctl: Any, model_file: Any) -> None:
-    code, out, err = ctl("alice", "model", "add", "-f", model_file(max_replicas=3), "--no-source-check")
+    code, out, err = ctl(
+        "alice", "model", "add", "-f", model_file(max_replicas=3), "--no-source-check"
+    )
     assert code == 0, err
     assert "tiny-chat added, owned by alice; class standard; replicas 1 (max 3)." in out
     assert "watch it with: llmgw ctl models" in out
@@ -57,7 +59,14 @@ def test_add_then_list(ctl: Any, model_file: Any) -> None:
 
 
 def test_add_prints_the_servers_refusal_and_exits_non_zero(ctl: Any, model_file: Any) -> None:
-    code, out, err = ctl("alice", "model", "add", "-f", model_file(min_replicas=-1, min_replica=2), "--no-source-check")
+    code, out, err = ctl(
+        "alice",
+        "model",
+        "add",
+        "-f",
+        model_file(min_replicas=-1, min_replica=2),
+        "--no-source-check",
+    )
     assert code == 1 and out == ""
     assert "The definition was refused, nothing was changed" in err
     assert "line 4: min_replicas: must not be negative" in err
@@ -67,7 +76,9 @@ def test_add_prints_the_servers_refusal_and_exits_non_zero(ctl: Any, model_file:
 
 def test_add_runs_the_source_check_by_default(ctl: Any, model_file: Any, settings: Any) -> None:
     settings.LLMGW_SOURCE_ALLOWED_HOSTS = ["127.0.0.1:9"]
-    code, _, err = ctl("alice", "model", "add", "-f", model_file(source="http://127.0.0.1:9/x.gguf"))
+    code, _, err = ctl(
+        "alice", "model", "add", "-f", model_file(source="http://127.0.0.1:9/x.gguf")
+    )
     assert code == 1
     assert "could not be reached" in err and "--no-source-check" in err
 
@@ -82,13 +93,21 @@ def test_scale_prints_what_is_in_force(ctl: Any, model_file: Any) -> None:
     ctl("alice", "model", "add", "-f", model_file(), "--no-source-check")
     code, out, _ = ctl("alice", "scale", "tiny-chat", "--min", "2")
     assert code == 0
-    assert out.startswith("tiny-chat: 2 replica(s) (max 2, following min). It takes effect on the next pass.")
-    code, out, _ = ctl("alice", "scale", "tiny-chat", "--min", "0", "--max", "3", "--idle-timeout", "10m")
-    assert out.startswith("tiny-chat is on demand: one replica is loaded when asked for (max 3), and stopped after 10m")
+    assert out.startswith(
+        "tiny-chat: 2 replica(s) (max 2, following min). It takes effect on the next pass."
+    )
+    code, out, _ = ctl(
+        "alice", "scale", "tiny-chat", "--min", "0", "--max", "3", "--idle-timeout", "10m"
+    )
+    assert out.startswith(
+        "tiny-chat is on demand: one replica is loaded when asked for (max 3), and stopped after 10m"
+    )
     code, out, _ = ctl("alice", "scale", "tiny-chat", "--min", "0", "--max", "0")
     assert out.startswith("tiny-chat will not be placed; it stays in the catalog")
     code, _, err = ctl("bob", "scale", "tiny-chat", "--min", "1")
-    assert code == 1 and "tiny-chat belongs to alice; only they or a staff user may change it." in err
+    assert (
+        code == 1 and "tiny-chat belongs to alice; only they or a staff user may change it." in err
+    )
 
 
 def test_scale_of_a_declared_model_says_to_edit_the_file(ctl: Any, server_yaml: Any) -> None:
@@ -114,7 +133,10 @@ def test_resources_class_owner_and_remove(ctl: Any, model_file: Any) -> None:
     code, out, _ = ctl("alice", "model", "class", "tiny-chat", "critical")
     assert out.strip() == "tiny-chat is critical (set explicitly). It applies from the next pass."
     code, out, _ = ctl("alice", "model", "class", "tiny-chat", "default")
-    assert out.strip() == "tiny-chat is standard (the default for its scaling). It applies from the next pass."
+    assert (
+        out.strip()
+        == "tiny-chat is standard (the default for its scaling). It applies from the next pass."
+    )
     code, out, _ = ctl("alice", "model", "owner", "tiny-chat", "bob")
     assert out.strip() == "tiny-chat is now owned by bob."
     code, _, err = ctl("alice", "model", "remove", "tiny-chat")
@@ -126,12 +148,22 @@ def test_resources_class_owner_and_remove(ctl: Any, model_file: Any) -> None:
 
 def test_adapters_from_the_command_line(ctl: Any, model_file: Any) -> None:
     ctl("alice", "model", "add", "-f", model_file(), "--no-source-check")
-    code, out, err = ctl("alice", "model", "adapters", "tiny-chat", "--add", "tiny-sql=http://127.0.0.1:8000/sql.gguf@0.5", "--no-source-check")
+    code, out, err = ctl(
+        "alice",
+        "model",
+        "adapters",
+        "tiny-chat",
+        "--add",
+        "tiny-sql=http://127.0.0.1:8000/sql.gguf@0.5",
+        "--no-source-check",
+    )
     assert code == 0, err
     assert out.splitlines()[0] == "tiny-sql\tscale 0.5\thttp://127.0.0.1:8000/sql.gguf"
     assert "replicas load them when restarted: llmgw ctl restart --model tiny-chat" in out
     code, out, _ = ctl("carol", "model", "adapters", "tiny-chat", "--json")
-    assert json.loads(out) == [{"name": "tiny-sql", "source": "http://127.0.0.1:8000/sql.gguf", "scale": 0.5}]
+    assert json.loads(out) == [
+        {"name": "tiny-sql", "source": "http://127.0.0.1:8000/sql.gguf", "scale": 0.5}
+    ]
     code, _, err = ctl("alice", "model", "adapters", "tiny-chat", "--add", "broken")
     assert code == 1 and "--add 'broken' is not NAME=URL[@SCALE]" in err
 
@@ -143,7 +175,24 @@ def test_audit_shows_who_did_what_through_the_cli(ctl: Any, model_file: Any) -> 
     assert code == 0
     lines = out.strip().splitlines()
     assert lines[0].split() == ["WHEN", "(UTC)", "ACTOR", "DOOR", "ACTION", "MODEL", "CHANGE"]
-    assert lines[1].split()[2:] == ["alice", "cli", "scale", "tiny-chat", "min_replicas:", "1", "->", "3,", "max_replicas:", "null", "->", "null"] or "min_replicas: 1 -> 3" in lines[1]
+    assert (
+        lines[1].split()[2:]
+        == [
+            "alice",
+            "cli",
+            "scale",
+            "tiny-chat",
+            "min_replicas:",
+            "1",
+            "->",
+            "3,",
+            "max_replicas:",
+            "null",
+            "->",
+            "null",
+        ]
+        or "min_replicas: 1 -> 3" in lines[1]
+    )
     assert "add" in lines[2]
     code, out, _ = ctl("carol", "audit", "--actor", "alice", "--json")
     assert [e["door"] for e in json.loads(out)] == ["cli", "cli"]
@@ -166,7 +215,10 @@ def test_an_unreachable_control_plane_is_one_line(capsys: Any, monkeypatch: Any)
     monkeypatch.setenv("LLMGW_URL", "http://127.0.0.1:9")
     assert main(["ctl", "models"]) == 1
     err = capsys.readouterr().err
-    assert err == "error: cannot reach the control plane at http://127.0.0.1:9: nothing answered there. Is it running? Set LLMGW_URL to its address.\n"
+    assert (
+        err
+        == "error: cannot reach the control plane at http://127.0.0.1:9: nothing answered there. Is it running? Set LLMGW_URL to its address.\n"
+    )
 
 
 def test_a_bad_token_is_one_line(live_server: Any, capsys: Any, monkeypatch: Any) -> None:
@@ -178,11 +230,21 @@ def test_a_bad_token_is_one_line(live_server: Any, capsys: Any, monkeypatch: Any
 
 def test_the_installed_command_runs(live_server: Any, tokens: dict[str, str]) -> None:
     env = {"LLMGW_URL": live_server.url, "LLMGW_TOKEN": tokens["alice"], "PATH": "/usr/bin:/bin"}
-    result = subprocess.run([sys.executable, "-m", "llmgw", "ctl", "models", "--json"], env=env,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "llmgw", "ctl", "models", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []
-    help_text = subprocess.run([sys.executable, "-m", "llmgw", "ctl", "scale", "--help"], capture_output=True, text=True, timeout=60).stdout
+    help_text = subprocess.run(
+        [sys.executable, "-m", "llmgw", "ctl", "scale", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     assert "--max is a ceiling, not a target" in help_text
     assert "on demand" in help_text
 

@@ -6,7 +6,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -15,58 +14,131 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='CatalogVersion',
+            name="CatalogVersion",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('version', models.PositiveBigIntegerField(default=0)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("version", models.PositiveBigIntegerField(default=0)),
             ],
         ),
         migrations.CreateModel(
-            name='Model',
+            name="Model",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100, unique=True)),
-                ('source', models.CharField(max_length=2000)),
-                ('sha256', models.CharField(blank=True, default='', max_length=64)),
-                ('description', models.TextField(blank=True, default='')),
-                ('model_class', models.CharField(blank=True, choices=[('critical', 'critical'), ('standard', 'standard'), ('opportunistic', 'opportunistic')], default='', max_length=20, verbose_name='class')),
-                ('min_replicas', models.PositiveIntegerField(default=1)),
-                ('max_replicas', models.PositiveIntegerField(blank=True, null=True)),
-                ('idle_timeout', models.PositiveIntegerField(default=0, help_text='seconds; 0 takes the cluster default')),
-                ('fallbacks', models.JSONField(blank=True, default=list)),
-                ('context_length', models.PositiveIntegerField(blank=True, null=True)),
-                ('profiles', models.JSONField(default=list)),
-                ('adapters', models.JSONField(blank=True, default=list)),
-                ('declared', models.BooleanField(default=False, help_text='declared in server.yaml (re-read on every start)')),
-                ('generation', models.PositiveIntegerField(default=0)),
-                ('source_size', models.BigIntegerField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('owner', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='owned_models', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100, unique=True)),
+                ("source", models.CharField(max_length=2000)),
+                ("sha256", models.CharField(blank=True, default="", max_length=64)),
+                ("description", models.TextField(blank=True, default="")),
+                (
+                    "model_class",
+                    models.CharField(
+                        blank=True,
+                        choices=[
+                            ("critical", "critical"),
+                            ("standard", "standard"),
+                            ("opportunistic", "opportunistic"),
+                        ],
+                        default="",
+                        max_length=20,
+                        verbose_name="class",
+                    ),
+                ),
+                ("min_replicas", models.PositiveIntegerField(default=1)),
+                ("max_replicas", models.PositiveIntegerField(blank=True, null=True)),
+                (
+                    "idle_timeout",
+                    models.PositiveIntegerField(
+                        default=0, help_text="seconds; 0 takes the cluster default"
+                    ),
+                ),
+                ("fallbacks", models.JSONField(blank=True, default=list)),
+                ("context_length", models.PositiveIntegerField(blank=True, null=True)),
+                ("profiles", models.JSONField(default=list)),
+                ("adapters", models.JSONField(blank=True, default=list)),
+                (
+                    "declared",
+                    models.BooleanField(
+                        default=False, help_text="declared in server.yaml (re-read on every start)"
+                    ),
+                ),
+                ("generation", models.PositiveIntegerField(default=0)),
+                ("source_size", models.BigIntegerField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="owned_models",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='AuditEntry',
+            name="AuditEntry",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('actor_name', models.CharField(db_index=True, max_length=150)),
-                ('model_name', models.CharField(db_index=True, max_length=100)),
-                ('action', models.CharField(db_index=True, max_length=40)),
-                ('door', models.CharField(choices=[('api', 'API'), ('cli', 'llmgw ctl'), ('console', 'console'), ('admin', 'admin'), ('config', 'server.yaml'), ('system', 'system')], max_length=20)),
-                ('before', models.JSONField(blank=True, null=True)),
-                ('after', models.JSONField(blank=True, null=True)),
-                ('changes', models.JSONField(blank=True, default=dict)),
-                ('note', models.TextField(blank=True, default='')),
-                ('actor', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                ("actor_name", models.CharField(db_index=True, max_length=150)),
+                ("model_name", models.CharField(db_index=True, max_length=100)),
+                ("action", models.CharField(db_index=True, max_length=40)),
+                (
+                    "door",
+                    models.CharField(
+                        choices=[
+                            ("api", "API"),
+                            ("cli", "llmgw ctl"),
+                            ("console", "console"),
+                            ("admin", "admin"),
+                            ("config", "server.yaml"),
+                            ("system", "system"),
+                        ],
+                        max_length=20,
+                    ),
+                ),
+                ("before", models.JSONField(blank=True, null=True)),
+                ("after", models.JSONField(blank=True, null=True)),
+                ("changes", models.JSONField(blank=True, default=dict)),
+                ("note", models.TextField(blank=True, default="")),
+                (
+                    "actor",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'audit entries',
-                'ordering': ['-at', '-id'],
-                'indexes': [models.Index(fields=['model_name', '-at'], name='catalog_aud_model_n_ab17d0_idx')],
+                "verbose_name_plural": "audit entries",
+                "ordering": ["-at", "-id"],
+                "indexes": [
+                    models.Index(
+                        fields=["model_name", "-at"], name="catalog_aud_model_n_ab17d0_idx"
+                    )
+                ],
             },
         ),
     ]

@@ -53,7 +53,12 @@ def test_adding_makes_you_the_owner_and_shows_what_is_in_force(api: Any) -> None
     assert body["kind"] == "runtime"
     assert body["class"] == "opportunistic"  # the default for an on-demand model
     assert body["scaling"] == {
-        "min": 0, "max": 2, "max_follows_min": False, "on_demand": True, "parked": False, "idle_timeout": "15m",
+        "min": 0,
+        "max": 2,
+        "max_follows_min": False,
+        "on_demand": True,
+        "parked": False,
+        "idle_timeout": "15m",
     }
     entry = AuditEntry.objects.get(action="add")
     assert (entry.actor_name, entry.door, entry.model_name) == ("alice", "api", "tiny-chat")
@@ -81,7 +86,9 @@ def test_field_problems_in_yaml_name_their_line(api: Any) -> None:
     text = "name: x\nsource: http://127.0.0.1:8000/x.gguf\nprofiles:\n  - name: cpu\n    memory_gb: -4\n"
     response = api("alice").post(NO_CHECK, text, content_type="application/yaml")
     assert response.status_code == 400
-    assert response.json()["problems"] == [{"field": "profiles[0].memory_gb", "message": "must not be negative", "line": 5}]
+    assert response.json()["problems"] == [
+        {"field": "profiles[0].memory_gb", "message": "must not be negative", "line": 5}
+    ]
 
 
 def test_a_huge_body_is_refused(api: Any) -> None:
@@ -121,8 +128,13 @@ def test_only_the_owner_or_staff_may_change_a_model(api: Any) -> None:
     add(api("alice"))
     response = api("bob").post("/api/v1/models/tiny-chat/scale", {"min": 2}, format="json")
     assert response.status_code == 403
-    assert response.json()["detail"].startswith("tiny-chat belongs to alice; only they or a staff user may change it.")
-    assert api("staff").post("/api/v1/models/tiny-chat/scale", {"min": 2}, format="json").status_code == 200
+    assert response.json()["detail"].startswith(
+        "tiny-chat belongs to alice; only they or a staff user may change it."
+    )
+    assert (
+        api("staff").post("/api/v1/models/tiny-chat/scale", {"min": 2}, format="json").status_code
+        == 200
+    )
     assert Model.objects.get().min_replicas == 2
 
 
@@ -130,7 +142,9 @@ def test_unknown_models_get_404_with_close_names(api: Any) -> None:
     add(api("alice"))
     response = api("alice").post("/api/v1/models/tiny-caht/scale", {"min": 1}, format="json")
     assert response.status_code == 404
-    assert response.json()["detail"] == "There is no model named 'tiny-caht'; did you mean tiny-chat?"
+    assert (
+        response.json()["detail"] == "There is no model named 'tiny-caht'; did you mean tiny-chat?"
+    )
 
 
 def test_scale_reports_what_is_in_force(api: Any) -> None:
@@ -138,10 +152,22 @@ def test_scale_reports_what_is_in_force(api: Any) -> None:
     body = api("alice").post("/api/v1/models/tiny-chat/scale", {"min": 2}, format="json").json()
     # max left out follows min
     assert body["scaling"]["max"] == 2 and body["scaling"]["max_follows_min"] is True
-    body = api("alice").post("/api/v1/models/tiny-chat/scale", {"min": 0, "max": 4, "idle_timeout": "5m"}, format="json").json()
+    body = (
+        api("alice")
+        .post(
+            "/api/v1/models/tiny-chat/scale",
+            {"min": 0, "max": 4, "idle_timeout": "5m"},
+            format="json",
+        )
+        .json()
+    )
     assert body["scaling"]["on_demand"] is True and body["scaling"]["idle_timeout"] == "5m"
     assert body["class"] == "opportunistic"
-    body = api("alice").post("/api/v1/models/tiny-chat/scale", {"min": 0, "max": 0}, format="json").json()
+    body = (
+        api("alice")
+        .post("/api/v1/models/tiny-chat/scale", {"min": 0, "max": 0}, format="json")
+        .json()
+    )
     assert body["scaling"]["parked"] is True
     entry = AuditEntry.objects.filter(action="scale").first()
     assert entry.changes == {"max_replicas": [4, 0]}
@@ -149,7 +175,9 @@ def test_scale_reports_what_is_in_force(api: Any) -> None:
 
 def test_scale_refuses_min_above_max(api: Any) -> None:
     add(api("alice"))
-    response = api("alice").post("/api/v1/models/tiny-chat/scale", {"min": 3, "max": 1}, format="json")
+    response = api("alice").post(
+        "/api/v1/models/tiny-chat/scale", {"min": 3, "max": 1}, format="json"
+    )
     assert response.status_code == 400
     assert "max (1) is below min (3)" in response.json()["detail"]
     assert Model.objects.get().min_replicas == 1
@@ -172,22 +200,48 @@ def test_scale_refuses_bad_input(api: Any, body: dict, message: str) -> None:
 
 
 def test_resources_change_one_profile_or_all(api: Any) -> None:
-    profiles = [{"name": "gpu", "memory_gb": 8, "gpus": 1, "gpu_memory_gb": 8}, {"name": "cpu", "memory_gb": 4, "cores": 2}]
+    profiles = [
+        {"name": "gpu", "memory_gb": 8, "gpus": 1, "gpu_memory_gb": 8},
+        {"name": "cpu", "memory_gb": 4, "cores": 2},
+    ]
     add(api("alice"), profiles=profiles)
-    body = api("alice").post("/api/v1/models/tiny-chat/resources", {"memory_gb": 6, "profile": "cpu"}, format="json").json()
+    body = (
+        api("alice")
+        .post(
+            "/api/v1/models/tiny-chat/resources", {"memory_gb": 6, "profile": "cpu"}, format="json"
+        )
+        .json()
+    )
     assert [p["memory_gb"] for p in body["definition"]["profiles"]] == [8, 6]
-    body = api("alice").post("/api/v1/models/tiny-chat/resources", {"memory_gb": 2.5, "cores": 3}, format="json").json()
-    assert [(p["memory_gb"], p["cores"]) for p in body["definition"]["profiles"]] == [(2.5, 3), (2.5, 3)]
-    response = api("alice").post("/api/v1/models/tiny-chat/resources", {"memory_gb": 2, "profile": "tpu"}, format="json")
+    body = (
+        api("alice")
+        .post("/api/v1/models/tiny-chat/resources", {"memory_gb": 2.5, "cores": 3}, format="json")
+        .json()
+    )
+    assert [(p["memory_gb"], p["cores"]) for p in body["definition"]["profiles"]] == [
+        (2.5, 3),
+        (2.5, 3),
+    ]
+    response = api("alice").post(
+        "/api/v1/models/tiny-chat/resources", {"memory_gb": 2, "profile": "tpu"}, format="json"
+    )
     assert response.status_code == 400
     assert "tiny-chat has no profile 'tpu'; it has gpu, cpu" in response.json()["detail"]
 
 
 def test_class_can_be_set_and_reset_to_the_default(api: Any) -> None:
     add(api("alice"))
-    body = api("alice").post("/api/v1/models/tiny-chat/class", {"class": "critical"}, format="json").json()
+    body = (
+        api("alice")
+        .post("/api/v1/models/tiny-chat/class", {"class": "critical"}, format="json")
+        .json()
+    )
     assert (body["class"], body["class_set"]) == ("critical", "critical")
-    body = api("alice").post("/api/v1/models/tiny-chat/class", {"class": "default"}, format="json").json()
+    body = (
+        api("alice")
+        .post("/api/v1/models/tiny-chat/class", {"class": "default"}, format="json")
+        .json()
+    )
     assert (body["class"], body["class_set"]) == ("standard", "default")
     response = api("alice").post("/api/v1/models/tiny-chat/class", {"class": "gold"}, format="json")
     assert response.status_code == 400 and "'gold' is not a class" in response.json()["detail"]
@@ -197,11 +251,19 @@ def test_owner_hands_a_model_over(api: Any) -> None:
     add(api("alice"))
     response = api("bob").post("/api/v1/models/tiny-chat/owner", {"owner": "bob"}, format="json")
     assert response.status_code == 403
-    body = api("alice").post("/api/v1/models/tiny-chat/owner", {"owner": "bob"}, format="json").json()
+    body = (
+        api("alice").post("/api/v1/models/tiny-chat/owner", {"owner": "bob"}, format="json").json()
+    )
     assert body["owner"] == "bob"
-    assert api("alice").post("/api/v1/models/tiny-chat/scale", {"min": 2}, format="json").status_code == 403
+    assert (
+        api("alice").post("/api/v1/models/tiny-chat/scale", {"min": 2}, format="json").status_code
+        == 403
+    )
     response = api("bob").post("/api/v1/models/tiny-chat/owner", {"owner": "nobody"}, format="json")
-    assert response.status_code == 400 and "There is no user named 'nobody'" in response.json()["detail"]
+    assert (
+        response.status_code == 400
+        and "There is no user named 'nobody'" in response.json()["detail"]
+    )
     entry = AuditEntry.objects.get(action="owner")
     assert entry.changes == {"owner": ["alice", "bob"]}
 
@@ -220,13 +282,23 @@ def test_adapters_are_added_removed_and_replaced(api: Any) -> None:
     body = api("alice").post(url, {"add": [sql]}, format="json").json()
     assert body == [{"name": "tiny-sql", "source": "http://127.0.0.1:8000/sql.gguf", "scale": 0.8}]
     response = api("alice").post(url, {"add": [sql]}, format="json")
-    assert response.status_code == 400 and "already has an adapter 'tiny-sql'" in response.json()["detail"]
-    body = api("alice").post(url, {"remove": ["tiny-sql"], "add": [{**sql, "scale": 1}]}, format="json").json()
+    assert (
+        response.status_code == 400
+        and "already has an adapter 'tiny-sql'" in response.json()["detail"]
+    )
+    body = (
+        api("alice")
+        .post(url, {"remove": ["tiny-sql"], "add": [{**sql, "scale": 1}]}, format="json")
+        .json()
+    )
     assert body[0]["scale"] == 1
     body = api("alice").post(url, {"remove": ["tiny-sql"]}, format="json").json()
     assert body == []
     response = api("alice").post(url, {"remove": ["ghost"]}, format="json")
-    assert response.status_code == 400 and "tiny-chat has no adapter 'ghost'" in response.json()["detail"]
+    assert (
+        response.status_code == 400
+        and "tiny-chat has no adapter 'ghost'" in response.json()["detail"]
+    )
     assert api("alice").get("/api/v1/models/tiny-chat/adapters").json() == []
     assert AuditEntry.objects.filter(action="adapters").count() == 3
 
@@ -236,7 +308,10 @@ def test_remove_refuses_a_fallback_target(api: Any) -> None:
     add(api("alice"), name="big", fallbacks=["small"])
     response = api("alice").delete("/api/v1/models/small")
     assert response.status_code == 409
-    assert response.json()["detail"] == "small cannot be removed: big falls back to it. Remove it from their fallbacks first."
+    assert (
+        response.json()["detail"]
+        == "small cannot be removed: big falls back to it. Remove it from their fallbacks first."
+    )
     assert api("alice").delete("/api/v1/models/big").status_code == 204
     assert api("alice").delete("/api/v1/models/small").status_code == 204
     assert Model.objects.count() == 0
@@ -250,7 +325,9 @@ def test_audit_is_filtered_by_model_and_actor_and_paged(api: Any) -> None:
         api("alice").post("/api/v1/models/a/scale", {"min": n + 2}, format="json")
     entries = api("carol").get("/api/v1/audit", {"model": "a"}).json()["entries"]
     assert [e["action"] for e in entries] == ["scale", "scale", "scale", "add"]
-    assert [e["actor"] for e in api("carol").get("/api/v1/audit", {"actor": "bob"}).json()["entries"]] == ["bob"]
+    assert [
+        e["actor"] for e in api("carol").get("/api/v1/audit", {"actor": "bob"}).json()["entries"]
+    ] == ["bob"]
     page = api("carol").get("/api/v1/audit", {"limit": 2}).json()
     assert len(page["entries"]) == 2 and page["next_before"] is not None
     rest = api("carol").get("/api/v1/audit", {"limit": 10, "before": page["next_before"]}).json()
@@ -261,6 +338,14 @@ def test_the_openapi_schema_lists_every_endpoint(api: Any) -> None:
     response = api("alice").get("/api/v1/schema", HTTP_ACCEPT="application/json")
     assert response.status_code == 200
     paths = yaml.safe_load(response.content)["paths"]
-    for path in ["/api/v1/models", "/api/v1/models/{name}", "/api/v1/models/{name}/scale", "/api/v1/models/{name}/resources",
-                 "/api/v1/models/{name}/class", "/api/v1/models/{name}/owner", "/api/v1/models/{name}/adapters", "/api/v1/audit"]:
+    for path in [
+        "/api/v1/models",
+        "/api/v1/models/{name}",
+        "/api/v1/models/{name}/scale",
+        "/api/v1/models/{name}/resources",
+        "/api/v1/models/{name}/class",
+        "/api/v1/models/{name}/owner",
+        "/api/v1/models/{name}/adapters",
+        "/api/v1/audit",
+    ]:
         assert path in paths, path

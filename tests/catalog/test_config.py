@@ -18,31 +18,48 @@ pytestmark = pytest.mark.django_db
 
 def test_defaults_apply_when_the_file_is_missing(tmp_path: Path) -> None:
     config = load_config(tmp_path / "absent.yaml")
-    assert (config.update_check, config.reconcile_interval, config.default_idle_timeout) == (21600, 5, 900)
+    assert (config.update_check, config.reconcile_interval, config.default_idle_timeout) == (
+        21600,
+        5,
+        900,
+    )
     assert config.models == []
 
 
 def test_cluster_settings_are_read(tmp_path: Path) -> None:
     text = "cluster: {reconcile_interval: 10s, default_idle_timeout: 1h}\nmirror: {update_check: 30m}\nregistry: {endpoint: 'http://127.0.0.1:9000'}\n"
     config = parse_config(text, tmp_path / "server.yaml")
-    assert (config.reconcile_interval, config.default_idle_timeout, config.update_check) == (10, 3600, 1800)
+    assert (config.reconcile_interval, config.default_idle_timeout, config.update_check) == (
+        10,
+        3600,
+        1800,
+    )
     assert config.registry_endpoint == "http://127.0.0.1:9000"
 
 
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("mirror: {update_chek: 1h}\n", "server.yaml: mirror.update_chek: unknown field; did you mean 'update_check'? (line 1)"),
+        (
+            "mirror: {update_chek: 1h}\n",
+            "server.yaml: mirror.update_chek: unknown field; did you mean 'update_check'? (line 1)",
+        ),
         ("colors: red\n", "server.yaml: colors: unknown field"),
-        ("models:\n  - name: a\n    source: http://h/a.gguf\n    profiles:\n      - name: cpu\n        memory_gb: -1\n",
-         "server.yaml: models[0] (a): profiles[0].memory_gb: must not be negative (line 6)"),
-        ("models:\n  - name: a\n    source: http://h/a.gguf\n    profiles: [{name: cpu, memory_gb: 1}]\n    min_replica: 2\n",
-         "server.yaml: models[0] (a): min_replica: unknown field; did you mean 'min_replicas'? (line 5)"),
+        (
+            "models:\n  - name: a\n    source: http://h/a.gguf\n    profiles:\n      - name: cpu\n        memory_gb: -1\n",
+            "server.yaml: models[0] (a): profiles[0].memory_gb: must not be negative (line 6)",
+        ),
+        (
+            "models:\n  - name: a\n    source: http://h/a.gguf\n    profiles: [{name: cpu, memory_gb: 1}]\n    min_replica: 2\n",
+            "server.yaml: models[0] (a): min_replica: unknown field; did you mean 'min_replicas'? (line 5)",
+        ),
         ("models: [\n", "server.yaml: the YAML could not be read on line 2"),
         ("- 1\n", "server.yaml: the file must be a mapping"),
     ],
 )
-def test_errors_name_the_file_the_entry_and_the_field(tmp_path: Path, text: str, message: str) -> None:
+def test_errors_name_the_file_the_entry_and_the_field(
+    tmp_path: Path, text: str, message: str
+) -> None:
     with pytest.raises(ConfigError) as caught:
         parse_config(text, tmp_path / "server.yaml")
     assert message in str(caught.value)
@@ -54,7 +71,8 @@ def test_declared_models_are_created_updated_and_removed_on_start(server_yaml: A
     assert {m.name: m.declared for m in Model.objects.all()} == {"a": True, "b": True}
     assert Model.objects.get(name="a").owner.username == "dora"
     assert [(e.actor_name, e.door, e.action) for e in AuditEntry.objects.order_by("id")] == [
-        ("config", "config", "add"), ("config", "config", "add")
+        ("config", "config", "add"),
+        ("config", "config", "add"),
     ]
 
     apply_config_on_start("worker")  # unchanged: nothing written
@@ -78,12 +96,17 @@ def test_a_bad_file_stops_the_start_and_changes_nothing(server_yaml: Any, capsys
     assert list(Model.objects.values_list("name", "fallbacks")) == [("a", [])]
 
 
-def test_a_declared_name_taken_at_runtime_stops_the_start(server_yaml: Any, api: Any, capsys: Any) -> None:
+def test_a_declared_name_taken_at_runtime_stops_the_start(
+    server_yaml: Any, api: Any, capsys: Any
+) -> None:
     api("alice").post("/api/v1/models?source_check=false", definition("a"), format="json")
     server_yaml({"models": [definition("a")]})
     with pytest.raises(SystemExit):
         apply_config_on_start("web")
-    assert "a is declared in the file, but a model of that name was added at runtime (owner alice)" in capsys.readouterr().err
+    assert (
+        "a is declared in the file, but a model of that name was added at runtime (owner alice)"
+        in capsys.readouterr().err
+    )
 
 
 def test_declared_models_refuse_remove_and_scale_saying_why(server_yaml: Any, api: Any) -> None:
@@ -104,12 +127,27 @@ def test_declared_models_refuse_remove_and_scale_saying_why(server_yaml: Any, ap
 def test_a_bad_file_stops_a_real_worker_start(tmp_path: Path) -> None:
     config = tmp_path / "server.yaml"
     config.write_text("mirror: {update_check: often}\n")
-    env = {"LLMGW_CONFIG": str(config), "LLMGW_VAR_DIR": str(tmp_path / "var"), "PATH": "/usr/bin:/bin",
-           "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}"}
+    env = {
+        "LLMGW_CONFIG": str(config),
+        "LLMGW_VAR_DIR": str(tmp_path / "var"),
+        "PATH": "/usr/bin:/bin",
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+    }
     result = subprocess.run(
-        [sys.executable, "-c", "import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE','llmgw_site.settings'); "
-         "django.setup(); from catalog.config import apply_config_on_start; apply_config_on_start('worker')"],
-        env=env, capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2],
+        [
+            sys.executable,
+            "-c",
+            "import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE','llmgw_site.settings'); "
+            "django.setup(); from catalog.config import apply_config_on_start; apply_config_on_start('worker')",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).parents[2],
     )
     assert result.returncode == 2
-    assert f"llmgw worker: cannot start: {config}: mirror.update_check: 'often' is not a duration" in result.stderr
+    assert (
+        f"llmgw worker: cannot start: {config}: mirror.update_check: 'often' is not a duration"
+        in result.stderr
+    )

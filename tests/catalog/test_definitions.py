@@ -22,7 +22,9 @@ def test_it_accepts_the_documented_example_and_fills_defaults() -> None:
     assert clean["min_replicas"] == 1
     assert clean["max_replicas"] is None
     assert clean["class"] == ""
-    assert clean["profiles"] == [{"name": "cpu", "memory_gb": 1, "cores": 1, "gpus": 0, "gpu_memory_gb": 0}]
+    assert clean["profiles"] == [
+        {"name": "cpu", "memory_gb": 1, "cores": 1, "gpus": 0, "gpu_memory_gb": 0}
+    ]
     assert clean["adapters"] == []
 
 
@@ -50,7 +52,10 @@ def test_it_refuses_bad_names(name: str, message: str) -> None:
 
 
 def test_names_may_hold_dots_colons_dashes_and_underscores() -> None:
-    assert clean_definition(definition(name="qwen2.5:0.5b_instruct-q4"))["name"] == "qwen2.5:0.5b_instruct-q4"
+    assert (
+        clean_definition(definition(name="qwen2.5:0.5b_instruct-q4"))["name"]
+        == "qwen2.5:0.5b_instruct-q4"
+    )
 
 
 @pytest.mark.parametrize(
@@ -59,8 +64,16 @@ def test_names_may_hold_dots_colons_dashes_and_underscores() -> None:
         ({"min_replicas": -1}, "min_replicas", "must not be negative"),
         ({"min_replicas": 5000}, "min_replicas", "at most 1000 replicas"),
         ({"min_replicas": "two"}, "min_replicas", "A valid integer is required"),
-        ({"profiles": [{"name": "cpu", "memory_gb": -2}]}, "profiles[0].memory_gb", "must not be negative"),
-        ({"profiles": [{"name": "cpu", "memory_gb": 1e9}]}, "profiles[0].memory_gb", "not a real machine"),
+        (
+            {"profiles": [{"name": "cpu", "memory_gb": -2}]},
+            "profiles[0].memory_gb",
+            "must not be negative",
+        ),
+        (
+            {"profiles": [{"name": "cpu", "memory_gb": 1e9}]},
+            "profiles[0].memory_gb",
+            "not a real machine",
+        ),
         ({"profiles": []}, "profiles", "may not be empty"),
         ({"class": "vip"}, "class", "is not a class"),
         ({"source": "ftp://x/y.gguf"}, "source", "is not an http(s) URL"),
@@ -68,11 +81,17 @@ def test_names_may_hold_dots_colons_dashes_and_underscores() -> None:
         ({"idle_timeout": 900}, "idle_timeout", "with its unit"),
         ({"min_replicas": 3, "max_replicas": 2}, "max_replicas", "is below min_replicas"),
         ({"fallbacks": ["tiny-chat"]}, "fallbacks", "cannot fall back to itself"),
-        ({"adapters": [{"name": "a", "source": "http://h/a.gguf", "scale": 50}]}, "adapters[0].scale", "above 10"),
+        (
+            {"adapters": [{"name": "a", "source": "http://h/a.gguf", "scale": 50}]},
+            "adapters[0].scale",
+            "above 10",
+        ),
         ({"sha256": "abc"}, "sha256", "64 lowercase hexadecimal"),
     ],
 )
-def test_it_refuses_bad_figures_with_a_clear_message(overrides: dict, field: str, message: str) -> None:
+def test_it_refuses_bad_figures_with_a_clear_message(
+    overrides: dict, field: str, message: str
+) -> None:
     error = refusal(definition(**overrides))
     assert any(p.field == field and message in p.message for p in error.problems), error.problems
     assert error.message.startswith("The definition was refused, nothing was changed:")
@@ -90,7 +109,10 @@ def test_problems_carry_the_yaml_line() -> None:
     assert "line 5: profiles[0].memory_gb: must not be negative" in error.message
 
 
-@pytest.mark.parametrize("text, seconds", [("15m", 900), ("6h", 21600), ("1h30m", 5400), ("0", 0), ("45s", 45), ("2d", 172800)])
+@pytest.mark.parametrize(
+    "text, seconds",
+    [("15m", 900), ("6h", 21600), ("1h30m", 5400), ("0", 0), ("45s", 45), ("2d", 172800)],
+)
 def test_durations_round_trip(text: str, seconds: int) -> None:
     assert parse_duration(text) == seconds
     assert parse_duration(format_duration(seconds)) == seconds

@@ -32,7 +32,9 @@ def add(client: Any, **overrides: Any) -> Any:
     return client.post("/api/v1/models", definition(**overrides), format="json")
 
 
-def test_a_source_that_is_there_is_added_with_its_size(api: Any, files: str, tmp_path: Path) -> None:
+def test_a_source_that_is_there_is_added_with_its_size(
+    api: Any, files: str, tmp_path: Path
+) -> None:
     response = add(api("alice"), source=f"{files}/tiny.gguf")
     assert response.status_code == 201, response.json()
     size = (tmp_path / "tiny.gguf").stat().st_size
@@ -63,7 +65,10 @@ def test_a_host_that_is_not_allowed_is_never_asked(api: Any, files: str, setting
     assert response.status_code == 400
     body = response.json()
     assert body["code"] == "source_host_not_allowed"
-    assert "not in sources.allowed_hosts in server.yaml (nor LLMGW_SOURCE_ALLOWED_HOSTS)" in body["detail"]
+    assert (
+        "not in sources.allowed_hosts in server.yaml (nor LLMGW_SOURCE_ALLOWED_HOSTS)"
+        in body["detail"]
+    )
 
 
 def test_no_source_check_adds_anyway(api: Any, settings: Any) -> None:
@@ -75,7 +80,9 @@ def test_no_source_check_adds_anyway(api: Any, settings: Any) -> None:
 def test_a_right_adapter_is_accepted(api: Any, files: str) -> None:
     add(api("alice"), source=f"{files}/tiny.gguf")
     response = api("alice").post(
-        "/api/v1/models/tiny-chat/adapters", {"add": [{"name": "tiny-sql", "source": f"{files}/sql.gguf"}]}, format="json"
+        "/api/v1/models/tiny-chat/adapters",
+        {"add": [{"name": "tiny-sql", "source": f"{files}/sql.gguf"}]},
+        format="json",
     )
     assert response.status_code == 200, response.json()
     assert [a["name"] for a in response.json()] == ["tiny-sql"]
@@ -88,10 +95,14 @@ def test_a_right_adapter_is_accepted(api: Any, files: str) -> None:
         ("tiny.gguf", "it is a model, not an adapter (general.type is missing)"),
     ],
 )
-def test_a_wrong_adapter_is_refused_before_it_is_stored(api: Any, files: str, file: str, reason: str) -> None:
+def test_a_wrong_adapter_is_refused_before_it_is_stored(
+    api: Any, files: str, file: str, reason: str
+) -> None:
     add(api("alice"), source=f"{files}/tiny.gguf")
     response = api("alice").post(
-        "/api/v1/models/tiny-chat/adapters", {"add": [{"name": "bad", "source": f"{files}/{file}"}]}, format="json"
+        "/api/v1/models/tiny-chat/adapters",
+        {"add": [{"name": "bad", "source": f"{files}/{file}"}]},
+        format="json",
     )
     assert response.status_code == 400
     body = response.json()

@@ -33,7 +33,9 @@ def test_a_fallback_must_exist() -> None:
 
 def test_fallback_loops_are_found_and_named() -> None:
     problems = catalog_problems({"a": model(["b"]), "b": model(["c"]), "c": model(["a"])})
-    assert [p.message for p in problems] == ["the fallbacks form a loop (a -> b -> c -> a); break it"]
+    assert [p.message for p in problems] == [
+        "the fallbacks form a loop (a -> b -> c -> a); break it"
+    ]
 
 
 def test_only_problems_of_the_changed_models_are_reported() -> None:

@@ -14,10 +14,10 @@ from rest_framework.authtoken.models import Token
 class Command(BaseCommand):
     help = "Create (once) the admin user and its API token; print how to log in."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser):
         parser.add_argument("--username", default=os.environ.get("LLMGW_ADMIN_USER", "admin"))
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, **options):
         User = get_user_model()
         username = options["username"]
         password_file = settings.VAR_DIR / "admin-password"
@@ -27,7 +27,11 @@ class Command(BaseCommand):
             user = User.objects.create_superuser(username=username, email="", password=password)
             password_file.write_text(password + "\n")
             password_file.chmod(0o600)
-        password = password_file.read_text().strip() if password_file.exists() else "(set before; unchanged)"
+        password = (
+            password_file.read_text().strip()
+            if password_file.exists()
+            else "(set before; unchanged)"
+        )
         token, _ = Token.objects.get_or_create(user=user)
         url = settings.LLMGW_PUBLIC_URL
         self.stdout.write(

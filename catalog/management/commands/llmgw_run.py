@@ -21,7 +21,7 @@ from django.core.management.base import BaseCommand
 class Command(BaseCommand):
     help = "Run web, worker+beat and a local node until interrupted."
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, **options):
         call_command("migrate", verbosity=0)
         call_command("llmgw_admin")
         parts = urlsplit(settings.LLMGW_PUBLIC_URL)
@@ -29,11 +29,33 @@ class Command(BaseCommand):
         python = sys.executable
         bin_dir = os.path.dirname(python)
         commands = {
-            "web": [os.path.join(bin_dir, "gunicorn"), "llmgw_site.wsgi", "--bind", bind,
-                    "--workers", "2", "--threads", "8", "--timeout", "300", "--access-logfile", "-"],
-            "worker": [os.path.join(bin_dir, "celery"), "-A", "llmgw_site", "worker", "-B",
-                       "--loglevel", "INFO", "--concurrency", "2",
-                       "--schedule", str(settings.VAR_DIR / "celerybeat-schedule")],
+            "web": [
+                os.path.join(bin_dir, "gunicorn"),
+                "llmgw_site.wsgi",
+                "--bind",
+                bind,
+                "--workers",
+                "2",
+                "--threads",
+                "8",
+                "--timeout",
+                "300",
+                "--access-logfile",
+                "-",
+            ],
+            "worker": [
+                os.path.join(bin_dir, "celery"),
+                "-A",
+                "llmgw_site",
+                "worker",
+                "-B",
+                "--loglevel",
+                "INFO",
+                "--concurrency",
+                "2",
+                "--schedule",
+                str(settings.VAR_DIR / "celerybeat-schedule"),
+            ],
         }
         children: dict[str, subprocess.Popen[bytes]] = {}
         stopping = False
@@ -52,7 +74,9 @@ class Command(BaseCommand):
             while not stopping:
                 for name, child in children.items():
                     if child.poll() is not None:
-                        self.stderr.write(f"{name} exited with code {child.returncode}; stopping the rest.")
+                        self.stderr.write(
+                            f"{name} exited with code {child.returncode}; stopping the rest."
+                        )
                         stopping = True
                         break
                 time.sleep(0.5)
