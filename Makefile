@@ -16,8 +16,14 @@ $(VENV)/.installed: pyproject.toml
 	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PY) -m pip install --quiet -e '.[$(PIP_EXTRAS)]'
 	touch $@
 
+# The whole suite on the database in DATABASE_URL (SQLite when unset), then the smoke part on
+# SQLite as well when the first run used another database.
 test: setup
 	$(PY) -m pytest
+	@if [ -n "$$DATABASE_URL" ] && [ "$${DATABASE_URL#sqlite}" = "$$DATABASE_URL" ]; then \
+		echo "== smoke tests on SQLite =="; \
+		env -u DATABASE_URL $(PY) -m pytest -m smoke -p no:cacheprovider; \
+	fi
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -15,7 +15,7 @@ from catalog.models import AuditEntry, Model
 from llmgw.cli import main
 from tests.factories import definition
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.smoke]
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import yaml
 from catalog.models import AuditEntry, Model
 from tests.factories import definition
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
 
 NO_CHECK = "/api/v1/models?source_check=false"
 

@@ -13,7 +13,7 @@ from catalog.config import ConfigError, apply_config_on_start, load_config, pars
 from catalog.models import AuditEntry, Model
 from tests.factories import definition
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
 
 
 def test_defaults_apply_when_the_file_is_missing(tmp_path: Path) -> None:
