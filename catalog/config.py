@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.db import connections
 from rest_framework import serializers
 
 from .definitions import (
@@ -199,5 +200,11 @@ def apply_config_on_start(process: str) -> None:
     except CatalogError as exc:
         print(f"llmgw {process}: cannot start: {config.path}: {exc.message}", file=sys.stderr)
         raise SystemExit(2) from None
+    finally:
+        # Celery forks its pool and beat after this runs: a SQLite connection
+        # carried across fork fails with "disk I/O error", so none is kept.
+        for connection in connections.all(initialized_only=True):
+            if not connection.in_atomic_block:
+                connection.close()
     if any(result.values()):
         log.info("%s: applied %s: %s", process, config.path, result)

@@ -56,10 +56,7 @@ EPSILON = 1e-6
 # floats are used in the hot paths instead of Resources because they are much faster.
 _Vec = tuple[float, float, float, float]
 _DIMENSIONS = 4
-# Cost of a preemption choice: highest victim class, victims, victims within their
-# model's minimum, running victims, replicas of the model on the node, memory left,
-# cores left, node name. Lower is cheaper.
-_Cost = tuple[int, int, int, int, int, float, float, str]
+_NOTHING: _Vec = (0.0, 0.0, 0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -274,8 +271,8 @@ class _Slot:
         self.bigness = (-memory, -cores, -gpus, -gpu_memory, self.key)
 
 
-# Victims on a node and their cost without the spread term.
-_Found = tuple[list["_Slot"], tuple[int, int, int, int, float, float]]
+# Victims on a node, with how many there are and how many are within their model's minimum.
+_Found = tuple[list["_Slot"], tuple[int, int]]
 
 
 @dataclass(slots=True, eq=False)
@@ -289,6 +286,9 @@ class _NodeState:
     # Reservations of the replicas of class rank <= r, per r: lets the preemption search
     # rule a node out in O(1) (preemptible classes are always the lowest ones).
     load_upto: dict[int, list[float]] = field(default_factory=dict)
+    # Per class rank, reservations of replicas whose model has more than its minimum:
+    # the most a same-class model below its minimum could preempt here.
+    spare_load: dict[int, list[float]] = field(default_factory=dict)
     # Bumped whenever what the victim search sees on this node may have changed.
     version: int = 0
 
@@ -360,6 +360,7 @@ class _Planner:
                 free=list(_vec(node.capacity)),
                 by_rank={rank: [] for rank in CLASS_RANK.values()},
                 load_upto={rank: [0.0] * _DIMENSIONS for rank in CLASS_RANK.values()},
+                spare_load={rank: [0.0] * _DIMENSIONS for rank in CLASS_RANK.values()},
             )
             self.nodes[node.name] = state
             self.index.update(state)
@@ -388,6 +389,7 @@ class _Planner:
     # -- bookkeeping --------------------------------------------------------------------
 
     def add(self, slot: _Slot) -> None:
+        had_spare = self.count[slot.model] > self.minimum[slot.model]
         node = self.nodes[slot.node]
         bisect.insort(node.by_rank[slot.rank], slot, key=_bigness)
         for d in range(_DIMENSIONS):
@@ -400,10 +402,20 @@ class _Planner:
         spread[slot.node] = spread.get(slot.node, 0) + 1
         self.count[slot.model] += 1
         self.model_slots[slot.model][slot.key] = slot
+        if had_spare:
+            self.count_as_spare(slot, 1)
+        elif self.count[slot.model] > self.minimum[slot.model]:
+            for each in self.model_slots[slot.model].values():
+                self.count_as_spare(each, 1)
         self.index.update(node)
         self.touch(slot)
 
     def remove(self, slot: _Slot) -> None:
+        if self.count[slot.model] - 1 > self.minimum[slot.model]:
+            self.count_as_spare(slot, -1)
+        elif self.count[slot.model] > self.minimum[slot.model]:
+            for each in self.model_slots[slot.model].values():
+                self.count_as_spare(each, -1)
         node = self.nodes[slot.node]
         same_rank = node.by_rank[slot.rank]
         del same_rank[bisect.bisect_left(same_rank, slot.bigness, key=_bigness)]
@@ -421,6 +433,12 @@ class _Planner:
         del self.model_slots[slot.model][slot.key]
         self.index.update(node)
         self.touch(slot)
+
+    def count_as_spare(self, slot: _Slot, sign: int) -> None:
+        """Add (or take back) ``slot`` in its node's load of models above their minimum."""
+        load = self.nodes[slot.node].spare_load[slot.rank]
+        for d in range(_DIMENSIONS):
+            load[d] += sign * slot.need[d]
 
     def touch(self, slot: _Slot) -> None:
         """Invalidate cached victim searches that this replica coming or going affects.
@@ -576,21 +594,35 @@ class _Planner:
         # Same class only for a replica bringing its model up to its minimum.
         return sorted(r for r in CLASS_RANK.values() if r < rank or (r == rank and within_minimum))
 
+    def preemptible_room(self, node: _NodeState, rank: int, tier: int) -> list[float]:
+        """Free room plus everything a model of class ``rank`` may preempt up to ``tier``.
+
+        An upper bound: it rules a node out in O(1) before the exact victim search.
+        """
+        free = node.free
+        if tier < rank:
+            load = node.load_upto[tier]
+            return [free[0] + load[0], free[1] + load[1], free[2] + load[2], free[3] + load[3]]
+        # Same class: only models above their minimum give anything up.
+        spare = node.spare_load[rank]
+        lower = node.load_upto.get(rank - 1, _NOTHING)
+        return [free[d] + lower[d] + spare[d] for d in range(_DIMENSIONS)]
+
     def preemption_candidates(self, rank: int, within_minimum: bool) -> list[tuple[float, str]]:
         """Schedulable nodes, most memory free-or-preemptible first, for this phase.
 
-        The memory bound (capacity minus reservations of classes that may not be
-        preempted) can only shrink during the phase, so the search stops at the first
-        node whose bound is below the need.
+        That memory bound can only shrink during a phase (what gets placed is not
+        preemptible by the rest of the phase), so a search stops at the first node whose
+        bound is below the need.
         """
         ranks = self.preemptible_ranks(rank, within_minimum)
         if not ranks:
             return []
-        candidates = []
-        for node in self.nodes.values():
-            if node.schedulable:
-                bound = node.free[0] + node.load_upto[ranks[-1]][0]
-                candidates.append((-bound, node.name))
+        candidates = [
+            (-self.preemptible_room(node, rank, ranks[-1])[0], node.name)
+            for node in self.nodes.values()
+            if node.schedulable
+        ]
         candidates.sort()
         return [(-neg_bound, name) for neg_bound, name in candidates]
 
@@ -604,40 +636,37 @@ class _Planner:
     ) -> tuple[str, list[_Slot]] | None:
         """The node and victims that make room for ``need`` most cheaply, if any.
 
-        Tiers: the cheapest set's highest victim class comes first in the cost, so try
-        victims of the lowest class only, then up to the next class, and stop at the
-        first tier where some node works. That keeps most nodes out of the exact search.
+        Cost, cheapest first: lowest highest victim class, fewest victims, fewest victims
+        within their model's minimum, fewest replicas of this model on the node (spread),
+        most memory free or preemptible on the node, node name.
+
+        Tiers: try victims of the lowest class only, then up to the next class, and stop
+        at the first tier where some node works, so every set found in a tier has the
+        same highest class. Within a tier nodes are visited in the last tie-break's order,
+        so the search stops at the first node that no other node can beat.
         """
         spread = self.spread[model]
         for tier in self.preemptible_ranks(rank, within_minimum):
-            best_key: _Cost | None = None
-            best: tuple[str, list[_Slot]] | None = None
+            roomy = []
             for bound, name in candidates:
                 if need[0] > 0 and bound + EPSILON < need[0]:
                     break
-                node = self.nodes[name]
-                free, load = node.free, node.load_upto[tier]
-                room = [free[0] + load[0], free[1] + load[1], free[2] + load[2], free[3] + load[3]]
-                if not _fits(need, room):
-                    continue  # even every preemptible replica would not make room
-                found = self.victims_cached(node, rank, tier, need)
+                room = self.preemptible_room(self.nodes[name], rank, tier)
+                if _fits(need, room):
+                    roomy.append((-room[0], name))
+            roomy.sort()
+            best_key: tuple[int, int, int] | None = None
+            best: tuple[str, list[_Slot]] | None = None
+            for _, name in roomy:
+                found = self.victims_cached(self.nodes[name], rank, tier, need)
                 if found is None:
                     continue
-                victims, (top, many, minimum_ones, running, memory_left, cores_left) = found
-                if best_key is not None and (top, many) > best_key[:2]:
-                    continue
-                key = (
-                    top,
-                    many,
-                    minimum_ones,
-                    running,
-                    spread.get(name, 0),
-                    memory_left,
-                    cores_left,
-                    name,
-                )
+                victims, (many, minimum_ones) = found
+                key = (many, minimum_ones, spread.get(name, 0))
                 if best_key is None or key < best_key:
                     best_key, best = key, (name, victims)
+                    if key <= (1, 0, 0):
+                        break  # the least any preemption can cost
             if best is not None:
                 return best
         return None
@@ -653,7 +682,7 @@ class _Planner:
         if hit is not None and hit[0] == node.version:
             return hit[1]
         victims = self.victims_on(node, rank, tier, need)
-        found = None if victims is None else (victims, self.victim_cost(node, need, victims))
+        found = None if victims is None else (victims, self.victim_cost(victims))
         self.victim_cache[key] = (node.version, found)
         return found
 
@@ -711,27 +740,15 @@ class _Planner:
                         minimum_ones.append(slot)
             yield from minimum_ones
 
-    def victim_cost(
-        self, node: _NodeState, need: _Vec, victims: list[_Slot]
-    ) -> tuple[int, int, int, int, float, float]:
-        """What stopping ``victims`` costs, cheapest first (spread is added by the caller)."""
-        if not victims:
-            # Only reached when the free room already fits, which the free search handles.
-            return (0, 0, 0, 0, node.free[0] - need[0], node.free[1] - need[1])
+    def victim_cost(self, victims: list[_Slot]) -> tuple[int, int]:
+        """How many victims, and how many of them are within their model's minimum."""
         taken: dict[str, int] = {}
         for slot in victims:
             taken[slot.model] = taken.get(slot.model, 0) + 1
         within_their_minimum = sum(
             max(0, n - (self.count[m] - self.minimum[m])) for m, n in taken.items()
         )
-        return (
-            max(slot.rank for slot in victims),
-            len(victims),
-            within_their_minimum,
-            sum(slot.start is None for slot in victims),  # cancelling a plan beats a stop
-            node.free[0] + sum(slot.need[0] for slot in victims) - need[0],
-            node.free[1] + sum(slot.need[1] for slot in victims) - need[1],
-        )
+        return len(victims), within_their_minimum
 
     def preempt(self, victim: _Slot, model: ModelDemand, need: _Vec, node: str) -> None:
         self.remove(victim)
