@@ -141,7 +141,7 @@ def check_adapter(adapter: dict[str, object], *, model_name: str, model_source: 
     the first request, so it is refused here, from the two files' headers read
     over HTTP Range requests, before it is stored.
     """
-    from . import gguf
+    from llmgw import gguf
 
     source = str(adapter["source"])
     name = str(adapter["name"])

@@ -43,7 +43,7 @@ reservations do not flip a fit on rounding noise.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 #: Class ranks: a higher rank is served first and may preempt lower ranks.
@@ -385,6 +385,8 @@ class _Planner:
         self.preemptions: list[Stop] = []
         # (node, need, tier, rank) -> (node version, victims and their cost, or None).
         self.victim_cache: dict[tuple[str, _Vec, int, int], tuple[int, _Found | None]] = {}
+        # (node, tier, rank) -> (node version, preemptible replicas in victim order).
+        self.order_cache: dict[tuple[str, int, int], tuple[int, list[_Slot]]] = {}
 
     # -- bookkeeping --------------------------------------------------------------------
 
@@ -648,10 +650,11 @@ class _Planner:
         spread = self.spread[model]
         for tier in self.preemptible_ranks(rank, within_minimum):
             roomy = []
+            nodes = self.nodes
             for bound, name in candidates:
                 if need[0] > 0 and bound + EPSILON < need[0]:
                     break
-                room = self.preemptible_room(self.nodes[name], rank, tier)
+                room = self.preemptible_room(nodes[name], rank, tier)
                 if _fits(need, room):
                     roomy.append((-room[0], name))
             roomy.sort()
@@ -710,21 +713,26 @@ class _Planner:
                 room = without
         return victims
 
-    def victim_order(self, node: _NodeState, rank: int, tier: int) -> Iterator[_Slot]:
+    def victim_order(self, node: _NodeState, rank: int, tier: int) -> list[_Slot]:
         """Preemptible replicas on ``node`` in the order they are taken.
 
         Lowest class first; within a class, replicas beyond their model's minimum before
         minimum ones; then biggest reservation first. Which of a model's replicas count as
-        "beyond its minimum" is decided biggest first. Lazy, because the greedy search
-        usually needs only the first one or two.
+        "beyond its minimum" is decided biggest first. Remembered until the node changes:
+        it does not depend on the need, and profile shapes vary a lot.
 
         The preempting model's own replicas never show up here: they are of its class,
         and are only preemptible while it is below its minimum, when it has none spare.
         """
+        key = (node.name, tier, rank)
+        hit = self.order_cache.get(key)
+        if hit is not None and hit[0] == node.version:
+            return hit[1]
+        order: list[_Slot] = []
         spare: dict[str, int] = {}
         for victim_rank in sorted(node.by_rank):
             if victim_rank > tier:
-                return
+                break
             minimum_ones = []
             for slot in node.by_rank[victim_rank]:
                 left = spare.get(slot.model)
@@ -732,13 +740,15 @@ class _Planner:
                     left = self.count[slot.model] - self.minimum[slot.model]
                 if left > 0:
                     spare[slot.model] = left - 1
-                    yield slot
+                    order.append(slot)
                 else:
                     spare[slot.model] = left
                     # Never another same-class model's minimum replicas.
                     if victim_rank < rank:
                         minimum_ones.append(slot)
-            yield from minimum_ones
+            order.extend(minimum_ones)
+        self.order_cache[key] = (node.version, order)
+        return order
 
     def victim_cost(self, victims: list[_Slot]) -> tuple[int, int]:
         """How many victims, and how many of them are within their model's minimum."""

@@ -1,4 +1,4 @@
-"""catalog.gguf: reading GGUF headers from prefixes, files and URLs, and checking adapters.
+"""llmgw.gguf: reading GGUF headers from prefixes, files and URLs, and checking adapters.
 
 Files are generated with llmgw.tinygguf and gguf.GGUFWriter; gguf.GGUFReader (which needs the
 whole file) is the reference the parser is compared with.
@@ -20,7 +20,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from catalog.gguf import (
+from llmgw.gguf import (
     SHORT_ARRAY_LIMIT,
     FetchError,
     GGUFArray,
