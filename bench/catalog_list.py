@@ -15,8 +15,8 @@ if __name__ == "__main__":
 
     setup(urlconf="bench.catalog_list")
 
-from django.http import HttpRequest, JsonResponse  # noqa: E402
-from django.urls import include, path  # noqa: E402
+from django.http import HttpRequest, JsonResponse
+from django.urls import include, path
 
 
 def bare_models(request: HttpRequest) -> JsonResponse:
@@ -25,8 +25,18 @@ def bare_models(request: HttpRequest) -> JsonResponse:
 
     rows = list(
         Model.objects.values(
-            "name", "source", "owner__username", "model_class", "min_replicas", "max_replicas",
-            "idle_timeout", "fallbacks", "context_length", "profiles", "adapters", "declared",
+            "name",
+            "source",
+            "owner__username",
+            "model_class",
+            "min_replicas",
+            "max_replicas",
+            "idle_timeout",
+            "fallbacks",
+            "context_length",
+            "profiles",
+            "adapters",
+            "declared",
         ).order_by("name")
     )
     return JsonResponse(rows, safe=False)
@@ -50,7 +60,11 @@ def fill(count: int, owner: object) -> None:
             min_replicas=i % 3,
             max_replicas=None if i % 2 else 2,
             profiles=[{"name": "cpu", "memory_gb": 2, "cores": 1, "gpus": 0, "gpu_memory_gb": 0}],
-            adapters=[{"name": f"adapter-{i:05d}", "source": "http://127.0.0.1:8000/a.gguf", "scale": 1}] if i % 10 == 0 else [],
+            adapters=[
+                {"name": f"adapter-{i:05d}", "source": "http://127.0.0.1:8000/a.gguf", "scale": 1}
+            ]
+            if i % 10 == 0
+            else [],
         )
         for i in range(existing, count)
     )
@@ -88,7 +102,9 @@ def main() -> None:
     token = Token.objects.create(user=user)
     client = Client(HTTP_AUTHORIZATION=f"Token {token.key}")
     print("catalog_list: GET /api/v1/models vs a bare Django view of the same rows")
-    print(f"{'models':>7} {'api queries':>11} {'api median':>11} {'bare queries':>12} {'bare median':>12} {'ratio':>6} {'api bytes':>10}")
+    print(
+        f"{'models':>7} {'api queries':>11} {'api median':>11} {'bare queries':>12} {'bare median':>12} {'ratio':>6} {'api bytes':>10}"
+    )
     for size in [int(s) for s in args.sizes.split(",")]:
         fill(size, user)
         api_queries, api_median, api_bytes = measure(client, "/api/v1/models", args.repeats)

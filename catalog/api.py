@@ -41,6 +41,10 @@ def _model_view_fields() -> dict[str, serializers.Field]:
         "scaling": serializers.DictField(),
         "source_size": serializers.IntegerField(allow_null=True),
         "generation": serializers.IntegerField(),
+        "rollout_halted": serializers.CharField(allow_null=True),
+        "ready": serializers.IntegerField(help_text="replicas ready and in routing"),
+        "replicas": serializers.IntegerField(help_text="replicas placed (any state)"),
+        "desired": serializers.IntegerField(help_text="replicas the reconciler aims for now"),
         "definition": serializers.DictField(),
         "created_at": serializers.DateTimeField(),
         "updated_at": serializers.DateTimeField(),
@@ -80,14 +84,20 @@ def _validated(
 
 
 def _view(model: Any) -> dict[str, Any]:
-    return selectors.model_view(model, current_config())
+    from fleet.selectors import model_status
+
+    return selectors.model_view(model, current_config(), model_status([model])[model.pk])
 
 
 class ModelsAPI(APIView):
     @extend_schema(summary="List the models", responses={200: MODEL_LIST})
     def get(self, request: Request) -> Response:
+        from fleet.selectors import model_status
+
         config = current_config()
-        return Response([selectors.model_view(m, config) for m in selectors.model_queryset()])
+        models = list(selectors.model_queryset())
+        status = model_status(models)
+        return Response([selectors.model_view(m, config, status[m.pk]) for m in models])
 
     @extend_schema(
         summary="Add a model (its definition as JSON or YAML)",

@@ -54,6 +54,15 @@ class Model(models.Model):
     # are out of date and replaced one at a time.
     generation = models.PositiveIntegerField(default=0)
     source_size = models.BigIntegerField(null=True, blank=True)
+    # Runtime state kept by the fleet, not part of the definition:
+    # when an on-demand model was last asked for,
+    demand_at = models.DateTimeField(null=True, blank=True)
+    # and how many replicas of its current spec failed to become ready in a row;
+    # at the limit, replacement halts (rollout_halted says why) and the old
+    # replicas keep serving until the spec changes again.
+    rollout_failures = models.PositiveIntegerField(default=0)
+    rollout_halted = models.TextField(blank=True, default="")
+    rollout_spec_key = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

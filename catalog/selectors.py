@@ -26,9 +26,11 @@ def scaling_in_force(model: Model, config: ClusterConfig) -> dict[str, Any]:
     }
 
 
-def model_view(model: Model, config: ClusterConfig) -> dict[str, Any]:
-    """One model as the API shows it: its definition and what is in force."""
-    return {
+def model_view(
+    model: Model, config: ClusterConfig, status: dict[str, int] | None = None
+) -> dict[str, Any]:
+    """One model as the API shows it: its definition, what is in force, and its replicas."""
+    view = {
         "name": model.name,
         "kind": "declared" if model.declared else "runtime",
         "owner": model.owner.username if model.owner else None,
@@ -40,7 +42,11 @@ def model_view(model: Model, config: ClusterConfig) -> dict[str, Any]:
         "definition": model.definition(),
         "created_at": model.created_at.isoformat(),
         "updated_at": model.updated_at.isoformat(),
+        "rollout_halted": model.rollout_halted or None,
     }
+    if status is not None:
+        view.update(status)
+    return view
 
 
 def audit_queryset(

@@ -494,3 +494,38 @@ def config_apply(config: ClusterConfig) -> dict[str, list[str]]:
         if changed:
             _announce(*changed)
     return result
+
+
+# -- runtime requests -----------------------------------------------------------
+
+
+def model_restart(*, actor: Actor, name: str) -> Model:
+    """A rolling restart: every replica is replaced, one at a time (declared models too)."""
+    with transaction.atomic():
+        _lock_catalog()
+        model = _get_model(name)
+        _require_change_rights(actor, model)
+        model.generation += 1
+        model.save(update_fields=["generation", "updated_at"])
+        _record(
+            actor,
+            name,
+            "restart",
+            {"generation": model.generation - 1},
+            {"generation": model.generation},
+        )
+        _announce(name)
+    return model
+
+
+def model_demand(*, name: str) -> Model:
+    """Someone asked for the model: an on-demand model is loaded, and its idle clock restarts."""
+    from django.utils import timezone
+
+    model = _get_model(name)
+    first = model.demand_at is None
+    model.demand_at = timezone.now()
+    Model.objects.filter(pk=model.pk).update(demand_at=model.demand_at)
+    if model.on_demand and (first or not model.replicas.filter(withdrawn_at__isnull=True).exists()):
+        _announce(name)
+    return model

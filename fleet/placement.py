@@ -32,8 +32,14 @@ Rules, in the order the planner applies them:
    first, then replicas beyond their model's minimum, then biggest reservation first,
    and any victim that turns out not to be needed is given back. The node whose victim
    set is cheapest wins: lowest highest-class among victims, then fewest victims, then
-   fewest victims within their model's minimum, then fewest running (rather than just
-   planned) victims, then the usual spread / best-fit / name order.
+   fewest victims within their model's minimum, then fewest replicas of the same model
+   on the node (spread), then most memory free or preemptible on the node (the newcomer
+   is least likely to be squeezed there again), then node name. A replica preempted in
+   this pass no longer counts as running, so its model is served again later in the
+   pass (elsewhere if there is room). Preemption never happens when even stopping every
+   allowed victim on a node would not make room there.
+6. Replicas that are running stay where they are (no rebalancing) unless scaled down
+   or preempted.
 
 A resource a replica does not need (zero) never blocks it: "cores 0" reserves no cores.
 Quantities are compared with a small tolerance (:data:`EPSILON`) so that sums of float
@@ -271,8 +277,14 @@ class _Slot:
         self.bigness = (-memory, -cores, -gpus, -gpu_memory, self.key)
 
 
-# Victims on a node, with how many there are and how many are within their model's minimum.
-_Found = tuple[list["_Slot"], tuple[int, int]]
+@dataclass(slots=True, eq=False)
+class _VictimOrder:
+    """A node's preemptible replicas in victim order, as of ``version`` of the node."""
+
+    version: int
+    slots: list[_Slot] = field(default_factory=list)
+    beyond: int = 0  # how many of them are beyond their model's minimum
+    biggest: list[float] = field(default_factory=lambda: [0.0] * _DIMENSIONS)  # per resource
 
 
 @dataclass(slots=True, eq=False)
@@ -383,10 +395,8 @@ class _Planner:
         self.next_start = 0
         self.stops: list[Stop] = []
         self.preemptions: list[Stop] = []
-        # (node, need, tier, rank) -> (node version, victims and their cost, or None).
-        self.victim_cache: dict[tuple[str, _Vec, int, int], tuple[int, _Found | None]] = {}
-        # (node, tier, rank) -> (node version, preemptible replicas in victim order).
-        self.order_cache: dict[tuple[str, int, int], tuple[int, list[_Slot]]] = {}
+        # (node, tier, rank) -> preemptible replicas in victim order.
+        self.order_cache: dict[tuple[str, int, int], _VictimOrder] = {}
 
     # -- bookkeeping --------------------------------------------------------------------
 
@@ -605,7 +615,8 @@ class _Planner:
         if tier < rank:
             load = node.load_upto[tier]
             return [free[0] + load[0], free[1] + load[1], free[2] + load[2], free[3] + load[3]]
-        # Same class: only models above their minimum give anything up.
+        # Same class: only models above their minimum give anything up. (Ranks are
+        # consecutive, so rank - 1 is the next class down; the lowest has none below.)
         spare = node.spare_load[rank]
         lower = node.load_upto.get(rank - 1, _NOTHING)
         return [free[d] + lower[d] + spare[d] for d in range(_DIMENSIONS)]
@@ -651,21 +662,28 @@ class _Planner:
         for tier in self.preemptible_ranks(rank, within_minimum):
             roomy = []
             nodes = self.nodes
+            room_of = self.preemptible_room
             for bound, name in candidates:
                 if need[0] > 0 and bound + EPSILON < need[0]:
                     break
-                room = self.preemptible_room(nodes[name], rank, tier)
+                room = room_of(nodes[name], rank, tier)
                 if _fits(need, room):
                     roomy.append((-room[0], name))
             roomy.sort()
             best_key: tuple[int, int, int] | None = None
             best: tuple[str, list[_Slot]] | None = None
             for _, name in roomy:
-                found = self.victims_cached(self.nodes[name], rank, tier, need)
-                if found is None:
+                node = nodes[name]
+                here = spread.get(name, 0)
+                if best_key is not None and self.cannot_beat(
+                    node, rank, tier, need, here, best_key
+                ):
                     continue
-                victims, (many, minimum_ones) = found
-                key = (many, minimum_ones, spread.get(name, 0))
+                victims = self.victims_on(node, rank, tier, need)
+                if victims is None:
+                    continue
+                many, minimum_ones = self.victim_cost(victims)
+                key = (many, minimum_ones, here)
                 if best_key is None or key < best_key:
                     best_key, best = key, (name, victims)
                     if key <= (1, 0, 0):
@@ -674,20 +692,26 @@ class _Planner:
                 return best
         return None
 
-    def victims_cached(self, node: _NodeState, rank: int, tier: int, need: _Vec) -> _Found | None:
-        """:meth:`victims_on` and :meth:`victim_cost`, remembered until the node changes.
+    def cannot_beat(
+        self,
+        node: _NodeState,
+        rank: int,
+        tier: int,
+        need: _Vec,
+        here: int,
+        best_key: tuple[int, int, int],
+    ) -> bool:
+        """Whether ``node``'s victims surely cost at least ``best_key`` (a tie loses).
 
-        Why: consecutive searches mostly look at the same nodes for the same profile
-        shapes, while each placement only changes a handful of nodes.
+        A quick lower bound: one victim is only possible if the biggest preemptible
+        amount of each resource would fit, and no victim beyond its model's minimum means
+        every victim is within one.
         """
-        key = (node.name, need, tier, rank)
-        hit = self.victim_cache.get(key)
-        if hit is not None and hit[0] == node.version:
-            return hit[1]
-        victims = self.victims_on(node, rank, tier, need)
-        found = None if victims is None else (victims, self.victim_cost(victims))
-        self.victim_cache[key] = (node.version, found)
-        return found
+        order = self.victim_order(node, rank, tier)
+        biggest, free = order.biggest, node.free
+        one_will_do = _fits(need, [free[d] + biggest[d] for d in range(_DIMENSIONS)])
+        fewest = 1 if one_will_do else 2
+        return (fewest, 0 if order.beyond else fewest, here) >= best_key
 
     def victims_on(self, node: _NodeState, rank: int, tier: int, need: _Vec) -> list[_Slot] | None:
         """The victims (of class ``tier`` or lower) to stop on ``node`` to fit ``need``.
@@ -698,7 +722,7 @@ class _Planner:
         room = list(node.free)
         victims: list[_Slot] = []
         if not _fits(need, room):
-            for slot in self.victim_order(node, rank, tier):
+            for slot in self.victim_order(node, rank, tier).slots:
                 victims.append(slot)
                 for d in range(_DIMENSIONS):
                     room[d] += slot.need[d]
@@ -706,14 +730,18 @@ class _Planner:
                     break
             else:
                 return None
-        for slot in reversed(victims[:]):  # latest picked (least wanted) first
-            without = [room[d] - slot.need[d] for d in range(_DIMENSIONS)]
+        kept: list[_Slot] = []
+        for slot in reversed(victims):  # latest picked (least wanted) first
+            without = [room[0] - slot.need[0], room[1] - slot.need[1]]
+            without += [room[2] - slot.need[2], room[3] - slot.need[3]]
             if _fits(need, without):
-                victims.remove(slot)
                 room = without
-        return victims
+            else:
+                kept.append(slot)
+        kept.reverse()
+        return kept
 
-    def victim_order(self, node: _NodeState, rank: int, tier: int) -> list[_Slot]:
+    def victim_order(self, node: _NodeState, rank: int, tier: int) -> _VictimOrder:
         """Preemptible replicas on ``node`` in the order they are taken.
 
         Lowest class first; within a class, replicas beyond their model's minimum before
@@ -726,9 +754,9 @@ class _Planner:
         """
         key = (node.name, tier, rank)
         hit = self.order_cache.get(key)
-        if hit is not None and hit[0] == node.version:
-            return hit[1]
-        order: list[_Slot] = []
+        if hit is not None and hit.version == node.version:
+            return hit
+        order = _VictimOrder(node.version)
         spare: dict[str, int] = {}
         for victim_rank in sorted(node.by_rank):
             if victim_rank > tier:
@@ -740,14 +768,17 @@ class _Planner:
                     left = self.count[slot.model] - self.minimum[slot.model]
                 if left > 0:
                     spare[slot.model] = left - 1
-                    order.append(slot)
+                    order.slots.append(slot)
+                    order.beyond += 1
                 else:
                     spare[slot.model] = left
                     # Never another same-class model's minimum replicas.
                     if victim_rank < rank:
                         minimum_ones.append(slot)
-            order.extend(minimum_ones)
-        self.order_cache[key] = (node.version, order)
+            order.slots.extend(minimum_ones)
+        for slot in order.slots:
+            order.biggest = [max(a, b) for a, b in zip(order.biggest, slot.need, strict=True)]
+        self.order_cache[key] = order
         return order
 
     def victim_cost(self, victims: list[_Slot]) -> tuple[int, int]:
@@ -756,7 +787,7 @@ class _Planner:
         for slot in victims:
             taken[slot.model] = taken.get(slot.model, 0) + 1
         within_their_minimum = sum(
-            max(0, n - (self.count[m] - self.minimum[m])) for m, n in taken.items()
+            max(0, n - max(0, self.count[m] - self.minimum[m])) for m, n in taken.items()
         )
         return len(victims), within_their_minimum
 

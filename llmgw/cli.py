@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import ctl
+from . import ctl, node
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmgw", description="llmgw: self-hosted LLM serving.")
     sub = parser.add_subparsers(dest="tool", required=True, metavar="TOOL")
     ctl.add_parser(sub)
+    node.add_parser(sub)
     return parser
 
 
@@ -19,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.tool == "ctl":
         return ctl.run(args)
+    if args.tool == "node":
+        return node.run(args)
     return 2
 
 

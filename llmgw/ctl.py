@@ -101,15 +101,16 @@ def cmd_models(client: Client, args: argparse.Namespace) -> None:
     rows = [
         [
             m["name"],
+            f"{m['ready']}/{m['desired']}",
             m["kind"],
             m["owner"] or "-",
             m["class"],
             _scaling_text(m),
-            m["definition"]["source"],
+            "replacement halted" if m.get("rollout_halted") else "",
         ]
         for m in models
     ]
-    print(_table(rows, ["NAME", "KIND", "OWNER", "CLASS", "REPLICAS", "SOURCE"]))
+    print(_table(rows, ["NAME", "READY", "KIND", "OWNER", "CLASS", "SCALING", "NOTE"]))
 
 
 def cmd_model_show(client: Client, args: argparse.Namespace) -> None:
@@ -270,6 +271,123 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def cmd_nodes(client: Client, args: argparse.Namespace) -> None:
+    nodes = client.get("nodes")
+    if args.json:
+        _print_json(nodes)
+        return
+    if not nodes:
+        print("No nodes yet. Add one with: llmgw ctl node add NAME")
+        return
+
+    def figures(r: dict[str, Any]) -> str:
+        text = f"{r['memory_gb']:g} GB, {r['cores']:g} cores"
+        return text + (f", {r['gpus']} GPUs" if r["gpus"] else "")
+
+    rows = [
+        [
+            n["name"],
+            n["state"],
+            figures(n["capacity"]),
+            figures(n["reserved"]),
+            figures(n["free"]),
+            str(len(n["replicas"])),
+            (n["last_heartbeat"] or "never")[:19].replace("T", " "),
+        ]
+        for n in nodes
+    ]
+    print(
+        _table(
+            rows,
+            ["NAME", "STATE", "CAPACITY", "RESERVED", "FREE", "REPLICAS", "LAST HEARTBEAT (UTC)"],
+        )
+    )
+
+
+def cmd_node_add(client: Client, args: argparse.Namespace) -> None:
+    node = client.post("nodes", {"name": args.name})
+    print(f"Node {node['name']} added. Its token is shown only now:\n\n  {node['token']}\n")
+    print("Run the agent on that machine with:")
+    print(f"  llmgw node --server {client.url} --token {node['token']} --memory GB --cores N")
+
+
+def cmd_node_remove(client: Client, args: argparse.Namespace) -> None:
+    client.delete(f"nodes/{args.name}")
+    print(f"Node {args.name} removed; its replicas are placed elsewhere on the next pass.")
+
+
+def cmd_node_cordon(client: Client, args: argparse.Namespace) -> None:
+    action = "cordon" if args.node_command == "cordon" else "uncordon"
+    node = client.post(f"nodes/{args.name}/{action}", None)
+    if node["cordoned"]:
+        print(f"Node {node['name']} is cordoned: it keeps its replicas but gets no new ones.")
+    else:
+        print(f"Node {node['name']} takes new replicas again ({node['state']}).")
+
+
+def cmd_restart(client: Client, args: argparse.Namespace) -> None:
+    result = client.post(f"models/{args.model}/restart", None)
+    print(
+        f"{result['model']} restarts, one replica at a time: each new replica must be ready before an "
+        f"old one is withdrawn (generation {result['generation']}). Watch it with: llmgw ctl model target {result['model']}"
+    )
+
+
+def _print_target(target: dict[str, Any]) -> None:
+    print(
+        f"{target['model']}: {target['ready']} ready of {target['desired']} wanted ({target['why']}); class {target['class']}"
+    )
+    if target.get("rollout_halted"):
+        print(f"  replacement {target['rollout_halted']}")
+    for r in target["replicas"]:
+        extra = "" if r["up_to_date"] else " (out of date)"
+        detail = r["withdraw_reason"] if r["state"] == "withdrawn" else r["message"]
+        port = f":{r['port']}" if r["port"] else ""
+        print(f"  {r['node']}{port}  {r['state']}{extra}  {detail}".rstrip())
+    for u in target["unplaced"]:
+        print(f"  {u['count']} not placed: {u['reason']}")
+
+
+def cmd_model_target(client: Client, args: argparse.Namespace) -> None:
+    target = client.get(f"models/{args.name}/target")
+    if args.json:
+        _print_json(target)
+    else:
+        _print_target(target)
+
+
+def cmd_model_plan(client: Client, args: argparse.Namespace) -> None:
+    if args.file:
+        path = Path(args.file)
+        try:
+            text = path.read_bytes()
+        except OSError as exc:
+            raise CtlError(f"cannot read {path}: {exc.strerror}") from None
+        plan = client.request("POST", "plan", data=text, content_type="application/yaml")
+    elif args.name:
+        plan = client.get(f"models/{args.name}/plan")
+    else:
+        raise CtlError("give a model's name, or -f FILE with a definition")
+    if args.json:
+        _print_json(plan)
+        return
+    print(f"{plan['model']}: {plan['desired']} replica(s) wanted (nothing is changed by this plan)")
+    for p in plan["placements"]:
+        print(f"  would run on {p['node']} (profile {p['profile']})")
+    for u in plan["unplaced"]:
+        print(f"  {u['count']} could not be placed: {u['reason']}")
+    for p in plan["preemptions"]:
+        print(f"  would stop a replica of {p['model']} on {p['node']}: {p['reason']}")
+    if plan.get("estimate"):
+        e = plan["estimate"]
+        print(
+            f"  memory estimate: {e['total_gb']:.2f} GB (weights {e['weights_gb']:.2f} GB + KV cache "
+            f"{e['kv_cache_gb']:.2f} GB for {e['context_length']} tokens)"
+        )
+    for warning in plan["warnings"]:
+        print(f"  warning: {warning}")
+
+
 # -- the parser -----------------------------------------------------------------
 
 
@@ -314,6 +432,39 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=cmd_audit)
 
+    p = sub.add_parser(
+        "nodes", help="the nodes: capacity, reserved, free, replicas, last heartbeat"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=cmd_nodes)
+
+    node = sub.add_parser("node", help="add, remove, cordon and uncordon nodes (staff)")
+    nsub = node.add_subparsers(dest="node_command", required=True, metavar="COMMAND")
+    p = nsub.add_parser("add", help="register a node and print its token (shown only once)")
+    p.add_argument("name")
+    p.set_defaults(run=cmd_node_add)
+    p = nsub.add_parser("remove", help="forget a node; its replicas are placed elsewhere")
+    p.add_argument("name")
+    p.set_defaults(run=cmd_node_remove)
+    for verb, text in (
+        ("cordon", "keep what a node runs, but place nothing new on it"),
+        ("uncordon", "let a cordoned node take new replicas again"),
+    ):
+        p = nsub.add_parser(verb, help=text)
+        p.add_argument("name")
+        p.set_defaults(run=cmd_node_cordon)
+
+    p = sub.add_parser(
+        "restart",
+        help="replace every replica of a model, one at a time",
+        description="A rolling restart: a new replica is started and must be ready before an old one is "
+        "withdrawn from routing and stopped, so the model keeps serving. Where there is no room for "
+        "an extra replica, they are replaced in place one at a time, keeping at least min - 1 serving. "
+        "Replicas also pick up changed resources and adapters this way.",
+    )
+    p.add_argument("--model", required=True)
+    p.set_defaults(run=cmd_restart)
+
     model = sub.add_parser("model", help="add, remove and change models while the cluster runs")
     msub = model.add_subparsers(dest="model_command", required=True, metavar="COMMAND")
 
@@ -335,6 +486,23 @@ def add_parser(subparsers: Any) -> None:
         "mirror is not up yet or the nodes reach it by an address the control plane does not",
     )
     p.set_defaults(run=cmd_model_add)
+
+    p = msub.add_parser("target", help="what the reconciler aims for with a model, and why")
+    p.add_argument("name")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=cmd_model_target)
+
+    p = msub.add_parser(
+        "plan",
+        help="where a model's replicas would go and what would be preempted, without changing anything",
+        description="With -f, the definition as `model add -f` takes it (a new model or a change); with a "
+        "NAME, the model as it is, placed afresh. The memory a replica needs is estimated from the "
+        "GGUF header (weights plus the KV cache for the context length) and compared with each profile.",
+    )
+    p.add_argument("name", nargs="?")
+    p.add_argument("-f", "--file", help="a model definition, as YAML")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=cmd_model_plan)
 
     p = msub.add_parser("show", help="a model's definition, as YAML you can copy into server.yaml")
     p.add_argument("name")

@@ -43,6 +43,9 @@ LLMGW_CONFIG = Path(env_str("LLMGW_CONFIG", str(BASE_DIR / "server.yaml")))
 # Hosts the control plane may ask about a model's source; None = server.yaml's
 # sources.allowed_hosts, or the mirror's and registry's hosts.
 LLMGW_SOURCE_ALLOWED_HOSTS = env_list("LLMGW_SOURCE_ALLOWED_HOSTS")
+# Queue a reconcile pass right after each catalog or fleet change (beat runs
+# one every reconcile interval regardless).
+LLMGW_KICK_RECONCILE = env_bool("LLMGW_KICK_RECONCILE", True)
 LLMGW_SOURCE_CHECK_TIMEOUT = env_int("LLMGW_SOURCE_CHECK_TIMEOUT", 10, minimum=1)
 
 INSTALLED_APPS = [
@@ -59,6 +62,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "catalog",
+    "fleet",
     "console",
 ]
 
@@ -161,6 +165,24 @@ else:
         "control_folder": str(_broker_dir / "control"),
     }
 CELERY_TASK_IGNORE_RESULT = True
+
+
+def _schedule_seconds(section: str, key: str, default: int) -> int:
+    """A schedule from server.yaml; the full validation at start reports a bad value."""
+    import yaml
+
+    from catalog.durations import DurationError, parse_duration
+
+    try:
+        data = yaml.safe_load(LLMGW_CONFIG.read_text()) if LLMGW_CONFIG.exists() else {}
+        return parse_duration(data.get(section, {}).get(key)) or default
+    except (OSError, yaml.YAMLError, AttributeError, DurationError):
+        return default
+
+
+CELERY_BEAT_SCHEDULE = {
+    "reconcile": {"task": "fleet.tasks.reconcile", "schedule": _schedule_seconds("cluster", "reconcile_interval", 5)},
+}
 CELERY_TASK_ALWAYS_EAGER = env_bool("LLMGW_TASKS_EAGER", False)
 CELERY_TASK_TIME_LIMIT = 600
 CELERY_TASK_SOFT_TIME_LIMIT = 540

@@ -13,6 +13,8 @@ import yaml
 def _fast_passwords(settings: Any) -> None:
     # The real hasher is slow on purpose; tests only need passwords to match.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    # Tests run reconcile passes themselves; no broker needed for a kick.
+    settings.LLMGW_KICK_RECONCILE = False
 
 
 @pytest.fixture

@@ -52,8 +52,8 @@ def test_add_then_list(ctl: Any, model_file: Any) -> None:
     code, out, _ = ctl("bob", "models")
     assert code == 0
     header, row = out.strip().splitlines()
-    assert header.split() == ["NAME", "KIND", "OWNER", "CLASS", "REPLICAS", "SOURCE"]
-    assert row.split()[:5] == ["tiny-chat", "runtime", "alice", "standard", "1"]
+    assert header.split() == ["NAME", "READY", "KIND", "OWNER", "CLASS", "SCALING", "NOTE"]
+    assert row.split()[:6] == ["tiny-chat", "0/1", "runtime", "alice", "standard", "1"]
     code, out, _ = ctl("bob", "models", "--json")
     assert json.loads(out)[0]["definition"]["max_replicas"] == 3
 

@@ -1,0 +1,289 @@
+"""The fleet's REST API: nodes (staff), the node-facing heartbeat, restarts, demand, targets and plans."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.authentication import BaseAuthentication
+from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from catalog import services as catalog_services
+from catalog.api import actor_of
+from catalog.config import current_config
+from catalog.definitions import clean_definition
+from catalog.models import Model
+from catalog.services import _apply_definition, _get_model
+
+from . import selectors, services
+from .models import Node, Replica
+
+# -- node authentication ------------------------------------------------------------
+
+
+class NodeTokenAuthentication(BaseAuthentication):
+    """Only node tokens, only on the node-facing API; user tokens are refused here."""
+
+    def authenticate(self, request: Request) -> tuple[Node, str] | None:
+        header = request.META.get("HTTP_AUTHORIZATION", "")
+        keyword, _, token = header.partition(" ")
+        if keyword.lower() not in ("bearer", "token") or not token.strip():
+            return None
+        node = services.authenticate_node(token.strip())
+        if node is None:
+            raise AuthenticationFailed(
+                "This is not a node token the control plane knows. Use the token `llmgw ctl node add` "
+                "printed for this node; if the node was removed, add it again."
+            )
+        node.is_authenticated = True  # type: ignore[attr-defined]
+        return node, token
+
+    def authenticate_header(self, request: Request) -> str:
+        return "Bearer"
+
+
+class IsNode(BasePermission):
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return isinstance(request.user, Node)
+
+
+class CapacityInput(serializers.Serializer):
+    memory_gb = serializers.FloatField(min_value=0, max_value=1_000_000)
+    cores = serializers.FloatField(min_value=0, max_value=100_000)
+    gpus = serializers.IntegerField(min_value=0, max_value=1024, default=0)
+    gpu_memory_gb = serializers.FloatField(min_value=0, max_value=1_000_000, default=0)
+
+
+class ReplicaReportInput(serializers.Serializer):
+    id = serializers.UUIDField()
+    state = serializers.ChoiceField(choices=["fetching", "starting", "ready", "failed", "stopped"])
+    port = serializers.IntegerField(min_value=1, max_value=65535, required=False, allow_null=True)
+    message = serializers.CharField(required=False, allow_blank=True, default="", max_length=20000)
+    progress = serializers.DictField(required=False, allow_null=True)
+    sha256 = serializers.CharField(required=False, allow_null=True, allow_blank=True, max_length=64)
+
+    def to_internal_value(self, data: Any) -> Any:
+        value = super().to_internal_value(data)
+        value["id"] = str(value["id"])
+        return value
+
+
+class HeartbeatInput(serializers.Serializer):
+    capacity = CapacityInput()
+    address = serializers.CharField(required=False, allow_blank=True, max_length=255)
+    agent = serializers.DictField(required=False)
+    replicas = ReplicaReportInput(many=True, required=False, default=list, max_length=10000)  # type: ignore[call-arg]
+
+
+# How often agents are asked to report; node_lost_after should be several of these.
+HEARTBEAT_SECONDS = 2
+
+
+class HeartbeatAPI(APIView):
+    authentication_classes = [NodeTokenAuthentication]
+    permission_classes = [IsNode]
+
+    @extend_schema(
+        summary="A node's heartbeat: its capacity and replica states; the answer is what it should run",
+        request=HeartbeatInput,
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    def post(self, request: Request) -> Response:
+        data = HeartbeatInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        node = request.user
+        assert isinstance(node, Node)  # IsNode let only nodes through
+        answer = services.node_heartbeat(
+            node=node, report=dict(data.validated_data), interval=HEARTBEAT_SECONDS
+        )
+        return Response(answer)
+
+
+# -- nodes, for people --------------------------------------------------------------
+
+
+class NodeAddInput(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+
+
+class NodesAPI(APIView):
+    @extend_schema(
+        summary="The nodes: capacity, reserved, free, replicas, last heartbeat",
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    def get(self, request: Request) -> Response:
+        return Response(selectors.nodes_view())
+
+    @extend_schema(
+        summary="Register a node (staff); the answer holds its token, shown only once",
+        request=NodeAddInput,
+        responses={201: OpenApiTypes.OBJECT},
+    )
+    def post(self, request: Request) -> Response:
+        data = NodeAddInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        node, token = services.node_add(actor=actor_of(request), name=data.validated_data["name"])
+        return Response({"name": node.name, "token": token}, status=status.HTTP_201_CREATED)
+
+
+class NodeAPI(APIView):
+    @extend_schema(
+        summary="Remove a node (staff); its replicas are placed elsewhere", responses={204: None}
+    )
+    def delete(self, request: Request, name: str) -> Response:
+        services.node_remove(actor=actor_of(request), name=name)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class NodeCordonAPI(APIView):
+    cordon = True
+
+    @extend_schema(
+        summary="Cordon or uncordon a node (staff)",
+        request=None,
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    def post(self, request: Request, name: str) -> Response:
+        node = services.node_cordon(actor=actor_of(request), name=name, cordoned=self.cordon)
+        return Response({"name": node.name, "state": node.state, "cordoned": node.cordoned})
+
+
+class NodeUncordonAPI(NodeCordonAPI):
+    cordon = False
+
+
+# -- models at runtime --------------------------------------------------------------
+
+
+class RestartAPI(APIView):
+    @extend_schema(
+        summary="Rolling restart: replace every replica, one at a time",
+        request=None,
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    def post(self, request: Request, name: str) -> Response:
+        model = catalog_services.model_restart(actor=actor_of(request), name=name)
+        return Response({"model": model.name, "generation": model.generation})
+
+
+class DemandAPI(APIView):
+    @extend_schema(
+        summary="Ask for a model: loads an on-demand model and restarts its idle clock",
+        request=None,
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    def post(self, request: Request, name: str) -> Response:
+        model = catalog_services.model_demand(name=name)
+        return Response(
+            {
+                "model": model.name,
+                "on_demand": model.on_demand,
+                "demand_at": model.demand_at.isoformat() if model.demand_at else None,
+            }
+        )
+
+
+class TargetAPI(APIView):
+    @extend_schema(
+        summary="What the reconciler aims for with a model, and why",
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    def get(self, request: Request, name: str) -> Response:
+        return Response(selectors.model_target(_get_model(name)))
+
+
+def _plan_view(model: Model, others: list[Model]) -> dict[str, Any]:
+    plan = selectors.simulate([*others, model])
+    starts = [{"node": s.node, "profile": s.profile} for s in plan.starts if s.model == model.name]
+    preempted = [{"model": p.model, "node": p.node, "reason": p.reason} for p in plan.preemptions]
+    unplaced = [
+        {"count": u.count, "reason": u.reason} for u in plan.unplaced if u.model == model.name
+    ]
+    result: dict[str, Any] = {
+        "model": model.name,
+        "desired": model.min_replicas if model.min_replicas else (1 if model.on_demand else 0),
+        "placements": starts,
+        "preemptions": preempted,
+        "unplaced": unplaced,
+        "warnings": [],
+    }
+    result.update(_memory_estimate(model))
+    return result
+
+
+def _memory_estimate(model: Model) -> dict[str, Any]:
+    """Weights + KV cache from the GGUF header, against what each profile declares."""
+    from catalog.sources import host_allowed
+    from llmgw import gguf
+
+    config = current_config()
+    if not host_allowed(model.source, config.source_allowed_hosts()):
+        return {
+            "estimate": None,
+            "warnings": [f"memory not estimated: {model.source} is not on an allowed host"],
+        }
+    try:
+        header = gguf.read_header_from_url(model.source, timeout=10)
+        if header.file_size is None:
+            raise gguf.GGUFError("the server did not say how large the file is")
+        estimate = gguf.estimate_memory_bytes(
+            header, file_size=header.file_size, context_length=model.context_length
+        )
+    except gguf.GGUFError as exc:
+        return {"estimate": None, "warnings": [f"memory not estimated: {exc}"]}
+    gib = 1024**3
+    total_gb = estimate.total_bytes / gib
+    warnings = [
+        f"profile {p['name']} reserves {p['memory_gb']} GB, below the estimated {total_gb:.2f} GB "
+        f"(weights {estimate.weights_bytes / gib:.2f} GB + KV cache {estimate.kv_cache_bytes / gib:.2f} GB "
+        f"for {model.context_length or header.context_length} tokens); replicas may run out of memory"
+        for p in model.profiles
+        if p["memory_gb"] < total_gb
+    ]
+    return {
+        "estimate": {
+            "weights_gb": round(estimate.weights_bytes / gib, 3),
+            "kv_cache_gb": round(estimate.kv_cache_bytes / gib, 3),
+            "total_gb": round(total_gb, 3),
+            "context_length": model.context_length or header.context_length,
+        },
+        "warnings": warnings,
+    }
+
+
+class PlanFileAPI(APIView):
+    @extend_schema(
+        summary="What adding or changing a model (its definition) would do; changes nothing",
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    def post(self, request: Request) -> Response:
+        data = request.data
+        definition = clean_definition(data, lines=getattr(data, "lines", None))
+        others = [m for m in Model.objects.all() if m.name != definition["name"]]
+        model = Model(name=definition["name"])
+        _apply_definition(model, definition)
+        return Response(_plan_view(model, others))
+
+
+class PlanModelAPI(APIView):
+    @extend_schema(
+        summary="Where a model's replicas would go if placed afresh; changes nothing",
+        responses={200: OpenApiTypes.OBJECT},
+    )
+    def get(self, request: Request, name: str) -> Response:
+        model = _get_model(name)
+        others = [m for m in Model.objects.all() if m.pk != model.pk]
+        # Planned as a new model, so that where its replicas would go shows, not where they are.
+        fresh = Model(name=model.name)
+        _apply_definition(fresh, model.definition())
+        fresh.demand_at = model.demand_at
+        return Response(_plan_view(fresh, others))
+
+
+__all__ = ["Replica"]

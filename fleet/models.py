@@ -1,0 +1,117 @@
+"""Nodes, the replicas placed on them, and the lease that keeps reconcile passes one at a time."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+from django.db import models
+from django.utils import timezone
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Node(models.Model):
+    """A machine that runs replicas; its agent heartbeats capacity and replica states."""
+
+    name = models.CharField(max_length=100, unique=True)
+    # Only the hash is kept: the token is shown once, when the node is added.
+    token_hash = models.CharField(max_length=64, unique=True)
+    address = models.CharField(max_length=255, default="127.0.0.1")
+    memory_gb = models.FloatField(default=0)
+    cores = models.FloatField(default=0)
+    gpus = models.PositiveIntegerField(default=0)
+    gpu_memory_gb = models.FloatField(default=0)
+    cordoned = models.BooleanField(default=False)
+    lost = models.BooleanField(default=False)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    agent = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def state(self) -> str:
+        if self.last_heartbeat is None:
+            return "waiting for its agent"
+        if self.lost:
+            return "lost"
+        return "cordoned" if self.cordoned else "ready"
+
+    @property
+    def schedulable(self) -> bool:
+        return not self.cordoned and not self.lost and self.last_heartbeat is not None
+
+
+class Replica(models.Model):
+    """One engine process of a model on a node, and what it was started with.
+
+    A replica is withdrawn from routing (withdrawn_at set) before its node is told
+    to stop it; rows of stopped replicas are deleted once the node no longer
+    reports them.
+    """
+
+    PENDING = "pending"
+    FETCHING = "fetching"
+    STARTING = "starting"
+    READY = "ready"
+    FAILED = "failed"
+    STATES = [(s, s) for s in (PENDING, FETCHING, STARTING, READY, FAILED)]
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    model = models.ForeignKey(
+        "catalog.Model", null=True, blank=True, on_delete=models.SET_NULL, related_name="replicas"
+    )
+    model_name = models.CharField(max_length=100, db_index=True)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="replicas")
+    profile = models.CharField(max_length=50)
+    memory_gb = models.FloatField(default=0)
+    cores = models.FloatField(default=0)
+    gpus = models.PositiveIntegerField(default=0)
+    gpu_memory_gb = models.FloatField(default=0)
+    # What the replica was started with; a model whose current spec differs has
+    # this replica out of date (see fleet.specs).
+    spec = models.JSONField(default=dict)
+    spec_key = models.CharField(max_length=64)
+    state = models.CharField(max_length=20, choices=STATES, default=PENDING)
+    message = models.TextField(blank=True, default="")
+    port = models.PositiveIntegerField(null=True, blank=True)
+    weights_sha256 = models.CharField(max_length=64, blank=True, default="")
+    withdrawn_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    withdraw_reason = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    state_changed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["model_name", "created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.model_name}@{self.node_id} ({self.state})"
+
+    @property
+    def routable(self) -> bool:
+        return self.state == self.READY and self.withdrawn_at is None
+
+    @property
+    def endpoint(self) -> str | None:
+        if self.port is None:
+            return None
+        return f"http://{self.node.address}:{self.port}"
+
+
+class Lease(models.Model):
+    """A named lease claimed with a conditional UPDATE, so that only one holder acts at a time."""
+
+    name = models.CharField(max_length=50, primary_key=True)
+    holder = models.CharField(max_length=100, blank=True, default="")
+    expires_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.name} held by {self.holder or 'nobody'} until {self.expires_at}"

@@ -1,0 +1,29 @@
+"""Kick a reconcile pass as soon as the catalog or the fleet changes, instead of waiting for beat."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.dispatch import receiver
+
+from catalog.signals import catalog_changed
+
+from .signals import fleet_changed
+
+log = logging.getLogger("llmgw.reconciler")
+
+
+@receiver(catalog_changed)
+@receiver(fleet_changed)
+def kick_reconcile(sender: Any, **kwargs: Any) -> None:
+    from django.conf import settings
+
+    from .tasks import reconcile
+
+    if not settings.LLMGW_KICK_RECONCILE:
+        return
+    try:
+        reconcile.delay()
+    except Exception as exc:  # the broker being down must not fail the change itself
+        log.warning("could not queue a reconcile pass (%s); beat will run one shortly", exc)

@@ -1,0 +1,368 @@
+"""The reconciler: one pass makes the fleet match the catalog.
+
+Services only write desired state (counts, specs, demand). A pass reads the
+catalog, the nodes and the replicas in a fixed number of queries, decides with
+the pure planner in fleet.placement, and writes the difference: new replicas,
+replicas withdrawn from routing (which their nodes then stop), and audit
+entries for preemptions. A pass is idempotent, and a lease makes sure only one
+runs at a time across all workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from catalog.config import current_config
+from catalog.models import AuditEntry, Model
+from catalog.services import SYSTEM
+
+from . import placement
+from .models import Lease, Node, Replica
+from .specs import current_keys, replica_spec, spec_key
+
+log = logging.getLogger("llmgw.reconciler")
+
+# A replica of the current spec that fails this many times in a row halts the
+# model's replacement: retrying forever would churn nodes and hide the reason.
+MAX_START_FAILURES = 3
+LEASE_SECONDS = 120
+
+
+@dataclass
+class PassReport:
+    skipped: bool = False
+    started: list[str] = field(default_factory=list)
+    withdrawn: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    unplaced: list[placement.Unplaced] = field(default_factory=list)
+    nodes_lost: list[str] = field(default_factory=list)
+
+
+# -- the lease --------------------------------------------------------------------
+
+
+def claim_lease(name: str, holder: str, seconds: int, *, now: datetime | None = None) -> bool:
+    """Claim `name` for `holder` with one conditional UPDATE; False when someone else holds it."""
+    now = now or timezone.now()
+    Lease.objects.get_or_create(name=name, defaults={"expires_at": now})
+    from django.db.models import Q
+
+    claimed = Lease.objects.filter(Q(expires_at__lte=now) | Q(holder=holder), name=name).update(
+        holder=holder, expires_at=now + timedelta(seconds=seconds)
+    )
+    return claimed == 1
+
+
+def release_lease(name: str, holder: str) -> None:
+    Lease.objects.filter(name=name, holder=holder).update(holder="", expires_at=timezone.now())
+
+
+def reconcile_pass(*, now: datetime | None = None) -> PassReport:
+    holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    if not claim_lease("reconcile", holder, LEASE_SECONDS, now=now):
+        return PassReport(skipped=True)
+    try:
+        with transaction.atomic():
+            return _reconcile(now or timezone.now())
+    finally:
+        release_lease("reconcile", holder)
+
+
+# -- what each model wants --------------------------------------------------------
+
+
+def desired_count(model: Model, now: datetime, default_idle: int) -> int:
+    """The replica count now: min; for an on-demand model one while asked for within its idle timeout."""
+    if model.min_replicas > 0:
+        return model.min_replicas
+    if not model.on_demand or model.demand_at is None:
+        return 0
+    idle = model.idle_timeout_in_force(default_idle)
+    return 1 if now - model.demand_at < timedelta(seconds=idle) else 0
+
+
+def _resources(replica: Replica) -> placement.Resources:
+    return placement.Resources(
+        replica.memory_gb, replica.cores, replica.gpus, replica.gpu_memory_gb
+    )
+
+
+def _profile_resources(profile: dict[str, Any]) -> placement.Resources:
+    return placement.Resources(
+        profile["memory_gb"],
+        profile.get("cores", 0),
+        profile.get("gpus", 0),
+        profile.get("gpu_memory_gb", 0),
+    )
+
+
+def model_demand(model: Model, desired: int) -> placement.ModelDemand:
+    return placement.ModelDemand(
+        name=model.name,
+        klass=model.class_in_force,
+        minimum=min(model.min_replicas, desired),
+        desired=desired,
+        profiles=tuple(placement.Profile(p["name"], _profile_resources(p)) for p in model.profiles),
+    )
+
+
+def planner_node(node: Node) -> placement.Node:
+    return placement.Node(
+        name=node.name,
+        capacity=placement.Resources(node.memory_gb, node.cores, node.gpus, node.gpu_memory_gb),
+        schedulable=node.schedulable,
+    )
+
+
+def planner_replica(replica: Replica, node_names: dict[int, str]) -> placement.Replica:
+    # A replica whose model was removed keeps its name; keyed apart so that a new
+    # model of the same name does not adopt it.
+    owner = replica.model_name if replica.model_id is not None else f"removed:{replica.pk}"
+    return placement.Replica(
+        id=str(replica.pk),
+        model=owner,
+        node=node_names[replica.node_id],
+        profile=replica.profile,
+        resources=_resources(replica),
+    )
+
+
+# -- one pass ---------------------------------------------------------------------
+
+
+class _Pass:
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+        self.config = current_config()
+        self.report = PassReport()
+        self.withdraw: dict[str, str] = {}  # replica id -> reason
+        self.audit: list[AuditEntry] = []
+        self.dirty_models: dict[int, Model] = {}
+        self.surging: set[int] = set()  # models asking for one extra replica to replace an old one
+        self.node_names: dict[int, str] = {}
+
+    def withdraw_replica(self, replica: Replica, reason: str) -> None:
+        self.withdraw.setdefault(str(replica.pk), reason)
+
+
+def _reconcile(now: datetime) -> PassReport:
+    run = _Pass(now)
+    _mark_lost_nodes(run)
+    models = {m.pk: m for m in Model.objects.all()}
+    nodes = list(Node.objects.all())
+    node_names = run.node_names = {n.pk: n.name for n in nodes}
+    active = list(Replica.objects.filter(withdrawn_at__isnull=True))
+    by_model: dict[int, list[Replica]] = {}
+    for replica in active:
+        if replica.model_id is not None:
+            by_model.setdefault(replica.model_id, []).append(replica)
+
+    demands = []
+    for model in models.values():
+        mine = by_model.get(model.pk, [])
+        desired = desired_count(model, now, run.config.default_idle_timeout)
+        planner_desired, mine = _replacement(run, model, mine, desired)
+        demands.append(model_demand(model, planner_desired))
+        by_model[model.pk] = mine
+
+    still_active = [r for r in active if str(r.pk) not in run.withdraw]
+    plan = placement.plan_placement(
+        [planner_node(n) for n in nodes],
+        demands,
+        [planner_replica(r, node_names) for r in still_active],
+    )
+    _fall_back_in_place(run, models, by_model, plan)
+    _apply(run, plan, models, nodes, {str(r.pk): r for r in active})
+    return run.report
+
+
+def _mark_lost_nodes(run: _Pass) -> None:
+    cutoff = run.now - timedelta(seconds=run.config.node_lost_after)
+    silent = list(
+        Node.objects.filter(lost=False, last_heartbeat__lt=cutoff).values_list("pk", "name")
+    )
+    if not silent:
+        return
+    ids = [pk for pk, _ in silent]
+    Node.objects.filter(pk__in=ids).update(lost=True)
+    seconds = run.config.node_lost_after
+    Replica.objects.filter(node_id__in=ids, withdrawn_at__isnull=True).update(
+        withdrawn_at=run.now,
+        withdraw_reason=f"its node sent no heartbeat for {seconds}s and is lost",
+    )
+    run.report.nodes_lost = [name for _, name in silent]
+    log.warning("nodes lost (no heartbeat for %ss): %s", seconds, ", ".join(run.report.nodes_lost))
+
+
+def _replacement(
+    run: _Pass, model: Model, mine: list[Replica], desired: int
+) -> tuple[int, list[Replica]]:
+    """Failures and out-of-date replicas of one model; returns the count to plan for and what stays."""
+    keys = current_keys(model)
+    first_key = keys[model.profiles[0]["name"]] if model.profiles else ""
+    if model.rollout_spec_key and model.rollout_spec_key != first_key:
+        # The spec changed since the last failures (a rollback, a fix): start afresh.
+        _set(run, model, rollout_failures=0, rollout_halted="", rollout_spec_key="")
+
+    kept = []
+    for replica in mine:
+        if replica.state == Replica.FAILED:
+            run.withdraw_replica(replica, f"failed: {replica.message}")
+            if replica.spec_key == keys.get(replica.profile):
+                failures = model.rollout_failures + 1
+                _set(run, model, rollout_failures=failures, rollout_spec_key=first_key)
+                if failures >= MAX_START_FAILURES and not model.rollout_halted:
+                    reason = (
+                        f"halted: a new replica failed to become ready {failures} times in a row; "
+                        f"the last on node {run.node_names[replica.node_id]}: {replica.message}"
+                    )
+                    _set(run, model, rollout_halted=reason)
+                    run.audit.append(_event(model.name, "rollout-halted", reason))
+        else:
+            kept.append(replica)
+    mine = kept
+    stale = [r for r in mine if r.spec_key != keys.get(r.profile)]
+    fresh = [r for r in mine if r.spec_key == keys.get(r.profile)]
+    if model.rollout_failures and any(r.state == Replica.READY for r in fresh):
+        _set(run, model, rollout_failures=0, rollout_halted="", rollout_spec_key="")
+
+    if model.rollout_halted:
+        # Keep what runs (the old replicas serve on); start nothing of the failing spec.
+        return min(desired, len(mine)), mine
+    if not stale:
+        return desired, mine
+    if any(r.state != Replica.READY for r in fresh):
+        return len(mine), mine  # a replacement is on its way: wait for it
+    if len(mine) > desired:
+        # The new replica is ready: now the old one leaves.
+        victim = _stale_victim(stale)
+        run.withdraw_replica(victim, "replaced by an up-to-date replica")
+        return desired, [r for r in mine if r is not victim]
+    if desired == 0:
+        return 0, mine
+    # Start one extra replica of the current spec before stopping an old one.
+    run.surging.add(model.pk)
+    return len(mine) + 1, mine
+
+
+def _stale_victim(stale: list[Replica]) -> Replica:
+    """Not-ready ones first (they serve nobody), then the oldest."""
+    return sorted(stale, key=lambda r: (r.state == Replica.READY, r.created_at))[0]
+
+
+def _fall_back_in_place(
+    run: _Pass, models: dict[int, Model], by_model: dict[int, list[Replica]], plan: placement.Plan
+) -> None:
+    """No room for an extra replica: replace in place, one at a time, keeping min - 1 serving."""
+    unplaced = {u.model for u in plan.unplaced}
+    for model in models.values():
+        if model.pk not in run.surging or model.name not in unplaced:
+            continue
+        mine = by_model.get(model.pk, [])
+        keys = current_keys(model)
+        stale = [r for r in mine if r.spec_key != keys.get(r.profile)]
+        if not stale:
+            continue
+        victim = _stale_victim(stale)
+        ready_after = sum(1 for r in mine if r.state == Replica.READY and r is not victim)
+        if ready_after >= max(model.min_replicas - 1, 0):
+            run.withdraw_replica(victim, "replaced in place: no room for an extra replica")
+
+
+def _set(run: _Pass, model: Model, **values: Any) -> None:
+    for name, value in values.items():
+        setattr(model, name, value)
+    run.dirty_models[model.pk] = model
+
+
+def _event(model_name: str, action: str, note: str) -> AuditEntry:
+    return AuditEntry(
+        actor=None,
+        actor_name=SYSTEM.name,
+        door=SYSTEM.door,
+        model_name=model_name,
+        action=action,
+        note=note,
+        changes={},
+        before=None,
+        after=None,
+    )
+
+
+def _apply(
+    run: _Pass,
+    plan: placement.Plan,
+    models: dict[int, Model],
+    nodes: list[Node],
+    active: dict[str, Replica],
+) -> None:
+    for stop in plan.stops:
+        run.withdraw_replica(active[stop.replica_id], stop.reason)
+    for stop in plan.preemptions:
+        run.withdraw_replica(active[stop.replica_id], stop.reason)
+        run.audit.append(
+            _event(stop.model, "preempt", f"replica on {stop.node} stopped: {stop.reason}")
+        )
+        run.report.preempted.append(stop.replica_id)
+
+    if run.withdraw:
+        withdrawn = []
+        for replica_id, reason in run.withdraw.items():
+            replica = active[replica_id]
+            replica.withdrawn_at = run.now
+            replica.withdraw_reason = reason
+            withdrawn.append(replica)
+        Replica.objects.bulk_update(withdrawn, ["withdrawn_at", "withdraw_reason"], batch_size=500)
+        run.report.withdrawn = list(run.withdraw)
+
+    by_name = {m.name: m for m in models.values()}
+    node_ids = {n.name: n.pk for n in nodes}
+    new = []
+    for start in plan.starts:
+        model = by_name[start.model]
+        profile = next(p for p in model.profiles if p["name"] == start.profile)
+        spec = replica_spec(model, profile)
+        new.append(
+            Replica(
+                model=model,
+                model_name=model.name,
+                node_id=node_ids[start.node],
+                profile=start.profile,
+                memory_gb=start.resources.memory_gb,
+                cores=start.resources.cores,
+                gpus=start.resources.gpus,
+                gpu_memory_gb=start.resources.gpu_memory_gb,
+                spec=spec,
+                spec_key=spec_key(spec),
+                created_at=run.now,
+                state_changed_at=run.now,
+            )
+        )
+    if new:
+        Replica.objects.bulk_create(new, batch_size=500)
+        run.report.started = [str(r.pk) for r in new]
+    if run.audit:
+        AuditEntry.objects.bulk_create(run.audit, batch_size=500)
+    if run.dirty_models:
+        Model.objects.bulk_update(
+            list(run.dirty_models.values()),
+            ["rollout_failures", "rollout_halted", "rollout_spec_key"],
+            batch_size=500,
+        )
+    run.report.unplaced = list(plan.unplaced)
+    if new or run.withdraw:
+        log.info(
+            "reconcile: started %d, withdrew %d, unplaced %d",
+            len(new),
+            len(run.withdraw),
+            len(plan.unplaced),
+        )

@@ -1,0 +1,167 @@
+"""Reads of the fleet: nodes with what is reserved and free, replicas per model, targets and plans."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from django.db.models import Count, Sum
+from django.utils import timezone
+
+from catalog.config import current_config
+from catalog.models import Model
+
+from . import placement
+from .models import Node, Replica
+from .reconciler import desired_count, model_demand, planner_node, planner_replica
+from .specs import current_keys
+
+
+def _num(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else round(value, 2)
+
+
+def nodes_view() -> list[dict[str, Any]]:
+    reserved = {
+        row["node_id"]: row
+        for row in Replica.objects.filter(withdrawn_at__isnull=True)
+        .values("node_id")
+        .annotate(
+            memory=Sum("memory_gb"),
+            cores=Sum("cores"),
+            gpus=Sum("gpus"),
+            gpu_memory=Sum("gpu_memory_gb"),
+            count=Count("id"),
+        )
+    }
+    names: dict[int, list[str]] = defaultdict(list)
+    for node_id, model_name in Replica.objects.filter(withdrawn_at__isnull=True).values_list(
+        "node_id", "model_name"
+    ):
+        names[node_id].append(model_name)
+    views = []
+    for node in Node.objects.all():
+        used: dict[str, Any] = reserved.get(node.pk, {})
+        memory, cores = used.get("memory") or 0, used.get("cores") or 0
+        gpus, gpu_memory = used.get("gpus") or 0, used.get("gpu_memory") or 0
+        views.append(
+            {
+                "name": node.name,
+                "state": node.state,
+                "address": node.address,
+                "capacity": {
+                    "memory_gb": _num(node.memory_gb),
+                    "cores": _num(node.cores),
+                    "gpus": node.gpus,
+                    "gpu_memory_gb": _num(node.gpu_memory_gb),
+                },
+                "reserved": {
+                    "memory_gb": _num(memory),
+                    "cores": _num(cores),
+                    "gpus": gpus,
+                    "gpu_memory_gb": _num(gpu_memory),
+                },
+                "free": {
+                    "memory_gb": _num(node.memory_gb - memory),
+                    "cores": _num(node.cores - cores),
+                    "gpus": node.gpus - gpus,
+                    "gpu_memory_gb": _num(node.gpu_memory_gb - gpu_memory),
+                },
+                "replicas": sorted(names.get(node.pk, [])),
+                "last_heartbeat": node.last_heartbeat.isoformat() if node.last_heartbeat else None,
+            }
+        )
+    return views
+
+
+def replica_view(replica: Replica, node_name: str, up_to_date: bool) -> dict[str, Any]:
+    return {
+        "id": str(replica.pk),
+        "node": node_name,
+        "profile": replica.profile,
+        "state": replica.state if replica.withdrawn_at is None else "withdrawn",
+        "routable": replica.routable,
+        "up_to_date": up_to_date,
+        "port": replica.port,
+        "message": replica.message,
+        "withdraw_reason": replica.withdraw_reason,
+        "generation": replica.spec.get("generation"),
+        "weights_sha256": replica.weights_sha256,
+        "created_at": replica.created_at.isoformat(),
+    }
+
+
+def model_status(models: list[Model]) -> dict[int, dict[str, int]]:
+    """Ready and desired replicas per model, in two queries whatever the number of models."""
+    now = timezone.now()
+    default_idle = current_config().default_idle_timeout
+    ready = dict(
+        Replica.objects.filter(withdrawn_at__isnull=True, state=Replica.READY, model__isnull=False)
+        .values_list("model_id")
+        .annotate(n=Count("id"))
+    )
+    running = dict(
+        Replica.objects.filter(withdrawn_at__isnull=True, model__isnull=False)
+        .values_list("model_id")
+        .annotate(n=Count("id"))
+    )
+    return {
+        m.pk: {
+            "ready": ready.get(m.pk, 0),
+            "replicas": running.get(m.pk, 0),
+            "desired": desired_count(m, now, default_idle),
+        }
+        for m in models
+    }
+
+
+def simulate(models: list[Model]) -> placement.Plan:
+    """What a pass would do with these models (changed or added ones included), writing nothing."""
+    now = timezone.now()
+    default_idle = current_config().default_idle_timeout
+    nodes = list(Node.objects.all())
+    node_names = {n.pk: n.name for n in nodes}
+    known = {m.pk for m in models if m.pk}
+    active = [
+        r
+        for r in Replica.objects.filter(withdrawn_at__isnull=True).exclude(state=Replica.FAILED)
+        if r.model_id is None or r.model_id in known
+    ]
+    demands = [model_demand(m, desired_count(m, now, default_idle)) for m in models]
+    return placement.plan_placement(
+        [planner_node(n) for n in nodes], demands, [planner_replica(r, node_names) for r in active]
+    )
+
+
+def model_target(model: Model) -> dict[str, Any]:
+    """What the reconciler aims for with one model, and why any wanted replica is not placed."""
+    now = timezone.now()
+    config = current_config()
+    desired = desired_count(model, now, config.default_idle_timeout)
+    keys = current_keys(model)
+    node_names = dict(Node.objects.values_list("pk", "name"))
+    replicas = list(Replica.objects.filter(model=model).order_by("created_at"))
+    views = [
+        replica_view(r, node_names.get(r.node_id, "?"), r.spec_key == keys.get(r.profile))
+        for r in replicas
+    ]
+    plan = simulate(list(Model.objects.all()))
+    unplaced = [u.reason for u in plan.unplaced if u.model == model.name]
+    count = sum(u.count for u in plan.unplaced if u.model == model.name)
+    if model.parked:
+        why = "min 0, max 0: kept in the catalog, deliberately not running"
+    elif model.on_demand:
+        why = f"on demand: {'asked for within the idle timeout' if desired else 'not asked for within the idle timeout'}"
+    else:
+        why = f"min_replicas is {model.min_replicas}"
+    return {
+        "model": model.name,
+        "desired": desired,
+        "why": why,
+        "class": model.class_in_force,
+        "ready": sum(1 for v in views if v["routable"]),
+        "replicas": views,
+        "unplaced": [{"count": count, "reason": reason} for reason in unplaced],
+        "rollout_halted": model.rollout_halted or None,
+        "generation": model.generation,
+    }

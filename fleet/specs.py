@@ -1,0 +1,43 @@
+"""What a replica is started with, and how to tell that it is out of date."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from catalog.models import Model
+
+
+def replica_spec(model: Model, profile: dict[str, Any]) -> dict[str, Any]:
+    """Everything that, when it changes, means a running replica must be replaced."""
+    return {
+        "source": model.source,
+        "sha256": model.sha256 or None,
+        "adapters": [
+            {
+                "name": a["name"],
+                "source": a["source"],
+                "sha256": a.get("sha256"),
+                "scale": a.get("scale", 1.0),
+            }
+            for a in model.adapters
+        ],
+        "context_length": model.context_length,
+        "generation": model.generation,
+        "resources": {
+            "memory_gb": profile["memory_gb"],
+            "cores": profile.get("cores", 0),
+            "gpus": profile.get("gpus", 0),
+            "gpu_memory_gb": profile.get("gpu_memory_gb", 0),
+        },
+    }
+
+
+def spec_key(spec: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+
+
+def current_keys(model: Model) -> dict[str, str]:
+    """The spec key each of the model's profiles would start a replica with now."""
+    return {p["name"]: spec_key(replica_spec(model, p)) for p in model.profiles}

@@ -1,0 +1,279 @@
+"""Reconcile passes against the database, with heartbeats standing in for the agents."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from catalog.models import AuditEntry, Model
+from catalog.services import (
+    model_demand,
+    model_remove,
+    model_restart,
+    model_scale,
+    model_set_resources,
+)
+from fleet.models import Lease, Replica
+from fleet.reconciler import MAX_START_FAILURES, claim_lease, reconcile_pass
+
+pytestmark = pytest.mark.django_db
+
+
+def settle(fleet: Any, passes: int = 8) -> None:
+    """Passes and heartbeats (every replica reports ready) until nothing changes."""
+    for _ in range(passes):
+        report = reconcile_pass()
+        for node in {r.node.name for r in Replica.objects.select_related("node")}:
+            fleet.beat(node)
+        if not report.started and not report.withdrawn:
+            return
+
+
+def test_a_model_gets_its_min_replicas_spread_over_nodes(fleet: Any) -> None:
+    fleet.node("a")
+    fleet.node("b")
+    fleet.add("chat", min_replicas=2)
+    report = reconcile_pass()
+    assert len(report.started) == 2
+    assert sorted(r.node.name for r in fleet.replicas("chat")) == ["a", "b"]
+    assert reconcile_pass().started == []  # idempotent
+
+
+def test_the_node_is_told_what_to_run_and_reports_it_ready(fleet: Any) -> None:
+    fleet.node("a")
+    fleet.add("chat")
+    reconcile_pass()
+    answer = fleet.beat("a", states={})
+    [order] = answer["replicas"]
+    assert (
+        order["model"] == "chat" and order["threads"] == 1 and order["source"].endswith("chat.gguf")
+    )
+    fleet.beat("a", states={order["id"]: "ready"})
+    assert Replica.objects.get().routable
+
+
+def test_scaling_up_and_down(fleet: Any) -> None:
+    fleet.node("a", memory_gb=16)
+    model = fleet.add("chat", min_replicas=1)
+    settle(fleet)
+    model_scale(actor=fleet.owner, name="chat", min_replicas=3)
+    settle(fleet)
+    assert len(fleet.replicas("chat")) == 3
+    model_scale(actor=fleet.owner, name="chat", min_replicas=1)
+    report = reconcile_pass()
+    assert len(report.withdrawn) == 2
+    assert len(fleet.replicas("chat")) == 1
+    assert model.pk
+
+
+def test_parked_and_removed_models_run_nothing(fleet: Any) -> None:
+    fleet.node("a")
+    fleet.add("chat", min_replicas=1)
+    settle(fleet)
+    model_scale(actor=fleet.owner, name="chat", min_replicas=0, max_replicas=0)
+    reconcile_pass()
+    assert fleet.replicas("chat") == []
+    fleet.add("other")
+    settle(fleet)
+    model_remove(actor=fleet.owner, name="other")
+    reconcile_pass()
+    assert fleet.replicas("other") == []
+    assert Replica.objects.filter(withdraw_reason="model removed from the catalog").count() == 1
+
+
+def test_withdrawn_replicas_drain_then_leave_the_node(fleet: Any) -> None:
+    fleet.node("a")
+    fleet.add("chat")
+    settle(fleet)
+    model_scale(actor=fleet.owner, name="chat", min_replicas=0, max_replicas=0)
+    reconcile_pass()
+    replica = Replica.objects.get()
+    assert not replica.routable
+    assert [r["id"] for r in fleet.beat("a")["replicas"]] == [str(replica.pk)]  # still draining
+    Replica.objects.update(withdrawn_at=timezone.now() - timedelta(seconds=30))
+    assert fleet.beat("a")["replicas"] == []
+    # The node stopped it and no longer reports it: the row goes.
+    from fleet.models import Node
+    from fleet.services import node_heartbeat
+
+    node_heartbeat(
+        node=Node.objects.get(name="a"),
+        report={
+            "capacity": {"memory_gb": 8, "cores": 4, "gpus": 0, "gpu_memory_gb": 0},
+            "replicas": [],
+        },
+        interval=2,
+    )
+    assert not Replica.objects.exists()
+
+
+def test_on_demand_loads_one_replica_when_asked_and_stops_when_idle(fleet: Any) -> None:
+    fleet.node("a")
+    fleet.add("lazy", min_replicas=0, max_replicas=3, idle_timeout="1m")
+    reconcile_pass()
+    assert fleet.replicas("lazy") == []
+    model_demand(name="lazy")
+    reconcile_pass()
+    assert len(fleet.replicas("lazy")) == 1  # one, however high max is
+    Model.objects.filter(name="lazy").update(demand_at=timezone.now() - timedelta(minutes=2))
+    reconcile_pass()
+    assert fleet.replicas("lazy") == []
+
+
+def test_a_restart_replaces_replicas_one_at_a_time_with_one_always_ready(fleet: Any) -> None:
+    fleet.node("a", memory_gb=8)
+    fleet.node("b", memory_gb=8)
+    fleet.add("chat", min_replicas=2)
+    settle(fleet)
+    old = {r.pk for r in fleet.replicas("chat")}
+    model_restart(actor=fleet.owner, name="chat")
+    for _ in range(20):
+        reconcile_pass()
+        ready = [r for r in fleet.replicas("chat") if r.routable]
+        assert len(ready) >= 2 - 0, "a replica must stay ready at every moment"  # surge keeps both
+        fleet.beat("a")
+        fleet.beat("b")
+        if not old & {r.pk for r in fleet.replicas("chat")} and len(fleet.replicas("chat")) == 2:
+            break
+    current = fleet.replicas("chat")
+    assert len(current) == 2 and not old & {r.pk for r in current}
+    assert all(r.spec["generation"] == 1 for r in current)
+
+
+def test_without_room_for_an_extra_replica_it_replaces_in_place(fleet: Any) -> None:
+    fleet.node("a", memory_gb=1, cores=1)
+    fleet.add("chat", min_replicas=1)
+    settle(fleet)
+    [old] = fleet.replicas("chat")
+    model_restart(actor=fleet.owner, name="chat")
+    report = reconcile_pass()
+    assert str(old.pk) in report.withdrawn
+    assert (
+        Replica.objects.get(pk=old.pk).withdraw_reason
+        == "replaced in place: no room for an extra replica"
+    )
+    settle(fleet)
+    [new] = fleet.replicas("chat")
+    assert new.spec["generation"] == 1
+
+
+def test_changed_resources_make_replicas_out_of_date(fleet: Any) -> None:
+    fleet.node("a", memory_gb=16)
+    fleet.add("chat")
+    settle(fleet)
+    model_set_resources(actor=fleet.owner, name="chat", memory_gb=2)
+    settle(fleet)
+    [replica] = fleet.replicas("chat")
+    assert replica.memory_gb == 2
+
+
+def test_a_replica_failing_repeatedly_halts_the_replacement_and_old_ones_keep_serving(
+    fleet: Any,
+) -> None:
+    fleet.node("a", memory_gb=16)
+    fleet.add("chat")
+    settle(fleet)
+    [old] = fleet.replicas("chat")
+    model_restart(actor=fleet.owner, name="chat")
+    for _ in range(MAX_START_FAILURES):
+        reconcile_pass()
+        new = [r for r in fleet.replicas("chat") if r.pk != old.pk]
+        assert len(new) == 1
+        fleet.beat("a", states={str(old.pk): "ready", str(new[0].pk): "failed"})
+        Replica.objects.filter(pk=new[0].pk).update(message="the engine exited with code 139")
+    reconcile_pass()
+    reconcile_pass()
+    model = Model.objects.get(name="chat")
+    assert model.rollout_halted.startswith(
+        f"halted: a new replica failed to become ready {MAX_START_FAILURES} times"
+    )
+    assert "the engine exited with code 139" in model.rollout_halted
+    assert [r.pk for r in fleet.replicas("chat")] == [old.pk]
+    assert Replica.objects.get(pk=old.pk).routable
+    assert AuditEntry.objects.filter(action="rollout-halted", model_name="chat").exists()
+    # a new restart (or rollback) starts afresh
+    model_restart(actor=fleet.owner, name="chat")
+    reconcile_pass()
+    assert Model.objects.get(name="chat").rollout_halted == ""
+    assert len(fleet.replicas("chat")) == 2
+
+
+def test_a_lost_node_has_its_replicas_placed_elsewhere(fleet: Any) -> None:
+    fleet.node("a")
+    fleet.node("b")
+    fleet.add("chat", min_replicas=1)
+    settle(fleet)
+    [replica] = fleet.replicas("chat")
+    from fleet.models import Node
+
+    Node.objects.filter(name=replica.node.name).update(
+        last_heartbeat=timezone.now() - timedelta(minutes=5)
+    )
+    report = reconcile_pass()
+    assert report.nodes_lost == [replica.node.name]
+    [moved] = fleet.replicas("chat")
+    assert moved.node.name != replica.node.name
+    assert "lost" in Replica.objects.get(pk=replica.pk).withdraw_reason
+
+
+def test_a_cordoned_node_gets_nothing_new(fleet: Any) -> None:
+    from fleet.services import node_cordon
+
+    fleet.node("a")
+    fleet.node("b")
+    node_cordon(actor=fleet.staff, name="a", cordoned=True)
+    fleet.add("chat", min_replicas=2)
+    reconcile_pass()
+    assert [r.node.name for r in fleet.replicas("chat")] == ["b", "b"]
+
+
+def test_a_lower_class_is_preempted_for_a_critical_model_and_it_is_audited(fleet: Any) -> None:
+    fleet.node("a", memory_gb=2, cores=2)
+    fleet.add(
+        "filler",
+        min_replicas=2,
+        profiles=[{"name": "cpu", "memory_gb": 1, "cores": 1}],
+        **{"class": "opportunistic"},
+    )
+    settle(fleet)
+    fleet.add(
+        "vip", profiles=[{"name": "cpu", "memory_gb": 1, "cores": 1}], **{"class": "critical"}
+    )
+    report = reconcile_pass()
+    assert len(report.preempted) == 1
+    assert len(fleet.replicas("vip")) == 1 and len(fleet.replicas("filler")) == 1
+    entry = AuditEntry.objects.get(action="preempt")
+    assert (entry.actor_name, entry.model_name) == ("system", "filler")
+    assert "vip" in entry.note
+
+
+def test_only_one_pass_runs_at_a_time() -> None:
+    assert claim_lease("reconcile", "someone-else", 60)
+    assert reconcile_pass().skipped
+    Lease.objects.filter(name="reconcile").update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert not reconcile_pass().skipped
+
+
+def test_a_pass_uses_the_same_number_of_queries_for_more_models_and_nodes(
+    fleet: Any, django_assert_max_num_queries: Any
+) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def steady_pass_queries() -> int:
+        settle(fleet)
+        with CaptureQueriesContext(connection) as captured:
+            reconcile_pass()
+        return len(captured.captured_queries)
+
+    fleet.node("n0", memory_gb=64, cores=64)
+    fleet.add("m0")
+    few = steady_pass_queries()
+    for i in range(1, 6):
+        fleet.node(f"n{i}", memory_gb=64, cores=64)
+    for i in range(1, 20):
+        fleet.add(f"m{i}")
+    assert steady_pass_queries() == few
