@@ -41,7 +41,7 @@ def nodes_view() -> list[dict[str, Any]]:
         names[node_id].append(model_name)
     views = []
     for node in Node.objects.all():
-        used: dict[str, Any] = reserved.get(node.pk, {})
+        used: Any = reserved.get(node.pk, {})
         memory, cores = used.get("memory") or 0, used.get("cores") or 0
         gpus, gpu_memory = used.get("gpus") or 0, used.get("gpu_memory") or 0
         views.append(

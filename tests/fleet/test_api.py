@@ -1,0 +1,156 @@
+"""The fleet API: nodes for staff, the node-facing heartbeat and its tokens, restart, demand, target, plan."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from fleet.models import Node, Replica
+from fleet.reconciler import reconcile_pass
+
+pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
+
+BEAT = {"capacity": {"memory_gb": 8, "cores": 4}, "replicas": []}
+
+
+def node_client(token: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    return client
+
+
+def test_staff_add_nodes_and_get_a_token_once(api: Any) -> None:
+    response = api("staff").post("/api/v1/nodes", {"name": "gpu-1"}, format="json")
+    assert response.status_code == 201
+    token = response.json()["token"]
+    assert token.startswith("llmgw-node-")
+    assert token not in str(Node.objects.values_list())  # only its hash is kept
+    listed = api("bob").get("/api/v1/nodes").json()
+    assert listed[0]["name"] == "gpu-1" and listed[0]["state"] == "waiting for its agent"
+    assert "token" not in listed[0]
+
+
+def test_only_staff_manage_nodes(api: Any) -> None:
+    response = api("alice").post("/api/v1/nodes", {"name": "n"}, format="json")
+    assert response.status_code == 403
+    assert response.json()["detail"] == "Only staff may add nodes; ask an administrator."
+
+
+def test_node_names_are_checked_and_unique(api: Any) -> None:
+    assert "is not a node name" in api("staff").post("/api/v1/nodes", {"name": "bad name"}, format="json").json()["detail"]
+    api("staff").post("/api/v1/nodes", {"name": "n1"}, format="json")
+    response = api("staff").post("/api/v1/nodes", {"name": "n1"}, format="json")
+    assert response.status_code == 409
+
+
+def test_a_heartbeat_reports_capacity_and_gets_what_to_run(api: Any) -> None:
+    token = api("staff").post("/api/v1/nodes", {"name": "n1"}, format="json").json()["token"]
+    response = node_client(token).post("/api/v1/node/heartbeat", BEAT, format="json")
+    assert response.status_code == 200
+    assert response.json() == {"node": "n1", "heartbeat_interval": 2, "replicas": []}
+    view = api("alice").get("/api/v1/nodes").json()[0]
+    assert view["state"] == "ready" and view["capacity"]["memory_gb"] == 8 and view["free"]["cores"] == 4
+
+
+def test_an_unknown_node_token_gets_401(api: Any) -> None:
+    response = node_client("llmgw-node-nope").post("/api/v1/node/heartbeat", BEAT, format="json")
+    assert response.status_code == 401
+    assert response.json()["detail"].startswith("This is not a node token the control plane knows.")
+
+
+def test_user_tokens_cannot_pose_as_nodes_and_node_tokens_cannot_use_the_admin_api(api: Any, tokens: dict[str, str]) -> None:
+    response = node_client(tokens["staff"]).post("/api/v1/node/heartbeat", BEAT, format="json")
+    assert response.status_code == 401
+    token = api("staff").post("/api/v1/nodes", {"name": "n1"}, format="json").json()["token"]
+    assert node_client(token).get("/api/v1/models").status_code == 401
+    assert node_client(token).post("/api/v1/nodes", {"name": "evil"}, format="json").status_code == 401
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"replicas": []}, "capacity: This field is required."),
+        ({"capacity": {"memory_gb": -1, "cores": 1}}, "capacity.memory_gb"),
+        ({"capacity": {"memory_gb": 1, "cores": 1}, "replicas": [{"id": "x", "state": "ready"}]}, "replicas[0].id: Must be a valid UUID."),
+        ({"capacity": {"memory_gb": 1, "cores": 1}, "replicas": [{"id": "6c1f9f6e-3a4e-4a7b-9f7e-0e7e2a5f0b11", "state": "dancing"}]}, "is not a valid choice"),
+        ("garbage", "Invalid data"),
+    ],
+)
+def test_a_garbage_heartbeat_gets_400_and_changes_nothing(api: Any, body: Any, message: str) -> None:
+    token = api("staff").post("/api/v1/nodes", {"name": "n1"}, format="json").json()["token"]
+    response = node_client(token).post("/api/v1/node/heartbeat", body, format="json")
+    assert response.status_code == 400
+    assert message in response.json()["detail"]
+    assert Node.objects.get().last_heartbeat is None
+
+
+def test_cordon_uncordon_and_remove(api: Any) -> None:
+    api("staff").post("/api/v1/nodes", {"name": "n1"}, format="json")
+    assert api("staff").post("/api/v1/nodes/n1/cordon").json()["cordoned"] is True
+    assert api("staff").post("/api/v1/nodes/n1/uncordon").json()["cordoned"] is False
+    assert api("alice").delete("/api/v1/nodes/n1").status_code == 403
+    assert api("staff").delete("/api/v1/nodes/n1").status_code == 204
+    response = api("staff").delete("/api/v1/nodes/n1")
+    assert response.status_code == 404 and "There is no node named 'n1'" in response.json()["detail"]
+
+
+def _node_with_capacity(api: Any, name: str, memory_gb: float) -> str:
+    token = api("staff").post("/api/v1/nodes", {"name": name}, format="json").json()["token"]
+    node_client(token).post("/api/v1/node/heartbeat", {"capacity": {"memory_gb": memory_gb, "cores": 8}}, format="json")
+    return token
+
+
+def _add(api: Any, user: str, **definition: Any) -> None:
+    from tests.factories import definition as make
+
+    response = api(user).post("/api/v1/models?source_check=false", make(**definition), format="json")
+    assert response.status_code == 201, response.json()
+
+
+def test_target_says_where_and_why_not(api: Any) -> None:
+    _node_with_capacity(api, "node-a", 4)
+    _node_with_capacity(api, "node-b", 12)
+    _add(api, "alice", name="big", min_replicas=2, profiles=[{"name": "cpu", "memory_gb": 24}])
+    reconcile_pass()
+    target = api("bob").get("/api/v1/models/big/target").json()
+    assert target["desired"] == 2 and target["ready"] == 0 and target["why"] == "min_replicas is 2"
+    assert target["unplaced"][0]["count"] == 2
+    assert "24 GB" in target["unplaced"][0]["reason"] and "12 GB" in target["unplaced"][0]["reason"]
+    assert "node-b" in target["unplaced"][0]["reason"]
+
+
+def test_plan_shows_placements_and_preemptions_without_changing_anything(api: Any) -> None:
+    _node_with_capacity(api, "node-a", 2)
+    _add(api, "alice", name="filler", min_replicas=2, profiles=[{"name": "cpu", "memory_gb": 1}], **{"class": "opportunistic"})
+    reconcile_pass()
+    from tests.factories import definition as make
+
+    body = make(name="vip", profiles=[{"name": "cpu", "memory_gb": 1}], **{"class": "critical"})
+    plan = api("bob").post("/api/v1/plan", body, format="json").json()
+    assert plan["placements"] == [{"node": "node-a", "profile": "cpu"}]
+    assert [p["model"] for p in plan["preemptions"]] == ["filler"]
+    assert Replica.objects.filter(withdrawn_at__isnull=True).count() == 2
+    from catalog.models import Model
+
+    assert not Model.objects.filter(name="vip").exists()
+    assert api("bob").get("/api/v1/models/filler/plan").json()["placements"][0]["node"] == "node-a"
+
+
+def test_restart_bumps_the_generation_and_is_audited(api: Any) -> None:
+    _add(api, "alice", name="chat")
+    assert api("bob").post("/api/v1/models/chat/restart").status_code == 403
+    assert api("alice").post("/api/v1/models/chat/restart").json() == {"model": "chat", "generation": 1}
+    entry = api("alice").get("/api/v1/audit", {"action": "restart"}).json()["entries"][0]
+    assert entry["changes"] == {"generation": [0, 1]}
+
+
+def test_demand_is_open_to_any_user_and_loads_an_on_demand_model(api: Any) -> None:
+    _node_with_capacity(api, "node-a", 8)
+    _add(api, "alice", name="lazy", min_replicas=0, max_replicas=2)
+    assert api("bob").get("/api/v1/models/lazy").json()["desired"] == 0
+    body = api("bob").post("/api/v1/models/lazy/demand").json()
+    assert body["on_demand"] is True
+    assert api("bob").get("/api/v1/models/lazy").json()["desired"] == 1
+    assert api("bob").post("/api/v1/models/ghost/demand").status_code == 404
