@@ -32,3 +32,4 @@ lint: setup
 
 bench: setup
 	$(PY) bench/catalog_list.py
+	$(PY) bench/reconcile.py

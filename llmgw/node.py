@@ -340,7 +340,8 @@ class BlobCache:
             actual = digest.hexdigest()
             if expected is not None and actual != expected:
                 raise FetchFailed(
-                    f"the {label} at {url} has sha256 {actual}, but {expected} was expected; "
+                    f"the file at {url} ({label}) has sha256 {actual}, but {expected} was "
+                    "expected; "
                     "the download was not kept. Either the file at the source changed or the "
                     "catalog's sha256 is wrong."
                 )

@@ -165,6 +165,8 @@ else:
         "control_folder": str(_broker_dir / "control"),
     }
 CELERY_TASK_IGNORE_RESULT = True
+# Separate queues let several installations (or test systems) share one Redis.
+CELERY_TASK_DEFAULT_QUEUE = env_str("LLMGW_CELERY_QUEUE", "celery")
 
 
 def _schedule_seconds(section: str, key: str, default: int) -> int:

@@ -1,5 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path
+from catalog import mirror_files
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 urlpatterns = [
@@ -8,5 +9,6 @@ urlpatterns = [
     path("api/v1/docs", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/", include("fleet.urls")),
     path("api/v1/", include("catalog.urls")),
+    path("mirror/<path:path>", mirror_files.serve, name="mirror-file"),
     path("", include("console.urls")),
 ]

@@ -11,7 +11,8 @@ from collections import Counter
 from collections.abc import Sequence
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from fleet.placement import (
@@ -518,10 +519,15 @@ def test_the_plan_does_not_depend_on_input_order() -> None:
     plan = plan_placement(nodes, models, replicas)
     rng = random.Random(2)
     for _ in range(3):
-        shuffled = [list(x) for x in (nodes, models, replicas)]
-        for items in shuffled:
-            rng.shuffle(items)
-        assert plan_placement(*shuffled) == plan  # type: ignore[arg-type]
+        assert plan_placement(*_shuffled((nodes, models, replicas), rng)) == plan
+
+
+def _shuffled(fleet: Fleet, rng: random.Random) -> Fleet:
+    nodes, models, replicas = list(fleet[0]), list(fleet[1]), list(fleet[2])
+    rng.shuffle(nodes)
+    rng.shuffle(models)
+    rng.shuffle(replicas)
+    return nodes, models, replicas
 
 
 # --- properties ------------------------------------------------------------------------
@@ -538,8 +544,11 @@ SHAPES = [
 ]
 
 
+Fleet = tuple[list[Node], list[ModelDemand], list[Replica]]
+
+
 @st.composite
-def fleets(draw: st.DrawFn) -> tuple[list[Node], list[ModelDemand], list[Replica]]:
+def fleets(draw: st.DrawFn) -> Fleet:
     """Random valid inputs: every existing replica fits its node."""
     nodes = [
         Node(
@@ -581,14 +590,14 @@ def fleets(draw: st.DrawFn) -> tuple[list[Node], list[ModelDemand], list[Replica
     return nodes, models, replicas
 
 
-PROPERTY_SETTINGS = settings(
+PROPERTY_SETTINGS = hypothesis_settings(
     max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
 
 @PROPERTY_SETTINGS
 @given(fleets())
-def test_the_plan_never_overcommits_a_node(fleet) -> None:  # type: ignore[no-untyped-def]
+def test_the_plan_never_overcommits_a_node(fleet: Fleet) -> None:
     nodes, models, replicas = fleet
     after = apply(plan_placement(nodes, models, replicas), replicas)
     for name, free in node_free(nodes, after).items():
@@ -597,7 +606,7 @@ def test_the_plan_never_overcommits_a_node(fleet) -> None:  # type: ignore[no-un
 
 @PROPERTY_SETTINGS
 @given(fleets())
-def test_critical_replicas_within_their_minimum_are_never_preempted(fleet) -> None:  # type: ignore[no-untyped-def]
+def test_critical_replicas_within_their_minimum_are_never_preempted(fleet: Fleet) -> None:
     nodes, models, replicas = fleet
     plan = plan_placement(nodes, models, replicas)
     known = {n.name for n in nodes}
@@ -617,7 +626,7 @@ def _started(plan: Plan, model: str) -> int:
 
 @PROPERTY_SETTINGS
 @given(fleets())
-def test_nothing_starts_on_an_unschedulable_node(fleet) -> None:  # type: ignore[no-untyped-def]
+def test_nothing_starts_on_an_unschedulable_node(fleet: Fleet) -> None:
     nodes, models, replicas = fleet
     schedulable = {n.name for n in nodes if n.schedulable}
     for start in plan_placement(nodes, models, replicas).starts:
@@ -626,7 +635,7 @@ def test_nothing_starts_on_an_unschedulable_node(fleet) -> None:  # type: ignore
 
 @PROPERTY_SETTINGS
 @given(fleets())
-def test_no_model_ends_above_desired_and_unplaced_accounts_for_the_rest(fleet) -> None:  # type: ignore[no-untyped-def]
+def test_no_model_ends_above_desired_and_unplaced_accounts_for_the_rest(fleet: Fleet) -> None:
     nodes, models, replicas = fleet
     plan = plan_placement(nodes, models, replicas)
     after = Counter(r.model for r in apply(plan, replicas))
@@ -644,19 +653,16 @@ def test_no_model_ends_above_desired_and_unplaced_accounts_for_the_rest(fleet) -
 
 @PROPERTY_SETTINGS
 @given(fleets(), st.randoms(use_true_random=False))
-def test_the_same_input_gives_the_same_plan(fleet, rng) -> None:  # type: ignore[no-untyped-def]
+def test_the_same_input_gives_the_same_plan(fleet: Fleet, rng: random.Random) -> None:
     nodes, models, replicas = fleet
     plan = plan_placement(nodes, models, replicas)
     assert plan_placement(nodes, models, replicas) == plan
-    shuffled = [list(x) for x in fleet]
-    for items in shuffled:
-        rng.shuffle(items)
-    assert plan_placement(*shuffled) == plan
+    assert plan_placement(*_shuffled(fleet, rng)) == plan
 
 
 @PROPERTY_SETTINGS
 @given(fleets())
-def test_planning_again_after_applying_the_plan_changes_nothing(fleet) -> None:  # type: ignore[no-untyped-def]
+def test_planning_again_after_applying_the_plan_changes_nothing(fleet: Fleet) -> None:
     nodes, models, replicas = fleet
     plan = plan_placement(nodes, models, replicas)
     again = plan_placement(nodes, models, apply(plan, replicas))

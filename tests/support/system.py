@@ -1,0 +1,195 @@
+"""A whole llmgw running as real processes, for end-to-end tests.
+
+`System` starts the web process (gunicorn), a Celery worker with beat, and node agents, each
+as a child process on 127.0.0.1, on a database of its own (a fresh PostgreSQL database when
+DATABASE_URL names PostgreSQL, else a SQLite file) and Redis when REDIS_URL is set (else the
+filesystem broker). Everything it starts is stopped by pid when it closes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import requests
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(check: Callable[[], Any], *, timeout: float = 60, interval: float = 0.2, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except (requests.RequestException, KeyError, IndexError) as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+class _Database:
+    """A database for one system: created on open, dropped on close."""
+
+    def __init__(self, folder: Path) -> None:
+        base = os.environ.get("DATABASE_URL", "")
+        self.admin_url: str | None = None
+        if base.startswith(("postgres://", "postgresql://")):
+            parts = urlsplit(base)
+            self.name = f"llmgw_it_{uuid.uuid4().hex[:10]}"
+            self.admin_url = urlunsplit(parts._replace(path="/postgres"))
+            self.url = urlunsplit(parts._replace(path=f"/{self.name}"))
+            self._run(f'CREATE DATABASE "{self.name}"')
+        else:
+            self.url = f"sqlite:///{folder / 'llmgw.sqlite3'}"
+
+    def _run(self, sql: str) -> None:
+        import psycopg
+
+        assert self.admin_url
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(sql)
+
+    def drop(self) -> None:
+        if self.admin_url:
+            self._run(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+class System:
+    def __init__(self, folder: Path, *, config: dict[str, Any] | None = None, allowed_hosts: list[str] | None = None) -> None:
+        self.folder = folder
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.database = _Database(folder)
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.logs: dict[str, Path] = {}
+        cluster = {"reconcile_interval": "1s", "node_lost_after": "6s", "default_idle_timeout": "15m"}
+        server_yaml = {"cluster": cluster, **(config or {})}
+        (folder / "server.yaml").write_text(yaml.safe_dump(server_yaml))
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("DJANGO", "LLMGW", "PYTEST"))},
+            "DATABASE_URL": self.database.url,
+            "LLMGW_VAR_DIR": str(folder / "var"),
+            "LLMGW_CONFIG": str(folder / "server.yaml"),
+            "LLMGW_PUBLIC_URL": self.url,
+            "LLMGW_CELERY_QUEUE": f"llmgw-it-{uuid.uuid4().hex[:8]}",
+            "LLMGW_SECRET_KEY": "test-secret-key-for-an-end-to-end-system",
+            "LLMGW_SOURCE_ALLOWED_HOSTS": ",".join([f"127.0.0.1:{self.port}", *(allowed_hosts or [])]),
+        }
+        self.token = ""
+
+    # -- processes ------------------------------------------------------------------
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        log = self.folder / f"{name}.log"
+        self.logs[name] = log
+        process = subprocess.Popen(
+            argv, cwd=ROOT, env=env or self.env, stdout=log.open("ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+        self.processes[name] = process
+        return process
+
+    def manage(self, *args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    def start(self) -> System:
+        self.manage("migrate", "--verbosity", "0")
+        out = self.manage("llmgw_admin")
+        self.token = re.search(r"LLMGW_TOKEN=(\w+)", out).group(1)  # type: ignore[union-attr]
+        bin_dir = Path(sys.executable).parent
+        self._spawn("web", [str(bin_dir / "gunicorn"), "llmgw_site.wsgi", "--bind", f"127.0.0.1:{self.port}",
+                            "--workers", "2", "--threads", "8", "--timeout", "120"])
+        self._spawn("worker", [str(bin_dir / "celery"), "-A", "llmgw_site", "worker", "-B", "--loglevel", "INFO",
+                               "--concurrency", "2", "--schedule", str(self.folder / "beat-schedule")])
+        wait_for(lambda: requests.get(f"{self.url}/api/v1/models", headers=self.headers, timeout=2).ok,
+                 timeout=60, what=f"the web process on {self.url} (log: {self.logs['web']})")
+        return self
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Token {self.token}"}
+
+    def api(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = requests.request(method, f"{self.url}/api/v1/{path}", headers=self.headers, timeout=30, **kwargs)
+        assert response.ok, f"{method} {path}: {response.status_code} {response.text}"
+        return response.json() if response.content else None
+
+    def add_node(self, name: str, *, memory_gb: float, cores: int, start: bool = True) -> str:
+        token = self.api("POST", "nodes", json={"name": name})["token"]
+        if start:
+            self.start_agent(name, token, memory_gb=memory_gb, cores=cores)
+        return token
+
+    def start_agent(self, name: str, token: str, *, memory_gb: float, cores: int) -> subprocess.Popen[bytes]:
+        cache = self.folder / "nodes" / name
+        base = 42000 + 100 * (len([p for p in self.processes if p.startswith("node-")]) + 1) + (self.port % 50) * 200
+        argv = [sys.executable, "-m", "llmgw", "node", "--server", self.url, "--token", token,
+                "--memory", str(memory_gb), "--cores", str(cores), "--cache", str(cache),
+                "--port-range", f"{base}-{base + 99}", "--heartbeat-interval", "1", "--ready-timeout", "60",
+                "--stop-engines-on-exit"]
+        return self._spawn(f"node-{name}", argv)
+
+    def stop_process(self, name: str, sig: int = signal.SIGTERM) -> None:
+        process = self.processes.pop(name)
+        if process.poll() is None:
+            process.send_signal(sig)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+
+    def engine_pids(self) -> list[int]:
+        """Engines the agents wrote down (their state files), for a last clean-up by pid."""
+        pids = []
+        for state in (self.folder / "nodes").glob("*/replicas/*/state.json"):
+            try:
+                pids.append(int(json.loads(state.read_text())["pid"]))
+            except (OSError, ValueError, KeyError):
+                continue
+        return pids
+
+    def close(self) -> None:
+        for name in [n for n in self.processes if n.startswith("node-")]:
+            self.stop_process(name)
+        for name in list(self.processes):
+            self.stop_process(name)
+        for pid in self.engine_pids():
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.database.drop()
+
+    def log_tail(self, lines: int = 40) -> str:
+        out = []
+        for name, path in self.logs.items():
+            text = path.read_text(errors="replace").splitlines()[-lines:] if path.exists() else []
+            out.append(f"--- {name} ---\n" + "\n".join(text))
+        return "\n".join(out)

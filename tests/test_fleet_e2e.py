@@ -1,0 +1,167 @@
+"""End to end: the control plane, a Celery worker with beat, and two node agents running the real
+llama.cpp server on tiny generated models, all as processes on 127.0.0.1, driven by `llmgw ctl`."""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import requests
+import yaml
+
+from llmgw.cli import main
+from llmgw.tinygguf import write_tiny_model
+from tests.support.http_files import serve_directory
+from tests.support.system import System, wait_for
+
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed"),
+]
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    folder = tmp_path_factory.mktemp("weights")
+    write_tiny_model(folder / "tiny.gguf", seed=1)
+    with serve_directory(folder) as (base_url, _stats):
+        yield base_url
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory: pytest.TempPathFactory, weights: str) -> Iterator[System]:
+    running = System(tmp_path_factory.mktemp("system"), allowed_hosts=[urlsplit(weights).netloc])
+    try:
+        running.start()
+        running.add_node("node-a", memory_gb=3, cores=2)
+        running.add_node("node-b", memory_gb=2, cores=2)
+        wait_for(lambda: all(n["state"] == "ready" for n in running.api("GET", "nodes")), what="both agents' heartbeats")
+        yield running
+    except BaseException:
+        print(running.log_tail())
+        raise
+    finally:
+        running.close()
+
+
+@pytest.fixture
+def ctl(system: System, capsys: Any, monkeypatch: Any) -> Any:
+    monkeypatch.setenv("LLMGW_URL", system.url)
+    monkeypatch.setenv("LLMGW_TOKEN", system.token)
+
+    def run(*argv: str) -> str:
+        code = main(["ctl", *argv])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        return out
+
+    return run
+
+
+def define(tmp_path: Path, weights: str, name: str, **fields: Any) -> str:
+    data = {"name": name, "source": f"{weights}/tiny.gguf", "context_length": 256,
+            "profiles": [{"name": "cpu", "memory_gb": 1, "cores": 1}], **fields}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def target(system: System, name: str) -> dict[str, Any]:
+    return system.api("GET", f"models/{name}/target")
+
+
+def ready_replicas(system: System, name: str) -> list[dict[str, Any]]:
+    return [r for r in target(system, name)["replicas"] if r["routable"]]
+
+
+def wait_ready(system: System, name: str, count: int, timeout: float = 90) -> list[dict[str, Any]]:
+    def enough() -> list[dict[str, Any]] | None:
+        t = target(system, name)
+        ready = [r for r in t["replicas"] if r["routable"]]
+        placed = [r for r in t["replicas"] if r["state"] != "withdrawn"]
+        return ready if len(ready) == count and len(placed) == count else None
+
+    return wait_for(enough, timeout=timeout, what=f"{count} ready replica(s) of {name}")
+
+
+def complete(replica: dict[str, Any], model: str) -> str:
+    response = requests.post(
+        f"http://127.0.0.1:{replica['port']}/v1/completions",
+        json={"model": model, "prompt": "hello", "max_tokens": 4}, timeout=30,
+    )
+    response.raise_for_status()
+    return response.json()["choices"][0]["text"]
+
+
+def test_a_model_becomes_ready_and_answers(system: System, ctl: Any, tmp_path: Path, weights: str) -> None:
+    out = ctl("model", "add", "-f", define(tmp_path, weights, "chat"))
+    assert "Source is there:" in out
+    [replica] = wait_ready(system, "chat", 1)
+    assert isinstance(complete(replica, "chat"), str)
+    listing = ctl("models")
+    assert listing.splitlines()[1].split()[:2] == ["chat", "1/1"]
+    nodes = ctl("nodes")
+    assert "node-a" in nodes and "node-b" in nodes
+
+
+def test_scaling_up_spreads_and_scaling_down_stops(system: System, ctl: Any) -> None:
+    ctl("scale", "chat", "--min", "2")
+    ready = wait_ready(system, "chat", 2)
+    assert sorted(r["node"] for r in ready) == ["node-a", "node-b"]
+    ctl("scale", "chat", "--min", "1")
+    wait_ready(system, "chat", 1)
+
+
+def test_a_restart_replaces_replicas_with_one_ready_at_every_moment(system: System, ctl: Any) -> None:
+    ctl("scale", "chat", "--min", "2")
+    before = {r["id"] for r in wait_ready(system, "chat", 2)}
+    out = ctl("restart", "--model", "chat")
+    assert "one replica at a time" in out
+    deadline = time.monotonic() + 120
+    lowest = 2
+    while time.monotonic() < deadline:
+        t = target(system, "chat")
+        ready = [r for r in t["replicas"] if r["routable"]]
+        lowest = min(lowest, len(ready))
+        assert ready, f"no ready replica during the restart: {t['replicas']}"
+        if len(ready) == 2 and not before & {r["id"] for r in ready} and all(r["up_to_date"] for r in ready):
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"the restart did not finish: {target(system, 'chat')}")
+    assert all(r["generation"] == 1 for r in ready_replicas(system, "chat"))
+
+
+def test_killing_an_agent_moves_its_replicas(system: System, ctl: Any) -> None:
+    ctl("scale", "chat", "--min", "1")
+    [replica] = wait_ready(system, "chat", 1)
+    victim = replica["node"]
+    system.stop_process(f"node-{victim}", signal.SIGKILL)
+    wait_for(lambda: any(n["name"] == victim and n["state"] == "lost" for n in system.api("GET", "nodes")),
+             timeout=30, what=f"{victim} to be marked lost")
+    [moved] = wait_ready(system, "chat", 1)
+    assert moved["node"] != victim
+    assert complete(moved, "chat") is not None
+    # The node comes back: a new agent on the same cache adopts or stops what the old one left.
+    token = system.api("POST", "nodes", json={"name": f"{victim}-2"})["token"]
+    system.start_agent(f"{victim}-2", token, memory_gb=2, cores=2)
+    wait_for(lambda: any(n["name"] == f"{victim}-2" and n["state"] == "ready" for n in system.api("GET", "nodes")),
+             what="the replacement node")
+
+
+def test_a_lower_class_is_preempted_for_a_critical_model(system: System, ctl: Any, tmp_path: Path, weights: str) -> None:
+    ctl("scale", "chat", "--min", "0", "--max", "0")
+    free = sum(n["free"]["memory_gb"] for n in system.api("GET", "nodes") if n["state"] == "ready")
+    ctl("model", "add", "-f", define(tmp_path, weights, "filler", min_replicas=int(free), **{"class": "opportunistic"}))
+    wait_ready(system, "filler", int(free))
+    ctl("model", "add", "-f", define(tmp_path, weights, "vip", **{"class": "critical"}))
+    wait_ready(system, "vip", 1)
+    assert len(ready_replicas(system, "filler")) == int(free) - 1
+    audit = system.api("GET", "audit", params={"action": "preempt"})["entries"]
+    assert audit and audit[0]["model"] == "filler" and audit[0]["actor"] == "system" and "vip" in audit[0]["note"]
