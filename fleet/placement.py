@@ -269,7 +269,8 @@ class _Slot:
     need: _Vec
     rank: int
     start: int | None = None  # key of the planned Start, if it is one
-    # Victim order within a class: biggest reservation first, then replica key.
+    # Victim order within a class: biggest reservation first (memory, then cores, GPUs,
+    # GPU memory), then replica key for determinism.
     bigness: tuple[float, float, float, float, str] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -291,7 +292,6 @@ class _VictimOrder:
 class _NodeState:
     name: str
     schedulable: bool
-    capacity: _Vec
     free: list[float]
     # Replicas per class rank, biggest reservation first: the order victims are taken in.
     by_rank: dict[int, list[_Slot]] = field(default_factory=dict)
@@ -368,7 +368,6 @@ class _Planner:
             state = _NodeState(
                 name=node.name,
                 schedulable=node.schedulable,
-                capacity=_vec(node.capacity),
                 free=list(_vec(node.capacity)),
                 by_rank={rank: [] for rank in CLASS_RANK.values()},
                 load_upto={rank: [0.0] * _DIMENSIONS for rank in CLASS_RANK.values()},

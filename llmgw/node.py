@@ -400,7 +400,8 @@ class Replica:
         self.message = "waiting to fetch"
         self.progress: dict[str, int | None] | None = None
         self.port: int | None = None
-        self.sha256: str | None = spec.sha256
+        self.sha256: str | None = None  # known once the weights are fetched and verified
+        self.host = agent.config.address  # where the engine listens (an adopted one: as recorded)
         self.pid: int | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self.command: list[str] | None = None
@@ -487,6 +488,7 @@ class Replica:
                 "state": "failed" if self.state == "failed" else "running",
                 "message": self.message if self.state == "failed" else None,
                 "pid": self.pid,
+                "host": self.host,
                 "port": self.port,
                 "command": self.command,
                 "sha256": self.sha256,
@@ -593,7 +595,7 @@ class Replica:
         settings = engine.EngineSettings(
             model_path=str(weights),
             model_alias=self.spec.model,
-            host=self.agent.config.address,
+            host=self.host,
             port=port,
             context_length=self._context_length(weights),
             threads=self.spec.threads,
@@ -644,7 +646,7 @@ class Replica:
         timeout = self.agent.config.ready_timeout
         deadline = time.monotonic() + timeout
         names = [self.spec.model, *(adapter.name for adapter in self.spec.adapters)]
-        host = self.agent.config.address
+        host = self.host
         assert self.port is not None
         while True:
             if self.stop_requested.is_set():
@@ -760,6 +762,7 @@ class Agent:
         self.node_name: str | None = None
         self._last_problem: str | None = None
         self._connected = False
+        self.exit_signal: str | None = None
         self._lock_file: TextIO | None = None
         self.session = requests.Session()
         self.session.headers["Authorization"] = f"Bearer {config.token}"
@@ -811,7 +814,7 @@ class Agent:
             shutil.rmtree(folder, ignore_errors=True)
             return
         replica = Replica(self, spec)
-        replica.sha256 = record.get("sha256") or spec.sha256
+        replica.sha256 = record.get("sha256")
         replica.port = record.get("port")
         if record.get("state") == "failed":
             # A failed replica stays failed while it is wanted, across agent restarts too.
@@ -823,9 +826,10 @@ class Agent:
         if (
             isinstance(pid, int)
             and isinstance(command, list)
-            and engine.process_cmdline(pid) == command
+            and _same_engine(engine.process_cmdline(pid), command)
             and isinstance(replica.port, int)
         ):
+            replica.host = record.get("host") or replica.host
             replica.pid = pid
             replica.command = command
             replica.started_at = record.get("started_at")
@@ -922,7 +926,8 @@ class Agent:
             )
             return
         self._recovered(response)
-        if interval is not None:
+        if interval is not None and interval != self.interval:
+            log.info("heartbeating every %g s, as the control plane asks", interval)
             self.interval = interval
         self.reconcile(specs)
 
@@ -977,7 +982,18 @@ class Agent:
 
     # -- the loop -------------------------------------------------------------------------------
 
+    def check_address(self) -> None:
+        try:
+            engine.port_is_free(self.config.address, 0)
+        except OSError as exc:
+            raise SystemExit(
+                f"llmgw node: engines cannot listen on {self.config.address}: "
+                f"{exc.strerror or exc}. --address must be an address of this machine that the "
+                "gateway can reach."
+            ) from None
+
     def run(self) -> int:
+        self.check_address()
         self.lock_cache()
         self.cache.prepare()
         if importlib.util.find_spec("llama_cpp") is None:
@@ -986,28 +1002,33 @@ class Agent:
                 "install it with: pip install 'llmgw[engine]'",
                 sys.executable,
             )
-        self.adopt_leftovers()
         log.info(
-            "node agent %s (pid %s) heartbeating to %s every %g s; cache %s; ports %s-%s on %s",
+            "node agent %s (pid %s) heartbeating to %s; cache %s; engines on %s, ports %s-%s",
             _agent_version(),
             os.getpid(),
             self.server,
-            self.interval,
             self.config.cache,
-            *self.config.port_range,
             self.config.address,
+            *self.config.port_range,
         )
+        self.adopt_leftovers()
         while not self.shutdown.is_set():
             self.wake.clear()
-            self.heartbeat()
+            try:
+                self.heartbeat()
+            except Exception:
+                # A bug in handling one answer must not take the engines' supervisor down.
+                log.exception("the heartbeat failed unexpectedly; trying again")
             self.wake.wait(self.interval)
             # State changes wake the loop early; a short pause keeps a burst to one heartbeat.
             self.shutdown.wait(0.05)
+        log.info("received %s; exiting", self.exit_signal or "a stop request")
         self.exit()
         return 0
 
     def request_shutdown(self, signum: int, _frame: Any) -> None:
-        log.info("received %s; exiting", signal.Signals(signum).name)
+        # Only set flags here: the loop logs and exits (logging from a handler can interleave).
+        self.exit_signal = signal.Signals(signum).name
         self.shutdown.set()
         self.wake.set()
 
@@ -1034,6 +1055,14 @@ class Agent:
             stopper.start()
         for stopper in stoppers:
             stopper.join()
+
+
+def _same_engine(running: list[str] | None, recorded: list[str]) -> bool:
+    """Whether a live process is the engine that was recorded: the same arguments, which name
+    the replica's blob, port or config file. The interpreter's path is not compared, so that a
+    reinstalled virtualenv does not turn running engines into orphans; a reused pid never
+    matches."""
+    return running is not None and len(running) > 1 and running[1:] == recorded[1:]
 
 
 def _detail(response: requests.Response) -> str:

@@ -157,7 +157,10 @@ def test_killing_an_agent_moves_its_replicas(system: System, ctl: Any) -> None:
 
 def test_a_lower_class_is_preempted_for_a_critical_model(system: System, ctl: Any, tmp_path: Path, weights: str) -> None:
     ctl("scale", "chat", "--min", "0", "--max", "0")
-    free = sum(n["free"]["memory_gb"] for n in system.api("GET", "nodes") if n["state"] == "ready")
+    wait_for(lambda: not system.api("GET", "nodes")[0] or all(not n["replicas"] for n in system.api("GET", "nodes")),
+             what="chat's replicas to stop")
+    # Room for this many 1 GB / 1 core replicas on the live nodes:
+    free = sum(min(n["free"]["memory_gb"], n["free"]["cores"]) for n in system.api("GET", "nodes") if n["state"] == "ready")
     ctl("model", "add", "-f", define(tmp_path, weights, "filler", min_replicas=int(free), **{"class": "opportunistic"}))
     wait_ready(system, "filler", int(free))
     ctl("model", "add", "-f", define(tmp_path, weights, "vip", **{"class": "critical"}))

@@ -518,3 +518,73 @@ def test_it_serves_an_adapter_under_its_own_name(
     config = json.loads((agent.cache / "replicas" / spec["id"] / "engine.json").read_text())
     assert [entry["model_alias"] for entry in config["models"]] == [MODEL, "tiny-sql"]
     assert config["models"][1]["lora_path"] == str(agent.cache / "blobs" / mirror.sha("sql.gguf"))
+
+
+def test_it_fails_a_replica_whose_engine_dies_after_it_was_ready(
+    plane: FakeControlPlane, agents: Agents, mirror: Mirror
+) -> None:
+    spec = replica_spec(mirror)
+    plane.want([spec])
+    agent = agents.start()
+    ready = plane.wait_for(state_of(plane, spec["id"], "ready", "failed"), what="ready")
+    assert ready["state"] == "ready", ready["message"]
+
+    os.kill(agents.engine_pid(agent, spec["id"]), signal.SIGKILL)
+
+    failed = plane.wait_for(state_of(plane, spec["id"], "failed"), what="failed")
+    assert failed["message"].startswith(
+        "the engine was killed by signal 9 (SIGKILL); its last output:\n"
+    )
+    assert "POST /v1/completions" in failed["message"]  # the readiness check, in the engine log
+
+
+def test_it_stops_an_engine_that_is_not_ready_in_time(
+    plane: FakeControlPlane, agents: Agents, mirror: Mirror
+) -> None:
+    spec = replica_spec(mirror)
+    plane.want([spec])
+    # The engine takes about a second to import and load; give it a tenth of that.
+    agent = agents.start("--ready-timeout", "0.1")
+
+    failed = plane.wait_for(state_of(plane, spec["id"], "failed", "ready"), what="failed")
+
+    assert failed["state"] == "failed"
+    assert failed["message"].startswith(
+        "the engine did not become ready within 0.1 s; its last output:\n"
+    )
+    state = json.loads((agent.cache / "replicas" / spec["id"] / "state.json").read_text())
+    assert state["state"] == "failed" and state["pid"] is None
+    log = (agent.cache / "replicas" / spec["id"] / "engine.log").read_text()
+    assert "Uvicorn running" not in log or not port_accepts(failed["port"] or 1)
+
+
+def test_it_leaves_engines_running_on_sigterm_unless_told_to_stop_them(
+    plane: FakeControlPlane, agents: Agents, mirror: Mirror
+) -> None:
+    good = replica_spec(mirror)
+    bad = replica_spec(mirror, sha256="1" * 64)
+    plane.want([good, bad])
+    port_range = free_port_range()
+    first = agents.start(port_range=port_range, stop_engines_on_exit=False)
+    ready = plane.wait_for(state_of(plane, good["id"], "ready", "failed"), what="ready")
+    failed = plane.wait_for(state_of(plane, bad["id"], "failed"), what="failed")
+    pid = agents.engine_pid(first, good["id"])
+
+    first.process.send_signal(signal.SIGTERM)
+    assert first.process.wait(timeout=10) == 0
+    assert engine.process_alive(pid)
+    assert "leaving 1 engine(s) running for the next agent to adopt" in first.output()
+
+    downloads = mirror.gets("model.gguf")
+    second = agents.start(port_range=port_range, stop_engines_on_exit=True)
+    again = plane.wait_for(
+        state_of(plane, good["id"], "ready"), since=plane.count(), what="adopted"
+    )
+    assert again["port"] == ready["port"]
+    # A failed replica stays failed across restarts; it is not fetched again.
+    assert plane.replica(plane.last(), bad["id"]) == failed
+    assert mirror.gets("model.gguf") == downloads
+
+    second.process.send_signal(signal.SIGTERM)
+    assert second.process.wait(timeout=15) == 0
+    assert not engine.process_alive(pid)
