@@ -439,24 +439,18 @@ class Replica:
         except Exception as exc:
             # A bug must fail this replica, not kill the agent or leave it "starting" forever.
             log.exception("%s: unexpected error", self.label)
+            self._kill_engine()
             self._fail(f"the agent hit an unexpected error: {exc!r}; see the agent's log")
 
     # -- state changes --------------------------------------------------------------------------
 
-    def _set(
-        self,
-        state: str,
-        message: str,
-        *,
-        progress: dict[str, int | None] | None = None,
-        quiet: bool = False,
-    ) -> None:
+    def _set(self, state: str, message: str) -> None:
         with self.lock:
             if self.stop_requested.is_set():
                 return
             changed = state != self.state
-            self.state, self.message, self.progress = state, message, progress
-        if changed and not quiet:
+            self.state, self.message, self.progress = state, message, None
+        if changed:
             log.info("%s: %s: %s", self.label, state, message)
             # A state change is worth telling the control plane now, not at the next beat.
             self.agent.wake.set()
