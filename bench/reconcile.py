@@ -28,7 +28,13 @@ def fill(models: int, nodes: int) -> None:
     now = timezone.now()
     per_node = max(1, -(-models // nodes)) + 1
     Node.objects.bulk_create(
-        Node(name=f"node-{i:04d}", token_hash=hash_token(f"t{i}"), memory_gb=per_node, cores=per_node, last_heartbeat=now)
+        Node(
+            name=f"node-{i:04d}",
+            token_hash=hash_token(f"t{i}"),
+            memory_gb=per_node,
+            cores=per_node,
+            last_heartbeat=now,
+        )
         for i in range(nodes)
     )
     Model.objects.bulk_create(
@@ -61,14 +67,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pairs", default="100x10,1000x100,10000x1000")
     args = parser.parse_args()
-    print("reconcile: one pass, simulated nodes (first = places every replica; steady = nothing to change)")
-    print(f"{'models':>7} {'nodes':>6} {'first pass':>11} {'queries':>8} {'started':>8} {'steady pass':>12} {'queries':>8}")
+    print(
+        "reconcile: one pass, simulated nodes (first = places every replica; steady = nothing to change)"
+    )
+    print(
+        f"{'models':>7} {'nodes':>6} {'first pass':>11} {'queries':>8} {'started':>8} {'steady pass':>12} {'queries':>8}"
+    )
     for pair in args.pairs.split(","):
         models, nodes = (int(x) for x in pair.split("x"))
         fill(models, nodes)
         first, first_queries, started = timed_pass()
         steady, steady_queries, _ = timed_pass()
-        print(f"{models:>7} {nodes:>6} {first * 1000:>9.0f}ms {first_queries:>8} {started:>8} {steady * 1000:>10.0f}ms {steady_queries:>8}")
+        print(
+            f"{models:>7} {nodes:>6} {first * 1000:>9.0f}ms {first_queries:>8} {started:>8} {steady * 1000:>10.0f}ms {steady_queries:>8}"
+        )
 
 
 if __name__ == "__main__":

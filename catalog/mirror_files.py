@@ -59,9 +59,9 @@ def serve(request: HttpRequest, path: str) -> HttpResponse | StreamingHttpRespon
         else:  # the last N bytes
             start = max(size - int(last), 0)
         if start >= size or start > end:
-            response = HttpResponse(status=416)
-            response["Content-Range"] = f"bytes */{size}"
-            return response
+            refusal = HttpResponse(status=416)
+            refusal["Content-Range"] = f"bytes */{size}"
+            return refusal
         status = 206
     length = end - start + 1 if size else 0
     if request.method == "HEAD":

@@ -183,7 +183,10 @@ def _schedule_seconds(section: str, key: str, default: int) -> int:
 
 
 CELERY_BEAT_SCHEDULE = {
-    "reconcile": {"task": "fleet.tasks.reconcile", "schedule": _schedule_seconds("cluster", "reconcile_interval", 5)},
+    "reconcile": {
+        "task": "fleet.tasks.reconcile",
+        "schedule": _schedule_seconds("cluster", "reconcile_interval", 5),
+    },
 }
 CELERY_TASK_ALWAYS_EAGER = env_bool("LLMGW_TASKS_EAGER", False)
 CELERY_TASK_TIME_LIMIT = 600

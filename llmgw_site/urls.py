@@ -1,7 +1,8 @@
 from django.contrib import admin
 from django.urls import include, path
-from catalog import mirror_files
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from catalog import mirror_files
 
 urlpatterns = [
     path("admin/", admin.site.urls),

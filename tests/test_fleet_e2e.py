@@ -22,7 +22,9 @@ from tests.support.system import System, wait_for
 
 pytestmark = [
     pytest.mark.engine,
-    pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed"
+    ),
 ]
 
 
@@ -41,7 +43,10 @@ def system(tmp_path_factory: pytest.TempPathFactory, weights: str) -> Iterator[S
         running.start()
         running.add_node("node-a", memory_gb=3, cores=2)
         running.add_node("node-b", memory_gb=2, cores=2)
-        wait_for(lambda: all(n["state"] == "ready" for n in running.api("GET", "nodes")), what="both agents' heartbeats")
+        wait_for(
+            lambda: all(n["state"] == "ready" for n in running.api("GET", "nodes")),
+            what="both agents' heartbeats",
+        )
         yield running
     except BaseException:
         print(running.log_tail())
@@ -65,8 +70,13 @@ def ctl(system: System, capsys: Any, monkeypatch: Any) -> Any:
 
 
 def define(tmp_path: Path, weights: str, name: str, **fields: Any) -> str:
-    data = {"name": name, "source": f"{weights}/tiny.gguf", "context_length": 256,
-            "profiles": [{"name": "cpu", "memory_gb": 1, "cores": 1}], **fields}
+    data = {
+        "name": name,
+        "source": f"{weights}/tiny.gguf",
+        "context_length": 256,
+        "profiles": [{"name": "cpu", "memory_gb": 1, "cores": 1}],
+        **fields,
+    }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     return str(path)
@@ -93,13 +103,16 @@ def wait_ready(system: System, name: str, count: int, timeout: float = 90) -> li
 def complete(replica: dict[str, Any], model: str) -> str:
     response = requests.post(
         f"http://127.0.0.1:{replica['port']}/v1/completions",
-        json={"model": model, "prompt": "hello", "max_tokens": 4}, timeout=30,
+        json={"model": model, "prompt": "hello", "max_tokens": 4},
+        timeout=30,
     )
     response.raise_for_status()
     return response.json()["choices"][0]["text"]
 
 
-def test_a_model_becomes_ready_and_answers(system: System, ctl: Any, tmp_path: Path, weights: str) -> None:
+def test_a_model_becomes_ready_and_answers(
+    system: System, ctl: Any, tmp_path: Path, weights: str
+) -> None:
     out = ctl("model", "add", "-f", define(tmp_path, weights, "chat"))
     assert "Source is there:" in out
     [replica] = wait_ready(system, "chat", 1)
@@ -118,7 +131,9 @@ def test_scaling_up_spreads_and_scaling_down_stops(system: System, ctl: Any) -> 
     wait_ready(system, "chat", 1)
 
 
-def test_a_restart_replaces_replicas_with_one_ready_at_every_moment(system: System, ctl: Any) -> None:
+def test_a_restart_replaces_replicas_with_one_ready_at_every_moment(
+    system: System, ctl: Any
+) -> None:
     ctl("scale", "chat", "--min", "2")
     before = {r["id"] for r in wait_ready(system, "chat", 2)}
     out = ctl("restart", "--model", "chat")
@@ -130,7 +145,11 @@ def test_a_restart_replaces_replicas_with_one_ready_at_every_moment(system: Syst
         ready = [r for r in t["replicas"] if r["routable"]]
         lowest = min(lowest, len(ready))
         assert ready, f"no ready replica during the restart: {t['replicas']}"
-        if len(ready) == 2 and not before & {r["id"] for r in ready} and all(r["up_to_date"] for r in ready):
+        if (
+            len(ready) == 2
+            and not before & {r["id"] for r in ready}
+            and all(r["up_to_date"] for r in ready)
+        ):
             break
         time.sleep(0.2)
     else:
@@ -143,25 +162,50 @@ def test_killing_an_agent_moves_its_replicas(system: System, ctl: Any) -> None:
     [replica] = wait_ready(system, "chat", 1)
     victim = replica["node"]
     system.stop_process(f"node-{victim}", signal.SIGKILL)
-    wait_for(lambda: any(n["name"] == victim and n["state"] == "lost" for n in system.api("GET", "nodes")),
-             timeout=30, what=f"{victim} to be marked lost")
+    wait_for(
+        lambda: any(
+            n["name"] == victim and n["state"] == "lost" for n in system.api("GET", "nodes")
+        ),
+        timeout=30,
+        what=f"{victim} to be marked lost",
+    )
     [moved] = wait_ready(system, "chat", 1)
     assert moved["node"] != victim
     assert complete(moved, "chat") is not None
     # The node comes back: a new agent on the same cache adopts or stops what the old one left.
     token = system.api("POST", "nodes", json={"name": f"{victim}-2"})["token"]
     system.start_agent(f"{victim}-2", token, memory_gb=2, cores=2)
-    wait_for(lambda: any(n["name"] == f"{victim}-2" and n["state"] == "ready" for n in system.api("GET", "nodes")),
-             what="the replacement node")
+    wait_for(
+        lambda: any(
+            n["name"] == f"{victim}-2" and n["state"] == "ready" for n in system.api("GET", "nodes")
+        ),
+        what="the replacement node",
+    )
 
 
-def test_a_lower_class_is_preempted_for_a_critical_model(system: System, ctl: Any, tmp_path: Path, weights: str) -> None:
+def test_a_lower_class_is_preempted_for_a_critical_model(
+    system: System, ctl: Any, tmp_path: Path, weights: str
+) -> None:
     ctl("scale", "chat", "--min", "0", "--max", "0")
-    wait_for(lambda: not system.api("GET", "nodes")[0] or all(not n["replicas"] for n in system.api("GET", "nodes")),
-             what="chat's replicas to stop")
+    wait_for(
+        lambda: (
+            not system.api("GET", "nodes")[0]
+            or all(not n["replicas"] for n in system.api("GET", "nodes"))
+        ),
+        what="chat's replicas to stop",
+    )
     # Room for this many 1 GB / 1 core replicas on the live nodes:
-    free = sum(min(n["free"]["memory_gb"], n["free"]["cores"]) for n in system.api("GET", "nodes") if n["state"] == "ready")
-    ctl("model", "add", "-f", define(tmp_path, weights, "filler", min_replicas=int(free), **{"class": "opportunistic"}))
+    free = sum(
+        min(n["free"]["memory_gb"], n["free"]["cores"])
+        for n in system.api("GET", "nodes")
+        if n["state"] == "ready"
+    )
+    ctl(
+        "model",
+        "add",
+        "-f",
+        define(tmp_path, weights, "filler", min_replicas=int(free), **{"class": "opportunistic"}),
+    )
     wait_ready(system, "filler", int(free))
     ctl("model", "add", "-f", define(tmp_path, weights, "vip", **{"class": "critical"}))
     wait_ready(system, "vip", 1)
@@ -169,4 +213,9 @@ def test_a_lower_class_is_preempted_for_a_critical_model(system: System, ctl: An
     wait_ready(system, "filler", int(free) - 1)
     assert target(system, "filler")["unplaced"][0]["count"] == 1
     audit = system.api("GET", "audit", params={"action": "preempt"})["entries"]
-    assert audit and audit[0]["model"] == "filler" and audit[0]["actor"] == "system" and "vip" in audit[0]["note"]
+    assert (
+        audit
+        and audit[0]["model"] == "filler"
+        and audit[0]["actor"] == "system"
+        and "vip" in audit[0]["note"]
+    )

@@ -30,12 +30,20 @@ def test_it_serves_whole_files_and_ranges(client: Any, mirror: Path) -> None:
     tail = client.get("/mirror/acme/tiny/abc123/w.gguf", HTTP_RANGE="bytes=-4")
     assert b"".join(tail.streaming_content) == bytes([252, 253, 254, 255])
     head = client.head("/mirror/acme/tiny/abc123/w.gguf")
-    assert head.status_code == 200 and head["Content-Length"] == "1024" and head["Accept-Ranges"] == "bytes"
-    assert client.get("/mirror/acme/tiny/abc123/w.gguf", HTTP_RANGE="bytes=5000-").status_code == 416
+    assert (
+        head.status_code == 200
+        and head["Content-Length"] == "1024"
+        and head["Accept-Ranges"] == "bytes"
+    )
+    assert (
+        client.get("/mirror/acme/tiny/abc123/w.gguf", HTTP_RANGE="bytes=5000-").status_code == 416
+    )
 
 
 def test_it_refuses_paths_outside_its_root_and_missing_files(client: Any, mirror: Path) -> None:
     assert client.get("/mirror/../secret.txt").status_code == 404
-    assert client.get("/mirror/acme/tiny/abc123/%2e%2e/%2e%2e/%2e%2e/../secret.txt").status_code == 404
+    assert (
+        client.get("/mirror/acme/tiny/abc123/%2e%2e/%2e%2e/%2e%2e/../secret.txt").status_code == 404
+    )
     assert client.get("/mirror/acme/tiny/abc123/nope.gguf").status_code == 404
     assert client.post("/mirror/acme/tiny/abc123/w.gguf").status_code == 405

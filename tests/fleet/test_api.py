@@ -39,7 +39,10 @@ def test_only_staff_manage_nodes(api: Any) -> None:
 
 
 def test_node_names_are_checked_and_unique(api: Any) -> None:
-    assert "is not a node name" in api("staff").post("/api/v1/nodes", {"name": "bad name"}, format="json").json()["detail"]
+    assert (
+        "is not a node name"
+        in api("staff").post("/api/v1/nodes", {"name": "bad name"}, format="json").json()["detail"]
+    )
     api("staff").post("/api/v1/nodes", {"name": "n1"}, format="json")
     response = api("staff").post("/api/v1/nodes", {"name": "n1"}, format="json")
     assert response.status_code == 409
@@ -51,7 +54,11 @@ def test_a_heartbeat_reports_capacity_and_gets_what_to_run(api: Any) -> None:
     assert response.status_code == 200
     assert response.json() == {"node": "n1", "heartbeat_interval": 2, "replicas": []}
     view = api("alice").get("/api/v1/nodes").json()[0]
-    assert view["state"] == "ready" and view["capacity"]["memory_gb"] == 8 and view["free"]["cores"] == 4
+    assert (
+        view["state"] == "ready"
+        and view["capacity"]["memory_gb"] == 8
+        and view["free"]["cores"] == 4
+    )
 
 
 def test_an_unknown_node_token_gets_401(api: Any) -> None:
@@ -60,12 +67,16 @@ def test_an_unknown_node_token_gets_401(api: Any) -> None:
     assert response.json()["detail"].startswith("This is not a node token the control plane knows.")
 
 
-def test_user_tokens_cannot_pose_as_nodes_and_node_tokens_cannot_use_the_admin_api(api: Any, tokens: dict[str, str]) -> None:
+def test_user_tokens_cannot_pose_as_nodes_and_node_tokens_cannot_use_the_admin_api(
+    api: Any, tokens: dict[str, str]
+) -> None:
     response = node_client(tokens["staff"]).post("/api/v1/node/heartbeat", BEAT, format="json")
     assert response.status_code == 401
     token = api("staff").post("/api/v1/nodes", {"name": "n1"}, format="json").json()["token"]
     assert node_client(token).get("/api/v1/models").status_code == 401
-    assert node_client(token).post("/api/v1/nodes", {"name": "evil"}, format="json").status_code == 401
+    assert (
+        node_client(token).post("/api/v1/nodes", {"name": "evil"}, format="json").status_code == 401
+    )
 
 
 @pytest.mark.parametrize(
@@ -73,12 +84,23 @@ def test_user_tokens_cannot_pose_as_nodes_and_node_tokens_cannot_use_the_admin_a
     [
         ({"replicas": []}, "capacity: This field is required."),
         ({"capacity": {"memory_gb": -1, "cores": 1}}, "capacity.memory_gb"),
-        ({"capacity": {"memory_gb": 1, "cores": 1}, "replicas": [{"id": "x", "state": "ready"}]}, "replicas[0].id: Must be a valid UUID."),
-        ({"capacity": {"memory_gb": 1, "cores": 1}, "replicas": [{"id": "6c1f9f6e-3a4e-4a7b-9f7e-0e7e2a5f0b11", "state": "dancing"}]}, "is not a valid choice"),
+        (
+            {"capacity": {"memory_gb": 1, "cores": 1}, "replicas": [{"id": "x", "state": "ready"}]},
+            "replicas[0].id: Must be a valid UUID.",
+        ),
+        (
+            {
+                "capacity": {"memory_gb": 1, "cores": 1},
+                "replicas": [{"id": "6c1f9f6e-3a4e-4a7b-9f7e-0e7e2a5f0b11", "state": "dancing"}],
+            },
+            "is not a valid choice",
+        ),
         ("garbage", "Invalid data"),
     ],
 )
-def test_a_garbage_heartbeat_gets_400_and_changes_nothing(api: Any, body: Any, message: str) -> None:
+def test_a_garbage_heartbeat_gets_400_and_changes_nothing(
+    api: Any, body: Any, message: str
+) -> None:
     token = api("staff").post("/api/v1/nodes", {"name": "n1"}, format="json").json()["token"]
     response = node_client(token).post("/api/v1/node/heartbeat", body, format="json")
     assert response.status_code == 400
@@ -93,19 +115,25 @@ def test_cordon_uncordon_and_remove(api: Any) -> None:
     assert api("alice").delete("/api/v1/nodes/n1").status_code == 403
     assert api("staff").delete("/api/v1/nodes/n1").status_code == 204
     response = api("staff").delete("/api/v1/nodes/n1")
-    assert response.status_code == 404 and "There is no node named 'n1'" in response.json()["detail"]
+    assert (
+        response.status_code == 404 and "There is no node named 'n1'" in response.json()["detail"]
+    )
 
 
 def _node_with_capacity(api: Any, name: str, memory_gb: float) -> str:
     token = api("staff").post("/api/v1/nodes", {"name": name}, format="json").json()["token"]
-    node_client(token).post("/api/v1/node/heartbeat", {"capacity": {"memory_gb": memory_gb, "cores": 8}}, format="json")
+    node_client(token).post(
+        "/api/v1/node/heartbeat", {"capacity": {"memory_gb": memory_gb, "cores": 8}}, format="json"
+    )
     return token
 
 
 def _add(api: Any, user: str, **definition: Any) -> None:
     from tests.factories import definition as make
 
-    response = api(user).post("/api/v1/models?source_check=false", make(**definition), format="json")
+    response = api(user).post(
+        "/api/v1/models?source_check=false", make(**definition), format="json"
+    )
     assert response.status_code == 201, response.json()
 
 
@@ -123,7 +151,14 @@ def test_target_says_where_and_why_not(api: Any) -> None:
 
 def test_plan_shows_placements_and_preemptions_without_changing_anything(api: Any) -> None:
     _node_with_capacity(api, "node-a", 2)
-    _add(api, "alice", name="filler", min_replicas=2, profiles=[{"name": "cpu", "memory_gb": 1}], **{"class": "opportunistic"})
+    _add(
+        api,
+        "alice",
+        name="filler",
+        min_replicas=2,
+        profiles=[{"name": "cpu", "memory_gb": 1}],
+        **{"class": "opportunistic"},
+    )
     reconcile_pass()
     from tests.factories import definition as make
 
@@ -141,7 +176,10 @@ def test_plan_shows_placements_and_preemptions_without_changing_anything(api: An
 def test_restart_bumps_the_generation_and_is_audited(api: Any) -> None:
     _add(api, "alice", name="chat")
     assert api("bob").post("/api/v1/models/chat/restart").status_code == 403
-    assert api("alice").post("/api/v1/models/chat/restart").json() == {"model": "chat", "generation": 1}
+    assert api("alice").post("/api/v1/models/chat/restart").json() == {
+        "model": "chat",
+        "generation": 1,
+    }
     entry = api("alice").get("/api/v1/audit", {"action": "restart"}).json()["entries"][0]
     assert entry["changes"] == {"generation": [0, 1]}
 

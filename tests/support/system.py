@@ -8,6 +8,7 @@ filesystem broker). Everything it starts is stopped by pid when it closes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -34,7 +35,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for(check: Callable[[], Any], *, timeout: float = 60, interval: float = 0.2, what: str = "condition") -> Any:
+def wait_for(
+    check: Callable[[], Any], *, timeout: float = 60, interval: float = 0.2, what: str = "condition"
+) -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -77,7 +80,13 @@ class _Database:
 
 
 class System:
-    def __init__(self, folder: Path, *, config: dict[str, Any] | None = None, allowed_hosts: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        config: dict[str, Any] | None = None,
+        allowed_hosts: list[str] | None = None,
+    ) -> None:
         self.folder = folder
         self.folder.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -85,35 +94,57 @@ class System:
         self.database = _Database(folder)
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.logs: dict[str, Path] = {}
-        cluster = {"reconcile_interval": "1s", "node_lost_after": "6s", "default_idle_timeout": "15m"}
+        cluster = {
+            "reconcile_interval": "1s",
+            "node_lost_after": "6s",
+            "default_idle_timeout": "15m",
+        }
         server_yaml = {"cluster": cluster, **(config or {})}
         (folder / "server.yaml").write_text(yaml.safe_dump(server_yaml))
         self.env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith(("DJANGO", "LLMGW", "PYTEST"))},
+            **{
+                k: v
+                for k, v in os.environ.items()
+                if not k.startswith(("DJANGO", "LLMGW", "PYTEST"))
+            },
             "DATABASE_URL": self.database.url,
             "LLMGW_VAR_DIR": str(folder / "var"),
             "LLMGW_CONFIG": str(folder / "server.yaml"),
             "LLMGW_PUBLIC_URL": self.url,
             "LLMGW_CELERY_QUEUE": f"llmgw-it-{uuid.uuid4().hex[:8]}",
             "LLMGW_SECRET_KEY": "test-secret-key-for-an-end-to-end-system",
-            "LLMGW_SOURCE_ALLOWED_HOSTS": ",".join([f"127.0.0.1:{self.port}", *(allowed_hosts or [])]),
+            "LLMGW_SOURCE_ALLOWED_HOSTS": ",".join(
+                [f"127.0.0.1:{self.port}", *(allowed_hosts or [])]
+            ),
         }
         self.token = ""
 
     # -- processes ------------------------------------------------------------------
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         log = self.folder / f"{name}.log"
         self.logs[name] = log
         process = subprocess.Popen(
-            argv, cwd=ROOT, env=env or self.env, stdout=log.open("ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            argv,
+            cwd=ROOT,
+            env=env or self.env,
+            stdout=log.open("ab"),
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
         )
         self.processes[name] = process
         return process
 
     def manage(self, *args: str) -> str:
         result = subprocess.run(
-            [sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=300
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert result.returncode == 0, result.stderr
         return result.stdout
@@ -123,12 +154,42 @@ class System:
         out = self.manage("llmgw_admin")
         self.token = re.search(r"LLMGW_TOKEN=(\w+)", out).group(1)  # type: ignore[union-attr]
         bin_dir = Path(sys.executable).parent
-        self._spawn("web", [str(bin_dir / "gunicorn"), "llmgw_site.wsgi", "--bind", f"127.0.0.1:{self.port}",
-                            "--workers", "2", "--threads", "8", "--timeout", "120"])
-        self._spawn("worker", [str(bin_dir / "celery"), "-A", "llmgw_site", "worker", "-B", "--loglevel", "INFO",
-                               "--concurrency", "2", "--schedule", str(self.folder / "beat-schedule")])
-        wait_for(lambda: requests.get(f"{self.url}/api/v1/models", headers=self.headers, timeout=2).ok,
-                 timeout=60, what=f"the web process on {self.url} (log: {self.logs['web']})")
+        self._spawn(
+            "web",
+            [
+                str(bin_dir / "gunicorn"),
+                "llmgw_site.wsgi",
+                "--bind",
+                f"127.0.0.1:{self.port}",
+                "--workers",
+                "2",
+                "--threads",
+                "8",
+                "--timeout",
+                "120",
+            ],
+        )
+        self._spawn(
+            "worker",
+            [
+                str(bin_dir / "celery"),
+                "-A",
+                "llmgw_site",
+                "worker",
+                "-B",
+                "--loglevel",
+                "INFO",
+                "--concurrency",
+                "2",
+                "--schedule",
+                str(self.folder / "beat-schedule"),
+            ],
+        )
+        wait_for(
+            lambda: requests.get(f"{self.url}/api/v1/models", headers=self.headers, timeout=2).ok,
+            timeout=60,
+            what=f"the web process on {self.url} (log: {self.logs['web']})",
+        )
         return self
 
     @property
@@ -136,7 +197,9 @@ class System:
         return {"Authorization": f"Token {self.token}"}
 
     def api(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = requests.request(method, f"{self.url}/api/v1/{path}", headers=self.headers, timeout=30, **kwargs)
+        response = requests.request(
+            method, f"{self.url}/api/v1/{path}", headers=self.headers, timeout=30, **kwargs
+        )
         assert response.ok, f"{method} {path}: {response.status_code} {response.text}"
         return response.json() if response.content else None
 
@@ -146,13 +209,38 @@ class System:
             self.start_agent(name, token, memory_gb=memory_gb, cores=cores)
         return token
 
-    def start_agent(self, name: str, token: str, *, memory_gb: float, cores: int) -> subprocess.Popen[bytes]:
+    def start_agent(
+        self, name: str, token: str, *, memory_gb: float, cores: int
+    ) -> subprocess.Popen[bytes]:
         cache = self.folder / "nodes" / name
-        base = 42000 + 100 * (len([p for p in self.processes if p.startswith("node-")]) + 1) + (self.port % 50) * 200
-        argv = [sys.executable, "-m", "llmgw", "node", "--server", self.url, "--token", token,
-                "--memory", str(memory_gb), "--cores", str(cores), "--cache", str(cache),
-                "--port-range", f"{base}-{base + 99}", "--heartbeat-interval", "1", "--ready-timeout", "60",
-                "--stop-engines-on-exit"]
+        base = (
+            42000
+            + 100 * (len([p for p in self.processes if p.startswith("node-")]) + 1)
+            + (self.port % 50) * 200
+        )
+        argv = [
+            sys.executable,
+            "-m",
+            "llmgw",
+            "node",
+            "--server",
+            self.url,
+            "--token",
+            token,
+            "--memory",
+            str(memory_gb),
+            "--cores",
+            str(cores),
+            "--cache",
+            str(cache),
+            "--port-range",
+            f"{base}-{base + 99}",
+            "--heartbeat-interval",
+            "1",
+            "--ready-timeout",
+            "60",
+            "--stop-engines-on-exit",
+        ]
         return self._spawn(f"node-{name}", argv)
 
     def stop_process(self, name: str, sig: int = signal.SIGTERM) -> None:
@@ -181,10 +269,8 @@ class System:
         for name in list(self.processes):
             self.stop_process(name)
         for pid in self.engine_pids():
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
         self.database.drop()
 
     def log_tail(self, lines: int = 40) -> str:

@@ -25,11 +25,11 @@ DEMO_FILE = Path("demo") / "tiny-chat" / "local" / "tiny-chat.gguf"
 class Command(BaseCommand):
     help = "Run web, worker+beat and a local node (with a demo model) until interrupted."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser):
         parser.add_argument("--no-node", action="store_true", help="run no local node")
         parser.add_argument("--no-demo", action="store_true", help="add no demo model")
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, **options):
         call_command("migrate", verbosity=0)
         call_command("llmgw_admin")
         node_token = None if options["no_node"] else self._local_node()
