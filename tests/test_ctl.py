@@ -252,3 +252,38 @@ def test_the_installed_command_runs(live_server: Any, tokens: dict[str, str]) ->
 def test_the_cli_imports_no_django() -> None:
     code = "import sys, llmgw.cli, llmgw.ctl, llmgw.client; sys.exit(1 if any(m.startswith('django') for m in sys.modules) else 0)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_nodes_from_the_command_line(ctl: Any) -> None:
+    code, out, _ = ctl("staff", "node", "add", "gpu-1")
+    assert code == 0
+    token = out.split("shown only now:")[1].split()[0]
+    assert token.startswith("llmgw-node-")
+    assert f"llmgw node --server http://localhost:" in out or "llmgw node --server" in out
+    code, out, _ = ctl("alice", "nodes")
+    assert out.splitlines()[1].split()[:2] == ["gpu-1", "waiting"]
+    code, out, _ = ctl("staff", "node", "cordon", "gpu-1")
+    assert out.strip() == "Node gpu-1 is cordoned: it keeps its replicas but gets no new ones."
+    code, _, err = ctl("alice", "node", "uncordon", "gpu-1")
+    assert code == 1 and "Only staff may cordon nodes" in err
+    code, out, _ = ctl("staff", "node", "remove", "gpu-1")
+    assert out.startswith("Node gpu-1 removed")
+    code, out, _ = ctl("alice", "nodes", "--json")
+    assert json.loads(out) == []
+
+
+def test_restart_target_and_plan_from_the_command_line(ctl: Any, model_file: Any) -> None:
+    ctl("staff", "node", "add", "small")
+    ctl("alice", "model", "add", "-f", model_file(profiles=[{"name": "cpu", "memory_gb": 24}]), "--no-source-check")
+    code, out, _ = ctl("alice", "restart", "--model", "tiny-chat")
+    assert code == 0 and "one replica at a time" in out and "generation 1" in out
+    code, out, _ = ctl("bob", "model", "target", "tiny-chat")
+    assert out.splitlines()[0] == "tiny-chat: 0 ready of 1 wanted (min_replicas is 1); class standard"
+    assert "1 not placed: no schedulable nodes" in out
+    code, out, _ = ctl("bob", "model", "target", "tiny-chat", "--json")
+    assert json.loads(out)["desired"] == 1
+    code, out, _ = ctl("bob", "model", "plan", "-f", model_file(name="other"))
+    assert out.splitlines()[0] == "other: 1 replica(s) wanted (nothing is changed by this plan)"
+    assert "could not be placed: no schedulable nodes" in out
+    code, _, err = ctl("bob", "model", "plan")
+    assert code == 1 and "give a model's name, or -f FILE" in err
