@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from . import ctl_gateway
 from .client import Client, CtlError
 
 SCALING_HELP = """\
@@ -464,6 +465,8 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("--model", required=True)
     p.set_defaults(run=cmd_restart)
+
+    ctl_gateway.add_commands(sub)
 
     model = sub.add_parser("model", help="add, remove and change models while the cluster runs")
     msub = model.add_subparsers(dest="model_command", required=True, metavar="COMMAND")

@@ -63,6 +63,7 @@ INSTALLED_APPS = [
     "template_partials",
     "catalog",
     "fleet",
+    "gateway",
     "console",
 ]
 

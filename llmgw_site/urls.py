@@ -10,6 +10,7 @@ urlpatterns = [
     path("api/v1/docs", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/", include("fleet.urls")),
     path("api/v1/", include("catalog.urls")),
+    path("", include("gateway.urls")),
     path("mirror/<path:path>", mirror_files.serve, name="mirror-file"),
     path("", include("console.urls")),
 ]
