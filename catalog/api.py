@@ -97,7 +97,8 @@ class ModelsAPI(APIView):
         config = current_config()
         models = list(selectors.model_queryset())
         status = model_status(models)
-        return Response([selectors.model_view(m, config, status[m.pk]) for m in models])
+        rollouts = selectors.latest_rollouts(models)
+        return Response([selectors.model_view(m, config, status[m.pk], rollouts.get(m.pk)) for m in models])
 
     @extend_schema(
         summary="Add a model (its definition as JSON or YAML)",

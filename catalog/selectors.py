@@ -8,7 +8,7 @@ from django.db.models import QuerySet
 
 from .config import ClusterConfig
 from .durations import format_duration
-from .models import AuditEntry, Model
+from .models import AuditEntry, Fetch, Model, Rollout
 
 
 def model_queryset() -> QuerySet[Model]:
@@ -27,9 +27,18 @@ def scaling_in_force(model: Model, config: ClusterConfig) -> dict[str, Any]:
 
 
 def model_view(
-    model: Model, config: ClusterConfig, status: dict[str, int] | None = None
+    model: Model,
+    config: ClusterConfig,
+    status: dict[str, int] | None = None,
+    rollout: Rollout | None | bool = False,
 ) -> dict[str, Any]:
-    """One model as the API shows it: its definition, what is in force, and its replicas."""
+    """One model as the API shows it: its definition, what is in force, its replicas and revisions.
+
+    `rollout` is the model's latest rollout when the caller loaded it (None: it has none);
+    left out, it is looked up.
+    """
+    if rollout is False:
+        rollout = Rollout.objects.filter(model=model).first()
     view = {
         "name": model.name,
         "kind": "declared" if model.declared else "runtime",
@@ -43,6 +52,15 @@ def model_view(
         "created_at": model.created_at.isoformat(),
         "updated_at": model.updated_at.isoformat(),
         "rollout_halted": model.rollout_halted or None,
+        "origin": model.origin,
+        "update": model.update_available,
+        "update_check_error": model.update_check_error or None,
+        "previous": (
+            {"source": model.previous["source"], "commit": (model.previous.get("origin") or {}).get("commit")}
+            if model.previous
+            else None
+        ),
+        "rollout": rollout_view(rollout) if isinstance(rollout, Rollout) else None,
     }
     if status is not None:
         view.update(status)
@@ -74,4 +92,62 @@ def audit_view(entry: AuditEntry) -> dict[str, Any]:
         "before": entry.before,
         "after": entry.after,
         "note": entry.note,
+    }
+
+
+def latest_rollouts(models: list[Model]) -> dict[int, Rollout]:
+    """Each model's latest rollout, in one query."""
+    latest: dict[int, Rollout] = {}
+    for rollout in Rollout.objects.filter(model__in=models).order_by("model_id", "-created_at", "-id"):
+        latest.setdefault(rollout.model_id, rollout)
+    return latest
+
+
+def rollout_view(rollout: Rollout) -> dict[str, Any]:
+    return {
+        "id": rollout.pk,
+        "kind": rollout.kind,
+        "state": rollout.state,
+        "from_commit": rollout.from_commit,
+        "to_commit": rollout.to_commit,
+        "from_source": rollout.from_source,
+        "to_source": rollout.to_source,
+        "replaced": rollout.replaced,
+        "total": rollout.total,
+        "step": rollout.step,
+        "message": rollout.message,
+        "asked_by": rollout.actor_name,
+        "started_at": rollout.created_at.isoformat(),
+        "finished_at": rollout.finished_at.isoformat() if rollout.finished_at else None,
+    }
+
+
+def fetch_view(fetch: Fetch) -> dict[str, Any]:
+    model = (fetch.serve_definition or {}).get("name")
+    return {
+        "id": fetch.pk,
+        "repo": fetch.repo,
+        "branch": fetch.branch,
+        "commit": fetch.commit,
+        "files": [{"path": f["path"], "size": f["size"]} for f in fetch.files],
+        "state": fetch.state,
+        "bytes_done": fetch.bytes_done,
+        "bytes_total": fetch.bytes_total,
+        "message": fetch.message,
+        "model": model,
+        "model_added": bool(model and fetch.state == Fetch.DONE and Model.objects.filter(name=model).exists()),
+    }
+
+
+def update_view(model: Model) -> dict[str, Any]:
+    update = model.update_available or {}
+    return {
+        "model": model.name,
+        "repo": (model.origin or {}).get("repo"),
+        "current_commit": (model.origin or {}).get("commit"),
+        "new_commit": update.get("commit"),
+        "files": update.get("files", []),
+        "bytes": update.get("bytes"),
+        "checked_at": model.update_checked_at.isoformat() if model.update_checked_at else None,
+        "error": model.update_check_error or None,
     }

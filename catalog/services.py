@@ -206,6 +206,9 @@ def model_add(*, actor: Actor, definition: dict[str, Any], source_check: bool = 
         _refuse_if_invalid(catalog, [definition["name"]])
         model = Model(name=definition["name"], owner=owner, declared=False, source_size=source_size)
         _apply_definition(model, definition)
+        from .mirror import origin_for_source
+
+        model.origin = origin_for_source(model.source)
         model.save()
         _record(actor, model.name, "add", None, model.definition())
         _announce(model.name)

@@ -188,6 +188,13 @@ CELERY_BEAT_SCHEDULE = {
         "task": "fleet.tasks.reconcile",
         "schedule": _schedule_seconds("cluster", "reconcile_interval", 5),
     },
+    # Rollouts read their state from the database, so a pass every few seconds
+    # also resumes one that a restart interrupted.
+    "advance-rollouts": {"task": "catalog.tasks.advance_rollouts", "schedule": 2.0},
+    "check-updates": {
+        "task": "catalog.tasks.check_updates",
+        "schedule": _schedule_seconds("mirror", "update_check", 6 * 3600),
+    },
 }
 CELERY_TASK_ALWAYS_EAGER = env_bool("LLMGW_TASKS_EAGER", False)
 CELERY_TASK_TIME_LIMIT = 600

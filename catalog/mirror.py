@@ -1,0 +1,257 @@
+"""The mirror: registry files fetched at a commit into <root>/<org>/<repo>/<commit>/<path>.
+
+Each file is streamed to a temporary name beside its place, hashed as it comes,
+checked against the registry's sha256 (or git blob id for small plain files),
+and only then renamed into place and recorded, so an interrupted or corrupted
+fetch never leaves a file that looks complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import requests
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from .config import current_config
+from .mirror_files import mirror_url
+from .models import Fetch, MirrorFile, Model, Rollout
+from .registry import Registry
+
+log = logging.getLogger("catalog.mirror")
+
+CHUNK = 1024 * 1024
+# A running fetch whose worker has not reported for this long was interrupted
+# (the worker restarted) and may be claimed again.
+STALE_SECONDS = 60
+PROGRESS_EVERY_SECONDS = 0.5
+
+
+class FetchFailed(Exception):
+    pass
+
+
+def root() -> Path:
+    return Path(current_config().mirror_root)
+
+
+def relative_path(repo: str, commit: str, path: str) -> str:
+    return f"{repo}/{commit}/{path}"
+
+
+def file_url(repo: str, commit: str, path: str) -> str:
+    return mirror_url(relative_path(repo, commit, path))
+
+
+def local_path(repo: str, commit: str, path: str) -> Path:
+    return root() / relative_path(repo, commit, path)
+
+
+def parse_mirror_url(url: str) -> tuple[str, str, str] | None:
+    """(repo, commit, path) of a mirror URL, or None when it is not one."""
+    from django.conf import settings
+
+    prefix = f"{settings.LLMGW_PUBLIC_URL}/mirror/"
+    if not url.startswith(prefix):
+        return None
+    parts = url[len(prefix) :].split("/")
+    if len(parts) < 4:
+        return None
+    return f"{parts[0]}/{parts[1]}", parts[2], "/".join(parts[3:])
+
+
+def origin_for_source(url: str) -> dict[str, Any] | None:
+    """A source in the mirror has a known origin: the mirror recorded where it fetched the file."""
+    parsed = parse_mirror_url(url)
+    if parsed is None:
+        return None
+    repo, commit, path = parsed
+    record = MirrorFile.objects.filter(repo=repo, commit=commit, path=path).first()
+    if record is None:
+        return None
+    fetch = Fetch.objects.filter(repo=repo, commit=commit, state=Fetch.DONE).order_by("-created_at").first()
+    return {
+        "repo": repo,
+        "branch": fetch.branch if fetch else "main",
+        "commit": commit,
+        "files": [{"path": path, "sha256": record.sha256, "size": record.size}],
+    }
+
+
+# -- running a fetch -------------------------------------------------------------
+
+
+def claim_fetch(fetch_id: int) -> bool:
+    """Take the fetch for this worker: queued, or running with a heartbeat gone stale."""
+    now = timezone.now()
+    stale = now - timedelta(seconds=STALE_SECONDS)
+    claimed = Fetch.objects.filter(
+        Q(state=Fetch.QUEUED) | Q(state=Fetch.RUNNING, heartbeat_at__lt=stale) | Q(state=Fetch.RUNNING, heartbeat_at=None),
+        pk=fetch_id,
+    ).update(state=Fetch.RUNNING, heartbeat_at=now)
+    return claimed == 1
+
+
+def run_fetch(fetch_id: int) -> None:
+    if not claim_fetch(fetch_id):
+        return
+    fetch = Fetch.objects.get(pk=fetch_id)
+    try:
+        _download_all(fetch)
+    except FetchFailed as exc:
+        Fetch.objects.filter(pk=fetch.pk).update(state=Fetch.FAILED, message=str(exc), finished_at=timezone.now())
+        log.warning("fetch %s failed: %s", fetch.pk, exc)
+        _after_fetch(fetch.pk)
+        return
+    Fetch.objects.filter(pk=fetch.pk).update(
+        state=Fetch.DONE, bytes_done=fetch.bytes_total, message="", finished_at=timezone.now(), heartbeat_at=timezone.now()
+    )
+    _after_fetch(fetch.pk)
+
+
+def _after_fetch(fetch_id: int) -> None:
+    from .updates import advance_rollouts, finish_serve
+
+    fetch = Fetch.objects.get(pk=fetch_id)
+    if fetch.serve_definition is not None:
+        finish_serve(fetch)
+    advance_rollouts()
+
+
+def _download_all(fetch: Fetch) -> None:
+    registry = Registry()
+    done = 0
+    last_report = time.monotonic()
+    for entry in fetch.files:
+        target = local_path(fetch.repo, fetch.commit, entry["path"])
+        if _already_here(fetch, entry, target):
+            done += entry["size"]
+            continue
+        if _link_same_content(fetch, entry, target):
+            done += entry["size"]
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.part")
+        url = registry.file_url(fetch.repo, fetch.commit, entry["path"])
+        sha256 = hashlib.sha256()
+        git_blob = hashlib.sha1(f"blob {entry['size']}\0".encode())
+        size = 0
+        try:
+            with requests.get(url, headers=registry.headers, stream=True, timeout=(10, 120)) as response:
+                if response.status_code != 200:
+                    raise FetchFailed(
+                        f"the registry answered {response.status_code} for {entry['path']} at {fetch.commit[:12]}"
+                    )
+                with partial.open("wb") as out:
+                    for chunk in response.iter_content(CHUNK):
+                        out.write(chunk)
+                        sha256.update(chunk)
+                        git_blob.update(chunk)
+                        size += len(chunk)
+                        if time.monotonic() - last_report > PROGRESS_EVERY_SECONDS:
+                            last_report = time.monotonic()
+                            Fetch.objects.filter(pk=fetch.pk).update(
+                                bytes_done=done + size, heartbeat_at=timezone.now(),
+                                message=f"fetching {entry['path']}",
+                            )
+            _verify(entry, size, sha256.hexdigest(), git_blob.hexdigest())
+            os.replace(partial, target)
+        except requests.RequestException as exc:
+            raise FetchFailed(f"the download of {entry['path']} from {url} broke off: {exc}") from None
+        finally:
+            partial.unlink(missing_ok=True)
+        _record(fetch, entry, url)
+        done += size
+        Fetch.objects.filter(pk=fetch.pk).update(bytes_done=done, heartbeat_at=timezone.now())
+
+
+def _verify(entry: dict[str, Any], size: int, sha256: str, git_blob: str) -> None:
+    if size != entry["size"]:
+        raise FetchFailed(
+            f"{entry['path']} came to {size} bytes, but the registry lists {entry['size']}; nothing was kept"
+        )
+    expected = entry.get("sha256")
+    if expected and sha256 != expected:
+        raise FetchFailed(
+            f"sha256 mismatch for {entry['path']}: the registry says {expected}, the download is {sha256}; "
+            "nothing was kept"
+        )
+    blob_id = entry.get("blob_id")
+    if not expected and blob_id and git_blob != blob_id:
+        raise FetchFailed(f"{entry['path']} does not match the registry's git blob id; nothing was kept")
+    entry["sha256"] = expected or sha256
+
+
+def _already_here(fetch: Fetch, entry: dict[str, Any], target: Path) -> bool:
+    record = MirrorFile.objects.filter(repo=fetch.repo, commit=fetch.commit, path=entry["path"]).first()
+    return record is not None and target.exists() and target.stat().st_size == record.size
+
+
+def _link_same_content(fetch: Fetch, entry: dict[str, Any], target: Path) -> bool:
+    """A file unchanged since another commit is linked, not downloaded again."""
+    if not entry.get("sha256"):
+        return False
+    for record in MirrorFile.objects.filter(repo=fetch.repo, path=entry["path"], sha256=entry["sha256"]):
+        existing = local_path(record.repo, record.commit, record.path)
+        if existing.exists() and existing.stat().st_size == entry["size"]:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not target.exists():
+                os.link(existing, target)
+            _record(fetch, entry, record.source_url)
+            return True
+    return False
+
+
+def _record(fetch: Fetch, entry: dict[str, Any], url: str) -> None:
+    MirrorFile.objects.update_or_create(
+        repo=fetch.repo, commit=fetch.commit, path=entry["path"],
+        defaults={"sha256": entry["sha256"], "size": entry["size"], "source_url": url},
+    )
+
+
+# -- cleaning ---------------------------------------------------------------------
+
+
+def referenced_files() -> set[tuple[str, str, str]]:
+    """Files a model, a model's previous revision, or a fetch or rollout under way still refers to."""
+    keep: set[tuple[str, str, str]] = set()
+    for source, previous in Model.objects.values_list("source", "previous"):
+        for url in (source, (previous or {}).get("source")):
+            parsed = parse_mirror_url(url) if url else None
+            if parsed:
+                keep.add(parsed)
+    for fetch in Fetch.objects.filter(state__in=[Fetch.QUEUED, Fetch.RUNNING]):
+        keep.update((fetch.repo, fetch.commit, f["path"]) for f in fetch.files)
+    for rollout in Rollout.objects.filter(state__in=Rollout.ACTIVE):
+        for url in (rollout.from_source, rollout.to_source):
+            parsed = parse_mirror_url(url) if url else None
+            if parsed:
+                keep.add(parsed)
+    return keep
+
+
+def clean_mirror() -> list[str]:
+    """Delete the mirror's files nothing refers to; returns what was deleted."""
+    keep = referenced_files()
+    removed = []
+    with transaction.atomic():
+        for record in MirrorFile.objects.select_for_update():
+            key = (record.repo, record.commit, record.path)
+            if key in keep:
+                continue
+            local_path(*key).unlink(missing_ok=True)
+            removed.append(record.relative_path)
+            record.delete()
+    for folder in sorted(root().glob("*/*/*"), key=lambda p: len(p.parts), reverse=True):
+        if folder.is_dir() and not any(folder.rglob("*")):
+            folder.rmdir()
+    return removed

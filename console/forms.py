@@ -1,0 +1,203 @@
+"""The console's forms: they only turn text into values; the services decide what is allowed.
+
+Ranges, ownership and the whole-catalog checks are not repeated here: a form
+that checked them too would sooner or later disagree with the API. What a
+service refuses comes back through `refuse()`, its message on top of the form
+and each problem beside its field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+
+from catalog.definitions import AdapterSerializer, flatten_errors, normalize, path_text
+from catalog.durations import DurationError, parse_duration
+from catalog.errors import CatalogError
+from catalog.models import Model
+
+
+class ConsoleForm(forms.Form):
+    # Problem.field from the services, as it names this form's fields.
+    problem_fields: dict[str, str] = {}
+
+    def refuse(self, error: CatalogError) -> None:
+        """Show a service's refusal: its message for the form, each problem at its field."""
+        self.add_error(None, error.message)
+        for problem in error.problems:
+            name = self.problem_fields.get(problem.field, problem.field)
+            if name in self.fields:
+                self.add_error(name, problem.message)
+
+
+def _whole(label: str, example: str) -> dict[str, str]:
+    return {"invalid": f"{label} is a whole number, like {example}."}
+
+
+class ScaleForm(ConsoleForm):
+    problem_fields = {"min": "min", "max": "max"}
+
+    min = forms.IntegerField(
+        label="Replicas (min)",
+        error_messages={**_whole("The replica count", "2"), "required": "Give the replica count."},
+        help_text="How many replicas run. 0 with a max above 0 is on demand; 0 and 0 keeps the model without running it.",
+    )
+    max = forms.IntegerField(
+        label="Ceiling (max)",
+        required=False,
+        error_messages=_whole("The ceiling", "3"),
+        help_text="Left empty, it follows min.",
+    )
+    idle_timeout = forms.CharField(
+        label="Idle timeout",
+        required=False,
+        max_length=20,
+        help_text="For an on-demand model: how long it stays up unasked-for, like 15m. 0 takes the cluster default; empty keeps it.",
+    )
+
+    def clean_idle_timeout(self) -> int | None:
+        text = self.cleaned_data["idle_timeout"].strip()
+        if not text:
+            return None
+        try:
+            return parse_duration(text)
+        except DurationError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+
+class ResourcesForm(ConsoleForm):
+    problem_fields = {"memory": "memory_gb", "cores": "cores", "profile": "profile"}
+
+    memory_gb = forms.FloatField(
+        label="Memory (GB)",
+        error_messages={
+            "invalid": "Memory is a number of GB, like 4 or 0.5.",
+            "required": "Give the memory a replica reserves, in GB.",
+        },
+        help_text="Host RAM one replica reserves on its node.",
+    )
+    cores = forms.FloatField(
+        label="Cores",
+        required=False,
+        error_messages={"invalid": "Cores is a number, like 2."},
+        help_text="CPU cores reserved, also the engine's threads. Empty keeps them.",
+    )
+    profile = forms.ChoiceField(label="Profile", required=False)
+
+    def __init__(self, *args: Any, model: Model, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        names = [p["name"] for p in model.profiles]
+        # Any name is passed on, so that the service's own refusal names the profiles there are.
+        self.fields["profile"] = forms.CharField(
+            label="Profile",
+            required=False,
+            widget=forms.Select(choices=[("", "every profile"), *[(n, n) for n in names]]),
+            help_text="Replicas already running keep what they reserved until they are replaced.",
+        )
+
+
+class ClassForm(ConsoleForm):
+    problem_fields = {"class": "class"}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # "class" is the field's public name (as in the YAML and the API).
+        self.fields["class"] = forms.CharField(
+            label="Class",
+            required=False,
+            widget=forms.Select(
+                choices=[
+                    ("default", "default (opportunistic on demand, standard otherwise)"),
+                    ("critical", "critical: keeps its minimum, may preempt others"),
+                    ("standard", "standard: gives way to critical"),
+                    ("opportunistic", "opportunistic: gives way to both"),
+                ]
+            ),
+        )
+
+
+class OwnerForm(ConsoleForm):
+    problem_fields = {"owner": "owner"}
+
+    owner = forms.CharField(
+        label="New owner",
+        max_length=150,
+        error_messages={"required": "Give the username of the new owner."},
+        help_text="Only the new owner and staff can change the model afterwards.",
+    )
+
+
+class AdaptersForm(ConsoleForm):
+    problem_fields = {"remove": "remove", "add": "name"}
+
+    name = forms.CharField(label="Adapter name", required=False, max_length=100)
+    source = forms.CharField(label="Source URL", required=False, max_length=2000)
+    scale = forms.CharField(
+        label="Scale",
+        required=False,
+        max_length=20,
+        help_text="1 when empty. The engine applies adapters at 1.0 whatever is set here.",
+    )
+    sha256 = forms.CharField(label="sha256", required=False, max_length=64)
+    skip_source_check = forms.BooleanField(
+        label="Skip the source check",
+        required=False,
+        help_text="Right when the mirror is not up yet, or nodes reach it by an address the control plane does not.",
+    )
+
+    def __init__(self, *args: Any, model: Model, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        names = [a["name"] for a in model.adapters]
+        # Any name is passed on, so that the service's own refusal lists the adapters there are.
+        self.fields["remove"] = forms.MultipleChoiceField(
+            label="Remove",
+            required=False,
+            choices=[(n, n) for n in names],
+            widget=forms.CheckboxSelectMultiple,
+        )
+        self.fields["remove"].valid_value = lambda value: True  # type: ignore[attr-defined]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        wanted = {k: data.get(k) for k in ("name", "source", "scale", "sha256") if data.get(k)}
+        data["add"] = []
+        if not wanted:
+            if not data.get("remove") and not self.errors:
+                raise forms.ValidationError(
+                    "Nothing to change: name an adapter to add, or tick one to remove."
+                )
+            return data
+        # The API's own adapter schema, so that the console refuses what the API refuses.
+        serializer = AdapterSerializer(data=wanted)
+        if not serializer.is_valid():
+            for path, message in flatten_errors(serializer.errors):
+                field = str(path[0]) if path else ""
+                if field in self.fields:
+                    self.add_error(field, message)
+                else:
+                    self.add_error(None, f"{path_text(path)}: {message}")
+            return data
+        data["add"] = normalize({"profiles": [], "adapters": [serializer.validated_data]})[
+            "adapters"
+        ]
+        return data
+
+
+class AddModelForm(ConsoleForm):
+    definition = forms.CharField(
+        label="Definition (YAML)",
+        widget=forms.Textarea(attrs={"rows": 18, "spellcheck": "false", "class": "code"}),
+        error_messages={"required": "Paste a model definition: the YAML of one models: entry."},
+    )
+    skip_source_check = forms.BooleanField(
+        label="Skip the source check",
+        required=False,
+        help_text="The control plane otherwise asks the source URL whether the weights are there "
+        "before adding the model. Skip it when the mirror is not up yet, or nodes reach it by an "
+        "address the control plane does not.",
+    )
+
+
+class CordonForm(forms.Form):
+    cordon = forms.BooleanField(required=False)

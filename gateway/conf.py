@@ -1,0 +1,49 @@
+"""The gateway's settings: a Django setting when the site defines one, else the environment.
+
+Each is read when used (not at import), so tests and a changed settings module
+take effect without a restart of the module.
+"""
+
+from __future__ import annotations
+
+import os
+
+from django.conf import settings
+
+
+class GatewaySettingError(Exception):
+    pass
+
+
+def _number(name: str, default: float, *, minimum: float) -> float:
+    configured = getattr(settings, name, None)
+    raw: object = configured if configured is not None else os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise GatewaySettingError(f"{name}={raw!r} is not a number of seconds.") from None
+    if value < minimum:
+        raise GatewaySettingError(f"{name}={raw!r} is below the smallest allowed value, {minimum}.")
+    return value
+
+
+def wait_seconds() -> float:
+    """How long a request waits for a replica that is being started (on demand, or being placed)."""
+    return _number("LLMGW_GATEWAY_WAIT", 60, minimum=0)
+
+
+def upstream_timeout() -> float:
+    """How long a replica may stay silent before the request fails.
+
+    Generous: an engine serves one request at a time, so a request may sit in its
+    queue behind others before the first byte comes.
+    """
+    return _number("LLMGW_GATEWAY_UPSTREAM_TIMEOUT", 600, minimum=1)
+
+
+def metrics_dir() -> str | None:
+    """The folder shared by the web's worker processes for their metrics; None = this process only."""
+    configured = getattr(settings, "LLMGW_METRICS_DIR", None)
+    return str(configured) if configured else os.environ.get("LLMGW_METRICS_DIR") or None

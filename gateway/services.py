@@ -1,0 +1,81 @@
+"""Writes for gateway keys: create, revoke, and the record of a key's use.
+
+The API, the CLI (through the API) and the admin's revoke action all call
+these, so they cannot disagree about who may do what.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from django.db import transaction
+from django.utils import timezone
+
+from catalog.errors import CatalogError, forbidden
+from catalog.services import Actor
+
+from .models import GatewayKey, hash_key
+
+KEY_PREFIX = "llmgw-"
+# What is kept of a key in clear, to tell keys apart in listings: the fixed
+# prefix and six random characters (about 36 bits, far from enough to guess
+# the remaining 250).
+SHOWN_CHARS = len(KEY_PREFIX) + 6
+KEY_NAME_MAX = 100
+
+
+def key_create(*, actor: Actor, name: str) -> tuple[GatewayKey, str]:
+    """A new key owned by the actor; returns it and the key itself, which is shown only this once."""
+    if actor.user is None:
+        raise forbidden("Only a user can own a gateway key; log in first.")
+    name = (name or "").strip()
+    if not name or len(name) > KEY_NAME_MAX:
+        raise CatalogError(
+            f"Give the key a name of 1 to {KEY_NAME_MAX} characters that says what it is for "
+            "(say, the application that will use it).",
+            code="invalid",
+        )
+    secret = KEY_PREFIX + secrets.token_urlsafe(32)
+    key = GatewayKey.objects.create(
+        name=name, owner=actor.user, prefix=secret[:SHOWN_CHARS], key_hash=hash_key(secret)
+    )
+    return key, secret
+
+
+def key_revoke(*, actor: Actor, key_id: int) -> GatewayKey:
+    """Revoke a key (its owner or staff); requests with it are refused from now on.
+
+    Revoking a revoked key changes nothing and is not an error: the caller wanted
+    the key not to work, and it does not.
+    """
+    with transaction.atomic():
+        key = _key_for_change(actor, key_id)
+        if key.revoked_at is None:
+            key.revoked_at = timezone.now()
+            key.revoked_by = actor.user
+            key.save(update_fields=["revoked_at", "revoked_by"])
+    return key
+
+
+def _key_for_change(actor: Actor, key_id: int) -> GatewayKey:
+    key = GatewayKey.objects.select_for_update().select_related("owner").filter(pk=key_id).first()
+    # Someone else's key is reported as missing, not forbidden, so that key ids
+    # do not tell outsiders which keys exist.
+    mine = key is not None and (actor.is_staff or key.owner_id == getattr(actor.user, "pk", None))
+    if key is None or not mine:
+        raise CatalogError(
+            f"There is no gateway key {key_id} of yours; `llmgw ctl keys` lists them.",
+            code="not_found",
+            status=404,
+        )
+    return key
+
+
+def key_authenticate(secret: str) -> GatewayKey | None:
+    """The active key for `secret`, its use recorded (at most one write a minute); None otherwise."""
+    if not secret.startswith(KEY_PREFIX):
+        return None  # not one of ours: no query needed to refuse it
+    key = GatewayKey.objects.filter(key_hash=hash_key(secret), revoked_at__isnull=True).first()
+    if key is not None:
+        key.used_at(timezone.now())
+    return key
