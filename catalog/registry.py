@@ -12,7 +12,6 @@ import threading
 from dataclasses import dataclass
 
 from huggingface_hub import HfApi, hf_hub_url
-from huggingface_hub.errors import HfHubHTTPError
 
 from .config import current_config
 
@@ -53,7 +52,7 @@ class Registry:
         self._count()
         try:
             refs = self.api.list_repo_refs(repo)
-        except (HfHubHTTPError, OSError, ValueError) as exc:
+        except Exception as exc:  # httpx errors, HTTP errors, bad answers: all mean "not now"
             raise self._fail(repo, "list the branches", exc) from None
         return {branch.name: branch.target_commit for branch in refs.branches}
 
@@ -70,7 +69,7 @@ class Registry:
         self._count()
         try:
             entries = list(self.api.list_repo_tree(repo, revision=commit, recursive=True))
-        except (HfHubHTTPError, OSError, ValueError) as exc:
+        except Exception as exc:  # httpx errors, HTTP errors, bad answers: all mean "not now"
             raise self._fail(repo, f"list the files at {commit[:12]}", exc) from None
         return [_registry_file(e) for e in entries if hasattr(e, "size")]
 
@@ -79,7 +78,7 @@ class Registry:
         self._count()
         try:
             entries = self.api.get_paths_info(repo, paths, revision=commit)
-        except (HfHubHTTPError, OSError, ValueError) as exc:
+        except Exception as exc:  # httpx errors, HTTP errors, bad answers: all mean "not now"
             raise self._fail(repo, f"read {', '.join(paths)} at {commit[:12]}", exc) from None
         return [_registry_file(e) for e in entries if hasattr(e, "size")]
 

@@ -1,15 +1,622 @@
-from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
-from django.views.decorators.http import require_GET
+"""The console's pages and actions.
 
-from catalog import selectors
+Views stay thin: they read through selectors, write through the catalog and
+fleet services with the console as the door, and show a service's refusal as
+it is worded. One template holds each page and its partials: an htmx request
+gets the partial it asked for, any other request the whole page, so every
+page and form also works without JavaScript.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any
+from urllib.parse import urlencode
+
+import yaml
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.views import redirect_to_login
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils.cache import patch_vary_headers
+from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import HttpResponseClientRedirect
+from django_htmx.middleware import HtmxDetails
+
+from catalog import selectors as catalog_selectors
+from catalog import services
 from catalog.config import current_config
+from catalog.definitions import clean_definition
+from catalog.durations import format_duration
+from catalog.errors import CatalogError, Problem
+from catalog.models import Model
+from catalog.services import Actor
+from catalog.yamltext import YAMLSyntaxError, line_for, load_with_lines
+from fleet import selectors as fleet_selectors
+from fleet import services as fleet_services
+
+from . import forms
+from . import selectors as console_selectors
+
+
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
+
+
+View = Callable[..., HttpResponse]
+
+
+def login_required(view: View) -> View:
+    """Every page needs a login; an htmx request whose session ended reloads to the login page."""
+
+    @wraps(view)
+    def wrapper(request: HtmxHttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if request.user.is_authenticated:
+            return view(request, *args, **kwargs)
+        if request.htmx:
+            page = request.htmx.current_url_abs_path or request.get_full_path()
+            return HttpResponseClientRedirect(f"{settings.LOGIN_URL}?{urlencode({'next': page})}")
+        return redirect_to_login(request.get_full_path())
+
+    return wrapper
+
+
+def actor(request: HttpRequest) -> Actor:
+    return Actor.for_user(request.user, "console")
+
+
+def wants_partial(request: HtmxHttpRequest) -> bool:
+    # A history restore asks for the whole page: htmx puts it in place of the body.
+    return bool(request.htmx) and not request.htmx.history_restore_request
+
+
+def render_page(
+    request: HtmxHttpRequest,
+    template: str,
+    partial: str,
+    context: dict[str, Any],
+    status: int = 200,
+) -> HttpResponse:
+    name = f"{template}#{partial}" if wants_partial(request) else template
+    response = render(request, template_name=name, context=context, status=status)
+    patch_vary_headers(response, ("HX-Request",))
+    return response
+
+
+def render_partials(
+    request: HttpRequest, template: str, partials: list[str], context: dict[str, Any], status: int
+) -> HttpResponse:
+    """Several partials in one htmx answer: the first swaps its target, the rest out of band."""
+    parts = [render_to_string(f"{template}#{name}", context, request) for name in partials]
+    return HttpResponse("".join(parts), status=status)
+
+
+def get_model(name: str) -> Model:
+    try:
+        return catalog_selectors.model_queryset().get(name=name)
+    except Model.DoesNotExist:
+        raise Http404(f"There is no model named {name!r}.") from None
+
+
+def query_without_page(request: HttpRequest) -> str:
+    query = request.GET.copy()
+    query.pop("page", None)
+    return query.urlencode()
+
+
+# -- models -------------------------------------------------------------------------
 
 
 @require_GET
 @login_required
-def models_page(request: HttpRequest) -> HttpResponse:
-    config = current_config()
-    models = [selectors.model_view(m, config) for m in selectors.model_queryset()]
-    return render(request, "console/models.html", {"models": models})
+def models_page(request: HtmxHttpRequest) -> HttpResponse:
+    filters = {
+        "owner": request.GET.get("owner", "").strip(),
+        "klass": request.GET.get("class", "").strip(),
+        "state": request.GET.get("state", "").strip(),
+        "search": request.GET.get("q", "").strip(),
+    }
+    page = console_selectors.page_of(
+        console_selectors.filter_models(**filters),
+        request.GET.get("page"),
+        console_selectors.MODELS_PER_PAGE,
+    )
+    context = {
+        "page": page,
+        "rows": console_selectors.model_rows(list(page.object_list), request.user),
+        "filters": filters,
+        "filtered": any(filters.values()),
+        "owners": console_selectors.owners(),
+        "classes": console_selectors.CLASSES,
+        "states": console_selectors.STATES,
+        "query": query_without_page(request),
+    }
+    return render_page(request, "console/models.html", "models-table", context)
+
+
+def model_context(
+    request: HttpRequest,
+    model: Model,
+    *,
+    bound: dict[str, forms.ConsoleForm] | None = None,
+    done: dict[str, str] | None = None,
+    refusal: str = "",
+) -> dict[str, Any]:
+    row = console_selectors.model_rows([model], request.user)[0]
+    return {
+        "model": model,
+        "row": row,
+        "view": row.view,
+        "registry": row.registry,
+        "target": fleet_selectors.model_target(model),
+        "definition_yaml": yaml.safe_dump(
+            model.definition(), sort_keys=False, allow_unicode=True, width=1000
+        ),
+        "audit": console_selectors.audit_rows(
+            list(catalog_selectors.audit_queryset(model=model.name)[:20])
+        ),
+        "forms": {**blank_forms(model), **(bound or {})},
+        "done": done or {},
+        "refusal": refusal,
+        "can_change": row.can_change,
+        "config_path": current_config().path,
+    }
+
+
+def blank_forms(model: Model) -> dict[str, forms.ConsoleForm]:
+    first = model.profiles[0] if model.profiles else {}
+    return {
+        "scale": forms.ScaleForm(
+            auto_id="scale-%s",
+            initial={
+                "min": model.min_replicas,
+                "max": model.max_replicas,
+                "idle_timeout": format_duration(model.idle_timeout) if model.idle_timeout else "",
+            },
+        ),
+        "resources": forms.ResourcesForm(
+            model=model,
+            auto_id="resources-%s",
+            initial={"memory_gb": first.get("memory_gb"), "cores": first.get("cores")},
+        ),
+        "class": forms.ClassForm(
+            auto_id="class-%s", initial={"class": model.model_class or "default"}
+        ),
+        "owner": forms.OwnerForm(auto_id="owner-%s"),
+        "adapters": forms.AdaptersForm(model=model, auto_id="adapters-%s"),
+    }
+
+
+@require_GET
+@login_required
+def model_page(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    return render(request, "console/model.html", model_context(request, get_model(name)))
+
+
+@dataclass(frozen=True)
+class Change:
+    """One of the model page's forms: how to call its service and what to say once it is done."""
+
+    form: Callable[..., forms.ConsoleForm]
+    apply: Callable[[Actor, str, dict[str, Any]], Model]
+    done: Callable[[Model], str]
+
+
+def _scaling_text(model: Model) -> str:
+    if model.parked:
+        return "kept in the catalog, not running (min 0, max 0)"
+    if model.on_demand:
+        idle = format_duration(model.idle_timeout_in_force(current_config().default_idle_timeout))
+        return f"on demand, up to {model.effective_max} (idle timeout {idle})"
+    follows = ", follows min" if model.max_replicas is None else ""
+    return f"{model.min_replicas} replicas (max {model.effective_max}{follows})"
+
+
+def _profiles_text(model: Model) -> str:
+    return "; ".join(
+        f"{p['name']}: {p['memory_gb']} GB, {p.get('cores', 0)} cores" for p in model.profiles
+    )
+
+
+CHANGES: dict[str, Change] = {
+    "scale": Change(
+        form=forms.ScaleForm,
+        apply=lambda who, name, data: services.model_scale(
+            actor=who,
+            name=name,
+            min_replicas=data["min"],
+            max_replicas=data["max"],
+            idle_timeout=data["idle_timeout"],
+        ),
+        done=lambda model: f"Scale in force: {_scaling_text(model)}.",
+    ),
+    "resources": Change(
+        form=forms.ResourcesForm,
+        apply=lambda who, name, data: services.model_set_resources(
+            actor=who,
+            name=name,
+            memory_gb=data["memory_gb"],
+            cores=data["cores"],
+            profile=data["profile"] or None,
+        ),
+        done=lambda model: f"Each replica now reserves {_profiles_text(model)}. "
+        "Running replicas are replaced one at a time to take it.",
+    ),
+    "class": Change(
+        form=forms.ClassForm,
+        apply=lambda who, name, data: services.model_set_class(
+            actor=who, name=name, klass=data["class"]
+        ),
+        done=lambda model: f"Class in force: {model.class_in_force}"
+        + ("" if model.model_class else " (the default)")
+        + ".",
+    ),
+    "owner": Change(
+        form=forms.OwnerForm,
+        apply=lambda who, name, data: services.model_set_owner(
+            actor=who, name=name, username=data["owner"].strip()
+        ),
+        done=lambda model: f"{model.name} now belongs to "
+        f"{model.owner.username if model.owner else 'nobody'}.",
+    ),
+    "adapters": Change(
+        form=forms.AdaptersForm,
+        apply=lambda who, name, data: services.model_set_adapters(
+            actor=who,
+            name=name,
+            add=data["add"],
+            remove=list(data.get("remove") or []),
+            source_check=not data["skip_source_check"],
+        ),
+        done=lambda model: "Adapters in force: "
+        + (", ".join(a["name"] for a in model.adapters) or "none")
+        + ".",
+    ),
+}
+
+# What an htmx answer to a change also refreshes, out of band.
+REFRESHED = ["summary-oob", "details-oob", "replicas-oob", "history-oob"]
+
+
+def _change_view(request: HtmxHttpRequest, name: str, what: str) -> HttpResponse:
+    change = CHANGES[what]
+    model = get_model(name)
+    extra = {"model": model} if what in ("resources", "adapters") else {}
+    form = change.form(request.POST, auto_id=f"{what}-%s", **extra)
+    status = 400
+    if form.is_valid():
+        try:
+            model = change.apply(actor(request), model.name, form.cleaned_data)
+        except CatalogError as error:
+            form.refuse(error)
+            status = error.status
+        else:
+            text = change.done(get_model(model.name))
+            if not wants_partial(request):
+                messages.success(request, text)
+                return HttpResponseRedirect(reverse("console-model", args=[model.name]))
+            context = model_context(request, get_model(model.name), done={what: text})
+            return render_partials(
+                request, "console/model.html", [f"{what}-form", *REFRESHED], context, 200
+            )
+    if wants_partial(request):
+        context = model_context(request, model, bound={what: form})
+        return render_partials(request, "console/model.html", [f"{what}-form"], context, status)
+    context = model_context(request, model, bound={what: form}, refusal=_first_error(form))
+    return render(request, "console/model.html", context, status=status)
+
+
+def _first_error(form: forms.ConsoleForm) -> str:
+    errors = form.non_field_errors()
+    return str(errors[0]) if errors else "The change was not made: see the form below."
+
+
+def _change(what: str) -> View:
+    @require_POST
+    @login_required
+    def view(request: HtmxHttpRequest, name: str) -> HttpResponse:
+        return _change_view(request, name, what)
+
+    view.__name__ = f"model_{what}"
+    return view
+
+
+model_scale = _change("scale")
+model_resources = _change("resources")
+model_class = _change("class")
+model_owner = _change("owner")
+model_adapters = _change("adapters")
+
+
+@require_POST
+@login_required
+def model_restart(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    model = get_model(name)
+    try:
+        model = services.model_restart(actor=actor(request), name=model.name)
+    except CatalogError as error:
+        return _refused(request, model, "restart", error)
+    text = (
+        f"Rolling restart of {model.name} asked for (generation {model.generation}): "
+        "each replica is replaced in turn, a ready one always serving."
+    )
+    return _done(request, model, "restart", text)
+
+
+@require_POST
+@login_required
+def model_remove(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    model = get_model(name)
+    try:
+        services.model_remove(actor=actor(request), name=model.name)
+    except CatalogError as error:
+        return _refused(request, model, "remove", error)
+    messages.success(request, f"{model.name} was removed from the catalog; its replicas stop.")
+    if request.htmx:
+        return HttpResponseClientRedirect(reverse("console-models"))
+    return HttpResponseRedirect(reverse("console-models"))
+
+
+def _refused(request: HtmxHttpRequest, model: Model, what: str, error: CatalogError) -> HttpResponse:
+    """A refused button (restart, remove, update, rollback): the service's message beside it."""
+    if wants_partial(request):
+        context = {**model_context(request, model), "errors": {what: error.message}}
+        return render_partials(
+            request, "console/model.html", [f"{what}-form"], context, error.status
+        )
+    context = model_context(request, model, refusal=error.message)
+    return render(request, "console/model.html", context, status=error.status)
+
+
+def _done(request: HtmxHttpRequest, model: Model, what: str, text: str) -> HttpResponse:
+    if not wants_partial(request):
+        messages.success(request, text)
+        return HttpResponseRedirect(reverse("console-model", args=[model.name]))
+    context = model_context(request, get_model(model.name), done={what: text})
+    return render_partials(request, "console/model.html", [f"{what}-form", *REFRESHED], context, 200)
+
+
+# -- registry updates (the services come with catalog.updates) -----------------------
+
+
+def _updates() -> Any:
+    try:
+        from catalog import updates
+    except ImportError:
+        return None
+    return updates
+
+
+def _registry_action(request: HtmxHttpRequest, name: str, what: str) -> HttpResponse:
+    model = get_model(name)
+    updates = _updates()
+    if updates is None:
+        error = CatalogError(
+            "Registry updates are not available in this version of llmgw.",
+            code="not_available",
+            status=404,
+        )
+        return _refused(request, model, what, error)
+    start = updates.start_update if what == "update" else updates.start_rollback
+    try:
+        start(actor=actor(request), name=model.name)
+    except CatalogError as error:
+        return _refused(request, model, what, error)
+    text = (
+        f"Update of {model.name} started: the new files are fetched and checked, then replicas are replaced one at a time."
+        if what == "update"
+        else f"Rollback of {model.name} started: replicas go back to the previous files one at a time."
+    )
+    return _done(request, model, what, text)
+
+
+@require_POST
+@login_required
+def model_update(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    return _registry_action(request, name, "update")
+
+
+@require_POST
+@login_required
+def model_rollback(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    return _registry_action(request, name, "rollback")
+
+
+@require_GET
+@login_required
+def model_registry(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """The registry part of a model (badge, buttons, rollout progress), polled while a rollout runs."""
+    model = get_model(name)
+    row = console_selectors.model_rows([model], request.user)[0]
+    context = {"row": row, "view": row.view, "registry": row.registry}
+    template = "console/models.html" if request.GET.get("in") == "list" else "console/model.html"
+    if not wants_partial(request):
+        return HttpResponseRedirect(reverse("console-model", args=[model.name]))
+    return render(request, f"{template}#registry", context)
+
+
+# -- add a model ----------------------------------------------------------------------
+
+
+def _path_of(field: str, name: str) -> tuple[str | int, ...]:
+    """A problem's field ("tiny.fallbacks[0]") as a path into the definition ("fallbacks", 0)."""
+    if name and field.startswith(f"{name}."):
+        field = field[len(name) + 1 :]
+    path: list[str | int] = []
+    for part in field.replace("[", ".[").split("."):
+        if part.startswith("[") and part.endswith("]") and part[1:-1].isdigit():
+            path.append(int(part[1:-1]))
+        elif part:
+            path.append(part)
+    return tuple(path)
+
+
+def _placed(problems: list[Problem], lines: dict[Any, int], name: str) -> list[Problem]:
+    """Problems with the line each is about, for those the whole-catalog checks found."""
+    return [
+        p
+        if p.line is not None or not lines
+        else Problem(p.field, p.message, line_for(lines, _path_of(p.field, name)))
+        for p in problems
+    ]
+
+
+def annotated_lines(text: str, problems: list[Problem]) -> list[dict[str, Any]]:
+    """The pasted YAML, line by line, each with the problems that point at it."""
+    by_line: dict[int, list[Problem]] = {}
+    for problem in problems:
+        if problem.line is not None:
+            by_line.setdefault(problem.line, []).append(problem)
+    return [
+        {"number": number, "text": line, "problems": by_line.get(number, [])}
+        for number, line in enumerate(text.splitlines() or [""], start=1)
+    ]
+
+
+@require_GET
+@login_required
+def add_page(request: HtmxHttpRequest) -> HttpResponse:
+    form = forms.AddModelForm(auto_id="add-%s", initial={"definition": EXAMPLE_DEFINITION})
+    return render(request, "console/add.html", {"form": form})
+
+
+EXAMPLE_DEFINITION = """\
+name: my-model
+source: http://127.0.0.1:8000/mirror/ORG/REPO/COMMIT/FILE.gguf
+description: what it is for
+min_replicas: 1
+profiles:
+  - {name: cpu, memory_gb: 2, cores: 2}
+"""
+
+
+@require_POST
+@login_required
+def add_model(request: HtmxHttpRequest) -> HttpResponse:
+    form = forms.AddModelForm(request.POST, auto_id="add-%s")
+    problems: list[Problem] = []
+    status = 400
+    if form.is_valid():
+        text = form.cleaned_data["definition"]
+        lines: dict[Any, int] = {}
+        name = ""
+        try:
+            try:
+                data, lines = load_with_lines(text)
+            except YAMLSyntaxError as exc:
+                raise CatalogError(
+                    f"The definition is not valid YAML: {exc}.",
+                    code="parse_error",
+                    problems=[Problem("", str(exc), exc.line)],
+                ) from None
+            if isinstance(data, dict) and isinstance(data.get("name"), str):
+                name = data["name"]
+            definition = clean_definition(data, lines=lines)
+            model = services.model_add(
+                actor=actor(request),
+                definition=definition,
+                source_check=not form.cleaned_data["skip_source_check"],
+            )
+        except CatalogError as error:
+            form.add_error(None, error.message)
+            problems = _placed(error.problems, lines, name)
+            status = error.status
+        else:
+            messages.success(
+                request,
+                f"{model.name} was added, owned by {model.owner.username if model.owner else 'nobody'}; "
+                f"the fleet places its replicas next.",
+            )
+            url = reverse("console-model", args=[model.name])
+            if request.htmx:
+                return HttpResponseClientRedirect(url)
+            return HttpResponseRedirect(url)
+    text = form.data.get("definition", "")
+    context = {
+        "form": form,
+        "lines": annotated_lines(text, problems) if problems else [],
+        "unplaced": [p for p in problems if p.line is None],
+    }
+    return render_page(request, "console/add.html", "add-form", context, status=status)
+
+
+# -- nodes --------------------------------------------------------------------------
+
+
+@require_GET
+@login_required
+def nodes_page(request: HtmxHttpRequest) -> HttpResponse:
+    cards = console_selectors.node_cards(fleet_selectors.nodes_view())
+    return render(request, "console/nodes.html", {"nodes": cards})
+
+
+def _cordon_view(request: HtmxHttpRequest, name: str, cordoned: bool) -> HttpResponse:
+    error: CatalogError | None = None
+    try:
+        node = fleet_services.node_cordon(actor=actor(request), name=name, cordoned=cordoned)
+    except CatalogError as exc:
+        error = exc
+    done = ""
+    if error is None:
+        done = (
+            f"{node.name} is cordoned: it keeps its replicas, and nothing new is placed there."
+            if cordoned
+            else f"{node.name} is uncordoned: new replicas may be placed there again."
+        )
+        if not wants_partial(request):
+            messages.success(request, done)
+            return HttpResponseRedirect(reverse("console-nodes"))
+    cards = {c["name"]: c for c in console_selectors.node_cards(fleet_selectors.nodes_view())}
+    status = error.status if error else 200
+    if wants_partial(request) and name in cards:
+        context = {
+            "node": cards[name],
+            "error": error.message if error else "",
+            "done": done,
+        }
+        return render(request, "console/nodes.html#node-card", context, status=status)
+    context = {"nodes": list(cards.values()), "refusal": error.message if error else ""}
+    return render(request, "console/nodes.html", context, status=status)
+
+
+@require_POST
+@login_required
+def node_cordon(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    return _cordon_view(request, name, True)
+
+
+@require_POST
+@login_required
+def node_uncordon(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    return _cordon_view(request, name, False)
+
+
+# -- audit --------------------------------------------------------------------------
+
+
+@require_GET
+@login_required
+def audit_page(request: HtmxHttpRequest) -> HttpResponse:
+    filters = {
+        "model": request.GET.get("model", "").strip(),
+        "actor": request.GET.get("actor", "").strip(),
+        "action": request.GET.get("action", "").strip(),
+    }
+    entries = catalog_selectors.audit_queryset(**{k: v or None for k, v in filters.items()})
+    page = console_selectors.page_of(
+        entries, request.GET.get("page"), console_selectors.AUDIT_PER_PAGE
+    )
+    context = {
+        "page": page,
+        "entries": console_selectors.audit_rows(list(page.object_list)),
+        "filters": filters,
+        "filtered": any(filters.values()),
+        "actions": console_selectors.audit_actions(),
+        "query": query_without_page(request),
+    }
+    return render_page(request, "console/audit.html", "audit-table", context)

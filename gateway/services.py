@@ -7,14 +7,18 @@ these, so they cannot disagree about who may do what.
 from __future__ import annotations
 
 import secrets
+import threading
+import time
 
 from django.db import transaction
 from django.utils import timezone
 
+from catalog import services as catalog_services
 from catalog.errors import CatalogError, forbidden
 from catalog.services import Actor
 
 from .models import GatewayKey, hash_key
+from .routing import Entry
 
 KEY_PREFIX = "llmgw-"
 # What is kept of a key in clear, to tell keys apart in listings: the fixed
@@ -79,3 +83,45 @@ def key_authenticate(secret: str) -> GatewayKey | None:
     if key is not None:
         key.used_at(timezone.now())
     return key
+
+
+# -- the idle clock -----------------------------------------------------------------------
+
+# An on-demand model is stopped once nobody has asked for it for its idle timeout.
+# Every request counts as asking, but writing that down on every request would
+# make the database the gateway's bottleneck: each process writes it at most
+# this often per model (and a quarter of the idle timeout when that is shorter,
+# so that a short timeout still sees several refreshes before it runs out).
+DEMAND_REFRESH_SECONDS = 5.0
+# With nothing ready, the write also wakes the reconciler, so it is made sooner.
+DEMAND_WAKE_SECONDS = 1.0
+
+_demand_lock = threading.Lock()
+_demand_written: dict[str, float] = {}
+
+
+def model_asked_for(entry: Entry, *, nothing_ready: bool) -> bool:
+    """Restart an on-demand model's idle clock (and load it when nothing runs); True if written."""
+    if not entry.on_demand:
+        return False  # only on-demand models have an idle clock
+    from catalog.config import current_config
+
+    idle = entry.idle_timeout or current_config().default_idle_timeout
+    every = DEMAND_WAKE_SECONDS if nothing_ready else min(DEMAND_REFRESH_SECONDS, idle / 4)
+    now = time.monotonic()
+    with _demand_lock:
+        last = _demand_written.get(entry.model)
+        if last is not None and now - last < every:
+            return False
+        _demand_written[entry.model] = now
+    try:
+        catalog_services.model_demand(name=entry.model)
+    except CatalogError:
+        return False  # removed since the catalog was read: the request gets its 404 next time
+    return True
+
+
+def forget_demand() -> None:
+    """For tests: forget when each model's clock was last written by this process."""
+    with _demand_lock:
+        _demand_written.clear()

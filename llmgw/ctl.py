@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -389,6 +390,124 @@ def cmd_model_plan(client: Client, args: argparse.Namespace) -> None:
         print(f"  warning: {warning}")
 
 
+def _bar(done: int, total: int, width: int = 30) -> str:
+    fraction = done / total if total else 0.0
+    filled = int(fraction * width)
+    return f"[{'#' * filled}{' ' * (width - filled)}] {fraction * 100:5.1f}% {done / 1e6:.1f}/{total / 1e6:.1f} MB"
+
+
+def _follow_fetch(client: Client, fetch: dict[str, Any]) -> dict[str, Any]:
+    """Show a fetch's progress on stderr until it ends."""
+    tty = sys.stderr.isatty()
+    shown = -1
+    while fetch["state"] in ("queued", "running"):
+        if tty:
+            sys.stderr.write("\r" + _bar(fetch["bytes_done"], fetch["bytes_total"]))
+            sys.stderr.flush()
+        elif fetch["bytes_done"] != shown:
+            shown = fetch["bytes_done"]
+            print(_bar(fetch["bytes_done"], fetch["bytes_total"]), file=sys.stderr)
+        time.sleep(0.5)
+        fetch = client.get(f"fetches/{fetch['id']}")
+    if tty:
+        sys.stderr.write("\r" + _bar(fetch["bytes_total"] if fetch["state"] == "done" else fetch["bytes_done"],
+                                      fetch["bytes_total"]) + "\n")
+    return fetch
+
+
+def cmd_model_serve(client: Client, args: argparse.Namespace) -> None:
+    body = {"repo": args.repo, "file": args.file, "revision": args.revision, "name": args.name,
+            "memory_gb": args.memory, "cores": args.cores, "min": args.min, "max": args.max}
+    fetch = client.post("serve", body)
+    files = ", ".join(f["path"] for f in fetch["files"])
+    print(f"Fetching {files} from {fetch['repo']} at {fetch['commit'][:7]} ({fetch['branch']}) into the mirror")
+    fetch = _follow_fetch(client, fetch)
+    if fetch["state"] == "failed":
+        raise CtlError(f"the fetch failed: {fetch['message']}")
+    for _ in range(40):  # the worker adds the model right after the last byte
+        if fetch["model_added"] or fetch["state"] == "failed":
+            break
+        time.sleep(0.25)
+        fetch = client.get(f"fetches/{fetch['id']}")
+    if fetch["state"] == "failed":
+        raise CtlError(fetch["message"])
+    view = client.get(f"models/{fetch['model']}")
+    print(f"{view['name']} added, owned by {view['owner']}; replicas {_scaling_text(view)}; "
+          f"it follows {fetch['repo']} ({fetch['branch']}) at {fetch['commit'][:7]}.")
+    print("It is placed on the reconciler's next pass; watch it with: llmgw ctl models")
+
+
+def cmd_model_updates(client: Client, args: argparse.Namespace) -> None:
+    result = client.post("updates/check", None) if args.check else client.get("updates")
+    updates = result["updates"]
+    if args.json:
+        _print_json(updates)
+        return
+    if args.check:
+        print(f"Asked the registry about {result['repositories']} repositories "
+              f"({result['registry_requests']} requests).")
+    if not updates:
+        print("Every served model is on the newest files its registry branch has.")
+        return
+    rows = []
+    for u in updates:
+        if u["error"]:
+            rows.append([u["model"], (u["current_commit"] or "")[:7], "-", u["error"], (u["checked_at"] or "")[:19]])
+            continue
+        files = ", ".join(f"{f['path']} ({f['size'] / 1e6:.1f} MB)" for f in u["files"])
+        rows.append([u["model"], u["current_commit"][:7], u["new_commit"][:7], files, (u["checked_at"] or "")[:19]])
+    print(_table(rows, ["MODEL", "CURRENT", "NEW", "FILES CHANGED", "CHECKED (UTC)"]))
+
+
+def _follow_rollout(client: Client, name: str, rollout: dict[str, Any]) -> dict[str, Any]:
+    last = ""
+    while rollout["state"] in ("fetching", "rolling"):
+        line = f"{rollout['state']}: {rollout['step']}"
+        if line != last:
+            print(f"  {line}")
+            last = line
+        time.sleep(0.5)
+        rollout = client.get(f"models/{name}/rollout")
+    print(f"  {rollout['state']}: {rollout['message']}")
+    return rollout
+
+
+def _rollout(client: Client, args: argparse.Namespace, kind: str) -> None:
+    rollout = client.post(f"models/{args.name}/{kind}", None)
+    print(f"{kind.capitalize()} of {args.name}: {rollout['from_commit'][:7] or '?'} -> {rollout['to_commit'][:7] or '?'}; "
+          "replicas are replaced one at a time, a ready one always serving.")
+    if not args.wait:
+        print(f"Follow it with: llmgw ctl model {kind} {args.name} --wait (or llmgw ctl model target {args.name})")
+        return
+    rollout = _follow_rollout(client, args.name, rollout)
+    if rollout["state"] != "done":
+        raise CtlError(f"the {kind} of {args.name} ended {rollout['state']}: {rollout['message']}")
+
+
+def cmd_model_update(client: Client, args: argparse.Namespace) -> None:
+    if args.wait:
+        current = _current_rollout(client, args.name, "update")
+        if current is not None:
+            rollout = _follow_rollout(client, args.name, current)
+            if rollout["state"] != "done":
+                raise CtlError(f"the update of {args.name} ended {rollout['state']}: {rollout['message']}")
+            return
+    _rollout(client, args, "update")
+
+
+def cmd_model_rollback(client: Client, args: argparse.Namespace) -> None:
+    _rollout(client, args, "rollback")
+
+
+def _current_rollout(client: Client, name: str, kind: str) -> dict[str, Any] | None:
+    """An update already under way, which --wait follows instead of starting another."""
+    try:
+        rollout = client.get(f"models/{name}/rollout")
+    except CtlError:
+        return None
+    return rollout if rollout["kind"] == kind and rollout["state"] in ("fetching", "rolling") else None
+
+
 # -- the parser -----------------------------------------------------------------
 
 
@@ -506,6 +625,50 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("-f", "--file", help="a model definition, as YAML")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=cmd_model_plan)
+
+    p = msub.add_parser(
+        "serve",
+        help="fetch a registry repository's GGUF file into the mirror and add it as a model",
+        description="Fetches one GGUF file of REPO (at the head of --revision) into the mirror, showing "
+        "progress, then adds the model with the mirror URL as its source and the repository, branch, "
+        "commit and file checksums as its origin, so that `model updates` can tell when the registry "
+        "has newer files. Without --memory, a replica reserves the file's size plus a quarter, rounded up.",
+    )
+    p.add_argument("repo", help="ORG/NAME in the registry")
+    p.add_argument("--file", default="*.gguf", help="a glob picking the one GGUF file (default *.gguf)")
+    p.add_argument("--revision", default="main", help="the branch to follow (default main)")
+    p.add_argument("--name", help="the model's name (default: from the file name)")
+    p.add_argument("--memory", type=float, help="host RAM one replica reserves, in GB")
+    p.add_argument("--cores", type=float, help="CPU cores one replica reserves (default 1)")
+    p.add_argument("--min", type=int, default=1, help="the replica count (default 1)")
+    p.add_argument("--max", type=int, help="a ceiling; left out, it follows --min")
+    p.set_defaults(run=cmd_model_serve)
+
+    p = msub.add_parser("updates", help="served models whose registry files changed")
+    p.add_argument("--check", action="store_true", help="ask the registry now, instead of showing the last check")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=cmd_model_updates)
+
+    p = msub.add_parser(
+        "update",
+        help="move a model to the registry's newer files, one replica at a time",
+        description="Fetches the new files beside the old ones in the mirror and checks their sha256; "
+        "a mismatch refuses the update and changes nothing. Then the model's source moves to them and "
+        "the replicas are replaced one at a time, each new one ready before an old one leaves. A new "
+        "replica that keeps failing halts it; the old ones keep serving, and `model rollback` goes back.",
+    )
+    p.add_argument("name")
+    p.add_argument("--wait", action="store_true", help="follow it to the end")
+    p.set_defaults(run=cmd_model_update)
+
+    p = msub.add_parser(
+        "rollback",
+        help="move a model back to its previous files (kept in the mirror)",
+        description="The same way as an update: one replica at a time. An update still under way is stopped.",
+    )
+    p.add_argument("name")
+    p.add_argument("--wait", action="store_true", help="follow it to the end")
+    p.set_defaults(run=cmd_model_rollback)
 
     p = msub.add_parser("show", help="a model's definition, as YAML you can copy into server.yaml")
     p.add_argument("name")

@@ -1,0 +1,89 @@
+"""Refusals in OpenAI's error shape, so that OpenAI clients show them as they show OpenAI's own:
+
+    {"error": {"message": "...", "type": "...", "param": null, "code": "..."}}
+"""
+
+from __future__ import annotations
+
+from django.http import JsonResponse
+
+
+def openai_error(
+    status: int,
+    message: str,
+    *,
+    code: str,
+    kind: str = "invalid_request_error",
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JsonResponse:
+    response = JsonResponse(
+        {"error": {"message": message, "type": kind, "param": param, "code": code}},
+        status=status,
+    )
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
+
+
+def missing_key() -> JsonResponse:
+    return openai_error(
+        401,
+        "No API key was sent. Send a gateway key as 'Authorization: Bearer KEY' (OpenAI clients: "
+        "api_key=KEY); create one with `llmgw ctl key create NAME`.",
+        code="missing_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def invalid_key(revoked: bool) -> JsonResponse:
+    if revoked:
+        message = (
+            "This API key was revoked, so it opens nothing any more. Ask its owner for a new one, "
+            "or create your own with `llmgw ctl key create NAME`."
+        )
+    else:
+        message = (
+            "This API key is not one the gateway knows. Check that it was copied whole; "
+            "`llmgw ctl keys` lists your keys by their first characters, and "
+            "`llmgw ctl key create NAME` makes a new one."
+        )
+    return openai_error(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+def bad_request(message: str, *, param: str | None = None) -> JsonResponse:
+    return openai_error(400, message, code="invalid_request", param=param)
+
+
+def unknown_model(name: str, names: list[str], total: int) -> JsonResponse:
+    if names:
+        more = f" (and {total - len(names)} more; GET /v1/models lists them all)" if total > len(names) else ""
+        listed = f" Models you can use, closest first: {', '.join(names)}{more}."
+    else:
+        listed = " The catalog has no models yet."
+    return openai_error(
+        404,
+        f"There is no model named {name!r}.{listed}",
+        code="model_not_found",
+        param="model",
+    )
+
+
+def unavailable(message: str, retry_after: int) -> JsonResponse:
+    return openai_error(
+        503,
+        message,
+        code="model_not_ready",
+        kind="server_error",
+        headers={"Retry-After": str(retry_after)},
+    )
+
+
+def unreachable(name: str) -> JsonResponse:
+    return openai_error(
+        502,
+        f"The replica chosen for {name} went away before it answered, and no other replica "
+        "could take the request. Try again; the fleet replaces replicas that fail.",
+        code="replica_unreachable",
+        kind="server_error",
+    )

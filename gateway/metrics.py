@@ -1,0 +1,163 @@
+"""Prometheus metrics of the gateway, served at /metrics.
+
+The web runs as several worker processes, and a scrape reaches only one of them.
+With LLMGW_METRICS_DIR set (a folder of its own, writable by every worker; empty it
+when the web starts), each process writes its numbers to files there through
+prometheus_client's multiprocess mode, and /metrics adds up every process's
+files, so the numbers are the whole web's. Without it each process counts for
+itself: right with a single worker process, wrong with several.
+
+Labels hold only names from the catalog ("unknown" for anything else), so a
+client cannot grow the number of series by asking for made-up models.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from . import conf
+
+# Seconds, from a tiny model's few milliseconds to a long generation.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+@dataclass(frozen=True)
+class Metrics:
+    requests: Any
+    latency: Any
+    tokens: Any
+    in_flight: Any
+    fallbacks: Any
+    retries: Any
+    registry: Any  # single-process mode: where the metrics are; multiprocess: None
+    folder: str | None
+
+
+_lock = threading.Lock()
+_metrics: Metrics | None = None
+
+
+def metrics() -> Metrics:
+    """The metrics of this process, created on first use (after settings are read)."""
+    global _metrics
+    if _metrics is None:
+        with _lock:
+            if _metrics is None:
+                _metrics = _create(conf.metrics_dir())
+    return _metrics
+
+
+def _create(folder: str | None) -> Metrics:
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
+
+    registry: CollectorRegistry | None = None
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+        # prometheus_client picks its storage from this variable, once, when it is first
+        # imported; set it and pick again, in case something imported it before.
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder
+        values.ValueClass = values.get_value_class()
+    else:
+        registry = CollectorRegistry(auto_describe=True)
+    # In multiprocess mode the registry only matters for collection, which reads the files.
+    where: dict[str, Any] = {"registry": registry}
+    return Metrics(
+        requests=Counter(
+            "llmgw_gateway_requests",
+            "Requests to /v1/, by the name asked for, the model that answered "
+            "(a fallback, or empty when none did), endpoint and HTTP status.",
+            ["model", "answered_by", "endpoint", "status"],
+            **where,
+        ),
+        latency=Histogram(
+            "llmgw_gateway_request_duration_seconds",
+            "From the request's arrival to the last byte of the answer (waits for a replica included).",
+            ["model", "endpoint"],
+            buckets=LATENCY_BUCKETS,
+            **where,
+        ),
+        tokens=Counter(
+            "llmgw_gateway_tokens",
+            "Tokens by the model that computed them; kind is prompt or completion. "
+            "Streamed answers count one completion token per chunk the engine sent.",
+            ["model", "kind"],
+            **where,
+        ),
+        in_flight=Gauge(
+            "llmgw_gateway_requests_in_flight",
+            "Requests being answered now, by the name asked for.",
+            ["model"],
+            multiprocess_mode="livesum",
+            **where,
+        ),
+        fallbacks=Counter(
+            "llmgw_gateway_fallbacks",
+            "Requests answered by a fallback because the model asked for had no ready replica.",
+            ["model", "fallback"],
+            **where,
+        ),
+        retries=Counter(
+            "llmgw_gateway_retries",
+            "Requests sent again to another replica after the first one went away.",
+            ["model"],
+            **where,
+        ),
+        registry=registry,
+        folder=folder,
+    )
+
+
+_LIVE_FILE = re.compile(r"gauge_live\w*?_(\d+)\.db$")
+
+
+def exposition() -> tuple[bytes, str]:
+    """The text a scrape gets, and its content type."""
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+    current = metrics()
+    if current.folder is None:
+        return generate_latest(current.registry), CONTENT_TYPE_LATEST
+    from prometheus_client import multiprocess
+
+    _forget_dead_processes(current.folder)
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=current.folder)
+    return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def _forget_dead_processes(folder: str) -> None:
+    """Drop the live gauges of worker processes that are gone (gunicorn replaced them).
+
+    Counters and histograms of a gone process are kept: what it counted happened.
+    """
+    from prometheus_client import multiprocess
+
+    for path in glob.glob(os.path.join(folder, "gauge_live*_*.db")):
+        match = _LIVE_FILE.search(os.path.basename(path))
+        if match is None:
+            continue
+        pid = int(match.group(1))
+        if not _alive(pid):
+            multiprocess.mark_process_dead(pid, folder)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reset_for_tests() -> None:
+    """Start over with fresh metrics (each test sees only its own numbers)."""
+    global _metrics
+    with _lock:
+        _metrics = None

@@ -1,0 +1,320 @@
+"""Where a request goes: the names there are, the replicas that can answer, and the choice among them.
+
+The catalog changes rarely and is read on every request, so each process keeps a
+copy for a couple of seconds. Replicas change during every rollout, so they are
+read fresh for each request, in one query that also covers the fallbacks.
+
+The decision itself (`decide`) is a pure function of those reads, so that it can be
+tested without a fleet.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from catalog.models import Model
+from fleet.models import Replica
+
+# How long a process trusts its copy of the catalog. A model added or changed is
+# routed to after at most this long; an unknown name re-reads it sooner.
+CATALOG_TTL_SECONDS = 2.0
+UNKNOWN_NAME_REREAD_SECONDS = 0.25
+MAX_REMEMBERED_REPLICAS = 1000
+STARTING_STATES = (Replica.PENDING, Replica.FETCHING, Replica.STARTING)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A name a request may ask for: a model, or an adapter served by its base model's replicas."""
+
+    name: str
+    model: str  # the catalog model whose replicas serve this name
+    adapter: bool
+    on_demand: bool
+    parked: bool
+    fallbacks: tuple[str, ...]
+    idle_timeout: int  # seconds; 0 = the cluster default
+    owner: str | None
+    created: int  # unix time, for /v1/models
+
+
+@dataclass(frozen=True)
+class Catalog:
+    entries: dict[str, Entry]
+    read_at: float  # time.monotonic()
+
+    def usable(self) -> list[Entry]:
+        """What /v1/models lists: every name a request can get an answer for."""
+        return [
+            e
+            for e in self.entries.values()
+            if not self.entries[e.model].parked or self.entries[e.model].fallbacks
+        ]
+
+
+def read_catalog() -> Catalog:
+    """Every model and adapter, in one query."""
+    entries: dict[str, Entry] = {}
+    rows = Model.objects.values(
+        "name",
+        "min_replicas",
+        "max_replicas",
+        "fallbacks",
+        "adapters",
+        "idle_timeout",
+        "owner__username",
+        "created_at",
+    )
+    for row in rows:
+        maximum = row["min_replicas"] if row["max_replicas"] is None else row["max_replicas"]
+        on_demand = row["min_replicas"] == 0 and maximum > 0
+        parked = row["min_replicas"] == 0 and maximum == 0
+        common = {
+            "model": row["name"],
+            "on_demand": on_demand,
+            "parked": parked,
+            "fallbacks": tuple(row["fallbacks"] or ()),
+            "idle_timeout": row["idle_timeout"],
+            "owner": row["owner__username"],
+            "created": int(row["created_at"].timestamp()),
+        }
+        entries[row["name"]] = Entry(name=row["name"], adapter=False, **common)
+        for adapter in row["adapters"] or ():
+            entries[adapter["name"]] = Entry(name=adapter["name"], adapter=True, **common)
+    return Catalog(entries=entries, read_at=time.monotonic())
+
+
+class CatalogCache:
+    """This process's copy of the catalog, re-read when older than CATALOG_TTL_SECONDS."""
+
+    def __init__(self, ttl: float = CATALOG_TTL_SECONDS) -> None:
+        self.ttl = ttl
+        self._lock = threading.Lock()
+        self._catalog: Catalog | None = None
+
+    def get(self, *, fresher_than: float | None = None) -> Catalog:
+        max_age = self.ttl if fresher_than is None else min(self.ttl, fresher_than)
+        catalog = self._catalog
+        if catalog is not None and time.monotonic() - catalog.read_at < max_age:
+            return catalog
+        with self._lock:
+            catalog = self._catalog
+            if catalog is None or time.monotonic() - catalog.read_at >= max_age:
+                catalog = self._catalog = read_catalog()
+        return catalog
+
+    def lookup(self, name: str) -> tuple[Entry | None, Catalog]:
+        catalog = self.get()
+        entry = catalog.entries.get(name)
+        if entry is None:
+            # Perhaps added since this copy was read: look again, but not more than a few
+            # times a second, so that a client asking for nonsense cannot hammer the database.
+            catalog = self.get(fresher_than=UNKNOWN_NAME_REREAD_SECONDS)
+            entry = catalog.entries.get(name)
+        return entry, catalog
+
+    def clear(self) -> None:
+        with self._lock:
+            self._catalog = None
+
+
+catalog_cache = CatalogCache()
+
+
+# -- replicas ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A replica as routing sees it."""
+
+    id: str
+    model: str
+    state: str
+    endpoint: str  # http://address:port
+    adapters: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def ready(self) -> bool:
+        return self.state == Replica.READY
+
+    def serves(self, entry: Entry) -> bool:
+        # The engine answers a name it does not know with the base model, silently:
+        # an adapter goes only to replicas started with it.
+        return not entry.adapter or entry.name in self.adapters
+
+
+def read_replicas(models: Iterable[str]) -> dict[str, list[Candidate]]:
+    """The replicas in routing (not withdrawn, not failed) of these models, in one query."""
+    found: dict[str, list[Candidate]] = {}
+    rows = (
+        Replica.objects.filter(
+            model_name__in=list(models), model__isnull=False, withdrawn_at__isnull=True
+        )
+        .exclude(state=Replica.FAILED)
+        .values_list("id", "model_name", "state", "port", "node__address", "spec")
+    )
+    for replica_id, model, state, port, address, spec in rows:
+        if state == Replica.READY and port is None:
+            continue  # cannot happen with a well-behaved agent; nothing to send to
+        found.setdefault(model, []).append(
+            Candidate(
+                id=str(replica_id),
+                model=model,
+                state=state,
+                endpoint=f"http://{address}:{port}",
+                adapters=frozenset(a["name"] for a in (spec or {}).get("adapters", [])),
+            )
+        )
+    return found
+
+
+# -- the decision -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Serve:
+    """Send the request to one of `candidates` (all ready), asking the engine for `engine_name`."""
+
+    model: str  # the catalog name that answers: the one asked for, or a fallback
+    engine_name: str
+    candidates: tuple[Candidate, ...]
+    fallback_from: str | None = None
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing ready yet, but a replica is on its way (on demand, or being placed)."""
+
+    model: str
+    on_demand: bool
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    message: str
+    retry_after: int
+
+
+Decision = Serve | Wait | Unavailable
+
+
+def decide(
+    entry: Entry,
+    replicas: dict[str, list[Candidate]],
+    catalog: Catalog,
+    *,
+    may_wait: bool,
+) -> Decision:
+    """Where a request for `entry` goes now, given the replicas in routing."""
+    mine = [c for c in replicas.get(entry.model, []) if c.serves(entry)]
+    ready = tuple(c for c in mine if c.ready)
+    if ready:
+        return Serve(model=entry.name, engine_name=entry.name, candidates=ready)
+    starting = any(c.state in STARTING_STATES for c in mine)
+    if may_wait and (entry.on_demand or starting):
+        return Wait(model=entry.model, on_demand=entry.on_demand)
+    for fallback in entry.fallbacks:
+        target = catalog.entries.get(fallback)
+        if target is None:
+            continue  # removed since; validation keeps this rare
+        ready = tuple(c for c in replicas.get(fallback, []) if c.ready and c.serves(target))
+        if ready:
+            return Serve(
+                model=fallback, engine_name=fallback, candidates=ready, fallback_from=entry.name
+            )
+    return Unavailable(message=_why_unavailable(entry, starting), retry_after=10)
+
+
+def _why_unavailable(entry: Entry, starting: bool) -> str:
+    what = f"{entry.name} (an adapter of {entry.model})" if entry.adapter else entry.name
+    tried = f"; its fallbacks ({', '.join(entry.fallbacks)}) have none either" if entry.fallbacks else ""
+    if entry.parked:
+        return (
+            f"{what} is in the catalog but deliberately not running (min 0, max 0){tried}. "
+            f"Its owner can start it with `llmgw ctl scale {entry.model} --min 1`."
+        )
+    if entry.on_demand or starting:
+        return (
+            f"{what} is being started and was not ready in time{tried}. "
+            "Try again shortly; the Retry-After header says when."
+        )
+    return (
+        f"{what} has no ready replica right now{tried}. "
+        f"Try again shortly; `llmgw ctl model target {entry.model}` shows why."
+    )
+
+
+# -- choosing a replica -----------------------------------------------------------------
+
+
+class Balancer:
+    """Requests in flight per replica, in this process, and the choice of the least busy one.
+
+    An engine serves one request at a time, so the replica with the fewest
+    requests in flight is the one that answers soonest. Counts are this
+    process's own (the web runs several); ties are broken first by which replica
+    last served the same name (an engine switching between a base model and an
+    adapter reloads it), then at random, so that processes do not all pick the
+    same replica.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._in_flight: dict[str, int] = {}
+        self._last_name: dict[str, str] = {}
+
+    def choose(self, candidates: Iterable[Candidate], engine_name: str) -> Candidate:
+        """Pick one and count a request in flight on it; call release() when it is done."""
+        with self._lock:
+            choice = min(
+                candidates,
+                key=lambda c: (
+                    self._in_flight.get(c.id, 0),
+                    self._last_name.get(c.id) != engine_name,
+                    random.random(),
+                ),
+            )
+            self._in_flight[choice.id] = self._in_flight.get(choice.id, 0) + 1
+            if len(self._last_name) >= MAX_REMEMBERED_REPLICAS:
+                # Replicas come and go with every rollout; forget the ones idle here.
+                self._last_name = {r: n for r, n in self._last_name.items() if r in self._in_flight}
+            self._last_name[choice.id] = engine_name
+        return choice
+
+    def release(self, candidate: Candidate) -> None:
+        with self._lock:
+            left = self._in_flight.get(candidate.id, 0) - 1
+            if left > 0:
+                self._in_flight[candidate.id] = left
+            else:
+                self._in_flight.pop(candidate.id, None)
+
+    def in_flight(self, replica_id: str) -> int:
+        with self._lock:
+            return self._in_flight.get(replica_id, 0)
+
+
+balancer = Balancer()
+
+
+def entry_names_closest_first(name: str, names: Iterable[str], *, limit: int = 20) -> list[str]:
+    """The names there are, those closest to `name` first, for a 404's message."""
+    import difflib
+
+    known = sorted(set(names))
+    close = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
+    ordered = close + [n for n in known if n not in close]
+    return ordered[:limit]
+
+
+def engine_payload(body: dict[str, Any], engine_name: str) -> dict[str, Any]:
+    """The request body as the engine should get it: the name it serves, nothing else changed."""
+    if body.get("model") == engine_name:
+        return body
+    return {**body, "model": engine_name}
