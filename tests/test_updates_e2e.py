@@ -1,0 +1,128 @@
+"""End to end: olah serving git-lfs repositories, the control plane with worker and beat, two agents
+running real llama.cpp replicas. Serve a repo, push new weights, see the update, roll it out and
+back, with a ready replica at every moment."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmgw.cli import main
+from llmgw.tinygguf import write_tiny_model
+from tests.support.registry import LocalRegistry, available
+from tests.support.system import System, wait_for
+
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed"),
+    pytest.mark.skipif(available() is not None, reason=str(available())),
+]
+
+REPO = "acme/tiny-chat-GGUF"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    folder = tmp_path_factory.mktemp("updates")
+    for seed in (1, 2):
+        write_tiny_model(folder / f"w{seed}.gguf", seed=seed)
+    registry = LocalRegistry(folder / "registry")
+    registry.commit(REPO, {"tiny-chat-q4.gguf": folder / "w1.gguf"})
+    registry.start()
+    system = System(folder / "system", config={"registry": {"endpoint": registry.endpoint}})
+    try:
+        system.start()
+        system.add_node("node-a", memory_gb=3, cores=2)
+        system.add_node("node-b", memory_gb=3, cores=2)
+        wait_for(lambda: all(n["state"] == "ready" for n in system.api("GET", "nodes")), what="both agents")
+        yield {"system": system, "registry": registry, "folder": folder}
+    except BaseException:
+        print(system.log_tail())
+        raise
+    finally:
+        system.close()
+        registry.stop()
+
+
+def ctl(system: System, *argv: str, capsys: Any) -> str:
+    import os
+
+    os.environ["LLMGW_URL"], os.environ["LLMGW_TOKEN"] = system.url, system.token
+    code = main(["ctl", *argv])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def replicas(system: System) -> list[dict[str, Any]]:
+    return system.api("GET", "models/tiny-chat-q4/target")["replicas"]
+
+
+def all_on(system: System, digest: str) -> bool:
+    live = [r for r in replicas(system) if r["state"] != "withdrawn"]
+    return len(live) == 2 and all(r["routable"] and r["weights_sha256"] == digest for r in live)
+
+
+def roll(system: System, argv: list[str], capsys: Any) -> tuple[str, int]:
+    """Run a rollout with --wait while watching that a replica is ready at every moment."""
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        import os
+
+        os.environ["LLMGW_URL"], os.environ["LLMGW_TOKEN"] = system.url, system.token
+        result["code"] = main(["ctl", *argv])
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    lowest = 99
+    while thread.is_alive():
+        ready = [r for r in replicas(system) if r["routable"]]
+        lowest = min(lowest, len(ready))
+        assert ready, "no ready replica during the rollout"
+        time.sleep(0.1)
+    thread.join()
+    out, err = capsys.readouterr()
+    assert result["code"] == 0, err
+    return out, lowest
+
+
+def test_serve_update_and_rollback(world: dict[str, Any], capsys: Any) -> None:
+    system, registry, folder = world["system"], world["registry"], world["folder"]
+    old, new = sha(folder / "w1.gguf"), sha(folder / "w2.gguf")
+
+    out = ctl(system, "model", "serve", REPO, "--min", "2", "--memory", "1", capsys=capsys)
+    assert "tiny-chat-q4 added, owned by admin" in out
+    wait_for(lambda: all_on(system, old), timeout=120, what="two replicas on the first weights")
+
+    out = ctl(system, "model", "updates", "--check", capsys=capsys)
+    assert "Every served model is on the newest files" in out
+    new_commit = registry.commit(REPO, {"tiny-chat-q4.gguf": folder / "w2.gguf"}, message="retrained")
+    out = ctl(system, "model", "updates", "--check", capsys=capsys)
+    row = out.strip().splitlines()[-1].split()
+    assert row[0] == "tiny-chat-q4" and row[2] == new_commit[:7] and row[3] == "tiny-chat-q4.gguf"
+
+    out, lowest = roll(system, ["ctl", "model", "update", "tiny-chat-q4", "--wait"][1:], capsys)
+    assert "done: every replica runs" in out and lowest >= 1
+    assert all_on(system, new)
+
+    out, lowest = roll(system, ["ctl", "model", "rollback", "tiny-chat-q4", "--wait"][1:], capsys)
+    assert "done:" in out and lowest >= 1
+    assert all_on(system, old)
+
+    audit = system.api("GET", "audit", params={"model": "tiny-chat-q4"})["entries"]
+    steps = [(e["action"], e["actor"]) for e in reversed(audit)]
+    for step in [("add", "admin"), ("update", "admin"), ("update-swap", "admin"), ("update-done", "system"),
+                 ("rollback", "admin"), ("rollback-done", "system")]:
+        assert step in steps, steps
