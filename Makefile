@@ -33,3 +33,5 @@ lint: setup
 bench: setup
 	$(PY) bench/catalog_list.py
 	$(PY) bench/reconcile.py
+	$(PY) bench/update_check.py
+	$(PY) bench/mirror_fetch.py

@@ -210,8 +210,11 @@ def _check_branch(
             model.update_check_error = f"last check failed: {repo} has no branch {branch!r} any more"
             model.update_checked_at = now
         return
-    # Models already known to be current at this head need no second request.
-    moved = [m for m in served if head not in (m.origin["commit"], m.origin.get("checked_commit"))]
+    # Models already known to be current, or to have this update, at this head need no second request.
+    moved = [
+        m for m in served
+        if head not in (m.origin["commit"], m.origin.get("checked_commit"), (m.update_available or {}).get("commit"))
+    ]
     for model in served:
         model.update_check_error = ""
         model.update_checked_at = now

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
+from django.forms.renderers import DjangoTemplates
 
 from catalog.definitions import AdapterSerializer, flatten_errors, normalize, path_text
 from catalog.durations import DurationError, parse_duration
@@ -18,7 +19,19 @@ from catalog.errors import CatalogError
 from catalog.models import Model
 
 
+class ConsoleRenderer(DjangoTemplates):
+    """Fields as label, input, errors, help: the errors sit right under what they are about."""
+
+    field_template_name = "console/_field.html"
+
+
 class ConsoleForm(forms.Form):
+    default_renderer = ConsoleRenderer()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("label_suffix", "")
+        super().__init__(*args, **kwargs)
+
     # Problem.field from the services, as it names this form's fields.
     problem_fields: dict[str, str] = {}
 

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from catalog import selectors as catalog_selectors
 from catalog.config import current_config
-from catalog.models import CLASS_CHOICES, AuditEntry, Model
+from catalog.models import CLASS_CHOICES, AuditEntry, Model, Rollout
 from fleet.models import Replica
 from fleet.reconciler import desired_count
 
@@ -51,6 +51,7 @@ class Registry:
     update: dict[str, Any] | None = None
     previous: dict[str, Any] | None = None
     rollout: dict[str, Any] | None = None
+    check_error: str | None = None
 
     @classmethod
     def of(cls, view: dict[str, Any]) -> Registry:
@@ -59,11 +60,12 @@ class Registry:
             update=view.get("update"),
             previous=view.get("previous"),
             rollout=view.get("rollout"),
+            check_error=view.get("update_check_error"),
         )
 
     @property
     def rollout_active(self) -> bool:
-        return bool(self.rollout and self.rollout.get("state") in ("fetching", "verifying", "rolling"))
+        return bool(self.rollout and self.rollout.get("state") in Rollout.ACTIVE)
 
     @property
     def rollout_percent(self) -> int:
@@ -93,9 +95,7 @@ def model_state(ready: int, desired: int) -> str:
 
 def _ready_count() -> Subquery:
     return Subquery(
-        Replica.objects.filter(
-            model=OuterRef("pk"), withdrawn_at__isnull=True, state=Replica.READY
-        )
+        Replica.objects.filter(model=OuterRef("pk"), withdrawn_at__isnull=True, state=Replica.READY)
         .order_by()
         .values("model")
         .annotate(n=Count("pk"))
@@ -134,7 +134,7 @@ def filter_models(
 
 
 def model_rows(models: list[Model], user: Any) -> list[ModelRow]:
-    """Rows for these models (one page of them): one query for all their replicas."""
+    """Rows for these models (one page of them): one query for their replicas, one for rollouts."""
     config = current_config()
     now = timezone.now()
     placed: dict[int, Counter[tuple[str, str]]] = defaultdict(Counter)
@@ -144,13 +144,14 @@ def model_rows(models: list[Model], user: Any) -> list[ModelRow]:
         .values_list("model_id", "node__name", "state")
     ):
         placed[model_id][(node_name, replica_state)] += 1
+    rollouts = catalog_selectors.latest_rollouts(models)
     rows = []
     for model in models:
         counts = placed.get(model.pk, Counter())
         ready = sum(n for (_, s), n in counts.items() if s == Replica.READY)
         desired = desired_count(model, now, config.default_idle_timeout)
         status = {"ready": ready, "replicas": sum(counts.values()), "desired": desired}
-        view = catalog_selectors.model_view(model, config, status)
+        view = catalog_selectors.model_view(model, config, status, rollouts.get(model.pk))
         rows.append(
             ModelRow(
                 view=view,
@@ -239,9 +240,7 @@ def node_cards(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def audit_actions() -> list[str]:
-    return list(
-        AuditEntry.objects.order_by("action").values_list("action", flat=True).distinct()
-    )
+    return list(AuditEntry.objects.order_by("action").values_list("action", flat=True).distinct())
 
 
 def _shown(value: Any) -> str:

@@ -244,25 +244,30 @@ CHANGES: dict[str, Change] = {
             cores=data["cores"],
             profile=data["profile"] or None,
         ),
-        done=lambda model: f"Each replica now reserves {_profiles_text(model)}. "
-        "Running replicas are replaced one at a time to take it.",
+        done=lambda model: (
+            f"Each replica now reserves {_profiles_text(model)}. "
+            "Running replicas are replaced one at a time to take it."
+        ),
     ),
     "class": Change(
         form=forms.ClassForm,
         apply=lambda who, name, data: services.model_set_class(
             actor=who, name=name, klass=data["class"]
         ),
-        done=lambda model: f"Class in force: {model.class_in_force}"
-        + ("" if model.model_class else " (the default)")
-        + ".",
+        done=lambda model: (
+            f"Class in force: {model.class_in_force}"
+            + ("" if model.model_class else " (the default)")
+            + "."
+        ),
     ),
     "owner": Change(
         form=forms.OwnerForm,
         apply=lambda who, name, data: services.model_set_owner(
             actor=who, name=name, username=data["owner"].strip()
         ),
-        done=lambda model: f"{model.name} now belongs to "
-        f"{model.owner.username if model.owner else 'nobody'}.",
+        done=lambda model: (
+            f"{model.name} now belongs to {model.owner.username if model.owner else 'nobody'}."
+        ),
     ),
     "adapters": Change(
         form=forms.AdaptersForm,
@@ -273,9 +278,9 @@ CHANGES: dict[str, Change] = {
             remove=list(data.get("remove") or []),
             source_check=not data["skip_source_check"],
         ),
-        done=lambda model: "Adapters in force: "
-        + (", ".join(a["name"] for a in model.adapters) or "none")
-        + ".",
+        done=lambda model: (
+            "Adapters in force: " + (", ".join(a["name"] for a in model.adapters) or "none") + "."
+        ),
     ),
 }
 
@@ -362,7 +367,9 @@ def model_remove(request: HtmxHttpRequest, name: str) -> HttpResponse:
     return HttpResponseRedirect(reverse("console-models"))
 
 
-def _refused(request: HtmxHttpRequest, model: Model, what: str, error: CatalogError) -> HttpResponse:
+def _refused(
+    request: HtmxHttpRequest, model: Model, what: str, error: CatalogError
+) -> HttpResponse:
     """A refused button (restart, remove, update, rollback): the service's message beside it."""
     if wants_partial(request):
         context = {**model_context(request, model), "errors": {what: error.message}}
@@ -378,7 +385,9 @@ def _done(request: HtmxHttpRequest, model: Model, what: str, text: str) -> HttpR
         messages.success(request, text)
         return HttpResponseRedirect(reverse("console-model", args=[model.name]))
     context = model_context(request, get_model(model.name), done={what: text})
-    return render_partials(request, "console/model.html", [f"{what}-form", *REFRESHED], context, 200)
+    return render_partials(
+        request, "console/model.html", [f"{what}-form", *REFRESHED], context, 200
+    )
 
 
 # -- registry updates (the services come with catalog.updates) -----------------------
@@ -392,6 +401,28 @@ def _updates() -> Any:
     return updates
 
 
+def _registry_answer(
+    request: HtmxHttpRequest, model: Model, *, done: str = "", error: CatalogError | None = None
+) -> HttpResponse:
+    """The registry part again, with what happened; the whole page for a request without htmx."""
+    if not wants_partial(request):
+        if error is not None:
+            context = model_context(request, model, refusal=error.message)
+            return render(request, "console/model.html", context, status=error.status)
+        messages.success(request, done)
+        return HttpResponseRedirect(reverse("console-model", args=[model.name]))
+    row = console_selectors.model_rows([get_model(model.name)], request.user)[0]
+    context = {
+        "row": row,
+        "view": row.view,
+        "registry": row.registry,
+        "compact": request.POST.get("in", request.GET.get("in")) == "list",
+        "done": done,
+        "error": error.message if error else "",
+    }
+    return render(request, "console/_registry.html", context, status=error.status if error else 200)
+
+
 def _registry_action(request: HtmxHttpRequest, name: str, what: str) -> HttpResponse:
     model = get_model(name)
     updates = _updates()
@@ -401,18 +432,20 @@ def _registry_action(request: HtmxHttpRequest, name: str, what: str) -> HttpResp
             code="not_available",
             status=404,
         )
-        return _refused(request, model, what, error)
+        return _registry_answer(request, model, error=error)
     start = updates.start_update if what == "update" else updates.start_rollback
     try:
         start(actor=actor(request), name=model.name)
     except CatalogError as error:
-        return _refused(request, model, what, error)
-    text = (
-        f"Update of {model.name} started: the new files are fetched and checked, then replicas are replaced one at a time."
+        return _registry_answer(request, model, error=error)
+    done = (
+        f"Update of {model.name} started: the new files are fetched and checked, "
+        "then replicas are replaced one at a time."
         if what == "update"
-        else f"Rollback of {model.name} started: replicas go back to the previous files one at a time."
+        else f"Rollback of {model.name} started: replicas go back to the previous files, "
+        "one at a time."
     )
-    return _done(request, model, what, text)
+    return _registry_answer(request, model, done=done)
 
 
 @require_POST
@@ -432,12 +465,9 @@ def model_rollback(request: HtmxHttpRequest, name: str) -> HttpResponse:
 def model_registry(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """The registry part of a model (badge, buttons, rollout progress), polled while a rollout runs."""
     model = get_model(name)
-    row = console_selectors.model_rows([model], request.user)[0]
-    context = {"row": row, "view": row.view, "registry": row.registry}
-    template = "console/models.html" if request.GET.get("in") == "list" else "console/model.html"
     if not wants_partial(request):
         return HttpResponseRedirect(reverse("console-model", args=[model.name]))
-    return render(request, f"{template}#registry", context)
+    return _registry_answer(request, model)
 
 
 # -- add a model ----------------------------------------------------------------------

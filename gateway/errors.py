@@ -1,6 +1,6 @@
 """Refusals in OpenAI's error shape, so that OpenAI clients show them as they show OpenAI's own:
 
-    {"error": {"message": "...", "type": "...", "param": null, "code": "..."}}
+{"error": {"message": "...", "type": "...", "param": null, "code": "..."}}
 """
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ def invalid_key(revoked: bool) -> JsonResponse:
             "`llmgw ctl keys` lists your keys by their first characters, and "
             "`llmgw ctl key create NAME` makes a new one."
         )
-    return openai_error(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+    return openai_error(
+        401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
+    )
 
 
 def bad_request(message: str, *, param: str | None = None) -> JsonResponse:
@@ -57,7 +59,11 @@ def bad_request(message: str, *, param: str | None = None) -> JsonResponse:
 
 def unknown_model(name: str, names: list[str], total: int) -> JsonResponse:
     if names:
-        more = f" (and {total - len(names)} more; GET /v1/models lists them all)" if total > len(names) else ""
+        more = (
+            f" (and {total - len(names)} more; GET /v1/models lists them all)"
+            if total > len(names)
+            else ""
+        )
         listed = f" Models you can use, closest first: {', '.join(names)}{more}."
     else:
         listed = " The catalog has no models yet."

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 
 import requests
+import urllib3
 from urllib3.exceptions import NewConnectionError, ReadTimeoutError
 
 from . import conf
@@ -24,8 +25,13 @@ from .routing import Balancer, Candidate, Serve
 
 CONNECT_TIMEOUT_SECONDS = 5
 
-# Errors of the connection to a replica (refused, reset, cut mid-answer).
-CONNECTION_ERRORS = (requests.ConnectionError, requests.exceptions.ChunkedEncodingError)
+# Errors of the connection to a replica (refused, reset, cut mid-answer); urllib3's own
+# come from reading a body that is not chunked.
+CONNECTION_ERRORS = (
+    requests.ConnectionError,
+    requests.exceptions.ChunkedEncodingError,
+    urllib3.exceptions.HTTPError,
+)
 
 
 class ReplicaGone(Exception):
@@ -158,7 +164,7 @@ def _attempt(candidate: Candidate, path: str, payload: bytes, *, stream: bool) -
     content_type = response.headers.get("Content-Type", "application/json")
     try:
         if stream and response.status_code == 200:
-            chunks = response.iter_content(chunk_size=None)
+            chunks = _chunks(response)
             # The first chunk comes once the engine has started on this request: reading
             # it here means a replica that goes away while the request waits in its queue
             # can still be retried, before the client has been sent anything.
@@ -170,6 +176,16 @@ def _attempt(candidate: Candidate, path: str, payload: bytes, *, stream: bool) -
         raise
     response.close()
     return Answer(candidate, response.status_code, content_type, response, body=body)
+
+
+def _chunks(response: requests.Response) -> Generator[bytes, None, None]:
+    """The body as it arrives: one HTTP chunk at a time (engines stream with chunked
+    encoding), or whatever has arrived when the body is not chunked."""
+    if response.raw.chunked:
+        yield from response.iter_content(chunk_size=None)
+        return
+    while chunk := response.raw.read1(64 * 1024, decode_content=True):
+        yield chunk
 
 
 # -- tokens -----------------------------------------------------------------------------

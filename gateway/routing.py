@@ -14,7 +14,7 @@ import random
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from catalog.models import Model
@@ -72,20 +72,20 @@ def read_catalog() -> Catalog:
     )
     for row in rows:
         maximum = row["min_replicas"] if row["max_replicas"] is None else row["max_replicas"]
-        on_demand = row["min_replicas"] == 0 and maximum > 0
-        parked = row["min_replicas"] == 0 and maximum == 0
-        common = {
-            "model": row["name"],
-            "on_demand": on_demand,
-            "parked": parked,
-            "fallbacks": tuple(row["fallbacks"] or ()),
-            "idle_timeout": row["idle_timeout"],
-            "owner": row["owner__username"],
-            "created": int(row["created_at"].timestamp()),
-        }
-        entries[row["name"]] = Entry(name=row["name"], adapter=False, **common)
+        model = Entry(
+            name=row["name"],
+            model=row["name"],
+            adapter=False,
+            on_demand=row["min_replicas"] == 0 and maximum > 0,
+            parked=row["min_replicas"] == 0 and maximum == 0,
+            fallbacks=tuple(row["fallbacks"] or ()),
+            idle_timeout=row["idle_timeout"],
+            owner=row["owner__username"],
+            created=int(row["created_at"].timestamp()),
+        )
+        entries[model.name] = model
         for adapter in row["adapters"] or ():
-            entries[adapter["name"]] = Entry(name=adapter["name"], adapter=True, **common)
+            entries[adapter["name"]] = replace(model, name=adapter["name"], adapter=True)
     return Catalog(entries=entries, read_at=time.monotonic())
 
 
@@ -233,7 +233,11 @@ def decide(
 
 def _why_unavailable(entry: Entry, starting: bool) -> str:
     what = f"{entry.name} (an adapter of {entry.model})" if entry.adapter else entry.name
-    tried = f"; its fallbacks ({', '.join(entry.fallbacks)}) have none either" if entry.fallbacks else ""
+    tried = (
+        f"; its fallbacks ({', '.join(entry.fallbacks)}) have none either"
+        if entry.fallbacks
+        else ""
+    )
     if entry.parked:
         return (
             f"{what} is in the catalog but deliberately not running (min 0, max 0){tried}. "

@@ -85,6 +85,13 @@ def key_authenticate(secret: str) -> GatewayKey | None:
     return key
 
 
+def key_was_revoked(secret: str) -> bool:
+    """For a refusal's wording only (a second query, on the refused path)."""
+    if not secret.startswith(KEY_PREFIX):
+        return False
+    return GatewayKey.objects.filter(key_hash=hash_key(secret), revoked_at__isnull=False).exists()
+
+
 # -- the idle clock -----------------------------------------------------------------------
 
 # An on-demand model is stopped once nobody has asked for it for its idle timeout.

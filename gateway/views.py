@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET
 
@@ -44,11 +45,11 @@ def _key_error(request: HttpRequest) -> HttpResponse | None:
 
 
 def _gateway_view(
-    view: Callable[[HttpRequest], HttpResponse],
-) -> Callable[[HttpRequest], HttpResponse]:
+    view: Callable[[HttpRequest], HttpResponseBase],
+) -> Callable[[HttpRequest], HttpResponseBase]:
     """An OpenAI endpoint: no CSRF (clients send keys, not cookies), a gateway key required."""
 
-    def wrapped(request: HttpRequest) -> HttpResponse:
+    def wrapped(request: HttpRequest) -> HttpResponseBase:
         refusal = _key_error(request)
         return refusal if refusal is not None else view(request)
 
@@ -60,10 +61,11 @@ def _gateway_view(
 # -- /v1/models --------------------------------------------------------------------------
 
 
-@require_GET
 @_gateway_view
 def models(request: HttpRequest) -> HttpResponse:
     """The models and adapters a key may ask for, in OpenAI's list shape."""
+    if request.method != "GET":
+        return _wrong_method("/v1/models", "GET")
     catalog = routing.catalog_cache.get()
     data = [
         {
@@ -84,18 +86,27 @@ def models(request: HttpRequest) -> HttpResponse:
 
 
 @_gateway_view
-def chat_completions(request: HttpRequest) -> HttpResponse:
+def chat_completions(request: HttpRequest) -> HttpResponseBase:
     return _relay(request, "/v1/chat/completions", "chat", streams=True)
 
 
 @_gateway_view
-def completions(request: HttpRequest) -> HttpResponse:
+def completions(request: HttpRequest) -> HttpResponseBase:
     return _relay(request, "/v1/completions", "completions", streams=True)
 
 
 @_gateway_view
-def embeddings(request: HttpRequest) -> HttpResponse:
+def embeddings(request: HttpRequest) -> HttpResponseBase:
     return _relay(request, "/v1/embeddings", "embeddings", streams=False)
+
+
+def _wrong_method(path: str, method: str) -> HttpResponse:
+    return errors.openai_error(
+        405,
+        f"{path} takes {method} requests.",
+        code="method_not_allowed",
+        headers={"Allow": method},
+    )
 
 
 def _read_body(request: HttpRequest) -> dict[str, Any] | HttpResponse:
@@ -120,11 +131,9 @@ def _read_body(request: HttpRequest) -> dict[str, Any] | HttpResponse:
     return body
 
 
-def _relay(request: HttpRequest, path: str, endpoint: str, *, streams: bool) -> HttpResponse:
+def _relay(request: HttpRequest, path: str, endpoint: str, *, streams: bool) -> HttpResponseBase:
     if request.method != "POST":
-        return errors.openai_error(
-            405, f"{path} takes POST requests.", code="method_not_allowed", headers={"Allow": "POST"}
-        )
+        return _wrong_method(path, "POST")
     started = time.monotonic()
     body = _read_body(request)
     if isinstance(body, HttpResponse):
@@ -142,7 +151,7 @@ def _relay(request: HttpRequest, path: str, endpoint: str, *, streams: bool) -> 
     board.in_flight.labels(entry.name).inc()
     handed_over = False
     try:
-        response = _route_and_send(request, entry, catalog, body, path, endpoint, stream, started)
+        response = _route_and_send(entry, catalog, body, path, endpoint, stream, started)
         handed_over = isinstance(response, StreamingHttpResponse)
         return response
     finally:
@@ -152,7 +161,6 @@ def _relay(request: HttpRequest, path: str, endpoint: str, *, streams: bool) -> 
 
 
 def _route_and_send(
-    request: HttpRequest,
     entry: routing.Entry,
     catalog: routing.Catalog,
     body: dict[str, Any],
@@ -160,15 +168,13 @@ def _route_and_send(
     endpoint: str,
     stream: bool,
     started: float,
-) -> HttpResponse:
+) -> HttpResponseBase:
     wanted = (entry.model, *entry.fallbacks)
     deadline = started + conf.wait_seconds()
     replicas = routing.read_replicas(wanted)
     services.model_asked_for(entry, nothing_ready=not _any_ready(entry, replicas))
     while True:
-        decision = routing.decide(
-            entry, replicas, catalog, may_wait=time.monotonic() < deadline
-        )
+        decision = routing.decide(entry, replicas, catalog, may_wait=time.monotonic() < deadline)
         if not isinstance(decision, routing.Wait):
             break
         services.model_asked_for(entry, nothing_ready=True)
@@ -221,7 +227,7 @@ def _route_and_send(
         return response
 
     streaming = StreamingHttpResponse(
-        _pass_on(answer, entry, decision.model, endpoint, started),
+        _PassOn(answer, entry, decision.model, endpoint, started),
         content_type=answer.content_type,
     )
     streaming[MODEL_HEADER] = decision.model
@@ -234,38 +240,68 @@ def _any_ready(entry: routing.Entry, replicas: dict[str, list[routing.Candidate]
     return any(c.ready and c.serves(entry) for c in replicas.get(entry.model, []))
 
 
-def _pass_on(
-    answer: proxy.Answer, entry: routing.Entry, answered_by: str, endpoint: str, started: float
-) -> Iterator[bytes]:
-    """The stream, chunk by chunk as the replica sends it; the books are closed when it ends
-    (also when the client hangs up: the server then closes this generator)."""
-    tally = proxy.StreamTally()
-    failed = False
-    try:
-        tally.feed(answer.first)
-        yield answer.first
-        for chunk in answer.rest:
-            tally.feed(chunk)
-            yield chunk
-    except proxy.CONNECTION_ERRORS as exc:
-        # Too late to retry or to change the status: tell the client in the stream, in the
-        # shape OpenAI clients raise as an error, rather than ending it as if complete.
-        failed = True
-        log.warning("gateway: the replica of %s broke off a stream: %s", answered_by, exc)
-        message = f"The replica of {answered_by} broke off the answer; try again."
-        yield (
-            b"data: "
-            + json.dumps({"error": {"message": message, "type": "server_error", "code": "stream_broken"}}).encode()
-            + b"\n\n"
-        )
-    finally:
-        answer.response.close()
-        routing.balancer.release(answer.candidate)
+class _PassOn:
+    """The stream, chunk by chunk as the replica sends it.
+
+    The books (in-flight counts, metrics, the replica's connection) are closed in
+    close(), which the server calls when the response ends, also when the client
+    hangs up and also when the stream was never started.
+    """
+
+    def __init__(
+        self,
+        answer: proxy.Answer,
+        entry: routing.Entry,
+        answered_by: str,
+        endpoint: str,
+        started: float,
+    ) -> None:
+        self.answer = answer
+        self.entry = entry
+        self.answered_by = answered_by
+        self.endpoint = endpoint
+        self.started = started
+        self.tally = proxy.StreamTally()
+        self.failed = False
+        self.closed = False
+        self._chunks = self._relay()
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self._chunks
+
+    def _relay(self) -> Generator[bytes, None, None]:
+        self.tally.feed(self.answer.first)
+        yield self.answer.first
+        try:
+            for chunk in self.answer.rest:
+                self.tally.feed(chunk)
+                yield chunk
+        except proxy.CONNECTION_ERRORS as exc:
+            # Too late to retry or to change the status: say so in the stream, in the shape
+            # OpenAI clients raise as an error, rather than end it as though it were complete.
+            self.failed = True
+            log.warning("gateway: the replica of %s broke off a stream: %s", self.answered_by, exc)
+            error = {
+                "message": f"The replica of {self.answered_by} broke off the answer; try again.",
+                "type": "server_error",
+                "code": "stream_broken",
+            }
+            yield b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._chunks.close()
+        self.answer.response.close()
+        routing.balancer.release(self.answer.candidate)
         board = metrics()
-        board.in_flight.labels(entry.name).dec()
-        board.latency.labels(entry.name, endpoint).observe(time.monotonic() - started)
-        _tokens(answered_by, *tally.totals())
-        _count(entry.name, answered_by, endpoint, 502 if failed else 200)
+        board.in_flight.labels(self.entry.name).dec()
+        board.latency.labels(self.entry.name, self.endpoint).observe(
+            time.monotonic() - self.started
+        )
+        _tokens(self.answered_by, *self.tally.totals())
+        _count(self.entry.name, self.answered_by, self.endpoint, 502 if self.failed else 200)
 
 
 def _count(name: str, answered_by: str, endpoint: str, status: int) -> None:

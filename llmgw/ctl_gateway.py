@@ -1,9 +1,128 @@
-"""`llmgw ctl` commands for the gateway (API keys)."""
+"""`llmgw ctl` commands for the gateway: the API keys applications send to /v1/."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 from typing import Any
+
+from .client import Client
+
+KEYS_HELP = """\
+Applications send OpenAI-style requests to the gateway at LLMGW_URL/v1 with a
+gateway key (OpenAI clients: base_url=LLMGW_URL/v1, api_key=KEY). A key is
+yours: you see and revoke your own keys, staff see and revoke everyone's. The
+key itself is printed once, when it is created; only its first characters are
+kept, to tell keys apart."""
+
+
+def _print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def _when(value: str | None, never: str = "never") -> str:
+    return value[:19].replace("T", " ") if value else never
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    )
+
+
+def cmd_keys(client: Client, args: argparse.Namespace) -> None:
+    keys = client.get("keys")
+    if args.json:
+        _print_json(keys)
+        return
+    if not keys:
+        print("No gateway keys yet. Create one with: llmgw ctl key create NAME")
+        return
+    rows = [
+        [
+            str(k["id"]),
+            k["prefix"] + "…",
+            k["name"],
+            k["owner"],
+            k["state"],
+            _when(k["created_at"]),
+            _when(k["last_used_at"]),
+        ]
+        for k in keys
+    ]
+    print(_table(rows, ["ID", "KEY", "NAME", "OWNER", "STATE", "CREATED (UTC)", "LAST USED (UTC)"]))
+
+
+def cmd_key_create(client: Client, args: argparse.Namespace) -> None:
+    key = client.post("keys", {"name": args.name})
+    if args.json:
+        _print_json(key)
+        return
+    print(
+        f"Gateway key {key['id']} ({key['name']}) created for {key['owner']}. It is shown only now:"
+    )
+    print(f"\n  {key['key']}\n")
+    print("Use it with any OpenAI client:")
+    print(f"  base_url={client.url}/v1  api_key={key['key']}")
+    print(f"Revoke it with: llmgw ctl key revoke {key['id']}")
+
+
+def cmd_key_revoke(client: Client, args: argparse.Namespace) -> None:
+    key = client.post(f"keys/{args.id}/revoke", None)
+    print(
+        f"Gateway key {key['id']} ({key['prefix']}…, {key['name']}, owned by {key['owner']}) is revoked "
+        f"since {_when(key['revoked_at'])} UTC: requests with it get 401."
+    )
+
+
+def _key_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a key id; `llmgw ctl keys` lists them (the ID column)"
+        ) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a key id; ids start at 1")
+    return value
 
 
 def add_commands(sub: Any) -> None:
     """Registers the gateway's commands on `llmgw ctl`'s sub-parsers."""
+    p = sub.add_parser(
+        "keys",
+        help="the gateway keys: yours (staff: everyone's)",
+        description=KEYS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=cmd_keys)
+
+    key = sub.add_parser(
+        "key",
+        help="create and revoke gateway keys",
+        description=KEYS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ksub = key.add_subparsers(dest="key_command", required=True, metavar="COMMAND")
+    p = ksub.add_parser(
+        "create",
+        help="create a key of your own and print it (shown only this once)",
+        description="NAME says what the key is for (say, the application that will use it). "
+        "The key works at once; keep it as you would a password.",
+    )
+    p.add_argument("name")
+    p.add_argument("--json", action="store_true", help="print JSON (the key included)")
+    p.set_defaults(run=cmd_key_create)
+    p = ksub.add_parser(
+        "revoke",
+        help="revoke a key: requests with it are refused from now on",
+        description="Your own keys, or anyone's for staff. A revoked key stays listed, "
+        "with when it was last used; revoking it again changes nothing.",
+    )
+    p.add_argument("id", type=_key_id, help="the key's ID, as `llmgw ctl keys` lists it")
+    p.set_defaults(run=cmd_key_revoke)

@@ -1,0 +1,294 @@
+"""Routing decisions, the choice among replicas, and when a failed attempt is sent again."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+import requests
+
+from gateway import proxy, routing
+from gateway.routing import Balancer, Candidate, Catalog, Entry, Serve, Unavailable, Wait, decide
+from tests.gateway.fake_engine import fake_engine
+
+pytestmark = pytest.mark.smoke
+
+
+def entry(name: str, **fields: Any) -> Entry:
+    values: dict[str, Any] = {
+        "name": name,
+        "model": name,
+        "adapter": False,
+        "on_demand": False,
+        "parked": False,
+        "fallbacks": (),
+        "idle_timeout": 0,
+        "owner": "alice",
+        "created": 0,
+    }
+    values.update(fields)
+    return Entry(**values)
+
+
+def replica(id: str, model: str, state: str = "ready", adapters: tuple[str, ...] = ()) -> Candidate:
+    return Candidate(
+        id=id, model=model, state=state, endpoint=f"http://127.0.0.1:1/{id}", adapters=frozenset(adapters)
+    )
+
+
+def catalog_of(*entries: Entry) -> Catalog:
+    return Catalog(entries={e.name: e for e in entries}, read_at=0)
+
+
+# -- decide ---------------------------------------------------------------------------------
+
+
+def test_it_serves_a_model_from_its_ready_replicas() -> None:
+    chat = entry("chat")
+    replicas = {"chat": [replica("a", "chat"), replica("b", "chat", state="starting")]}
+    decision = decide(chat, replicas, catalog_of(chat), may_wait=True)
+    assert decision == Serve(model="chat", engine_name="chat", candidates=(replicas["chat"][0],))
+
+
+def test_an_adapter_goes_only_to_replicas_started_with_it() -> None:
+    base = entry("chat")
+    sql = entry("chat-sql", model="chat", adapter=True)
+    old = replica("old", "chat")  # started before the adapter was added
+    new = replica("new", "chat", adapters=("chat-sql",))
+    decision = decide(sql, {"chat": [old, new]}, catalog_of(base, sql), may_wait=False)
+    assert isinstance(decision, Serve)
+    assert decision.candidates == (new,) and decision.engine_name == "chat-sql"
+    assert decision.model == "chat-sql"
+
+
+def test_an_on_demand_model_with_nothing_running_waits() -> None:
+    chat = entry("chat", on_demand=True, fallbacks=("small",))
+    small = entry("small")
+    replicas = {"small": [replica("s", "small")]}
+    assert decide(chat, replicas, catalog_of(chat, small), may_wait=True) == Wait(
+        model="chat", on_demand=True
+    )
+
+
+def test_a_model_being_placed_waits_rather_than_fall_back() -> None:
+    chat = entry("chat", fallbacks=("small",))
+    small = entry("small")
+    replicas = {"chat": [replica("c", "chat", state="fetching")], "small": [replica("s", "small")]}
+    assert isinstance(decide(chat, replicas, catalog_of(chat, small), may_wait=True), Wait)
+
+
+def test_with_nothing_coming_it_falls_back_in_order() -> None:
+    chat = entry("chat", fallbacks=("medium", "small"))
+    medium, small = entry("medium"), entry("small")
+    replicas = {"medium": [replica("m", "medium", state="starting")], "small": [replica("s", "small")]}
+    decision = decide(chat, replicas, catalog_of(chat, medium, small), may_wait=False)
+    assert decision == Serve(
+        model="small", engine_name="small", candidates=(replicas["small"][0],), fallback_from="chat"
+    )
+
+
+def test_when_the_wait_is_over_it_falls_back() -> None:
+    chat = entry("chat", on_demand=True, fallbacks=("small",))
+    small = entry("small")
+    replicas = {"small": [replica("s", "small")]}
+    decision = decide(chat, replicas, catalog_of(chat, small), may_wait=False)
+    assert isinstance(decision, Serve) and decision.model == "small"
+
+
+def test_with_no_replica_and_no_fallback_it_says_why() -> None:
+    parked = entry("chat", parked=True)
+    decision = decide(parked, {}, catalog_of(parked), may_wait=True)
+    assert decision == Unavailable(
+        message="chat is in the catalog but deliberately not running (min 0, max 0). "
+        "Its owner can start it with `llmgw ctl scale chat --min 1`.",
+        retry_after=10,
+    )
+    plain = entry("chat", fallbacks=("small",))
+    decision = decide(plain, {}, catalog_of(plain, entry("small")), may_wait=False)
+    assert isinstance(decision, Unavailable)
+    assert decision.message == (
+        "chat has no ready replica right now; its fallbacks (small) have none either. "
+        "Try again shortly; `llmgw ctl model target chat` shows why."
+    )
+
+
+def test_parked_models_without_fallbacks_are_not_listed() -> None:
+    catalog = catalog_of(
+        entry("parked", parked=True),
+        entry("covered", parked=True, fallbacks=("live",)),
+        entry("live"),
+        entry("live-sql", model="live", adapter=True),
+    )
+    assert sorted(e.name for e in catalog.usable()) == ["covered", "live", "live-sql"]
+
+
+def test_close_names_come_first() -> None:
+    names = ["alpha", "chat", "chat-large", "embed", "qwen"]
+    assert routing.entry_names_closest_first("chat-larg", names) == [
+        "chat-large",
+        "chat",
+        "alpha",
+        "embed",
+        "qwen",
+    ]
+    assert len(routing.entry_names_closest_first("x", [f"m{i}" for i in range(50)], limit=20)) == 20
+
+
+# -- the balancer ---------------------------------------------------------------------------
+
+
+def test_it_picks_the_replica_with_the_fewest_requests_in_flight() -> None:
+    balancer = Balancer()
+    a, b, c = replica("a", "m"), replica("b", "m"), replica("c", "m")
+    first = {balancer.choose([a, b, c], "m").id for _ in range(3)}
+    assert first == {"a", "b", "c"}  # one each before any gets a second
+    balancer.release(b)
+    assert balancer.choose([a, b, c], "m") == b
+    assert balancer.in_flight("b") == 1 and balancer.in_flight("a") == 1
+
+
+def test_among_equals_it_prefers_the_replica_that_last_served_the_same_name() -> None:
+    # An engine switching between its base model and an adapter reloads the model.
+    balancer = Balancer()
+    a, b = replica("a", "m", adapters=("sql",)), replica("b", "m", adapters=("sql",))
+    balancer.release(balancer.choose([a], "sql"))
+    balancer.release(balancer.choose([b], "m"))
+    for _ in range(10):
+        for name, expected in (("sql", a), ("m", b)):
+            choice = balancer.choose([a, b], name)
+            assert choice == expected
+            balancer.release(choice)
+
+
+def test_ties_are_broken_at_random() -> None:
+    replicas = [replica(str(i), "m") for i in range(4)]
+    assert {Balancer().choose(replicas, "m").id for _ in range(200)} == {"0", "1", "2", "3"}
+
+
+# -- retry once -----------------------------------------------------------------------------
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def connection_refused() -> requests.ConnectionError:
+    try:
+        requests.post(f"http://127.0.0.1:{closed_port()}/v1/completions", timeout=2)
+    except requests.ConnectionError as exc:
+        return exc
+    raise AssertionError("something answered on a closed port")
+
+
+def test_a_refused_connection_is_retried_even_if_the_replica_is_still_routable() -> None:
+    error = connection_refused()
+    assert proxy.never_connected(error)
+    assert proxy.should_retry(error, still_routable=True)
+
+
+def test_a_reset_after_the_engine_took_the_request_is_retried_only_if_withdrawn() -> None:
+    error = requests.ConnectionError(ConnectionResetError(104, "Connection reset by peer"))
+    assert not proxy.never_connected(error)
+    assert proxy.should_retry(error, still_routable=False)
+    assert not proxy.should_retry(error, still_routable=True)
+
+
+def test_a_timeout_is_never_retried() -> None:
+    assert not proxy.should_retry(requests.ReadTimeout("slow"), still_routable=False)
+
+
+def serve(*candidates: Candidate) -> Serve:
+    return Serve(model="m", engine_name="m", candidates=tuple(candidates))
+
+
+def test_send_retries_once_on_another_replica_when_the_first_was_withdrawn() -> None:
+    with fake_engine() as broken, fake_engine() as healthy:
+        broken.mode = "reset"
+        gone = Candidate("gone", "m", "ready", f"http://127.0.0.1:{broken.port}")
+        good = Candidate("good", "m", "ready", f"http://127.0.0.1:{healthy.port}")
+        balancer = Balancer()
+        answer = proxy.send(
+            serve(gone),
+            "/v1/completions",
+            b'{"model": "m"}',
+            stream=False,
+            balancer=balancer,
+            refresh=lambda: (good,),  # the first one was withdrawn meanwhile
+        )
+        assert answer.status == 200 and answer.retried and answer.candidate == good
+        assert len(broken.requests) == 1 and len(healthy.requests) == 1
+        assert balancer.in_flight("gone") == 0 and balancer.in_flight("good") == 1
+
+
+def test_send_does_not_retry_when_the_replica_that_failed_is_still_in_routing() -> None:
+    with fake_engine() as broken, fake_engine() as healthy:
+        broken.mode = "reset"
+        bad = Candidate("bad", "m", "ready", f"http://127.0.0.1:{broken.port}")
+        good = Candidate("good", "m", "ready", f"http://127.0.0.1:{healthy.port}")
+        balancer = Balancer()
+        with pytest.raises(proxy.ReplicaGone):
+            proxy.send(
+                serve(bad),
+                "/v1/completions",
+                b"{}",
+                stream=False,
+                balancer=balancer,
+                refresh=lambda: (bad, good),
+            )
+        assert healthy.requests == [] and balancer.in_flight("bad") == 0
+
+
+def test_send_retries_only_once() -> None:
+    with fake_engine() as first, fake_engine() as second:
+        first.mode = second.mode = "reset"
+        a = Candidate("a", "m", "ready", f"http://127.0.0.1:{first.port}")
+        b = Candidate("b", "m", "ready", f"http://127.0.0.1:{second.port}")
+        with pytest.raises(proxy.ReplicaGone):
+            proxy.send(
+                serve(a),
+                "/v1/completions",
+                b"{}",
+                stream=False,
+                balancer=Balancer(),
+                refresh=lambda: (b,),
+            )
+        assert len(first.requests) == 1 and len(second.requests) == 1
+
+
+def test_a_stream_that_breaks_before_its_first_chunk_is_retried() -> None:
+    with fake_engine() as broken, fake_engine() as healthy:
+        broken.mode = "reset"
+        gone = Candidate("gone", "m", "ready", f"http://127.0.0.1:{broken.port}")
+        good = Candidate("good", "m", "ready", f"http://127.0.0.1:{healthy.port}")
+        answer = proxy.send(
+            serve(gone),
+            "/v1/completions",
+            b'{"model": "m", "stream": true}',
+            stream=True,
+            balancer=Balancer(),
+            refresh=lambda: (good,),
+        )
+        assert answer.streaming and answer.first.startswith(b"data: ")
+        answer.response.close()
+
+
+# -- tokens -----------------------------------------------------------------------------
+
+
+def test_usage_is_read_from_the_answer() -> None:
+    body = b'{"choices": [{"text": "usage"}], "usage": {"prompt_tokens": 3, "completion_tokens": 5}}'
+    assert proxy.usage_of(body) == (3, 5)
+    assert proxy.usage_of(b'{"data": []}') == (0, 0)
+
+
+def test_a_stream_counts_a_token_per_event() -> None:
+    tally = proxy.StreamTally()
+    role = b'data: {"choices": [{"delta": {"role": "assistant"}, "finish_reason": null}]}\n\n'
+    token = b'data: {"choices": [{"delta": {"content": "x"}, "finish_reason": null}]}\n\n'
+    end = b'data: {"choices": [{"delta": {}, "finish_reason": "length"}]}\n\ndata: [DONE]\n\n'
+    for chunk in (role, token, token, token, end):
+        tally.feed(chunk)
+    assert tally.totals() == (0, 3)

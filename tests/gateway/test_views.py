@@ -1,0 +1,326 @@
+"""The /v1/ endpoints against fake engines: routing, streams, fallbacks, waits, errors, metrics."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from catalog.models import Model
+from fleet.models import Replica
+from gateway import routing
+from tests.gateway.fake_engine import FakeEngine
+
+pytestmark = pytest.mark.smoke
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_it_lists_models_and_adapters_in_openais_shape(gw: Any, catalog: Any) -> None:
+    catalog.add("chat", adapters=[{"name": "chat-sql", "source": "http://127.0.0.1:8000/a.gguf"}])
+    catalog.add("parked", min_replicas=0, max_replicas=0)
+    response = gw.get("/v1/models")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "list"
+    assert [(m["id"], m["object"], m["owned_by"], m["parent"]) for m in body["data"]] == [
+        ("chat", "model", "alice", None),
+        ("chat-sql", "model", "alice", "chat"),
+    ]
+
+
+def test_a_chat_completion_goes_to_a_ready_replica(
+    gw: Any, catalog: Any, engine: FakeEngine
+) -> None:
+    catalog.add("chat")
+    catalog.replica("chat", engine)
+    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+    response = gw.post("/v1/chat/completions", body)
+    assert response.status_code == 200
+    assert response["X-LLMGW-Model"] == "chat"
+    assert response.json()["model"] == "chat"
+    assert engine.requests == [("/v1/chat/completions", body)]
+
+
+def test_completions_and_embeddings_pass_through(
+    gw: Any, catalog: Any, engine: FakeEngine
+) -> None:
+    catalog.add("chat")
+    catalog.replica("chat", engine)
+    assert gw.post("/v1/completions", {"model": "chat", "prompt": "a"}).status_code == 200
+    response = gw.post("/v1/embeddings", {"model": "chat", "input": "a"})
+    assert response.status_code == 200 and response.json()["data"][0]["embedding"] == [0.1, 0.2, 0.3]
+    assert [path for path, _ in engine.requests] == ["/v1/completions", "/v1/embeddings"]
+
+
+def test_a_stream_is_passed_on_chunk_by_chunk(gw: Any, catalog: Any, engine: FakeEngine) -> None:
+    catalog.add("chat")
+    catalog.replica("chat", engine)
+    engine.delay, engine.events = 0.3, 4
+    started = time.monotonic()
+    response = gw.post("/v1/completions", {"model": "chat", "prompt": "a", "stream": True})
+    assert response.status_code == 200 and response.streaming
+    assert response["Content-Type"].startswith("text/event-stream")
+    arrivals = []
+    chunks = []
+    for chunk in response.streaming_content:
+        arrivals.append(time.monotonic() - started)
+        chunks.append(chunk)
+    response.close()
+    events = [c for c in chunks if c.startswith(b"data: {")]
+    assert len(events) == 4 and chunks[-1] == b"data: [DONE]\r\n\r\n"
+    # The first event was handed on long before the engine finished (4 x 0.3 s).
+    assert arrivals[0] < 0.6 and arrivals[-1] > 0.9
+
+
+def test_an_adapter_is_asked_for_by_name_on_its_base_models_replica(
+    gw: Any, catalog: Any, engine: FakeEngine, other_engine: FakeEngine
+) -> None:
+    catalog.add("chat", adapters=[{"name": "chat-sql", "source": "http://127.0.0.1:8000/a.gguf"}])
+    catalog.replica("chat", other_engine)  # started before the adapter was added
+    catalog.replica("chat", engine, adapters=("chat-sql",))
+    for _ in range(3):
+        response = gw.post("/v1/completions", {"model": "chat-sql", "prompt": "a"})
+        assert response.status_code == 200 and response["X-LLMGW-Model"] == "chat-sql"
+    assert engine.names() == ["chat-sql"] * 3 and other_engine.requests == []
+
+
+def test_an_unknown_model_gets_404_with_the_names_there_are(gw: Any, catalog: Any) -> None:
+    catalog.add("chat")
+    catalog.add("embed")
+    catalog.add("chat-large")
+    response = gw.post("/v1/completions", {"model": "chta", "prompt": "a"})
+    assert response.status_code == 404
+    assert response.json() == {
+        "error": {
+            "message": "There is no model named 'chta'. Models you can use, closest first: "
+            "chat, chat-large, embed.",
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": "model_not_found",
+        }
+    }
+
+
+def test_a_model_added_a_moment_ago_is_found(gw: Any, catalog: Any, engine: FakeEngine) -> None:
+    catalog.add("chat")
+    assert gw.get("/v1/models").status_code == 200  # the catalog is now cached
+    catalog.add("new")
+    catalog.replica("new", engine)
+    time.sleep(routing.UNKNOWN_NAME_REREAD_SECONDS)
+    assert gw.post("/v1/completions", {"model": "new", "prompt": "a"}).status_code == 200
+
+
+def test_a_body_without_a_model_gets_400(gw: Any, db: Any) -> None:
+    response = gw.post("/v1/chat/completions", {"messages": []})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "model"
+    response = gw.post("/v1/chat/completions", "not json")
+    assert response.status_code == 400
+
+
+def test_a_fallback_answers_when_the_model_has_no_ready_replica(
+    gw: Any, catalog: Any, engine: FakeEngine
+) -> None:
+    catalog.add("small")
+    catalog.add("big", fallbacks=["small"])
+    catalog.replica("small", engine)
+    response = gw.post("/v1/completions", {"model": "big", "prompt": "a"})
+    assert response.status_code == 200
+    assert response["X-LLMGW-Model"] == "small"
+    assert response.json()["model"] == "small"
+    assert engine.names() == ["small"]
+
+
+def test_an_on_demand_model_is_asked_for_and_waited_for(
+    gw: Any, catalog: Any, engine: FakeEngine, settings: Any, monkeypatch: Any
+) -> None:
+    from gateway import views
+
+    settings.LLMGW_GATEWAY_WAIT = 30
+    catalog.add("lazy", min_replicas=0, max_replicas=1, idle_timeout="10s")
+    polls = []
+
+    def sleep(seconds: float) -> None:
+        polls.append(seconds)
+        if len(polls) == 2:  # the reconciler placed it and the node got it ready
+            catalog.replica("lazy", engine)
+
+    monkeypatch.setattr(views.time, "sleep", sleep)
+    response = gw.post("/v1/completions", {"model": "lazy", "prompt": "a"})
+    assert response.status_code == 200 and len(polls) == 2
+    assert Model.objects.get(name="lazy").demand_at is not None
+
+
+def test_it_gives_up_waiting_with_503_and_retry_after(
+    gw: Any, catalog: Any, settings: Any
+) -> None:
+    settings.LLMGW_GATEWAY_WAIT = 0.5
+    catalog.add("lazy", min_replicas=0, max_replicas=1)
+    started = time.monotonic()
+    response = gw.post("/v1/completions", {"model": "lazy", "prompt": "a"})
+    assert 0.5 <= time.monotonic() - started < 3
+    assert response.status_code == 503
+    assert response["Retry-After"] == "10"
+    assert response.json()["error"] == {
+        "message": "lazy is being started and was not ready in time. "
+        "Try again shortly; the Retry-After header says when.",
+        "type": "server_error",
+        "param": None,
+        "code": "model_not_ready",
+    }
+
+
+def test_the_idle_clock_is_written_at_most_every_few_seconds(
+    gw: Any, catalog: Any, engine: FakeEngine, django_assert_num_queries: Any
+) -> None:
+    catalog.add("lazy", min_replicas=0, max_replicas=1)
+    catalog.replica("lazy", engine)
+    assert gw.post("/v1/completions", {"model": "lazy", "prompt": "a"}).status_code == 200
+    first = Model.objects.get(name="lazy").demand_at
+    assert first is not None
+    # The key (one query) and the replicas (one): no catalog read, no write of the clock.
+    with django_assert_num_queries(2):
+        assert gw.post("/v1/completions", {"model": "lazy", "prompt": "a"}).status_code == 200
+    assert Model.objects.get(name="lazy").demand_at == first
+
+
+def test_a_request_costs_two_queries(
+    gw: Any, catalog: Any, engine: FakeEngine, django_assert_num_queries: Any
+) -> None:
+    catalog.add("chat", fallbacks=[])
+    catalog.add("big", fallbacks=["chat"])
+    catalog.replica("chat", engine)
+    assert gw.post("/v1/completions", {"model": "big", "prompt": "a"}).status_code == 200
+    for name in ("chat", "big"):
+        with django_assert_num_queries(2):
+            assert gw.post("/v1/completions", {"model": name, "prompt": "a"}).status_code == 200
+
+
+def test_a_replica_that_refuses_the_connection_is_skipped_once(
+    gw: Any, catalog: Any, engine: FakeEngine
+) -> None:
+    from tests.gateway.test_routing import closed_port
+
+    catalog.add("chat")
+    dead = catalog.replica("chat", closed_port())
+    alive = catalog.replica("chat", engine)
+    # Make the dead one the least busy, so that it is tried first.
+    busy = routing.balancer.choose(
+        [c for c in routing.read_replicas(["chat"])["chat"] if c.id == str(alive.pk)], "chat"
+    )
+    response = gw.post("/v1/completions", {"model": "chat", "prompt": "a"})
+    routing.balancer.release(busy)
+    assert response.status_code == 200 and len(engine.requests) == 1
+    assert routing.balancer.in_flight(str(dead.pk)) == 0
+    metrics = gw.get("/metrics").content.decode()
+    assert 'llmgw_gateway_retries_total{model="chat"} 1.0' in metrics
+
+
+def test_a_replica_failing_without_a_retry_gets_502(gw: Any, catalog: Any, engine: FakeEngine) -> None:
+    catalog.add("chat")
+    catalog.replica("chat", engine)
+    engine.mode = "reset"
+    response = gw.post("/v1/completions", {"model": "chat", "prompt": "a"})
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == "replica_unreachable"
+
+
+def test_an_engine_error_is_passed_on(gw: Any, catalog: Any, engine: FakeEngine) -> None:
+    catalog.add("chat")
+    catalog.replica("chat", engine)
+    engine.mode = "error"
+    response = gw.post("/v1/completions", {"model": "chat", "prompt": "a"})
+    assert response.status_code == 500 and response.json() == {"detail": "the engine fell over"}
+
+
+def test_withdrawn_and_failed_replicas_get_nothing(
+    gw: Any, catalog: Any, engine: FakeEngine, other_engine: FakeEngine
+) -> None:
+    from django.utils import timezone
+
+    catalog.add("chat")
+    catalog.replica("chat", other_engine, state=Replica.FAILED)
+    withdrawn = catalog.replica("chat", other_engine)
+    Replica.objects.filter(pk=withdrawn.pk).update(withdrawn_at=timezone.now())
+    catalog.replica("chat", engine)
+    for _ in range(4):
+        assert gw.post("/v1/completions", {"model": "chat", "prompt": "a"}).status_code == 200
+    assert len(engine.requests) == 4 and other_engine.requests == []
+
+
+def test_metrics_count_requests_tokens_and_in_flight(
+    gw: Any, catalog: Any, engine: FakeEngine
+) -> None:
+    catalog.add("chat")
+    catalog.replica("chat", engine)
+    gw.post("/v1/completions", {"model": "chat", "prompt": "a"})
+    streamed = gw.post("/v1/completions", {"model": "chat", "prompt": "a", "stream": True})
+    during = gw.get("/metrics").content.decode()
+    b"".join(streamed.streaming_content)
+    streamed.close()
+    gw.post("/v1/completions", {"model": "nope", "prompt": "a"})
+    text = gw.get("/metrics").content.decode()
+    assert 'llmgw_gateway_requests_in_flight{model="chat"} 1.0' in during
+    assert 'llmgw_gateway_requests_in_flight{model="chat"} 0.0' in text
+    assert (
+        'llmgw_gateway_requests_total{answered_by="chat",endpoint="completions",model="chat",status="200"} 2.0'
+        in text
+    )
+    assert (
+        'llmgw_gateway_requests_total{answered_by="",endpoint="completions",model="unknown",status="404"} 1.0'
+        in text
+    )
+    assert 'llmgw_gateway_tokens_total{kind="prompt",model="chat"} 3.0' in text
+    assert 'llmgw_gateway_tokens_total{kind="completion",model="chat"} 9.0' in text  # 5 + 4
+    assert 'llmgw_gateway_request_duration_seconds_count{endpoint="completions",model="chat"} 2.0' in text
+
+
+WORKER = """
+import os, sys
+import django
+os.environ["DJANGO_SETTINGS_MODULE"] = "llmgw_site.settings"
+django.setup()
+from gateway.metrics import metrics, exposition
+board = metrics()
+if sys.argv[1] == "count":
+    board.requests.labels("chat", "chat", "completions", "200").inc()
+    board.in_flight.labels("chat").inc()  # and exit with it still up
+else:
+    sys.stdout.write(exposition()[0].decode())
+"""
+
+
+def test_metrics_add_up_across_worker_processes(tmp_path: Path) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("LLMGW", "PROMETHEUS"))},
+        "LLMGW_METRICS_DIR": str(tmp_path / "metrics"),
+        "LLMGW_VAR_DIR": str(tmp_path / "var"),
+    }
+
+    def run(what: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", WORKER, what],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    run("count")
+    run("count")
+    text = run("show")
+    assert (
+        'llmgw_gateway_requests_total{answered_by="chat",endpoint="completions",model="chat",status="200"} 2.0'
+        in text
+    )
+    # The workers that counted are gone: what they had in flight is no longer in flight.
+    assert 'llmgw_gateway_requests_in_flight{model="chat"} 1.0' not in text
