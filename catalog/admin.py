@@ -1,19 +1,346 @@
-"""Admin: read-only for now.
+"""The catalog in the Django admin: the same changes as the API and the console, through the same services.
 
-Catalog changes must go through the services (validation of the whole
-catalog, audit in the same transaction); until the admin's forms call them,
-the admin shows the catalog and the trail without editing them.
+A model is added and changed as its definition (YAML). The form parses and
+validates it with the API's schema, then hands each change to its service with
+the admin user as the actor and "admin" as the door, so the whole-catalog
+checks, the ownership rule, the declared-model rule and the audit entry are the
+ones every other door gets.
+
+The services are called from the form's clean(), not from save_model(): the
+admin offers no later hook that can still put a refusal on the form, and a
+refusal from a service (a taken name, a fallback loop, an unreachable source)
+must be shown there, not become a server error. The admin runs the whole view
+in one transaction, and the changes of one save run in a savepoint of their
+own, so a refused second change undoes the first.
 """
+
+from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
-from django.http import HttpRequest
+import yaml
+from django import forms
+from django.contrib import admin, messages
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
 
-from .models import AuditEntry, Model
+from . import services
+from .definitions import clean_definition
+from .errors import CatalogError, Problem, invalid
+from .models import AuditEntry, CatalogVersion, Fetch, MirrorFile, Model, Rollout
+from .services import Actor
+from .yamltext import Path, YAMLSyntaxError, line_for, load_with_lines
+
+ADMIN = "admin"
+# Parts of a definition that no service changes in place; the rest map to one service each.
+FIXED = ("name", "source", "sha256", "description", "fallbacks", "context_length")
+
+
+def admin_actor(request: HttpRequest) -> Actor:
+    return Actor.for_user(request.user, ADMIN)
+
+
+def definition_text(model: Model) -> str:
+    return yaml.safe_dump(model.definition(), sort_keys=False, allow_unicode=True, width=1000)
+
+
+def _parse(text: str) -> tuple[dict[str, Any], dict[Path, int]]:
+    try:
+        data, lines = load_with_lines(text)
+    except YAMLSyntaxError as exc:
+        raise CatalogError(
+            f"The definition is not valid YAML: {exc}.",
+            code="parse_error",
+            problems=[Problem("", str(exc), exc.line)],
+        ) from None
+    return clean_definition(data, lines=lines), lines
+
+
+def apply_definition(
+    actor: Actor, model: Model, wanted: dict[str, Any], lines: dict[Path, int], source_check: bool
+) -> Model:
+    """Bring a model to the wanted definition, one service per kind of change."""
+    current = clean_definition(model.definition())
+    fixed = [key for key in FIXED if current.get(key) != wanted.get(key)]
+    if fixed:
+        raise invalid(
+            [
+                Problem(
+                    key,
+                    "cannot be changed in place: the admin changes a model through the same "
+                    "operations as the API (scale, resources, class, owner, adapters). Remove the "
+                    "model and add it again with the new definition",
+                    line_for(lines, (key,)),
+                )
+                for key in fixed
+            ]
+        )
+    by_name = {p["name"]: p for p in current["profiles"]}
+    reshaped = [
+        index
+        for index, profile in enumerate(wanted["profiles"])
+        if profile["name"] not in by_name
+        or {k: v for k, v in profile.items() if k not in ("memory_gb", "cores")}
+        != {k: v for k, v in by_name[profile["name"]].items() if k not in ("memory_gb", "cores")}
+    ]
+    if reshaped or len(wanted["profiles"]) != len(current["profiles"]):
+        index = reshaped[0] if reshaped else 0
+        raise invalid(
+            [
+                Problem(
+                    "profiles",
+                    "only memory_gb and cores of the existing profiles can be changed here; to add, "
+                    "remove, rename or give GPUs to a profile, remove the model and add it again",
+                    line_for(lines, ("profiles", index)),
+                )
+            ]
+        )
+    if current.get("owner") and not wanted.get("owner"):
+        raise invalid(
+            [
+                Problem(
+                    "owner",
+                    "a model keeps an owner here: name the user to hand it to",
+                    line_for(lines, ("owner",)),
+                )
+            ]
+        )
+
+    name = model.name
+    with transaction.atomic():
+        if wanted.get("owner") and wanted["owner"] != current.get("owner"):
+            services.model_set_owner(actor=actor, name=name, username=wanted["owner"])
+        if (wanted["class"] or "") != (current["class"] or ""):
+            services.model_set_class(actor=actor, name=name, klass=wanted["class"] or "default")
+        scale = ("min_replicas", "max_replicas", "idle_timeout")
+        if any(wanted[key] != current[key] for key in scale):
+            services.model_scale(
+                actor=actor,
+                name=name,
+                min_replicas=wanted["min_replicas"],
+                max_replicas=wanted["max_replicas"],
+                idle_timeout=wanted["idle_timeout"],
+            )
+        for profile in wanted["profiles"]:
+            before = by_name[profile["name"]]
+            if (profile["memory_gb"], profile["cores"]) != (before["memory_gb"], before["cores"]):
+                services.model_set_resources(
+                    actor=actor,
+                    name=name,
+                    memory_gb=profile["memory_gb"],
+                    cores=profile["cores"],
+                    profile=profile["name"],
+                )
+        # Removed first, then added: an adapter whose entry changed is replaced.
+        had = {a["name"]: a for a in current["adapters"]}
+        want = {a["name"]: a for a in wanted["adapters"]}
+        remove = [n for n in had if want.get(n) != had[n]]
+        add = [a for a in wanted["adapters"] if had.get(a["name"]) != a]
+        if add or remove:
+            services.model_set_adapters(
+                actor=actor, name=name, add=add, remove=remove, source_check=source_check
+            )
+    return Model.objects.select_related("owner").get(name=name)
+
+
+class ModelAdminForm(forms.ModelForm):
+    definition_yaml = forms.CharField(
+        label="Definition (YAML)",
+        widget=forms.Textarea(
+            attrs={"rows": 20, "cols": 100, "spellcheck": "false", "class": "vLargeTextField"}
+        ),
+        help_text="The same YAML as a models: entry in server.yaml or `llmgw ctl model add -f`. "
+        "On a model already in the catalog, the scale, class, owner, the memory and cores of its "
+        "profiles and its adapters can be changed here; each change is checked against the whole "
+        "catalog and recorded in the audit trail.",
+    )
+    skip_source_check = forms.BooleanField(
+        label="Skip the source check",
+        required=False,
+        help_text="Otherwise the control plane asks the source URL (and each new adapter's) whether "
+        "the file is there before storing it. Skip it when the mirror is not up yet, or nodes "
+        "reach it by an address the control plane does not.",
+    )
+
+    # Set per request by ModelAdmin.get_form: the services need to know who acts.
+    request: HttpRequest
+
+    class Meta:
+        model = Model
+        fields: list[str] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk and not self.is_bound:
+            self.initial["definition_yaml"] = definition_text(self.instance)
+
+    def clean(self) -> dict[str, Any] | None:
+        data = super().clean() or {}
+        if self.errors:
+            return data
+        actor = admin_actor(self.request)
+        lines: dict[Path, int] = {}
+        try:
+            wanted, lines = _parse(data["definition_yaml"])
+            if self.instance.pk is None:
+                self.instance = services.model_add(
+                    actor=actor, definition=wanted, source_check=not data["skip_source_check"]
+                )
+            else:
+                self.instance = apply_definition(
+                    actor, self.instance, wanted, lines, not data["skip_source_check"]
+                )
+        except CatalogError as error:
+            self.add_error(None, error.message)
+            for problem in error.problems:
+                self.add_error("definition_yaml", str(problem))
+        return data
+
+
+@admin.register(Model)
+class ModelAdmin(admin.ModelAdmin):
+    form = ModelAdminForm
+    list_display = [
+        "name",
+        "owner",
+        "class_shown",
+        "scaling",
+        "declared",
+        "origin_commit",
+        "update_shown",
+        "updated_at",
+    ]
+    list_filter = ["declared", "model_class", ("owner", admin.RelatedOnlyFieldListFilter)]
+    search_fields = ["name", "description", "owner__username", "source"]
+    list_select_related = ["owner"]
+    list_per_page = 50
+    actions = ["restart_models", "remove_models"]
+    readonly_fields = [
+        "name",
+        "owner",
+        "class_shown",
+        "scaling",
+        "declared",
+        "generation",
+        "source",
+        "origin_commit",
+        "update_shown",
+        "rollout_halted",
+        "console_link",
+        "created_at",
+        "updated_at",
+    ]
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        editing = [("Definition", {"fields": ["definition_yaml", "skip_source_check"]})]
+        if obj is None:
+            return editing
+        in_force = [
+            "name",
+            "owner",
+            "class_shown",
+            "scaling",
+            "declared",
+            "generation",
+            "source",
+            "origin_commit",
+            "update_shown",
+            "rollout_halted",
+            "console_link",
+            ("created_at", "updated_at"),
+        ]
+        return [("In force", {"fields": in_force}), *editing]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return self.readonly_fields if obj is not None else []
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        form = super().get_form(request, obj, change, **kwargs)
+        # A subclass per request: the class attribute must not be shared between requests.
+        return type(form.__name__, (form,), {"request": request})
+
+    def get_actions(self, request: HttpRequest) -> Any:
+        actions = super().get_actions(request)
+        # The stock bulk delete bypasses the services (no checks, no audit).
+        actions.pop("delete_selected", None)
+        return actions
+
+    def save_model(self, request: HttpRequest, obj: Model, form: Any, change: bool) -> None:
+        """Nothing to save: the form's clean() made the change through the services."""
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        """Nothing related is edited here."""
+
+    def delete_model(self, request: HttpRequest, obj: Model) -> None:
+        services.model_remove(actor=admin_actor(request), name=obj.name)
+
+    def delete_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        try:
+            return super().delete_view(request, object_id, extra_context)
+        except CatalogError as error:
+            self.message_user(request, error.message, messages.ERROR)
+            return HttpResponseRedirect(reverse("admin:catalog_model_change", args=[object_id]))
+
+    @admin.action(description="Rolling restart of the selected models")
+    def restart_models(self, request: HttpRequest, queryset: QuerySet[Model]) -> None:
+        self._each(request, queryset, "Rolling restart asked for", services.model_restart)
+
+    @admin.action(description="Remove the selected models")
+    def remove_models(self, request: HttpRequest, queryset: QuerySet[Model]) -> None:
+        self._each(request, queryset, "Removed", services.model_remove)
+
+    def _each(
+        self, request: HttpRequest, queryset: QuerySet[Model], done: str, service: Any
+    ) -> None:
+        names = list(queryset.values_list("name", flat=True))
+        succeeded = []
+        for name in names:
+            try:
+                service(actor=admin_actor(request), name=name)
+            except CatalogError as error:
+                self.message_user(request, error.message, messages.ERROR)
+            else:
+                succeeded.append(name)
+        if succeeded:
+            self.message_user(request, f"{done}: {', '.join(succeeded)}.", messages.SUCCESS)
+
+    @admin.display(description="class", ordering="model_class")
+    def class_shown(self, obj: Model) -> str:
+        return obj.class_in_force + ("" if obj.model_class else " (default)")
+
+    @admin.display(description="scaling")
+    def scaling(self, obj: Model) -> str:
+        if obj.parked:
+            return "not running (0/0)"
+        if obj.on_demand:
+            return f"on demand, up to {obj.effective_max}"
+        return f"{obj.min_replicas} (max {obj.effective_max})"
+
+    @admin.display(description="commit")
+    def origin_commit(self, obj: Model) -> str:
+        return (obj.origin or {}).get("commit", "")[:8] or "—"
+
+    @admin.display(description="update", boolean=False)
+    def update_shown(self, obj: Model) -> str:
+        return (obj.update_available or {}).get("commit", "")[:8] or "—"
+
+    @admin.display(description="console")
+    def console_link(self, obj: Model) -> str:
+        return format_html(
+            '<a href="{}">{}</a>', reverse("console-model", args=[obj.name]), "open in the console"
+        )
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
+    """Rows that only the services and tasks write."""
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
@@ -24,24 +351,112 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-@admin.register(Model)
-class ModelAdmin(ReadOnlyAdmin):
-    list_display = [
-        "name",
-        "owner",
-        "model_class",
-        "min_replicas",
-        "max_replicas",
-        "declared",
-        "updated_at",
-    ]
-    list_filter = ["declared", "model_class"]
-    search_fields = ["name", "description", "owner__username"]
-    list_select_related = ["owner"]
-
-
 @admin.register(AuditEntry)
 class AuditEntryAdmin(ReadOnlyAdmin):
-    list_display = ["at", "actor_name", "door", "action", "model_name"]
-    list_filter = ["action", "door"]
+    list_display = ["at", "actor_name", "door", "action", "model_name", "changed"]
+    list_filter = ["action", "door", "at"]
     search_fields = ["model_name", "actor_name", "note"]
+    date_hierarchy = "at"
+    list_per_page = 50
+    fields = readonly_fields = (
+        "at",
+        "actor_name",
+        "door",
+        "action",
+        "model_name",
+        "changes_table",
+        "note",
+        "before",
+        "after",
+    )
+
+    @admin.display(description="changed")
+    def changed(self, obj: AuditEntry) -> str:
+        return ", ".join(obj.changes or {}) or "—"
+
+    @admin.display(description="changes")
+    def changes_table(self, obj: AuditEntry) -> str:
+        if not obj.changes:
+            return "—"
+        return format_html(
+            "<table>{}</table>",
+            format_html_join(
+                "",
+                "<tr><th>{}</th><td>{}</td><td>→</td><td>{}</td></tr>",
+                ((key, _shown(old), _shown(new)) for key, (old, new) in obj.changes.items()),
+            ),
+        )
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "—"
+    return (
+        value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip()
+    )
+
+
+@admin.register(Rollout)
+class RolloutAdmin(ReadOnlyAdmin):
+    list_display = [
+        "model",
+        "kind",
+        "state",
+        "from_commit_short",
+        "to_commit_short",
+        "replaced",
+        "total",
+        "actor_name",
+        "created_at",
+        "finished_at",
+    ]
+    list_filter = ["kind", "state", "door"]
+    search_fields = ["model__name", "actor_name", "from_commit", "to_commit", "message"]
+    list_select_related = ["model"]
+
+    @admin.display(description="from")
+    def from_commit_short(self, obj: Rollout) -> str:
+        return obj.from_commit[:8]
+
+    @admin.display(description="to")
+    def to_commit_short(self, obj: Rollout) -> str:
+        return obj.to_commit[:8]
+
+
+@admin.register(Fetch)
+class FetchAdmin(ReadOnlyAdmin):
+    list_display = [
+        "repo",
+        "branch",
+        "commit_short",
+        "state",
+        "bytes_done",
+        "bytes_total",
+        "door",
+        "created_at",
+        "finished_at",
+    ]
+    list_filter = ["state", "door"]
+    search_fields = ["repo", "commit", "message"]
+
+    @admin.display(description="commit")
+    def commit_short(self, obj: Fetch) -> str:
+        return obj.commit[:8]
+
+
+@admin.register(MirrorFile)
+class MirrorFileAdmin(ReadOnlyAdmin):
+    list_display = ["repo", "commit_short", "path", "size", "sha256", "fetched_at"]
+    search_fields = ["repo", "commit", "path", "sha256"]
+    list_filter = ["repo"]
+
+    @admin.display(description="commit")
+    def commit_short(self, obj: MirrorFile) -> str:
+        return obj.commit[:8]
+
+
+@admin.register(CatalogVersion)
+class CatalogVersionAdmin(ReadOnlyAdmin):
+    """The row every catalog write locks and bumps; shown so that its count can be checked."""
+
+    list_display = ["pk", "version"]

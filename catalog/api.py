@@ -98,7 +98,9 @@ class ModelsAPI(APIView):
         models = list(selectors.model_queryset())
         status = model_status(models)
         rollouts = selectors.latest_rollouts(models)
-        return Response([selectors.model_view(m, config, status[m.pk], rollouts.get(m.pk)) for m in models])
+        return Response(
+            [selectors.model_view(m, config, status[m.pk], rollouts.get(m.pk)) for m in models]
+        )
 
     @extend_schema(
         summary="Add a model (its definition as JSON or YAML)",

@@ -22,6 +22,8 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from llmgw.hashing import BackgroundHasher
+
 from .config import current_config
 from .mirror_files import mirror_url
 from .models import Fetch, MirrorFile, Model, Rollout
@@ -78,7 +80,11 @@ def origin_for_source(url: str) -> dict[str, Any] | None:
     record = MirrorFile.objects.filter(repo=repo, commit=commit, path=path).first()
     if record is None:
         return None
-    fetch = Fetch.objects.filter(repo=repo, commit=commit, state=Fetch.DONE).order_by("-created_at").first()
+    fetch = (
+        Fetch.objects.filter(repo=repo, commit=commit, state=Fetch.DONE)
+        .order_by("-created_at")
+        .first()
+    )
     return {
         "repo": repo,
         "branch": fetch.branch if fetch else "main",
@@ -95,7 +101,9 @@ def claim_fetch(fetch_id: int) -> bool:
     now = timezone.now()
     stale = now - timedelta(seconds=STALE_SECONDS)
     claimed = Fetch.objects.filter(
-        Q(state=Fetch.QUEUED) | Q(state=Fetch.RUNNING, heartbeat_at__lt=stale) | Q(state=Fetch.RUNNING, heartbeat_at=None),
+        Q(state=Fetch.QUEUED)
+        | Q(state=Fetch.RUNNING, heartbeat_at__lt=stale)
+        | Q(state=Fetch.RUNNING, heartbeat_at=None),
         pk=fetch_id,
     ).update(state=Fetch.RUNNING, heartbeat_at=now)
     return claimed == 1
@@ -108,12 +116,18 @@ def run_fetch(fetch_id: int) -> None:
     try:
         _download_all(fetch)
     except FetchFailed as exc:
-        Fetch.objects.filter(pk=fetch.pk).update(state=Fetch.FAILED, message=str(exc), finished_at=timezone.now())
+        Fetch.objects.filter(pk=fetch.pk).update(
+            state=Fetch.FAILED, message=str(exc), finished_at=timezone.now()
+        )
         log.warning("fetch %s failed: %s", fetch.pk, exc)
         _after_fetch(fetch.pk)
         return
     Fetch.objects.filter(pk=fetch.pk).update(
-        state=Fetch.DONE, bytes_done=fetch.bytes_total, message="", finished_at=timezone.now(), heartbeat_at=timezone.now()
+        state=Fetch.DONE,
+        bytes_done=fetch.bytes_total,
+        message="",
+        finished_at=timezone.now(),
+        heartbeat_at=timezone.now(),
     )
     _after_fetch(fetch.pk)
 
@@ -142,11 +156,15 @@ def _download_all(fetch: Fetch) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.part")
         url = registry.file_url(fetch.repo, fetch.commit, entry["path"])
-        sha256 = hashlib.sha256()
-        git_blob = hashlib.sha1(f"blob {entry['size']}\0".encode())
+        # Small plain files have no sha256 in the registry, only a git blob id (sha1).
+        algorithm = "sha256" if entry.get("sha256") else "sha1"
+        prefix = b"" if entry.get("sha256") else f"blob {entry['size']}\0".encode()
+        digest = BackgroundHasher(algorithm, prefix=prefix)
         size = 0
         try:
-            with requests.get(url, headers=registry.headers, stream=True, timeout=(10, 120)) as response:
+            with requests.get(
+                url, headers=registry.headers, stream=True, timeout=(10, 120)
+            ) as response:
                 if response.status_code != 200:
                     raise FetchFailed(
                         f"the registry answered {response.status_code} for {entry['path']} at {fetch.commit[:12]}"
@@ -154,45 +172,59 @@ def _download_all(fetch: Fetch) -> None:
                 with partial.open("wb") as out:
                     for chunk in response.iter_content(CHUNK):
                         out.write(chunk)
-                        sha256.update(chunk)
-                        git_blob.update(chunk)
+                        digest.update(chunk)
                         size += len(chunk)
                         if time.monotonic() - last_report > PROGRESS_EVERY_SECONDS:
                             last_report = time.monotonic()
                             Fetch.objects.filter(pk=fetch.pk).update(
-                                bytes_done=done + size, heartbeat_at=timezone.now(),
+                                bytes_done=done + size,
+                                heartbeat_at=timezone.now(),
                                 message=f"fetching {entry['path']}",
                             )
-            _verify(entry, size, sha256.hexdigest(), git_blob.hexdigest())
+                    out.flush()
+                    os.fsync(out.fileno())
+            [hexdigest] = digest.hexdigests()
+            _verify(entry, size, hexdigest, partial)
             os.replace(partial, target)
         except requests.RequestException as exc:
-            raise FetchFailed(f"the download of {entry['path']} from {url} broke off: {exc}") from None
+            raise FetchFailed(
+                f"the download of {entry['path']} from {url} broke off: {exc}"
+            ) from None
         finally:
+            digest.close()
             partial.unlink(missing_ok=True)
         _record(fetch, entry, url)
         done += size
         Fetch.objects.filter(pk=fetch.pk).update(bytes_done=done, heartbeat_at=timezone.now())
 
 
-def _verify(entry: dict[str, Any], size: int, sha256: str, git_blob: str) -> None:
+def _verify(entry: dict[str, Any], size: int, hexdigest: str, path: Path) -> None:
     if size != entry["size"]:
         raise FetchFailed(
             f"{entry['path']} came to {size} bytes, but the registry lists {entry['size']}; nothing was kept"
         )
     expected = entry.get("sha256")
-    if expected and sha256 != expected:
+    if expected and hexdigest != expected:
         raise FetchFailed(
-            f"sha256 mismatch for {entry['path']}: the registry says {expected}, the download is {sha256}; "
+            f"sha256 mismatch for {entry['path']}: the registry says {expected}, the download is {hexdigest}; "
             "nothing was kept"
         )
     blob_id = entry.get("blob_id")
-    if not expected and blob_id and git_blob != blob_id:
-        raise FetchFailed(f"{entry['path']} does not match the registry's git blob id; nothing was kept")
-    entry["sha256"] = expected or sha256
+    if not expected and blob_id and hexdigest != blob_id:
+        raise FetchFailed(
+            f"{entry['path']} does not match the registry's git blob id; nothing was kept"
+        )
+    if not expected:
+        # Recorded as the file's sha256, which nodes verify against.
+        # Small plain files (no LFS): their sha256, which nodes verify against, is worked out here.
+        with path.open("rb") as handle:
+            entry["sha256"] = hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _already_here(fetch: Fetch, entry: dict[str, Any], target: Path) -> bool:
-    record = MirrorFile.objects.filter(repo=fetch.repo, commit=fetch.commit, path=entry["path"]).first()
+    record = MirrorFile.objects.filter(
+        repo=fetch.repo, commit=fetch.commit, path=entry["path"]
+    ).first()
     return record is not None and target.exists() and target.stat().st_size == record.size
 
 
@@ -200,7 +232,9 @@ def _link_same_content(fetch: Fetch, entry: dict[str, Any], target: Path) -> boo
     """A file unchanged since another commit is linked, not downloaded again."""
     if not entry.get("sha256"):
         return False
-    for record in MirrorFile.objects.filter(repo=fetch.repo, path=entry["path"], sha256=entry["sha256"]):
+    for record in MirrorFile.objects.filter(
+        repo=fetch.repo, path=entry["path"], sha256=entry["sha256"]
+    ):
         existing = local_path(record.repo, record.commit, record.path)
         if existing.exists() and existing.stat().st_size == entry["size"]:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -213,7 +247,9 @@ def _link_same_content(fetch: Fetch, entry: dict[str, Any], target: Path) -> boo
 
 def _record(fetch: Fetch, entry: dict[str, Any], url: str) -> None:
     MirrorFile.objects.update_or_create(
-        repo=fetch.repo, commit=fetch.commit, path=entry["path"],
+        repo=fetch.repo,
+        commit=fetch.commit,
+        path=entry["path"],
         defaults={"sha256": entry["sha256"], "size": entry["size"], "source_url": url},
     )
 

@@ -199,7 +199,9 @@ class MirrorFile(models.Model):
     fetched_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["repo", "commit", "path"], name="mirror_file_once")]
+        constraints = [
+            models.UniqueConstraint(fields=["repo", "commit", "path"], name="mirror_file_once")
+        ]
 
     def __str__(self) -> str:
         return f"{self.repo}@{self.commit[:7]}/{self.path}"
@@ -253,7 +255,9 @@ class Rollout(models.Model):
     to_commit = models.CharField(max_length=64, blank=True, default="")
     from_source = models.CharField(max_length=2000, blank=True, default="")
     to_source = models.CharField(max_length=2000, blank=True, default="")
-    fetch = models.ForeignKey(Fetch, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    fetch = models.ForeignKey(
+        Fetch, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     step = models.CharField(max_length=300, blank=True, default="")
     message = models.TextField(blank=True, default="")
     replaced = models.PositiveIntegerField(default=0)
@@ -271,7 +275,9 @@ class Rollout(models.Model):
         constraints = [
             # Two rollouts of one model at once would fight over its source.
             models.UniqueConstraint(
-                fields=["model"], condition=models.Q(state__in=["fetching", "rolling"]), name="one_active_rollout"
+                fields=["model"],
+                condition=models.Q(state__in=["fetching", "rolling"]),
+                name="one_active_rollout",
             )
         ]
 

@@ -28,14 +28,22 @@ class RegistryFile:
     blob_id: str | None
 
     def as_dict(self) -> dict[str, object]:
-        return {"path": self.path, "size": self.size, "sha256": self.sha256, "blob_id": self.blob_id}
+        return {
+            "path": self.path,
+            "size": self.size,
+            "sha256": self.sha256,
+            "blob_id": self.blob_id,
+        }
 
 
 class Registry:
     def __init__(self, endpoint: str | None = None, token: str | None = None) -> None:
         config = current_config()
         self.endpoint = (endpoint or config.registry_endpoint).rstrip("/")
-        self.api = HfApi(endpoint=self.endpoint, token=token if token is not None else (config.registry_token or None))
+        self.api = HfApi(
+            endpoint=self.endpoint,
+            token=token if token is not None else (config.registry_token or None),
+        )
         self.requests = 0
         self._lock = threading.Lock()
 
@@ -45,7 +53,9 @@ class Registry:
 
     def _fail(self, repo: str, what: str, exc: Exception) -> RegistryError:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return RegistryError(f"the registry at {self.endpoint} could not {what} for {repo}: {detail}")
+        return RegistryError(
+            f"the registry at {self.endpoint} could not {what} for {repo}: {detail}"
+        )
 
     def branch_heads(self, repo: str) -> dict[str, str]:
         """Every branch of a repository and the commit it points at (one request)."""

@@ -56,7 +56,10 @@ def model_view(
         "update": model.update_available,
         "update_check_error": model.update_check_error or None,
         "previous": (
-            {"source": model.previous["source"], "commit": (model.previous.get("origin") or {}).get("commit")}
+            {
+                "source": model.previous["source"],
+                "commit": (model.previous.get("origin") or {}).get("commit"),
+            }
             if model.previous
             else None
         ),
@@ -98,7 +101,9 @@ def audit_view(entry: AuditEntry) -> dict[str, Any]:
 def latest_rollouts(models: list[Model]) -> dict[int, Rollout]:
     """Each model's latest rollout, in one query."""
     latest: dict[int, Rollout] = {}
-    for rollout in Rollout.objects.filter(model__in=models).order_by("model_id", "-created_at", "-id"):
+    for rollout in Rollout.objects.filter(model__in=models).order_by(
+        "model_id", "-created_at", "-id"
+    ):
         latest.setdefault(rollout.model_id, rollout)
     return latest
 
@@ -135,7 +140,9 @@ def fetch_view(fetch: Fetch) -> dict[str, Any]:
         "bytes_total": fetch.bytes_total,
         "message": fetch.message,
         "model": model,
-        "model_added": bool(model and fetch.state == Fetch.DONE and Model.objects.filter(name=model).exists()),
+        "model_added": bool(
+            model and fetch.state == Fetch.DONE and Model.objects.filter(name=model).exists()
+        ),
     }
 
 

@@ -81,9 +81,15 @@ def serve_start(
     registry = Registry()
     try:
         commit = registry.branch_head(repo, branch)
-        matches = [f for f in match_files(registry.files(repo, commit), pattern) if f.path.endswith(".gguf")]
+        matches = [
+            f
+            for f in match_files(registry.files(repo, commit), pattern)
+            if f.path.endswith(".gguf")
+        ]
     except RegistryError as exc:
-        raise CatalogError(f"Cannot serve {repo}: {exc}.", code="registry_error", status=502) from None
+        raise CatalogError(
+            f"Cannot serve {repo}: {exc}.", code="registry_error", status=502
+        ) from None
     if not matches:
         raise CatalogError(
             f"{repo} has no GGUF file matching {pattern!r} on {branch} ({commit[:7]}). "
@@ -110,7 +116,9 @@ def serve_start(
                 {
                     "name": "cpu",
                     # Weights plus room for the KV cache and the engine when not given.
-                    "memory_gb": memory_gb if memory_gb is not None else max(1, math.ceil(size_gib * 1.25 + 0.5)),
+                    "memory_gb": memory_gb
+                    if memory_gb is not None
+                    else max(1, math.ceil(size_gib * 1.25 + 0.5)),
                     "cores": cores if cores is not None else 1,
                 }
             ],
@@ -120,14 +128,21 @@ def serve_start(
         _lock_catalog()
         if Model.objects.filter(name=definition["name"]).exists():
             raise conflict(
-                f"A model named {definition['name']} already exists; choose another with --name.", code="name_taken"
+                f"A model named {definition['name']} already exists; choose another with --name.",
+                code="name_taken",
             )
         catalog = _catalog_snapshot()
         catalog[definition["name"]] = definition
         _refuse_if_invalid(catalog, [definition["name"]])
         fetch = Fetch.objects.create(
-            repo=repo, branch=branch, commit=commit, files=[weights.as_dict()], bytes_total=weights.size,
-            serve_definition=definition, requested_by=actor.user, door=actor.door,
+            repo=repo,
+            branch=branch,
+            commit=commit,
+            files=[weights.as_dict()],
+            bytes_total=weights.size,
+            serve_definition=definition,
+            requested_by=actor.user,
+            door=actor.door,
         )
         _kick("catalog.tasks.run_fetch", fetch.pk)
     return fetch
@@ -135,9 +150,13 @@ def serve_start(
 
 def finish_serve(fetch: Fetch) -> None:
     """The files are in (or not): add the model the fetch was for, as the person who asked."""
-    if fetch.state != Fetch.DONE or not fetch.serve_definition or Model.objects.filter(
-        name=fetch.serve_definition["name"], source=fetch.serve_definition["source"]
-    ).exists():
+    if (
+        fetch.state != Fetch.DONE
+        or not fetch.serve_definition
+        or Model.objects.filter(
+            name=fetch.serve_definition["name"], source=fetch.serve_definition["source"]
+        ).exists()
+    ):
         return
     user = fetch.requested_by
     actor = Actor.for_user(user, fetch.door) if user is not None else SYSTEM
@@ -145,8 +164,15 @@ def finish_serve(fetch: Fetch) -> None:
         model_add(actor=actor, definition=fetch.serve_definition, source_check=False)
     except CatalogError as exc:
         Fetch.objects.filter(pk=fetch.pk).update(
-            state=Fetch.FAILED, message=f"the files are in the mirror, but the model was not added: {exc.message}"
+            state=Fetch.FAILED,
+            message=f"the files are in the mirror, but the model was not added: {exc.message}",
         )
+
+
+def _origin(model: Model) -> dict[str, Any]:
+    """The origin of a model the check looks at (only those with one are)."""
+    assert model.origin is not None
+    return model.origin
 
 
 # -- the check --------------------------------------------------------------------
@@ -168,7 +194,7 @@ def check_updates(*, registry: Registry | None = None, now: datetime | None = No
     models = list(Model.objects.exclude(origin=None)) + _adopt_origins()
     by_repo: dict[str, list[Model]] = {}
     for model in models:
-        by_repo.setdefault(model.origin["repo"], []).append(model)
+        by_repo.setdefault(_origin(model)["repo"], []).append(model)
     report.repositories = len(by_repo)
     for repo, served in by_repo.items():
         try:
@@ -181,11 +207,13 @@ def check_updates(*, registry: Registry | None = None, now: datetime | None = No
             continue
         branches: dict[str, list[Model]] = {}
         for model in served:
-            branches.setdefault(model.origin.get("branch", "main"), []).append(model)
+            branches.setdefault(_origin(model).get("branch", "main"), []).append(model)
         for branch, on_branch in branches.items():
             _check_branch(registry, repo, branch, heads.get(branch), on_branch, now, report)
     Model.objects.bulk_update(
-        models, ["origin", "update_available", "update_checked_at", "update_check_error"], batch_size=500
+        models,
+        ["origin", "update_available", "update_checked_at", "update_check_error"],
+        batch_size=500,
     )
     report.requests = registry.requests
     return report
@@ -203,26 +231,40 @@ def _adopt_origins() -> list[Model]:
 
 
 def _check_branch(
-    registry: Registry, repo: str, branch: str, head: str | None, served: list[Model], now: datetime, report: CheckReport
+    registry: Registry,
+    repo: str,
+    branch: str,
+    head: str | None,
+    served: list[Model],
+    now: datetime,
+    report: CheckReport,
 ) -> None:
     if head is None:
         for model in served:
-            model.update_check_error = f"last check failed: {repo} has no branch {branch!r} any more"
+            model.update_check_error = (
+                f"last check failed: {repo} has no branch {branch!r} any more"
+            )
             model.update_checked_at = now
         return
     # Models already known to be current, or to have this update, at this head need no second request.
     moved = [
-        m for m in served
-        if head not in (m.origin["commit"], m.origin.get("checked_commit"), (m.update_available or {}).get("commit"))
+        m
+        for m in served
+        if head
+        not in (
+            _origin(m)["commit"],
+            _origin(m).get("checked_commit"),
+            (m.update_available or {}).get("commit"),
+        )
     ]
     for model in served:
         model.update_check_error = ""
         model.update_checked_at = now
-        if model not in moved and model.origin["commit"] == head:
+        if model not in moved and _origin(model)["commit"] == head:
             model.update_available = None
     if not moved:
         return
-    paths = sorted({f["path"] for m in moved for f in m.origin["files"]})
+    paths = sorted({f["path"] for m in moved for f in _origin(m)["files"]})
     try:
         current = {f.path: f for f in registry.paths(repo, head, paths)}
     except RegistryError as exc:
@@ -232,22 +274,26 @@ def _check_branch(
         return
     for model in moved:
         changed = []
-        for served_file in model.origin["files"]:
+        for served_file in _origin(model)["files"]:
             new = current.get(served_file["path"])
             if new is None:
-                model.update_check_error = f"{served_file['path']} is gone from {repo} at {head[:7]}"
+                model.update_check_error = (
+                    f"{served_file['path']} is gone from {repo} at {head[:7]}"
+                )
                 continue
             if new.sha256 != served_file["sha256"]:
                 changed.append(new.as_dict())
         if changed:
             model.update_available = {
-                "commit": head, "files": changed, "bytes": sum(f["size"] for f in changed),
+                "commit": head,
+                "files": changed,
+                "bytes": sum(f["size"] for f in changed),
                 "checked_at": now.isoformat(),
             }
             report.updates.append(model.name)
         else:
             # The branch moved, but not the files this model serves: not an update.
-            model.origin = {**model.origin, "checked_commit": head}
+            model.origin = {**(model.origin or {}), "checked_commit": head}
             model.update_available = None
 
 
@@ -269,7 +315,9 @@ def start_update(*, actor: Actor, name: str) -> Rollout:
     with transaction.atomic():
         _lock_catalog()
         model = _get_model(name)
-        _refuse_if_declared(model, "an update made here would revert then (its source is in the file)")
+        _refuse_if_declared(
+            model, "an update made here would revert then (its source is in the file)"
+        )
         _require_change_rights(actor, model)
         _refuse_if_rolling(model)
         if not model.origin:
@@ -288,19 +336,37 @@ def start_update(*, actor: Actor, name: str) -> Rollout:
         repo, new_commit = model.origin["repo"], update["commit"]
         changed = {f["path"]: f for f in update["files"]}
         files = [changed.get(f["path"], f) for f in model.origin["files"]]
-        weights_path = parse_mirror_url(model.source)[2] if parse_mirror_url(model.source) else files[0]["path"]
+        in_mirror = parse_mirror_url(model.source)
+        weights_path = in_mirror[2] if in_mirror else files[0]["path"]
         fetch = Fetch.objects.create(
-            repo=repo, branch=model.origin.get("branch", "main"), commit=new_commit, files=files,
-            bytes_total=sum(f["size"] for f in files), requested_by=actor.user, door=actor.door,
+            repo=repo,
+            branch=model.origin.get("branch", "main"),
+            commit=new_commit,
+            files=files,
+            bytes_total=sum(f["size"] for f in files),
+            requested_by=actor.user,
+            door=actor.door,
         )
         rollout = Rollout.objects.create(
-            model=model, kind="update", state=Rollout.FETCHING, from_commit=model.origin["commit"],
-            to_commit=new_commit, from_source=model.source, to_source=file_url(repo, new_commit, weights_path),
-            fetch=fetch, step="fetching the new files into the mirror", requested_by=actor.user,
-            actor_name=actor.name, door=actor.door,
+            model=model,
+            kind="update",
+            state=Rollout.FETCHING,
+            from_commit=model.origin["commit"],
+            to_commit=new_commit,
+            from_source=model.source,
+            to_source=file_url(repo, new_commit, weights_path),
+            fetch=fetch,
+            step="fetching the new files into the mirror",
+            requested_by=actor.user,
+            actor_name=actor.name,
+            door=actor.door,
         )
         _record(
-            actor, model.name, "update", {"commit": model.origin["commit"]}, {"commit": new_commit},
+            actor,
+            model.name,
+            "update",
+            {"commit": model.origin["commit"]},
+            {"commit": new_commit},
             note=f"update asked for: {model.origin['commit'][:7]} -> {new_commit[:7]}, fetching "
             f"{len(changed)} changed file(s)",
         )
@@ -313,11 +379,14 @@ def start_rollback(*, actor: Actor, name: str) -> Rollout:
     with transaction.atomic():
         _lock_catalog()
         model = _get_model(name)
-        _refuse_if_declared(model, "a rollback made here would revert then (its source is in the file)")
+        _refuse_if_declared(
+            model, "a rollback made here would revert then (its source is in the file)"
+        )
         _require_change_rights(actor, model)
         if not model.previous:
             raise CatalogError(
-                f"{model.name} has no previous weights to go back to: it was never updated.", code="no_previous"
+                f"{model.name} has no previous weights to go back to: it was never updated.",
+                code="no_previous",
             )
         for active in Rollout.objects.filter(model=model, state__in=Rollout.ACTIVE):
             active.state, active.finished_at = Rollout.FAILED, timezone.now()
@@ -326,14 +395,24 @@ def start_rollback(*, actor: Actor, name: str) -> Rollout:
         current_commit = (model.origin or {}).get("commit", "")
         target = model.previous
         rollout = Rollout.objects.create(
-            model=model, kind="rollback", state=Rollout.ROLLING, from_commit=current_commit,
-            to_commit=(target.get("origin") or {}).get("commit", ""), from_source=model.source,
-            to_source=target["source"], step="replacing replicas", requested_by=actor.user,
-            actor_name=actor.name, door=actor.door,
+            model=model,
+            kind="rollback",
+            state=Rollout.ROLLING,
+            from_commit=current_commit,
+            to_commit=(target.get("origin") or {}).get("commit", ""),
+            from_source=model.source,
+            to_source=target["source"],
+            step="replacing replicas",
+            requested_by=actor.user,
+            actor_name=actor.name,
+            door=actor.door,
         )
         _swap(model, target["source"], target.get("sha256", ""), target.get("origin"))
         _record(
-            actor, model.name, "rollback", {"commit": current_commit, "source": rollout.from_source},
+            actor,
+            model.name,
+            "rollback",
+            {"commit": current_commit, "source": rollout.from_source},
             {"commit": rollout.to_commit, "source": rollout.to_source},
             note=f"rollback: {current_commit[:7]} -> {rollout.to_commit[:7]}",
         )
@@ -345,9 +424,15 @@ def _swap(model: Model, source: str, sha256: str, origin: dict[str, Any] | None)
     """Point the model at other files, keeping the current ones as what a rollback returns to."""
     model.previous = {"source": model.source, "sha256": model.sha256, "origin": model.origin}
     model.source, model.sha256, model.origin = source, sha256, origin
-    if origin and model.update_available and model.update_available.get("commit") == origin.get("commit"):
+    if (
+        origin
+        and model.update_available
+        and model.update_available.get("commit") == origin.get("commit")
+    ):
         model.update_available = None
-    model.save(update_fields=["previous", "source", "sha256", "origin", "update_available", "updated_at"])
+    model.save(
+        update_fields=["previous", "source", "sha256", "origin", "update_available", "updated_at"]
+    )
 
 
 # -- advancing rollouts -----------------------------------------------------------
@@ -355,7 +440,9 @@ def _swap(model: Model, source: str, sha256: str, origin: dict[str, Any] | None)
 
 def advance_rollouts() -> None:
     """Move every rollout under way one step on; safe to run at any time, from any worker."""
-    for rollout in Rollout.objects.filter(state__in=Rollout.ACTIVE).select_related("model", "fetch"):
+    for rollout in Rollout.objects.filter(state__in=Rollout.ACTIVE).select_related(
+        "model", "fetch"
+    ):
         try:
             if rollout.state == Rollout.FETCHING:
                 _advance_fetching(rollout)
@@ -382,11 +469,16 @@ def _advance_fetching(rollout: Rollout) -> None:
     if fetch.state != Fetch.DONE:
         from .mirror import STALE_SECONDS
 
-        stale = fetch.heartbeat_at is None or (timezone.now() - fetch.heartbeat_at).total_seconds() > STALE_SECONDS
+        stale = (
+            fetch.heartbeat_at is None
+            or (timezone.now() - fetch.heartbeat_at).total_seconds() > STALE_SECONDS
+        )
         if fetch.state == Fetch.QUEUED or stale:
             _kick_now("catalog.tasks.run_fetch", fetch.pk)  # resumes an interrupted fetch
         done = f"{fetch.bytes_done / 1e6:.1f} of {fetch.bytes_total / 1e6:.1f} MB"
-        Rollout.objects.filter(pk=rollout.pk).update(step=f"fetching the new files into the mirror: {done}")
+        Rollout.objects.filter(pk=rollout.pk).update(
+            step=f"fetching the new files into the mirror: {done}"
+        )
         return
     with transaction.atomic():
         _lock_catalog()
@@ -394,14 +486,25 @@ def _advance_fetching(rollout: Rollout) -> None:
         if Rollout.objects.get(pk=rollout.pk).state != Rollout.FETCHING:
             return  # another worker took this step
         repo = fetch.repo
-        origin = {"repo": repo, "branch": fetch.branch, "commit": fetch.commit,
-                  "files": [{"path": f["path"], "sha256": f["sha256"], "size": f["size"]} for f in fetch.files]}
-        weights = next((f for f in fetch.files if rollout.to_source.endswith("/" + f["path"])), fetch.files[0])
+        origin = {
+            "repo": repo,
+            "branch": fetch.branch,
+            "commit": fetch.commit,
+            "files": [
+                {"path": f["path"], "sha256": f["sha256"], "size": f["size"]} for f in fetch.files
+            ],
+        }
+        weights = next(
+            (f for f in fetch.files if rollout.to_source.endswith("/" + f["path"])), fetch.files[0]
+        )
         _swap(model, rollout.to_source, weights.get("sha256") or "", origin)
         rollout.state, rollout.step = Rollout.ROLLING, "replacing replicas"
         rollout.save(update_fields=["state", "step"])
         _record(
-            _actor_of(rollout), model.name, "update-swap", {"source": rollout.from_source},
+            _actor_of(rollout),
+            model.name,
+            "update-swap",
+            {"source": rollout.from_source},
             {"source": rollout.to_source},
             note=f"new files fetched and checked; replicas move to {fetch.commit[:7]} one at a time",
         )
@@ -417,19 +520,27 @@ def _advance_rolling(rollout: Rollout) -> None:
 
     model = rollout.model
     if model.rollout_halted:
-        _finish(rollout, Rollout.HALTED, f"{model.rollout_halted}. The old replicas keep serving; "
-                f"`llmgw ctl model rollback {model.name}` goes back.")
+        _finish(
+            rollout,
+            Rollout.HALTED,
+            f"{model.rollout_halted}. The old replicas keep serving; "
+            f"`llmgw ctl model rollback {model.name}` goes back.",
+        )
         return
     keys = current_keys(model)
     active = list(Replica.objects.filter(model=model, withdrawn_at__isnull=True))
-    fresh_ready = [r for r in active if r.spec_key == keys.get(r.profile) and r.state == Replica.READY]
+    fresh_ready = [
+        r for r in active if r.spec_key == keys.get(r.profile) and r.state == Replica.READY
+    ]
     stale = [r for r in active if r.spec_key != keys.get(r.profile)]
     desired = desired_count(model, timezone.now(), current_config().default_idle_timeout)
     total = max(desired, len(fresh_ready))
     if not stale and len(fresh_ready) >= desired:
         Rollout.objects.filter(pk=rollout.pk).update(replaced=total, total=total)
         rollout.replaced, rollout.total = total, total
-        _finish(rollout, Rollout.DONE, f"every replica runs {rollout.to_commit[:7] or 'the new files'}")
+        _finish(
+            rollout, Rollout.DONE, f"every replica runs {rollout.to_commit[:7] or 'the new files'}"
+        )
         return
     waiting = [r for r in active if r.spec_key == keys.get(r.profile) and r.state != Replica.READY]
     step = f"replaced {len(fresh_ready)} of {total}"
@@ -446,8 +557,13 @@ def _finish(rollout: Rollout, state: str, message: str) -> None:
         if not updated:
             return
         AuditEntry.objects.create(
-            actor=None, actor_name=SYSTEM.name, door=SYSTEM.door, model_name=rollout.model.name,
-            action=f"{rollout.kind}-{state}", note=message, changes={},
+            actor=None,
+            actor_name=SYSTEM.name,
+            door=SYSTEM.door,
+            model_name=rollout.model.name,
+            action=f"{rollout.kind}-{state}",
+            note=message,
+            changes={},
         )
     if state == Rollout.DONE:
         from .mirror import clean_mirror

@@ -12,7 +12,9 @@ urlpatterns = [
     path("models/<str:name>/owner", api.OwnerAPI.as_view(), name="api-model-owner"),
     path("models/<str:name>/adapters", api.AdaptersAPI.as_view(), name="api-model-adapters"),
     path("models/<str:name>/update", updates_api.UpdateAPI.as_view(), name="api-model-update"),
-    path("models/<str:name>/rollback", updates_api.RollbackAPI.as_view(), name="api-model-rollback"),
+    path(
+        "models/<str:name>/rollback", updates_api.RollbackAPI.as_view(), name="api-model-rollback"
+    ),
     path("models/<str:name>/rollout", updates_api.RolloutAPI.as_view(), name="api-model-rollout"),
     path("serve", updates_api.ServeAPI.as_view(), name="api-serve"),
     path("fetches/<int:pk>", updates_api.FetchAPI.as_view(), name="api-fetch"),

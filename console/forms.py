@@ -121,12 +121,14 @@ class ClassForm(ConsoleForm):
             required=False,
             widget=forms.Select(
                 choices=[
-                    ("default", "default (opportunistic on demand, standard otherwise)"),
-                    ("critical", "critical: keeps its minimum, may preempt others"),
-                    ("standard", "standard: gives way to critical"),
-                    ("opportunistic", "opportunistic: gives way to both"),
+                    ("default", "default"),
+                    ("critical", "critical"),
+                    ("standard", "standard"),
+                    ("opportunistic", "opportunistic"),
                 ]
             ),
+            help_text="Critical keeps its minimum and may preempt others; standard gives way to "
+            "critical; opportunistic to both. Default: opportunistic on demand, standard otherwise.",
         )
 
 

@@ -604,14 +604,17 @@ def _cordon_view(request: HtmxHttpRequest, name: str, cordoned: bool) -> HttpRes
     cards = {c["name"]: c for c in console_selectors.node_cards(fleet_selectors.nodes_view())}
     status = error.status if error else 200
     if wants_partial(request) and name in cards:
-        context = {
+        context: dict[str, Any] = {
             "node": cards[name],
             "error": error.message if error else "",
             "done": done,
         }
         return render(request, "console/nodes.html#node-card", context, status=status)
-    context = {"nodes": list(cards.values()), "refusal": error.message if error else ""}
-    return render(request, "console/nodes.html", context, status=status)
+    page: dict[str, Any] = {
+        "nodes": list(cards.values()),
+        "refusal": error.message if error else "",
+    }
+    return render(request, "console/nodes.html", page, status=status)
 
 
 @require_POST

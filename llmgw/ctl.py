@@ -410,17 +410,33 @@ def _follow_fetch(client: Client, fetch: dict[str, Any]) -> dict[str, Any]:
         time.sleep(0.5)
         fetch = client.get(f"fetches/{fetch['id']}")
     if tty:
-        sys.stderr.write("\r" + _bar(fetch["bytes_total"] if fetch["state"] == "done" else fetch["bytes_done"],
-                                      fetch["bytes_total"]) + "\n")
+        sys.stderr.write(
+            "\r"
+            + _bar(
+                fetch["bytes_total"] if fetch["state"] == "done" else fetch["bytes_done"],
+                fetch["bytes_total"],
+            )
+            + "\n"
+        )
     return fetch
 
 
 def cmd_model_serve(client: Client, args: argparse.Namespace) -> None:
-    body = {"repo": args.repo, "file": args.file, "revision": args.revision, "name": args.name,
-            "memory_gb": args.memory, "cores": args.cores, "min": args.min, "max": args.max}
+    body = {
+        "repo": args.repo,
+        "file": args.file,
+        "revision": args.revision,
+        "name": args.name,
+        "memory_gb": args.memory,
+        "cores": args.cores,
+        "min": args.min,
+        "max": args.max,
+    }
     fetch = client.post("serve", body)
     files = ", ".join(f["path"] for f in fetch["files"])
-    print(f"Fetching {files} from {fetch['repo']} at {fetch['commit'][:7]} ({fetch['branch']}) into the mirror")
+    print(
+        f"Fetching {files} from {fetch['repo']} at {fetch['commit'][:7]} ({fetch['branch']}) into the mirror"
+    )
     fetch = _follow_fetch(client, fetch)
     if fetch["state"] == "failed":
         raise CtlError(f"the fetch failed: {fetch['message']}")
@@ -432,8 +448,10 @@ def cmd_model_serve(client: Client, args: argparse.Namespace) -> None:
     if fetch["state"] == "failed":
         raise CtlError(fetch["message"])
     view = client.get(f"models/{fetch['model']}")
-    print(f"{view['name']} added, owned by {view['owner']}; replicas {_scaling_text(view)}; "
-          f"it follows {fetch['repo']} ({fetch['branch']}) at {fetch['commit'][:7]}.")
+    print(
+        f"{view['name']} added, owned by {view['owner']}; replicas {_scaling_text(view)}; "
+        f"it follows {fetch['repo']} ({fetch['branch']}) at {fetch['commit'][:7]}."
+    )
     print("It is placed on the reconciler's next pass; watch it with: llmgw ctl models")
 
 
@@ -444,18 +462,36 @@ def cmd_model_updates(client: Client, args: argparse.Namespace) -> None:
         _print_json(updates)
         return
     if args.check:
-        print(f"Asked the registry about {result['repositories']} repositories "
-              f"({result['registry_requests']} requests).")
+        print(
+            f"Asked the registry about {result['repositories']} repositories "
+            f"({result['registry_requests']} requests)."
+        )
     if not updates:
         print("Every served model is on the newest files its registry branch has.")
         return
     rows = []
     for u in updates:
         if u["error"]:
-            rows.append([u["model"], (u["current_commit"] or "")[:7], "-", u["error"], (u["checked_at"] or "")[:19]])
+            rows.append(
+                [
+                    u["model"],
+                    (u["current_commit"] or "")[:7],
+                    "-",
+                    u["error"],
+                    (u["checked_at"] or "")[:19],
+                ]
+            )
             continue
         files = ", ".join(f"{f['path']} ({f['size'] / 1e6:.1f} MB)" for f in u["files"])
-        rows.append([u["model"], u["current_commit"][:7], u["new_commit"][:7], files, (u["checked_at"] or "")[:19]])
+        rows.append(
+            [
+                u["model"],
+                u["current_commit"][:7],
+                u["new_commit"][:7],
+                files,
+                (u["checked_at"] or "")[:19],
+            ]
+        )
     print(_table(rows, ["MODEL", "CURRENT", "NEW", "FILES CHANGED", "CHECKED (UTC)"]))
 
 
@@ -474,10 +510,14 @@ def _follow_rollout(client: Client, name: str, rollout: dict[str, Any]) -> dict[
 
 def _rollout(client: Client, args: argparse.Namespace, kind: str) -> None:
     rollout = client.post(f"models/{args.name}/{kind}", None)
-    print(f"{kind.capitalize()} of {args.name}: {rollout['from_commit'][:7] or '?'} -> {rollout['to_commit'][:7] or '?'}; "
-          "replicas are replaced one at a time, a ready one always serving.")
+    print(
+        f"{kind.capitalize()} of {args.name}: {rollout['from_commit'][:7] or '?'} -> {rollout['to_commit'][:7] or '?'}; "
+        "replicas are replaced one at a time, a ready one always serving."
+    )
     if not args.wait:
-        print(f"Follow it with: llmgw ctl model {kind} {args.name} --wait (or llmgw ctl model target {args.name})")
+        print(
+            f"Follow it with: llmgw ctl model {kind} {args.name} --wait (or llmgw ctl model target {args.name})"
+        )
         return
     rollout = _follow_rollout(client, args.name, rollout)
     if rollout["state"] != "done":
@@ -490,7 +530,9 @@ def cmd_model_update(client: Client, args: argparse.Namespace) -> None:
         if current is not None:
             rollout = _follow_rollout(client, args.name, current)
             if rollout["state"] != "done":
-                raise CtlError(f"the update of {args.name} ended {rollout['state']}: {rollout['message']}")
+                raise CtlError(
+                    f"the update of {args.name} ended {rollout['state']}: {rollout['message']}"
+                )
             return
     _rollout(client, args, "update")
 
@@ -505,7 +547,9 @@ def _current_rollout(client: Client, name: str, kind: str) -> dict[str, Any] | N
         rollout = client.get(f"models/{name}/rollout")
     except CtlError:
         return None
-    return rollout if rollout["kind"] == kind and rollout["state"] in ("fetching", "rolling") else None
+    return (
+        rollout if rollout["kind"] == kind and rollout["state"] in ("fetching", "rolling") else None
+    )
 
 
 # -- the parser -----------------------------------------------------------------
@@ -635,7 +679,9 @@ def add_parser(subparsers: Any) -> None:
         "has newer files. Without --memory, a replica reserves the file's size plus a quarter, rounded up.",
     )
     p.add_argument("repo", help="ORG/NAME in the registry")
-    p.add_argument("--file", default="*.gguf", help="a glob picking the one GGUF file (default *.gguf)")
+    p.add_argument(
+        "--file", default="*.gguf", help="a glob picking the one GGUF file (default *.gguf)"
+    )
     p.add_argument("--revision", default="main", help="the branch to follow (default main)")
     p.add_argument("--name", help="the model's name (default: from the file name)")
     p.add_argument("--memory", type=float, help="host RAM one replica reserves, in GB")
@@ -645,7 +691,11 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(run=cmd_model_serve)
 
     p = msub.add_parser("updates", help="served models whose registry files changed")
-    p.add_argument("--check", action="store_true", help="ask the registry now, instead of showing the last check")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="ask the registry now, instead of showing the last check",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=cmd_model_updates)
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import hashlib
 import importlib.util
 import json
 import logging
@@ -56,6 +55,7 @@ import requests
 
 from . import engine
 from .gguf import GGUFError, adapter_problems, read_header_from_file
+from .hashing import BackgroundHasher
 
 log = logging.getLogger("llmgw.node")
 
@@ -307,6 +307,7 @@ class BlobCache:
             raise FetchFailed(f"the {label} source {url} is not an http(s) URL")
         fd, name = tempfile.mkstemp(dir=self.tmp, suffix=".part")
         partial = Path(name)
+        digest = BackgroundHasher("sha256")
         try:
             with (
                 os.fdopen(fd, "wb") as out,
@@ -321,7 +322,6 @@ class BlobCache:
                     )
                 length = response.headers.get("Content-Length")
                 total = int(length) if length and length.isdigit() else None
-                digest = hashlib.sha256()
                 done = 0
                 progress(_progress_text(label, done, total), done, total)
                 for chunk in response.iter_content(DOWNLOAD_CHUNK_BYTES):
@@ -337,7 +337,7 @@ class BlobCache:
                 raise FetchFailed(
                     f"the download of the {label} from {url} ended after {done} of {total} bytes"
                 )
-            actual = digest.hexdigest()
+            [actual] = digest.hexdigests()
             if expected is not None and actual != expected:
                 raise FetchFailed(
                     f"the file at {url} ({label}) has sha256 {actual}, but {expected} was "
@@ -352,6 +352,7 @@ class BlobCache:
         except requests.RequestException as exc:
             raise FetchFailed(f"could not fetch the {label} from {url}: {exc}") from None
         finally:
+            digest.close()
             partial.unlink(missing_ok=True)
 
     def _index(self) -> dict[str, str]:

@@ -6,99 +6,189 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('catalog', '0003_model_demand_at_model_rollout_failures_and_more'),
+        ("catalog", "0003_model_demand_at_model_rollout_failures_and_more"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='model',
-            name='origin',
+            model_name="model",
+            name="origin",
             field=models.JSONField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='model',
-            name='previous',
+            model_name="model",
+            name="previous",
             field=models.JSONField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='model',
-            name='update_available',
+            model_name="model",
+            name="update_available",
             field=models.JSONField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='model',
-            name='update_check_error',
-            field=models.TextField(blank=True, default=''),
+            model_name="model",
+            name="update_check_error",
+            field=models.TextField(blank=True, default=""),
         ),
         migrations.AddField(
-            model_name='model',
-            name='update_checked_at',
+            model_name="model",
+            name="update_checked_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.CreateModel(
-            name='Fetch',
+            name="Fetch",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('repo', models.CharField(max_length=200)),
-                ('branch', models.CharField(default='main', max_length=200)),
-                ('commit', models.CharField(max_length=64)),
-                ('files', models.JSONField(default=list)),
-                ('state', models.CharField(choices=[('queued', 'queued'), ('running', 'running'), ('done', 'done'), ('failed', 'failed')], db_index=True, default='queued', max_length=10)),
-                ('bytes_done', models.BigIntegerField(default=0)),
-                ('bytes_total', models.BigIntegerField(default=0)),
-                ('message', models.TextField(blank=True, default='')),
-                ('serve_definition', models.JSONField(blank=True, null=True)),
-                ('door', models.CharField(default='api', max_length=20)),
-                ('heartbeat_at', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('requested_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("repo", models.CharField(max_length=200)),
+                ("branch", models.CharField(default="main", max_length=200)),
+                ("commit", models.CharField(max_length=64)),
+                ("files", models.JSONField(default=list)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("queued", "queued"),
+                            ("running", "running"),
+                            ("done", "done"),
+                            ("failed", "failed"),
+                        ],
+                        db_index=True,
+                        default="queued",
+                        max_length=10,
+                    ),
+                ),
+                ("bytes_done", models.BigIntegerField(default=0)),
+                ("bytes_total", models.BigIntegerField(default=0)),
+                ("message", models.TextField(blank=True, default="")),
+                ("serve_definition", models.JSONField(blank=True, null=True)),
+                ("door", models.CharField(default="api", max_length=20)),
+                ("heartbeat_at", models.DateTimeField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "requested_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='MirrorFile',
+            name="MirrorFile",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('repo', models.CharField(max_length=200)),
-                ('commit', models.CharField(max_length=64)),
-                ('path', models.CharField(max_length=500)),
-                ('sha256', models.CharField(max_length=64)),
-                ('size', models.BigIntegerField()),
-                ('source_url', models.CharField(max_length=2000)),
-                ('fetched_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("repo", models.CharField(max_length=200)),
+                ("commit", models.CharField(max_length=64)),
+                ("path", models.CharField(max_length=500)),
+                ("sha256", models.CharField(max_length=64)),
+                ("size", models.BigIntegerField()),
+                ("source_url", models.CharField(max_length=2000)),
+                ("fetched_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('repo', 'commit', 'path'), name='mirror_file_once')],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("repo", "commit", "path"), name="mirror_file_once"
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='Rollout',
+            name="Rollout",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('update', 'update'), ('rollback', 'rollback')], max_length=10)),
-                ('state', models.CharField(choices=[('fetching', 'fetching'), ('rolling', 'rolling'), ('done', 'done'), ('failed', 'failed'), ('halted', 'halted')], db_index=True, default='fetching', max_length=10)),
-                ('from_commit', models.CharField(blank=True, default='', max_length=64)),
-                ('to_commit', models.CharField(blank=True, default='', max_length=64)),
-                ('from_source', models.CharField(blank=True, default='', max_length=2000)),
-                ('to_source', models.CharField(blank=True, default='', max_length=2000)),
-                ('step', models.CharField(blank=True, default='', max_length=300)),
-                ('message', models.TextField(blank=True, default='')),
-                ('replaced', models.PositiveIntegerField(default=0)),
-                ('total', models.PositiveIntegerField(default=0)),
-                ('actor_name', models.CharField(default='', max_length=150)),
-                ('door', models.CharField(default='api', max_length=20)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('fetch', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='catalog.fetch')),
-                ('model', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='rollouts', to='catalog.model')),
-                ('requested_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[("update", "update"), ("rollback", "rollback")], max_length=10
+                    ),
+                ),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("fetching", "fetching"),
+                            ("rolling", "rolling"),
+                            ("done", "done"),
+                            ("failed", "failed"),
+                            ("halted", "halted"),
+                        ],
+                        db_index=True,
+                        default="fetching",
+                        max_length=10,
+                    ),
+                ),
+                ("from_commit", models.CharField(blank=True, default="", max_length=64)),
+                ("to_commit", models.CharField(blank=True, default="", max_length=64)),
+                ("from_source", models.CharField(blank=True, default="", max_length=2000)),
+                ("to_source", models.CharField(blank=True, default="", max_length=2000)),
+                ("step", models.CharField(blank=True, default="", max_length=300)),
+                ("message", models.TextField(blank=True, default="")),
+                ("replaced", models.PositiveIntegerField(default=0)),
+                ("total", models.PositiveIntegerField(default=0)),
+                ("actor_name", models.CharField(default="", max_length=150)),
+                ("door", models.CharField(default="api", max_length=20)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "fetch",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="catalog.fetch",
+                    ),
+                ),
+                (
+                    "model",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="rollouts",
+                        to="catalog.model",
+                    ),
+                ),
+                (
+                    "requested_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
-                'constraints': [models.UniqueConstraint(condition=models.Q(('state__in', ['fetching', 'rolling'])), fields=('model',), name='one_active_rollout')],
+                "ordering": ["-created_at", "-id"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        condition=models.Q(("state__in", ["fetching", "rolling"])),
+                        fields=("model",),
+                        name="one_active_rollout",
+                    )
+                ],
             },
         ),
     ]

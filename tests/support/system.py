@@ -149,7 +149,7 @@ class System:
         assert result.returncode == 0, result.stderr
         return result.stdout
 
-    def start(self) -> System:
+    def start(self, *, worker: bool = True) -> System:
         self.manage("migrate", "--verbosity", "0")
         out = self.manage("llmgw_admin")
         self.token = re.search(r"LLMGW_TOKEN=(\w+)", out).group(1)  # type: ignore[union-attr]
@@ -169,6 +169,17 @@ class System:
                 "120",
             ],
         )
+        if worker:
+            self.start_worker()
+        wait_for(
+            lambda: requests.get(f"{self.url}/api/v1/models", headers=self.headers, timeout=2).ok,
+            timeout=60,
+            what=f"the web process on {self.url} (log: {self.logs['web']})",
+        )
+        return self
+
+    def start_worker(self) -> None:
+        bin_dir = Path(sys.executable).parent
         self._spawn(
             "worker",
             [
@@ -185,12 +196,6 @@ class System:
                 str(self.folder / "beat-schedule"),
             ],
         )
-        wait_for(
-            lambda: requests.get(f"{self.url}/api/v1/models", headers=self.headers, timeout=2).ok,
-            timeout=60,
-            what=f"the web process on {self.url} (log: {self.logs['web']})",
-        )
-        return self
 
     @property
     def headers(self) -> dict[str, str]:

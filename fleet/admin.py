@@ -1,0 +1,220 @@
+"""The fleet in the Django admin: nodes (added, cordoned, removed through the services), replicas and leases to look at."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import Count, Q, QuerySet, Sum
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
+
+from catalog.errors import CatalogError
+from catalog.services import Actor
+
+from . import services
+from .models import Lease, Node, Replica
+
+
+def admin_actor(request: HttpRequest) -> Actor:
+    return Actor.for_user(request.user, "admin")
+
+
+class NodeAddForm(forms.ModelForm):
+    """Only the name: the agent reports the rest. The token is made by node_add and shown once."""
+
+    request: HttpRequest  # set per request by NodeAdmin.get_form
+    token: str = ""
+
+    class Meta:
+        model = Node
+        fields = ["name"]
+
+    def validate_unique(self) -> None:
+        """node_add says it in its own words when the name is taken."""
+
+    def clean(self) -> dict[str, Any] | None:
+        data = super().clean() or {}
+        if self.errors:
+            return data
+        try:
+            self.instance, self.token = services.node_add(
+                actor=admin_actor(self.request), name=data["name"]
+            )
+        except CatalogError as error:
+            self.add_error("name", error.message)
+        return data
+
+
+ACTIVE = Q(replicas__withdrawn_at__isnull=True)
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "state",
+        "address",
+        "memory",
+        "cores_shown",
+        "gpus",
+        "replica_count",
+        "last_heartbeat",
+    ]
+    list_filter = ["cordoned", "lost"]
+    search_fields = ["name", "address"]
+    actions = ["cordon", "uncordon"]
+    readonly_fields = [
+        "name",
+        "state",
+        "address",
+        "memory",
+        "cores_shown",
+        "gpus",
+        "gpu_memory_gb",
+        "replica_count",
+        "cordoned",
+        "lost",
+        "last_heartbeat",
+        "agent",
+        "created_at",
+    ]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Node]:
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                reserved_memory=Sum("replicas__memory_gb", filter=ACTIVE),
+                reserved_cores=Sum("replicas__cores", filter=ACTIVE),
+                active_replicas=Count("replicas", filter=ACTIVE),
+            )
+        )
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        if obj is None:
+            kwargs["form"] = NodeAddForm
+        form = super().get_form(request, obj, change, **kwargs)
+        return type(form.__name__, (form,), {"request": request})
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return ["name"] if obj is None else self.readonly_fields
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return [] if obj is None else self.readonly_fields
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # The change page shows the node; cordoning is an action, the rest comes from its agent.
+        return bool(obj is None and super().has_change_permission(request, obj))
+
+    def save_model(self, request: HttpRequest, obj: Node, form: Any, change: bool) -> None:
+        token = getattr(form, "token", "")
+        if token:
+            self.message_user(
+                request,
+                f"Node {obj.name} was added. Its token, shown only this once: {token} — start "
+                f"`llmgw node --server URL --token {token}` on that machine.",
+                messages.WARNING,
+            )
+
+    def get_actions(self, request: HttpRequest) -> Any:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # node_remove, one at a time, from the node's page
+        return actions
+
+    def delete_model(self, request: HttpRequest, obj: Node) -> None:
+        services.node_remove(actor=admin_actor(request), name=obj.name)
+
+    def delete_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        try:
+            return super().delete_view(request, object_id, extra_context)
+        except CatalogError as error:
+            self.message_user(request, error.message, messages.ERROR)
+            return HttpResponseRedirect(reverse("admin:fleet_node_changelist"))
+
+    @admin.action(description="Cordon: keep their replicas, place nothing new there")
+    def cordon(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        self._cordon(request, queryset, True)
+
+    @admin.action(description="Uncordon: place new replicas there again")
+    def uncordon(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        self._cordon(request, queryset, False)
+
+    def _cordon(self, request: HttpRequest, queryset: QuerySet[Node], cordoned: bool) -> None:
+        done = []
+        for name in queryset.values_list("name", flat=True):
+            try:
+                services.node_cordon(actor=admin_actor(request), name=name, cordoned=cordoned)
+            except CatalogError as error:
+                self.message_user(request, error.message, messages.ERROR)
+            else:
+                done.append(name)
+        if done:
+            word = "Cordoned" if cordoned else "Uncordoned"
+            self.message_user(request, f"{word}: {', '.join(done)}.", messages.SUCCESS)
+
+    @admin.display(description="state")
+    def state(self, obj: Node) -> str:
+        return obj.state
+
+    @admin.display(description="memory GB (reserved / capacity)")
+    def memory(self, obj: Node) -> str:
+        return f"{_num(getattr(obj, 'reserved_memory', 0) or 0)} / {_num(obj.memory_gb)}"
+
+    @admin.display(description="cores (reserved / capacity)")
+    def cores_shown(self, obj: Node) -> str:
+        return f"{_num(getattr(obj, 'reserved_cores', 0) or 0)} / {_num(obj.cores)}"
+
+    @admin.display(description="replicas", ordering="active_replicas")
+    def replica_count(self, obj: Node) -> int:
+        return getattr(obj, "active_replicas", 0)
+
+
+def _num(value: float) -> str:
+    return f"{value:g}"
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Rows the reconciler and the agents' heartbeats write."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Replica)
+class ReplicaAdmin(ReadOnlyAdmin):
+    list_display = [
+        "model_name",
+        "node",
+        "profile",
+        "state",
+        "routable_shown",
+        "port",
+        "memory_gb",
+        "cores",
+        "created_at",
+        "withdrawn_at",
+    ]
+    list_filter = ["state", ("withdrawn_at", admin.EmptyFieldListFilter), "node"]
+    search_fields = ["model_name", "node__name", "message"]
+    list_select_related = ["node"]
+
+    @admin.display(description="routable", boolean=True)
+    def routable_shown(self, obj: Replica) -> bool:
+        return obj.routable
+
+
+@admin.register(Lease)
+class LeaseAdmin(ReadOnlyAdmin):
+    list_display = ["name", "holder", "expires_at"]

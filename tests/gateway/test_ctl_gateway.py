@@ -1,0 +1,84 @@
+"""`llmgw ctl keys` / `key create` / `key revoke` against a running server (pytest-django's live server)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import requests
+
+from gateway.models import GatewayKey
+from llmgw.cli import main
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.smoke]
+
+
+@pytest.fixture
+def ctl(live_server: Any, tokens: dict[str, str], capsys: Any, monkeypatch: Any) -> Any:
+    """ctl("alice", "keys") runs `llmgw ctl keys` as alice; returns (exit code, stdout, stderr)."""
+    monkeypatch.setenv("LLMGW_URL", live_server.url)
+
+    def run(user: str, *argv: str) -> tuple[int, str, str]:
+        monkeypatch.setenv("LLMGW_TOKEN", tokens[user])
+        code = main(["ctl", *argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def test_a_key_is_printed_once_and_opens_the_gateway(ctl: Any, live_server: Any) -> None:
+    code, out, err = ctl("alice", "key", "create", "billing bot")
+    assert code == 0, err
+    lines = out.splitlines()
+    key_id = GatewayKey.objects.get().pk  # not always 1: PostgreSQL keeps its sequences
+    assert lines[0] == f"Gateway key {key_id} (billing bot) created for alice. It is shown only now:"
+    secret = lines[2].strip()
+    assert secret.startswith("llmgw-")
+    assert f"base_url={live_server.url}/v1  api_key={secret}" in out
+    assert f"Revoke it with: llmgw ctl key revoke {key_id}" in out
+    models = requests.get(
+        f"{live_server.url}/v1/models", headers={"Authorization": f"Bearer {secret}"}, timeout=10
+    )
+    assert models.status_code == 200
+
+    code, out, _ = ctl("alice", "keys")
+    header, row = out.strip().splitlines()
+    assert header.split() == ["ID", "KEY", "NAME", "OWNER", "STATE", "CREATED", "(UTC)", "LAST", "USED", "(UTC)"]
+    assert row.split()[:6] == [str(key_id), secret[:12] + "…", "billing", "bot", "alice", "active"]
+    assert secret not in out
+
+
+def test_keys_json_and_revoke(ctl: Any, live_server: Any) -> None:
+    _, out, _ = ctl("alice", "key", "create", "app", "--json")
+    created = json.loads(out)
+    code, out, _ = ctl("alice", "keys", "--json")
+    listed = json.loads(out)
+    assert code == 0 and [k["id"] for k in listed] == [created["id"]] and "key" not in listed[0]
+
+    code, out, err = ctl("bob", "key", "revoke", str(created["id"]))
+    assert code == 1 and out == ""
+    assert err == f"error: There is no gateway key {created['id']} of yours; `llmgw ctl keys` lists them.\n"
+
+    code, out, err = ctl("alice", "key", "revoke", str(created["id"]))
+    assert code == 0, err
+    assert out.startswith(f"Gateway key {created['id']} ({created['prefix']}…, app, owned by alice) is revoked since ")
+    assert out.rstrip().endswith("UTC: requests with it get 401.")
+    refused = requests.get(
+        f"{live_server.url}/v1/models", headers={"Authorization": f"Bearer {created['key']}"}, timeout=10
+    )
+    assert refused.status_code == 401
+    _, out, _ = ctl("staff", "keys")
+    assert "revoked" in out
+
+
+def test_no_keys_yet(ctl: Any) -> None:
+    code, out, _ = ctl("carol", "keys")
+    assert code == 0 and out == "No gateway keys yet. Create one with: llmgw ctl key create NAME\n"
+
+
+def test_a_key_id_must_be_a_number(ctl: Any, capsys: Any) -> None:
+    with pytest.raises(SystemExit):
+        ctl("alice", "key", "revoke", "abc")
+    assert "'abc' is not a key id; `llmgw ctl keys` lists them (the ID column)" in capsys.readouterr().err

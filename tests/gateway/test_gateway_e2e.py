@@ -1,0 +1,276 @@
+"""End to end: the official `openai` client against the gateway of a whole llmgw (gunicorn with two
+worker processes, a Celery worker with beat, two node agents) serving tiny models on the real
+llama.cpp server, all as processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from llmgw.tinygguf import write_lora_adapter, write_tiny_model
+from tests.support.http_files import serve_directory
+from tests.support.system import System, wait_for
+
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.skipif(
+        importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed"
+    ),
+    pytest.mark.skipif(importlib.util.find_spec("openai") is None, reason="openai is not installed"),
+]
+
+PROFILE = [{"name": "cpu", "memory_gb": 1, "cores": 1}]
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    folder = tmp_path_factory.mktemp("weights")
+    write_tiny_model(folder / "tiny.gguf", seed=1)
+    write_tiny_model(folder / "other.gguf", seed=2)
+    write_lora_adapter(folder / "sql.gguf", seed=3)
+    with serve_directory(folder) as (base_url, _stats):
+        yield base_url
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory: pytest.TempPathFactory, weights: str) -> Iterator[System]:
+    folder = tmp_path_factory.mktemp("system")
+    running = System(folder, allowed_hosts=[urlsplit(weights).netloc])
+    # Until System sets them itself: metrics shared by gunicorn's two workers.
+    running.env["LLMGW_METRICS_DIR"] = str(folder / "metrics")
+    try:
+        running.start()
+        running.add_node("node-a", memory_gb=4, cores=4)
+        running.add_node("node-b", memory_gb=4, cores=4)
+        wait_for(
+            lambda: all(n["state"] == "ready" for n in running.api("GET", "nodes")),
+            what="both agents' heartbeats",
+        )
+        add = {
+            "chat": {
+                "min_replicas": 2,
+                "adapters": [{"name": "chat-sql", "source": f"{weights}/sql.gguf"}],
+            },
+            "big": {"source": f"{weights}/other.gguf", "fallbacks": ["chat"]},
+            "lazy": {"min_replicas": 0, "max_replicas": 1, "idle_timeout": "10s"},
+        }
+        for name, fields in add.items():
+            running.api(
+                "POST",
+                "models",
+                json={
+                    "name": name,
+                    "source": f"{weights}/tiny.gguf",
+                    "context_length": 256,
+                    "profiles": PROFILE,
+                    **fields,
+                },
+            )
+        wait_ready(running, "chat", 2)
+        wait_ready(running, "big", 1)
+        yield running
+    except BaseException:
+        print(running.log_tail())
+        raise
+    finally:
+        running.close()
+
+
+@pytest.fixture(scope="module")
+def key(system: System) -> str:
+    return system.api("POST", "keys", json={"name": "e2e"})["key"]
+
+
+@pytest.fixture(scope="module")
+def client(system: System, key: str) -> Any:
+    import openai
+
+    # No client-side retries: every failed request must count as one.
+    return openai.OpenAI(base_url=f"{system.url}/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def target(system: System, name: str) -> dict[str, Any]:
+    return system.api("GET", f"models/{name}/target")
+
+
+def wait_ready(system: System, name: str, count: int, timeout: float = 90) -> list[dict[str, Any]]:
+    def enough() -> list[dict[str, Any]] | None:
+        replicas = target(system, name)["replicas"]
+        ready = [r for r in replicas if r["routable"]]
+        placed = [r for r in replicas if r["state"] != "withdrawn"]
+        return ready if len(ready) == count and len(placed) == count else None
+
+    return wait_for(enough, timeout=timeout, what=f"{count} ready replica(s) of {name}")
+
+
+def chat(client: Any, model: str, **extra: Any) -> Any:
+    return client.chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=8, **extra
+    )
+
+
+def test_models_lists_models_and_adapters(client: Any) -> None:
+    listed = {m.id: m for m in client.models.list()}
+    assert {"chat", "chat-sql", "big", "lazy"} <= set(listed)
+    assert listed["chat-sql"].model_extra["parent"] == "chat"
+
+
+def test_chat_completion(client: Any) -> None:
+    raw = chat(client, "chat")
+    answer = raw.parse()
+    assert raw.headers["X-LLMGW-Model"] == "chat"
+    assert answer.model == "chat" and answer.choices[0].message.content is not None
+    assert answer.usage.completion_tokens > 0
+
+
+def test_streaming_arrives_as_several_events(client: Any) -> None:
+    stream = client.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "hello"}], max_tokens=12, stream=True
+    )
+    chunks = list(stream)
+    assert len(chunks) >= 4
+    assert all(c.model == "chat" for c in chunks)
+    assert chunks[-1].choices[0].finish_reason is not None
+
+
+def test_completion_and_embeddings(client: Any) -> None:
+    answer = client.completions.create(model="chat", prompt="hello", max_tokens=4)
+    assert answer.model == "chat" and isinstance(answer.choices[0].text, str)
+    embedding = client.embeddings.create(model="chat", input="hello", encoding_format="float")
+    assert embedding.model == "chat" and len(embedding.data) == 1
+
+
+def test_an_adapter_by_name(client: Any) -> None:
+    for _ in range(2):
+        raw = chat(client, "chat-sql")
+        assert raw.headers["X-LLMGW-Model"] == "chat-sql"
+        assert raw.parse().model == "chat-sql"
+    # The base model still answers as itself on the same replicas.
+    assert chat(client, "chat").parse().model == "chat"
+
+
+def test_an_unknown_model_is_a_404_naming_the_close_ones(client: Any) -> None:
+    import openai
+
+    with pytest.raises(openai.NotFoundError) as caught:
+        chat(client, "chta")
+    assert "There is no model named 'chta'. Models you can use, closest first: chat," in str(
+        caught.value
+    )
+
+
+def test_an_on_demand_model_wakes_on_its_first_request_and_sleeps_when_idle(
+    system: System, client: Any
+) -> None:
+    assert target(system, "lazy")["replicas"] == []
+    started = time.monotonic()
+    raw = chat(client, "lazy")
+    woke_in = time.monotonic() - started
+    assert raw.headers["X-LLMGW-Model"] == "lazy" and raw.parse().model == "lazy"
+    assert [r["routable"] for r in target(system, "lazy")["replicas"]] == [True]
+    for _ in range(3):  # while it is used, it stays
+        time.sleep(2)
+        chat(client, "lazy")
+    print(f"lazy woke in {woke_in:.1f}s")
+    # Idle for 10s: withdrawn, drained, stopped.
+    wait_for(
+        lambda: target(system, "lazy")["replicas"] == [],
+        timeout=45,
+        interval=0.5,
+        what="the idle on-demand model to stop",
+    )
+
+
+def test_a_fallback_answers_when_the_model_is_scaled_to_zero(system: System, client: Any) -> None:
+    assert chat(client, "big").headers["X-LLMGW-Model"] == "big"
+    system.api("POST", "models/big/scale", json={"min": 0})
+    wait_for(
+        lambda: all(r["state"] == "withdrawn" for r in target(system, "big")["replicas"]),
+        timeout=30,
+        what="big's replica to be withdrawn",
+    )
+    raw = chat(client, "big")
+    assert raw.headers["X-LLMGW-Model"] == "chat"
+    assert raw.parse().model == "chat"
+
+
+def test_a_rolling_restart_under_load_fails_no_request(system: System, client: Any) -> None:
+    before = {r["id"] for r in wait_ready(system, "chat", 2)}
+    outcomes: Counter[str] = Counter()
+    failures: list[str] = []
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def load(streaming: bool) -> None:
+        while not stop.is_set():
+            try:
+                if streaming:
+                    chunks = list(
+                        client.chat.completions.create(
+                            model="chat",
+                            messages=[{"role": "user", "content": "hello"}],
+                            max_tokens=8,
+                            stream=True,
+                        )
+                    )
+                    assert chunks and chunks[-1].choices[0].finish_reason is not None
+                else:
+                    assert chat(client, "chat").parse().choices
+            except Exception as exc:  # counted, not raised: the assertion below reports them all
+                with lock:
+                    outcomes["failed"] += 1
+                    failures.append(f"{type(exc).__name__}: {exc}")
+            else:
+                with lock:
+                    outcomes["ok"] += 1
+
+    threads = [threading.Thread(target=load, args=(s,)) for s in (False, False, True)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(1)
+        system.api("POST", "models/chat/restart")
+
+        def replaced_and_old_ones_stopped() -> bool:
+            replicas = target(system, "chat")["replicas"]
+            ids = {r["id"] for r in replicas}
+            ready = [r for r in replicas if r["routable"] and r["up_to_date"]]
+            return len(ready) == 2 and not ids & before
+
+        wait_for(replaced_and_old_ones_stopped, timeout=90, interval=0.5, what="the restart")
+        time.sleep(1)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+    import requests
+
+    retries = re.findall(
+        r"llmgw_gateway_retries_total\{[^}]*\} (\S+)", requests.get(f"{system.url}/metrics", timeout=10).text
+    )
+    print(f"during the restart: {dict(outcomes)}; requests sent again: {retries}")
+    assert outcomes["failed"] == 0, failures[:5]
+    assert outcomes["ok"] >= 50
+
+
+def test_metrics_add_up_across_the_web_workers(system: System, client: Any) -> None:
+    import requests
+
+    def total() -> float:
+        text = requests.get(f"{system.url}/metrics", timeout=10).text
+        pattern = r'llmgw_gateway_requests_total\{answered_by="chat-sql",endpoint="chat",model="chat-sql",status="200"\} ([0-9.e+]+)'
+        found = re.search(pattern, text)
+        return float(found.group(1)) if found else 0.0
+
+    before = total()
+    for _ in range(10):
+        chat(client, "chat-sql")
+    assert total() == before + 10
