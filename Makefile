@@ -19,6 +19,7 @@ $(VENV)/.installed: pyproject.toml
 # The whole suite on the database in DATABASE_URL (SQLite when unset), then the smoke part on
 # SQLite as well when the first run used another database.
 test: setup
+	@scripts/test-deps
 	$(PY) -m pytest
 	@if [ -n "$$DATABASE_URL" ] && [ "$${DATABASE_URL#sqlite}" = "$$DATABASE_URL" ]; then \
 		echo "== smoke tests on SQLite =="; \
