@@ -223,3 +223,39 @@ def test_the_mirror_keeps_what_models_and_their_previous_revisions_use(registry:
     kept = set(MirrorFile.objects.values_list("commit", flat=True))
     assert kept == {commits[-1], commits[-2]}  # current and previous; older ones cleaned
     assert not mirror.local_path(REPO, first, "tiny-chat-q4.gguf").exists()
+
+
+def test_a_new_replica_that_keeps_failing_halts_the_update_and_rollback_works_from_there(
+    registry: LocalRegistry, alice: Actor, weights: dict[int, Path], users: dict[str, Any]
+) -> None:
+    from fleet.models import Replica
+    from fleet.reconciler import MAX_START_FAILURES, reconcile_pass
+    from tests.support.fleet import Fleet
+
+    fleet = Fleet(users["staff"], users["alice"])
+    fleet.node("a", memory_gb=8)
+    model = serve(alice)
+    reconcile_pass()
+    fleet.beat("a")
+    [old] = fleet.replicas(model.name)
+    registry.commit(REPO, {"tiny-chat-q4.gguf": weights[2]})
+    check_updates()
+    rollout = start_update(actor=alice, name=model.name)
+    mirror.run_fetch(rollout.fetch_id)
+    advance_rollouts()
+    for _ in range(MAX_START_FAILURES):
+        reconcile_pass()
+        [new] = [r for r in fleet.replicas(model.name) if r.pk != old.pk]
+        fleet.beat("a", states={str(old.pk): "ready", str(new.pk): "failed"})
+        Replica.objects.filter(pk=new.pk).update(message="the engine exited with code 139")
+    reconcile_pass()
+    advance_rollouts()
+    rollout.refresh_from_db()
+    assert rollout.state == Rollout.HALTED
+    assert "failed to become ready 3 times" in rollout.message and "rollback" in rollout.message
+    assert Replica.objects.get(pk=old.pk).routable  # the old replica keeps serving
+    back = start_rollback(actor=alice, name=model.name)
+    reconcile_pass()
+    advance_rollouts()
+    assert Rollout.objects.get(pk=back.pk).state == Rollout.DONE
+    assert [r.pk for r in fleet.replicas(model.name)] == [old.pk]  # already on the old files

@@ -144,7 +144,7 @@ def test_streaming_arrives_as_several_events(client: Any) -> None:
 def test_completion_and_embeddings(client: Any) -> None:
     answer = client.completions.create(model="chat", prompt="hello", max_tokens=4)
     assert answer.model == "chat" and isinstance(answer.choices[0].text, str)
-    embedding = client.embeddings.create(model="chat", input="hello", encoding_format="float")
+    embedding = client.embeddings.create(model="chat", input="hello")
     assert embedding.model == "chat" and len(embedding.data) == 1
 
 
