@@ -134,7 +134,7 @@ class ModelsAPI(APIView):
 class ModelAPI(APIView):
     @extend_schema(summary="One model", responses={200: MODEL_VIEW, 404: ERROR})
     def get(self, request: Request, name: str) -> Response:
-        return Response(_view(services._get_model(name)))
+        return Response(_view(services.get_model(name)))
 
     @extend_schema(
         summary="Remove a runtime model", responses={204: None, 403: ERROR, 404: ERROR, 409: ERROR}
@@ -269,7 +269,7 @@ class AdaptersAPI(APIView):
         summary="A model's LoRA adapters", responses={200: AdapterSerializer(many=True), 404: ERROR}
     )
     def get(self, request: Request, name: str) -> Response:
-        return Response(services._get_model(name).adapters)
+        return Response(services.get_model(name).adapters)
 
     @extend_schema(
         summary="Remove, then add, LoRA adapters",

@@ -193,7 +193,7 @@ def _download_all(fetch: Fetch) -> None:
         finally:
             digest.close()
             partial.unlink(missing_ok=True)
-        _record(fetch, entry, url)
+        record_change(fetch, entry, url)
         done += size
         Fetch.objects.filter(pk=fetch.pk).update(bytes_done=done, heartbeat_at=timezone.now())
 
@@ -240,12 +240,12 @@ def _link_same_content(fetch: Fetch, entry: dict[str, Any], target: Path) -> boo
             target.parent.mkdir(parents=True, exist_ok=True)
             if not target.exists():
                 os.link(existing, target)
-            _record(fetch, entry, record.source_url)
+            record_change(fetch, entry, record.source_url)
             return True
     return False
 
 
-def _record(fetch: Fetch, entry: dict[str, Any], url: str) -> None:
+def record_change(fetch: Fetch, entry: dict[str, Any], url: str) -> None:
     MirrorFile.objects.update_or_create(
         repo=fetch.repo,
         commit=fetch.commit,

@@ -1,4 +1,4 @@
-"""The registry: any Hugging Face–compatible hub, through huggingface_hub.
+"""The registry: any Hugging Face-compatible hub, through huggingface_hub.
 
 Every call names an explicit revision (a branch or a commit): an unpinned call
 would race with pushes. Requests are counted, so that the update check can show

@@ -30,7 +30,7 @@ def model_view(
     model: Model,
     config: ClusterConfig,
     status: dict[str, int] | None = None,
-    rollout: Rollout | None | bool = False,
+    rollout: Rollout | bool | None = False,
 ) -> dict[str, Any]:
     """One model as the API shows it: its definition, what is in force, its replicas and revisions.
 

@@ -49,7 +49,7 @@ SYSTEM = Actor(name="system", door="system")
 # -- shared steps ---------------------------------------------------------------
 
 
-def _lock_catalog() -> None:
+def lock_catalog() -> None:
     """Hold the catalog lock until the transaction ends (see CatalogVersion)."""
     # The migration creates the row; a database flushed since (as tests do) gets it back here.
     CatalogVersion.objects.get_or_create(pk=1)
@@ -58,7 +58,7 @@ def _lock_catalog() -> None:
     row.save(update_fields=["version"])
 
 
-def _catalog_snapshot() -> dict[str, dict[str, Any]]:
+def catalog_snapshot() -> dict[str, dict[str, Any]]:
     """What whole-catalog validation needs of every model, in one query."""
     return {
         row["name"]: {"fallbacks": row["fallbacks"], "adapters": row["adapters"]}
@@ -66,20 +66,20 @@ def _catalog_snapshot() -> dict[str, dict[str, Any]]:
     }
 
 
-def _refuse_if_invalid(catalog: dict[str, dict[str, Any]], changed: Iterable[str]) -> None:
+def refuse_if_invalid(catalog: dict[str, dict[str, Any]], changed: Iterable[str]) -> None:
     problems = catalog_problems(catalog, changed=changed)
     if problems:
         raise invalid(problems, what="The change")
 
 
-def _get_model(name: str) -> Model:
+def get_model(name: str) -> Model:
     try:
         return Model.objects.select_related("owner").get(name=name)
     except Model.DoesNotExist:
         raise not_found(name, list(Model.objects.values_list("name", flat=True))) from None
 
 
-def _require_change_rights(actor: Actor, model: Model) -> None:
+def require_change_rights(actor: Actor, model: Model) -> None:
     if actor.door in ("config", "system") or actor.is_staff:
         return
     if actor.user is not None and model.owner_id == actor.user.pk:
@@ -92,7 +92,7 @@ def _require_change_rights(actor: Actor, model: Model) -> None:
     )
 
 
-def _refuse_if_declared(model: Model, what: str) -> None:
+def refuse_if_declared(model: Model, what: str) -> None:
     from .config import current_config
 
     if model.declared:
@@ -104,7 +104,7 @@ def _refuse_if_declared(model: Model, what: str) -> None:
         )
 
 
-def _record(
+def record_change(
     actor: Actor,
     model_name: str,
     action: str,
@@ -135,10 +135,10 @@ def record_event(
     actor: Actor, model_name: str, action: str, note: str, **details: Any
 ) -> AuditEntry:
     """An audit entry for something that is not a change of definition (a preemption, a restart)."""
-    return _record(actor, model_name, action, None, details or None, note)
+    return record_change(actor, model_name, action, None, details or None, note)
 
 
-def _announce(*names: str) -> None:
+def announce(*names: str) -> None:
     transaction.on_commit(lambda: catalog_changed.send(sender=Model, names=list(names)))
 
 
@@ -153,7 +153,7 @@ def _resolve_user(username: str) -> Any:
         ) from None
 
 
-def _apply_definition(model: Model, definition: dict[str, Any]) -> None:
+def apply_definition(model: Model, definition: dict[str, Any]) -> None:
     model.source = definition["source"]
     model.sha256 = definition.get("sha256", "")
     model.description = definition.get("description", "")
@@ -191,7 +191,7 @@ def model_add(*, actor: Actor, definition: dict[str, Any], source_check: bool = 
             check_adapter(adapter, model_name=definition["name"], model_source=definition["source"])
 
     with transaction.atomic():
-        _lock_catalog()
+        lock_catalog()
         existing = Model.objects.select_related("owner").filter(name=definition["name"]).first()
         if existing is not None:
             who = f"owned by {existing.owner.username}" if existing.owner else "with no owner"
@@ -201,28 +201,26 @@ def model_add(*, actor: Actor, definition: dict[str, Any], source_check: bool = 
                 "Choose another name, or remove that one first.",
                 code="name_taken",
             )
-        catalog = _catalog_snapshot()
+        catalog = catalog_snapshot()
         catalog[definition["name"]] = definition
-        _refuse_if_invalid(catalog, [definition["name"]])
+        refuse_if_invalid(catalog, [definition["name"]])
         model = Model(name=definition["name"], owner=owner, declared=False, source_size=source_size)
-        _apply_definition(model, definition)
+        apply_definition(model, definition)
         from .mirror import origin_for_source
 
         model.origin = origin_for_source(model.source)
         model.save()
-        _record(actor, model.name, "add", None, model.definition())
-        _announce(model.name)
+        record_change(actor, model.name, "add", None, model.definition())
+        announce(model.name)
     return model
 
 
 def model_remove(*, actor: Actor, name: str) -> None:
     with transaction.atomic():
-        _lock_catalog()
-        model = _get_model(name)
-        _refuse_if_declared(
-            model, "removing it here would only last until then: it would come back"
-        )
-        _require_change_rights(actor, model)
+        lock_catalog()
+        model = get_model(name)
+        refuse_if_declared(model, "removing it here would only last until then: it would come back")
+        require_change_rights(actor, model)
         dependents = sorted(
             other
             for other, fallbacks in Model.objects.exclude(pk=model.pk).values_list(
@@ -239,8 +237,8 @@ def model_remove(*, actor: Actor, name: str) -> None:
             )
         before = model.definition()
         model.delete()
-        _record(actor, name, "remove", before, None)
-        _announce(name)
+        record_change(actor, name, "remove", before, None)
+        announce(name)
 
 
 # -- changes to one model -------------------------------------------------------
@@ -249,20 +247,20 @@ def model_remove(*, actor: Actor, name: str) -> None:
 def _change(actor: Actor, name: str, action: str, declared_effect: str, apply: Any) -> Model:
     """Lock, load, check rights, apply, validate the whole catalog, save, audit."""
     with transaction.atomic():
-        _lock_catalog()
-        model = _get_model(name)
-        _refuse_if_declared(model, declared_effect)
-        _require_change_rights(actor, model)
+        lock_catalog()
+        model = get_model(name)
+        refuse_if_declared(model, declared_effect)
+        require_change_rights(actor, model)
         before = model.definition()
         apply(model)
-        catalog = _catalog_snapshot()
+        catalog = catalog_snapshot()
         catalog[model.name] = {"fallbacks": model.fallbacks, "adapters": model.adapters}
-        _refuse_if_invalid(catalog, [model.name])
+        refuse_if_invalid(catalog, [model.name])
         model.save()
         after = model.definition()
         if after != before:
-            _record(actor, model.name, action, before, after)
-            _announce(model.name)
+            record_change(actor, model.name, action, before, after)
+            announce(model.name)
     return model
 
 
@@ -386,7 +384,7 @@ def model_set_adapters(
     if source_check and add:
         from .sources import check_adapter
 
-        model = _get_model(name)
+        model = get_model(name)
         for adapter in add:
             check_adapter(adapter, model_name=model.name, model_source=model.source)
 
@@ -445,7 +443,7 @@ def config_apply(config: ClusterConfig) -> dict[str, list[str]]:
     """Bring the declared models in line with server.yaml; refuse the whole file if it does not fit."""
     result: dict[str, list[str]] = {"created": [], "updated": [], "removed": []}
     with transaction.atomic():
-        _lock_catalog()
+        lock_catalog()
         existing = {m.name: m for m in Model.objects.select_related("owner")}
         wanted = {d["name"]: d for d in config.models}
         clashes = [n for n in wanted if n in existing and not existing[n].declared]
@@ -457,15 +455,15 @@ def config_apply(config: ClusterConfig) -> dict[str, list[str]]:
                 "the declared one, or remove the runtime one with `llmgw ctl model remove`.",
                 code="name_taken",
             )
-        catalog = _catalog_snapshot()
+        catalog = catalog_snapshot()
         for gone in [n for n, m in existing.items() if m.declared and n not in wanted]:
             catalog.pop(gone)
         catalog.update(wanted)
-        _refuse_if_invalid(catalog, list(wanted))
+        refuse_if_invalid(catalog, list(wanted))
 
         for name, model in existing.items():
             if model.declared and name not in wanted:
-                _record(
+                record_change(
                     CONFIG,
                     name,
                     "remove",
@@ -478,13 +476,13 @@ def config_apply(config: ClusterConfig) -> dict[str, list[str]]:
         for name, definition in wanted.items():
             model = existing.get(name) or Model(name=name, declared=True)
             before = model.definition() if model.pk else None
-            _apply_definition(model, definition)
+            apply_definition(model, definition)
             model.owner = _config_owner(definition.get("owner"))
             after = model.definition()
             if before == after:
                 continue
             model.save()
-            _record(
+            record_change(
                 CONFIG,
                 name,
                 "update" if before else "add",
@@ -495,7 +493,7 @@ def config_apply(config: ClusterConfig) -> dict[str, list[str]]:
             result["updated" if before else "created"].append(name)
         changed = [n for names in result.values() for n in names]
         if changed:
-            _announce(*changed)
+            announce(*changed)
     return result
 
 
@@ -505,19 +503,19 @@ def config_apply(config: ClusterConfig) -> dict[str, list[str]]:
 def model_restart(*, actor: Actor, name: str) -> Model:
     """A rolling restart: every replica is replaced, one at a time (declared models too)."""
     with transaction.atomic():
-        _lock_catalog()
-        model = _get_model(name)
-        _require_change_rights(actor, model)
+        lock_catalog()
+        model = get_model(name)
+        require_change_rights(actor, model)
         model.generation += 1
         model.save(update_fields=["generation", "updated_at"])
-        _record(
+        record_change(
             actor,
             name,
             "restart",
             {"generation": model.generation - 1},
             {"generation": model.generation},
         )
-        _announce(name)
+        announce(name)
     return model
 
 
@@ -525,10 +523,10 @@ def model_demand(*, name: str) -> Model:
     """Someone asked for the model: an on-demand model is loaded, and its idle clock restarts."""
     from django.utils import timezone
 
-    model = _get_model(name)
+    model = get_model(name)
     first = model.demand_at is None
     model.demand_at = timezone.now()
     Model.objects.filter(pk=model.pk).update(demand_at=model.demand_at)
     if model.on_demand and (first or not model.replicas.filter(withdrawn_at__isnull=True).exists()):
-        _announce(name)
+        announce(name)
     return model

@@ -25,15 +25,15 @@ from .registry import Registry, RegistryError, match_files
 from .services import (
     SYSTEM,
     Actor,
-    _announce,
-    _catalog_snapshot,
-    _get_model,
-    _lock_catalog,
-    _record,
-    _refuse_if_declared,
-    _refuse_if_invalid,
-    _require_change_rights,
+    announce,
+    catalog_snapshot,
+    get_model,
+    lock_catalog,
     model_add,
+    record_change,
+    refuse_if_declared,
+    refuse_if_invalid,
+    require_change_rights,
 )
 
 log = logging.getLogger("catalog.updates")
@@ -125,15 +125,15 @@ def serve_start(
         }
     )
     with transaction.atomic():
-        _lock_catalog()
+        lock_catalog()
         if Model.objects.filter(name=definition["name"]).exists():
             raise conflict(
                 f"A model named {definition['name']} already exists; choose another with --name.",
                 code="name_taken",
             )
-        catalog = _catalog_snapshot()
+        catalog = catalog_snapshot()
         catalog[definition["name"]] = definition
-        _refuse_if_invalid(catalog, [definition["name"]])
+        refuse_if_invalid(catalog, [definition["name"]])
         fetch = Fetch.objects.create(
             repo=repo,
             branch=branch,
@@ -313,12 +313,12 @@ def _refuse_if_rolling(model: Model) -> None:
 def start_update(*, actor: Actor, name: str) -> Rollout:
     """Fetch the newer files beside the old ones; the swap and the replacement follow by themselves."""
     with transaction.atomic():
-        _lock_catalog()
-        model = _get_model(name)
-        _refuse_if_declared(
+        lock_catalog()
+        model = get_model(name)
+        refuse_if_declared(
             model, "an update made here would revert then (its source is in the file)"
         )
-        _require_change_rights(actor, model)
+        require_change_rights(actor, model)
         _refuse_if_rolling(model)
         if not model.origin:
             raise CatalogError(
@@ -361,7 +361,7 @@ def start_update(*, actor: Actor, name: str) -> Rollout:
             actor_name=actor.name,
             door=actor.door,
         )
-        _record(
+        record_change(
             actor,
             model.name,
             "update",
@@ -377,12 +377,12 @@ def start_update(*, actor: Actor, name: str) -> Rollout:
 def start_rollback(*, actor: Actor, name: str) -> Rollout:
     """Go back to the previous files (kept in the mirror); an update under way is stopped."""
     with transaction.atomic():
-        _lock_catalog()
-        model = _get_model(name)
-        _refuse_if_declared(
+        lock_catalog()
+        model = get_model(name)
+        refuse_if_declared(
             model, "a rollback made here would revert then (its source is in the file)"
         )
-        _require_change_rights(actor, model)
+        require_change_rights(actor, model)
         if not model.previous:
             raise CatalogError(
                 f"{model.name} has no previous weights to go back to: it was never updated.",
@@ -408,7 +408,7 @@ def start_rollback(*, actor: Actor, name: str) -> Rollout:
             door=actor.door,
         )
         _swap(model, target["source"], target.get("sha256", ""), target.get("origin"))
-        _record(
+        record_change(
             actor,
             model.name,
             "rollback",
@@ -416,7 +416,7 @@ def start_rollback(*, actor: Actor, name: str) -> Rollout:
             {"commit": rollout.to_commit, "source": rollout.to_source},
             note=f"rollback: {current_commit[:7]} -> {rollout.to_commit[:7]}",
         )
-        _announce(model.name)
+        announce(model.name)
     return rollout
 
 
@@ -481,7 +481,7 @@ def _advance_fetching(rollout: Rollout) -> None:
         )
         return
     with transaction.atomic():
-        _lock_catalog()
+        lock_catalog()
         model = Model.objects.select_related("owner").get(pk=rollout.model_id)
         if Rollout.objects.get(pk=rollout.pk).state != Rollout.FETCHING:
             return  # another worker took this step
@@ -500,7 +500,7 @@ def _advance_fetching(rollout: Rollout) -> None:
         _swap(model, rollout.to_source, weights.get("sha256") or "", origin)
         rollout.state, rollout.step = Rollout.ROLLING, "replacing replicas"
         rollout.save(update_fields=["state", "step"])
-        _record(
+        record_change(
             _actor_of(rollout),
             model.name,
             "update-swap",
@@ -508,7 +508,7 @@ def _advance_fetching(rollout: Rollout) -> None:
             {"source": rollout.to_source},
             note=f"new files fetched and checked; replicas move to {fetch.commit[:7]} one at a time",
         )
-        _announce(model.name)
+        announce(model.name)
 
 
 def _advance_rolling(rollout: Rollout) -> None:

@@ -17,7 +17,7 @@ from .definitions import MAX_CORES, MAX_MEMORY_GB, MAX_REPLICAS
 from .errors import CatalogError
 from .models import Fetch, Model, Rollout
 from .selectors import fetch_view, rollout_view, update_view
-from .services import _get_model
+from .services import get_model
 
 
 class ServeInput(serializers.Serializer):
@@ -137,7 +137,7 @@ class RolloutAPI(APIView):
         responses={200: OpenApiTypes.OBJECT},
     )
     def get(self, request: Request, name: str) -> Response:
-        model = _get_model(name)
+        model = get_model(name)
         rollout = Rollout.objects.filter(model=model).first()
         if rollout is None:
             raise CatalogError(

@@ -19,7 +19,7 @@ from catalog.api import actor_of
 from catalog.config import current_config
 from catalog.definitions import clean_definition
 from catalog.models import Model
-from catalog.services import _apply_definition, _get_model
+from catalog.services import apply_definition, get_model
 
 from . import selectors, services
 from .models import Node, Replica
@@ -195,7 +195,7 @@ class TargetAPI(APIView):
         responses={200: OpenApiTypes.OBJECT},
     )
     def get(self, request: Request, name: str) -> Response:
-        return Response(selectors.model_target(_get_model(name)))
+        return Response(selectors.model_target(get_model(name)))
 
 
 def _plan_view(model: Model, others: list[Model]) -> dict[str, Any]:
@@ -267,7 +267,7 @@ class PlanFileAPI(APIView):
         definition = clean_definition(data, lines=getattr(data, "lines", None))
         others = [m for m in Model.objects.all() if m.name != definition["name"]]
         model = Model(name=definition["name"])
-        _apply_definition(model, definition)
+        apply_definition(model, definition)
         return Response(_plan_view(model, others))
 
 
@@ -277,11 +277,11 @@ class PlanModelAPI(APIView):
         responses={200: OpenApiTypes.OBJECT},
     )
     def get(self, request: Request, name: str) -> Response:
-        model = _get_model(name)
+        model = get_model(name)
         others = [m for m in Model.objects.all() if m.pk != model.pk]
         # Planned as a new model, so that where its replicas would go shows, not where they are.
         fresh = Model(name=model.name)
-        _apply_definition(fresh, model.definition())
+        apply_definition(fresh, model.definition())
         fresh.demand_at = model.demand_at
         return Response(_plan_view(fresh, others))
 

@@ -13,11 +13,20 @@ from catalog import mirror
 from catalog.errors import CatalogError
 from catalog.models import AuditEntry, Fetch, MirrorFile, Model, Rollout
 from catalog.services import Actor, model_scale
-from catalog.updates import advance_rollouts, check_updates, serve_start, start_rollback, start_update
+from catalog.updates import (
+    advance_rollouts,
+    check_updates,
+    serve_start,
+    start_rollback,
+    start_update,
+)
 from llmgw.tinygguf import write_tiny_model
 from tests.support.registry import LocalRegistry, available
 
-pytestmark = [pytest.mark.django_db, pytest.mark.skipif(available() is not None, reason=str(available()))]
+pytestmark = [
+    pytest.mark.django_db,
+    pytest.mark.skipif(available() is not None, reason=str(available())),
+]
 
 REPO = "acme/tiny-chat-GGUF"
 
@@ -35,7 +44,12 @@ def weights(tmp_path: Path) -> dict[int, Path]:
 def registry(tmp_path: Path, server_yaml: Any, weights: dict[int, Path]) -> Iterator[LocalRegistry]:
     with LocalRegistry(tmp_path / "registry") as running:
         running.first_commit = running.commit(REPO, {"tiny-chat-q4.gguf": weights[1]})  # type: ignore[attr-defined]
-        server_yaml({"registry": {"endpoint": running.endpoint}, "mirror": {"root": str(tmp_path / "mirror")}})
+        server_yaml(
+            {
+                "registry": {"endpoint": running.endpoint},
+                "mirror": {"root": str(tmp_path / "mirror")},
+            }
+        )
         yield running
 
 
@@ -52,15 +66,21 @@ def serve(alice: Actor, **options: Any) -> Model:
     return Model.objects.get(name=fetch.serve_definition["name"])
 
 
-def test_serve_fetches_into_the_mirror_and_records_the_origin(registry: LocalRegistry, alice: Actor, weights: dict[int, Path]) -> None:
+def test_serve_fetches_into_the_mirror_and_records_the_origin(
+    registry: LocalRegistry, alice: Actor, weights: dict[int, Path]
+) -> None:
     model = serve(alice)
     commit = registry.first_commit  # type: ignore[attr-defined]
     assert model.name == "tiny-chat-q4"
     assert model.owner.username == "alice"
     assert model.source.endswith(f"/mirror/{REPO}/{commit}/tiny-chat-q4.gguf")
     sha = MirrorFile.objects.get().sha256
-    assert model.origin == {"repo": REPO, "branch": "main", "commit": commit,
-                            "files": [{"path": "tiny-chat-q4.gguf", "sha256": sha, "size": weights[1].stat().st_size}]}
+    assert model.origin == {
+        "repo": REPO,
+        "branch": "main",
+        "commit": commit,
+        "files": [{"path": "tiny-chat-q4.gguf", "sha256": sha, "size": weights[1].stat().st_size}],
+    }
     local = mirror.local_path(REPO, commit, "tiny-chat-q4.gguf")
     assert local.read_bytes() == weights[1].read_bytes()
     assert Fetch.objects.get().bytes_done == weights[1].stat().st_size
@@ -68,7 +88,9 @@ def test_serve_fetches_into_the_mirror_and_records_the_origin(registry: LocalReg
     assert (entry.actor_name, entry.door) == ("alice", "cli")
 
 
-def test_serve_refuses_a_glob_that_matches_nothing_or_too_much(registry: LocalRegistry, alice: Actor, weights: dict[int, Path]) -> None:
+def test_serve_refuses_a_glob_that_matches_nothing_or_too_much(
+    registry: LocalRegistry, alice: Actor, weights: dict[int, Path]
+) -> None:
     with pytest.raises(CatalogError, match="has no GGUF file matching '\\*q8\\*'"):
         serve_start(actor=alice, repo=REPO, pattern="*q8*")
     registry.commit(REPO, {"tiny-chat-q8.gguf": weights[2]})
@@ -79,7 +101,9 @@ def test_serve_refuses_a_glob_that_matches_nothing_or_too_much(registry: LocalRe
     assert not Fetch.objects.exists()
 
 
-def test_the_check_asks_once_per_repository_and_ignores_commits_that_touch_no_served_file(registry: LocalRegistry, alice: Actor) -> None:
+def test_the_check_asks_once_per_repository_and_ignores_commits_that_touch_no_served_file(
+    registry: LocalRegistry, alice: Actor
+) -> None:
     serve(alice)
     report = check_updates()
     assert report.requests == 1 and report.updates == []
@@ -90,17 +114,23 @@ def test_the_check_asks_once_per_repository_and_ignores_commits_that_touch_no_se
     assert check_updates().requests == 1  # the head it already looked at is not asked about again
 
 
-def test_new_weights_are_an_update_with_the_changed_file(registry: LocalRegistry, alice: Actor, weights: dict[int, Path]) -> None:
+def test_new_weights_are_an_update_with_the_changed_file(
+    registry: LocalRegistry, alice: Actor, weights: dict[int, Path]
+) -> None:
     serve(alice)
     new_commit = registry.commit(REPO, {"tiny-chat-q4.gguf": weights[2]})
     report = check_updates()
     assert report.updates == ["tiny-chat-q4"] and report.requests == 2
     update = Model.objects.get().update_available
     assert update["commit"] == new_commit
-    assert [(f["path"], f["size"]) for f in update["files"]] == [("tiny-chat-q4.gguf", weights[2].stat().st_size)]
+    assert [(f["path"], f["size"]) for f in update["files"]] == [
+        ("tiny-chat-q4.gguf", weights[2].stat().st_size)
+    ]
 
 
-def test_a_registry_that_is_down_is_recorded_and_tried_again(registry: LocalRegistry, alice: Actor) -> None:
+def test_a_registry_that_is_down_is_recorded_and_tried_again(
+    registry: LocalRegistry, alice: Actor
+) -> None:
     serve(alice)
     registry.stop()
     report = check_updates()
@@ -112,10 +142,14 @@ def test_a_registry_that_is_down_is_recorded_and_tried_again(registry: LocalRegi
     assert Model.objects.get().update_check_error == ""
 
 
-def test_update_fetches_beside_the_old_files_swaps_and_rollback_goes_back(registry: LocalRegistry, alice: Actor, weights: dict[int, Path]) -> None:
+def test_update_fetches_beside_the_old_files_swaps_and_rollback_goes_back(
+    registry: LocalRegistry, alice: Actor, weights: dict[int, Path]
+) -> None:
     model = serve(alice)
     old_source, old_commit = model.source, model.origin["commit"]
-    model_scale(actor=alice, name=model.name, min_replicas=0, max_replicas=0)  # no replicas to wait for here
+    model_scale(
+        actor=alice, name=model.name, min_replicas=0, max_replicas=0
+    )  # no replicas to wait for here
     new_commit = registry.commit(REPO, {"tiny-chat-q4.gguf": weights[2]})
     check_updates()
     rollout = start_update(actor=alice, name=model.name)
@@ -133,12 +167,18 @@ def test_update_fetches_beside_the_old_files_swaps_and_rollback_goes_back(regist
     assert model.source == old_source and model.origin["commit"] == old_commit
     advance_rollouts()
     assert Rollout.objects.get(pk=back.pk).state == Rollout.DONE
-    actions = list(AuditEntry.objects.filter(model_name=model.name).order_by("id").values_list("action", "actor_name"))
+    actions = list(
+        AuditEntry.objects.filter(model_name=model.name)
+        .order_by("id")
+        .values_list("action", "actor_name")
+    )
     assert ("update", "alice") in actions and ("update-swap", "alice") in actions
     assert ("update-done", "system") in actions and ("rollback", "alice") in actions
 
 
-def test_a_checksum_mismatch_refuses_the_update_and_changes_nothing(registry: LocalRegistry, alice: Actor, weights: dict[int, Path]) -> None:
+def test_a_checksum_mismatch_refuses_the_update_and_changes_nothing(
+    registry: LocalRegistry, alice: Actor, weights: dict[int, Path]
+) -> None:
     model = serve(alice)
     registry.commit(REPO, {"tiny-chat-q4.gguf": weights[2]})
     check_updates()
@@ -153,14 +193,18 @@ def test_a_checksum_mismatch_refuses_the_update_and_changes_nothing(registry: Lo
     advance_rollouts()
     rollout.refresh_from_db()
     assert rollout.state == Rollout.FAILED
-    assert "refused, the model is unchanged: sha256 mismatch for tiny-chat-q4.gguf" in rollout.message
+    assert (
+        "refused, the model is unchanged: sha256 mismatch for tiny-chat-q4.gguf" in rollout.message
+    )
     after = Model.objects.get()
     assert after.source == model.source and after.previous is None
     new_dir = mirror.local_path(REPO, rollout.to_commit, "x").parent
     assert not new_dir.exists() or not any(new_dir.iterdir())  # no file that looks complete
 
 
-def test_two_updates_of_one_model_at_once_are_refused(registry: LocalRegistry, alice: Actor, weights: dict[int, Path], users: dict[str, Any]) -> None:
+def test_two_updates_of_one_model_at_once_are_refused(
+    registry: LocalRegistry, alice: Actor, weights: dict[int, Path], users: dict[str, Any]
+) -> None:
     model = serve(alice)
     registry.commit(REPO, {"tiny-chat-q4.gguf": weights[2]})
     check_updates()
@@ -168,10 +212,14 @@ def test_two_updates_of_one_model_at_once_are_refused(registry: LocalRegistry, a
     with pytest.raises(CatalogError) as caught:
         start_update(actor=Actor.for_user(users["staff"], "api"), name=model.name)
     assert caught.value.status == 409
-    assert caught.value.message.startswith("An update of tiny-chat-q4 is already under way (asked by alice, fetching)")
+    assert caught.value.message.startswith(
+        "An update of tiny-chat-q4 is already under way (asked by alice, fetching)"
+    )
 
 
-def test_update_and_rollback_refusals(registry: LocalRegistry, alice: Actor, users: dict[str, Any]) -> None:
+def test_update_and_rollback_refusals(
+    registry: LocalRegistry, alice: Actor, users: dict[str, Any]
+) -> None:
     model = serve(alice)
     with pytest.raises(CatalogError, match="No newer weights are known for tiny-chat-q4"):
         start_update(actor=alice, name=model.name)
@@ -196,18 +244,30 @@ def test_an_interrupted_fetch_is_claimed_again(registry: LocalRegistry, alice: A
     assert Fetch.objects.get(pk=fetch.pk).state == Fetch.DONE
 
 
-def test_a_model_added_by_mirror_url_gets_its_origin_from_the_mirror_record(registry: LocalRegistry, alice: Actor) -> None:
+def test_a_model_added_by_mirror_url_gets_its_origin_from_the_mirror_record(
+    registry: LocalRegistry, alice: Actor
+) -> None:
     from catalog.definitions import clean_definition
     from catalog.services import model_add
 
     served = serve(alice)
-    by_url = model_add(actor=alice, definition=clean_definition(
-        {"name": "same-weights", "source": served.source, "profiles": [{"name": "cpu", "memory_gb": 1}]}
-    ), source_check=False)
+    by_url = model_add(
+        actor=alice,
+        definition=clean_definition(
+            {
+                "name": "same-weights",
+                "source": served.source,
+                "profiles": [{"name": "cpu", "memory_gb": 1}],
+            }
+        ),
+        source_check=False,
+    )
     assert by_url.origin == served.origin
 
 
-def test_the_mirror_keeps_what_models_and_their_previous_revisions_use(registry: LocalRegistry, alice: Actor, weights: dict[int, Path]) -> None:
+def test_the_mirror_keeps_what_models_and_their_previous_revisions_use(
+    registry: LocalRegistry, alice: Actor, weights: dict[int, Path]
+) -> None:
     model = serve(alice)
     first = model.origin["commit"]
     model_scale(actor=alice, name=model.name, min_replicas=0, max_replicas=0)

@@ -194,7 +194,9 @@ def test_demand_is_open_to_any_user_and_loads_an_on_demand_model(api: Any) -> No
     assert api("bob").post("/api/v1/models/ghost/demand").status_code == 404
 
 
-def test_plan_estimates_memory_from_the_gguf_header_and_warns(api: Any, tmp_path: Any, settings: Any) -> None:
+def test_plan_estimates_memory_from_the_gguf_header_and_warns(
+    api: Any, tmp_path: Any, settings: Any
+) -> None:
     from urllib.parse import urlsplit
 
     from llmgw.tinygguf import write_tiny_model
@@ -202,10 +204,14 @@ def test_plan_estimates_memory_from_the_gguf_header_and_warns(api: Any, tmp_path
     from tests.support.http_files import serve_directory
 
     write_tiny_model(tmp_path / "tiny.gguf", seed=1, context_length=2048)
-    with serve_directory(tmp_path) as (base_url, stats):
+    with serve_directory(tmp_path) as (base_url, _stats):
         settings.LLMGW_SOURCE_ALLOWED_HOSTS = [urlsplit(base_url).netloc]
-        body = make(name="est", source=f"{base_url}/tiny.gguf", context_length=1024,
-                    profiles=[{"name": "tight", "memory_gb": 0.0001}, {"name": "roomy", "memory_gb": 1}])
+        body = make(
+            name="est",
+            source=f"{base_url}/tiny.gguf",
+            context_length=1024,
+            profiles=[{"name": "tight", "memory_gb": 0.0001}, {"name": "roomy", "memory_gb": 1}],
+        )
         plan = api("bob").post("/api/v1/plan", body, format="json").json()
     size = (tmp_path / "tiny.gguf").stat().st_size
     estimate = plan["estimate"]

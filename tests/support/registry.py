@@ -1,4 +1,4 @@
-"""A Hugging Face–compatible registry for tests: olah serving local git + git-lfs repositories.
+"""A Hugging Face-compatible registry for tests: olah serving local git + git-lfs repositories.
 
     with LocalRegistry(tmp_path) as registry:
         commit = registry.commit("acme/tiny", {"tiny.gguf": path_or_bytes})
@@ -21,7 +21,15 @@ import requests
 
 from .system import free_port
 
-GIT = ["git", "-c", "user.name=registry", "-c", "user.email=registry@127.0.0.1", "-c", "init.defaultBranch=main"]
+GIT = [
+    "git",
+    "-c",
+    "user.name=registry",
+    "-c",
+    "user.email=registry@127.0.0.1",
+    "-c",
+    "init.defaultBranch=main",
+]
 
 
 def available() -> str | None:
@@ -79,7 +87,10 @@ class LocalRegistry:
         log = (self.folder / "olah.log").open("ab")
         self.process = subprocess.Popen(
             [str(Path(sys.executable).parent / "olah-cli"), "-c", str(config)],
-            cwd=self.folder, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            cwd=self.folder,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
