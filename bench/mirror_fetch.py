@@ -76,7 +76,9 @@ def main() -> None:
     started = time.perf_counter()
     commit = registry.commit("bench/big", {"big.gguf": big})
     big.unlink()
-    print(f"mirror_fetch: a {size / 1e6:.0f} MB file committed with git-lfs in {time.perf_counter() - started:.0f}s")
+    print(
+        f"mirror_fetch: a {size / 1e6:.0f} MB file committed with git-lfs in {time.perf_counter() - started:.0f}s"
+    )
     registry.start()
     system = System(folder / "system", config={"registry": {"endpoint": registry.endpoint}})
     try:
@@ -90,10 +92,22 @@ def main() -> None:
         rows = []
         plain_registry = measured([python, "-c", PLAIN, registry_url, str(folder / "plain-1")])
         (folder / "plain-1").unlink()
-        fetch = system.api("POST", "serve", json={"repo": "bench/big", "min": 0, "max": 0, "memory_gb": 4})
-        mirror = measured([python, "manage.py", "shell", "-c",
-                           f"from catalog.mirror import run_fetch; run_fetch({fetch['id']})"], env=system.env)
-        done = wait_for(lambda: system.api("GET", f"fetches/{fetch['id']}"), what="the fetch record")
+        fetch = system.api(
+            "POST", "serve", json={"repo": "bench/big", "min": 0, "max": 0, "memory_gb": 4}
+        )
+        mirror = measured(
+            [
+                python,
+                "manage.py",
+                "shell",
+                "-c",
+                f"from catalog.mirror import run_fetch; run_fetch({fetch['id']})",
+            ],
+            env=system.env,
+        )
+        done = wait_for(
+            lambda: system.api("GET", f"fetches/{fetch['id']}"), what="the fetch record"
+        )
         assert done["state"] == "done", done
         rows.append(("registry -> mirror", plain_registry, mirror))
 
@@ -104,10 +118,14 @@ def main() -> None:
         node = measured([python, "-c", NODE, mirror_url, str(folder / "node-cache"), sha])
         rows.append(("mirror -> node", plain_mirror, node))
 
-        print(f"{'path':<20} {'plain MB/s':>10} {'ours MB/s':>10} {'ratio':>6} {'plain peak MB':>14} {'ours peak MB':>13}")
+        print(
+            f"{'path':<20} {'plain MB/s':>10} {'ours MB/s':>10} {'ratio':>6} {'plain peak MB':>14} {'ours peak MB':>13}"
+        )
         for label, (plain_s, plain_rss), (ours_s, ours_rss) in rows:
-            print(f"{label:<20} {size / 1e6 / plain_s:>10.0f} {size / 1e6 / ours_s:>10.0f} "
-                  f"{plain_s / ours_s:>6.2f} {plain_rss:>14.0f} {ours_rss:>13.0f}")
+            print(
+                f"{label:<20} {size / 1e6 / plain_s:>10.0f} {size / 1e6 / ours_s:>10.0f} "
+                f"{plain_s / ours_s:>6.2f} {plain_rss:>14.0f} {ours_rss:>13.0f}"
+            )
     finally:
         system.close()
         registry.stop()

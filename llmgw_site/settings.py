@@ -69,6 +69,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files (console CSS, htmx, admin) from the web process itself: no separate server.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -118,6 +120,8 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+# Served from the apps' folders as they are, so that no collectstatic step is needed.
+WHITENOISE_USE_FINDERS = True
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 

@@ -259,7 +259,7 @@ def test_nodes_from_the_command_line(ctl: Any) -> None:
     assert code == 0
     token = out.split("shown only now:")[1].split()[0]
     assert token.startswith("llmgw-node-")
-    assert f"llmgw node --server http://localhost:" in out or "llmgw node --server" in out
+    assert "llmgw node --server http://localhost:" in out or "llmgw node --server" in out
     code, out, _ = ctl("alice", "nodes")
     assert out.splitlines()[1].split()[:2] == ["gpu-1", "waiting"]
     code, out, _ = ctl("staff", "node", "cordon", "gpu-1")
@@ -274,11 +274,20 @@ def test_nodes_from_the_command_line(ctl: Any) -> None:
 
 def test_restart_target_and_plan_from_the_command_line(ctl: Any, model_file: Any) -> None:
     ctl("staff", "node", "add", "small")
-    ctl("alice", "model", "add", "-f", model_file(profiles=[{"name": "cpu", "memory_gb": 24}]), "--no-source-check")
+    ctl(
+        "alice",
+        "model",
+        "add",
+        "-f",
+        model_file(profiles=[{"name": "cpu", "memory_gb": 24}]),
+        "--no-source-check",
+    )
     code, out, _ = ctl("alice", "restart", "--model", "tiny-chat")
     assert code == 0 and "one replica at a time" in out and "generation 1" in out
     code, out, _ = ctl("bob", "model", "target", "tiny-chat")
-    assert out.splitlines()[0] == "tiny-chat: 0 ready of 1 wanted (min_replicas is 1); class standard"
+    assert (
+        out.splitlines()[0] == "tiny-chat: 0 ready of 1 wanted (min_replicas is 1); class standard"
+    )
     assert "1 not placed: no schedulable nodes" in out
     code, out, _ = ctl("bob", "model", "target", "tiny-chat", "--json")
     assert json.loads(out)["desired"] == 1

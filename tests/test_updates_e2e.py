@@ -21,7 +21,9 @@ from tests.support.system import System, wait_for
 
 pytestmark = [
     pytest.mark.engine,
-    pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed"
+    ),
     pytest.mark.skipif(available() is not None, reason=str(available())),
 ]
 
@@ -41,7 +43,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         system.start()
         system.add_node("node-a", memory_gb=3, cores=2)
         system.add_node("node-b", memory_gb=3, cores=2)
-        wait_for(lambda: all(n["state"] == "ready" for n in system.api("GET", "nodes")), what="both agents")
+        wait_for(
+            lambda: all(n["state"] == "ready" for n in system.api("GET", "nodes")),
+            what="both agents",
+        )
         yield {"system": system, "registry": registry, "folder": folder}
     except BaseException:
         print(system.log_tail())
@@ -108,7 +113,9 @@ def test_serve_update_and_rollback(world: dict[str, Any], capsys: Any) -> None:
 
     out = ctl(system, "model", "updates", "--check", capsys=capsys)
     assert "Every served model is on the newest files" in out
-    new_commit = registry.commit(REPO, {"tiny-chat-q4.gguf": folder / "w2.gguf"}, message="retrained")
+    new_commit = registry.commit(
+        REPO, {"tiny-chat-q4.gguf": folder / "w2.gguf"}, message="retrained"
+    )
     out = ctl(system, "model", "updates", "--check", capsys=capsys)
     row = out.strip().splitlines()[-1].split()
     assert row[0] == "tiny-chat-q4" and row[2] == new_commit[:7] and row[3] == "tiny-chat-q4.gguf"
@@ -123,6 +130,12 @@ def test_serve_update_and_rollback(world: dict[str, Any], capsys: Any) -> None:
 
     audit = system.api("GET", "audit", params={"model": "tiny-chat-q4"})["entries"]
     steps = [(e["action"], e["actor"]) for e in reversed(audit)]
-    for step in [("add", "admin"), ("update", "admin"), ("update-swap", "admin"), ("update-done", "system"),
-                 ("rollback", "admin"), ("rollback-done", "system")]:
+    for step in [
+        ("add", "admin"),
+        ("update", "admin"),
+        ("update-swap", "admin"),
+        ("update-done", "system"),
+        ("rollback", "admin"),
+        ("rollback-done", "system"),
+    ]:
         assert step in steps, steps

@@ -53,6 +53,12 @@ def chromium(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
             yield browser
         finally:
             browser.close()
+            # Database connections opened while Playwright ran belong to its context
+            # (Django keeps them per context); PostgreSQL would otherwise refuse to
+            # drop the test database at the end while one of them is still open.
+            from django.db import connections
+
+            connections.close_all()
 
 
 @pytest.fixture
