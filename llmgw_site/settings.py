@@ -120,6 +120,7 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT.mkdir(exist_ok=True)
 # Served from the apps' folders as they are, so that no collectstatic step is needed.
 WHITENOISE_USE_FINDERS = True
 LOGIN_URL = "/login/"
