@@ -37,3 +37,4 @@ bench: setup
 	$(PY) bench/reconcile.py
 	$(PY) bench/update_check.py
 	$(PY) bench/mirror_fetch.py
+	$(PY) bench/gateway.py

@@ -214,5 +214,94 @@ class AddModelForm(ConsoleForm):
     )
 
 
+class ServeForm(ConsoleForm):
+    """`llmgw ctl model serve` as a form; the API's own input schema has the last word."""
+
+    # The API's names for the fields whose names differ here.
+    api_names = {"branch": "revision"}
+
+    repo = forms.CharField(
+        label="Repository",
+        max_length=200,
+        widget=forms.TextInput(attrs={"placeholder": "ORG/NAME", "spellcheck": "false"}),
+        error_messages={"required": "Give the repository, as ORG/NAME."},
+    )
+    file = forms.CharField(
+        label="File pattern",
+        required=False,
+        max_length=500,
+        initial="*.gguf",
+        widget=forms.TextInput(attrs={"spellcheck": "false"}),
+        help_text="A glob that picks exactly one GGUF file of the repository, like *q4_k_m.gguf.",
+    )
+    branch = forms.CharField(
+        label="Branch",
+        required=False,
+        max_length=200,
+        initial="main",
+        help_text="The model follows it: a newer commit that changes its file is an update.",
+    )
+    name = forms.CharField(
+        label="Name",
+        required=False,
+        max_length=100,
+        help_text="Empty: the file's name without .gguf.",
+    )
+    memory_gb = forms.FloatField(
+        label="Memory (GB)",
+        required=False,
+        error_messages={"invalid": "Memory is a number of GB, like 4 or 0.5."},
+        help_text="Host RAM one replica reserves. Empty: 1.25 times the file's size plus 0.5 GB, at least 1.",
+    )
+    cores = forms.FloatField(
+        label="Cores",
+        required=False,
+        error_messages={"invalid": "Cores is a number, like 2."},
+        help_text="CPU cores reserved, also the engine's threads. Empty: 1.",
+    )
+    min = forms.IntegerField(
+        label="Replicas (min)",
+        required=False,
+        initial=1,
+        error_messages=_whole("The replica count", "2"),
+        help_text="Empty: 1. 0 with a max above 0 is on demand.",
+    )
+    max = forms.IntegerField(
+        label="Ceiling (max)",
+        required=False,
+        error_messages=_whole("The ceiling", "3"),
+        help_text="Left empty, it follows min.",
+    )
+
+    def clean(self) -> dict[str, Any]:
+        from catalog.updates_api import ServeInput
+
+        data = super().clean() or {}
+        if self.errors:
+            return data
+        wanted = {
+            "repo": data["repo"].strip(),
+            "file": data["file"].strip() or "*.gguf",
+            "revision": data["branch"].strip() or "main",
+            "name": data["name"].strip() or None,
+            "memory_gb": data["memory_gb"],
+            "cores": data["cores"],
+            "min": 1 if data["min"] is None else data["min"],
+            "max": data["max"],
+        }
+        serializer = ServeInput(data=wanted)
+        if not serializer.is_valid():
+            fields = {api: mine for mine, api in self.api_names.items()}
+            for path, message in flatten_errors(serializer.errors):
+                field = fields.get(str(path[0]), str(path[0])) if path else ""
+                if field in self.fields:
+                    self.add_error(field, message)
+                else:
+                    self.add_error(None, f"{path_text(path)}: {message}")
+            return data
+        data["serve"] = serializer.validated_data
+        return data
+
+
 class CordonForm(forms.Form):
     cordon = forms.BooleanField(required=False)

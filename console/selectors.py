@@ -14,13 +14,14 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.paginator import Page, Paginator
-from django.db.models import Count, F, IntegerField, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models import Count, F, IntegerField, Max, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from catalog import selectors as catalog_selectors
 from catalog.config import current_config
-from catalog.models import CLASS_CHOICES, AuditEntry, Model, Rollout
+from catalog.durations import format_duration
+from catalog.models import CLASS_CHOICES, AuditEntry, Fetch, MirrorFile, Model, Rollout
 from fleet.models import Replica
 from fleet.reconciler import desired_count
 
@@ -43,29 +44,76 @@ def can_change(user: Any, model: Model) -> bool:
     return bool(user.is_staff or (model.owner_id is not None and model.owner_id == user.pk))
 
 
+def _unit(size: int) -> tuple[str, float]:
+    # Decimal units, as `llmgw ctl` prints sizes.
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return unit, scale
+    return "bytes", 1
+
+
+def _scaled(size: float, scale: float, whole: float) -> str:
+    # Three figures are enough to compare sizes at a glance: 4.1 GB, 12.5 MB, 501 kB.
+    return f"{size / scale:.0f}" if whole / scale >= 100 else f"{size / scale:.1f}"
+
+
+def size_text(size: int | None) -> str:
+    """812 bytes, 501 kB, 4.1 GB."""
+    if size is None:
+        return "?"
+    unit, scale = _unit(size)
+    return f"{size} bytes" if scale == 1 else f"{_scaled(size, scale, size)} {unit}"
+
+
+def short(commit: str | None) -> str:
+    """A commit as people quote it: its first seven characters."""
+    return (commit or "")[:7]
+
+
+def _when(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text) if text else None
+
+
 @dataclass(frozen=True)
 class Registry:
-    """What the registry part of a row shows; every key may be absent until updates exist."""
+    """What the registry part of a row shows: the keys of catalog.selectors.model_view.
+
+    `fetch` is the fetch of a rollout still bringing its files in (fetch_view), for
+    its byte progress.
+    """
 
     origin: dict[str, Any] | None = None
     update: dict[str, Any] | None = None
     previous: dict[str, Any] | None = None
     rollout: dict[str, Any] | None = None
     check_error: str | None = None
+    fetch: dict[str, Any] | None = None
 
     @classmethod
-    def of(cls, view: dict[str, Any]) -> Registry:
+    def of(cls, view: dict[str, Any], fetch: dict[str, Any] | None = None) -> Registry:
         return cls(
             origin=view.get("origin"),
             update=view.get("update"),
             previous=view.get("previous"),
             rollout=view.get("rollout"),
             check_error=view.get("update_check_error"),
+            fetch=fetch,
         )
 
     @property
     def rollout_active(self) -> bool:
         return bool(self.rollout and self.rollout.get("state") in Rollout.ACTIVE)
+
+    @property
+    def update_under_way(self) -> bool:
+        """The update the badge would offer is the one running now."""
+        return bool(
+            self.rollout_active
+            and self.update
+            and self.rollout
+            and self.rollout.get("kind") == "update"
+            and self.rollout.get("to_commit") == self.update.get("commit")
+        )
 
     @property
     def rollout_percent(self) -> int:
@@ -74,8 +122,88 @@ class Registry:
         return min(100, round(100 * (self.rollout.get("replaced") or 0) / self.rollout["total"]))
 
     @property
+    def rollout_started_at(self) -> datetime | None:
+        return _when((self.rollout or {}).get("started_at"))
+
+    @property
+    def fetching(self) -> bool:
+        """The rollout is bringing its files into the mirror, and how far it got is known."""
+        return bool(self.fetch and self.rollout and self.rollout.get("state") == Rollout.FETCHING)
+
+    @property
+    def fetch_percent(self) -> int:
+        return fetch_percent(self.fetch)
+
+    @property
+    def fetch_text(self) -> str:
+        return fetch_text(self.fetch)
+
+    @property
+    def update_text(self) -> str:
+        """The badge, in the issue's words: "update available: a1b2c3d → e4f5a6b, 1 file, 4.1 GB"."""
+        if not self.update:
+            return ""
+        files = self.update.get("files") or []
+        size = self.update.get("bytes")
+        if size is None:
+            size = sum(f.get("size") or 0 for f in files)
+        count = f"{len(files)} file{'' if len(files) == 1 else 's'}"
+        current = short((self.origin or {}).get("commit")) or "?"
+        return f"update available: {current} → {short(self.update.get('commit'))}, {count}, {size_text(size)}"
+
+    @property
+    def rollback_target(self) -> str:
+        """What Roll back returns to, in a few words."""
+        if not self.previous:
+            return ""
+        commit = short(self.previous.get("commit"))
+        return commit or "the previous files"
+
+    @property
+    def what_to_do(self) -> str:
+        """For a rollout that stopped short: what still serves, and the ways on."""
+        if not self.rollout:
+            return ""
+        state = self.rollout.get("state")
+        before = short(self.rollout.get("from_commit")) or "the files before"
+        if state == Rollout.HALTED:
+            # The model already points at the new files: the reconciler replaces
+            # again once its spec changes (a fix), and a rollback swaps back.
+            return (
+                f"The old replicas keep serving. Roll back to return to {before}, or fix the "
+                "model (the replicas' messages say why the new ones fail) and its replicas are "
+                "replaced again."
+            )
+        if state == Rollout.FAILED:
+            return (
+                f"Nothing changed: the model keeps serving {before}. Update again once the "
+                "registry's files are right; Check for updates now asks it."
+            )
+        return ""
+
+    @property
     def shown(self) -> bool:
         return any((self.origin, self.update, self.previous, self.rollout))
+
+
+def fetch_percent(fetch: dict[str, Any] | None) -> int:
+    if not fetch:
+        return 0
+    if fetch.get("state") == Fetch.DONE:
+        return 100
+    total = fetch.get("bytes_total") or 0
+    return _percent(fetch.get("bytes_done") or 0, total) if total else 0
+
+
+def fetch_text(fetch: dict[str, Any] | None) -> str:
+    """ "0.2 of 0.5 MB" in the unit of the total, so that the two numbers compare at a glance."""
+    if not fetch:
+        return ""
+    total = fetch.get("bytes_total") or 0
+    done = total if fetch.get("state") == Fetch.DONE else (fetch.get("bytes_done") or 0)
+    _, scale = _unit(total)
+    part = str(done) if scale == 1 else _scaled(done, scale, total)
+    return f"{part} of {size_text(total)}"
 
 
 @dataclass
@@ -134,7 +262,7 @@ def filter_models(
 
 
 def model_rows(models: list[Model], user: Any) -> list[ModelRow]:
-    """Rows for these models (one page of them): one query for their replicas, one for rollouts."""
+    """Rows for these models (one page of them): a query each for replicas, rollouts and fetches."""
     config = current_config()
     now = timezone.now()
     placed: dict[int, Counter[tuple[str, str]]] = defaultdict(Counter)
@@ -145,20 +273,27 @@ def model_rows(models: list[Model], user: Any) -> list[ModelRow]:
     ):
         placed[model_id][(node_name, replica_state)] += 1
     rollouts = catalog_selectors.latest_rollouts(models)
+    fetching = [r.fetch_id for r in rollouts.values() if r.state == Rollout.FETCHING and r.fetch_id]
+    fetches = {
+        fetch.pk: catalog_selectors.fetch_view(fetch)
+        for fetch in (Fetch.objects.filter(pk__in=fetching) if fetching else [])
+    }
     rows = []
     for model in models:
         counts = placed.get(model.pk, Counter())
         ready = sum(n for (_, s), n in counts.items() if s == Replica.READY)
         desired = desired_count(model, now, config.default_idle_timeout)
         status = {"ready": ready, "replicas": sum(counts.values()), "desired": desired}
-        view = catalog_selectors.model_view(model, config, status, rollouts.get(model.pk))
+        rollout = rollouts.get(model.pk)
+        view = catalog_selectors.model_view(model, config, status, rollout)
+        fetch = fetches.get(rollout.fetch_id) if rollout and rollout.fetch_id else None
         rows.append(
             ModelRow(
                 view=view,
                 state=model_state(ready, desired),
                 placements=[(node, s, n) for (node, s), n in counts.items()],
                 can_change=can_change(user, model),
-                registry=Registry.of(view),
+                registry=Registry.of(view, fetch),
             )
         )
     return rows
@@ -178,6 +313,96 @@ def owners() -> list[str]:
 def page_of(items: Any, number: Any, per_page: int) -> Page:
     """A page; a number out of range gives the nearest page rather than an error."""
     return Paginator(items, per_page).get_page(number)
+
+
+# How long after a fetch is done its model may take to appear before the page stops
+# waiting: the worker adds it right after the last byte, so this only ends the wait for a
+# model that was removed since.
+MODEL_ADD_GRACE_SECONDS = 60
+
+
+def fetch_progress(fetch: Fetch) -> dict[str, Any]:
+    """A fetch as its progress card shows it (fetch_view), and whether the card asks again."""
+    view = catalog_selectors.fetch_view(fetch)
+    waiting_for_model = (
+        view["state"] == Fetch.DONE
+        and bool(view["model"])
+        and not view["model_added"]
+        and (
+            fetch.finished_at is None
+            or (timezone.now() - fetch.finished_at).total_seconds() < MODEL_ADD_GRACE_SECONDS
+        )
+    )
+    return {
+        "fetch": view,
+        "percent": fetch_percent(view),
+        "progress": fetch_text(view),
+        "files": [{**f, "size_text": size_text(f["size"])} for f in view["files"]],
+        "polling": view["state"] in (Fetch.QUEUED, Fetch.RUNNING) or waiting_for_model,
+        "waiting_for_model": waiting_for_model,
+    }
+
+
+# -- where a model's weights came from -------------------------------------------
+
+
+def _file_rows(files: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {
+            "path": f.get("path", ""),
+            "size": size_text(f.get("size")),
+            "sha256": f.get("sha256") or "",
+            "sha256_short": (f.get("sha256") or "")[:12],
+        }
+        for f in files
+    ]
+
+
+def registry_details(model: Model) -> dict[str, Any]:
+    """The model page's account of its registry revisions: origin, previous, update, last check."""
+    details: dict[str, Any] = {
+        "origin": None,
+        "previous": None,
+        "update": None,
+        "checked_at": model.update_checked_at,
+        "check_error": model.update_check_error,
+        "check_every": format_duration(current_config().update_check),
+    }
+    origin = model.origin
+    if origin:
+        paths = [f["path"] for f in origin.get("files", [])]
+        fetched_at = MirrorFile.objects.filter(
+            repo=origin["repo"], commit=origin["commit"], path__in=paths
+        ).aggregate(at=Max("fetched_at"))["at"]
+        details["origin"] = {
+            "repo": origin["repo"],
+            "branch": origin.get("branch", "main"),
+            "commit": origin["commit"],
+            "short": short(origin["commit"]),
+            "fetched_at": fetched_at,
+            "files": _file_rows(origin.get("files", [])),
+        }
+    previous = model.previous
+    if previous:
+        before = previous.get("origin") or {}
+        details["previous"] = {
+            "source": previous.get("source", ""),
+            "repo": before.get("repo"),
+            "commit": before.get("commit"),
+            "short": short(before.get("commit")),
+            "files": _file_rows(before.get("files", [])),
+        }
+    update = catalog_selectors.update_view(model)
+    if update["new_commit"]:
+        files = update["files"]
+        details["update"] = {
+            "commit": update["new_commit"],
+            "short": short(update["new_commit"]),
+            "files": _file_rows(files),
+            "size": size_text(update["bytes"] or sum(f.get("size") or 0 for f in files)),
+            "checked_at": _when((model.update_available or {}).get("checked_at")),
+        }
+    return details
 
 
 # -- nodes ------------------------------------------------------------------------

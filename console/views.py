@@ -29,12 +29,12 @@ from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
 from catalog import selectors as catalog_selectors
-from catalog import services
+from catalog import services, updates
 from catalog.config import current_config
 from catalog.definitions import clean_definition
 from catalog.durations import format_duration
-from catalog.errors import CatalogError, Problem
-from catalog.models import Model
+from catalog.errors import CatalogError, Problem, forbidden
+from catalog.models import Fetch, Model
 from catalog.services import Actor
 from catalog.yamltext import YAMLSyntaxError, line_for, load_with_lines
 from fleet import selectors as fleet_selectors
@@ -165,6 +165,11 @@ def model_context(
         "refusal": refusal,
         "can_change": row.can_change,
         "config_path": current_config().path,
+        "registry_details": console_selectors.registry_details(model),
+        # What the registry part says after a button in it: set by _registry_answer.
+        "registry_done": "",
+        "registry_warning": "",
+        "registry_error": "",
     }
 
 
@@ -390,60 +395,70 @@ def _done(request: HtmxHttpRequest, model: Model, what: str, text: str) -> HttpR
     )
 
 
-# -- registry updates (the services come with catalog.updates) -----------------------
+# -- registry updates ---------------------------------------------------------------
 
-
-def _updates() -> Any:
-    try:
-        from catalog import updates
-    except ImportError:
-        return None
-    return updates
+# What the model page's poll of its registry part also refreshes, out of band: a
+# rollout changes the source, the replicas and the history while it runs.
+REFRESHED_BY_ROLLOUT = ["summary-oob", "replicas-oob", "history-oob"]
 
 
 def _registry_answer(
-    request: HtmxHttpRequest, model: Model, *, done: str = "", error: CatalogError | None = None
+    request: HtmxHttpRequest,
+    model: Model,
+    *,
+    done: str = "",
+    warning: str = "",
+    error: CatalogError | None = None,
 ) -> HttpResponse:
-    """The registry part again, with what happened; the whole page for a request without htmx."""
+    """The registry part again, with what happened; the whole page for a request without htmx.
+
+    In the models list (`in=list`) the answer is the model's whole row, so that its
+    replicas and source follow a rollout too; on the model page the part also holds the
+    origin, previous revision and update, and the answer refreshes the summary,
+    replicas and history out of band.
+    """
+    status = error.status if error else 200
     if not wants_partial(request):
         if error is not None:
             context = model_context(request, model, refusal=error.message)
-            return render(request, "console/model.html", context, status=error.status)
-        messages.success(request, done)
+            return render(request, "console/model.html", context, status=status)
+        if warning:
+            messages.warning(request, warning)
+        else:
+            messages.success(request, done)
         return HttpResponseRedirect(reverse("console-model", args=[model.name]))
-    row = console_selectors.model_rows([get_model(model.name)], request.user)[0]
-    context = {
-        "row": row,
-        "view": row.view,
-        "registry": row.registry,
-        "compact": request.POST.get("in", request.GET.get("in")) == "list",
-        "done": done,
-        "error": error.message if error else "",
-    }
-    return render(request, "console/_registry.html", context, status=error.status if error else 200)
+    model = get_model(model.name)
+    if request.POST.get("in", request.GET.get("in")) == "list":
+        context = {
+            "row": console_selectors.model_rows([model], request.user)[0],
+            "registry_done": done,
+            "registry_warning": warning,
+            "registry_error": error.message if error else "",
+        }
+        return render(request, "console/models.html#model-row", context, status=status)
+    context = model_context(request, model)
+    context.update(
+        registry_done=done, registry_warning=warning, registry_error=error.message if error else ""
+    )
+    return render_partials(
+        request, "console/model.html", ["registry", *REFRESHED_BY_ROLLOUT], context, status
+    )
 
 
 def _registry_action(request: HtmxHttpRequest, name: str, what: str) -> HttpResponse:
     model = get_model(name)
-    updates = _updates()
-    if updates is None:
-        error = CatalogError(
-            "Registry updates are not available in this version of llmgw.",
-            code="not_available",
-            status=404,
-        )
-        return _registry_answer(request, model, error=error)
     start = updates.start_update if what == "update" else updates.start_rollback
     try:
-        start(actor=actor(request), name=model.name)
+        rollout = start(actor=actor(request), name=model.name)
     except CatalogError as error:
         return _registry_answer(request, model, error=error)
+    before, after = rollout.from_commit[:7] or "?", rollout.to_commit[:7] or "?"
     done = (
-        f"Update of {model.name} started: the new files are fetched and checked, "
-        "then replicas are replaced one at a time."
+        f"Update of {model.name} started ({before} → {after}): the new files are fetched and "
+        "checked, then replicas are replaced one at a time."
         if what == "update"
-        else f"Rollback of {model.name} started: replicas go back to the previous files, "
-        "one at a time."
+        else f"Rollback of {model.name} started ({before} → {after}): replicas go back to the "
+        "previous files, one at a time."
     )
     return _registry_answer(request, model, done=done)
 
@@ -458,6 +473,54 @@ def model_update(request: HtmxHttpRequest, name: str) -> HttpResponse:
 @login_required
 def model_rollback(request: HtmxHttpRequest, name: str) -> HttpResponse:
     return _registry_action(request, name, "rollback")
+
+
+@require_POST
+@login_required
+def model_check(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """Ask the registry now rather than at the next scheduled check.
+
+    The check itself covers every served model (a request per repository); on a
+    model's page it is offered to those who can act on what it finds, the model's
+    owner and staff, and the answer is about that model.
+    """
+    model = get_model(name)
+    if not console_selectors.can_change(request.user, model):
+        every = format_duration(current_config().update_check)
+        owner = model.owner.username if model.owner else "nobody"
+        error = forbidden(
+            f"{model.name} belongs to {owner}; only they or a staff user may ask the registry "
+            f"about it now. The registry is asked every {every} anyway."
+        )
+        return _registry_answer(request, model, error=error)
+    report = updates.check_updates()
+    model = get_model(model.name)
+    registry = console_selectors.model_rows([model], request.user)[0].registry
+    origin = model.origin or {}
+    failure = report.failures.get(origin.get("repo", ""))
+    if failure or model.update_check_error:
+        reason = failure or model.update_check_error.removeprefix("last check failed: ")
+        return _registry_answer(
+            request,
+            model,
+            warning=f"The check did not finish for {model.name}: {reason}. "
+            "The registry is asked again at the next check.",
+        )
+    if registry.update:
+        return _registry_answer(request, model, done=f"Checked: {registry.update_text}.")
+    if origin:
+        return _registry_answer(
+            request,
+            model,
+            done=f"Checked: {model.name} is on the newest files of {origin['repo']} "
+            f"({origin.get('branch', 'main')}, {origin['commit'][:7]}).",
+        )
+    return _registry_answer(
+        request,
+        model,
+        warning=f"{model.name} does not follow a registry: its source is not a file the mirror "
+        "fetched, so there is nothing to check it against.",
+    )
 
 
 @require_GET
@@ -508,11 +571,21 @@ def annotated_lines(text: str, problems: list[Problem]) -> list[dict[str, Any]]:
     ]
 
 
+def add_context(
+    *, form: forms.AddModelForm | None = None, serve_form: forms.ServeForm | None = None
+) -> dict[str, Any]:
+    return {
+        "form": form
+        or forms.AddModelForm(auto_id="add-%s", initial={"definition": EXAMPLE_DEFINITION}),
+        "serve_form": serve_form or forms.ServeForm(auto_id="serve-%s"),
+        "registry_endpoint": current_config().registry_endpoint,
+    }
+
+
 @require_GET
 @login_required
 def add_page(request: HtmxHttpRequest) -> HttpResponse:
-    form = forms.AddModelForm(auto_id="add-%s", initial={"definition": EXAMPLE_DEFINITION})
-    return render(request, "console/add.html", {"form": form})
+    return render(request, "console/add.html", add_context())
 
 
 EXAMPLE_DEFINITION = """\
@@ -568,11 +641,66 @@ def add_model(request: HtmxHttpRequest) -> HttpResponse:
             return HttpResponseRedirect(url)
     text = form.data.get("definition", "")
     context = {
-        "form": form,
+        **add_context(form=form),
         "lines": annotated_lines(text, problems) if problems else [],
         "unplaced": [p for p in problems if p.line is None],
     }
     return render_page(request, "console/add.html", "add-form", context, status=status)
+
+
+# -- serve from the registry ----------------------------------------------------------
+
+
+@require_POST
+@login_required
+def serve_model(request: HtmxHttpRequest) -> HttpResponse:
+    """Start fetching a repository's GGUF file; the answer follows the fetch until the model is in."""
+    form = forms.ServeForm(request.POST, auto_id="serve-%s")
+    status = 400
+    if form.is_valid():
+        serve = form.cleaned_data["serve"]
+        try:
+            fetch = updates.serve_start(
+                actor=actor(request),
+                repo=serve["repo"],
+                pattern=serve["file"],
+                branch=serve["revision"],
+                name=serve.get("name"),
+                memory_gb=serve.get("memory_gb"),
+                cores=serve.get("cores"),
+                min_replicas=serve["min"],
+                max_replicas=serve.get("max"),
+            )
+        except CatalogError as error:
+            form.refuse(error)
+            status = error.status
+        else:
+            url = reverse("console-fetch", args=[fetch.pk])
+            if not wants_partial(request):
+                return HttpResponseRedirect(url)
+            # The fetch takes the form's place; the address becomes the fetch's page,
+            # so that a reload keeps following it.
+            context = console_selectors.fetch_progress(fetch)
+            response = render(request, "console/fetch.html#fetch-progress", context)
+            response["HX-Push-Url"] = url
+            return response
+    if wants_partial(request) and status not in (400, 403, 409):
+        # A registry that cannot be reached is a 502; htmx swaps only 2xx and 400/403/409
+        # answers, and the form with the registry's message in it is what helps here.
+        status = 400
+    context = add_context(serve_form=form)
+    return render_page(request, "console/add.html", "serve-form", context, status=status)
+
+
+@require_GET
+@login_required
+def fetch_page(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """A fetch into the mirror and its progress: the whole page, or for htmx's poll the card."""
+    fetch = Fetch.objects.filter(pk=pk).first()
+    if fetch is None:
+        raise Http404(f"There is no fetch {pk}.")
+    context = console_selectors.fetch_progress(fetch)
+    return render_page(request, "console/fetch.html", "fetch-progress", context)
 
 
 # -- nodes --------------------------------------------------------------------------

@@ -54,11 +54,7 @@ class GatewayKey(models.Model):
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.name})"
 
-    @property
-    def active(self) -> bool:
-        return self.revoked_at is None
-
-    def used_at(self, now: datetime) -> bool:
+    def record_use(self, now: datetime) -> bool:
         """Record a use; True when that needed a write (the last one is older than the resolution)."""
         if self.last_used_at is not None and now - self.last_used_at < LAST_USED_RESOLUTION:
             return False

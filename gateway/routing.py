@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from catalog.models import Model
 from fleet.models import Replica
@@ -136,8 +135,13 @@ class Candidate:
     id: str
     model: str
     state: str
-    endpoint: str  # http://address:port
+    address: str
+    port: int
     adapters: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.address}:{self.port}"
 
     @property
     def ready(self) -> bool:
@@ -167,7 +171,8 @@ def read_replicas(models: Iterable[str]) -> dict[str, list[Candidate]]:
                 id=str(replica_id),
                 model=model,
                 state=state,
-                endpoint=f"http://{address}:{port}",
+                address=address,
+                port=port or 0,
                 adapters=frozenset(a["name"] for a in (spec or {}).get("adapters", [])),
             )
         )
@@ -211,7 +216,15 @@ def decide(
     *,
     may_wait: bool,
 ) -> Decision:
-    """Where a request for `entry` goes now, given the replicas in routing."""
+    """Where a request for `entry` goes now, given the replicas in routing.
+
+    Its own ready replicas first. With none, it waits (when `may_wait`) if one is on
+    its way: an on-demand model being loaded, or a replica being placed. Otherwise
+    the first of its fallbacks, in order, with a ready replica answers; an adapter
+    falls back as its base model does, to the fallback model itself. Fallbacks are
+    not followed further (a fallback's own fallbacks) nor woken when on demand: a
+    fallback is a stand-in that is there now, not a second wait.
+    """
     mine = [c for c in replicas.get(entry.model, []) if c.serves(entry)]
     ready = tuple(c for c in mine if c.ready)
     if ready:
@@ -315,10 +328,3 @@ def entry_names_closest_first(name: str, names: Iterable[str], *, limit: int = 2
     close = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
     ordered = close + [n for n in known if n not in close]
     return ordered[:limit]
-
-
-def engine_payload(body: dict[str, Any], engine_name: str) -> dict[str, Any]:
-    """The request body as the engine should get it: the name it serves, nothing else changed."""
-    if body.get("model") == engine_name:
-        return body
-    return {**body, "model": engine_name}

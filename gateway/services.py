@@ -22,8 +22,8 @@ from .routing import Entry
 
 KEY_PREFIX = "llmgw-"
 # What is kept of a key in clear, to tell keys apart in listings: the fixed
-# prefix and six random characters (about 36 bits, far from enough to guess
-# the remaining 250).
+# prefix and six of its 43 random characters (36 of 256 random bits; the other
+# 220 are still far beyond guessing).
 SHOWN_CHARS = len(KEY_PREFIX) + 6
 KEY_NAME_MAX = 100
 
@@ -81,7 +81,7 @@ def key_authenticate(secret: str) -> GatewayKey | None:
         return None  # not one of ours: no query needed to refuse it
     key = GatewayKey.objects.filter(key_hash=hash_key(secret), revoked_at__isnull=True).first()
     if key is not None:
-        key.used_at(timezone.now())
+        key.record_use(timezone.now())
     return key
 
 

@@ -151,7 +151,9 @@ def _relay(request: HttpRequest, path: str, endpoint: str, *, streams: bool) -> 
     board.in_flight.labels(entry.name).inc()
     handed_over = False
     try:
-        response = _route_and_send(entry, catalog, body, path, endpoint, stream, started)
+        response = _route_and_send(
+            entry, catalog, body, request.body, path, endpoint, stream, started
+        )
         handed_over = isinstance(response, StreamingHttpResponse)
         return response
     finally:
@@ -164,6 +166,7 @@ def _route_and_send(
     entry: routing.Entry,
     catalog: routing.Catalog,
     body: dict[str, Any],
+    raw: bytes,
     path: str,
     endpoint: str,
     stream: bool,
@@ -188,7 +191,12 @@ def _route_and_send(
     if decision.fallback_from is not None:
         metrics().fallbacks.labels(entry.name, decision.model).inc()
 
-    payload = json.dumps(routing.engine_payload(body, decision.engine_name)).encode()
+    # The body goes on as it came, unless a fallback answers (the engine must be asked for
+    # the name it serves).
+    if decision.engine_name == body["model"]:
+        payload = raw
+    else:
+        payload = json.dumps({**body, "model": decision.engine_name}).encode()
     target = catalog.entries[decision.model]
 
     def refresh() -> tuple[routing.Candidate, ...]:
@@ -276,7 +284,7 @@ class _PassOn:
             for chunk in self.answer.rest:
                 self.tally.feed(chunk)
                 yield chunk
-        except proxy.CONNECTION_ERRORS as exc:
+        except proxy.STREAM_ERRORS as exc:
             # Too late to retry or to change the status: say so in the stream, in the shape
             # OpenAI clients raise as an error, rather than end it as though it were complete.
             self.failed = True
@@ -293,7 +301,7 @@ class _PassOn:
             return
         self.closed = True
         self._chunks.close()
-        self.answer.response.close()
+        self.answer.close()
         routing.balancer.release(self.answer.candidate)
         board = metrics()
         board.in_flight.labels(self.entry.name).dec()

@@ -68,6 +68,7 @@ def database_from_url(url: str, *, base_dir: Path) -> dict[str, object]:
             # A busy web process and worker share the file: wait for the lock
             # instead of failing with "database is locked".
             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+            "CONN_MAX_AGE": 60,
             "TEST": {"NAME": None},
         }
     if parts.scheme in {"postgres", "postgresql", "pgsql"}:

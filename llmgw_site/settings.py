@@ -46,6 +46,12 @@ LLMGW_SOURCE_ALLOWED_HOSTS = env_list("LLMGW_SOURCE_ALLOWED_HOSTS")
 # Queue a reconcile pass right after each catalog or fleet change (beat runs
 # one every reconcile interval regardless).
 LLMGW_KICK_RECONCILE = env_bool("LLMGW_KICK_RECONCILE", True)
+# The gateway: how long a request for an on-demand model waits for a replica,
+# how long a replica may stay silent, and where Prometheus keeps the numbers of
+# all web worker processes (multiprocess mode; unset counts per process).
+LLMGW_GATEWAY_WAIT = env_int("LLMGW_GATEWAY_WAIT", 60, minimum=0)
+LLMGW_GATEWAY_UPSTREAM_TIMEOUT = env_int("LLMGW_GATEWAY_UPSTREAM_TIMEOUT", 600, minimum=1)
+LLMGW_METRICS_DIR = env_str("LLMGW_METRICS_DIR", "") or None
 LLMGW_SOURCE_CHECK_TIMEOUT = env_int("LLMGW_SOURCE_CHECK_TIMEOUT", 10, minimum=1)
 
 INSTALLED_APPS = [

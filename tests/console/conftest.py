@@ -30,3 +30,26 @@ def htmx_headers() -> dict[str, str]:
 @pytest.fixture
 def fleet(users: dict[str, Any]) -> Fleet:
     return Fleet(users["staff"], users["alice"])
+
+
+@pytest.fixture
+def running(fleet: Fleet, users: dict[str, Any]) -> Fleet:
+    """alice's tiny-chat with one ready replica on node-a, and bob's other-chat not running."""
+    from catalog.definitions import clean_definition
+    from catalog.services import Actor, model_add
+    from fleet.reconciler import reconcile_pass
+    from tests.factories import definition
+
+    fleet.node("node-a")
+    fleet.add(
+        "tiny-chat",
+        adapters=[{"name": "tiny-sql", "source": "http://127.0.0.1:8000/mirror/a/b/c/sql.gguf"}],
+    )
+    reconcile_pass()
+    fleet.beat("node-a")
+    model_add(
+        actor=Actor.for_user(users["bob"], "api"),
+        definition=clean_definition(definition("other-chat", min_replicas=0, max_replicas=0)),
+        source_check=False,
+    )
+    return fleet

@@ -11,6 +11,7 @@ by one. Stopped, its threads joined, when the block exits.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -25,7 +26,7 @@ from typing import Any
 @dataclass
 class FakeEngine:
     port: int = 0
-    mode: str = "ok"  # ok | reset | error
+    mode: str = "ok"  # ok | reset | error | silent (says nothing for 1.5 s)
     delay: float = 0.0
     events: int = 4
     requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
@@ -77,12 +78,17 @@ class _Handler(BaseHTTPRequestHandler):
             )
             self.connection.close()
             return
+        if self.engine.mode == "silent":
+            time.sleep(1.5)
+            return
         if self.engine.mode == "error":
             self._json(500, {"detail": "the engine fell over"})
             return
         model = body.get("model")
         if body.get("stream"):
-            self._stream(model)
+            # A client may hang up mid-stream.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self._stream(model)
         elif self.path.endswith("/embeddings"):
             self._json(
                 200,

@@ -33,7 +33,9 @@ def test_a_key_is_printed_once_and_opens_the_gateway(ctl: Any, live_server: Any)
     assert code == 0, err
     lines = out.splitlines()
     key_id = GatewayKey.objects.get().pk  # not always 1: PostgreSQL keeps its sequences
-    assert lines[0] == f"Gateway key {key_id} (billing bot) created for alice. It is shown only now:"
+    assert (
+        lines[0] == f"Gateway key {key_id} (billing bot) created for alice. It is shown only now:"
+    )
     secret = lines[2].strip()
     assert secret.startswith("llmgw-")
     assert f"base_url={live_server.url}/v1  api_key={secret}" in out
@@ -45,7 +47,18 @@ def test_a_key_is_printed_once_and_opens_the_gateway(ctl: Any, live_server: Any)
 
     code, out, _ = ctl("alice", "keys")
     header, row = out.strip().splitlines()
-    assert header.split() == ["ID", "KEY", "NAME", "OWNER", "STATE", "CREATED", "(UTC)", "LAST", "USED", "(UTC)"]
+    assert header.split() == [
+        "ID",
+        "KEY",
+        "NAME",
+        "OWNER",
+        "STATE",
+        "CREATED",
+        "(UTC)",
+        "LAST",
+        "USED",
+        "(UTC)",
+    ]
     assert row.split()[:6] == [str(key_id), secret[:12] + "…", "billing", "bot", "alice", "active"]
     assert secret not in out
 
@@ -59,14 +72,21 @@ def test_keys_json_and_revoke(ctl: Any, live_server: Any) -> None:
 
     code, out, err = ctl("bob", "key", "revoke", str(created["id"]))
     assert code == 1 and out == ""
-    assert err == f"error: There is no gateway key {created['id']} of yours; `llmgw ctl keys` lists them.\n"
+    assert (
+        err
+        == f"error: There is no gateway key {created['id']} of yours; `llmgw ctl keys` lists them.\n"
+    )
 
     code, out, err = ctl("alice", "key", "revoke", str(created["id"]))
     assert code == 0, err
-    assert out.startswith(f"Gateway key {created['id']} ({created['prefix']}…, app, owned by alice) is revoked since ")
+    assert out.startswith(
+        f"Gateway key {created['id']} ({created['prefix']}…, app, owned by alice) is revoked since "
+    )
     assert out.rstrip().endswith("UTC: requests with it get 401.")
     refused = requests.get(
-        f"{live_server.url}/v1/models", headers={"Authorization": f"Bearer {created['key']}"}, timeout=10
+        f"{live_server.url}/v1/models",
+        headers={"Authorization": f"Bearer {created['key']}"},
+        timeout=10,
     )
     assert refused.status_code == 401
     _, out, _ = ctl("staff", "keys")
@@ -81,4 +101,7 @@ def test_no_keys_yet(ctl: Any) -> None:
 def test_a_key_id_must_be_a_number(ctl: Any, capsys: Any) -> None:
     with pytest.raises(SystemExit):
         ctl("alice", "key", "revoke", "abc")
-    assert "'abc' is not a key id; `llmgw ctl keys` lists them (the ID column)" in capsys.readouterr().err
+    assert (
+        "'abc' is not a key id; `llmgw ctl keys` lists them (the ID column)"
+        in capsys.readouterr().err
+    )

@@ -24,7 +24,9 @@ pytestmark = [
     pytest.mark.skipif(
         importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed"
     ),
-    pytest.mark.skipif(importlib.util.find_spec("openai") is None, reason="openai is not installed"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("openai") is None, reason="openai is not installed"
+    ),
 ]
 
 PROFILE = [{"name": "cpu", "memory_gb": 1, "cores": 1}]
@@ -254,7 +256,8 @@ def test_a_rolling_restart_under_load_fails_no_request(system: System, client: A
     import requests
 
     retries = re.findall(
-        r"llmgw_gateway_retries_total\{[^}]*\} (\S+)", requests.get(f"{system.url}/metrics", timeout=10).text
+        r"llmgw_gateway_retries_total\{[^}]*\} (\S+)",
+        requests.get(f"{system.url}/metrics", timeout=10).text,
     )
     print(f"during the restart: {dict(outcomes)}; requests sent again: {retries}")
     assert outcomes["failed"] == 0, failures[:5]

@@ -113,7 +113,10 @@ def test_a_user_api_token_does_not_open_the_gateway(client: Any, tokens: dict[st
 
 def test_a_revoked_key_gets_401_saying_so(gw: Any, users: dict[str, Any]) -> None:
     assert gw.get("/v1/models").status_code == 200
-    key_revoke(actor=Actor.for_user(users["alice"], "api"), key_id=GatewayKey.objects.get(key_hash=hash_key(gw.key)).pk)
+    key_revoke(
+        actor=Actor.for_user(users["alice"], "api"),
+        key_id=GatewayKey.objects.get(key_hash=hash_key(gw.key)).pk,
+    )
     response = gw.get("/v1/models")
     assert response.status_code == 401
     assert response.json()["error"] == {
@@ -133,9 +136,7 @@ def test_last_use_is_written_at_most_once_a_minute(
         assert key_authenticate(secret) is not None
     with django_assert_num_queries(1):  # find it; the last use is recent
         assert key_authenticate(secret) is not None
-    GatewayKey.objects.filter(pk=key.pk).update(
-        last_used_at=timezone.now() - timedelta(seconds=61)
-    )
+    GatewayKey.objects.filter(pk=key.pk).update(last_used_at=timezone.now() - timedelta(seconds=61))
     with django_assert_num_queries(2):
         assert key_authenticate(secret) is not None
 
@@ -143,7 +144,9 @@ def test_last_use_is_written_at_most_once_a_minute(
 # -- the admin ----------------------------------------------------------------------------
 
 
-def test_the_admin_lists_keys_read_only_and_revokes_them(client: Any, users: dict[str, Any]) -> None:
+def test_the_admin_lists_keys_read_only_and_revokes_them(
+    client: Any, users: dict[str, Any]
+) -> None:
     from django.contrib.auth import get_user_model
 
     admin = get_user_model().objects.create_superuser("root", password="root-password-1")

@@ -6,7 +6,6 @@ import socket
 from typing import Any
 
 import pytest
-import requests
 
 from gateway import proxy, routing
 from gateway.routing import Balancer, Candidate, Catalog, Entry, Serve, Unavailable, Wait, decide
@@ -33,7 +32,12 @@ def entry(name: str, **fields: Any) -> Entry:
 
 def replica(id: str, model: str, state: str = "ready", adapters: tuple[str, ...] = ()) -> Candidate:
     return Candidate(
-        id=id, model=model, state=state, endpoint=f"http://127.0.0.1:1/{id}", adapters=frozenset(adapters)
+        id=id,
+        model=model,
+        state=state,
+        address="127.0.0.1",
+        port=1,
+        adapters=frozenset(adapters),
     )
 
 
@@ -81,7 +85,10 @@ def test_a_model_being_placed_waits_rather_than_fall_back() -> None:
 def test_with_nothing_coming_it_falls_back_in_order() -> None:
     chat = entry("chat", fallbacks=("medium", "small"))
     medium, small = entry("medium"), entry("small")
-    replicas = {"medium": [replica("m", "medium", state="starting")], "small": [replica("s", "small")]}
+    replicas = {
+        "medium": [replica("m", "medium", state="starting")],
+        "small": [replica("s", "small")],
+    }
     decision = decide(chat, replicas, catalog_of(chat, medium, small), may_wait=False)
     assert decision == Serve(
         model="small", engine_name="small", candidates=(replicas["small"][0],), fallback_from="chat"
@@ -175,29 +182,50 @@ def closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def connection_refused() -> requests.ConnectionError:
-    try:
-        requests.post(f"http://127.0.0.1:{closed_port()}/v1/completions", timeout=2)
-    except requests.ConnectionError as exc:
-        return exc
-    raise AssertionError("something answered on a closed port")
+def on(port: int, id: str = "r") -> Candidate:
+    return Candidate(id=id, model="m", state="ready", address="127.0.0.1", port=port)
+
+
+def attempt_error(port: int, mode: str = "ok") -> BaseException:
+    with fake_engine() as engine:
+        engine.mode = mode
+        try:
+            proxy._attempt(on(port or engine.port), "/v1/completions", b"{}", stream=False)
+        except proxy.UpstreamError as exc:
+            return exc
+    raise AssertionError("the attempt did not fail")
 
 
 def test_a_refused_connection_is_retried_even_if_the_replica_is_still_routable() -> None:
-    error = connection_refused()
-    assert proxy.never_connected(error)
+    error = attempt_error(closed_port())
+    assert isinstance(error, proxy.NotConnected)
     assert proxy.should_retry(error, still_routable=True)
 
 
 def test_a_reset_after_the_engine_took_the_request_is_retried_only_if_withdrawn() -> None:
-    error = requests.ConnectionError(ConnectionResetError(104, "Connection reset by peer"))
-    assert not proxy.never_connected(error)
+    error = attempt_error(0, mode="reset")
+    assert isinstance(error, proxy.Broken)
     assert proxy.should_retry(error, still_routable=False)
     assert not proxy.should_retry(error, still_routable=True)
 
 
-def test_a_timeout_is_never_retried() -> None:
-    assert not proxy.should_retry(requests.ReadTimeout("slow"), still_routable=False)
+def test_a_silent_engine_is_never_retried() -> None:
+    assert not proxy.should_retry(proxy.Silent("slow"), still_routable=False)
+
+
+def test_a_silent_engine_is_a_timeout(settings: Any) -> None:
+    settings.LLMGW_GATEWAY_UPSTREAM_TIMEOUT = 1
+    with fake_engine() as engine:
+        engine.mode = "silent"
+        with pytest.raises(proxy.ReplicaTimeout):
+            proxy.send(
+                serve(on(engine.port)),
+                "/v1/completions",
+                b"{}",
+                stream=False,
+                balancer=Balancer(),
+                refresh=lambda: (),
+            )
 
 
 def serve(*candidates: Candidate) -> Serve:
@@ -207,8 +235,7 @@ def serve(*candidates: Candidate) -> Serve:
 def test_send_retries_once_on_another_replica_when_the_first_was_withdrawn() -> None:
     with fake_engine() as broken, fake_engine() as healthy:
         broken.mode = "reset"
-        gone = Candidate("gone", "m", "ready", f"http://127.0.0.1:{broken.port}")
-        good = Candidate("good", "m", "ready", f"http://127.0.0.1:{healthy.port}")
+        gone, good = on(broken.port, "gone"), on(healthy.port, "good")
         balancer = Balancer()
         answer = proxy.send(
             serve(gone),
@@ -226,8 +253,7 @@ def test_send_retries_once_on_another_replica_when_the_first_was_withdrawn() -> 
 def test_send_does_not_retry_when_the_replica_that_failed_is_still_in_routing() -> None:
     with fake_engine() as broken, fake_engine() as healthy:
         broken.mode = "reset"
-        bad = Candidate("bad", "m", "ready", f"http://127.0.0.1:{broken.port}")
-        good = Candidate("good", "m", "ready", f"http://127.0.0.1:{healthy.port}")
+        bad, good = on(broken.port, "bad"), on(healthy.port, "good")
         balancer = Balancer()
         with pytest.raises(proxy.ReplicaGone):
             proxy.send(
@@ -244,8 +270,7 @@ def test_send_does_not_retry_when_the_replica_that_failed_is_still_in_routing() 
 def test_send_retries_only_once() -> None:
     with fake_engine() as first, fake_engine() as second:
         first.mode = second.mode = "reset"
-        a = Candidate("a", "m", "ready", f"http://127.0.0.1:{first.port}")
-        b = Candidate("b", "m", "ready", f"http://127.0.0.1:{second.port}")
+        a, b = on(first.port, "a"), on(second.port, "b")
         with pytest.raises(proxy.ReplicaGone):
             proxy.send(
                 serve(a),
@@ -261,8 +286,7 @@ def test_send_retries_only_once() -> None:
 def test_a_stream_that_breaks_before_its_first_chunk_is_retried() -> None:
     with fake_engine() as broken, fake_engine() as healthy:
         broken.mode = "reset"
-        gone = Candidate("gone", "m", "ready", f"http://127.0.0.1:{broken.port}")
-        good = Candidate("good", "m", "ready", f"http://127.0.0.1:{healthy.port}")
+        gone, good = on(broken.port, "gone"), on(healthy.port, "good")
         answer = proxy.send(
             serve(gone),
             "/v1/completions",
@@ -272,14 +296,16 @@ def test_a_stream_that_breaks_before_its_first_chunk_is_retried() -> None:
             refresh=lambda: (good,),
         )
         assert answer.streaming and answer.first.startswith(b"data: ")
-        answer.response.close()
+        answer.close()
 
 
 # -- tokens -----------------------------------------------------------------------------
 
 
 def test_usage_is_read_from_the_answer() -> None:
-    body = b'{"choices": [{"text": "usage"}], "usage": {"prompt_tokens": 3, "completion_tokens": 5}}'
+    body = (
+        b'{"choices": [{"text": "usage"}], "usage": {"prompt_tokens": 3, "completion_tokens": 5}}'
+    )
     assert proxy.usage_of(body) == (3, 5)
     assert proxy.usage_of(b'{"data": []}') == (0, 0)
 

@@ -47,14 +47,16 @@ def test_a_chat_completion_goes_to_a_ready_replica(
     assert engine.requests == [("/v1/chat/completions", body)]
 
 
-def test_completions_and_embeddings_pass_through(
-    gw: Any, catalog: Any, engine: FakeEngine
-) -> None:
+def test_completions_and_embeddings_pass_through(gw: Any, catalog: Any, engine: FakeEngine) -> None:
     catalog.add("chat")
     catalog.replica("chat", engine)
     assert gw.post("/v1/completions", {"model": "chat", "prompt": "a"}).status_code == 200
     response = gw.post("/v1/embeddings", {"model": "chat", "input": "a"})
-    assert response.status_code == 200 and response.json()["data"][0]["embedding"] == [0.1, 0.2, 0.3]
+    assert response.status_code == 200 and response.json()["data"][0]["embedding"] == [
+        0.1,
+        0.2,
+        0.3,
+    ]
     assert [path for path, _ in engine.requests] == ["/v1/completions", "/v1/embeddings"]
 
 
@@ -71,7 +73,6 @@ def test_a_stream_is_passed_on_chunk_by_chunk(gw: Any, catalog: Any, engine: Fak
     for chunk in response.streaming_content:
         arrivals.append(time.monotonic() - started)
         chunks.append(chunk)
-    response.close()
     events = [c for c in chunks if c.startswith(b"data: {")]
     assert len(events) == 4 and chunks[-1] == b"data: [DONE]\r\n\r\n"
     # The first event was handed on long before the engine finished (4 x 0.3 s).
@@ -157,9 +158,7 @@ def test_an_on_demand_model_is_asked_for_and_waited_for(
     assert Model.objects.get(name="lazy").demand_at is not None
 
 
-def test_it_gives_up_waiting_with_503_and_retry_after(
-    gw: Any, catalog: Any, settings: Any
-) -> None:
+def test_it_gives_up_waiting_with_503_and_retry_after(gw: Any, catalog: Any, settings: Any) -> None:
     settings.LLMGW_GATEWAY_WAIT = 0.5
     catalog.add("lazy", min_replicas=0, max_replicas=1)
     started = time.monotonic()
@@ -222,7 +221,9 @@ def test_a_replica_that_refuses_the_connection_is_skipped_once(
     assert 'llmgw_gateway_retries_total{model="chat"} 1.0' in metrics
 
 
-def test_a_replica_failing_without_a_retry_gets_502(gw: Any, catalog: Any, engine: FakeEngine) -> None:
+def test_a_replica_failing_without_a_retry_gets_502(
+    gw: Any, catalog: Any, engine: FakeEngine
+) -> None:
     catalog.add("chat")
     catalog.replica("chat", engine)
     engine.mode = "reset"
@@ -262,8 +263,7 @@ def test_metrics_count_requests_tokens_and_in_flight(
     gw.post("/v1/completions", {"model": "chat", "prompt": "a"})
     streamed = gw.post("/v1/completions", {"model": "chat", "prompt": "a", "stream": True})
     during = gw.get("/metrics").content.decode()
-    b"".join(streamed.streaming_content)
-    streamed.close()
+    b"".join(streamed.streaming_content)  # the test client closes it at the end
     gw.post("/v1/completions", {"model": "nope", "prompt": "a"})
     text = gw.get("/metrics").content.decode()
     assert 'llmgw_gateway_requests_in_flight{model="chat"} 1.0' in during
@@ -278,7 +278,10 @@ def test_metrics_count_requests_tokens_and_in_flight(
     )
     assert 'llmgw_gateway_tokens_total{kind="prompt",model="chat"} 3.0' in text
     assert 'llmgw_gateway_tokens_total{kind="completion",model="chat"} 9.0' in text  # 5 + 4
-    assert 'llmgw_gateway_request_duration_seconds_count{endpoint="completions",model="chat"} 2.0' in text
+    assert (
+        'llmgw_gateway_request_duration_seconds_count{endpoint="completions",model="chat"} 2.0'
+        in text
+    )
 
 
 WORKER = """

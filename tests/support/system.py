@@ -111,6 +111,7 @@ class System:
             "LLMGW_VAR_DIR": str(folder / "var"),
             "LLMGW_CONFIG": str(folder / "server.yaml"),
             "LLMGW_PUBLIC_URL": self.url,
+            "LLMGW_METRICS_DIR": str(folder / "metrics"),
             "LLMGW_CELERY_QUEUE": f"llmgw-it-{uuid.uuid4().hex[:8]}",
             "LLMGW_SECRET_KEY": "test-secret-key-for-an-end-to-end-system",
             "LLMGW_SOURCE_ALLOWED_HOSTS": ",".join(

@@ -7,6 +7,7 @@ is interrupted, so nothing is left running behind it.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -88,6 +89,11 @@ class Command(BaseCommand):
                 str(settings.VAR_DIR / "node"),
                 "--stop-engines-on-exit",
             ]
+        # Prometheus numbers of all web workers; a fresh folder each start.
+        metrics = settings.VAR_DIR / "metrics"
+        shutil.rmtree(metrics, ignore_errors=True)
+        metrics.mkdir()
+        os.environ["LLMGW_METRICS_DIR"] = str(metrics)
         self._supervise(commands)
 
     def _local_node(self) -> str:

@@ -17,3 +17,22 @@ function flash(text) {
   note.textContent = text;
   box.replaceChildren(note);
 }
+
+// The registry part of a model (or its row in the models list) is replaced every two seconds
+// while a rollout runs. A confirmation someone opened in it (Roll back…) stays open across
+// those refreshes, rather than closing under their pointer.
+const openConfirmations = new Set();
+document.addEventListener("htmx:beforeSwap", (event) => {
+  const target = event.detail.target;
+  if (!target || !target.querySelectorAll) return;
+  target.querySelectorAll(".registry details[id][open]").forEach((details) => {
+    openConfirmations.add(details.id);
+  });
+});
+document.addEventListener("htmx:afterSettle", () => {
+  for (const id of openConfirmations) {
+    const details = document.getElementById(id);
+    if (details) details.open = true;
+  }
+  openConfirmations.clear();
+});
