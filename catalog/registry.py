@@ -20,6 +20,10 @@ class RegistryError(Exception):
     pass
 
 
+class UnknownBranch(RegistryError):
+    """The repository answered, but has no such branch: the asker's mistake, not the registry's."""
+
+
 @dataclass(frozen=True)
 class RegistryFile:
     path: str
@@ -69,7 +73,7 @@ class Registry:
     def branch_head(self, repo: str, branch: str) -> str:
         heads = self.branch_heads(repo)
         if branch not in heads:
-            raise RegistryError(
+            raise UnknownBranch(
                 f"{repo} has no branch {branch!r}; its branches are {', '.join(sorted(heads)) or 'none'}"
             )
         return heads[branch]

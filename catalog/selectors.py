@@ -122,6 +122,11 @@ def rollout_view(rollout: Rollout) -> dict[str, Any]:
         "step": rollout.step,
         "message": rollout.message,
         "asked_by": rollout.actor_name,
+        "fetch": (
+            {"bytes_done": rollout.fetch.bytes_done, "bytes_total": rollout.fetch.bytes_total}
+            if rollout.fetch_id and rollout.fetch
+            else None
+        ),
         "started_at": rollout.created_at.isoformat(),
         "finished_at": rollout.finished_at.isoformat() if rollout.finished_at else None,
     }

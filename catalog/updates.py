@@ -21,7 +21,7 @@ from .definitions import clean_definition
 from .errors import CatalogError, conflict
 from .mirror import file_url, origin_for_source, parse_mirror_url
 from .models import AuditEntry, Fetch, Model, Rollout
-from .registry import Registry, RegistryError, match_files
+from .registry import Registry, RegistryError, UnknownBranch, match_files
 from .services import (
     SYSTEM,
     Actor,
@@ -86,21 +86,25 @@ def serve_start(
             for f in match_files(registry.files(repo, commit), pattern)
             if f.path.endswith(".gguf")
         ]
+    except UnknownBranch as exc:
+        raise CatalogError(f"Cannot serve {repo}: {exc}.", code="unknown_branch") from None
     except RegistryError as exc:
         raise CatalogError(
-            f"Cannot serve {repo}: {exc}.", code="registry_error", status=502
+            f"Cannot serve {repo}: {exc}. Check that the registry is up and try again.",
+            code="registry_error",
+            status=502,
         ) from None
     if not matches:
         raise CatalogError(
             f"{repo} has no GGUF file matching {pattern!r} on {branch} ({commit[:7]}). "
-            "Give the file with --file (a glob such as '*q4_k_m.gguf').",
+            "Name the file with a pattern (a glob such as '*q4_k_m.gguf').",
             code="no_match",
         )
     if len(matches) > 1:
         names = ", ".join(f.path for f in matches[:10])
         raise CatalogError(
             f"{len(matches)} GGUF files of {repo} match {pattern!r}: {names}. A model serves one; "
-            "narrow it with --file.",
+            "narrow the file pattern.",
             code="ambiguous",
         )
     weights = matches[0]
@@ -128,7 +132,7 @@ def serve_start(
         lock_catalog()
         if Model.objects.filter(name=definition["name"]).exists():
             raise conflict(
-                f"A model named {definition['name']} already exists; choose another with --name.",
+                f"A model named {definition['name']} already exists; choose another name.",
                 code="name_taken",
             )
         catalog = catalog_snapshot()
@@ -523,8 +527,7 @@ def _advance_rolling(rollout: Rollout) -> None:
         _finish(
             rollout,
             Rollout.HALTED,
-            f"{model.rollout_halted}. The old replicas keep serving; "
-            f"`llmgw ctl model rollback {model.name}` goes back.",
+            f"{model.rollout_halted}. The old replicas keep serving; a rollback goes back.",
         )
         return
     keys = current_keys(model)

@@ -198,7 +198,7 @@ def test_a_rollout_that_stopped_short_says_what_to_do(client_for: Any, running: 
     rollout(
         state=Rollout.HALTED,
         message="3 new replicas failed in a row. The old replicas keep serving; "
-        "`llmgw ctl model rollback tiny-chat` goes back.",
+        "a rollback goes back.",
     )
     client = client_for("alice")
     page = client.get("/models/tiny-chat/")
@@ -514,24 +514,24 @@ def test_serve_refusals_are_shown_in_the_form(
         return text_of(response)
 
     assert (
-        f"{repo} has no GGUF file matching '*q8*' on main ({commit[:7]}). Give the file with "
-        "--file (a glob such as '*q4_k_m.gguf')."
+        f"{repo} has no GGUF file matching '*q8*' on main ({commit[:7]}). Name the file with "
+        "a pattern (a glob such as '*q4_k_m.gguf')."
     ) in refused(400, file="*q8*")
     assert f"Cannot serve {repo}: {repo} has no branch 'dev'; its branches are main." in refused(
         400, branch="dev"
     )
-    assert "A model named tiny-chat already exists; choose another with --name." in refused(
+    assert "A model named tiny-chat already exists; choose another name." in refused(
         409, name="tiny-chat"
     )
     registry["registry"].commit(repo, {"tiny-chat-q8.gguf": registry["weights"][2]})
     assert (
         f"2 GGUF files of {repo} match '*.gguf': tiny-chat-q4.gguf, tiny-chat-q8.gguf. A model "
-        "serves one; narrow it with --file."
+        "serves one; narrow the file pattern."
     ) in refused(400)
     assert not Fetch.objects.exists()
-    # Without htmx a registry error keeps its own status.
+    # Without htmx the refusal comes back on the whole page, with its own status.
     response = client.post("/add/serve", {"repo": repo, "branch": "dev"})
-    assert response.status_code == 502 and "<html" in response.content.decode()
+    assert response.status_code == 400 and "<html" in response.content.decode()
 
 
 @needs_registry
