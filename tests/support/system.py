@@ -119,6 +119,7 @@ class System:
             ),
         }
         self.token = ""
+        self.agents_started = 0
 
     # -- processes ------------------------------------------------------------------
 
@@ -219,11 +220,10 @@ class System:
         self, name: str, token: str, *, memory_gb: float, cores: int
     ) -> subprocess.Popen[bytes]:
         cache = self.folder / "nodes" / name
-        base = (
-            42000
-            + 100 * (len([p for p in self.processes if p.startswith("node-")]) + 1)
-            + (self.port % 50) * 200
-        )
+        # Each agent ever started here gets ports of its own: an agent killed in a test may
+        # leave engines holding its ports, and a later agent must not be handed them.
+        self.agents_started += 1
+        base = 42000 + ((self.port % 15) * 12 + self.agents_started) * 100
         argv = [
             sys.executable,
             "-m",
