@@ -169,6 +169,10 @@ class System:
                 "8",
                 "--timeout",
                 "120",
+                # Longer than clients keep idle connections (httpx: 5 s), so that a client
+                # never reuses a connection the server is closing at that moment.
+                "--keep-alive",
+                "75",
             ],
         )
         if worker:

@@ -51,6 +51,10 @@ class Command(BaseCommand):
                 "8",
                 "--timeout",
                 "300",
+                # Longer than clients keep idle connections (httpx: 5 s), so that a client
+                # never reuses a connection the server is closing at that moment.
+                "--keep-alive",
+                "75",
                 "--access-logfile",
                 "-",
             ],
