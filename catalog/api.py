@@ -75,9 +75,7 @@ def _flag(request: Request, name: str, default: bool = True) -> bool:
     return raw.strip().lower() not in ("0", "false", "no", "off")
 
 
-def _validated(
-    serializer_class: type[serializers.Serializer], data: Any, what: str
-) -> dict[str, Any]:
+def _validated(serializer_class: type[serializers.Serializer], data: Any) -> dict[str, Any]:
     serializer = serializer_class(data=data)
     serializer.is_valid(raise_exception=True)
     return dict(serializer.validated_data)
@@ -169,7 +167,7 @@ class ScaleAPI(APIView):
         responses={200: MODEL_VIEW, 400: ERROR, 403: ERROR, 409: ERROR},
     )
     def post(self, request: Request, name: str) -> Response:
-        data = _validated(ScaleInput, request.data, "scale")
+        data = _validated(ScaleInput, request.data)
         model = services.model_scale(
             actor=actor_of(request),
             name=name,
@@ -203,7 +201,7 @@ class ResourcesAPI(APIView):
         responses={200: MODEL_VIEW, 400: ERROR, 403: ERROR},
     )
     def post(self, request: Request, name: str) -> Response:
-        data = _validated(ResourcesInput, request.data, "resources")
+        data = _validated(ResourcesInput, request.data)
         model = services.model_set_resources(
             actor=actor_of(request),
             name=name,
@@ -254,7 +252,7 @@ class OwnerAPI(APIView):
         responses={200: MODEL_VIEW, 400: ERROR, 403: ERROR},
     )
     def post(self, request: Request, name: str) -> Response:
-        data = _validated(OwnerInput, request.data, "owner")
+        data = _validated(OwnerInput, request.data)
         model = services.model_set_owner(actor=actor_of(request), name=name, username=data["owner"])
         return Response(_view(model))
 
@@ -282,7 +280,7 @@ class AdaptersAPI(APIView):
         responses={200: AdapterSerializer(many=True), 400: ERROR, 403: ERROR},
     )
     def post(self, request: Request, name: str) -> Response:
-        data = _validated(AdaptersInput, request.data, "adapters")
+        data = _validated(AdaptersInput, request.data)
         add = normalize({"profiles": [], "adapters": data["add"]})["adapters"]
         model = services.model_set_adapters(
             actor=actor_of(request),

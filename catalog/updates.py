@@ -39,22 +39,23 @@ from .services import (
 log = logging.getLogger("catalog.updates")
 
 
-def _kick(task_name: str, *args: Any) -> None:
-    """Queue a task after commit; beat runs the same work shortly if the broker is away."""
+def _kick_now(task_name: str, *args: Any) -> None:
+    """Queue a task; beat runs the same work shortly if the broker is away."""
     from django.conf import settings
 
     if not settings.LLMGW_KICK_RECONCILE:
         return
+    from llmgw_site.celery import app
 
-    def send() -> None:
-        from llmgw_site.celery import app
+    try:
+        app.send_task(task_name, args=args)
+    except Exception as exc:
+        log.warning("could not queue %s (%s); beat will pick it up", task_name, exc)
 
-        try:
-            app.send_task(task_name, args=args)
-        except Exception as exc:
-            log.warning("could not queue %s (%s); beat will pick it up", task_name, exc)
 
-    transaction.on_commit(send)
+def _kick(task_name: str, *args: Any) -> None:
+    """Queue a task once the current transaction commits (never for a rolled-back change)."""
+    transaction.on_commit(lambda: _kick_now(task_name, *args))
 
 
 # -- serve ------------------------------------------------------------------------
@@ -572,16 +573,3 @@ def _finish(rollout: Rollout, state: str, message: str) -> None:
         from .mirror import clean_mirror
 
         clean_mirror()
-
-
-def _kick_now(task_name: str, *args: Any) -> None:
-    from django.conf import settings
-
-    if not settings.LLMGW_KICK_RECONCILE:
-        return
-    from llmgw_site.celery import app
-
-    try:
-        app.send_task(task_name, args=args)
-    except Exception as exc:
-        log.warning("could not queue %s (%s)", task_name, exc)

@@ -22,7 +22,7 @@ from catalog.models import Model
 from catalog.services import apply_definition, get_model
 
 from . import selectors, services
-from .models import Node, Replica
+from .models import Node
 
 # -- node authentication ------------------------------------------------------------
 
@@ -284,6 +284,3 @@ class PlanModelAPI(APIView):
         apply_definition(fresh, model.definition())
         fresh.demand_at = model.demand_at
         return Response(_plan_view(fresh, others))
-
-
-__all__ = ["Replica"]
