@@ -6,7 +6,8 @@ PIP_EXTRAS ?= dev,engine
 .PHONY: run setup test test-sqlite lint bench
 
 run: setup
-	$(PY) manage.py llmgw_run
+	@scripts/system-deps git-lfs
+	$(PY) manage.py llmgw_run $(ARGS)
 
 setup: $(VENV)/.installed
 
@@ -19,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 # The whole suite on the database in DATABASE_URL (SQLite when unset), then the smoke part on
 # SQLite as well when the first run used another database.
 test: setup
-	@scripts/test-deps
+	@scripts/system-deps git-lfs chromium
 	$(PY) -m pytest
 	@if [ -n "$$DATABASE_URL" ] && [ "$${DATABASE_URL#sqlite}" = "$$DATABASE_URL" ]; then \
 		echo "== smoke tests on SQLite =="; \

@@ -39,6 +39,9 @@ class ConfigError(Exception):
     pass
 
 
+DEFAULT_REGISTRY = "https://huggingface.co"
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     path: Path
@@ -47,7 +50,7 @@ class ClusterConfig:
     node_lost_after: int = 30
     update_check: int = 6 * 3600
     mirror_root: Path = Path("var/mirror")
-    registry_endpoint: str = "https://huggingface.co"
+    registry_endpoint: str = DEFAULT_REGISTRY
     registry_token: str = ""
     allowed_hosts: tuple[str, ...] | None = None
     models: list[dict[str, Any]] = field(default_factory=list)
@@ -88,7 +91,7 @@ class _MirrorSection(StrictSerializer):
 
 
 class _RegistrySection(StrictSerializer):
-    endpoint = serializers.URLField(required=False, default="https://huggingface.co")
+    endpoint = serializers.URLField(required=False, default=DEFAULT_REGISTRY)
     token = serializers.CharField(required=False, allow_blank=True, default="")
 
 
@@ -158,7 +161,10 @@ def parse_config(text: str, path: Path) -> ClusterConfig:
         node_lost_after=cluster.get("node_lost_after", 30),
         update_check=mirror.get("update_check", 6 * 3600),
         mirror_root=root if root.is_absolute() else settings.BASE_DIR / root,
-        registry_endpoint=registry.get("endpoint", "https://huggingface.co"),
+        # The environment wins, as for allowed hosts: the run command points it at its demo
+        # registry when the file names none.
+        registry_endpoint=settings.LLMGW_REGISTRY_ENDPOINT
+        or registry.get("endpoint", DEFAULT_REGISTRY),
         registry_token=registry.get("token", ""),
         allowed_hosts=tuple(hosts) if hosts is not None else None,
         models=models,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import ctl, node
+from . import ctl, demo, node
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -13,6 +13,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="tool", required=True, metavar="TOOL")
     ctl.add_parser(sub)
     node.add_parser(sub)
+    demo.add_parser(sub)
     return parser
 
 
@@ -22,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
         return ctl.run(args)
     if args.tool == "node":
         return node.run(args)
+    if args.tool == "demo":
+        return demo.run(args)
     return 2
 
 

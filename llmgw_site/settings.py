@@ -43,6 +43,10 @@ LLMGW_CONFIG = Path(env_str("LLMGW_CONFIG", str(BASE_DIR / "server.yaml")))
 # Hosts the control plane may ask about a model's source; None = server.yaml's
 # sources.allowed_hosts, or the mirror's and registry's hosts.
 LLMGW_SOURCE_ALLOWED_HOSTS = env_list("LLMGW_SOURCE_ALLOWED_HOSTS")
+# Overrides registry.endpoint in server.yaml (the run command sets it to its demo registry).
+LLMGW_REGISTRY_ENDPOINT = env_str("LLMGW_REGISTRY_ENDPOINT", "")
+# Where the run command's demo registry (olah on 127.0.0.1) listens.
+LLMGW_DEMO_REGISTRY_PORT = env_int("LLMGW_DEMO_REGISTRY_PORT", 8090)
 # Queue a reconcile pass right after each catalog or fleet change (beat runs
 # one every reconcile interval regardless).
 LLMGW_KICK_RECONCILE = env_bool("LLMGW_KICK_RECONCILE", True)

@@ -17,10 +17,9 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
-DEMO_MODEL = "demo-tiny-chat"
-DEMO_FILE = Path("demo") / "tiny-chat" / "local" / "tiny-chat.gguf"
+from llmgw import demo, localhub
 
 
 class Command(BaseCommand):
@@ -28,14 +27,22 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--no-node", action="store_true", help="run no local node")
-        parser.add_argument("--no-demo", action="store_true", help="add no demo model")
+        parser.add_argument(
+            "--no-demo",
+            action="store_true",
+            help="start no demo registry and serve no demo model",
+        )
 
     def handle(self, *args, **options):
         call_command("migrate", verbosity=0)
         call_command("llmgw_admin")
         node_token = None if options["no_node"] else self._local_node()
+        started: dict[str, subprocess.Popen[bytes]] = {}
         if not options["no_demo"]:
-            self._demo_model()
+            registry = self._demo_registry()
+            if registry is not None:
+                started["registry"] = registry
+                self._demo_model()
         parts = urlsplit(settings.LLMGW_PUBLIC_URL)
         bind = f"{parts.hostname or '127.0.0.1'}:{parts.port or 8000}"
         bin_dir = Path(sys.executable).parent
@@ -98,7 +105,7 @@ class Command(BaseCommand):
         shutil.rmtree(metrics, ignore_errors=True)
         metrics.mkdir()
         os.environ["LLMGW_METRICS_DIR"] = str(metrics)
-        self._supervise(commands)
+        self._supervise(commands, started)
 
     def _local_node(self) -> str:
         """The local node's token, kept in var/ (the control plane itself only keeps its hash)."""
@@ -118,40 +125,76 @@ class Command(BaseCommand):
         token_file.chmod(0o600)
         return token
 
+    def _demo_registry(self) -> subprocess.Popen[bytes] | None:
+        """olah serving the demo repository, so updates can be tried; None when left out."""
+        from catalog.config import DEFAULT_REGISTRY, current_config
+
+        named = settings.LLMGW_REGISTRY_ENDPOINT or current_config().registry_endpoint
+        if named != DEFAULT_REGISTRY:
+            self.stdout.write(f"  Demo registry:     left out (the registry is {named})")
+            return None
+        why = localhub.unavailable()
+        if why is not None:
+            self.stderr.write(f"  Demo registry:     left out: {why}")
+            return None
+        hub = demo.hub(settings.VAR_DIR / "demo-registry", port=settings.LLMGW_DEMO_REGISTRY_PORT)
+        if hub.answers():
+            raise CommandError(
+                f"Port {settings.LLMGW_DEMO_REGISTRY_PORT} is taken, so the demo registry cannot start there. "
+                "Stop what listens on it, or run with --no-demo."
+            )
+        demo.ensure_repo(hub)
+        log = (hub.folder / "olah.log").open("ab")
+        process = subprocess.Popen(
+            hub.command(), cwd=hub.folder, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            hub.wait_until_up(process)
+        except localhub.HubError as exc:
+            process.kill()
+            raise CommandError(f"{exc}. Or run with --no-demo.") from None
+        # This process and every child it starts ask the demo registry.
+        os.environ["LLMGW_REGISTRY_ENDPOINT"] = hub.endpoint
+        settings.LLMGW_REGISTRY_ENDPOINT = hub.endpoint
+        current_config.cache_clear()
+        self.stdout.write(
+            f"  Demo registry:     {hub.endpoint} ({demo.DEMO_REPO}, kept in {hub.folder})"
+        )
+        return process
+
     def _demo_model(self) -> None:
-        """A tiny generated model in the mirror, served by the local node, so there is something to see."""
+        """Serve the demo repository's model, following main, so there is something to update."""
         from django.contrib.auth import get_user_model
 
-        from catalog.config import current_config
-        from catalog.definitions import clean_definition
-        from catalog.mirror_files import mirror_url
         from catalog.models import Model
-        from catalog.services import Actor, model_add
-        from llmgw.tinygguf import write_tiny_model
+        from catalog.services import Actor
+        from catalog.updates import serve_start
 
-        path = Path(current_config().mirror_root) / DEMO_FILE
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_tiny_model(path, seed=1)
-        if Model.objects.filter(name=DEMO_MODEL).exists():
-            return
-        admin = get_user_model().objects.filter(is_superuser=True).order_by("pk").first()
-        definition = clean_definition(
-            {
-                "name": DEMO_MODEL,
-                "source": mirror_url(str(DEMO_FILE)),
-                "description": "a tiny generated model (random weights) to try llmgw with",
-                "context_length": 512,
-                "profiles": [{"name": "cpu", "memory_gb": 1, "cores": 1}],
-            }
-        )
-        model_add(actor=Actor.for_user(admin, "system"), definition=definition, source_check=False)
+        existing = Model.objects.filter(name=demo.DEMO_MODEL).first()
+        if existing is None:
+            admin = get_user_model().objects.filter(is_superuser=True).order_by("pk").first()
+            serve_start(
+                actor=Actor.for_user(admin, "system"),
+                repo=demo.DEMO_REPO,
+                pattern=demo.DEMO_FILE,
+                name=demo.DEMO_MODEL,
+                memory_gb=1,
+                cores=1,
+            )
+            note = "being fetched into the mirror, then served"
+        else:
+            note = "served"
         self.stdout.write(
-            f"  Demo model:        {DEMO_MODEL} (llmgw ctl model target {DEMO_MODEL})"
+            f"  Demo model:        {demo.DEMO_MODEL}, {note} (llmgw ctl model target "
+            f"{demo.DEMO_MODEL})\n"
+            f"  Try an update:     .venv/bin/llmgw demo publish, then "
+            f".venv/bin/llmgw ctl model updates --check"
         )
 
-    def _supervise(self, commands: dict[str, list[str]]) -> None:
-        children: dict[str, subprocess.Popen[bytes]] = {}
+    def _supervise(
+        self, commands: dict[str, list[str]], started: dict[str, subprocess.Popen[bytes]]
+    ) -> None:
+        children = dict(started)
         stopping = False
 
         def stop(*_: object) -> None:
