@@ -79,7 +79,17 @@ def get_model(name: str) -> Model:
         raise not_found(name, list(Model.objects.values_list("name", flat=True))) from None
 
 
+def require_staff(actor: Actor, what: str) -> None:
+    """Things that act on the whole installation rather than on one's own models."""
+    if actor.door in ("config", "system") or actor.is_staff:
+        return
+    raise forbidden(f"Only staff may {what}; ask an administrator.")
+
+
 def require_change_rights(actor: Actor, model: Model) -> None:
+    """The owner or staff may change a model. Asked before anything else about the change (who
+    the new owner is, whether a file exists), so that an outsider learns nothing from the answer
+    and makes the control plane fetch nothing."""
     if actor.door in ("config", "system") or actor.is_staff:
         return
     if actor.user is not None and model.owner_id == actor.user.pk:
@@ -219,8 +229,8 @@ def model_remove(*, actor: Actor, name: str) -> None:
     with transaction.atomic():
         lock_catalog()
         model = get_model(name)
-        refuse_if_declared(model, "removing it here would only last until then: it would come back")
         require_change_rights(actor, model)
+        refuse_if_declared(model, "removing it here would only last until then: it would come back")
         dependents = sorted(
             other
             for other, fallbacks in Model.objects.exclude(pk=model.pk).values_list(
@@ -249,8 +259,8 @@ def _change(actor: Actor, name: str, action: str, declared_effect: str, apply: A
     with transaction.atomic():
         lock_catalog()
         model = get_model(name)
-        refuse_if_declared(model, declared_effect)
         require_change_rights(actor, model)
+        refuse_if_declared(model, declared_effect)
         before = model.definition()
         apply(model)
         catalog = catalog_snapshot()
@@ -362,10 +372,10 @@ def model_set_class(*, actor: Actor, name: str, klass: str) -> Model:
 
 
 def model_set_owner(*, actor: Actor, name: str, username: str) -> Model:
-    new_owner = _resolve_user(username)
-
     def apply(model: Model) -> None:
-        model.owner = new_owner
+        # Looked up only once the rights are checked: whether a username exists is not
+        # for outsiders to learn.
+        model.owner = _resolve_user(username)
 
     return _change(actor, name, "owner", "an owner set here would revert then", apply)
 
@@ -384,7 +394,10 @@ def model_set_adapters(
     if source_check and add:
         from .sources import check_adapter
 
+        # The rights first: an outsider must not make the control plane fetch anything.
         model = get_model(name)
+        require_change_rights(actor, model)
+        refuse_if_declared(model, "adapters set here would revert then")
         for adapter in add:
             check_adapter(adapter, model_name=model.name, model_source=model.source)
 
@@ -519,11 +532,18 @@ def model_restart(*, actor: Actor, name: str) -> Model:
     return model
 
 
-def model_demand(*, name: str) -> Model:
-    """Someone asked for the model: an on-demand model is loaded, and its idle clock restarts."""
+def model_demand(*, name: str, actor: Actor | None = None) -> Model:
+    """Someone asked for the model: an on-demand model is loaded, and its idle clock restarts.
+
+    The gateway records demand for any request it routes (actor None: using a model through
+    the gateway is open to every key). Asked for directly (`actor` given), loading a model is a
+    change of what runs on the shared nodes, so it takes the rights to change the model.
+    """
     from django.utils import timezone
 
     model = get_model(name)
+    if actor is not None:
+        require_change_rights(actor, model)
     first = model.demand_at is None
     model.demand_at = timezone.now()
     Model.objects.filter(pk=model.pk).update(demand_at=model.demand_at)

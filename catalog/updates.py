@@ -191,12 +191,23 @@ class CheckReport:
     failures: dict[str, str] = field(default_factory=dict)
 
 
-def check_updates(*, registry: Registry | None = None, now: datetime | None = None) -> CheckReport:
-    """Ask the registry, once per repository, whether the files of served models changed."""
+def check_updates(
+    *, actor: Actor | None = None, registry: Registry | None = None, now: datetime | None = None
+) -> CheckReport:
+    """Ask the registry, once per repository, whether the files of served models changed.
+
+    Beat asks about every served model every `mirror.update_check` (no actor). Asked by a
+    person, staff ask about every model and anyone else about the models they own: each
+    repository asked about is a registry request made with the installation's token, which
+    the registry may rate-limit for everyone.
+    """
     registry = registry or Registry()
     now = now or timezone.now()
     report = CheckReport()
     models = list(Model.objects.exclude(origin=None)) + _adopt_origins()
+    if actor is not None and not actor.is_staff and actor.door not in ("config", "system"):
+        mine = getattr(actor.user, "pk", None)
+        models = [m for m in models if m.owner_id is not None and m.owner_id == mine]
     by_repo: dict[str, list[Model]] = {}
     for model in models:
         by_repo.setdefault(_origin(model)["repo"], []).append(model)
@@ -320,10 +331,10 @@ def start_update(*, actor: Actor, name: str) -> Rollout:
     with transaction.atomic():
         lock_catalog()
         model = get_model(name)
+        require_change_rights(actor, model)
         refuse_if_declared(
             model, "an update made here would revert then (its source is in the file)"
         )
-        require_change_rights(actor, model)
         _refuse_if_rolling(model)
         if not model.origin:
             raise CatalogError(
@@ -384,10 +395,10 @@ def start_rollback(*, actor: Actor, name: str) -> Rollout:
     with transaction.atomic():
         lock_catalog()
         model = get_model(name)
+        require_change_rights(actor, model)
         refuse_if_declared(
             model, "a rollback made here would revert then (its source is in the file)"
         )
-        require_change_rights(actor, model)
         if not model.previous:
             raise CatalogError(
                 f"{model.name} has no previous weights to go back to: it was never updated.",

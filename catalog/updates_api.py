@@ -95,7 +95,7 @@ class UpdatesCheckAPI(APIView):
         summary="Ask the registry now", request=None, responses={200: OpenApiTypes.OBJECT}
     )
     def post(self, request: Request) -> Response:
-        report = updates.check_updates()
+        report = updates.check_updates(actor=actor_of(request))
         models = Model.objects.exclude(update_available=None) | Model.objects.exclude(
             update_check_error=""
         )

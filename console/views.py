@@ -493,7 +493,7 @@ def model_check(request: HtmxHttpRequest, name: str) -> HttpResponse:
             f"about it now. The registry is asked every {every} anyway."
         )
         return _registry_answer(request, model, error=error)
-    report = updates.check_updates()
+    report = updates.check_updates(actor=Actor.for_user(request.user, "console"))
     model = get_model(model.name)
     registry = console_selectors.model_rows([model], request.user)[0].registry
     origin = model.origin or {}
@@ -709,7 +709,9 @@ def fetch_page(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 @require_GET
 @login_required
 def nodes_page(request: HtmxHttpRequest) -> HttpResponse:
-    cards = console_selectors.node_cards(fleet_selectors.nodes_view())
+    cards = console_selectors.node_cards(
+        fleet_selectors.nodes_view(addresses=request.user.is_staff)
+    )
     return render(request, "console/nodes.html", {"nodes": cards})
 
 
@@ -729,7 +731,12 @@ def _cordon_view(request: HtmxHttpRequest, name: str, cordoned: bool) -> HttpRes
         if not wants_partial(request):
             messages.success(request, done)
             return HttpResponseRedirect(reverse("console-nodes"))
-    cards = {c["name"]: c for c in console_selectors.node_cards(fleet_selectors.nodes_view())}
+    cards = {
+        c["name"]: c
+        for c in console_selectors.node_cards(
+            fleet_selectors.nodes_view(addresses=request.user.is_staff)
+        )
+    }
     status = error.status if error else 200
     if wants_partial(request) and name in cards:
         context: dict[str, Any] = {

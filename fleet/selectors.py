@@ -21,7 +21,10 @@ def _num(value: float) -> float | int:
     return int(value) if float(value).is_integer() else round(value, 2)
 
 
-def nodes_view() -> list[dict[str, Any]]:
+def nodes_view(*, addresses: bool) -> list[dict[str, Any]]:
+    """Every node with what is reserved and free. A node's network address is shown only when
+    `addresses` (to staff): it says where engines listen, which the gateway needs and people
+    who only use models do not."""
     reserved = {
         row["node_id"]: row
         for row in Replica.objects.filter(withdrawn_at__isnull=True)
@@ -48,7 +51,7 @@ def nodes_view() -> list[dict[str, Any]]:
             {
                 "name": node.name,
                 "state": node.state,
-                "address": node.address,
+                "address": node.address if addresses else None,
                 "capacity": {
                     "memory_gb": _num(node.memory_gb),
                     "cores": _num(node.cores),

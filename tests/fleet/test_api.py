@@ -184,11 +184,12 @@ def test_restart_bumps_the_generation_and_is_audited(api: Any) -> None:
     assert entry["changes"] == {"generation": [0, 1]}
 
 
-def test_demand_is_open_to_any_user_and_loads_an_on_demand_model(api: Any) -> None:
+def test_demand_by_the_owner_loads_an_on_demand_model(api: Any) -> None:
+    # Others make it load by using it through the gateway (tests/catalog/test_rights.py).
     _node_with_capacity(api, "node-a", 8)
     _add(api, "alice", name="lazy", min_replicas=0, max_replicas=2)
     assert api("bob").get("/api/v1/models/lazy").json()["desired"] == 0
-    body = api("bob").post("/api/v1/models/lazy/demand").json()
+    body = api("alice").post("/api/v1/models/lazy/demand").json()
     assert body["on_demand"] is True
     assert api("bob").get("/api/v1/models/lazy").json()["desired"] == 1
     assert api("bob").post("/api/v1/models/ghost/demand").status_code == 404
