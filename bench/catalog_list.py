@@ -96,11 +96,12 @@ def main() -> None:
 
     from django.contrib.auth import get_user_model
     from django.test import Client
-    from rest_framework.authtoken.models import Token
+
+    from accounts.services import token_create
 
     user = get_user_model().objects.create_user("bench", password="bench-password")
-    token = Token.objects.create(user=user)
-    client = Client(HTTP_AUTHORIZATION=f"Token {token.key}")
+    _, token = token_create(user=user)
+    client = Client(HTTP_AUTHORIZATION=f"Token {token}")
     print("catalog_list: GET /api/v1/models vs a bare Django view of the same rows")
     print(
         f"{'models':>7} {'api queries':>11} {'api median':>11} {'bare queries':>12} {'bare median':>12} {'ratio':>6} {'api bytes':>10}"

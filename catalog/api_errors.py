@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -60,3 +62,31 @@ def _sentence(detail: str, exc: exceptions.APIException) -> str:
     if isinstance(exc, exceptions.AuthenticationFailed):
         return f"{detail} Check LLMGW_TOKEN; the run command prints a token for the admin user."
     return detail
+
+
+# -- outside DRF: unknown endpoints and unexpected errors ---------------------------------
+
+
+def no_such_endpoint(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(
+        {
+            "detail": f"There is no API endpoint {request.path}; the endpoints are listed at "
+            "/api/v1/docs (and /api/v1/schema).",
+            "code": "not_found",
+        },
+        status=status.HTTP_404_NOT_FOUND,
+    )
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """An unexpected error: the API answers in its JSON shape, pages with Django's page."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(
+            {
+                "detail": "The server failed on this request; the error is in the web process's "
+                "log. Try again, and report it if it keeps failing.",
+                "code": "server_error",
+            },
+            status=status.HTTP_500_INTERNAL_SERVER_ERROR,
+        )
+    return defaults.server_error(request)

@@ -1,23 +1,67 @@
 """The mirror's files over HTTP, with Range support, for nodes and for header checks.
 
 Files live at <mirror root>/<org>/<repo>/<commit>/<path>; the URL is /mirror/ + that path.
-Only GET and HEAD; a path outside the root is refused.
+Only GET and HEAD; a path outside the root is refused. Reading needs credentials
+(llmgw_site.access); the control plane's own reads carry `control_plane_auth()`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import requests
+from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.views.decorators.http import require_safe
 
 from .config import current_config
 
 CHUNK = 1024 * 1024
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_RANGE = re.compile(r"^bytes=([0-9]*)-([0-9]*)$", re.ASCII)
+# Positions past any file's size (a 2**63-byte file does not exist) are unsatisfiable; this
+# also keeps int() away from numbers thousands of digits long.
+_MAX_DIGITS = 19
+
+
+# -- the control plane's own reads ------------------------------------------------------------
+
+
+def _control_plane_token() -> str:
+    return hmac.new(
+        settings.SECRET_KEY.encode(), b"llmgw: the control plane reads its mirror", hashlib.sha256
+    ).hexdigest()
+
+
+def is_control_plane_token(secret: str) -> bool:
+    return hmac.compare_digest(secret.encode(), _control_plane_token().encode())
+
+
+class ControlPlaneAuth(requests.auth.AuthBase):
+    """Sends the control plane's mirror credential, to its own origin only: a source or a
+    redirect on another host never sees it."""
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        own = urlsplit(settings.LLMGW_PUBLIC_URL)
+        target = urlsplit(request.url or "")
+        if (target.scheme, target.netloc) == (own.scheme, own.netloc):
+            request.headers["Authorization"] = f"Bearer {_control_plane_token()}"
+        return request
+
+
+def control_plane_session() -> requests.Session:
+    """A session for the control plane's fetches that may reach its own mirror."""
+    session = requests.Session()
+    session.auth = ControlPlaneAuth()
+    return session
+
+
+# -- serving ----------------------------------------------------------------------------------
 
 
 def mirror_root() -> Path:
@@ -26,9 +70,14 @@ def mirror_root() -> Path:
 
 def _file_for(path: str) -> Path:
     root = mirror_root()
-    candidate = (root / path).resolve()
-    if root not in candidate.parents or not candidate.is_file():
-        raise Http404(f"The mirror has no file {path}.")
+    try:
+        # A NUL byte or a name the file system cannot hold names no file (ValueError, OSError).
+        candidate = (root / path).resolve()
+        found = root in candidate.parents and candidate.is_file()
+    except (ValueError, OSError):
+        found = False
+    if not found:
+        raise Http404(f"The mirror has no file {path!r}.")
     return candidate
 
 
@@ -53,15 +102,15 @@ def serve(request: HttpRequest, path: str) -> HttpResponse | StreamingHttpRespon
     match = _RANGE.match(header.strip()) if header else None
     if match and (match.group(1) or match.group(2)):
         first, last = match.group(1), match.group(2)
+        if len(first) > _MAX_DIGITS or len(last) > _MAX_DIGITS:
+            return _unsatisfiable(size)
         if first:
             start = int(first)
             end = min(int(last), size - 1) if last else size - 1
         else:  # the last N bytes
             start = max(size - int(last), 0)
         if start >= size or start > end:
-            refusal = HttpResponse(status=416)
-            refusal["Content-Range"] = f"bytes */{size}"
-            return refusal
+            return _unsatisfiable(size)
         status = 206
     length = end - start + 1 if size else 0
     if request.method == "HEAD":
@@ -77,6 +126,16 @@ def serve(request: HttpRequest, path: str) -> HttpResponse | StreamingHttpRespon
     return response
 
 
+def _unsatisfiable(size: int) -> HttpResponse:
+    refusal = HttpResponse(
+        f"The range asked for is not within the file, which is {size} bytes.\n",
+        status=416,
+        content_type="text/plain; charset=utf-8",
+    )
+    refusal["Content-Range"] = f"bytes */{size}"
+    return refusal
+
+
 def _http_date(timestamp: float) -> str:
     from django.utils.http import http_date
 
@@ -84,6 +143,4 @@ def _http_date(timestamp: float) -> str:
 
 
 def mirror_url(relative: str) -> str:
-    from django.conf import settings
-
     return f"{settings.LLMGW_PUBLIC_URL}/mirror/{relative.lstrip(os.sep)}"

@@ -16,6 +16,7 @@ from django.conf import settings
 
 from .config import current_config
 from .errors import CatalogError
+from .mirror_files import control_plane_session
 
 ANYWAY = (
     "Pass --no-source-check (source_check=false in the API) to add it anyway, which is right "
@@ -65,7 +66,7 @@ def check_source(url: str, *, what: str = "source") -> SourceInfo:
     """Where the weights at `url` are and how large they are; CatalogError when they are not there."""
     allowed = current_config().source_allowed_hosts()
     timeout = settings.LLMGW_SOURCE_CHECK_TIMEOUT
-    session = requests.Session()
+    session = control_plane_session()
     current = url
     try:
         for _ in range(MAX_REDIRECTS + 1):
@@ -151,10 +152,13 @@ def check_adapter(adapter: dict[str, object], *, model_name: str, model_source: 
         raise _refuse_host(model_source, allowed)
     try:
         timeout = settings.LLMGW_SOURCE_CHECK_TIMEOUT
-        model_header = gguf.read_header_from_url(
-            model_source, timeout=timeout, require_tensors=True
-        )
-        adapter_header = gguf.read_header_from_url(info.url, timeout=timeout, require_tensors=True)
+        with control_plane_session() as session:
+            model_header = gguf.read_header_from_url(
+                model_source, session=session, timeout=timeout, require_tensors=True
+            )
+            adapter_header = gguf.read_header_from_url(
+                info.url, session=session, timeout=timeout, require_tensors=True
+            )
     except gguf.GGUFError as exc:
         raise CatalogError(
             f"Adapter {name} could not be checked against model {model_name}: {exc}",

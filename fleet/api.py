@@ -118,7 +118,7 @@ class NodesAPI(APIView):
         responses={200: OpenApiTypes.OBJECT},
     )
     def get(self, request: Request) -> Response:
-        return Response(selectors.nodes_view())
+        return Response(selectors.nodes_view(addresses=actor_of(request).is_staff))
 
     @extend_schema(
         summary="Register a node (staff); the answer holds its token, shown only once",
@@ -179,7 +179,7 @@ class DemandAPI(APIView):
         responses={200: OpenApiTypes.OBJECT},
     )
     def post(self, request: Request, name: str) -> Response:
-        model = catalog_services.model_demand(name=name)
+        model = catalog_services.model_demand(name=name, actor=actor_of(request))
         return Response(
             {
                 "model": model.name,
@@ -219,6 +219,7 @@ def _plan_view(model: Model, others: list[Model]) -> dict[str, Any]:
 
 def _memory_estimate(model: Model) -> dict[str, Any]:
     """Weights + KV cache from the GGUF header, against what each profile declares."""
+    from catalog.mirror_files import control_plane_session
     from catalog.sources import host_allowed
     from llmgw import gguf
 
@@ -229,7 +230,8 @@ def _memory_estimate(model: Model) -> dict[str, Any]:
             "warnings": [f"memory not estimated: {model.source} is not on an allowed host"],
         }
     try:
-        header = gguf.read_header_from_url(model.source, timeout=10)
+        with control_plane_session() as session:
+            header = gguf.read_header_from_url(model.source, session=session, timeout=10)
         if header.file_size is None:
             raise gguf.GGUFError("the server did not say how large the file is")
         estimate = gguf.estimate_memory_bytes(

@@ -8,6 +8,7 @@ DATABASE_URL and REDIS_URL.
 from __future__ import annotations
 
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 from .env import database_from_url, env_bool, env_int, env_list, env_str
@@ -66,11 +67,12 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
+    "axes",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_htmx",
     "template_partials",
+    "accounts",
     "catalog",
     "fleet",
     "gateway",
@@ -88,7 +90,26 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes asks: it answers a locked-out login with the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Login throttling (console and admin logins, the only password logins; the API takes tokens,
+# 24 random bytes, which cannot be guessed). Failures are counted per username *and*
+# address together, in the database, so every web process sees them (SQLite or PostgreSQL).
+# Counting per username alone would let anyone lock a colleague out; per address alone would
+# lock out a whole office behind one NAT for one person's typos.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("LLMGW_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("LLMGW_LOGIN_LOCKOUT_MINUTES", 15, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "console/locked.html"
+# Failed attempts are what is worth keeping; a row per successful login is not.
+AXES_DISABLE_ACCESS_LOG = True
 
 ROOT_URLCONF = "llmgw_site.urls"
 

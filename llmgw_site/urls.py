@@ -1,8 +1,10 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from catalog import mirror_files
+from catalog import api_errors, mirror_files
+
+from .access import mirror_access
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -11,6 +13,10 @@ urlpatterns = [
     path("api/v1/", include("fleet.urls")),
     path("api/v1/", include("catalog.urls")),
     path("", include("gateway.urls")),
-    path("mirror/<path:path>", mirror_files.serve, name="mirror-file"),
+    # Everything else under /api/v1/ answers in the API's JSON shape, not an HTML page.
+    re_path(r"^api/v1/", api_errors.no_such_endpoint),
+    path("mirror/<path:path>", mirror_access(mirror_files.serve), name="mirror-file"),
     path("", include("console.urls")),
 ]
+
+handler500 = "catalog.api_errors.server_error"

@@ -32,9 +32,9 @@ def users(db: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def tokens(users: dict[str, Any]) -> dict[str, str]:
-    from rest_framework.authtoken.models import Token
+    from accounts.services import token_create
 
-    return {name: Token.objects.create(user=user).key for name, user in users.items()}
+    return {name: token_create(user=user)[1] for name, user in users.items()}
 
 
 @pytest.fixture

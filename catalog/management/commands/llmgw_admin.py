@@ -1,4 +1,9 @@
-"""Make sure an admin account and its API token exist, and print how to use them."""
+"""Make sure an admin account exists; the first time, print its password and an API token.
+
+Neither is kept in plain text: the password only as Django's hash, the token only as a
+SHA-256 (accounts.ApiToken). So both are shown once, when they are made; later starts say
+how to get new ones.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,12 @@ import secrets
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
-from rest_framework.authtoken.models import Token
+
+from accounts.services import token_create
 
 
 class Command(BaseCommand):
-    help = "Create (once) the admin user and its API token; print how to log in."
+    help = "Create (once) the admin user and an API token, printing them that once."
 
     def add_arguments(self, parser):
         parser.add_argument("--username", default=os.environ.get("LLMGW_ADMIN_USER", "admin"))
@@ -20,23 +26,26 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         User = get_user_model()
         username = options["username"]
-        password_file = settings.VAR_DIR / "admin-password"
-        user = User.objects.filter(username=username).first()
-        if user is None:
-            password = os.environ.get("LLMGW_ADMIN_PASSWORD") or secrets.token_urlsafe(12)
-            user = User.objects.create_superuser(username=username, email="", password=password)
-            password_file.write_text(password + "\n")
-            password_file.chmod(0o600)
-        password = (
-            password_file.read_text().strip()
-            if password_file.exists()
-            else "(set before; unchanged)"
-        )
-        token, _ = Token.objects.get_or_create(user=user)
         url = settings.LLMGW_PUBLIC_URL
+        user = User.objects.filter(username=username).first()
+        if user is not None:
+            self.stdout.write(
+                f"\n  Console and admin: {url}/  (user {username}; its password was printed when "
+                f"it was made; set a new one with `manage.py changepassword {username}`)\n"
+                f"  API docs:          {url}/api/v1/docs\n"
+                f"  llmgw ctl:         LLMGW_TOKEN as printed at the first start; a new token: "
+                f"`manage.py llmgw_token {username}`\n"
+            )
+            return
+        given = os.environ.get("LLMGW_ADMIN_PASSWORD")
+        password = given or secrets.token_urlsafe(12)
+        user = User.objects.create_superuser(username=username, email="", password=password)
+        _, token = token_create(user=user, name="printed by the run command")
+        shown = "from LLMGW_ADMIN_PASSWORD" if given else password
         self.stdout.write(
-            f"\n  Console and admin: {url}/  (user {username}, password {password})\n"
+            f"\n  Console and admin: {url}/  (user {username}, password {shown})\n"
             f"  API docs:          {url}/api/v1/docs\n"
-            f"  llmgw ctl:         export LLMGW_URL={url} LLMGW_TOKEN={token.key}\n"
+            f"  llmgw ctl:         export LLMGW_URL={url} LLMGW_TOKEN={token}\n"
             f"                     .venv/bin/llmgw ctl models\n"
+            f"  The password and the token are shown only now: keep them.\n"
         )
