@@ -60,7 +60,10 @@ def _sentence(detail: str, exc: exceptions.APIException) -> str:
     if isinstance(exc, exceptions.NotAuthenticated):
         return "Log in first: send an API token as 'Authorization: Token KEY' (llmgw ctl reads LLMGW_TOKEN)."
     if isinstance(exc, exceptions.AuthenticationFailed):
-        return f"{detail} Check LLMGW_TOKEN; the run command prints a token for the admin user."
+        return (
+            f"{detail} Check LLMGW_TOKEN (a disabled account's tokens stop working); the run "
+            "command prints one the first time, and `manage.py llmgw_token USER` issues another."
+        )
     return detail
 
 

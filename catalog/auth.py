@@ -29,7 +29,7 @@ class TokenOrBearerAuthentication(BaseAuthentication):
             return None
         user = token_user(secret)
         if user is None:
-            raise AuthenticationFailed("That API token is not valid (or its user is disabled).")
+            raise AuthenticationFailed("Invalid token.")
         return user, secret
 
     def authenticate_header(self, request: Request) -> str:
