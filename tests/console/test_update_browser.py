@@ -127,7 +127,7 @@ def test_serve_update_and_roll_back_in_the_browser(product: dict[str, Any], chro
     page.goto(f"{system.url}/")
     assert "/login/" in page.url
     page.fill("#username", "admin")
-    page.fill("#password", (system.folder / "var" / "admin-password").read_text().strip())
+    page.fill("#password", system.admin_password)
     page.click("button[type=submit]")
     page.wait_for_url(f"{system.url}/")
 

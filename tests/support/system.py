@@ -119,6 +119,7 @@ class System:
             ),
         }
         self.token = ""
+        self.admin_password = ""
         self.agents_started = 0
 
     # -- processes ------------------------------------------------------------------
@@ -154,7 +155,9 @@ class System:
     def start(self, *, worker: bool = True) -> System:
         self.manage("migrate", "--verbosity", "0")
         out = self.manage("llmgw_admin")
+        # Printed once, when the admin account is made: only their hashes are kept.
         self.token = re.search(r"LLMGW_TOKEN=(\w+)", out).group(1)  # type: ignore[union-attr]
+        self.admin_password = re.search(r"password (\S+)\)", out).group(1)  # type: ignore[union-attr]
         bin_dir = Path(sys.executable).parent
         self._spawn(
             "web",
