@@ -154,6 +154,8 @@ class LocalHub:
         )
 
     def start(self) -> LocalHub:
+        # A hub started before any commit has no folder yet.
+        self.folder.mkdir(parents=True, exist_ok=True)
         log = (self.folder / "olah.log").open("ab")
         self.process = subprocess.Popen(
             self.command(),
