@@ -1,7 +1,20 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 
 
 class GatewayConfig(AppConfig):
     name = "gateway"
     verbose_name = "Gateway"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        post_migrate.connect(_ensure_triggers, sender=self)
+
+
+def _ensure_triggers(sender: object, using: str = "default", **kwargs: object) -> None:
+    """After every migrate: a migration that rebuilt a watched table (SQLite) dropped its triggers."""
+    from django.db import connections
+
+    from . import triggers
+
+    triggers.ensure(connections[using])

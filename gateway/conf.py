@@ -47,3 +47,38 @@ def metrics_dir() -> str | None:
     """The folder shared by the web's worker processes for their metrics; None = this process only."""
     configured = getattr(settings, "LLMGW_METRICS_DIR", None)
     return str(configured) if configured else os.environ.get("LLMGW_METRICS_DIR") or None
+
+
+def _flag(name: str) -> bool:
+    configured = getattr(settings, name, None)
+    raw: object = configured if configured is not None else os.environ.get(name)
+    if raw is None or raw == "" or isinstance(raw, bool):
+        return bool(raw)
+    value = str(raw).strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off"}:
+        return False
+    raise GatewaySettingError(f"{name}={raw!r} is not a yes/no value: use true or false.")
+
+
+def metrics_token() -> str | None:
+    """The token a Prometheus scrape sends (Authorization: Bearer …) to read /metrics."""
+    configured = getattr(settings, "LLMGW_METRICS_TOKEN", None)
+    return str(configured) if configured else os.environ.get("LLMGW_METRICS_TOKEN") or None
+
+
+def metrics_open() -> bool:
+    """/metrics without a token, for anyone who can reach it (say, on a private network)."""
+    return _flag("LLMGW_METRICS_OPEN")
+
+
+def forward_to() -> str | None:
+    """Where the gateway sends every request that is not /v1/ or /metrics: the web process."""
+    configured = getattr(settings, "LLMGW_GATEWAY_FORWARD_TO", None)
+    raw = str(configured) if configured else os.environ.get("LLMGW_GATEWAY_FORWARD_TO") or ""
+    return raw.rstrip("/") or None
+
+
+def max_body_bytes() -> int:
+    return int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 1024 * 1024)

@@ -5,7 +5,21 @@
 
 from __future__ import annotations
 
-from django.http import JsonResponse
+import json
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Refusal:
+    status: int
+    payload: dict[str, object]
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def body(self) -> bytes:
+        return json.dumps(self.payload).encode()
+
+    def json(self) -> dict[str, object]:
+        return self.payload
 
 
 def openai_error(
@@ -16,17 +30,15 @@ def openai_error(
     kind: str = "invalid_request_error",
     param: str | None = None,
     headers: dict[str, str] | None = None,
-) -> JsonResponse:
-    response = JsonResponse(
+) -> Refusal:
+    return Refusal(
+        status,
         {"error": {"message": message, "type": kind, "param": param, "code": code}},
-        status=status,
+        dict(headers or {}),
     )
-    for name, value in (headers or {}).items():
-        response[name] = value
-    return response
 
 
-def missing_key() -> JsonResponse:
+def missing_key() -> Refusal:
     return openai_error(
         401,
         "No API key was sent. Send a gateway key as 'Authorization: Bearer KEY' (OpenAI clients: "
@@ -36,7 +48,7 @@ def missing_key() -> JsonResponse:
     )
 
 
-def invalid_key(revoked: bool) -> JsonResponse:
+def invalid_key(revoked: bool) -> Refusal:
     if revoked:
         message = (
             "This API key was revoked, so it opens nothing any more. Ask its owner for a new one, "
@@ -53,11 +65,28 @@ def invalid_key(revoked: bool) -> JsonResponse:
     )
 
 
-def bad_request(message: str, *, param: str | None = None) -> JsonResponse:
+def bad_request(message: str, *, param: str | None = None) -> Refusal:
     return openai_error(400, message, code="invalid_request", param=param)
 
 
-def unknown_model(name: str, names: list[str], total: int) -> JsonResponse:
+def too_large(limit: int) -> Refusal:
+    return openai_error(
+        413,
+        f"The request body is larger than this gateway takes ({limit:,} bytes).",
+        code="request_too_large",
+    )
+
+
+def wrong_method(path: str, method: str) -> Refusal:
+    return openai_error(
+        405,
+        f"{path} takes {method} requests.",
+        code="method_not_allowed",
+        headers={"Allow": method},
+    )
+
+
+def unknown_model(name: str, names: list[str], total: int) -> Refusal:
     if names:
         more = (
             f" (and {total - len(names)} more; GET /v1/models lists them all)"
@@ -75,7 +104,7 @@ def unknown_model(name: str, names: list[str], total: int) -> JsonResponse:
     )
 
 
-def unavailable(message: str, retry_after: int) -> JsonResponse:
+def unavailable(message: str, retry_after: int) -> Refusal:
     return openai_error(
         503,
         message,
@@ -85,11 +114,20 @@ def unavailable(message: str, retry_after: int) -> JsonResponse:
     )
 
 
-def unreachable(name: str) -> JsonResponse:
+def unreachable(name: str) -> Refusal:
     return openai_error(
         502,
         f"The replica chosen for {name} went away before it answered, and no other replica "
         "could take the request. Try again; the fleet replaces replicas that fail.",
         code="replica_unreachable",
+        kind="server_error",
+    )
+
+
+def timeout(name: str, seconds: float) -> Refusal:
+    return openai_error(
+        504,
+        f"The replica of {name} did not answer within {seconds:.0f}s.",
+        code="replica_timeout",
         kind="server_error",
     )

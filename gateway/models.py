@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import models
 
-# How stale last_used_at may get before a request writes it again: a key used
+# How stale last_used_at may get (see gateway.state.LAST_USED_SECONDS): a key used
 # a thousand times a second must not cost a thousand writes a second.
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 
@@ -54,13 +54,22 @@ class GatewayKey(models.Model):
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.name})"
 
-    def record_use(self, now: datetime) -> bool:
-        """Record a use; True when that needed a write (the last one is older than the resolution)."""
-        if self.last_used_at is not None and now - self.last_used_at < LAST_USED_RESOLUTION:
-            return False
-        GatewayKey.objects.filter(pk=self.pk).update(last_used_at=now)
-        self.last_used_at = now
-        return True
-
     def state(self) -> str:
         return "revoked" if self.revoked_at else "active"
+
+
+class RoutingVersion(models.Model):
+    """One row that the database itself bumps whenever something the gateway routes by changes.
+
+    Triggers (see migration 0002) on models, replicas, nodes and gateway keys bump
+    it on SQLite, and send a `llmgw_routing` notification on PostgreSQL (sent when
+    the change commits, and without the row lock a shared counter would take). The
+    gateway's processes keep what they route by in memory and read it again when
+    this moves or the notification comes; no writer can forget to say so, because
+    none has to.
+    """
+
+    version = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"routing version {self.version}"

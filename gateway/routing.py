@@ -1,8 +1,8 @@
 """Where a request goes: the names there are, the replicas that can answer, and the choice among them.
 
-The catalog changes rarely and is read on every request, so each process keeps a
-copy for a couple of seconds. Replicas change during every rollout, so they are
-read fresh for each request, in one query that also covers the fallbacks.
+The reads here (`read_catalog`, `read_replicas`) are made by gateway.state, which
+keeps their results in each gateway process's memory and reads them again when
+the database says something changed; a request itself reads nothing.
 
 The decision itself (`decide`) is a pure function of those reads, so that it can be
 tested without a fleet.
@@ -19,10 +19,8 @@ from dataclasses import dataclass, field, replace
 from catalog.models import Model
 from fleet.models import Replica
 
-# How long a process trusts its copy of the catalog. A model added or changed is
-# routed to after at most this long; an unknown name re-reads it sooner.
-CATALOG_TTL_SECONDS = 2.0
-UNKNOWN_NAME_REREAD_SECONDS = 0.25
+from .load import SharedLoad
+
 MAX_REMEMBERED_REPLICAS = 1000
 STARTING_STATES = (Replica.PENDING, Replica.FETCHING, Replica.STARTING)
 
@@ -59,7 +57,8 @@ class Catalog:
 def read_catalog() -> Catalog:
     """Every model and adapter, in one query."""
     entries: dict[str, Entry] = {}
-    rows = Model.objects.values(
+    # order_by(): no ORDER BY from Meta.ordering, which nothing here needs.
+    rows = Model.objects.order_by().values(
         "name",
         "min_replicas",
         "max_replicas",
@@ -88,43 +87,6 @@ def read_catalog() -> Catalog:
     return Catalog(entries=entries, read_at=time.monotonic())
 
 
-class CatalogCache:
-    """This process's copy of the catalog, re-read when older than CATALOG_TTL_SECONDS."""
-
-    def __init__(self, ttl: float = CATALOG_TTL_SECONDS) -> None:
-        self.ttl = ttl
-        self._lock = threading.Lock()
-        self._catalog: Catalog | None = None
-
-    def get(self, *, fresher_than: float | None = None) -> Catalog:
-        max_age = self.ttl if fresher_than is None else min(self.ttl, fresher_than)
-        catalog = self._catalog
-        if catalog is not None and time.monotonic() - catalog.read_at < max_age:
-            return catalog
-        with self._lock:
-            catalog = self._catalog
-            if catalog is None or time.monotonic() - catalog.read_at >= max_age:
-                catalog = self._catalog = read_catalog()
-        return catalog
-
-    def lookup(self, name: str) -> tuple[Entry | None, Catalog]:
-        catalog = self.get()
-        entry = catalog.entries.get(name)
-        if entry is None:
-            # Perhaps added since this copy was read: look again, but not more than a few
-            # times a second, so that a client asking for nonsense cannot hammer the database.
-            catalog = self.get(fresher_than=UNKNOWN_NAME_REREAD_SECONDS)
-            entry = catalog.entries.get(name)
-        return entry, catalog
-
-    def clear(self) -> None:
-        with self._lock:
-            self._catalog = None
-
-
-catalog_cache = CatalogCache()
-
-
 # -- replicas ---------------------------------------------------------------------------
 
 
@@ -138,6 +100,8 @@ class Candidate:
     address: str
     port: int
     adapters: frozenset[str] = field(default_factory=frozenset)
+    # Requests the engine computes at once (llama.cpp's parallel slots); 1 = one at a time.
+    slots: int = 1
 
     @property
     def endpoint(self) -> str:
@@ -153,16 +117,18 @@ class Candidate:
         return not entry.adapter or entry.name in self.adapters
 
 
-def read_replicas(models: Iterable[str]) -> dict[str, list[Candidate]]:
-    """The replicas in routing (not withdrawn, not failed) of these models, in one query."""
+def read_replicas(models: Iterable[str] | None = None) -> dict[str, list[Candidate]]:
+    """The replicas in routing (not withdrawn, not failed), by model, in one query; all
+    models' unless `models` names some."""
     found: dict[str, list[Candidate]] = {}
     rows = (
-        Replica.objects.filter(
-            model_name__in=list(models), model__isnull=False, withdrawn_at__isnull=True
-        )
+        Replica.objects.filter(model__isnull=False, withdrawn_at__isnull=True)
         .exclude(state=Replica.FAILED)
+        .order_by()
         .values_list("id", "model_name", "state", "port", "node__address", "spec")
     )
+    if models is not None:
+        rows = rows.filter(model_name__in=list(models))
     for replica_id, model, state, port, address, spec in rows:
         if state == Replica.READY and port is None:
             continue  # cannot happen with a well-behaved agent; nothing to send to
@@ -174,9 +140,16 @@ def read_replicas(models: Iterable[str]) -> dict[str, list[Candidate]]:
                 address=address,
                 port=port or 0,
                 adapters=frozenset(a["name"] for a in (spec or {}).get("adapters", [])),
+                slots=_slots(spec),
             )
         )
     return found
+
+
+def _slots(spec: dict | None) -> int:
+    """How many requests the replica's engine computes at once, when its spec says so."""
+    value = (spec or {}).get("slots")
+    return value if isinstance(value, int) and value > 0 else 1
 
 
 # -- the decision -----------------------------------------------------------------------
@@ -215,6 +188,7 @@ def decide(
     catalog: Catalog,
     *,
     may_wait: bool,
+    unplaceable: dict[str, str] | None = None,
 ) -> Decision:
     """Where a request for `entry` goes now, given the replicas in routing.
 
@@ -224,12 +198,18 @@ def decide(
     falls back as its base model does, to the fallback model itself. Fallbacks are
     not followed further (a fallback's own fallbacks) nor woken when on demand: a
     fallback is a stand-in that is there now, not a second wait.
+
+    An on-demand model with nothing placed that fits on no node (`unplaceable`
+    names it, with the reason) is not waited for: no wait would end otherwise.
     """
     mine = [c for c in replicas.get(entry.model, []) if c.serves(entry)]
     ready = tuple(c for c in mine if c.ready)
     if ready:
         return Serve(model=entry.name, engine_name=entry.name, candidates=ready)
     starting = any(c.state in STARTING_STATES for c in mine)
+    cannot_place = (unplaceable or {}).get(entry.model) if entry.on_demand and not mine else None
+    if cannot_place is not None:
+        may_wait = False
     if may_wait and (entry.on_demand or starting):
         return Wait(model=entry.model, on_demand=entry.on_demand)
     for fallback in entry.fallbacks:
@@ -241,16 +221,24 @@ def decide(
             return Serve(
                 model=fallback, engine_name=fallback, candidates=ready, fallback_from=entry.name
             )
-    return Unavailable(message=_why_unavailable(entry, starting), retry_after=10)
+    return Unavailable(
+        message=_why_unavailable(entry, starting, cannot_place),
+        retry_after=60 if cannot_place else 10,
+    )
 
 
-def _why_unavailable(entry: Entry, starting: bool) -> str:
+def _why_unavailable(entry: Entry, starting: bool, cannot_place: str | None = None) -> str:
     what = f"{entry.name} (an adapter of {entry.model})" if entry.adapter else entry.name
     tried = (
         f"; its fallbacks ({', '.join(entry.fallbacks)}) have none either"
         if entry.fallbacks
         else ""
     )
+    if cannot_place is not None:
+        return (
+            f"{what} cannot be started: {cannot_place}{tried}. Add a node that is large enough, "
+            f"or give the model a smaller profile (`llmgw ctl model resources {entry.model}`)."
+        )
     if entry.parked:
         return (
             f"{what} is in the catalog but deliberately not running (min 0, max 0){tried}. "
@@ -271,50 +259,47 @@ def _why_unavailable(entry: Entry, starting: bool) -> str:
 
 
 class Balancer:
-    """Requests in flight per replica, in this process, and the choice of the least busy one.
+    """Requests in flight per replica, over every gateway process on this machine (see
+    gateway.load), and the choice of the replica with the most free slots.
 
-    An engine serves one request at a time, so the replica with the fewest
-    requests in flight is the one that answers soonest. Counts are this
-    process's own (the web runs several); ties are broken first by which replica
-    last served the same name (an engine switching between a base model and an
-    adapter reloads it), then at random, so that processes do not all pick the
-    same replica.
+    An engine computes `slots` requests at once (1 unless its replica says more), so
+    the replica with the most slots free is the one that answers soonest. Ties are
+    broken first by which replica this process last sent the same name to (an engine
+    switching between a base model and an adapter reloads it), then at random, so
+    that processes do not all pick the same replica.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, load: SharedLoad | None = None) -> None:
+        self.load = load if load is not None else SharedLoad(None)
         self._lock = threading.Lock()
-        self._in_flight: dict[str, int] = {}
         self._last_name: dict[str, str] = {}
 
     def choose(self, candidates: Iterable[Candidate], engine_name: str) -> Candidate:
         """Pick one and count a request in flight on it; call release() when it is done."""
+        now = time.monotonic()
         with self._lock:
             choice = min(
                 candidates,
                 key=lambda c: (
-                    self._in_flight.get(c.id, 0),
+                    self.load.total(c.id, now) - c.slots,
                     self._last_name.get(c.id) != engine_name,
                     random.random(),
                 ),
             )
-            self._in_flight[choice.id] = self._in_flight.get(choice.id, 0) + 1
+            self.load.add(choice.id, 1)
             if len(self._last_name) >= MAX_REMEMBERED_REPLICAS:
                 # Replicas come and go with every rollout; forget the ones idle here.
-                self._last_name = {r: n for r, n in self._last_name.items() if r in self._in_flight}
+                self._last_name = {r: n for r, n in self._last_name.items() if self.load.mine(r)}
             self._last_name[choice.id] = engine_name
         return choice
 
     def release(self, candidate: Candidate) -> None:
         with self._lock:
-            left = self._in_flight.get(candidate.id, 0) - 1
-            if left > 0:
-                self._in_flight[candidate.id] = left
-            else:
-                self._in_flight.pop(candidate.id, None)
+            self.load.add(candidate.id, -1)
 
     def in_flight(self, replica_id: str) -> int:
-        with self._lock:
-            return self._in_flight.get(replica_id, 0)
+        """This process's requests in flight on the replica."""
+        return self.load.mine(replica_id)
 
 
 balancer = Balancer()

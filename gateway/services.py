@@ -75,21 +75,9 @@ def _key_for_change(actor: Actor, key_id: int) -> GatewayKey:
     return key
 
 
-def key_authenticate(secret: str) -> GatewayKey | None:
-    """The active key for `secret`, its use recorded (at most one write a minute); None otherwise."""
-    if not secret.startswith(KEY_PREFIX):
-        return None  # not one of ours: no query needed to refuse it
-    key = GatewayKey.objects.filter(key_hash=hash_key(secret), revoked_at__isnull=True).first()
-    if key is not None:
-        key.record_use(timezone.now())
-    return key
-
-
-def key_was_revoked(secret: str) -> bool:
-    """For a refusal's wording only (a second query, on the refused path)."""
-    if not secret.startswith(KEY_PREFIX):
-        return False
-    return GatewayKey.objects.filter(key_hash=hash_key(secret), revoked_at__isnull=False).exists()
+def keys_used(key_ids: list[int]) -> None:
+    """Record that these keys were just used (the gateway batches this, see gateway.state)."""
+    GatewayKey.objects.filter(pk__in=key_ids).update(last_used_at=timezone.now())
 
 
 # -- the idle clock -----------------------------------------------------------------------

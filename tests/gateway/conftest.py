@@ -1,11 +1,21 @@
-"""Gateway fixtures: keys for the named users, models in the catalog, replicas on fake engines."""
+"""Gateway fixtures: keys for the named users, models in the catalog, replicas on fake engines,
+and the gateway's ASGI application served by uvicorn on 127.0.0.1 in a thread of the test process.
+
+The gateway reads nothing from the database while it answers; its in-memory state is read by
+the test itself (in the test's transaction) before each request, and what a request leaves to
+write (idle clocks, last use of keys) is written after it, as the refresher thread would.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import requests
 
 from catalog.definitions import clean_definition
 from catalog.services import Actor, model_add
@@ -18,16 +28,67 @@ from tests.gateway.fake_engine import FakeEngine, fake_engine
 def _fresh_gateway_state(settings: Any, monkeypatch: Any) -> Iterator[None]:
     """Each test starts with no cached catalog, no remembered demand and fresh metrics."""
     from gateway import metrics, routing, services
+    from gateway.state import state
 
     settings.LLMGW_GATEWAY_WAIT = 0
     settings.LLMGW_METRICS_DIR = None
-    routing.catalog_cache.clear()
+    settings.LLMGW_METRICS_OPEN = True
     monkeypatch.setattr(routing, "balancer", routing.Balancer())
+    monkeypatch.setattr(state, "_snapshot", None)
+    monkeypatch.setattr(state, "_demand", {})
+    monkeypatch.setattr(state, "_used", set())
+    monkeypatch.setattr(state, "_used_written", {})
     services.forget_demand()
     metrics.reset_for_tests()
     yield
-    routing.catalog_cache.clear()
     metrics.reset_for_tests()
+
+
+class GatewayServer:
+    """The gateway's ASGI application under uvicorn in a thread. With `lifespan`, it starts as
+    a worker process does: its state read, and refreshed by its own thread on notifications."""
+
+    def __init__(self, *, lifespan: bool = False) -> None:
+        import uvicorn
+
+        from gateway.asgi import application
+
+        config = uvicorn.Config(
+            application,
+            host="127.0.0.1",
+            port=0,
+            lifespan="on" if lifespan else "off",
+            log_level="warning",
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=asyncio.run, args=(self._serve(),), daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.01)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+
+    async def _serve(self) -> None:
+        from gateway import asgi, proxy
+
+        try:
+            await self.server.serve()
+        finally:
+            await proxy.upstream.close()
+            await asgi._web.close()
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def gateway_server() -> Iterator[GatewayServer]:
+    running = GatewayServer()
+    yield running
+    running.stop()
 
 
 @pytest.fixture
@@ -41,25 +102,42 @@ def keys(users: dict[str, Any]) -> dict[str, str]:
     }
 
 
+class Gateway:
+    """Requests to the running gateway; the state is read before each and written after."""
+
+    def __init__(self, url: str, key: str | None) -> None:
+        self.url = url
+        self.key = key
+
+    def request(
+        self, method: str, path: str, *, key: str | None = None, stream: bool = False, **kwargs: Any
+    ) -> requests.Response:
+        from gateway.state import state
+
+        state.reload()
+        headers = kwargs.pop("headers", {})
+        if (key or self.key) and "Authorization" not in headers:
+            headers["Authorization"] = f"Bearer {key or self.key}"
+        response = requests.request(
+            method, self.url + path, headers=headers, timeout=30, stream=stream, **kwargs
+        )
+        if not stream:
+            state.flush()
+        return response
+
+    def post(self, path: str, body: Any, key: str | None = None, stream: bool = False) -> Any:
+        if isinstance(body, str | bytes):
+            return self.request("POST", path, key=key, data=body, stream=stream)
+        return self.request("POST", path, key=key, json=body, stream=stream)
+
+    def get(self, path: str, key: str | None = None) -> Any:
+        return self.request("GET", path, key=key)
+
+
 @pytest.fixture
-def gw(client: Any, keys: dict[str, str]) -> Any:
+def gw(gateway_server: GatewayServer, keys: dict[str, str]) -> Gateway:
     """gw.post("/v1/completions", {...}) and gw.get(...) with alice's gateway key."""
-
-    class Gateway:
-        key = keys["alice"]
-
-        def post(self, path: str, body: Any, key: str | None = None) -> Any:
-            return client.post(
-                path,
-                body,
-                content_type="application/json",
-                HTTP_AUTHORIZATION=f"Bearer {key or self.key}",
-            )
-
-        def get(self, path: str, key: str | None = None) -> Any:
-            return client.get(path, HTTP_AUTHORIZATION=f"Bearer {key or self.key}")
-
-    return Gateway()
+    return Gateway(gateway_server.url, keys["alice"])
 
 
 class Catalog:
@@ -67,8 +145,15 @@ class Catalog:
 
     def __init__(self, owner: Any) -> None:
         self.owner = Actor.for_user(owner, "api")
+        from django.utils import timezone
+
         self.node = Node.objects.create(
-            name="node-a", token_hash=hash_token("node-a"), address="127.0.0.1"
+            name="node-a",
+            token_hash=hash_token("node-a"),
+            address="127.0.0.1",
+            memory_gb=16,
+            cores=8,
+            last_heartbeat=timezone.now(),
         )
 
     def add(self, name: str, **overrides: Any) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from typing import Any
 
@@ -190,7 +191,7 @@ def attempt_error(port: int, mode: str = "ok") -> BaseException:
     with fake_engine() as engine:
         engine.mode = mode
         try:
-            proxy._attempt(on(port or engine.port), "/v1/completions", b"{}", stream=False)
+            run(proxy._attempt(on(port or engine.port), "/v1/completions", b"{}", stream=False))
         except proxy.UpstreamError as exc:
             return exc
     raise AssertionError("the attempt did not fail")
@@ -218,14 +219,45 @@ def test_a_silent_engine_is_a_timeout(settings: Any) -> None:
     with fake_engine() as engine:
         engine.mode = "silent"
         with pytest.raises(proxy.ReplicaTimeout):
-            proxy.send(
+            send(
                 serve(on(engine.port)),
                 "/v1/completions",
                 b"{}",
                 stream=False,
                 balancer=Balancer(),
-                refresh=lambda: (),
+                refresh=fixed(),
             )
+
+
+def run(coroutine: Any) -> Any:
+    """Run a coroutine of the proxy on a loop of its own, with connections of its own."""
+
+    async def main() -> Any:
+        previous, proxy.upstream = proxy.upstream, proxy.Upstream()
+        try:
+            return await coroutine
+        finally:
+            await proxy.upstream.close()
+            proxy.upstream = previous
+
+    return asyncio.run(main())
+
+
+def send(*args: Any, **kwargs: Any) -> proxy.Answer:
+    async def whole() -> proxy.Answer:
+        answer = await proxy.send(*args, **kwargs)
+        if answer.streaming:
+            answer.close()
+        return answer
+
+    return run(whole())
+
+
+def fixed(*candidates: Candidate) -> Any:
+    async def refresh() -> tuple[Candidate, ...]:
+        return candidates
+
+    return refresh
 
 
 def serve(*candidates: Candidate) -> Serve:
@@ -237,13 +269,13 @@ def test_send_retries_once_on_another_replica_when_the_first_was_withdrawn() -> 
         broken.mode = "reset"
         gone, good = on(broken.port, "gone"), on(healthy.port, "good")
         balancer = Balancer()
-        answer = proxy.send(
+        answer = send(
             serve(gone),
             "/v1/completions",
             b'{"model": "m"}',
             stream=False,
             balancer=balancer,
-            refresh=lambda: (good,),  # the first one was withdrawn meanwhile
+            refresh=fixed(good),  # the first one was withdrawn meanwhile
         )
         assert answer.status == 200 and answer.retried and answer.candidate == good
         assert len(broken.requests) == 1 and len(healthy.requests) == 1
@@ -256,13 +288,13 @@ def test_send_does_not_retry_when_the_replica_that_failed_is_still_in_routing() 
         bad, good = on(broken.port, "bad"), on(healthy.port, "good")
         balancer = Balancer()
         with pytest.raises(proxy.ReplicaGone):
-            proxy.send(
+            send(
                 serve(bad),
                 "/v1/completions",
                 b"{}",
                 stream=False,
                 balancer=balancer,
-                refresh=lambda: (bad, good),
+                refresh=fixed(bad, good),
             )
         assert healthy.requests == [] and balancer.in_flight("bad") == 0
 
@@ -272,13 +304,13 @@ def test_send_retries_only_once() -> None:
         first.mode = second.mode = "reset"
         a, b = on(first.port, "a"), on(second.port, "b")
         with pytest.raises(proxy.ReplicaGone):
-            proxy.send(
+            send(
                 serve(a),
                 "/v1/completions",
                 b"{}",
                 stream=False,
                 balancer=Balancer(),
-                refresh=lambda: (b,),
+                refresh=fixed(b),
             )
         assert len(first.requests) == 1 and len(second.requests) == 1
 
@@ -287,13 +319,13 @@ def test_a_stream_that_breaks_before_its_first_chunk_is_retried() -> None:
     with fake_engine() as broken, fake_engine() as healthy:
         broken.mode = "reset"
         gone, good = on(broken.port, "gone"), on(healthy.port, "good")
-        answer = proxy.send(
+        answer = send(
             serve(gone),
             "/v1/completions",
             b'{"model": "m", "stream": true}',
             stream=True,
             balancer=Balancer(),
-            refresh=lambda: (good,),
+            refresh=fixed(good),
         )
         assert answer.streaming and answer.first.startswith(b"data: ")
         answer.close()
@@ -318,3 +350,70 @@ def test_a_stream_counts_a_token_per_event() -> None:
     for chunk in (role, token, token, token, end):
         tally.feed(chunk)
     assert tally.totals() == (0, 3)
+
+
+# -- requests in flight over every gateway process ------------------------------------------
+
+
+def test_the_counts_of_every_process_on_the_machine_are_added_up(tmp_path: Any) -> None:
+    import os
+
+    from gateway.load import SharedLoad
+
+    # Two processes' counts (a second "process" is a second file, under this live pid's
+    # neighbour: the parent's pid, alive for as long as this test runs).
+    mine = SharedLoad(tmp_path)
+    other = SharedLoad(tmp_path, pid=os.getppid())
+    try:
+        a, b = replica("a", "m"), replica("b", "m")
+        theirs = Balancer(other)
+        assert theirs.choose([a], "m") == a  # the other process sends one to a
+        balancer = Balancer(mine)
+        # This process has nothing in flight anywhere, yet it picks b: a is busy elsewhere.
+        assert balancer.choose([a, b], "m") == b
+        assert mine.total("a", now=1e9) == 1 and mine.total("b", now=1e9) == 1
+        theirs.release(a)
+        assert mine.total("a", now=2e9) == 0
+    finally:
+        other.close()
+        mine.close()
+
+
+def test_the_counts_of_a_process_that_is_gone_are_dropped(tmp_path: Any) -> None:
+    from gateway.load import SharedLoad
+
+    gone = SharedLoad(tmp_path, pid=2**22 + 12345)  # no such process
+    gone.add("a", 3)
+    mine = SharedLoad(tmp_path)
+    try:
+        assert mine.total("a", now=1e9) == 0
+        assert not (tmp_path / f"load-{2**22 + 12345}").exists()
+    finally:
+        mine.close()
+
+
+def test_a_replica_with_more_slots_takes_more_requests() -> None:
+    balancer = Balancer()
+    wide = Candidate(id="wide", model="m", state="ready", address="h", port=1, slots=4)
+    narrow = Candidate(id="narrow", model="m", state="ready", address="h", port=2)
+    chosen = [balancer.choose([wide, narrow], "m").id for _ in range(5)]
+    assert sorted(chosen) == ["narrow", "wide", "wide", "wide", "wide"]
+
+
+# -- a model that fits nowhere ------------------------------------------------------------
+
+
+def test_an_on_demand_model_that_fits_no_node_is_refused_at_once_saying_why() -> None:
+    lazy = entry("lazy", on_demand=True)
+    decision = decide(
+        lazy,
+        {},
+        catalog_of(lazy),
+        may_wait=True,
+        unplaceable={"lazy": "it fits on no node: its profiles need cpu: 64 GB, 8 cores, ..."},
+    )
+    assert isinstance(decision, Unavailable)
+    assert decision.message.startswith(
+        "lazy cannot be started: it fits on no node: its profiles need cpu: 64 GB"
+    )
+    assert "llmgw ctl model resources lazy" in decision.message

@@ -1,6 +1,8 @@
 """A whole llmgw running as real processes, for end-to-end tests.
 
-`System` starts the web process (gunicorn), a Celery worker with beat, and node agents, each
+`System` starts the gateway (uvicorn's workers, on the public port; it forwards everything but /v1/
+and /metrics to the web), the web process (gunicorn, on a port of its own), a Celery worker with
+beat, and node agents, each
 as a child process on 127.0.0.1, on a database of its own (a fresh PostgreSQL database when
 DATABASE_URL names PostgreSQL, else a SQLite file) and Redis when REDIS_URL is set (else the
 filesystem broker). Everything it starts is stopped by pid when it closes.
@@ -112,6 +114,8 @@ class System:
             "LLMGW_CONFIG": str(folder / "server.yaml"),
             "LLMGW_PUBLIC_URL": self.url,
             "LLMGW_METRICS_DIR": str(folder / "metrics"),
+            # Tests read /metrics without a scrape token (the gateway's own tests check tokens).
+            "LLMGW_METRICS_OPEN": "true",
             "LLMGW_CELERY_QUEUE": f"llmgw-it-{uuid.uuid4().hex[:8]}",
             "LLMGW_SECRET_KEY": "test-secret-key-for-an-end-to-end-system",
             "LLMGW_SOURCE_ALLOWED_HOSTS": ",".join(
@@ -159,13 +163,16 @@ class System:
         self.token = re.search(r"LLMGW_TOKEN=(\w+)", out).group(1)  # type: ignore[union-attr]
         self.admin_password = re.search(r"password (\S+)\)", out).group(1)  # type: ignore[union-attr]
         bin_dir = Path(sys.executable).parent
+        web_port = free_port()
+        self.env["LLMGW_GATEWAY_FORWARD_TO"] = f"http://127.0.0.1:{web_port}"
+        self.start_gateway()
         self._spawn(
             "web",
             [
                 str(bin_dir / "gunicorn"),
                 "llmgw_site.wsgi",
                 "--bind",
-                f"127.0.0.1:{self.port}",
+                f"127.0.0.1:{web_port}",
                 "--workers",
                 "2",
                 "--threads",
@@ -186,6 +193,12 @@ class System:
             what=f"the web process on {self.url} (log: {self.logs['web']})",
         )
         return self
+
+    def start_gateway(self, workers: int = 2) -> None:
+        from catalog.management.commands.llmgw_run import gateway_command
+
+        bin_dir = Path(sys.executable).parent
+        self._spawn("gateway", gateway_command(bin_dir, "127.0.0.1", self.port, workers=workers))
 
     def start_worker(self) -> None:
         bin_dir = Path(sys.executable).parent

@@ -1,4 +1,9 @@
-"""Run the whole product on one machine: web, worker with beat, and a local node serving a demo model.
+"""Run the whole product on one machine: gateway, web, worker with beat, and a local node serving a
+demo model.
+
+The public address (LLMGW_PUBLIC_URL) is the gateway's (uvicorn's workers): it serves /v1/ and
+/metrics itself and passes everything else to the web process (gunicorn), which listens on a
+free port of 127.0.0.1 only.
 
 Each process is started as a child and stopped by its pid when this command
 is interrupted, so nothing is left running behind it.
@@ -20,6 +25,41 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from llmgw import demo, localhub
+
+
+def gateway_command(bin_dir: Path, host: str, port: int, *, workers: int) -> list[str]:
+    """uvicorn serving the gateway's ASGI application (see gateway.asgi) with `workers` processes."""
+    return [
+        str(bin_dir / "uvicorn"),
+        "gateway.asgi:application",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        "--loop",
+        "uvloop",
+        "--http",
+        "httptools",
+        "--no-access-log",
+        # Longer than clients keep idle connections (httpx: 5 s), so that a client never
+        # reuses a connection the server is closing at that moment.
+        "--timeout-keep-alive",
+        "75",
+        "--backlog",
+        "4096",
+        "--timeout-graceful-shutdown",
+        "30",
+    ]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 class Command(BaseCommand):
@@ -44,14 +84,17 @@ class Command(BaseCommand):
                 started["registry"] = registry
                 self._demo_model()
         parts = urlsplit(settings.LLMGW_PUBLIC_URL)
-        bind = f"{parts.hostname or '127.0.0.1'}:{parts.port or 8000}"
+        web_bind = f"127.0.0.1:{_free_port()}"
         bin_dir = Path(sys.executable).parent
         commands = {
+            "gateway": gateway_command(
+                bin_dir, parts.hostname or "127.0.0.1", parts.port or 8000, workers=2
+            ),
             "web": [
                 str(bin_dir / "gunicorn"),
                 "llmgw_site.wsgi",
                 "--bind",
-                bind,
+                web_bind,
                 "--workers",
                 "2",
                 "--threads",
@@ -100,12 +143,33 @@ class Command(BaseCommand):
                 str(settings.VAR_DIR / "node"),
                 "--stop-engines-on-exit",
             ]
-        # Prometheus numbers of all web workers; a fresh folder each start.
+        # Prometheus numbers of all gateway workers, and their requests in flight per replica
+        # (gateway.load): fresh folders each start.
         metrics = settings.VAR_DIR / "metrics"
         shutil.rmtree(metrics, ignore_errors=True)
         metrics.mkdir()
+        shutil.rmtree(settings.VAR_DIR / "gateway-load", ignore_errors=True)
         os.environ["LLMGW_METRICS_DIR"] = str(metrics)
+        os.environ["LLMGW_GATEWAY_FORWARD_TO"] = f"http://{web_bind}"
+        self._metrics_token()
         self._supervise(commands, started)
+
+    def _metrics_token(self) -> None:
+        """/metrics needs a scrape token unless one is set or it is left open deliberately:
+        one is made the first time and kept in var/ for a local Prometheus to read."""
+        if os.environ.get("LLMGW_METRICS_TOKEN") or os.environ.get("LLMGW_METRICS_OPEN"):
+            return
+        import secrets
+
+        token_file = settings.VAR_DIR / "metrics-token"
+        if not token_file.exists():
+            token_file.write_text(secrets.token_urlsafe(32) + "\n")
+            token_file.chmod(0o600)
+        os.environ["LLMGW_METRICS_TOKEN"] = token_file.read_text().strip()
+        self.stdout.write(
+            f"  Prometheus:        {settings.LLMGW_PUBLIC_URL}/metrics with the bearer token in "
+            f"{token_file} (bearer_token_file in a scrape config)"
+        )
 
     def _local_node(self) -> str:
         """The local node's token, kept in var/ (the control plane itself only keeps its hash)."""

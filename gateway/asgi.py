@@ -1,0 +1,715 @@
+"""The gateway: a lean ASGI application for /v1/ and /metrics, run by uvicorn's workers.
+
+    uvicorn gateway.asgi:application --workers N --loop uvloop --http httptools
+
+Each worker process serves thousands of streams at once on one event loop. A
+request reads no database: keys, catalog and replicas are in memory (see
+gateway.state), the choice of replica counts every worker's requests in flight
+(gateway.load), engines are reached over pooled connections (gateway.proxy).
+
+Why not Django's own async views: Django shares the models, settings and
+services with this module, but its request handling (middleware, URL resolving,
+request and response objects) costs more CPU per request than everything else the
+gateway does together (bench/gateway.py measures both), and its ASGI handler
+consumes a streamed file answer whole before sending it, which the mirror's
+weight files cannot afford. So the gateway is plain ASGI, and everything else
+(console, admin, /api/v1/, /mirror/) stays a WSGI application under gunicorn:
+when LLMGW_GATEWAY_FORWARD_TO names it, the gateway passes every other request
+there unchanged, so one address serves both (the run command does this).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import Any
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
+django.setup()
+
+import aiohttp  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.db import connection  # noqa: E402
+from multidict import CIMultiDict  # noqa: E402
+from yarl import URL  # noqa: E402
+
+from . import conf, errors, proxy, routing  # noqa: E402
+from .errors import Refusal  # noqa: E402
+from .load import SharedLoad  # noqa: E402
+from .metrics import metrics  # noqa: E402
+from .models import hash_key  # noqa: E402
+from .services import KEY_PREFIX  # noqa: E402
+from .state import POLL_SECONDS, Snapshot, state  # noqa: E402
+
+log = logging.getLogger("llmgw.gateway")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+MODEL_HEADER = "X-LLMGW-Model"
+# How often a request waiting for a replica looks at the (in-memory) state again.
+WAIT_POLL_SECONDS = 0.1
+# How long a request for something unknown waits for the state to be looked at again.
+FRESH_LOOK_SECONDS = 2 * POLL_SECONDS + 0.5
+# JSON bodies: a depth no OpenAI request comes near, and integers of sane size.
+MAX_DEPTH = 64
+MAX_INT_DIGITS = 40
+# A forwarded request body (console forms, API definitions, node heartbeats).
+FORWARD_BODY_LIMIT = 64 * 1024 * 1024
+
+_JSON = [(b"content-type", b"application/json")]
+
+
+# -- the application ---------------------------------------------------------------------
+
+
+async def application(scope: Scope, receive: Receive, send: Send) -> None:
+    kind = scope["type"]
+    if kind == "http":
+        path: str = scope["path"]
+        if path.startswith("/v1/"):
+            handler = _ROUTES.get(path)
+            if handler is None:
+                await _refuse(send, _no_such_endpoint(path))
+            else:
+                await handler(scope, receive, send)
+        elif path == "/metrics":
+            await _metrics(scope, send)
+        else:
+            await _forward(scope, receive, send)
+    elif kind == "lifespan":
+        await _lifespan(receive, send)
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            try:
+                await asyncio.to_thread(start_process)
+            except Exception as exc:
+                log.exception("gateway: could not start")
+                await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                return
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await proxy.upstream.close()
+            await _web.close()
+            await asyncio.to_thread(stop_process)
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+def start_process() -> None:
+    """This process's state: the routing snapshot, its refresher, shared load, metrics."""
+    conf.wait_seconds(), conf.upstream_timeout(), conf.metrics_open()  # bad settings stop here
+    routing.balancer = routing.Balancer(SharedLoad(settings.VAR_DIR / "gateway-load"))
+    metrics()
+    try:
+        state.reload()
+    finally:
+        connection.close()  # this thread's: the refresher has its own
+    state.start()
+
+
+def stop_process() -> None:
+    state.stop()
+    routing.balancer.load.close()
+
+
+# -- answers ------------------------------------------------------------------------------
+
+
+async def _answer(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*(headers or _JSON), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _refuse(send: Send, refusal: Refusal) -> None:
+    headers = [*_JSON, *((k.lower().encode(), v.encode()) for k, v in refusal.headers.items())]
+    await _answer(send, refusal.status, refusal.body(), headers)
+
+
+def _no_such_endpoint(path: str) -> Refusal:
+    return errors.openai_error(
+        404,
+        f"There is no endpoint {path}. The gateway serves GET /v1/models, POST "
+        "/v1/chat/completions, /v1/completions and /v1/embeddings.",
+        code="unknown_url",
+    )
+
+
+def _header(scope: Scope, name: bytes) -> str:
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return ""
+
+
+# -- keys ---------------------------------------------------------------------------------
+
+
+async def _fresh_look(since: float) -> Snapshot:
+    """The state once the refresher has looked at the database after `since` (bounded wait)."""
+    deadline = time.monotonic() + FRESH_LOOK_SECONDS
+    while not state.looked_since(since) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    return state.get()
+
+
+async def _key_refusal(scope: Scope, arrived: float) -> Refusal | None:
+    """None when the request carries an active gateway key; else the 401 to answer with."""
+    scheme, _, secret = _header(scope, b"authorization").partition(" ")
+    secret = secret.strip()
+    if scheme.lower() != "bearer" or not secret:
+        return errors.missing_key()
+    if not secret.startswith(KEY_PREFIX):
+        return errors.invalid_key(revoked=False)  # not one of ours
+    digest = hash_key(secret)
+    key = state.get().keys.get(digest)
+    if key is None:
+        # Perhaps created a moment ago: wait for the next look rather than refuse it.
+        key = (await _fresh_look(arrived)).keys.get(digest)
+    if key is None or not key.active:
+        return errors.invalid_key(revoked=key is not None)
+    state.key_used(key.id)
+    return None
+
+
+# -- /v1/models ---------------------------------------------------------------------------
+
+
+async def _models(scope: Scope, receive: Receive, send: Send) -> None:
+    arrived = time.monotonic()
+    if scope["method"] != "GET":
+        await _refuse(send, errors.wrong_method("/v1/models", "GET"))
+        return
+    refusal = await _key_refusal(scope, arrived)
+    if refusal is not None:
+        await _refuse(send, refusal)
+        return
+    catalog = state.get().catalog
+    data = [
+        {
+            "id": entry.name,
+            "object": "model",
+            "created": entry.created,
+            "owned_by": entry.owner or "llmgw",
+            # As vLLM names them: an adapter's parent is the model whose replicas serve it.
+            "root": entry.model,
+            "parent": entry.model if entry.adapter else None,
+        }
+        for entry in sorted(catalog.usable(), key=lambda e: e.name)
+    ]
+    await _answer(send, 200, json.dumps({"object": "list", "data": data}).encode())
+
+
+# -- the generating endpoints ------------------------------------------------------------
+
+
+class _TooBig(Exception):
+    pass
+
+
+class _Disconnected(Exception):
+    pass
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _TooBig()
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+def _sane_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise _NotSane(f"a number with more than {MAX_INT_DIGITS} digits")
+    return int(text)
+
+
+def _no_constant(text: str) -> float:
+    raise _NotSane(f"{text}, which JSON does not have")
+
+
+class _NotSane(Exception):
+    pass
+
+
+def parse_body(raw: bytes) -> dict[str, Any] | Refusal:
+    """The request's JSON object, or a 400 saying what is wrong with it (never an exception)."""
+    try:
+        body = json.loads(raw, parse_int=_sane_int, parse_constant=_no_constant)
+    except _NotSane as exc:
+        return errors.bad_request(f"The request body has {exc}; send ordinary JSON numbers.")
+    except RecursionError:
+        return errors.bad_request(
+            f"The request body is nested too deeply; keep it within {MAX_DEPTH} levels."
+        )
+    except (ValueError, UnicodeDecodeError):
+        return errors.bad_request("The request body is not JSON; send a JSON object.")
+    if not isinstance(body, dict):
+        return errors.bad_request("The request body must be a JSON object.")
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and _depth(body) > MAX_DEPTH:
+        return errors.bad_request(
+            f"The request body is nested too deeply; keep it within {MAX_DEPTH} levels."
+        )
+    name = body.get("model")
+    if not isinstance(name, str) or not name:
+        return errors.bad_request(
+            "Say which model should answer: the body needs a 'model' (GET /v1/models lists them).",
+            param="model",
+        )
+    return body
+
+
+def _depth(value: Any) -> int:
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        deepest = max(deepest, depth)
+        if depth > MAX_DEPTH:
+            return depth
+        children = item.values() if isinstance(item, dict) else item
+        pending.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return deepest
+
+
+def _generating(path: str, endpoint: str, *, streams: bool) -> Callable[..., Awaitable[None]]:
+    async def handle(scope: Scope, receive: Receive, send: Send) -> None:
+        await _relay(scope, receive, send, path, endpoint, streams=streams)
+
+    return handle
+
+
+async def _relay(
+    scope: Scope, receive: Receive, send: Send, path: str, endpoint: str, *, streams: bool
+) -> None:
+    started = time.monotonic()
+    if scope["method"] != "POST":
+        await _refuse(send, errors.wrong_method(path, "POST"))
+        return
+    refusal = await _key_refusal(scope, started)
+    if refusal is not None:
+        await _refuse(send, refusal)
+        return
+    limit = conf.max_body_bytes()
+    declared = _header(scope, b"content-length")
+    try:
+        if declared.isdigit() and int(declared) > limit:
+            raise _TooBig()
+        raw = await _read_body(receive, limit)
+    except _TooBig:
+        await _refuse(send, errors.too_large(limit))
+        return
+    except _Disconnected:
+        return
+    body = parse_body(raw)
+    if isinstance(body, Refusal):
+        await _refuse(send, body)
+        return
+    name = body["model"]
+    snapshot = state.get()
+    entry = snapshot.catalog.entries.get(name)
+    if entry is None:
+        snapshot = await _fresh_look(started)  # perhaps added a moment ago
+        entry = snapshot.catalog.entries.get(name)
+    if entry is None:
+        names = [e.name for e in snapshot.catalog.usable()]
+        _count("unknown", "", endpoint, 404)
+        await _refuse(
+            send,
+            errors.unknown_model(name, routing.entry_names_closest_first(name, names), len(names)),
+        )
+        return
+    stream = streams and body.get("stream") is True
+    board = metrics()
+    board.in_flight.labels(entry.name).inc()
+    try:
+        await _route_and_send(send, receive, entry, body, raw, path, endpoint, stream, started)
+    finally:
+        board.in_flight.labels(entry.name).dec()
+        board.latency.labels(entry.name, endpoint).observe(time.monotonic() - started)
+
+
+async def _route_and_send(
+    send: Send,
+    receive: Receive,
+    entry: routing.Entry,
+    body: dict[str, Any],
+    raw: bytes,
+    path: str,
+    endpoint: str,
+    stream: bool,
+    started: float,
+) -> None:
+    deadline = started + conf.wait_seconds()
+    snapshot = state.get()
+    state.asked_for(entry, nothing_ready=not _any_ready(entry, snapshot))
+    while True:
+        decision = routing.decide(
+            entry,
+            snapshot.replicas,
+            snapshot.catalog,
+            may_wait=time.monotonic() < deadline,
+            unplaceable=snapshot.unplaceable,
+        )
+        if not isinstance(decision, routing.Wait):
+            break
+        state.asked_for(entry, nothing_ready=True)
+        await asyncio.sleep(min(WAIT_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+        snapshot = state.get()
+
+    if isinstance(decision, routing.Unavailable):
+        _count(entry.name, "", endpoint, 503)
+        await _refuse(send, errors.unavailable(decision.message, decision.retry_after))
+        return
+    assert isinstance(decision, routing.Serve)
+    if decision.fallback_from is not None:
+        metrics().fallbacks.labels(entry.name, decision.model).inc()
+
+    # The body goes on as it came, unless a fallback answers (the engine must be asked for
+    # the name it serves).
+    if decision.engine_name == body["model"]:
+        payload = raw
+    else:
+        payload = json.dumps({**body, "model": decision.engine_name}).encode()
+    target = snapshot.catalog.entries[decision.model]
+
+    async def refresh() -> tuple[routing.Candidate, ...]:
+        # Whether the replica that failed is still in routing decides the retry: look
+        # at the database's word after the failure, not before it.
+        fresh = (await _fresh_look(time.monotonic())).replicas.get(target.model, [])
+        return tuple(c for c in fresh if c.ready and c.serves(target))
+
+    try:
+        answer = await proxy.send(
+            decision, path, payload, stream=stream, balancer=routing.balancer, refresh=refresh
+        )
+    except proxy.ReplicaTimeout as exc:
+        log.warning("gateway: %s for %s", exc, entry.name)
+        _count(entry.name, decision.model, endpoint, 504)
+        await _refuse(send, errors.timeout(decision.model, exc.seconds))
+        return
+    except proxy.ReplicaGone as exc:
+        log.warning("gateway: %s for %s", exc, entry.name)
+        _count(entry.name, decision.model, endpoint, 502)
+        await _refuse(send, errors.unreachable(decision.model))
+        return
+    if answer.retried:
+        metrics().retries.labels(entry.name).inc()
+
+    model_header = (MODEL_HEADER.lower().encode(), decision.model.encode())
+    if not answer.streaming:
+        routing.balancer.release(answer.candidate)
+        assert answer.body is not None
+        if answer.status == 200:
+            _tokens(decision.model, *proxy.usage_of(answer.body))
+        _count(entry.name, decision.model, endpoint, answer.status)
+        await _answer(
+            send,
+            answer.status,
+            answer.body,
+            [(b"content-type", answer.content_type.encode()), model_header],
+        )
+        return
+
+    tally = proxy.StreamTally()
+    status = 200
+    try:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", answer.content_type.encode()),
+                    model_header,
+                    (b"cache-control", b"no-cache"),
+                    # A proxy in front must not hold chunks back either.
+                    (b"x-accel-buffering", b"no"),
+                ],
+            }
+        )
+        outcome = await _pump(_chunks(answer, tally), send, receive, answer.close)
+        if outcome == "broken":
+            status = 502
+    finally:
+        answer.close()
+        routing.balancer.release(answer.candidate)
+        _tokens(decision.model, *tally.totals())
+        _count(entry.name, decision.model, endpoint, status)
+
+
+async def _chunks(answer: proxy.Answer, tally: proxy.StreamTally) -> AsyncIterator[bytes]:
+    tally.feed(answer.first)
+    yield answer.first
+    try:
+        async for chunk in answer.rest():
+            tally.feed(chunk)
+            yield chunk
+    except proxy.STREAM_ERRORS as exc:
+        if answer.closed:
+            return  # closed here, because the client went away
+        # Too late to retry or to change the status: say so in the stream, in the shape
+        # OpenAI clients raise as an error, rather than end it as though it were complete.
+        log.warning("gateway: the replica %s broke off a stream: %s", answer.candidate.id, exc)
+        error = {
+            "message": "The replica broke off the answer; try again.",
+            "type": "server_error",
+            "code": "stream_broken",
+        }
+        yield b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+        raise _Broken() from exc
+
+
+class _Broken(Exception):
+    pass
+
+
+async def _pump(
+    chunks: AsyncIterator[bytes], send: Send, receive: Receive, on_disconnect: Callable[[], None]
+) -> str:
+    """Send the chunks as they come; when the client hangs up, call `on_disconnect` at once
+    (closing the upstream connection, which makes the engine stop) and stop.
+
+    Returns "done", "gone" (the client left) or "broken" (the source broke off)."""
+    gone = asyncio.Event()
+
+    async def watch() -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                gone.set()
+                on_disconnect()
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    outcome = "done"
+    try:
+        async for chunk in chunks:
+            if gone.is_set():
+                break
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    except _Broken:
+        outcome = "broken"
+    except OSError:
+        gone.set()
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    if gone.is_set():
+        return "gone"
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    return outcome
+
+
+def _any_ready(entry: routing.Entry, snapshot: Snapshot) -> bool:
+    return any(c.ready and c.serves(entry) for c in snapshot.replicas.get(entry.model, []))
+
+
+def _count(name: str, answered_by: str, endpoint: str, status: int) -> None:
+    metrics().requests.labels(name, answered_by, endpoint, str(status)).inc()
+
+
+def _tokens(model: str, prompt: int, completion: int) -> None:
+    board = metrics()
+    if prompt:
+        board.tokens.labels(model, "prompt").inc(prompt)
+    if completion:
+        board.tokens.labels(model, "completion").inc(completion)
+
+
+_ROUTES: dict[str, Callable[[Scope, Receive, Send], Awaitable[None]]] = {
+    "/v1/models": _models,
+    "/v1/chat/completions": _generating("/v1/chat/completions", "chat", streams=True),
+    "/v1/completions": _generating("/v1/completions", "completions", streams=True),
+    "/v1/embeddings": _generating("/v1/embeddings", "embeddings", streams=False),
+}
+
+
+# -- /metrics -----------------------------------------------------------------------------
+
+
+def metrics_refusal(authorization: str) -> Refusal | None:
+    """None when this scrape may read /metrics (see LLMGW_METRICS_TOKEN, LLMGW_METRICS_OPEN)."""
+    token = conf.metrics_token()
+    if token is None:
+        if conf.metrics_open():
+            return None
+        return errors.openai_error(
+            403,
+            "/metrics is closed: set LLMGW_METRICS_TOKEN and have Prometheus send it "
+            "(authorization: {credentials: TOKEN}), or set LLMGW_METRICS_OPEN=true to let "
+            "anyone who can reach the gateway read it.",
+            code="metrics_closed",
+            kind="permission_error",
+        )
+    scheme, _, sent = authorization.partition(" ")
+    if scheme.lower() == "bearer" and hmac.compare_digest(sent.strip().encode(), token.encode()):
+        return None
+    return errors.openai_error(
+        401,
+        "/metrics needs the scrape token: send 'Authorization: Bearer TOKEN' with the value of "
+        "LLMGW_METRICS_TOKEN.",
+        code="invalid_metrics_token",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+async def _metrics(scope: Scope, send: Send) -> None:
+    if scope["method"] not in ("GET", "HEAD"):
+        await _refuse(send, errors.wrong_method("/metrics", "GET"))
+        return
+    refusal = metrics_refusal(_header(scope, b"authorization"))
+    if refusal is not None:
+        await _refuse(send, refusal)
+        return
+    from .metrics import exposition
+
+    text, content_type = await asyncio.to_thread(exposition)
+    await _answer(send, 200, text, [(b"content-type", content_type.encode())])
+
+
+# -- everything else: the web process -----------------------------------------------------
+
+_HOP_BY_HOP = {
+    b"connection",
+    b"keep-alive",
+    b"proxy-authenticate",
+    b"proxy-authorization",
+    b"te",
+    b"trailer",
+    b"transfer-encoding",
+    b"upgrade",
+}
+
+
+class _Web:
+    """Pooled connections to the web process."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=proxy.IDLE_SECONDS),
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600),
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+_web = _Web()
+
+
+async def _forward(scope: Scope, receive: Receive, send: Send) -> None:
+    """Pass the request to the web process as it came, and its answer back as it comes."""
+    target = conf.forward_to()
+    if target is None:
+        await _refuse(
+            send,
+            errors.openai_error(
+                404,
+                "This address serves the gateway only (/v1/ and /metrics).",
+                code="unknown_url",
+            ),
+        )
+        return
+    try:
+        body = await _read_body(receive, FORWARD_BODY_LIMIT)
+    except _TooBig:
+        await _refuse(send, errors.too_large(FORWARD_BODY_LIMIT))
+        return
+    except _Disconnected:
+        return
+    headers = [
+        (k.decode("latin-1"), v.decode("latin-1"))
+        for k, v in scope["headers"]
+        if k not in _HOP_BY_HOP and k not in (b"x-forwarded-for", b"x-forwarded-proto")
+    ]
+    client = scope.get("client")
+    if client:
+        headers.append(("X-Forwarded-For", str(client[0])))
+    headers.append(("X-Forwarded-Proto", scope.get("scheme", "http")))
+    url = target + scope.get("raw_path", scope["path"].encode()).decode("latin-1")
+    if scope.get("query_string"):
+        url += "?" + scope["query_string"].decode("latin-1")
+    try:
+        response = await _web.session().request(
+            scope["method"],
+            URL(url, encoded=True),
+            data=body or None,
+            headers=CIMultiDict(headers),
+            allow_redirects=False,
+        )
+    except (aiohttp.ClientError, OSError) as exc:
+        log.warning("gateway: the web process did not answer: %s", exc)
+        await _refuse(
+            send,
+            errors.openai_error(
+                502,
+                "The web process behind the gateway did not answer; try again in a moment.",
+                code="web_unreachable",
+                kind="server_error",
+            ),
+        )
+        return
+    try:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": response.status,
+                "headers": [
+                    (k.lower(), v) for k, v in response.raw_headers if k.lower() not in _HOP_BY_HOP
+                ],
+            }
+        )
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in response.content.iter_any():
+                    yield chunk
+            except (aiohttp.ClientError, OSError):
+                if not response.closed:
+                    raise
+
+        await _pump(chunks(), send, receive, response.close)
+    finally:
+        response.close()

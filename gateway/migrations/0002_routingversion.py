@@ -1,0 +1,39 @@
+"""The routing version row, and the triggers that bump it (SQLite) or notify (PostgreSQL)."""
+
+from django.db import migrations, models
+
+
+def create(apps, schema_editor):
+    from gateway import triggers
+
+    triggers.ensure(schema_editor.connection)
+
+
+def drop(apps, schema_editor):
+    from gateway import triggers
+
+    triggers.drop(schema_editor.connection)
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("gateway", "0001_initial"),
+        ("catalog", "0004_model_origin_model_previous_model_update_available_and_more"),
+        ("fleet", "0001_initial"),
+    ]
+
+    operations = [
+        migrations.CreateModel(
+            name="RoutingVersion",
+            fields=[
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("version", models.BigIntegerField(default=0)),
+            ],
+        ),
+        migrations.RunPython(create, drop),
+    ]
