@@ -1,239 +1,518 @@
-"""What the gateway adds: the same requests sent straight to a replica and through the gateway.
+"""What the gateway adds, measured the way LiteLLM's proxy benchmarks measure a proxy: against a
+fast fake upstream (bench/fake_upstream.py, no model), the same requests sent straight to it, through
+llmgw's gateway and through LiteLLM's proxy, in alternating rounds.
 
-It starts a whole llmgw (gunicorn, Celery worker with beat, one node agent) on 127.0.0.1 with
-one replica of a tiny generated model, then, at 1, 8 and 32 concurrent clients, sends the
-same non-streaming and streaming completions to the replica's engine and to the gateway in
-alternating rounds, and prints the latency the gateway adds (median and p99) and the
-throughput through the gateway as a share of the direct one. The engine serves one request
-at a time, so throughput is the engine's; the ratio shows whether the gateway gets in its way.
-Everything it starts is stopped (by pid) when it ends.
+The gateway runs as the run command starts it (uvicorn, 2 worker processes) on a SQLite database
+with one replica of each bench model pointing at the fake upstream. LiteLLM's proxy (litellm[proxy],
+2 workers, no database) gets the same two models. LiteLLM is installed into a venv of its own
+(LLMGW_BENCH_LITELLM_VENV, default /tmp/llmgw-bench-litellm) the first time, in the background while
+the rest starts; when it cannot be installed the bench says so and measures without it.
 
-Run: make bench (or .venv/bin/python bench/gateway.py [--requests 120] [--clients 1,8,32])
+Modes: streamed with 50 ms between the 20 events (about 1 s per stream), streamed without delay,
+and whole (non-streamed) answers. Per concurrency it prints the latency added over going direct
+(p50/p99, to the last byte and to the first byte), throughput as a share of direct, errors, the
+most streams the upstream had open at once, wall time over the ideal (50 ms streams only), and the
+CPU milliseconds per request of the proxy's processes, with the targets of issue 10 beside them.
+
+Run: make bench, or .venv/bin/python bench/gateway.py [--quick] [--levels 1,8,32,128,512]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import asyncio
+import json
+import math
 import os
-import statistics
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
-
-import requests
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-if TYPE_CHECKING:
-    from tests.support.system import System
+MODES = {
+    # name: (model, stream, description)
+    "stream 50ms": ("bench-slow", True, "streamed, 20 events 50 ms apart (about 1 s per stream)"),
+    "stream fast": ("bench-fast", True, "streamed, 20 events without delay"),
+    "whole": ("bench-fast", False, "not streamed"),
+}
+STREAM_SECONDS = 20 * 0.05
+LEVELS = [1, 8, 32, 128, 512]
+LITELLM_VENV = Path(os.environ.get("LLMGW_BENCH_LITELLM_VENV", "/tmp/llmgw-bench-litellm"))
+LITELLM_INSTALL_SECONDS = 600
+WORKERS = 2
 
-MODEL = "bench-tiny"
-MAX_TOKENS = 16
-ROUNDS = 4  # direct, gateway, direct, gateway, ...: drift on the machine hits both alike
-CELL_SECONDS = 60  # a cell (one path, mode and concurrency) stops early past this
+TARGETS = (
+    "targets (issue 10): 512 concurrent 1-s streams: wall/ideal <= 1.5, all 512 open at once, "
+    "0 errors;\n  whole answers: added p50 <= 1.0 ms at 1 client, CPU <= 1.5 ms per request; "
+    "every cell ahead of LiteLLM on added latency, throughput ratio and CPU"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# -- measuring ------------------------------------------------------------------------------
 
 
 @dataclass
 class Sample:
-    latencies: list[float] = field(default_factory=list)
-    first_bytes: list[float] = field(default_factory=list)
+    totals: list[float] = field(default_factory=list)
+    firsts: list[float] = field(default_factory=list)
     errors: int = 0
     seconds: float = 0.0
+    requests: int = 0
+    cpu: float = 0.0
+    most_open: int = 0
+    walls: list[float] = field(default_factory=list)
 
     @property
     def throughput(self) -> float:
-        return len(self.latencies) / self.seconds if self.seconds else 0.0
+        return len(self.totals) / self.seconds if self.seconds else 0.0
 
 
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     if not ordered:
         return float("nan")
-    index = min(len(ordered) - 1, max(0, round(share * (len(ordered) - 1))))
-    return ordered[index]
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(share * len(ordered)) - 1))]
 
 
-def one_request(
-    session: requests.Session, url: str, headers: dict[str, str], stream: bool
-) -> tuple[float, float]:
-    body = {"model": MODEL, "prompt": "hello there", "max_tokens": MAX_TOKENS, "stream": stream}
-    started = time.perf_counter()
-    first = 0.0
-    with session.post(url, json=body, headers=headers, stream=True, timeout=120) as response:
-        response.raise_for_status()
-        for chunk in response.iter_content(chunk_size=None):
-            if chunk and not first:
-                first = time.perf_counter() - started
-    return time.perf_counter() - started, first
-
-
-def run_cell(
-    url: str, headers: dict[str, str], stream: bool, clients: int, count: int, into: Sample
-) -> None:
-    sessions = threading.local()
-    deadline = time.monotonic() + CELL_SECONDS
-    lock = threading.Lock()
-
-    def work(_: int) -> None:
-        if time.monotonic() > deadline:
-            return
-        session = getattr(sessions, "session", None)
-        if session is None:
-            session = sessions.session = requests.Session()
-            session.trust_env = False
-        try:
-            latency, first = one_request(session, url, headers, stream)
-        except requests.RequestException:
-            with lock:
-                into.errors += 1
-            return
-        with lock:
-            into.latencies.append(latency)
-            into.first_bytes.append(first)
+async def one_request(session: Any, url: str, headers: dict[str, str], body: bytes, into: Sample) -> None:
+    import aiohttp
 
     started = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=clients) as pool:
-        list(pool.map(work, range(count)))
-    into.seconds += time.perf_counter() - started
-
-
-def web_cpu_seconds(system: System) -> float:
-    """CPU time used so far by the web process (gunicorn's master and its workers)."""
-    master = system.processes["web"].pid
-    pids = [master]
+    first = None
     try:
-        pids += [int(p) for p in Path(f"/proc/{master}/task/{master}/children").read_text().split()]
-    except OSError:
-        return float("nan")
+        async with session.post(url, data=body, headers=headers) as response:
+            if response.status != 200:
+                await response.read()
+                into.errors += 1
+                return
+            async for _ in response.content.iter_any():
+                if first is None:
+                    first = time.perf_counter() - started
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+        into.errors += 1
+        return
+    into.totals.append(time.perf_counter() - started)
+    into.firsts.append(first if first is not None else time.perf_counter() - started)
+
+
+async def run_cell(
+    session: Any, url: str, headers: dict[str, str], body: bytes, clients: int, count: int, into: Sample
+) -> None:
+    left = count
+
+    async def client() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            await one_request(session, url, headers, body, into)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    elapsed = time.perf_counter() - started
+    into.seconds += elapsed
+    into.walls.append(elapsed)
+    into.requests += count
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of a process and all its descendants, so far."""
     ticks = os.sysconf("SC_CLK_TCK")
     total = 0.0
-    for pid in pids:
+    pending = [pid]
+    while pending:
+        current = pending.pop()
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks
+            for task in Path(f"/proc/{current}/task").iterdir():
+                pending += [int(p) for p in (task / "children").read_text().split()]
         except OSError:
             continue
-        total += (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
     return total
 
 
-def start_system(folder: Path, weights_url: str) -> tuple[System, str, str]:
-    """The running system, the replica's engine URL and a gateway key."""
-    from tests.support.system import System, wait_for
+# -- the processes --------------------------------------------------------------------------
 
-    system = System(folder, allowed_hosts=[urlsplit(weights_url).netloc])
-    system.env["LLMGW_METRICS_DIR"] = str(folder / "metrics")
-    system.start()
-    system.add_node("bench-node", memory_gb=4, cores=2)
-    system.api(
-        "POST",
-        "models",
-        json={
-            "name": MODEL,
-            "source": f"{weights_url}/tiny.gguf",
-            "context_length": 512,
-            "profiles": [{"name": "cpu", "memory_gb": 1, "cores": 1}],
-        },
+
+class Processes:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.running: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
+        log = (self.folder / f"{name}.log").open("ab")
+        self.running[name] = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=env or dict(os.environ),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        return self.running[name].pid
+
+    def pid(self, name: str) -> int:
+        return self.running[name].pid
+
+    def stop_all(self) -> None:
+        for process in self.running.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in self.running.values():
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+
+    def log_tail(self, name: str) -> str:
+        path = self.folder / f"{name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-20:]) if path.exists() else ""
+
+
+def wait_http(url: str, what: str, timeout: float = 90, headers: dict[str, str] | None = None) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            request = urllib.request.Request(url, headers=headers or {})
+            with urllib.request.urlopen(request, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{what} did not answer at {url} within {timeout:.0f}s")
+
+
+def prepare_gateway(folder: Path, upstream_port: int) -> tuple[dict[str, str], str]:
+    """A database with the bench models, one replica each on the fake upstream, and a key."""
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("DJANGO", "LLMGW", "DATABASE"))},
+        "DATABASE_URL": f"sqlite:///{folder / 'gateway.sqlite3'}",
+        "LLMGW_VAR_DIR": str(folder / "var"),
+        "LLMGW_CONFIG": "/nonexistent/server.yaml",
+        "LLMGW_METRICS_DIR": str(folder / "metrics"),
+        "LLMGW_METRICS_OPEN": "true",
+        "LLMGW_SECRET_KEY": "bench-secret-key",
+    }
+    script = f"""
+import django, os
+os.environ["DJANGO_SETTINGS_MODULE"] = "llmgw_site.settings"
+django.setup()
+from django.core.management import call_command
+call_command("migrate", verbosity=0)
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from catalog.definitions import clean_definition
+from catalog.models import Model
+from catalog.services import Actor, model_add
+from fleet.models import Node, Replica, hash_token
+from gateway.services import key_create
+user = get_user_model().objects.create_superuser("bench", password="bench-password-1")
+actor = Actor.for_user(user, "api")
+node = Node.objects.create(name="bench", token_hash=hash_token("bench"), address="127.0.0.1",
+    memory_gb=8, cores=2, last_heartbeat=timezone.now())
+for name in ("bench-slow", "bench-fast"):
+    model_add(actor=actor, source_check=False, definition=clean_definition({{
+        "name": name, "source": "http://127.0.0.1:9/bench.gguf",
+        "profiles": [{{"name": "cpu", "memory_gb": 1, "cores": 1}}]}}))
+    Replica.objects.create(model=Model.objects.get(name=name), model_name=name, node=node,
+        profile="cpu", spec={{}}, spec_key="bench", state=Replica.READY, port={upstream_port})
+print(key_create(actor=actor, name="bench")[1])
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"could not prepare the gateway's database:\n{done.stderr}")
+    return env, done.stdout.strip().splitlines()[-1]
+
+
+def litellm_install() -> subprocess.Popen[bytes] | None:
+    """Start installing litellm[proxy] into its own venv, unless it is there already."""
+    if (LITELLM_VENV / "bin" / "litellm").exists():
+        return None
+    print(f"installing litellm[proxy] into {LITELLM_VENV} in the background ...", flush=True)
+    command = (
+        f"python3 -m venv {LITELLM_VENV} && {LITELLM_VENV}/bin/pip install --quiet 'litellm[proxy]'"
+    )
+    return subprocess.Popen(
+        ["sh", "-c", command], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
 
-    def ready_port() -> int | None:
-        replicas = system.api("GET", f"models/{MODEL}/target")["replicas"]
-        return next((r["port"] for r in replicas if r["routable"]), None)
 
-    port = wait_for(ready_port, timeout=120, what="the replica to be ready")
-    key = system.api("POST", "keys", json={"name": "bench"})["key"]
-    return system, f"http://127.0.0.1:{port}", key
+def start_litellm(processes: Processes, folder: Path, upstream_port: int) -> str:
+    import yaml
+
+    config = {
+        "model_list": [
+            {
+                "model_name": name,
+                "litellm_params": {
+                    "model": f"openai/{name}",
+                    "api_base": f"http://127.0.0.1:{upstream_port}/v1",
+                    "api_key": "none",
+                },
+            }
+            for name in ("bench-slow", "bench-fast")
+        ],
+        "litellm_settings": {"drop_params": True, "set_verbose": False},
+    }
+    path = folder / "litellm.yaml"
+    path.write_text(yaml.safe_dump(config))
+    port = free_port()
+    env = {
+        **os.environ,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_LOG": "ERROR",
+        "DATABASE_URL": "",
+        "NO_DOCS": "True",
+    }
+    processes.start(
+        "litellm",
+        [
+            str(LITELLM_VENV / "bin" / "litellm"),
+            "--config",
+            str(path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--num_workers",
+            str(WORKERS),
+        ],
+        env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/health/liveliness", "LiteLLM's proxy", timeout=180)
+    return url
+
+
+# -- the run --------------------------------------------------------------------------------
+
+
+def counts(mode: str, clients: int, quick: bool) -> tuple[int, int]:
+    """(rounds, requests per round) for one path in one cell."""
+    rounds = 2 if quick else 4
+    if mode == "stream 50ms":
+        per_round = max(clients, 2 if quick else 4)
+    else:
+        per_round = max(clients * 2, 100 if quick else 300)
+    return rounds, per_round
+
+
+async def measure(
+    paths: dict[str, tuple[str, dict[str, str], int | None]],
+    upstream: str,
+    levels: list[int],
+    quick: bool,
+) -> dict[tuple[str, int], dict[str, Sample]]:
+    import aiohttp
+
+    results: dict[tuple[str, int], dict[str, Sample]] = {}
+    timeout = aiohttp.ClientTimeout(total=300)
+    sessions = {
+        name: aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=timeout, auto_decompress=False
+        )
+        for name in paths
+    }
+    stats = aiohttp.ClientSession()
+    try:
+        # Warm every path: connections, each worker's first request.
+        for name, (url, headers, _) in paths.items():
+            for model, stream, _ in MODES.values():
+                body = request_body(model, stream)
+                await run_cell(sessions[name], url, headers, body, 8, 16, Sample())
+        for mode, (model, stream, _) in MODES.items():
+            body = request_body(model, stream)
+            for clients in levels:
+                rounds, per_round = counts(mode, clients, quick)
+                cell = {name: Sample() for name in paths}
+                for _ in range(rounds):
+                    for name, (url, headers, pid) in paths.items():
+                        async with stats.get(f"{upstream}/_stats?reset") as response:
+                            await response.read()
+                        before = tree_cpu_seconds(pid) if pid else 0.0
+                        await run_cell(sessions[name], url, headers, body, clients, per_round, cell[name])
+                        if pid:
+                            cell[name].cpu += tree_cpu_seconds(pid) - before
+                        async with stats.get(f"{upstream}/_stats") as response:
+                            most = json.loads(await response.read())["most_open"]
+                        cell[name].most_open = max(cell[name].most_open, most)
+                results[(mode, clients)] = cell
+                print(f"  measured {mode} at {clients} clients", file=sys.stderr, flush=True)
+    finally:
+        for session in sessions.values():
+            await session.close()
+        await stats.close()
+    return results
+
+
+def request_body(model: str, stream: bool) -> bytes:
+    return json.dumps(
+        {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16, "stream": stream}
+    ).encode()
+
+
+def report(results: dict[tuple[str, int], dict[str, Sample]], levels: list[int], names: list[str]) -> None:
+    ms = lambda s: f"{s * 1000:.1f}"  # noqa: E731
+    proxies = [n for n in names if n != "direct"]
+    for mode, (_, stream, description) in MODES.items():
+        print(f"\n{mode}: {description}")
+        print(
+            f"{'clients':>7} {'path':<8}{'n':>6}{'p50 ms':>9}{'+p50':>8}{'+p99':>8}{'+ttfb50':>9}"
+            f"{'+ttfb99':>9}{'thr/direct':>11}{'errors':>7}{'open':>6}{'wall/ideal':>11}{'cpu ms/req':>11}"
+        )
+        for clients in levels:
+            cell = results[(mode, clients)]
+            direct = cell["direct"]
+            d50, d99 = percentile(direct.totals, 0.5), percentile(direct.totals, 0.99)
+            f50, f99 = percentile(direct.firsts, 0.5), percentile(direct.firsts, 0.99)
+            for name in names:
+                sample = cell[name]
+                wall = "-"
+                if mode == "stream 50ms":
+                    rounds = len(sample.walls)
+                    per_round = sample.requests // max(1, rounds)
+                    ideal = math.ceil(per_round / clients) * STREAM_SECONDS
+                    wall = f"{sum(sample.walls) / rounds / ideal:.2f}"
+                if name == "direct":
+                    added = ("-", "-", "-", "-")
+                    ratio, cpu = "1.00", "-"
+                else:
+                    added = (
+                        ms(percentile(sample.totals, 0.5) - d50),
+                        ms(percentile(sample.totals, 0.99) - d99),
+                        ms(percentile(sample.firsts, 0.5) - f50),
+                        ms(percentile(sample.firsts, 0.99) - f99),
+                    )
+                    ratio = f"{sample.throughput / direct.throughput:.2f}" if direct.throughput else "-"
+                    cpu = f"{sample.cpu / max(1, sample.requests) * 1000:.2f}"
+                print(
+                    f"{clients:>7} {name:<8}{sample.requests:>6}{ms(percentile(sample.totals, 0.5)):>9}"
+                    f"{added[0]:>8}{added[1]:>8}{added[2]:>9}{added[3]:>9}{ratio:>11}{sample.errors:>7}"
+                    f"{(sample.most_open if stream else '-')!s:>6}{wall:>11}{cpu:>11}"
+                )
+    print()
+    print(TARGETS)
+    verdicts(results, levels, proxies)
+
+
+def verdicts(results: dict[tuple[str, int], dict[str, Sample]], levels: list[int], proxies: list[str]) -> None:
+    if "llmgw" not in proxies:
+        return
+    big = results.get(("stream 50ms", 512))
+    if big is not None:
+        gw = big["llmgw"]
+        per_round = gw.requests // max(1, len(gw.walls))
+        wall = sum(gw.walls) / len(gw.walls) / (math.ceil(per_round / 512) * STREAM_SECONDS)
+        print(
+            f"  512 streams: wall/ideal {wall:.2f} (<= 1.5: {'met' if wall <= 1.5 else 'NOT met'}), "
+            f"{gw.most_open} open at once ({'met' if gw.most_open >= 512 else 'NOT met'}), "
+            f"{gw.errors} errors ({'met' if gw.errors == 0 else 'NOT met'})"
+        )
+    one = results.get(("whole", 1))
+    if one is not None:
+        added = percentile(one["llmgw"].totals, 0.5) - percentile(one["direct"].totals, 0.5)
+        print(f"  whole, 1 client: added p50 {added * 1000:.2f} ms ({'met' if added <= 0.001 else 'NOT met'})")
+    cpus = [
+        results[(mode, c)]["llmgw"].cpu / max(1, results[(mode, c)]["llmgw"].requests) * 1000
+        for mode in MODES
+        for c in levels
+        if mode == "whole"
+    ]
+    if cpus:
+        print(f"  whole: CPU per request {min(cpus):.2f}-{max(cpus):.2f} ms ({'met' if max(cpus) <= 1.5 else 'NOT met'} <= 1.5)")
+    if "litellm" not in proxies:
+        print("  LiteLLM not measured: no comparison")
+        return
+    behind = []
+    for (mode, clients), cell in results.items():
+        gw, lt, direct = cell["llmgw"], cell["litellm"], cell["direct"]
+        checks = {
+            "added p50": percentile(gw.totals, 0.5) <= percentile(lt.totals, 0.5),
+            "added p99": percentile(gw.totals, 0.99) <= percentile(lt.totals, 0.99),
+            "throughput": gw.throughput >= lt.throughput,
+            "cpu": gw.cpu / max(1, gw.requests) <= lt.cpu / max(1, lt.requests),
+        }
+        behind += [f"{mode} at {clients}: {what}" for what, ok in checks.items() if not ok]
+    if behind:
+        print(f"  behind LiteLLM in {len(behind)} of {4 * len(results)} comparisons: " + "; ".join(behind))
+    else:
+        print(f"  ahead of LiteLLM in all {4 * len(results)} comparisons (added p50, p99, throughput, CPU per cell)")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=160, help="per path, mode and concurrency")
-    parser.add_argument("--clients", default="1,8,32")
+    parser.add_argument("--quick", action="store_true", help="fewer requests per cell (a few minutes)")
+    parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrency levels")
+    parser.add_argument("--no-litellm", action="store_true", help="measure without LiteLLM")
     args = parser.parse_args()
-    if importlib.util.find_spec("llama_cpp") is None:
-        print("gateway bench: skipped, llama-cpp-python is not installed")
-        return 0
-    levels = [int(c) for c in args.clients.split(",")]
-
-    from llmgw.tinygguf import write_tiny_model
-    from tests.support.http_files import serve_directory
-
+    levels = [int(x) for x in args.levels.split(",")]
+    installing = None if args.no_litellm else litellm_install()
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-gw-") as tmp:
         folder = Path(tmp)
-        (folder / "weights").mkdir()
-        write_tiny_model(folder / "weights" / "tiny.gguf", seed=1)
-        with serve_directory(folder / "weights") as (weights_url, _stats):
-            system: System | None = None
-            try:
-                system, engine_url, key = start_system(folder / "system", weights_url)
-                report(system, engine_url, key, levels, args.requests)
-            finally:
-                if system is not None:
-                    system.close()
+        processes = Processes(folder)
+        try:
+            upstream_port = free_port()
+            processes.start("upstream", [sys.executable, str(ROOT / "bench" / "fake_upstream.py"), str(upstream_port)])
+            upstream = f"http://127.0.0.1:{upstream_port}"
+            wait_http(f"{upstream}/health", "the fake upstream")
+            env, key = prepare_gateway(folder, upstream_port)
+            from catalog.management.commands.llmgw_run import gateway_command
+
+            gateway_port = free_port()
+            processes.start(
+                "llmgw", gateway_command(Path(sys.executable).parent, "127.0.0.1", gateway_port, workers=WORKERS), env
+            )
+            gateway = f"http://127.0.0.1:{gateway_port}"
+            auth = {"Authorization": f"Bearer {key}"}
+            wait_http(f"{gateway}/v1/models", "the gateway", headers=auth)
+            paths: dict[str, tuple[str, dict[str, str], int | None]] = {
+                "direct": (f"{upstream}/v1/chat/completions", {}, None),
+                "llmgw": (f"{gateway}/v1/chat/completions", auth, processes.pid("llmgw")),
+            }
+            if not args.no_litellm:
+                if installing is not None:
+                    try:
+                        installing.wait(timeout=LITELLM_INSTALL_SECONDS)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(installing.pid, signal.SIGKILL)
+                if (LITELLM_VENV / "bin" / "litellm").exists():
+                    try:
+                        litellm = start_litellm(processes, folder, upstream_port)
+                        paths["litellm"] = (f"{litellm}/v1/chat/completions", {}, processes.pid("litellm"))
+                    except RuntimeError as exc:
+                        print(f"LiteLLM's proxy did not start ({exc}); measuring without it.\n{processes.log_tail('litellm')}")
+                else:
+                    print(f"litellm[proxy] could not be installed into {LITELLM_VENV}; measuring without it.")
+            print(
+                f"gateway bench{' (quick)' if args.quick else ''}: {', '.join(paths)}; {WORKERS} workers each; "
+                f"{os.cpu_count()} cores shared by the upstream, the proxies and the load generator"
+            )
+            results = asyncio.run(measure(paths, upstream, levels, args.quick))
+            report(results, levels, list(paths))
+        finally:
+            processes.stop_all()
     return 0
-
-
-def report(system: System, engine_url: str, key: str, levels: list[int], count: int) -> None:
-    gateway_url = system.url
-    paths: dict[str, tuple[str, dict[str, str]]] = {
-        "direct": (f"{engine_url}/v1/completions", {}),
-        "gateway": (f"{gateway_url}/v1/completions", {"Authorization": f"Bearer {key}"}),
-    }
-    # Warm both paths (connections, the catalog copy in each web worker).
-    for url, headers in paths.values():
-        for stream in (False, True):
-            run_cell(url, headers, stream, 4, 16, Sample())
-
-    print(
-        f"gateway: a {MAX_TOKENS}-token completion of a tiny model, {count} requests per cell, "
-        "straight to the replica vs through the gateway"
-    )
-    header = (
-        f"{'mode':<10}{'clients':>8}{'direct p50':>12}{'gw p50':>10}{'added p50':>11}"
-        f"{'direct p99':>12}{'gw p99':>10}{'added p99':>11}{'added 1st':>11}{'direct/s':>10}{'gw/s':>8}{'gw/direct':>10}{'web cpu':>9}{'errors':>8}"
-    )
-    print(header)
-    for stream in (False, True):
-        for clients in levels:
-            samples = {name: Sample() for name in paths}
-            web_cpu = 0.0
-            for _ in range(ROUNDS):
-                for name, (url, headers) in paths.items():
-                    before = web_cpu_seconds(system)
-                    run_cell(url, headers, stream, clients, count // ROUNDS, samples[name])
-                    if name == "gateway":
-                        web_cpu += web_cpu_seconds(system) - before
-            direct, gateway = samples["direct"], samples["gateway"]
-            cpu_ms = web_cpu / max(1, len(gateway.latencies)) * 1000
-            print(_row("stream" if stream else "whole", clients, direct, gateway, cpu_ms))
-    print(
-        "Latencies in ms to the last byte; 'added' is gateway minus direct at the same percentile;\n"
-        "'added 1st' is the same for the median time to the first byte (a stream's first event);\n"
-        "gw/direct is requests per second through the gateway over straight to the replica;\n"
-        "web cpu is the web processes' CPU time per request through the gateway, in ms. On a small\n"
-        "machine that CPU is taken from the engine, which is why throughput drops under load."
-    )
-
-
-def _row(mode: str, clients: int, direct: Sample, gateway: Sample, cpu_ms: float) -> str:
-    ms: Callable[[float], str] = lambda s: f"{s * 1000:.1f}"  # noqa: E731
-    d50, g50 = statistics.median(direct.latencies), statistics.median(gateway.latencies)
-    d99, g99 = percentile(direct.latencies, 0.99), percentile(gateway.latencies, 0.99)
-    first = statistics.median(gateway.first_bytes) - statistics.median(direct.first_bytes)
-    ratio = gateway.throughput / direct.throughput if direct.throughput else float("nan")
-    return (
-        f"{mode:<10}{clients:>8}{ms(d50):>12}{ms(g50):>10}{ms(g50 - d50):>11}"
-        f"{ms(d99):>12}{ms(g99):>10}{ms(g99 - d99):>11}{ms(first):>11}{direct.throughput:>10.1f}"
-        f"{gateway.throughput:>8.1f}{ratio:>10.2f}{cpu_ms:>9.1f}{direct.errors + gateway.errors:>8}"
-    )
 
 
 if __name__ == "__main__":

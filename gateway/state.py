@@ -35,7 +35,7 @@ from .routing import Candidate, Catalog, Entry, read_catalog, read_replicas
 
 log = logging.getLogger("llmgw.gateway")
 
-POLL_SECONDS = 0.2
+POLL_SECONDS = 0.05
 SAFETY_SECONDS = 5.0
 # A key's last use is written at most this often per key and process.
 LAST_USED_SECONDS = 60.0

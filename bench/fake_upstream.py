@@ -1,0 +1,158 @@
+"""A fast fake OpenAI-compatible engine for gateway benchmarks: no model, so no engine speed in the
+figures, only what a gateway in front of it adds.
+
+    python bench/fake_upstream.py PORT
+
+POST /v1/completions and /v1/chat/completions answer at once with a small completion, or, with
+"stream": true, with CHUNKS server-sent events and [DONE]: 50 ms apart for the model "bench-slow",
+at once for any other (the delay goes by the model's name because every gateway passes that on). GET /_stats says how many streams were open at most since the last GET /_stats?reset.
+
+A raw ASGI application under uvicorn with httptools and uvloop: about the least a Python server
+can spend per request, so that the upstream is not the bottleneck of the comparison.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+CHUNKS = 20
+SLOW_DELAY = 0.05
+
+_open = 0
+_most_open = 0
+
+_COMPLETION = json.dumps(
+    {
+        "id": "cmpl-bench",
+        "object": "text_completion",
+        "created": 0,
+        "model": "bench-tiny",
+        "choices": [{"index": 0, "text": "hello there", "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 16, "total_tokens": 19},
+    }
+).encode()
+_CHAT = json.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "bench-tiny",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "hello there"},
+                "finish_reason": "length",
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 16, "total_tokens": 19},
+    }
+).encode()
+
+
+def _event(chat: bool, index: int) -> bytes:
+    if chat:
+        body: dict[str, Any] = {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "bench-tiny",
+            "choices": [{"index": 0, "delta": {"content": f"t{index} "}, "finish_reason": None}],
+        }
+    else:
+        body = {
+            "id": "cmpl-bench",
+            "object": "text_completion",
+            "created": 0,
+            "model": "bench-tiny",
+            "choices": [{"index": 0, "text": f"t{index} ", "finish_reason": None}],
+        }
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+_EVENTS = {chat: [_event(chat, i) for i in range(CHUNKS)] for chat in (False, True)}
+
+
+async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    global _open, _most_open
+    if scope["type"] != "http":
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                else:
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        return
+    path = scope["path"]
+    if path == "/_stats":
+        most = _most_open
+        if scope["query_string"] == b"reset":
+            _most_open = _open
+        await _whole(send, 200, json.dumps({"most_open": most, "open": _open}).encode())
+        return
+    if path in ("/v1/models", "/health"):
+        await _whole(send, 200, b'{"object": "list", "data": [{"id": "bench-tiny"}]}')
+        return
+    raw = b""
+    while True:
+        message = await receive()
+        raw += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    body = json.loads(raw or b"{}")
+    chat = path.endswith("/chat/completions")
+    if not body.get("stream"):
+        await _whole(send, 200, _CHAT if chat else _COMPLETION)
+        return
+    delay = SLOW_DELAY if body.get("model") == "bench-slow" else 0.0
+    _open += 1
+    _most_open = max(_most_open, _open)
+    try:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
+        for event in _EVENTS[chat]:
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+            if delay:
+                await asyncio.sleep(delay)
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+    finally:
+        _open -= 1
+
+
+async def _whole(send: Any, status: int, body: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+if __name__ == "__main__":
+    import uvicorn
+
+    uvicorn.run(
+        application,
+        host="127.0.0.1",
+        port=int(sys.argv[1]),
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_level="warning",
+        backlog=4096,
+        timeout_keep_alive=75,
+    )
