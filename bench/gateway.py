@@ -88,7 +88,9 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(share * len(ordered)) - 1))]
 
 
-async def one_request(session: Any, url: str, headers: dict[str, str], body: bytes, into: Sample) -> None:
+async def one_request(
+    session: Any, url: str, headers: dict[str, str], body: bytes, into: Sample
+) -> None:
     import aiohttp
 
     started = time.perf_counter()
@@ -102,7 +104,7 @@ async def one_request(session: Any, url: str, headers: dict[str, str], body: byt
             async for _ in response.content.iter_any():
                 if first is None:
                     first = time.perf_counter() - started
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+    except (TimeoutError, aiohttp.ClientError, OSError):
         into.errors += 1
         return
     into.totals.append(time.perf_counter() - started)
@@ -110,7 +112,13 @@ async def one_request(session: Any, url: str, headers: dict[str, str], body: byt
 
 
 async def run_cell(
-    session: Any, url: str, headers: dict[str, str], body: bytes, clients: int, count: int, into: Sample
+    session: Any,
+    url: str,
+    headers: dict[str, str],
+    body: bytes,
+    clients: int,
+    count: int,
+    into: Sample,
 ) -> None:
     left = count
 
@@ -182,10 +190,14 @@ class Processes:
 
     def log_tail(self, name: str) -> str:
         path = self.folder / f"{name}.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-20:]) if path.exists() else ""
+        return (
+            "\n".join(path.read_text(errors="replace").splitlines()[-20:]) if path.exists() else ""
+        )
 
 
-def wait_http(url: str, what: str, timeout: float = 90, headers: dict[str, str] | None = None) -> None:
+def wait_http(
+    url: str, what: str, timeout: float = 90, headers: dict[str, str] | None = None
+) -> None:
     import urllib.request
 
     deadline = time.monotonic() + timeout
@@ -204,7 +216,9 @@ def wait_http(url: str, what: str, timeout: float = 90, headers: dict[str, str] 
 def prepare_gateway(folder: Path, upstream_port: int) -> tuple[dict[str, str], str]:
     """A database with the bench models, one replica each on the fake upstream, and a key."""
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("DJANGO", "LLMGW", "DATABASE"))},
+        **{
+            k: v for k, v in os.environ.items() if not k.startswith(("DJANGO", "LLMGW", "DATABASE"))
+        },
         "DATABASE_URL": f"sqlite:///{folder / 'gateway.sqlite3'}",
         "LLMGW_VAR_DIR": str(folder / "var"),
         "LLMGW_CONFIG": "/nonexistent/server.yaml",
@@ -238,7 +252,12 @@ for name in ("bench-slow", "bench-fast"):
 print(key_create(actor=actor, name="bench")[1])
 """
     done = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     if done.returncode != 0:
         raise RuntimeError(f"could not prepare the gateway's database:\n{done.stderr}")
@@ -254,7 +273,10 @@ def litellm_install() -> subprocess.Popen[bytes] | None:
         f"python3 -m venv {LITELLM_VENV} && {LITELLM_VENV}/bin/pip install --quiet 'litellm[proxy]'"
     )
     return subprocess.Popen(
-        ["sh", "-c", command], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        ["sh", "-c", command],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
 
 
@@ -351,7 +373,9 @@ async def measure(
                         async with stats.get(f"{upstream}/_stats?reset") as response:
                             await response.read()
                         before = tree_cpu_seconds(pid) if pid else 0.0
-                        await run_cell(sessions[name], url, headers, body, clients, per_round, cell[name])
+                        await run_cell(
+                            sessions[name], url, headers, body, clients, per_round, cell[name]
+                        )
                         if pid:
                             cell[name].cpu += tree_cpu_seconds(pid) - before
                         async with stats.get(f"{upstream}/_stats") as response:
@@ -368,11 +392,18 @@ async def measure(
 
 def request_body(model: str, stream: bool) -> bytes:
     return json.dumps(
-        {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 16, "stream": stream}
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 16,
+            "stream": stream,
+        }
     ).encode()
 
 
-def report(results: dict[tuple[str, int], dict[str, Sample]], levels: list[int], names: list[str]) -> None:
+def report(
+    results: dict[tuple[str, int], dict[str, Sample]], levels: list[int], names: list[str]
+) -> None:
     ms = lambda s: f"{s * 1000:.1f}"  # noqa: E731
     proxies = [n for n in names if n != "direct"]
     for mode, (_, stream, description) in MODES.items():
@@ -404,7 +435,9 @@ def report(results: dict[tuple[str, int], dict[str, Sample]], levels: list[int],
                         ms(percentile(sample.firsts, 0.5) - f50),
                         ms(percentile(sample.firsts, 0.99) - f99),
                     )
-                    ratio = f"{sample.throughput / direct.throughput:.2f}" if direct.throughput else "-"
+                    ratio = (
+                        f"{sample.throughput / direct.throughput:.2f}" if direct.throughput else "-"
+                    )
                     cpu = f"{sample.cpu / max(1, sample.requests) * 1000:.2f}"
                 print(
                     f"{clients:>7} {name:<8}{sample.requests:>6}{ms(percentile(sample.totals, 0.5)):>9}"
@@ -416,7 +449,9 @@ def report(results: dict[tuple[str, int], dict[str, Sample]], levels: list[int],
     verdicts(results, levels, proxies)
 
 
-def verdicts(results: dict[tuple[str, int], dict[str, Sample]], levels: list[int], proxies: list[str]) -> None:
+def verdicts(
+    results: dict[tuple[str, int], dict[str, Sample]], levels: list[int], proxies: list[str]
+) -> None:
     if "llmgw" not in proxies:
         return
     big = results.get(("stream 50ms", 512))
@@ -432,7 +467,9 @@ def verdicts(results: dict[tuple[str, int], dict[str, Sample]], levels: list[int
     one = results.get(("whole", 1))
     if one is not None:
         added = percentile(one["llmgw"].totals, 0.5) - percentile(one["direct"].totals, 0.5)
-        print(f"  whole, 1 client: added p50 {added * 1000:.2f} ms ({'met' if added <= 0.001 else 'NOT met'})")
+        print(
+            f"  whole, 1 client: added p50 {added * 1000:.2f} ms ({'met' if added <= 0.001 else 'NOT met'})"
+        )
     cpus = [
         results[(mode, c)]["llmgw"].cpu / max(1, results[(mode, c)]["llmgw"].requests) * 1000
         for mode in MODES
@@ -440,13 +477,15 @@ def verdicts(results: dict[tuple[str, int], dict[str, Sample]], levels: list[int
         if mode == "whole"
     ]
     if cpus:
-        print(f"  whole: CPU per request {min(cpus):.2f}-{max(cpus):.2f} ms ({'met' if max(cpus) <= 1.5 else 'NOT met'} <= 1.5)")
+        print(
+            f"  whole: CPU per request {min(cpus):.2f}-{max(cpus):.2f} ms ({'met' if max(cpus) <= 1.5 else 'NOT met'} <= 1.5)"
+        )
     if "litellm" not in proxies:
         print("  LiteLLM not measured: no comparison")
         return
     behind = []
     for (mode, clients), cell in results.items():
-        gw, lt, direct = cell["llmgw"], cell["litellm"], cell["direct"]
+        gw, lt, _direct = cell["llmgw"], cell["litellm"], cell["direct"]
         checks = {
             "added p50": percentile(gw.totals, 0.5) <= percentile(lt.totals, 0.5),
             "added p99": percentile(gw.totals, 0.99) <= percentile(lt.totals, 0.99),
@@ -455,14 +494,21 @@ def verdicts(results: dict[tuple[str, int], dict[str, Sample]], levels: list[int
         }
         behind += [f"{mode} at {clients}: {what}" for what, ok in checks.items() if not ok]
     if behind:
-        print(f"  behind LiteLLM in {len(behind)} of {4 * len(results)} comparisons: " + "; ".join(behind))
+        print(
+            f"  behind LiteLLM in {len(behind)} of {4 * len(results)} comparisons: "
+            + "; ".join(behind)
+        )
     else:
-        print(f"  ahead of LiteLLM in all {4 * len(results)} comparisons (added p50, p99, throughput, CPU per cell)")
+        print(
+            f"  ahead of LiteLLM in all {4 * len(results)} comparisons (added p50, p99, throughput, CPU per cell)"
+        )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer requests per cell (a few minutes)")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer requests per cell (a few minutes)"
+    )
     parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrency levels")
     parser.add_argument("--no-litellm", action="store_true", help="measure without LiteLLM")
     args = parser.parse_args()
@@ -473,7 +519,10 @@ def main() -> int:
         processes = Processes(folder)
         try:
             upstream_port = free_port()
-            processes.start("upstream", [sys.executable, str(ROOT / "bench" / "fake_upstream.py"), str(upstream_port)])
+            processes.start(
+                "upstream",
+                [sys.executable, str(ROOT / "bench" / "fake_upstream.py"), str(upstream_port)],
+            )
             upstream = f"http://127.0.0.1:{upstream_port}"
             wait_http(f"{upstream}/health", "the fake upstream")
             env, key = prepare_gateway(folder, upstream_port)
@@ -481,7 +530,11 @@ def main() -> int:
 
             gateway_port = free_port()
             processes.start(
-                "llmgw", gateway_command(Path(sys.executable).parent, "127.0.0.1", gateway_port, workers=WORKERS), env
+                "llmgw",
+                gateway_command(
+                    Path(sys.executable).parent, "127.0.0.1", gateway_port, workers=WORKERS
+                ),
+                env,
             )
             gateway = f"http://127.0.0.1:{gateway_port}"
             auth = {"Authorization": f"Bearer {key}"}
@@ -499,11 +552,19 @@ def main() -> int:
                 if (LITELLM_VENV / "bin" / "litellm").exists():
                     try:
                         litellm = start_litellm(processes, folder, upstream_port)
-                        paths["litellm"] = (f"{litellm}/v1/chat/completions", {}, processes.pid("litellm"))
+                        paths["litellm"] = (
+                            f"{litellm}/v1/chat/completions",
+                            {},
+                            processes.pid("litellm"),
+                        )
                     except RuntimeError as exc:
-                        print(f"LiteLLM's proxy did not start ({exc}); measuring without it.\n{processes.log_tail('litellm')}")
+                        print(
+                            f"LiteLLM's proxy did not start ({exc}); measuring without it.\n{processes.log_tail('litellm')}"
+                        )
                 else:
-                    print(f"litellm[proxy] could not be installed into {LITELLM_VENV}; measuring without it.")
+                    print(
+                        f"litellm[proxy] could not be installed into {LITELLM_VENV}; measuring without it."
+                    )
             print(
                 f"gateway bench{' (quick)' if args.quick else ''}: {', '.join(paths)}; {WORKERS} workers each; "
                 f"{os.cpu_count()} cores shared by the upstream, the proxies and the load generator"

@@ -8,6 +8,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
 
 application = get_wsgi_application()
 
+from llmgw_site.env import env_bool  # noqa: E402
+
+if env_bool("LLMGW_WEB_BEHIND_GATEWAY", False):
+    from gateway.forwarded import client_address_from_gateway
+
+    application = client_address_from_gateway(application)  # type: ignore[assignment]
+
 from catalog.config import apply_config_on_start  # noqa: E402  (needs Django set up)
 
 apply_config_on_start("web")

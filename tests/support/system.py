@@ -165,6 +165,7 @@ class System:
         bin_dir = Path(sys.executable).parent
         web_port = free_port()
         self.env["LLMGW_GATEWAY_FORWARD_TO"] = f"http://127.0.0.1:{web_port}"
+        self.env["LLMGW_WEB_BEHIND_GATEWAY"] = "true"
         self.start_gateway()
         self._spawn(
             "web",

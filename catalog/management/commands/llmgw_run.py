@@ -151,6 +151,7 @@ class Command(BaseCommand):
         shutil.rmtree(settings.VAR_DIR / "gateway-load", ignore_errors=True)
         os.environ["LLMGW_METRICS_DIR"] = str(metrics)
         os.environ["LLMGW_GATEWAY_FORWARD_TO"] = f"http://{web_bind}"
+        os.environ["LLMGW_WEB_BEHIND_GATEWAY"] = "true"
         self._metrics_token()
         self._supervise(commands, started)
 
