@@ -47,7 +47,8 @@ def echo() -> Any:
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = json.dumps({"path": self.path, "headers": dict(self.headers)}).encode()
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            body = json.dumps({"path": self.path, "headers": headers}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Set-Cookie", "a=1")
@@ -83,8 +84,8 @@ def test_the_gateway_forwards_the_rest_and_says_who_asked(
     got = response.json()
     assert got["path"] == "/console/models?x=%2F1"
     # The client's own claim is replaced by the address the gateway saw.
-    assert got["headers"]["X-Forwarded-For"] == "127.0.0.1"
-    assert got["headers"]["Host"] == "llmgw.example"
+    assert got["headers"]["x-forwarded-for"] == "127.0.0.1"
+    assert got["headers"]["host"] == "llmgw.example"
     assert response.raw.headers.getlist("Set-Cookie") == ["a=1", "b=2"]
 
 
