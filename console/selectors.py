@@ -213,6 +213,7 @@ class ModelRow:
     placements: list[tuple[str, str, int]]  # (node, replica state, how many)
     can_change: bool
     registry: Registry = field(default_factory=Registry)
+    traffic: str = ""  # the last hour's requests as a sparkline (console.traffic), on the list
 
 
 def model_state(ready: int, desired: int) -> str:

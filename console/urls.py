@@ -25,8 +25,10 @@ urlpatterns = [
     path("models/<str:name>/rollback", views.model_rollback, name="console-model-rollback"),
     path("models/<str:name>/registry", views.model_registry, name="console-model-registry"),
     path("models/<str:name>/check", views.model_check, name="console-model-check"),
+    path("models/<str:name>/traffic", views.model_traffic, name="console-model-traffic"),
     path("nodes/", views.nodes_page, name="console-nodes"),
     path("nodes/<str:name>/cordon", views.node_cordon, name="console-node-cordon"),
     path("nodes/<str:name>/uncordon", views.node_uncordon, name="console-node-uncordon"),
     path("audit/", views.audit_page, name="console-audit"),
+    path("usage/", views.usage_page, name="console-usage"),
 ]

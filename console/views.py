@@ -42,6 +42,7 @@ from fleet import services as fleet_services
 
 from . import forms
 from . import selectors as console_selectors
+from . import traffic as console_traffic
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -126,9 +127,13 @@ def models_page(request: HtmxHttpRequest) -> HttpResponse:
         request.GET.get("page"),
         console_selectors.MODELS_PER_PAGE,
     )
+    rows = console_selectors.model_rows(list(page.object_list), request.user)
+    lines = console_traffic.sparklines([row.view["name"] for row in rows])
+    for row in rows:
+        row.traffic = lines[row.view["name"]]
     context = {
         "page": page,
-        "rows": console_selectors.model_rows(list(page.object_list), request.user),
+        "rows": rows,
         "filters": filters,
         "filtered": any(filters.values()),
         "owners": console_selectors.owners(),
@@ -166,6 +171,7 @@ def model_context(
         "can_change": row.can_change,
         "config_path": current_config().path,
         "registry_details": console_selectors.registry_details(model),
+        "traffic": console_traffic.model_traffic(model.name, console_traffic.window_named("hour")),
         # What the registry part says after a button in it: set by _registry_answer.
         "registry_done": "",
         "registry_warning": "",
@@ -788,3 +794,23 @@ def audit_page(request: HtmxHttpRequest) -> HttpResponse:
         "query": query_without_page(request),
     }
     return render_page(request, "console/audit.html", "audit-table", context)
+
+
+# -- traffic and usage ---------------------------------------------------------------------
+
+
+@require_GET
+@login_required
+def model_traffic(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """The traffic part of a model's page, for another window (htmx) or on its own."""
+    model = get_model(name)
+    window = console_traffic.window_named(request.GET.get("window", ""))
+    context = {"model": model, "traffic": console_traffic.model_traffic(model.name, window)}
+    return render(request, "console/_traffic.html", context)
+
+
+@require_GET
+@login_required
+def usage_page(request: HtmxHttpRequest) -> HttpResponse:
+    context = console_traffic.usage_context(actor(request), request.GET.dict())
+    return render_page(request, "console/usage.html", "usage-table", context)

@@ -73,3 +73,61 @@ class RoutingVersion(models.Model):
 
     def __str__(self) -> str:
         return f"routing version {self.version}"
+
+
+class TrafficMinute(models.Model):
+    """What one gateway process answered for one model in one minute (or, folded, one hour).
+
+    Each process writes only its own rows, with the absolute totals it holds in memory, so
+    writers never race on a counter; a chart sums the writers of each minute. Minutes older
+    than a day are folded into hours (writer "") and hours are kept for TRAFFIC_KEEP_DAYS, so
+    the table stays bounded: about 1,440 + 24 x 8 rows per model and writer.
+    """
+
+    model = models.CharField(max_length=200)
+    start = models.DateTimeField(help_text="the minute (or hour) the figures are for, UTC")
+    span = models.PositiveIntegerField(default=60, help_text="seconds: 60, or 3600 once folded")
+    writer = models.CharField(max_length=40, blank=True)
+    requests = models.PositiveIntegerField(default=0)
+    client_errors = models.PositiveIntegerField(default=0, help_text="answers 400-499")
+    server_errors = models.PositiveIntegerField(default=0, help_text="answers 500-599")
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    seconds = models.FloatField(default=0, help_text="time spent answering, summed")
+    latency_buckets = models.JSONField(
+        default=list, help_text="how many answers took at most each of LATENCY_BOUNDS seconds"
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["model", "start", "span", "writer"], name="traffic_minute_once"
+            )
+        ]
+        indexes = [models.Index(fields=["start", "model"])]
+
+    def __str__(self) -> str:
+        return f"{self.model} at {self.start:%Y-%m-%d %H:%M}: {self.requests} requests"
+
+
+class KeyUsageDay(models.Model):
+    """Requests and tokens of one gateway key for one model on one day (UTC), per writer."""
+
+    key = models.ForeignKey(GatewayKey, on_delete=models.CASCADE, related_name="usage")
+    model = models.CharField(max_length=200)
+    day = models.DateField()
+    writer = models.CharField(max_length=40, blank=True)
+    requests = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["key", "model", "day", "writer"], name="key_usage_day_once"
+            )
+        ]
+        indexes = [models.Index(fields=["day"])]
+
+    def __str__(self) -> str:
+        return f"key {self.key_id}, {self.model} on {self.day}: {self.requests} requests"

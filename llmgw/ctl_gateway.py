@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import date
 from typing import Any
 
 from .client import Client
@@ -79,6 +80,61 @@ def cmd_key_revoke(client: Client, args: argparse.Namespace) -> None:
     )
 
 
+def cmd_usage(client: Client, args: argparse.Namespace) -> None:
+    rows = client.get(
+        "usage",
+        key=args.key,
+        model=args.model,
+        since=args.since.isoformat() if args.since else None,
+    )
+    if args.json:
+        _print_json(rows)
+        return
+    if not rows:
+        print(
+            "No usage recorded for those keys and models yet (the gateway writes it every few seconds)."
+        )
+        return
+    table = [
+        [
+            r["day"],
+            f"{r['key']} ({r['key_prefix']}…, {r['key_name']})",
+            r["owner"],
+            r["model"],
+            f"{r['requests']:,}",
+            f"{r['prompt_tokens']:,}",
+            f"{r['completion_tokens']:,}",
+        ]
+        for r in rows
+    ]
+    total = [
+        "total",
+        "",
+        "",
+        "",
+        f"{sum(r['requests'] for r in rows):,}",
+        f"{sum(r['prompt_tokens'] for r in rows):,}",
+        f"{sum(r['completion_tokens'] for r in rows):,}",
+    ]
+    header = [
+        "DAY (UTC)",
+        "KEY",
+        "OWNER",
+        "MODEL",
+        "REQUESTS",
+        "PROMPT TOKENS",
+        "COMPLETION TOKENS",
+    ]
+    print(_table([*table, total], header))
+
+
+def _day(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a day; write it as YYYY-MM-DD") from None
+
+
 def _key_id(text: str) -> int:
     try:
         value = int(text)
@@ -126,3 +182,17 @@ def add_commands(sub: Any) -> None:
     )
     p.add_argument("id", type=_key_id, help="the key's ID, as `llmgw ctl keys` lists it")
     p.set_defaults(run=cmd_key_revoke)
+
+    p = sub.add_parser(
+        "usage",
+        help="requests and tokens per day, gateway key and model",
+        description="Usage of your own gateway keys (staff: everyone's), per day (UTC), key and "
+        "model asked for, newest day first, with the totals. The gateway writes it every few "
+        "seconds. For a spreadsheet: GET LLMGW_URL/api/v1/usage?format=csv (the console's "
+        "Usage page has the link).",
+    )
+    p.add_argument("--key", type=_key_id, help="one key's ID, as `llmgw ctl keys` lists it")
+    p.add_argument("--model", help="one model or adapter")
+    p.add_argument("--since", type=_day, metavar="DATE", help="from this day on, YYYY-MM-DD")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=cmd_usage)

@@ -231,6 +231,8 @@ CELERY_BEAT_SCHEDULE = {
         "task": "catalog.tasks.check_updates",
         "schedule": _schedule_seconds("mirror", "update_check", 6 * 3600),
     },
+    # Minutes of traffic older than a day become hours; older than a week, nothing.
+    "fold-traffic": {"task": "gateway.tasks.fold_traffic", "schedule": 600.0},
 }
 CELERY_TASK_ALWAYS_EAGER = env_bool("LLMGW_TASKS_EAGER", False)
 CELERY_TASK_TIME_LIMIT = 600

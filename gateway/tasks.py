@@ -1,0 +1,9 @@
+from celery import shared_task
+
+from . import traffic
+
+
+@shared_task(ignore_result=True, soft_time_limit=120, time_limit=180)
+def fold_traffic() -> dict[str, int]:
+    """Fold old minutes of traffic into hours and delete what is past keeping; idempotent."""
+    return traffic.fold()

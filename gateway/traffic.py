@@ -1,0 +1,331 @@
+"""Traffic over time: per model and minute, and per key, model and day, kept in the database.
+
+A request adds its figures to this process's book in memory (a dictionary update under a
+lock, no I/O); the gateway's state thread writes the book every FLUSH_SECONDS. Each process
+writes only rows of its own (`writer`) with the absolute totals it holds, so processes never
+race on a counter and a write that is repeated changes nothing. Minutes older than a day are
+folded into hours by a beat task, and hours older than TRAFFIC_KEEP_DAYS are deleted, so the
+table stays bounded whatever the traffic.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+
+from .models import KeyUsageDay, TrafficMinute
+
+# Upper bounds (seconds) of the latency histogram kept per minute; the last one is open.
+LATENCY_BOUNDS: tuple[float, ...] = (
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, math.inf,
+)  # fmt: skip
+FLUSH_SECONDS = 5.0
+TRAFFIC_KEEP_DAYS = 8
+KEY_USAGE_KEEP_DAYS = 400
+MINUTE = 60
+HOUR = 3600
+
+
+def _writer_name() -> str:
+    # pid alone can come back after a restart: the random part keeps two lives apart.
+    return f"{socket.gethostname()[:20]}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+@dataclass
+class Figures:
+    """The sums one row holds."""
+
+    requests: int = 0
+    client_errors: int = 0
+    server_errors: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    latency_buckets: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BOUNDS))
+
+    def add_request(self, status: int, seconds: float, prompt: int, completion: int) -> None:
+        self.requests += 1
+        if 400 <= status < 500:
+            self.client_errors += 1
+        elif status >= 500:
+            self.server_errors += 1
+        self.prompt_tokens += prompt
+        self.completion_tokens += completion
+        self.seconds += seconds
+        for index, bound in enumerate(LATENCY_BOUNDS):
+            if seconds <= bound:
+                self.latency_buckets[index] += 1
+                break
+
+    def add(self, other: Figures | dict[str, Any]) -> None:
+        values = other if isinstance(other, dict) else other.__dict__
+        self.requests += values["requests"]
+        self.client_errors += values["client_errors"]
+        self.server_errors += values["server_errors"]
+        self.prompt_tokens += values["prompt_tokens"]
+        self.completion_tokens += values["completion_tokens"]
+        self.seconds += values["seconds"]
+        for index, count in enumerate(values["latency_buckets"] or ()):
+            if index < len(self.latency_buckets):
+                self.latency_buckets[index] += count
+
+    def copy(self) -> Figures:
+        return Figures(**{**self.__dict__, "latency_buckets": list(self.latency_buckets)})
+
+    def latency(self, quantile: float) -> float | None:
+        """The latency below which `quantile` of the answers came, interpolated within a bucket."""
+        total = sum(self.latency_buckets)
+        if total == 0:
+            return None
+        rank = quantile * total
+        seen = 0
+        lower = 0.0
+        for bound, count in zip(LATENCY_BOUNDS, self.latency_buckets, strict=True):
+            if count and seen + count >= rank:
+                if math.isinf(bound):
+                    return lower
+                return lower + (bound - lower) * (rank - seen) / count
+            seen += count
+            lower = bound if not math.isinf(bound) else lower
+        return lower
+
+
+class TrafficBook:
+    """This process's figures, added to by requests and written by flush()."""
+
+    def __init__(self, writer: str | None = None) -> None:
+        self.writer = writer or _writer_name()
+        self._lock = threading.Lock()
+        self._minutes: dict[tuple[str, int], Figures] = {}
+        self._days: dict[tuple[int, str, date], list[int]] = {}
+        self._dirty_minutes: set[tuple[str, int]] = set()
+        self._dirty_days: set[tuple[int, str, date]] = set()
+        self._flushed_at = 0.0
+
+    def record(
+        self,
+        *,
+        model: str,
+        key_id: int | None,
+        status: int,
+        seconds: float,
+        prompt: int = 0,
+        completion: int = 0,
+        at: float | None = None,
+    ) -> None:
+        at = time.time() if at is None else at
+        minute = (model, int(at // MINUTE) * MINUTE)
+        with self._lock:
+            figures = self._minutes.get(minute)
+            if figures is None:
+                figures = self._minutes[minute] = Figures()
+            figures.add_request(status, seconds, prompt, completion)
+            self._dirty_minutes.add(minute)
+            if key_id is not None:
+                day = (key_id, model, datetime.fromtimestamp(at, UTC).date())
+                usage = self._days.get(day)
+                if usage is None:
+                    usage = self._days[day] = [0, 0, 0]
+                usage[0] += 1
+                usage[1] += prompt
+                usage[2] += completion
+                self._dirty_days.add(day)
+
+    def due(self, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        return now - self._flushed_at >= FLUSH_SECONDS
+
+    def flush(self, now: float | None = None) -> int:
+        """Write every minute and day that changed since the last flush; returns rows written."""
+        self._flushed_at = time.monotonic()
+        wall = time.time() if now is None else now
+        with self._lock:
+            minutes = {key: self._minutes[key].copy() for key in self._dirty_minutes}
+            days = {key: list(self._days[key]) for key in self._dirty_days}
+            self._dirty_minutes.clear()
+            self._dirty_days.clear()
+            # Requests land in the minute they end in: a minute two back is final here.
+            oldest = int(wall // MINUTE) * MINUTE - MINUTE
+            for minute in [k for k in self._minutes if k[1] < oldest]:
+                del self._minutes[minute]
+            today = datetime.fromtimestamp(wall, UTC).date()
+            for day in [k for k in self._days if k[2] < today - timedelta(days=1)]:
+                del self._days[day]
+        try:
+            written = self._write(minutes, days)
+        except BaseException:
+            # Written next time: the figures are absolute, so nothing is counted twice.
+            with self._lock:
+                self._dirty_minutes.update(k for k in minutes if k in self._minutes)
+                self._dirty_days.update(k for k in days if k in self._days)
+            raise
+        return written
+
+    def _write(
+        self, minutes: dict[tuple[str, int], Figures], days: dict[tuple[int, str, date], list[int]]
+    ) -> int:
+        rows = [
+            TrafficMinute(
+                model=model,
+                start=datetime.fromtimestamp(start, UTC),
+                span=MINUTE,
+                writer=self.writer,
+                **figures.__dict__,
+            )
+            for (model, start), figures in minutes.items()
+        ]
+        if rows:
+            TrafficMinute.objects.bulk_create(
+                rows,
+                update_conflicts=True,
+                unique_fields=["model", "start", "span", "writer"],
+                update_fields=[*Figures().__dict__],
+            )
+        usage = [
+            KeyUsageDay(
+                key_id=key_id,
+                model=model,
+                day=day,
+                writer=self.writer,
+                requests=requests,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+            )
+            for (key_id, model, day), (requests, prompt, completion) in days.items()
+        ]
+        if usage:
+            KeyUsageDay.objects.bulk_create(
+                usage,
+                update_conflicts=True,
+                unique_fields=["key", "model", "day", "writer"],
+                update_fields=["requests", "prompt_tokens", "completion_tokens"],
+            )
+        return len(rows) + len(usage)
+
+
+book = TrafficBook()
+
+
+# -- folding (a beat task) ------------------------------------------------------------------
+
+
+def fold(now: datetime | None = None) -> dict[str, int]:
+    """Fold minutes older than a day into hours; delete what is older than it is kept for."""
+    now = now or datetime.now(UTC)
+    cutoff = (now - timedelta(days=1)).replace(minute=0, second=0, microsecond=0)
+    with transaction.atomic():
+        old = list(
+            TrafficMinute.objects.select_for_update()
+            .filter(span=MINUTE, start__lt=cutoff)
+            .values("id", "model", "start", *Figures().__dict__)
+        )
+        hours: dict[tuple[str, datetime], Figures] = {}
+        for row in old:
+            hour = row["start"].replace(minute=0, second=0, microsecond=0)
+            hours.setdefault((row["model"], hour), Figures()).add(row)
+        existing = {
+            (row.model, row.start): row
+            for row in TrafficMinute.objects.select_for_update().filter(
+                span=HOUR,
+                writer="",
+                start__in={h for _, h in hours},
+                model__in={m for m, _ in hours},
+            )
+        }
+        for (model, hour), figures in hours.items():
+            row = existing.get((model, hour))
+            if row is None:
+                TrafficMinute.objects.create(
+                    model=model, start=hour, span=HOUR, writer="", **figures.__dict__
+                )
+            else:
+                figures.add({name: getattr(row, name) for name in Figures().__dict__})
+                for name, value in figures.__dict__.items():
+                    setattr(row, name, value)
+                row.save()
+        TrafficMinute.objects.filter(id__in=[row["id"] for row in old]).delete()
+        expired = TrafficMinute.objects.filter(
+            start__lt=now - timedelta(days=TRAFFIC_KEEP_DAYS)
+        ).delete()[0]
+        usage_expired = KeyUsageDay.objects.filter(
+            day__lt=(now - timedelta(days=KEY_USAGE_KEEP_DAYS)).date()
+        ).delete()[0]
+    return {"folded": len(old), "hours": len(hours), "expired": expired + usage_expired}
+
+
+# -- reads --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Window:
+    name: str
+    length: timedelta
+    step: timedelta
+
+
+WINDOWS = {
+    "hour": Window("hour", timedelta(hours=1), timedelta(minutes=1)),
+    "day": Window("day", timedelta(days=1), timedelta(minutes=15)),
+    "week": Window("week", timedelta(days=7), timedelta(hours=1)),
+}
+
+
+@dataclass(frozen=True)
+class Point:
+    start: datetime
+    figures: Figures
+    step: timedelta
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.figures.completion_tokens / self.step.total_seconds()
+
+
+def _floor(moment: datetime, step: timedelta) -> datetime:
+    seconds = int(step.total_seconds())
+    epoch = int(moment.timestamp())
+    return datetime.fromtimestamp(epoch - epoch % seconds, UTC)
+
+
+def series(
+    models: Sequence[str], window: Window, *, now: datetime | None = None
+) -> dict[str, list[Point]]:
+    """Each model's figures in `window`, one point per step that had traffic; one query."""
+    now = now or datetime.now(UTC)
+    end = _floor(now, window.step) + window.step
+    start = end - window.length
+    rows = TrafficMinute.objects.filter(model__in=list(models), start__gte=start).values_list(
+        "model", "start", *Figures().__dict__
+    )
+    names = list(Figures().__dict__)
+    found: dict[str, dict[datetime, Figures]] = {name: {} for name in models}
+    for model, row_start, *values in rows.iterator(chunk_size=2000):
+        bucket = _floor(row_start, window.step)
+        found[model].setdefault(bucket, Figures()).add(dict(zip(names, values, strict=True)))
+    return {
+        model: [Point(when, figures, window.step) for when, figures in sorted(points.items())]
+        for model, points in found.items()
+    }
+
+
+def window_bounds(window: Window, now: datetime | None = None) -> tuple[datetime, datetime]:
+    now = now or datetime.now(UTC)
+    end = _floor(now, window.step) + window.step
+    return end - window.length, end
+
+
+def totals(points: Iterable[Point]) -> Figures:
+    total = Figures()
+    for point in points:
+        total.add(point.figures)
+    return total

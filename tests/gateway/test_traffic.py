@@ -1,0 +1,172 @@
+"""Traffic over time: the per-process book, its writes, folding minutes into hours, and reads."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from gateway import traffic
+from gateway.models import GatewayKey, KeyUsageDay, TrafficMinute
+from gateway.traffic import LATENCY_BOUNDS, WINDOWS, Figures, TrafficBook
+
+pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
+
+NOW = datetime(2026, 12, 2, 12, 30, 20, tzinfo=UTC)
+
+
+def at(moment: datetime) -> float:
+    return moment.timestamp()
+
+
+@pytest.fixture
+def key(django_user_model: type) -> GatewayKey:
+    owner = django_user_model.objects.create_user("alice")
+    return GatewayKey.objects.create(name="app", owner=owner, prefix="llmgw-ab", key_hash="x" * 64)
+
+
+def test_it_writes_a_minute_with_its_figures(key: GatewayKey) -> None:
+    book = TrafficBook("w1")
+    book.record(
+        model="m", key_id=key.id, status=200, seconds=0.2, prompt=5, completion=7, at=at(NOW)
+    )
+    book.record(model="m", key_id=key.id, status=503, seconds=0.001, at=at(NOW))
+    book.record(model="m", key_id=None, status=404, seconds=0.001, at=at(NOW))
+    assert book.flush(now=at(NOW)) == 2
+    row = TrafficMinute.objects.get()
+    assert row.start == NOW.replace(second=0)
+    assert (row.requests, row.client_errors, row.server_errors) == (3, 1, 1)
+    assert (row.prompt_tokens, row.completion_tokens) == (5, 7)
+    assert sum(row.latency_buckets) == 3
+    usage = KeyUsageDay.objects.get()
+    assert (usage.key_id, usage.model, usage.day) == (key.id, "m", NOW.date())
+    assert (usage.requests, usage.prompt_tokens, usage.completion_tokens) == (2, 5, 7)
+
+
+def test_a_second_flush_writes_totals_not_increments(key: GatewayKey) -> None:
+    book = TrafficBook("w1")
+    book.record(model="m", key_id=key.id, status=200, seconds=0.1, completion=3, at=at(NOW))
+    book.flush(now=at(NOW))
+    book.flush(now=at(NOW))  # nothing new: nothing counted again
+    book.record(model="m", key_id=key.id, status=200, seconds=0.1, completion=4, at=at(NOW))
+    book.flush(now=at(NOW))
+    row = TrafficMinute.objects.get()
+    assert (row.requests, row.completion_tokens) == (2, 7)
+    assert KeyUsageDay.objects.get().requests == 2
+
+
+def test_writers_keep_their_own_rows_and_reads_add_them_up(key: GatewayKey) -> None:
+    for writer, count in (("w1", 2), ("w2", 3)):
+        book = TrafficBook(writer)
+        for _ in range(count):
+            book.record(model="m", key_id=key.id, status=200, seconds=0.05, at=at(NOW))
+        book.flush(now=at(NOW))
+    assert TrafficMinute.objects.count() == 2
+    points = traffic.series(["m"], WINDOWS["hour"], now=NOW)["m"]
+    assert [p.figures.requests for p in points] == [5]
+
+
+def test_a_failed_write_is_written_next_time(
+    key: GatewayKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    book = TrafficBook("w1")
+    book.record(model="m", key_id=key.id, status=200, seconds=0.1, at=at(NOW))
+
+    def broken(*args: object, **kwargs: object) -> int:
+        raise RuntimeError("database away")
+
+    monkeypatch.setattr(book, "_write", broken)
+    with pytest.raises(RuntimeError):
+        book.flush(now=at(NOW))
+    monkeypatch.undo()
+    assert book.flush(now=at(NOW)) == 2
+    assert TrafficMinute.objects.get().requests == 1
+
+
+def test_the_book_forgets_minutes_once_they_are_written_and_over() -> None:
+    book = TrafficBook("w1")
+    book.record(model="m", key_id=None, status=200, seconds=0.1, at=at(NOW))
+    book.flush(now=at(NOW + timedelta(minutes=5)))
+    assert book._minutes == {}
+
+
+def test_latency_quantiles_interpolate_within_a_bucket() -> None:
+    figures = Figures()
+    for _ in range(100):
+        figures.add_request(200, 0.3, 0, 0)  # bucket (0.25, 0.5]
+    p50 = figures.latency(0.5)
+    assert p50 is not None and 0.25 < p50 <= 0.5
+    assert Figures().latency(0.5) is None
+    slow = Figures()
+    slow.add_request(200, 10_000, 0, 0)
+    assert slow.latency(0.95) == LATENCY_BOUNDS[-2]
+    assert math.isinf(LATENCY_BOUNDS[-1])
+
+
+def _minutes(model: str, start: datetime, count: int, writer: str = "w1") -> None:
+    TrafficMinute.objects.bulk_create(
+        TrafficMinute(
+            model=model,
+            start=start + timedelta(minutes=i),
+            writer=writer,
+            requests=2,
+            server_errors=1,
+            completion_tokens=10,
+            seconds=1.0,
+            latency_buckets=[0, 0, 0, 0, 2] + [0] * (len(LATENCY_BOUNDS) - 5),
+        )
+        for i in range(count)
+    )
+
+
+def test_fold_turns_minutes_older_than_a_day_into_hours() -> None:
+    old_hour = (NOW - timedelta(days=2)).replace(minute=0, second=0)
+    _minutes("m", old_hour, 60, "w1")
+    _minutes("m", old_hour, 30, "w2")
+    _minutes("m", NOW.replace(second=0) - timedelta(minutes=10), 5)  # recent: stays
+    result = traffic.fold(now=NOW)
+    assert result["folded"] == 90
+    hour = TrafficMinute.objects.get(span=3600)
+    assert (hour.start, hour.writer, hour.requests) == (old_hour, "", 180)
+    assert (hour.server_errors, hour.completion_tokens) == (90, 900)
+    assert sum(hour.latency_buckets) == 180
+    assert TrafficMinute.objects.filter(span=60).count() == 5
+    # Folding again changes nothing.
+    traffic.fold(now=NOW)
+    assert TrafficMinute.objects.get(span=3600).requests == 180
+
+
+def test_fold_deletes_what_is_older_than_it_is_kept_for(key: GatewayKey) -> None:
+    TrafficMinute.objects.create(
+        model="m", start=NOW - timedelta(days=9), span=3600, writer="", requests=1
+    )
+    KeyUsageDay.objects.create(key=key, model="m", day=(NOW - timedelta(days=500)).date())
+    KeyUsageDay.objects.create(key=key, model="m", day=NOW.date())
+    traffic.fold(now=NOW)
+    assert not TrafficMinute.objects.exists()
+    assert KeyUsageDay.objects.count() == 1
+
+
+def test_a_week_of_figures_is_read_in_one_query() -> None:
+    week_start, _ = traffic.window_bounds(WINDOWS["week"], now=NOW)
+    before = week_start - timedelta(hours=1)  # outside the window: not read
+    TrafficMinute.objects.create(model="m", start=before, span=3600, requests=1000)
+    week_ago = week_start
+    TrafficMinute.objects.bulk_create(
+        TrafficMinute(model="m", start=week_ago + timedelta(hours=h), span=3600, requests=1)
+        for h in range(24 * 6)
+    )
+    _minutes("m", NOW.replace(second=0) - timedelta(hours=23), 23 * 60)
+    for name, window in WINDOWS.items():
+        with CaptureQueriesContext(connection) as queries:
+            points = traffic.series(["m", "other"], window, now=NOW)
+        assert len(queries) == 1, name
+        assert points["other"] == []
+    week = traffic.series(["m"], WINDOWS["week"], now=NOW)["m"]
+    assert sum(p.figures.requests for p in week) == 24 * 6 + 23 * 60 * 2
+    hour = traffic.series(["m"], WINDOWS["hour"], now=NOW)["m"]
+    assert len(hour) == 59  # 11:31 to 12:29: the window ends with the minute now in
+    assert hour[-1].tokens_per_second == pytest.approx(10 / 60)
