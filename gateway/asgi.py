@@ -28,6 +28,8 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import django
@@ -41,7 +43,7 @@ from django.db import connection  # noqa: E402
 from multidict import CIMultiDict  # noqa: E402
 from yarl import URL  # noqa: E402
 
-from . import conf, errors, proxy, routing  # noqa: E402
+from . import conf, errors, proxy, routing, traffic  # noqa: E402
 from .errors import Refusal  # noqa: E402
 from .load import SharedLoad  # noqa: E402
 from .metrics import metrics  # noqa: E402
@@ -124,6 +126,12 @@ def start_process() -> None:
 
 def stop_process() -> None:
     state.stop()
+    try:
+        traffic.book.flush()  # the last seconds' figures
+    except Exception:
+        log.exception("gateway: could not write the last traffic figures")
+    finally:
+        connection.close()
     routing.balancer.load.close()
 
 
@@ -191,6 +199,9 @@ async def _key_refusal(scope: Scope, arrived: float) -> Refusal | None:
     if key is None or not key.active:
         return errors.invalid_key(revoked=key is not None)
     state.key_used(key.id)
+    books = _request.get()
+    if books is not None:
+        books.key_id = key.id
     return None
 
 
@@ -310,10 +321,25 @@ def _generating(path: str, endpoint: str, *, streams: bool) -> Callable[..., Awa
     return handle
 
 
+@dataclass
+class _Request:
+    """What one generating request leaves for the traffic figures (gateway.traffic), gathered
+    as it goes: its key, when it started, its tokens. Lives in the request's own task."""
+
+    started: float
+    key_id: int | None = None
+    prompt: int = 0
+    completion: int = 0
+
+
+_request: ContextVar[_Request | None] = ContextVar("llmgw_request", default=None)
+
+
 async def _relay(
     scope: Scope, receive: Receive, send: Send, path: str, endpoint: str, *, streams: bool
 ) -> None:
     started = time.monotonic()
+    _request.set(_Request(started))
     if scope["method"] != "POST":
         await _refuse(send, errors.wrong_method(path, "POST"))
         return
@@ -537,10 +563,25 @@ def _any_ready(entry: routing.Entry, snapshot: Snapshot) -> bool:
 
 
 def _count(name: str, answered_by: str, endpoint: str, status: int) -> None:
+    """A request is answered: count it in /metrics and in the traffic figures."""
     metrics().requests.labels(name, answered_by, endpoint, str(status)).inc()
+    books = _request.get()
+    if books is not None and name != "unknown":
+        traffic.book.record(
+            model=name,
+            key_id=books.key_id,
+            status=status,
+            seconds=time.monotonic() - books.started,
+            prompt=books.prompt,
+            completion=books.completion,
+        )
 
 
 def _tokens(model: str, prompt: int, completion: int) -> None:
+    books = _request.get()
+    if books is not None:
+        books.prompt += prompt
+        books.completion += completion
     board = metrics()
     if prompt:
         board.tokens.labels(model, "prompt").inc(prompt)

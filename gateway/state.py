@@ -30,7 +30,7 @@ from typing import Any
 
 from django.db import close_old_connections, connection
 
-from . import triggers
+from . import traffic, triggers
 from .routing import Candidate, Catalog, Entry, read_catalog, read_replicas
 
 log = logging.getLogger("llmgw.gateway")
@@ -193,6 +193,8 @@ class GatewayState:
             services.keys_used(due)
             for key_id in due:
                 self._used_written[key_id] = now
+        if traffic.book.due():
+            traffic.book.flush()
 
     # -- the refresher ------------------------------------------------------------------
 
