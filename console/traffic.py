@@ -1,5 +1,6 @@
 """Traffic on the console: a model's charts (last hour, day or week), sparklines for the models
-list, and the Usage page (requests and tokens per gateway key, model and day, with a CSV link).
+list, the Usage page (requests and tokens per gateway key, model and day, with a CSV link),
+and the Nodes page's chart of reserved against capacity.
 
 The figures are the gateway's (gateway.traffic), read in one query per chart, whatever the
 window; the charts are SVG drawn here (console.charts) with the numbers in a table below.
@@ -14,6 +15,7 @@ from urllib.parse import urlencode
 from django.utils.safestring import SafeString, mark_safe
 
 from catalog.services import Actor
+from fleet import capacity as fleet_capacity
 from gateway import selectors as gateway_selectors
 from gateway import traffic
 
@@ -156,4 +158,34 @@ def usage_context(actor: Actor, query: dict[str, str]) -> dict[str, Any]:
         },
         "csv_url": "/api/v1/usage?" + urlencode({**given, "format": "csv"}),
         "everyone": actor.is_staff,
+    }
+
+
+def capacity_chart(now: datetime | None = None) -> dict[str, Any]:
+    """The Nodes page's chart: memory and cores, reserved against capacity, over the last day."""
+    now = now or datetime.now(UTC)
+    length = timedelta(days=1)
+    samples = fleet_capacity.cluster_series(length, now)
+
+    def chart(title: str, reserved: str, capacity: str, unit: str) -> SafeString:
+        return mark_safe(  # escaped by console.charts
+            charts.line_chart(
+                [
+                    charts.Series("capacity", [(s["start"], s[capacity]) for s in samples], unit),
+                    charts.Series("reserved", [(s["start"], s[reserved]) for s in samples], unit),
+                ],
+                start=now - length,
+                end=now,
+                title=title,
+            )
+        )
+
+    return {
+        "charts": [
+            chart("Memory reserved of capacity, GB", "memory_reserved_gb", "memory_gb", " GB"),
+            chart("Cores reserved of capacity", "cores_reserved", "cores", ""),
+        ],
+        # The table under the charts: one row an hour (the last sample of each).
+        "rows": list({s["start"].replace(minute=0): s for s in samples}.values())[::-1],
+        "samples": len(samples),
     }

@@ -718,7 +718,8 @@ def nodes_page(request: HtmxHttpRequest) -> HttpResponse:
     cards = console_selectors.node_cards(
         fleet_selectors.nodes_view(addresses=request.user.is_staff)
     )
-    return render(request, "console/nodes.html", {"nodes": cards})
+    context = {"nodes": cards, "capacity": console_traffic.capacity_chart()}
+    return render(request, "console/nodes.html", context)
 
 
 def _cordon_view(request: HtmxHttpRequest, name: str, cordoned: bool) -> HttpResponse:

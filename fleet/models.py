@@ -115,3 +115,24 @@ class Lease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} held by {self.holder or 'nobody'} until {self.expires_at}"
+
+
+class CapacitySample(models.Model):
+    """What a node had and what its replicas reserved, at one minute (fleet.capacity)."""
+
+    node = models.CharField(max_length=100)
+    start = models.DateTimeField(help_text="the minute of the sample, UTC")
+    memory_gb = models.FloatField(default=0)
+    memory_reserved_gb = models.FloatField(default=0)
+    cores = models.FloatField(default=0)
+    cores_reserved = models.FloatField(default=0)
+    replicas = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["node", "start"], name="capacity_sample_once")
+        ]
+        indexes = [models.Index(fields=["start"])]
+
+    def __str__(self) -> str:
+        return f"{self.node} at {self.start:%Y-%m-%d %H:%M}"

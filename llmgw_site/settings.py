@@ -233,6 +233,7 @@ CELERY_BEAT_SCHEDULE = {
     },
     # Minutes of traffic older than a day become hours; older than a week, nothing.
     "fold-traffic": {"task": "gateway.tasks.fold_traffic", "schedule": 600.0},
+    "sample-capacity": {"task": "fleet.tasks.sample_capacity", "schedule": 60.0},
 }
 CELERY_TASK_ALWAYS_EAGER = env_bool("LLMGW_TASKS_EAGER", False)
 CELERY_TASK_TIME_LIMIT = 600

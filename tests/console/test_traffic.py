@@ -187,3 +187,36 @@ def test_the_usage_api_refuses_bad_filters(api: Any, usage: Any) -> None:
     assert response.status_code == 400
     assert "since" in response.content.decode()
     assert api("alice").get("/api/v1/usage?key=0").status_code == 400
+
+
+# -- capacity ----------------------------------------------------------------------------------
+
+
+def test_the_nodes_page_charts_reserved_against_capacity(client_for: Any, running: Any) -> None:
+    from fleet import capacity
+    from fleet.models import CapacitySample
+
+    now = datetime.now(UTC)
+    for ago in (30, 20, 10):
+        capacity.sample(now - timedelta(minutes=ago))
+    assert CapacitySample.objects.count() == 3  # node-a, three minutes
+    html = client_for("alice").get("/nodes/").content.decode()
+    chart = re.search(
+        r'<svg class="chart"[^>]*data-chart="Memory reserved of capacity, GB".*?</svg>', html
+    )
+    assert chart is not None
+    reserved = re.search(r'data-series="reserved">(.*?)</g></g>', chart.group(0) + "</g>")
+    assert reserved is not None and reserved.group(1).count('class="point"') == 3
+
+
+def test_capacity_samples_are_thinned_and_expired(running: Any) -> None:
+    from fleet import capacity
+    from fleet.models import CapacitySample
+
+    now = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+    for minutes in reversed(range(60 * 26)):  # oldest first, as beat samples
+        capacity.sample(now - timedelta(minutes=minutes))
+    old = CapacitySample.objects.filter(start__lt=now - timedelta(days=1))
+    assert old.exists() and all(s.start.minute % 10 == 0 for s in old)
+    capacity.sample(now + timedelta(days=9))
+    assert not CapacitySample.objects.filter(start__lt=now).exists()
