@@ -171,8 +171,12 @@ def capacity_chart(now: datetime | None = None) -> dict[str, Any]:
         return mark_safe(  # escaped by console.charts
             charts.line_chart(
                 [
-                    charts.Series("capacity", [(s["start"], s[capacity]) for s in samples], unit),
-                    charts.Series("reserved", [(s["start"], s[reserved]) for s in samples], unit),
+                    charts.Series(
+                        "capacity", [(s.start, getattr(s, capacity)) for s in samples], unit
+                    ),
+                    charts.Series(
+                        "reserved", [(s.start, getattr(s, reserved)) for s in samples], unit
+                    ),
                 ],
                 start=now - length,
                 end=now,
@@ -186,6 +190,6 @@ def capacity_chart(now: datetime | None = None) -> dict[str, Any]:
             chart("Cores reserved of capacity", "cores_reserved", "cores", ""),
         ],
         # The table under the charts: one row an hour (the last sample of each).
-        "rows": list({s["start"].replace(minute=0): s for s in samples}.values())[::-1],
+        "rows": list({s.start.replace(minute=0): s for s in samples}.values())[::-1],
         "samples": len(samples),
     }

@@ -7,8 +7,9 @@ node has at most 1,440 + 144 x 7 rows, whatever runs on it.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.db.models import Count, Sum
 
@@ -32,7 +33,7 @@ def sample(now: datetime | None = None) -> int:
     }
     rows = []
     for node in Node.objects.filter(last_heartbeat__isnull=False).order_by():
-        used = reserved.get(node.pk, {})
+        used: dict[str, Any] = reserved.get(node.pk, {})
         rows.append(
             CapacitySample(
                 node=node.name,
@@ -66,16 +67,25 @@ def thin(now: datetime) -> None:
     ).delete()
 
 
-def cluster_series(length: timedelta, now: datetime | None = None) -> list[dict[str, object]]:
+@dataclass
+class ClusterSample:
+    start: datetime
+    memory_gb: float = 0.0
+    memory_reserved_gb: float = 0.0
+    cores: float = 0.0
+    cores_reserved: float = 0.0
+
+
+def cluster_series(length: timedelta, now: datetime | None = None) -> list[ClusterSample]:
     """Capacity and reserved summed over the nodes, per sampled minute, oldest first; one query."""
     now = now or datetime.now(UTC)
-    totals: dict[datetime, dict[str, float]] = defaultdict(
-        lambda: {"memory_gb": 0.0, "memory_reserved_gb": 0.0, "cores": 0.0, "cores_reserved": 0.0}
-    )
-    for row in CapacitySample.objects.filter(start__gte=now - length).values(
-        "start", "memory_gb", "memory_reserved_gb", "cores", "cores_reserved"
-    ):
-        into = totals[row["start"]]
-        for name in into:
-            into[name] += row[name]
-    return [{"start": start, **values} for start, values in sorted(totals.items())]
+    totals: dict[datetime, ClusterSample] = {}
+    for start, memory, memory_reserved, cores, cores_reserved in CapacitySample.objects.filter(
+        start__gte=now - length
+    ).values_list("start", "memory_gb", "memory_reserved_gb", "cores", "cores_reserved"):
+        into = totals.setdefault(start, ClusterSample(start))
+        into.memory_gb += memory
+        into.memory_reserved_gb += memory_reserved
+        into.cores += cores
+        into.cores_reserved += cores_reserved
+    return [totals[start] for start in sorted(totals)]
