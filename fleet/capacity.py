@@ -24,8 +24,8 @@ def sample(now: datetime | None = None) -> int:
     """Write this minute's sample of every node (again, if it was written already)."""
     now = now or datetime.now(UTC)
     minute = now.replace(second=0, microsecond=0)
-    reserved = {
-        row["node_id"]: row
+    reserved: dict[int, dict[str, Any]] = {
+        row["node_id"]: dict(row)
         for row in Replica.objects.filter(withdrawn_at__isnull=True)
         .values("node_id")
         .annotate(memory=Sum("memory_gb"), cores=Sum("cores"), count=Count("id"))
