@@ -39,3 +39,4 @@ bench: setup
 	$(PY) bench/update_check.py
 	$(PY) bench/mirror_fetch.py
 	$(PY) bench/gateway.py
+	$(PY) bench/traffic.py
