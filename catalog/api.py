@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import connection
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.extensions import OpenApiSerializerExtension
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -18,49 +18,166 @@ from rest_framework.views import APIView
 from . import selectors, services
 from .config import current_config
 from .definitions import (
+    CLASSES,
     MAX_CORES,
     MAX_MEMORY_GB,
     MAX_REPLICAS,
     AdapterSerializer,
     DurationField,
     ModelDefinitionSerializer,
+    StrictSerializer,
     clean_definition,
     normalize,
 )
 from .errors import Problem, invalid
 from .sources import human_size
 
-
-def _model_view_fields() -> dict[str, serializers.Field]:
-    return {
-        "name": serializers.CharField(),
-        "kind": serializers.ChoiceField(choices=["declared", "runtime"]),
-        "owner": serializers.CharField(allow_null=True),
-        "class": serializers.CharField(),
-        "class_set": serializers.CharField(),
-        "scaling": serializers.DictField(),
-        "source_size": serializers.IntegerField(allow_null=True),
-        "generation": serializers.IntegerField(),
-        "rollout_halted": serializers.CharField(allow_null=True),
-        "ready": serializers.IntegerField(help_text="replicas ready and in routing"),
-        "replicas": serializers.IntegerField(help_text="replicas placed (any state)"),
-        "desired": serializers.IntegerField(help_text="replicas the reconciler aims for now"),
-        "definition": serializers.DictField(),
-        "created_at": serializers.DateTimeField(),
-        "updated_at": serializers.DateTimeField(),
-    }
+# -- what the API answers: output serializers, the one source of both shape and schema --------
 
 
-MODEL_VIEW = inline_serializer("ModelView", _model_view_fields())
-MODEL_LIST = inline_serializer("ModelViewList", _model_view_fields(), many=True)
-ERROR = inline_serializer(
-    "Error",
-    {
-        "detail": serializers.CharField(),
-        "code": serializers.CharField(),
-        "problems": serializers.ListField(child=serializers.DictField(), required=False),
-    },
-)
+class ProblemOut(serializers.Serializer):
+    field = serializers.CharField(
+        help_text="the field, like profiles[0].memory_gb; empty for the whole"
+    )
+    message = serializers.CharField()
+    line = serializers.IntegerField(required=False, help_text="its line, for YAML input")
+
+
+class ErrorOut(serializers.Serializer):
+    detail = serializers.CharField(help_text="what was wrong and what to do, in a sentence")
+    code = serializers.CharField(help_text="a stable code, like invalid, not_found, declared_model")
+    problems = ProblemOut(many=True, required=False)
+    line = serializers.IntegerField(required=False)
+
+
+# The refusals every operation may give, and the ones an operation with a body adds.
+ALWAYS = (401,)
+WITH_BODY = (400, 413, 415)
+
+
+def answers(ok: dict[int, Any], *refusals: int, body: bool = False) -> dict[int, Any]:
+    """An operation's responses: what it answers when it works, and each refusal (ErrorOut)."""
+    codes = sorted({*ALWAYS, *refusals, *(WITH_BODY if body else ())})
+    return {**ok, **{code: ErrorOut for code in codes}}
+
+
+def out(serializer: type[serializers.Serializer], data: Any, many: bool = False) -> Any:
+    """`data` shaped by its output serializer: what is not declared there does not go out."""
+    return serializer(data, many=many).data
+
+
+class ScalingOut(serializers.Serializer):
+    min = serializers.IntegerField(help_text="the replica count")
+    max = serializers.IntegerField(help_text="the ceiling in force")
+    max_follows_min = serializers.BooleanField()
+    on_demand = serializers.BooleanField()
+    parked = serializers.BooleanField(help_text="min 0, max 0: in the catalog, not running")
+    idle_timeout = serializers.CharField(help_text="in force, like 15m")
+
+
+class FetchBytesOut(serializers.Serializer):
+    bytes_done = serializers.IntegerField()
+    bytes_total = serializers.IntegerField()
+
+
+class RolloutOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    kind = serializers.ChoiceField(choices=["update", "rollback"])
+    state = serializers.CharField()
+    from_commit = serializers.CharField(allow_blank=True)
+    to_commit = serializers.CharField(allow_blank=True)
+    from_source = serializers.CharField(allow_blank=True)
+    to_source = serializers.CharField(allow_blank=True)
+    replaced = serializers.IntegerField()
+    total = serializers.IntegerField()
+    step = serializers.CharField(allow_blank=True)
+    message = serializers.CharField(allow_blank=True)
+    asked_by = serializers.CharField(allow_blank=True)
+    fetch = FetchBytesOut(allow_null=True)
+    started_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+
+
+class PreviousOut(serializers.Serializer):
+    source = serializers.CharField()  # type: ignore[assignment]
+    commit = serializers.CharField(allow_null=True)
+
+
+class ModelOut(serializers.Serializer):
+    name = serializers.CharField()
+    kind = serializers.ChoiceField(choices=["declared", "runtime"])
+    owner = serializers.CharField(allow_null=True)
+    class_ = serializers.CharField(help_text="the class in force")
+    class_set = serializers.CharField(help_text="the class set, or default")
+    scaling = ScalingOut()
+    source_size = serializers.IntegerField(allow_null=True, help_text="bytes, when known")
+    source_size_text = serializers.CharField(
+        required=False, help_text="the size for people; only in the answer to an add"
+    )
+    generation = serializers.IntegerField()
+    definition = serializers.DictField(help_text="the definition, as in server.yaml")
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+    rollout_halted = serializers.CharField(allow_null=True)
+    origin = serializers.DictField(
+        allow_null=True, help_text="the registry repository, branch, commit and files"
+    )
+    update = serializers.DictField(allow_null=True, help_text="newer registry files, if any")  # type: ignore[assignment]
+    update_check_error = serializers.CharField(allow_null=True)
+    previous = PreviousOut(allow_null=True)
+    rollout = RolloutOut(allow_null=True, help_text="the latest update or rollback")
+    ready = serializers.IntegerField(help_text="replicas ready and in routing")
+    replicas = serializers.IntegerField(help_text="replicas placed (any state)")
+    desired = serializers.IntegerField(help_text="replicas the reconciler aims for now")
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        fields["class"] = fields.pop("class_")
+        # Keep the order of the answer as people read it.
+        order = ["name", "kind", "owner", "class"]
+        return {**{k: fields[k] for k in order}, **fields}
+
+
+class AuditEntryOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    at = serializers.DateTimeField()
+    actor = serializers.CharField()
+    door = serializers.CharField(help_text="api, cli, console, admin, config or system")
+    model = serializers.CharField()
+    action = serializers.CharField()
+    changes = serializers.DictField(help_text="field: [before, after]")
+    before = serializers.DictField(allow_null=True)
+    after = serializers.DictField(allow_null=True)
+    note = serializers.CharField(allow_blank=True)
+
+
+class AuditPageOut(serializers.Serializer):
+    entries = AuditEntryOut(many=True)
+    next_before = serializers.IntegerField(
+        allow_null=True, help_text="pass as before= for the next page; null on the last"
+    )
+
+
+class ClusterOut(serializers.Serializer):
+    reconcile_interval = serializers.CharField()
+    default_idle_timeout = serializers.CharField()
+    node_lost_after = serializers.CharField()
+    update_check = serializers.CharField()
+    registry_endpoint = serializers.CharField()
+    source_allowed_hosts = serializers.ListField(child=serializers.CharField())
+    database = serializers.CharField(help_text="sqlite or postgresql")
+
+
+class StrictSerializerScheme(OpenApiSerializerExtension):
+    """Inputs refuse fields they do not know: the schema says so (additionalProperties)."""
+
+    target_class = StrictSerializer
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema: Any, direction: Any) -> Any:
+        schema = auto_schema._map_basic_serializer(self.target, direction)
+        schema["additionalProperties"] = False
+        return schema
 
 
 def actor_of(request: Request) -> services.Actor:
@@ -72,10 +189,19 @@ def _flag(request: Request, name: str, default: bool = True) -> bool:
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    return raw.strip().lower() not in ("0", "false", "no", "off")
+    if raw.lower() not in ("true", "false"):
+        raise invalid([Problem(name, f"is true or false, not {raw!r}")], what="The query")
+    return raw.lower() == "true"
 
 
-def _validated(serializer_class: type[serializers.Serializer], data: Any) -> dict[str, Any]:
+SOURCE_CHECK = OpenApiParameter(
+    "source_check",
+    bool,
+    description="false skips asking the source URL whether the weights are there",
+)
+
+
+def validated(serializer_class: type[serializers.Serializer], data: Any) -> dict[str, Any]:
     serializer = serializer_class(data=data)
     serializer.is_valid(raise_exception=True)
     return dict(serializer.validated_data)
@@ -84,11 +210,19 @@ def _validated(serializer_class: type[serializers.Serializer], data: Any) -> dic
 def _view(model: Any) -> dict[str, Any]:
     from fleet.selectors import model_status
 
-    return selectors.model_view(model, current_config(), model_status([model])[model.pk])
+    return out(
+        ModelOut, selectors.model_view(model, current_config(), model_status([model])[model.pk])
+    )
+
+
+DEFINITION_BODY = {
+    "application/json": ModelDefinitionSerializer,
+    "application/yaml": ModelDefinitionSerializer,
+}
 
 
 class ModelsAPI(APIView):
-    @extend_schema(summary="List the models", responses={200: MODEL_LIST})
+    @extend_schema(summary="List the models", responses=answers({200: ModelOut(many=True)}))
     def get(self, request: Request) -> Response:
         from fleet.selectors import model_status
 
@@ -96,32 +230,21 @@ class ModelsAPI(APIView):
         models = list(selectors.model_queryset())
         status = model_status(models)
         rollouts = selectors.latest_rollouts(models)
-        return Response(
-            [selectors.model_view(m, config, status[m.pk], rollouts.get(m.pk)) for m in models]
-        )
+        views = [selectors.model_view(m, config, status[m.pk], rollouts.get(m.pk)) for m in models]
+        return Response(out(ModelOut, views, many=True))
 
     @extend_schema(
         summary="Add a model (its definition as JSON or YAML)",
-        request={
-            "application/json": ModelDefinitionSerializer,
-            "application/yaml": ModelDefinitionSerializer,
-        },
-        parameters=[
-            OpenApiParameter(
-                "source_check",
-                bool,
-                description="false skips asking the source URL whether the weights are there",
-            )
-        ],
-        responses={201: MODEL_VIEW, 400: ERROR, 403: ERROR, 409: ERROR},
+        request=DEFINITION_BODY,
+        parameters=[SOURCE_CHECK],
+        responses=answers({201: ModelOut}, 403, 409, body=True),
     )
     def post(self, request: Request) -> Response:
+        source_check = _flag(request, "source_check")
         data = request.data
         definition = clean_definition(data, lines=getattr(data, "lines", None))
         model = services.model_add(
-            actor=actor_of(request),
-            definition=definition,
-            source_check=_flag(request, "source_check"),
+            actor=actor_of(request), definition=definition, source_check=source_check
         )
         body = _view(model)
         if model.source_size is not None:
@@ -130,19 +253,17 @@ class ModelsAPI(APIView):
 
 
 class ModelAPI(APIView):
-    @extend_schema(summary="One model", responses={200: MODEL_VIEW, 404: ERROR})
+    @extend_schema(summary="One model", responses=answers({200: ModelOut}, 404))
     def get(self, request: Request, name: str) -> Response:
         return Response(_view(services.get_model(name)))
 
-    @extend_schema(
-        summary="Remove a runtime model", responses={204: None, 403: ERROR, 404: ERROR, 409: ERROR}
-    )
+    @extend_schema(summary="Remove a runtime model", responses=answers({204: None}, 403, 404, 409))
     def delete(self, request: Request, name: str) -> Response:
         services.model_remove(actor=actor_of(request), name=name)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class ScaleInput(serializers.Serializer):
+class ScaleInput(StrictSerializer):
     min = serializers.IntegerField(
         min_value=0, max_value=MAX_REPLICAS, help_text="the replica count"
     )
@@ -164,10 +285,10 @@ class ScaleAPI(APIView):
     @extend_schema(
         summary="Set a runtime model's replica count",
         request=ScaleInput,
-        responses={200: MODEL_VIEW, 400: ERROR, 403: ERROR, 409: ERROR},
+        responses=answers({200: ModelOut}, 403, 404, 409, body=True),
     )
     def post(self, request: Request, name: str) -> Response:
-        data = _validated(ScaleInput, request.data)
+        data = validated(ScaleInput, request.data)
         model = services.model_scale(
             actor=actor_of(request),
             name=name,
@@ -178,7 +299,7 @@ class ScaleAPI(APIView):
         return Response(_view(model))
 
 
-class ResourcesInput(serializers.Serializer):
+class ResourcesInput(StrictSerializer):
     memory_gb = serializers.FloatField(
         min_value=0, max_value=MAX_MEMORY_GB, help_text="host RAM a replica reserves, in GB"
     )
@@ -198,10 +319,10 @@ class ResourcesAPI(APIView):
     @extend_schema(
         summary="Set what a replica reserves",
         request=ResourcesInput,
-        responses={200: MODEL_VIEW, 400: ERROR, 403: ERROR},
+        responses=answers({200: ModelOut}, 403, 404, 409, body=True),
     )
     def post(self, request: Request, name: str) -> Response:
-        data = _validated(ResourcesInput, request.data)
+        data = validated(ResourcesInput, request.data)
         model = services.model_set_resources(
             actor=actor_of(request),
             name=name,
@@ -212,36 +333,36 @@ class ResourcesAPI(APIView):
         return Response(_view(model))
 
 
-class ClassInput(serializers.Serializer):
-    class_ = serializers.CharField(
-        allow_blank=True, help_text="critical, standard, opportunistic or default"
-    )
-
-    def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, dict) and "class" in data:
-            data = {"class_": data["class"]}
-        return super().to_internal_value(data)
+class ClassInput(StrictSerializer):
+    def get_fields(self) -> dict[str, serializers.Field]:
+        # "class" cannot be an attribute name in Python.
+        return {
+            "class": serializers.ChoiceField(
+                choices=[*CLASSES, "default"],
+                allow_blank=True,
+                help_text="default (or empty) follows the scaling: opportunistic on demand, "
+                "else standard",
+                error_messages={
+                    "invalid_choice": "'{input}' is not a class: use "
+                    f"{', '.join(CLASSES)} or default"
+                },
+            )
+        }
 
 
 class ClassAPI(APIView):
     @extend_schema(
         summary="Set a model's class",
-        request=inline_serializer("ClassInput", {"class": serializers.CharField()}),
-        responses={200: MODEL_VIEW, 400: ERROR, 403: ERROR},
+        request=ClassInput,
+        responses=answers({200: ModelOut}, 403, 404, 409, body=True),
     )
     def post(self, request: Request, name: str) -> Response:
-        if not isinstance(request.data, dict) or "class" not in request.data:
-            raise invalid(
-                [Problem("class", "give the class: critical, standard, opportunistic or default")],
-                what="The class",
-            )
-        model = services.model_set_class(
-            actor=actor_of(request), name=name, klass=str(request.data["class"])
-        )
+        data = validated(ClassInput, request.data)
+        model = services.model_set_class(actor=actor_of(request), name=name, klass=data["class"])
         return Response(_view(model))
 
 
-class OwnerInput(serializers.Serializer):
+class OwnerInput(StrictSerializer):
     owner = serializers.CharField(max_length=150, help_text="the username of the new owner")
 
 
@@ -249,25 +370,32 @@ class OwnerAPI(APIView):
     @extend_schema(
         summary="Hand a model over to another user",
         request=OwnerInput,
-        responses={200: MODEL_VIEW, 400: ERROR, 403: ERROR},
+        responses=answers({200: ModelOut}, 403, 404, 409, body=True),
     )
     def post(self, request: Request, name: str) -> Response:
-        data = _validated(OwnerInput, request.data)
+        data = validated(OwnerInput, request.data)
         model = services.model_set_owner(actor=actor_of(request), name=name, username=data["owner"])
         return Response(_view(model))
 
 
-class AdaptersInput(serializers.Serializer):
+class AdaptersInput(StrictSerializer):
     add = AdapterSerializer(many=True, required=False, default=list)
     remove = serializers.ListField(child=serializers.CharField(), required=False, default=list)
 
 
+class AdapterOut(serializers.Serializer):
+    name = serializers.CharField()
+    source = serializers.CharField()  # type: ignore[assignment]
+    scale = serializers.FloatField()
+    sha256 = serializers.CharField(required=False)
+
+
 class AdaptersAPI(APIView):
     @extend_schema(
-        summary="A model's LoRA adapters", responses={200: AdapterSerializer(many=True), 404: ERROR}
+        summary="A model's LoRA adapters", responses=answers({200: AdapterOut(many=True)}, 404)
     )
     def get(self, request: Request, name: str) -> Response:
-        return Response(services.get_model(name).adapters)
+        return Response(out(AdapterOut, services.get_model(name).adapters, many=True))
 
     @extend_schema(
         summary="Remove, then add, LoRA adapters",
@@ -277,19 +405,20 @@ class AdaptersAPI(APIView):
                 "source_check", bool, description="false skips checking the adapter files"
             )
         ],
-        responses={200: AdapterSerializer(many=True), 400: ERROR, 403: ERROR},
+        responses=answers({200: AdapterOut(many=True)}, 403, 404, 409, body=True),
     )
     def post(self, request: Request, name: str) -> Response:
-        data = _validated(AdaptersInput, request.data)
+        source_check = _flag(request, "source_check")
+        data = validated(AdaptersInput, request.data)
         add = normalize({"profiles": [], "adapters": data["add"]})["adapters"]
         model = services.model_set_adapters(
             actor=actor_of(request),
             name=name,
             add=add,
             remove=data["remove"],
-            source_check=_flag(request, "source_check"),
+            source_check=source_check,
         )
-        return Response(model.adapters)
+        return Response(out(AdapterOut, model.adapters, many=True))
 
 
 class AuditAPI(APIView):
@@ -300,20 +429,24 @@ class AuditAPI(APIView):
             OpenApiParameter("actor", str),
             OpenApiParameter("action", str),
             OpenApiParameter(
-                "limit", int, description="at most this many entries (default 100, at most 1000)"
+                "limit",
+                int,
+                description="at most this many entries (default 100; taken as 1 to 1000)",
             ),
             OpenApiParameter(
                 "before", int, description="only entries older than this id (for the next page)"
             ),
         ],
-        responses={200: OpenApiTypes.OBJECT},
+        responses=answers({200: AuditPageOut}, 400),
     )
     def get(self, request: Request) -> Response:
         params = request.query_params
         try:
-            limit = min(max(int(params.get("limit", 100)), 1), 1000)
-            before = int(params["before"]) if params.get("before") else None
-        except ValueError:
+            limit = min(max(int(params.get("limit", "100")), 1), 1000)
+            before = int(params["before"]) if "before" in params else None
+            if before is not None:
+                before = max(min(before, 2**62), -(2**62))  # what a database integer holds
+        except (ValueError, TypeError):
             raise invalid(
                 [Problem("limit", "limit and before are whole numbers")], what="The query"
             ) from None
@@ -325,12 +458,14 @@ class AuditAPI(APIView):
         page = [selectors.audit_view(e) for e in entries[: limit + 1]]
         more = len(page) > limit
         page = page[:limit]
-        return Response({"entries": page, "next_before": page[-1]["id"] if more and page else None})
+        body = {"entries": page, "next_before": page[-1]["id"] if more and page else None}
+        return Response(out(AuditPageOut, body))
 
 
 class ClusterAPI(APIView):
     @extend_schema(
-        summary="The cluster settings in force (server.yaml)", responses={200: OpenApiTypes.OBJECT}
+        summary="The cluster settings in force (server.yaml)", responses=answers({200: ClusterOut})
     )
     def get(self, request: Request) -> Response:
-        return Response({**current_config().summary(), "database": connection.vendor})
+        body = {**current_config().summary(), "database": connection.vendor}
+        return Response(out(ClusterOut, body))

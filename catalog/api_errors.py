@@ -7,6 +7,7 @@ from typing import Any
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -70,6 +71,7 @@ def _sentence(detail: str, exc: exceptions.APIException) -> str:
 # -- outside DRF: unknown endpoints and unexpected errors ---------------------------------
 
 
+@csrf_exempt  # nothing to protect, and a POST must get this answer rather than a CSRF page
 def no_such_endpoint(request: HttpRequest) -> JsonResponse:
     return JsonResponse(
         {

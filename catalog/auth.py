@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.request import Request
@@ -34,3 +35,16 @@ class TokenOrBearerAuthentication(BaseAuthentication):
 
     def authenticate_header(self, request: Request) -> str:
         return "Token"
+
+
+class TokenScheme(OpenApiAuthenticationExtension):
+    target_class = TokenOrBearerAuthentication
+    name = "apiToken"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "an API token (`Authorization: Bearer KEY`, or `Token KEY`); the run "
+            "command prints one the first time, `manage.py llmgw_token USER` issues another",
+        }

@@ -11,7 +11,6 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -57,8 +56,60 @@ def validate_sha256(value: str) -> None:
         raise serializers.ValidationError("a sha256 is 64 lowercase hexadecimal characters")
 
 
-class StrictSerializer(serializers.Serializer):
-    """Refuses fields it does not know, by name: a misspelt field must not silently mean nothing."""
+def wrong_type(field: serializers.Field, value: Any) -> str | None:
+    """What is wrong with the JSON (or YAML) type of `value` for `field`, or None.
+
+    DRF turns `false` into 0.0, `5` into "5" and "3" into 3; the API's schema promises
+    numbers, text and true/false, so a value of another type is refused rather than guessed at.
+    """
+    if value is None:
+        return None
+    if isinstance(field, serializers.BooleanField):
+        return None if isinstance(value, bool) else "must be true or false"
+    if isinstance(field, serializers.IntegerField):
+        whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        return None if whole and not isinstance(value, bool) else "must be a whole number"
+    if isinstance(field, serializers.FloatField):
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        return None if number else "must be a number"
+    if isinstance(field, serializers.CharField | serializers.ChoiceField | serializers.UUIDField):
+        return None if isinstance(value, str) else "must be text (quote it in YAML)"
+    if isinstance(field, serializers.ListField) and isinstance(value, list):
+        for item in value:
+            problem = wrong_type(field.child, item)
+            if problem:
+                return f"each entry {problem}"
+    return None
+
+
+class TypedSerializer(serializers.Serializer):
+    """Refuses values of the wrong JSON type (`cores: false` is not 0), naming each field."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return super().to_internal_value(data)
+        errors: dict[str, Any] = {}
+        for key, value in data.items():
+            if key in self.fields:
+                problem = wrong_type(self.fields[key], value)
+                if problem:
+                    errors[str(key)] = [problem]
+        try:
+            value = super().to_internal_value(
+                {k: v for k, v in data.items() if str(k) not in errors}
+            )
+        except serializers.ValidationError as exc:
+            if not isinstance(exc.detail, dict):
+                raise
+            errors = {**exc.detail, **errors}
+        if errors:
+            raise serializers.ValidationError(errors)
+        return value
+
+
+class StrictSerializer(TypedSerializer):
+    """Refuses fields it does not know, by name: a misspelt field must not silently mean nothing.
+    And values of the wrong type."""
 
     def to_internal_value(self, data: Any) -> Any:
         if not isinstance(data, dict):
@@ -86,7 +137,18 @@ class StrictSerializer(serializers.Serializer):
         return value
 
 
-@extend_schema_field(OpenApiTypes.STR)
+@extend_schema_field(
+    {
+        "oneOf": [
+            {
+                "type": "string",
+                "pattern": r"^\s*(0|([0-9]+[smhdSMHD])+)\s*$",
+                "description": "a duration with its unit, like 15m, 6h or 1h30m; 0 for none",
+            },
+            {"type": "integer", "enum": [0]},
+        ]
+    }
+)
 class DurationField(serializers.Field):
     default_error_messages = {"invalid": "{message}"}
 

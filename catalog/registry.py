@@ -20,6 +20,10 @@ class RegistryError(Exception):
     pass
 
 
+class UnknownRepository(RegistryError):
+    """The registry answered that it has no such repository: the asker's mistake."""
+
+
 class UnknownBranch(RegistryError):
     """The repository answered, but has no such branch: the asker's mistake, not the registry's."""
 
@@ -67,6 +71,13 @@ class Registry:
         try:
             refs = self.api.list_repo_refs(repo)
         except Exception as exc:  # httpx errors, HTTP errors, bad answers: all mean "not now"
+            response = getattr(exc, "response", None)
+            if getattr(response, "status_code", None) in (401, 404):
+                # The hub answers 401 for a repository that does not exist (or is private).
+                raise UnknownRepository(
+                    f"the registry at {self.endpoint} has no repository {repo} (or it is "
+                    "private and registry.token cannot read it)"
+                ) from None
             raise self._fail(repo, "list the branches", exc) from None
         return {branch.name: branch.target_commit for branch in refs.branches}
 

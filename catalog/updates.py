@@ -21,7 +21,7 @@ from .definitions import clean_definition
 from .errors import CatalogError, conflict
 from .mirror import file_url, origin_for_source, parse_mirror_url
 from .models import AuditEntry, Fetch, Model, Rollout
-from .registry import Registry, RegistryError, UnknownBranch, match_files
+from .registry import Registry, RegistryError, UnknownBranch, UnknownRepository, match_files
 from .services import (
     SYSTEM,
     Actor,
@@ -89,6 +89,12 @@ def serve_start(
         ]
     except UnknownBranch as exc:
         raise CatalogError(f"Cannot serve {repo}: {exc}.", code="unknown_branch") from None
+    except UnknownRepository as exc:
+        raise CatalogError(
+            f"Cannot serve {repo}: {exc}. Check the name (ORG/NAME, as on the registry).",
+            code="unknown_repository",
+            status=404,
+        ) from None
     except RegistryError as exc:
         raise CatalogError(
             f"Cannot serve {repo}: {exc}. Check that the registry is up and try again.",

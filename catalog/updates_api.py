@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
@@ -12,15 +11,15 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from . import updates
-from .api import actor_of
-from .definitions import MAX_CORES, MAX_MEMORY_GB, MAX_REPLICAS
+from .api import RolloutOut, actor_of, answers, out, validated
+from .definitions import MAX_CORES, MAX_MEMORY_GB, MAX_REPLICAS, StrictSerializer
 from .errors import CatalogError
 from .models import Fetch, Model, Rollout
 from .selectors import fetch_view, rollout_view, update_view
 from .services import get_model
 
 
-class ServeInput(serializers.Serializer):
+class ServeInput(StrictSerializer):
     repo = serializers.RegexField(
         r"^[A-Za-z0-9._-]+/[A-Za-z0-9._-]+$",
         max_length=200,
@@ -28,9 +27,15 @@ class ServeInput(serializers.Serializer):
             "invalid": "a repository is ORG/NAME, like Qwen/Qwen2.5-0.5B-Instruct-GGUF"
         },
     )
-    file = serializers.CharField(required=False, default="*.gguf", max_length=500)
-    revision = serializers.CharField(required=False, default="main", max_length=200)
-    name = serializers.CharField(required=False, allow_null=True, max_length=100)
+    file = serializers.CharField(
+        required=False, default="*.gguf", max_length=500, help_text="a glob naming one GGUF file"
+    )
+    revision = serializers.CharField(
+        required=False, default="main", max_length=200, help_text="the branch to follow"
+    )
+    name = serializers.CharField(
+        required=False, allow_null=True, max_length=100, help_text="the model's name"
+    )
     memory_gb = serializers.FloatField(
         required=False, allow_null=True, min_value=0, max_value=MAX_MEMORY_GB
     )
@@ -43,16 +48,56 @@ class ServeInput(serializers.Serializer):
     )
 
 
+class FileOut(serializers.Serializer):
+    path = serializers.CharField()
+    size = serializers.IntegerField()
+
+
+class FetchOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    repo = serializers.CharField()
+    branch = serializers.CharField()
+    commit = serializers.CharField()
+    files = FileOut(many=True)
+    state = serializers.CharField()
+    bytes_done = serializers.IntegerField()
+    bytes_total = serializers.IntegerField()
+    message = serializers.CharField(allow_blank=True)
+    model = serializers.CharField(allow_null=True, help_text="the model it is for, if any")
+    model_added = serializers.BooleanField()
+
+
+class UpdateOut(serializers.Serializer):
+    model = serializers.CharField()
+    repo = serializers.CharField(allow_null=True)
+    current_commit = serializers.CharField(allow_null=True)
+    new_commit = serializers.CharField(allow_null=True)
+    files = serializers.ListField(child=serializers.DictField(), help_text="the files changed")
+    bytes = serializers.IntegerField(allow_null=True)
+    checked_at = serializers.DateTimeField(allow_null=True)
+    error = serializers.CharField(allow_null=True)
+
+
+class UpdatesOut(serializers.Serializer):
+    updates = UpdateOut(many=True)
+
+
+class UpdatesCheckOut(UpdatesOut):
+    registry_requests = serializers.IntegerField()
+    repositories = serializers.IntegerField(help_text="repositories asked about")
+    failures = serializers.DictField(
+        child=serializers.CharField(), help_text="repository: why asking it failed"
+    )
+
+
 class ServeAPI(APIView):
     @extend_schema(
         summary="Fetch a registry repository's GGUF file into the mirror, then add the model",
         request=ServeInput,
-        responses={202: OpenApiTypes.OBJECT},
+        responses=answers({202: FetchOut}, 403, 404, 409, 502, body=True),
     )
     def post(self, request: Request) -> Response:
-        data = ServeInput(data=request.data)
-        data.is_valid(raise_exception=True)
-        v = data.validated_data
+        v = validated(ServeInput, request.data)
         fetch = updates.serve_start(
             actor=actor_of(request),
             repo=v["repo"],
@@ -64,77 +109,80 @@ class ServeAPI(APIView):
             min_replicas=v["min"],
             max_replicas=v.get("max"),
         )
-        return Response(fetch_view(fetch), status=status.HTTP_202_ACCEPTED)
+        return Response(out(FetchOut, fetch_view(fetch)), status=status.HTTP_202_ACCEPTED)
 
 
 class FetchAPI(APIView):
     @extend_schema(
-        summary="A fetch into the mirror, with its progress", responses={200: OpenApiTypes.OBJECT}
+        summary="A fetch into the mirror, with its progress",
+        responses=answers({200: FetchOut}, 404),
     )
     def get(self, request: Request, pk: int) -> Response:
-        fetch = Fetch.objects.filter(pk=pk).first()
+        fetch = Fetch.objects.filter(pk=pk).first() if pk < 2**62 else None
         if fetch is None:
             raise CatalogError(f"There is no fetch {pk}.", code="not_found", status=404)
-        return Response(fetch_view(fetch))
+        return Response(out(FetchOut, fetch_view(fetch)))
+
+
+def _with_updates() -> Any:
+    models = Model.objects.exclude(update_available=None) | Model.objects.exclude(
+        update_check_error=""
+    )
+    return [update_view(m) for m in models.order_by("name")]
 
 
 class UpdatesAPI(APIView):
     @extend_schema(
         summary="Served models whose registry files changed (or whose last check failed)",
-        responses={200: OpenApiTypes.OBJECT},
+        responses=answers({200: UpdatesOut}),
     )
     def get(self, request: Request) -> Response:
-        models = Model.objects.exclude(update_available=None) | Model.objects.exclude(
-            update_check_error=""
-        )
-        return Response({"updates": [update_view(m) for m in models.order_by("name")]})
+        return Response(out(UpdatesOut, {"updates": _with_updates()}))
 
 
 class UpdatesCheckAPI(APIView):
     @extend_schema(
-        summary="Ask the registry now", request=None, responses={200: OpenApiTypes.OBJECT}
+        summary="Ask the registry now: about every model for staff, about your own otherwise",
+        request=None,
+        responses=answers({200: UpdatesCheckOut}),
     )
     def post(self, request: Request) -> Response:
         report = updates.check_updates(actor=actor_of(request))
-        models = Model.objects.exclude(update_available=None) | Model.objects.exclude(
-            update_check_error=""
-        )
-        return Response(
-            {
-                "updates": [update_view(m) for m in models.order_by("name")],
-                "registry_requests": report.requests,
-                "repositories": report.repositories,
-                "failures": report.failures,
-            }
-        )
+        body = {
+            "updates": _with_updates(),
+            "registry_requests": report.requests,
+            "repositories": report.repositories,
+            "failures": report.failures,
+        }
+        return Response(out(UpdatesCheckOut, body))
 
 
 class UpdateAPI(APIView):
     @extend_schema(
         summary="Move a model to the newer registry files, one replica at a time",
         request=None,
-        responses={202: OpenApiTypes.OBJECT},
+        responses=answers({202: RolloutOut}, 400, 403, 404, 409),
     )
     def post(self, request: Request, name: str) -> Response:
         rollout = updates.start_update(actor=actor_of(request), name=name)
-        return Response(rollout_view(rollout), status=status.HTTP_202_ACCEPTED)
+        return Response(out(RolloutOut, rollout_view(rollout)), status=status.HTTP_202_ACCEPTED)
 
 
 class RollbackAPI(APIView):
     @extend_schema(
         summary="Move a model back to its previous files",
         request=None,
-        responses={202: OpenApiTypes.OBJECT},
+        responses=answers({202: RolloutOut}, 400, 403, 404, 409),
     )
     def post(self, request: Request, name: str) -> Response:
         rollout = updates.start_rollback(actor=actor_of(request), name=name)
-        return Response(rollout_view(rollout), status=status.HTTP_202_ACCEPTED)
+        return Response(out(RolloutOut, rollout_view(rollout)), status=status.HTTP_202_ACCEPTED)
 
 
 class RolloutAPI(APIView):
     @extend_schema(
         summary="A model's latest update or rollback and its progress",
-        responses={200: OpenApiTypes.OBJECT},
+        responses=answers({200: RolloutOut}, 404),
     )
     def get(self, request: Request, name: str) -> Response:
         model = get_model(name)
@@ -143,5 +191,4 @@ class RolloutAPI(APIView):
             raise CatalogError(
                 f"{name} has never been updated or rolled back.", code="not_found", status=404
             )
-        body: dict[str, Any] = rollout_view(rollout)
-        return Response(body)
+        return Response(out(RolloutOut, rollout_view(rollout)))

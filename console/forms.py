@@ -8,6 +8,7 @@ and each problem beside its field.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from django import forms
@@ -183,6 +184,11 @@ class AdaptersForm(ConsoleForm):
                     "Nothing to change: name an adapter to add, or tick one to remove."
                 )
             return data
+        # A form sends text; the API's schema takes a number, as a YAML or JSON client sends it.
+        scale = wanted.get("scale")
+        if isinstance(scale, str):
+            with contextlib.suppress(ValueError):  # else refused below, in the API's words
+                wanted["scale"] = float(scale)
         # The API's own adapter schema, so that the console refuses what the API refuses.
         serializer = AdapterSerializer(data=wanted)
         if not serializer.is_valid():

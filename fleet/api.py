@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.authentication import BaseAuthentication
@@ -15,9 +15,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from catalog import services as catalog_services
-from catalog.api import actor_of
+from catalog.api import actor_of, answers, out, validated
 from catalog.config import current_config
-from catalog.definitions import clean_definition
+from catalog.definitions import (
+    ModelDefinitionSerializer,
+    StrictSerializer,
+    TypedSerializer,
+    clean_definition,
+)
 from catalog.models import Model
 from catalog.services import apply_definition, get_model
 
@@ -48,19 +53,31 @@ class NodeTokenAuthentication(BaseAuthentication):
         return "Bearer"
 
 
+class NodeTokenScheme(OpenApiAuthenticationExtension):
+    target_class = NodeTokenAuthentication
+    name = "nodeToken"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "the node's token, printed once by `llmgw ctl node add`",
+        }
+
+
 class IsNode(BasePermission):
     def has_permission(self, request: Request, view: Any) -> bool:
         return isinstance(request.user, Node)
 
 
-class CapacityInput(serializers.Serializer):
+class CapacityInput(TypedSerializer):
     memory_gb = serializers.FloatField(min_value=0, max_value=1_000_000)
     cores = serializers.FloatField(min_value=0, max_value=100_000)
     gpus = serializers.IntegerField(min_value=0, max_value=1024, default=0)
     gpu_memory_gb = serializers.FloatField(min_value=0, max_value=1_000_000, default=0)
 
 
-class ReplicaReportInput(serializers.Serializer):
+class ReplicaReportInput(TypedSerializer):
     id = serializers.UUIDField()
     state = serializers.ChoiceField(choices=["fetching", "starting", "ready", "failed", "stopped"])
     port = serializers.IntegerField(min_value=1, max_value=65535, required=False, allow_null=True)
@@ -74,7 +91,7 @@ class ReplicaReportInput(serializers.Serializer):
         return value
 
 
-class HeartbeatInput(serializers.Serializer):
+class HeartbeatInput(TypedSerializer):
     capacity = CapacityInput()
     address = serializers.CharField(required=False, allow_blank=True, max_length=255)
     agent = serializers.DictField(required=False)
@@ -85,6 +102,14 @@ class HeartbeatInput(serializers.Serializer):
 HEARTBEAT_SECONDS = 2
 
 
+class HeartbeatOut(serializers.Serializer):
+    node = serializers.CharField()
+    heartbeat_interval = serializers.IntegerField(help_text="seconds until the next heartbeat")
+    replicas = serializers.ListField(
+        child=serializers.DictField(), help_text="every replica the node should run, in full"
+    )
+
+
 class HeartbeatAPI(APIView):
     authentication_classes = [NodeTokenAuthentication]
     permission_classes = [IsNode]
@@ -92,7 +117,7 @@ class HeartbeatAPI(APIView):
     @extend_schema(
         summary="A node's heartbeat: its capacity and replica states; the answer is what it should run",
         request=HeartbeatInput,
-        responses={200: OpenApiTypes.OBJECT},
+        responses=answers({200: HeartbeatOut}, 403, body=True),
     )
     def post(self, request: Request) -> Response:
         data = HeartbeatInput(data=request.data)
@@ -102,39 +127,74 @@ class HeartbeatAPI(APIView):
         answer = services.node_heartbeat(
             node=node, report=dict(data.validated_data), interval=HEARTBEAT_SECONDS
         )
-        return Response(answer)
+        return Response(out(HeartbeatOut, answer))
 
 
 # -- nodes, for people --------------------------------------------------------------
 
 
-class NodeAddInput(serializers.Serializer):
+class NodeAddInput(StrictSerializer):
     name = serializers.CharField(max_length=100)
+
+
+class ResourcesOut(serializers.Serializer):
+    memory_gb = serializers.FloatField()
+    cores = serializers.FloatField()
+    gpus = serializers.IntegerField()
+    gpu_memory_gb = serializers.FloatField()
+
+
+class NodeOut(serializers.Serializer):
+    name = serializers.CharField()
+    state = serializers.CharField()
+    address = serializers.CharField(
+        allow_null=True, help_text="where its engines listen; shown to staff only"
+    )
+    capacity = ResourcesOut()
+    reserved = ResourcesOut()
+    free = ResourcesOut()
+    replicas = serializers.ListField(
+        child=serializers.CharField(), help_text="the models of its replicas"
+    )
+    last_heartbeat = serializers.DateTimeField(allow_null=True)
+
+
+class NewNodeOut(serializers.Serializer):
+    name = serializers.CharField()
+    token = serializers.CharField(help_text="the node's token: shown only in this answer")
+
+
+class CordonOut(serializers.Serializer):
+    name = serializers.CharField()
+    state = serializers.CharField()
+    cordoned = serializers.BooleanField()
 
 
 class NodesAPI(APIView):
     @extend_schema(
         summary="The nodes: capacity, reserved, free, replicas, last heartbeat",
-        responses={200: OpenApiTypes.OBJECT},
+        responses=answers({200: NodeOut(many=True)}),
     )
     def get(self, request: Request) -> Response:
-        return Response(selectors.nodes_view(addresses=actor_of(request).is_staff))
+        nodes = selectors.nodes_view(addresses=actor_of(request).is_staff)
+        return Response(out(NodeOut, nodes, many=True))
 
     @extend_schema(
         summary="Register a node (staff); the answer holds its token, shown only once",
         request=NodeAddInput,
-        responses={201: OpenApiTypes.OBJECT},
+        responses=answers({201: NewNodeOut}, 403, 409, body=True),
     )
     def post(self, request: Request) -> Response:
-        data = NodeAddInput(data=request.data)
-        data.is_valid(raise_exception=True)
-        node, token = services.node_add(actor=actor_of(request), name=data.validated_data["name"])
-        return Response({"name": node.name, "token": token}, status=status.HTTP_201_CREATED)
+        data = validated(NodeAddInput, request.data)
+        node, token = services.node_add(actor=actor_of(request), name=data["name"])
+        body = out(NewNodeOut, {"name": node.name, "token": token})
+        return Response(body, status=status.HTTP_201_CREATED)
 
 
 class NodeAPI(APIView):
     @extend_schema(
-        summary="Remove a node (staff); its replicas are placed elsewhere", responses={204: None}
+        summary="Remove a node (staff); its replicas are placed elsewhere",
+        responses=answers({204: None}, 403, 404),
     )
     def delete(self, request: Request, name: str) -> Response:
         services.node_remove(actor=actor_of(request), name=name)
@@ -147,11 +207,12 @@ class NodeCordonAPI(APIView):
     @extend_schema(
         summary="Cordon or uncordon a node (staff)",
         request=None,
-        responses={200: OpenApiTypes.OBJECT},
+        responses=answers({200: CordonOut}, 403, 404),
     )
     def post(self, request: Request, name: str) -> Response:
         node = services.node_cordon(actor=actor_of(request), name=name, cordoned=self.cordon)
-        return Response({"name": node.name, "state": node.state, "cordoned": node.cordoned})
+        body = {"name": node.name, "state": node.state, "cordoned": node.cordoned}
+        return Response(out(CordonOut, body))
 
 
 class NodeUncordonAPI(NodeCordonAPI):
@@ -161,41 +222,117 @@ class NodeUncordonAPI(NodeCordonAPI):
 # -- models at runtime --------------------------------------------------------------
 
 
+class RestartOut(serializers.Serializer):
+    model = serializers.CharField()
+    generation = serializers.IntegerField(help_text="replicas of older generations are replaced")
+
+
+class DemandOut(serializers.Serializer):
+    model = serializers.CharField()
+    on_demand = serializers.BooleanField()
+    demand_at = serializers.DateTimeField(allow_null=True)
+
+
 class RestartAPI(APIView):
     @extend_schema(
         summary="Rolling restart: replace every replica, one at a time",
         request=None,
-        responses={200: OpenApiTypes.OBJECT},
+        responses=answers({200: RestartOut}, 403, 404),
     )
     def post(self, request: Request, name: str) -> Response:
         model = catalog_services.model_restart(actor=actor_of(request), name=name)
-        return Response({"model": model.name, "generation": model.generation})
+        return Response(out(RestartOut, {"model": model.name, "generation": model.generation}))
 
 
 class DemandAPI(APIView):
     @extend_schema(
-        summary="Ask for a model: loads an on-demand model and restarts its idle clock",
+        summary="Ask for a model now (its owner or staff): loads an on-demand model and restarts "
+        "its idle clock",
         request=None,
-        responses={200: OpenApiTypes.OBJECT},
+        responses=answers({200: DemandOut}, 403, 404),
     )
     def post(self, request: Request, name: str) -> Response:
         model = catalog_services.model_demand(name=name, actor=actor_of(request))
-        return Response(
-            {
-                "model": model.name,
-                "on_demand": model.on_demand,
-                "demand_at": model.demand_at.isoformat() if model.demand_at else None,
-            }
-        )
+        body = {
+            "model": model.name,
+            "on_demand": model.on_demand,
+            "demand_at": model.demand_at.isoformat() if model.demand_at else None,
+        }
+        return Response(out(DemandOut, body))
+
+
+class UnplacedOut(serializers.Serializer):
+    count = serializers.IntegerField()
+    reason = serializers.CharField()
+
+
+class ReplicaOut(serializers.Serializer):
+    id = serializers.CharField()
+    node = serializers.CharField()
+    profile = serializers.CharField()
+    state = serializers.CharField()
+    routable = serializers.BooleanField()
+    up_to_date = serializers.BooleanField()
+    port = serializers.IntegerField(allow_null=True)
+    message = serializers.CharField(allow_blank=True)
+    withdraw_reason = serializers.CharField(allow_blank=True)
+    generation = serializers.IntegerField(allow_null=True)
+    weights_sha256 = serializers.CharField(allow_blank=True)
+    created_at = serializers.DateTimeField()
+
+
+class TargetOut(serializers.Serializer):
+    model = serializers.CharField()
+    desired = serializers.IntegerField()
+    why = serializers.CharField()
+    class_ = serializers.CharField()
+    ready = serializers.IntegerField()
+    replicas = ReplicaOut(many=True)
+    unplaced = UnplacedOut(many=True)
+    rollout_halted = serializers.CharField(allow_null=True)
+    generation = serializers.IntegerField()
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        fields["class"] = fields.pop("class_")
+        return fields
 
 
 class TargetAPI(APIView):
     @extend_schema(
         summary="What the reconciler aims for with a model, and why",
-        responses={200: OpenApiTypes.OBJECT},
+        responses=answers({200: TargetOut}, 404),
     )
     def get(self, request: Request, name: str) -> Response:
-        return Response(selectors.model_target(get_model(name)))
+        return Response(out(TargetOut, selectors.model_target(get_model(name))))
+
+
+class PlacementOut(serializers.Serializer):
+    node = serializers.CharField()
+    profile = serializers.CharField()
+
+
+class PreemptionOut(serializers.Serializer):
+    model = serializers.CharField()
+    node = serializers.CharField()
+    reason = serializers.CharField()
+
+
+class EstimateOut(serializers.Serializer):
+    weights_gb = serializers.FloatField()
+    kv_cache_gb = serializers.FloatField()
+    total_gb = serializers.FloatField()
+    context_length = serializers.IntegerField(allow_null=True)
+
+
+class PlanOut(serializers.Serializer):
+    model = serializers.CharField()
+    desired = serializers.IntegerField()
+    placements = PlacementOut(many=True)
+    preemptions = PreemptionOut(many=True)
+    unplaced = UnplacedOut(many=True)
+    warnings = serializers.ListField(child=serializers.CharField())
+    estimate = EstimateOut(allow_null=True, help_text="memory from the GGUF header, if read")
 
 
 def _plan_view(model: Model, others: list[Model]) -> dict[str, Any]:
@@ -262,7 +399,11 @@ def _memory_estimate(model: Model) -> dict[str, Any]:
 class PlanFileAPI(APIView):
     @extend_schema(
         summary="What adding or changing a model (its definition) would do; changes nothing",
-        responses={200: OpenApiTypes.OBJECT},
+        request={
+            "application/json": ModelDefinitionSerializer,
+            "application/yaml": ModelDefinitionSerializer,
+        },
+        responses=answers({200: PlanOut}, body=True),
     )
     def post(self, request: Request) -> Response:
         data = request.data
@@ -270,13 +411,13 @@ class PlanFileAPI(APIView):
         others = [m for m in Model.objects.all() if m.name != definition["name"]]
         model = Model(name=definition["name"])
         apply_definition(model, definition)
-        return Response(_plan_view(model, others))
+        return Response(out(PlanOut, _plan_view(model, others)))
 
 
 class PlanModelAPI(APIView):
     @extend_schema(
         summary="Where a model's replicas would go if placed afresh; changes nothing",
-        responses={200: OpenApiTypes.OBJECT},
+        responses=answers({200: PlanOut}, 404),
     )
     def get(self, request: Request, name: str) -> Response:
         model = get_model(name)
@@ -285,4 +426,4 @@ class PlanModelAPI(APIView):
         fresh = Model(name=model.name)
         apply_definition(fresh, model.definition())
         fresh.demand_at = model.demand_at
-        return Response(_plan_view(fresh, others))
+        return Response(out(PlanOut, _plan_view(fresh, others)))

@@ -181,6 +181,15 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # The schema describes tokens; console sessions work too, but are for the browser.
+    "AUTHENTICATION_WHITELIST": [
+        "catalog.auth.TokenOrBearerAuthentication",
+        "fleet.api.NodeTokenAuthentication",
+    ],
+    "ENUM_NAME_OVERRIDES": {
+        "GatewayKeyState": ["active", "revoked"],
+        "ReplicaReportState": ["fetching", "starting", "ready", "failed", "stopped"],
+    },
 }
 
 # Celery: Redis when REDIS_URL is set; otherwise a broker kept in files under

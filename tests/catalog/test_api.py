@@ -187,7 +187,8 @@ def test_scale_refuses_min_above_max(api: Any) -> None:
     "body, message",
     [
         ({"min": -1}, "min: Ensure this value is greater than or equal to 0."),
-        ({"min": "lots"}, "min: A valid integer is required."),
+        ({"min": "lots"}, "min: must be a whole number"),
+        ({"min": "3"}, "min: must be a whole number"),
         ({}, "min: This field is required."),
         ({"min": 1, "idle_timeout": "later"}, "is not a duration"),
     ],

@@ -63,7 +63,12 @@ def test_names_may_hold_dots_colons_dashes_and_underscores() -> None:
     [
         ({"min_replicas": -1}, "min_replicas", "must not be negative"),
         ({"min_replicas": 5000}, "min_replicas", "at most 1000 replicas"),
-        ({"min_replicas": "two"}, "min_replicas", "A valid integer is required"),
+        ({"min_replicas": "two"}, "min_replicas", "must be a whole number"),
+        (
+            {"profiles": [{"name": "cpu", "memory_gb": 1, "cores": False}]},
+            "profiles[0].cores",
+            "must be a number",
+        ),
         (
             {"profiles": [{"name": "cpu", "memory_gb": -2}]},
             "profiles[0].memory_gb",
