@@ -50,6 +50,9 @@ class ErrorOut(serializers.Serializer):
     line = serializers.IntegerField(required=False)
 
 
+# The name other modules knew the error shape by.
+ERROR = ErrorOut
+
 # The refusals every operation may give, and the ones an operation with a body adds.
 ALWAYS = (401,)
 WITH_BODY = (400, 413, 415)

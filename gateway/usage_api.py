@@ -17,7 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from catalog.api import ERROR, actor_of
+from catalog.api import actor_of, answers
 
 from . import selectors
 
@@ -83,7 +83,7 @@ class UsageAPI(APIView):
             UsageQuery,
             OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "csv"], required=False),
         ],
-        responses={200: USAGE_LIST, 400: ERROR},
+        responses=answers({200: USAGE_LIST}, 400),
     )
     def get(self, request: Request) -> Response:
         query = UsageQuery(data=request.query_params)
