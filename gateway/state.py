@@ -194,7 +194,11 @@ class GatewayState:
             for key_id in due:
                 self._used_written[key_id] = now
         if traffic.book.due():
-            traffic.book.flush()
+            try:
+                traffic.book.flush()
+            except Exception:
+                # Figures are kept for the next flush; routing must not wait on them.
+                log.exception("gateway: could not write traffic figures; trying again later")
 
     # -- the refresher ------------------------------------------------------------------
 

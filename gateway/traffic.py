@@ -23,7 +23,7 @@ from typing import Any
 
 from django.db import transaction
 
-from .models import KeyUsageDay, TrafficMinute
+from .models import GatewayKey, KeyUsageDay, TrafficMinute
 
 # Upper bounds (seconds) of the latency histogram kept per minute; the last one is open.
 LATENCY_BOUNDS: tuple[float, ...] = (
@@ -191,6 +191,16 @@ class TrafficBook:
                 unique_fields=["model", "start", "span", "writer"],
                 update_fields=[*Figures().__dict__],
             )
+        # A key deleted since (its owner was) has nothing left to count against.
+        known = set(
+            GatewayKey.objects.filter(pk__in={key_id for key_id, _, _ in days}).values_list(
+                "pk", flat=True
+            )
+        )
+        if len(known) < len({key_id for key_id, _, _ in days}):
+            with self._lock:
+                for day in [d for d in self._days if d[0] not in known and d in days]:
+                    del self._days[day]
         usage = [
             KeyUsageDay(
                 key_id=key_id,
@@ -202,6 +212,7 @@ class TrafficBook:
                 completion_tokens=completion,
             )
             for (key_id, model, day), (requests, prompt, completion) in days.items()
+            if key_id in known
         ]
         if usage:
             KeyUsageDay.objects.bulk_create(

@@ -27,7 +27,7 @@ from tests.gateway.fake_engine import FakeEngine, fake_engine
 @pytest.fixture(autouse=True)
 def _fresh_gateway_state(settings: Any, monkeypatch: Any) -> Iterator[None]:
     """Each test starts with no cached catalog, no remembered demand and fresh metrics."""
-    from gateway import metrics, routing, services
+    from gateway import metrics, routing, services, traffic
     from gateway.state import state
 
     settings.LLMGW_GATEWAY_WAIT = 0
@@ -38,6 +38,7 @@ def _fresh_gateway_state(settings: Any, monkeypatch: Any) -> Iterator[None]:
     monkeypatch.setattr(state, "_demand", {})
     monkeypatch.setattr(state, "_used", set())
     monkeypatch.setattr(state, "_used_written", {})
+    monkeypatch.setattr(traffic, "book", traffic.TrafficBook("test"))
     services.forget_demand()
     metrics.reset_for_tests()
     yield

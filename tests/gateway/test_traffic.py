@@ -170,3 +170,17 @@ def test_a_week_of_figures_is_read_in_one_query() -> None:
     hour = traffic.series(["m"], WINDOWS["hour"], now=NOW)["m"]
     assert len(hour) == 59  # 11:31 to 12:29: the window ends with the minute now in
     assert hour[-1].tokens_per_second == pytest.approx(10 / 60)
+
+
+def test_usage_of_a_key_deleted_since_is_dropped_and_the_rest_written(key: GatewayKey) -> None:
+    book = TrafficBook("w1")
+    book.record(model="m", key_id=key.id, status=200, seconds=0.1, at=at(NOW))
+    gone = GatewayKey.objects.create(
+        name="gone", owner=key.owner, prefix="llmgw-cd", key_hash="y" * 64
+    )
+    book.record(model="m", key_id=gone.id, status=200, seconds=0.1, at=at(NOW))
+    gone.delete()
+    assert book.flush(now=at(NOW)) == 2  # the minute and the remaining key's day
+    assert TrafficMinute.objects.get().requests == 2
+    assert [u.key_id for u in KeyUsageDay.objects.all()] == [key.id]
+    assert book.flush(now=at(NOW)) == 0
