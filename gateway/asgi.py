@@ -48,6 +48,7 @@ from .errors import Refusal  # noqa: E402
 from .load import SharedLoad  # noqa: E402
 from .metrics import metrics  # noqa: E402
 from .models import hash_key  # noqa: E402
+from .prefix import PrefixTable, block_hashes, prompt_text  # noqa: E402
 from .services import KEY_PREFIX  # noqa: E402
 from .state import POLL_SECONDS, Snapshot, state  # noqa: E402
 
@@ -115,7 +116,10 @@ async def _lifespan(receive: Receive, send: Send) -> None:
 def start_process() -> None:
     """This process's state: the routing snapshot, its refresher, shared load, metrics."""
     conf.wait_seconds(), conf.upstream_timeout(), conf.metrics_open()  # bad settings stop here
-    routing.balancer = routing.Balancer(SharedLoad(settings.VAR_DIR / "gateway-load"))
+    routing.balancer = routing.Balancer(
+        SharedLoad(settings.VAR_DIR / "gateway-load"),
+        PrefixTable(settings.VAR_DIR / "gateway-prefix"),
+    )
     metrics()
     try:
         state.reload()
@@ -133,6 +137,7 @@ def stop_process() -> None:
     finally:
         connection.close()
     routing.balancer.load.close()
+    routing.balancer.prefixes.close()
 
 
 # -- answers ------------------------------------------------------------------------------
@@ -436,9 +441,19 @@ async def _route_and_send(
         fresh = (await _fresh_look(time.monotonic())).replicas.get(target.model, [])
         return tuple(c for c in fresh if c.ready and c.serves(target))
 
+    # Where the prompt's beginning was computed lately, when that may save a prefill.
+    prefix: list[int] = []
+    if target.routing == "prefix" and len(decision.candidates) > 1:
+        prefix = block_hashes(prompt_text(body), decision.engine_name)
     try:
         answer = await proxy.send(
-            decision, path, payload, stream=stream, balancer=routing.balancer, refresh=refresh
+            decision,
+            path,
+            payload,
+            stream=stream,
+            balancer=routing.balancer,
+            refresh=refresh,
+            prefix=prefix,
         )
     except proxy.ReplicaTimeout as exc:
         log.warning("gateway: %s for %s", exc, entry.name)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -190,12 +190,13 @@ async def send(
     stream: bool,
     balancer: Balancer,
     refresh: Callable[[], Awaitable[tuple[Candidate, ...]]],
+    prefix: Sequence[int] = (),
 ) -> Answer:
     """Send to the least busy candidate; retry once (see should_retry). The caller must
     release the answer's candidate from `balancer` when the answer is done with."""
     candidates = serve.candidates
     for attempt in (1, 2):
-        candidate = balancer.choose(candidates, serve.engine_name)
+        candidate = balancer.choose(candidates, serve.engine_name, prefix)
         try:
             answer = await _attempt(candidate, path, payload, stream=stream)
         except Silent as exc:

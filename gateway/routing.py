@@ -13,13 +13,14 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from catalog.models import Model
 from fleet.models import Replica
 
 from .load import SharedLoad
+from .prefix import SLACK, PrefixTable
 
 MAX_REMEMBERED_REPLICAS = 1000
 STARTING_STATES = (Replica.PENDING, Replica.FETCHING, Replica.STARTING)
@@ -38,6 +39,9 @@ class Entry:
     idle_timeout: int  # seconds; 0 = the cluster default
     owner: str | None
     created: int  # unix time, for /v1/models
+    # "prefix": requests go where their prompt's beginning was computed lately
+    # (gateway.prefix); "least_loaded": to the replica with the most free slots.
+    routing: str = "prefix"
 
 
 @dataclass(frozen=True)
@@ -267,30 +271,45 @@ class Balancer:
     broken first by which replica this process last sent the same name to (an engine
     switching between a base model and an adapter reloads it), then at random, so
     that processes do not all pick the same replica.
+
+    Given the prompt's block hashes (gateway.prefix), the replica that served the longest
+    beginning of it recently is taken instead, while it has at most prefix.SLACK more
+    requests in flight than the least busy one: its KV cache already holds that beginning.
     """
 
-    def __init__(self, load: SharedLoad | None = None) -> None:
+    def __init__(self, load: SharedLoad | None = None, prefixes: PrefixTable | None = None) -> None:
         self.load = load if load is not None else SharedLoad(None)
+        self.prefixes = prefixes if prefixes is not None else PrefixTable(None)
         self._lock = threading.Lock()
         self._last_name: dict[str, str] = {}
 
-    def choose(self, candidates: Iterable[Candidate], engine_name: str) -> Candidate:
+    def choose(
+        self, candidates: Iterable[Candidate], engine_name: str, prefix: Sequence[int] = ()
+    ) -> Candidate:
         """Pick one and count a request in flight on it; call release() when it is done."""
         now = time.monotonic()
         with self._lock:
+            choices = list(candidates)
+            busy = {c.id: self.load.total(c.id, now) - c.slots for c in choices}
             choice = min(
-                candidates,
+                choices,
                 key=lambda c: (
-                    self.load.total(c.id, now) - c.slots,
+                    busy[c.id],
                     self._last_name.get(c.id) != engine_name,
                     random.random(),
                 ),
             )
+            if prefix and len(choices) > 1:
+                found = self.prefixes.longest(prefix, [c.id for c in choices])
+                if found is not None and busy[found[0]] <= busy[choice.id] + SLACK:
+                    choice = next(c for c in choices if c.id == found[0])
             self.load.add(choice.id, 1)
             if len(self._last_name) >= MAX_REMEMBERED_REPLICAS:
                 # Replicas come and go with every rollout; forget the ones idle here.
                 self._last_name = {r: n for r, n in self._last_name.items() if self.load.mine(r)}
             self._last_name[choice.id] = engine_name
+        if prefix:
+            self.prefixes.remember(prefix, choice.id)
         return choice
 
     def release(self, candidate: Candidate) -> None:

@@ -1,0 +1,126 @@
+"""Prefix-cache-aware routing: send a request where its prompt's beginning was computed recently.
+
+llama.cpp's server keeps each slot's prompt in its KV cache (and earlier prompts in its RAM
+cache), so a request whose prompt starts like one the same replica served a moment ago skips
+most of its prefill: a conversation's earlier turns, a long system prompt shared by many
+requests. The gateway cannot see those caches, but it can remember where it sent what:
+
+- A prompt is cut into blocks of BLOCK_CHARS characters; block i's hash covers blocks 0..i (a
+  chain), so equal hashes mean equal beginnings. Only the first MAX_BLOCKS count.
+- After choosing a replica, every block hash of the prompt is remembered with that replica and
+  the time. The table is fixed-size (TABLE_ENTRIES, a slot per hash): an old entry is simply
+  overwritten, which only makes a later choice less informed, never wrong.
+- Choosing: the longest remembered beginning whose replica is among the candidates and younger
+  than TTL_SECONDS, taken only while that replica's load is within SLACK requests of the least
+  loaded candidate's (Balancer.choose); otherwise the least loaded. So a hot prefix cannot pull
+  the whole load onto one replica.
+
+The table lives in a memory-mapped file shared by every gateway process on the machine, as the
+in-flight counts do (gateway.load). Processes write entries without a lock: an entry torn by two
+writers at once has a hash that matches nothing, or sends one request to a replica that lacks
+its prefix (it is computed in full there): routing stays correct, only the cache is missed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import struct
+import time
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+BLOCK_CHARS = 256
+MAX_BLOCKS = 256  # 64k characters: beyond that a prompt's beginning decides alone
+TABLE_ENTRIES = 1 << 16
+TTL_SECONDS = 600
+# How many more requests in flight the replica with the prefix may have than the least loaded.
+SLACK = 2
+_ENTRY = struct.Struct("<QII")  # prefix hash, replica id's crc32, unix time
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI's content parts
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return ""
+
+
+def prompt_text(body: dict[str, Any]) -> str:
+    """The text a request's prompt starts with, as the engine will see it (roughly)."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        return "".join(
+            f"{m.get('role', '')}\x00{_text_of(m.get('content'))}\x00"
+            for m in messages
+            if isinstance(m, dict)
+        )
+    prompt = body.get("prompt")
+    if isinstance(prompt, list):
+        prompt = prompt[0] if prompt and isinstance(prompt[0], str) else ""
+    return prompt if isinstance(prompt, str) else ""
+
+
+def block_hashes(text: str, engine_name: str) -> list[int]:
+    """Chained hashes of the text's whole blocks (a last partial block counts too)."""
+    hashes: list[int] = []
+    running = hashlib.blake2b(engine_name.encode(), digest_size=8)
+    for start in range(0, min(len(text), BLOCK_CHARS * MAX_BLOCKS), BLOCK_CHARS):
+        running.update(text[start : start + BLOCK_CHARS].encode("utf-8", "surrogatepass"))
+        # 0 marks an empty table entry, so no real hash may be 0.
+        hashes.append(int.from_bytes(running.copy().digest(), "little") or 1)
+    return hashes
+
+
+def replica_tag(replica_id: str) -> int:
+    return zlib.crc32(replica_id.encode()) or 1
+
+
+class PrefixTable:
+    """Recent prefix → replica choices, in a file every gateway process maps (or in memory)."""
+
+    def __init__(self, folder: Path | None) -> None:
+        size = TABLE_ENTRIES * _ENTRY.size
+        self._map: mmap.mmap | None = None
+        if folder is None:
+            self._buffer: Any = bytearray(size)
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "prefixes"
+        handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if os.fstat(handle).st_size < size:
+                os.ftruncate(handle, size)
+            self._map = mmap.mmap(handle, size)
+        finally:
+            os.close(handle)
+        self._buffer = self._map
+
+    def remember(self, hashes: Sequence[int], replica_id: str, now: float | None = None) -> None:
+        tag, stamp = replica_tag(replica_id), int(now if now is not None else time.time())
+        for value in hashes:
+            _ENTRY.pack_into(self._buffer, (value % TABLE_ENTRIES) * _ENTRY.size, value, tag, stamp)
+
+    def longest(
+        self, hashes: Sequence[int], replica_ids: Sequence[str], now: float | None = None
+    ) -> tuple[str, int] | None:
+        """The candidate that served the longest remembered beginning, and its length in blocks."""
+        by_tag = {replica_tag(r): r for r in replica_ids}
+        oldest = int(now if now is not None else time.time()) - TTL_SECONDS
+        for depth in range(len(hashes), 0, -1):
+            value = hashes[depth - 1]
+            found, tag, stamp = _ENTRY.unpack_from(
+                self._buffer, (value % TABLE_ENTRIES) * _ENTRY.size
+            )
+            if found == value and stamp >= oldest and tag in by_tag:
+                return by_tag[tag], depth
+        return None
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None

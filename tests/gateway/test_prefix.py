@@ -1,0 +1,143 @@
+"""Prefix-cache-aware routing: prompt block hashes, the shared table, and the balancer's choice."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from gateway import prefix
+from gateway.prefix import BLOCK_CHARS, SLACK, PrefixTable, block_hashes, prompt_text
+from gateway.routing import Balancer, Candidate
+
+pytestmark = pytest.mark.smoke
+
+SYSTEM = "You are a careful assistant. " * 60  # about 1,700 characters
+
+
+def chat(*turns: str) -> dict[str, object]:
+    messages = [{"role": "system", "content": SYSTEM}]
+    for index, text in enumerate(turns):
+        messages.append({"role": "user" if index % 2 == 0 else "assistant", "content": text})
+    return {"model": "chat", "messages": messages}
+
+
+def hashes(body: dict[str, object], engine: str = "chat") -> list[int]:
+    return block_hashes(prompt_text(body), engine)
+
+
+def test_equal_beginnings_give_equal_leading_hashes() -> None:
+    first = hashes(chat("What is a llama?"))
+    later = hashes(chat("What is a llama?", "An animal.", "Where do they live?"))
+    shared = len(prompt_text(chat("What is a llama?"))) // BLOCK_CHARS
+    assert first[:shared] == later[:shared]
+    assert len(later) > len(first)
+    other = hashes(chat("Tell me about whales."))
+    assert other[: len(SYSTEM) // BLOCK_CHARS] == first[: len(SYSTEM) // BLOCK_CHARS]
+    assert other[-1] != first[-1]
+    # Another engine name (another model or adapter) never shares a cache.
+    assert hashes(chat("What is a llama?"), engine="chat-sql")[0] != first[0]
+
+
+def test_prompt_text_reads_completions_and_content_parts() -> None:
+    assert prompt_text({"prompt": "abc"}) == "abc"
+    assert prompt_text({"prompt": ["abc", "def"]}) == "abc"
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    assert prompt_text(parts) == "user\x00hi\x00"
+    assert prompt_text({"messages": "nonsense"}) == ""
+    assert block_hashes("", "chat") == []
+
+
+def test_the_table_finds_the_longest_remembered_beginning() -> None:
+    table = PrefixTable(None)
+    short, long = hashes(chat("a" * 10)), hashes(chat("a" * 10, "b" * 600, "c" * 600))
+    table.remember(short, "r1", now=1000)
+    table.remember(long, "r2", now=1001)
+    assert table.longest(long, ["r1", "r2"], now=1002) == ("r2", len(long))
+    # A beginning remembers the last replica it was sent to: r2 took over the whole blocks they
+    # share; the short prompt's own last (partial) block is still r1's.
+    assert table.longest(short, ["r1", "r2"], now=1002) == ("r1", len(short))
+    assert table.longest(short[:-1], ["r1", "r2"], now=1002) == ("r2", len(short) - 1)
+    # Only candidates count: without r2, nothing that r2 took over is offered.
+    assert table.longest(long, ["r1"], now=1002) is None
+    other = hashes(chat("z" * 600))
+    table.remember(other, "r1", now=1002)
+    found = table.longest(long, ["r1"], now=1003)
+    assert found is not None and found[0] == "r1" and found[1] == len(SYSTEM) // BLOCK_CHARS
+    # Old choices are forgotten.
+    assert table.longest(long, ["r1", "r2"], now=1002 + prefix.TTL_SECONDS + 10) is None
+
+
+def test_gateway_processes_share_the_table(tmp_path: Path) -> None:
+    one, two = PrefixTable(tmp_path), PrefixTable(tmp_path)
+    body = hashes(chat("hello"))
+    one.remember(body, "r7")
+    assert two.longest(body, ["r6", "r7"]) == ("r7", len(body))
+    one.close()
+    two.close()
+
+
+def candidates(slots: int = 4) -> list[Candidate]:
+    return [
+        Candidate(
+            id=f"r{i}", model="chat", state="ready", address="127.0.0.1", port=9000 + i, slots=slots
+        )
+        for i in (1, 2)
+    ]
+
+
+def test_a_conversation_stays_on_the_replica_that_has_its_beginning() -> None:
+    balancer = Balancer()
+    replicas = candidates()
+    turns = ["first question"]
+    first = balancer.choose(replicas, "chat", hashes(chat(*turns)))
+    balancer.release(first)
+    for step in range(5):
+        turns += [f"answer {step}", f"question {step}"]
+        chosen = balancer.choose(replicas, "chat", hashes(chat(*turns)))
+        balancer.release(chosen)
+        assert chosen.id == first.id
+
+
+def test_a_busy_replica_gives_way_past_the_slack() -> None:
+    balancer = Balancer()
+    replicas = candidates(slots=1)
+    body = hashes(chat("question"))
+    home = balancer.choose(replicas, "chat", body)
+    # Its beginning is there, but it is SLACK requests busier than the other: still taken...
+    for _ in range(SLACK - 1):
+        balancer.load.add(home.id, 1)
+    assert balancer.choose(replicas, "chat", body).id == home.id
+    # ...one more, and the least loaded wins.
+    assert balancer.choose(replicas, "chat", body).id != home.id
+
+
+def test_without_a_prefix_the_least_loaded_is_chosen() -> None:
+    balancer = Balancer()
+    replicas = candidates(slots=1)
+    balancer.load.add("r1", 3)
+    assert balancer.choose(replicas, "chat").id == "r2"
+
+
+def test_many_conversations_spread_over_both_replicas() -> None:
+    balancer = Balancer()
+    replicas = candidates(slots=4)
+    counts = {"r1": 0, "r2": 0}
+    chosen_for: dict[int, list[str]] = {}
+    in_flight = []
+    # 8 conversations sending a turn each at once, 10 rounds; a round's requests overlap.
+    for round_ in range(10):
+        for conversation in range(8):
+            turns = [f"conversation {conversation} turn {t}" for t in range(round_ + 1)]
+            pick = balancer.choose(replicas, "chat", hashes(chat(*turns)))
+            counts[pick.id] += 1
+            chosen_for.setdefault(conversation, []).append(pick.id)
+            in_flight.append(pick)
+        for pick in in_flight:
+            balancer.release(pick)
+        in_flight.clear()
+    assert max(counts.values()) <= 0.65 * sum(counts.values())
+    # Most turns of a conversation land where its earlier turns were.
+    stays = sum(a == b for picks in chosen_for.values() for a, b in itertools.pairwise(picks))
+    assert stays >= 0.8 * 8 * 9
