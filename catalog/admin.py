@@ -36,7 +36,7 @@ from .yamltext import Path, YAMLSyntaxError, line_for, load_with_lines
 
 ADMIN = "admin"
 # Parts of a definition that no service changes in place; the rest map to one service each.
-FIXED = ("name", "source", "sha256", "description", "fallbacks", "context_length")
+FIXED = ("name", "source", "sha256", "description", "fallbacks", "context_length", "routing")
 
 
 def admin_actor(request: HttpRequest) -> Actor:

@@ -30,6 +30,8 @@ MAX_MEMORY_GB = 16384
 MAX_CORES = 4096
 MAX_GPUS = 64
 MAX_CONTEXT = 1_048_576
+# How the gateway picks among a model's ready replicas (gateway.prefix explains "prefix").
+ROUTINGS = ("prefix", "least_loaded")
 MAX_NAME = 100
 
 
@@ -262,6 +264,16 @@ class ModelDefinitionSerializer(StrictSerializer):
         error_messages={
             "min_value": "must be at least 1 token",
             "max_value": f"at most {MAX_CONTEXT} tokens",
+        },
+    )
+    routing = serializers.ChoiceField(
+        choices=list(ROUTINGS),
+        required=False,
+        allow_blank=True,
+        default="",
+        error_messages={
+            "invalid_choice": f"{{input}} is not a way of routing: use {' or '.join(ROUTINGS)}, "
+            "or leave it out for prefix"
         },
     )
     profiles = ProfileSerializer(many=True, allow_empty=False)

@@ -45,6 +45,12 @@ class Model(models.Model):
     )
     fallbacks = models.JSONField(default=list, blank=True)
     context_length = models.PositiveIntegerField(null=True, blank=True)
+    routing = models.CharField(
+        max_length=20,
+        blank=True,
+        default="",
+        help_text="how the gateway picks a replica: prefix (the default) or least_loaded",
+    )
     profiles = models.JSONField(default=list)
     adapters = models.JSONField(default=list, blank=True)
     declared = models.BooleanField(
@@ -127,6 +133,8 @@ class Model(models.Model):
             data["fallbacks"] = list(self.fallbacks)
         if self.context_length is not None:
             data["context_length"] = self.context_length
+        if self.routing:
+            data["routing"] = self.routing
         data["profiles"] = [dict(p) for p in self.profiles]
         if self.adapters:
             data["adapters"] = [dict(a) for a in self.adapters]

@@ -173,6 +173,7 @@ def apply_definition(model: Model, definition: dict[str, Any]) -> None:
     model.idle_timeout = definition.get("idle_timeout", 0)
     model.fallbacks = definition.get("fallbacks", [])
     model.context_length = definition.get("context_length")
+    model.routing = definition.get("routing", "")
     model.profiles = definition["profiles"]
     model.adapters = definition.get("adapters", [])
 

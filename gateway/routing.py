@@ -71,6 +71,7 @@ def read_catalog() -> Catalog:
         "idle_timeout",
         "owner__username",
         "created_at",
+        "routing",
     )
     for row in rows:
         maximum = row["min_replicas"] if row["max_replicas"] is None else row["max_replicas"]
@@ -84,6 +85,7 @@ def read_catalog() -> Catalog:
             idle_timeout=row["idle_timeout"],
             owner=row["owner__username"],
             created=int(row["created_at"].timestamp()),
+            routing=row["routing"] or "prefix",
         )
         entries[model.name] = model
         for adapter in row["adapters"] or ():

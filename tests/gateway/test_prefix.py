@@ -141,3 +141,63 @@ def test_many_conversations_spread_over_both_replicas() -> None:
     # Most turns of a conversation land where its earlier turns were.
     stays = sum(a == b for picks in chosen_for.values() for a, b in itertools.pairwise(picks))
     assert stays >= 0.8 * 8 * 9
+
+
+# -- the model's routing setting, end to end through the gateway ----------------------------
+
+
+@pytest.mark.django_db
+def test_a_model_says_how_it_is_routed(gw: object, catalog: object) -> None:
+    from catalog.models import Model
+    from gateway import routing
+
+    catalog.add("chat")  # type: ignore[attr-defined]
+    catalog.add("plain", routing="least_loaded")  # type: ignore[attr-defined]
+    entries = routing.read_catalog().entries
+    assert (entries["chat"].routing, entries["plain"].routing) == ("prefix", "least_loaded")
+    assert Model.objects.get(name="plain").definition()["routing"] == "least_loaded"
+    assert "routing" not in Model.objects.get(name="chat").definition()
+
+
+def test_an_unknown_routing_is_refused_with_the_choices() -> None:
+    from catalog.definitions import clean_definition
+    from catalog.errors import CatalogError
+    from tests.factories import definition
+
+    with pytest.raises(CatalogError) as refused:
+        clean_definition(definition("chat", routing="round_robin"))
+    assert "round_robin is not a way of routing: use prefix or least_loaded" in str(
+        refused.value.problems
+    )
+
+
+def _second_turn_stays(gw: object, catalog: object, engines: list, routing_mode: str) -> int:
+    """Send a conversation's first turn, make the replica that took it one request busier,
+    send the next turn: 1 when that turn went to the same replica, else 0."""
+    from gateway import routing
+
+    catalog.add("chat", routing=routing_mode)  # type: ignore[attr-defined]
+    replicas = [catalog.replica("chat", e) for e in engines]  # type: ignore[attr-defined]
+    assert gw.post("/v1/chat/completions", chat("first question")).status_code == 200  # type: ignore[attr-defined]
+    first = next(i for i, e in enumerate(engines) if e.requests)
+    routing.balancer.load.add(str(replicas[first].pk), 1)  # busier, within the slack
+    try:
+        body = chat("first question", "an answer", "a second question")
+        assert gw.post("/v1/chat/completions", body).status_code == 200  # type: ignore[attr-defined]
+    finally:
+        routing.balancer.load.add(str(replicas[first].pk), -1)
+    return int(len(engines[first].requests) == 2)
+
+
+@pytest.mark.django_db
+def test_a_conversation_goes_back_where_its_beginning_is_cached(
+    gw: object, catalog: object, engine: object, other_engine: object
+) -> None:
+    assert _second_turn_stays(gw, catalog, [engine, other_engine], "prefix") == 1
+
+
+@pytest.mark.django_db
+def test_least_loaded_routing_ignores_the_cache(
+    gw: object, catalog: object, engine: object, other_engine: object
+) -> None:
+    assert _second_turn_stays(gw, catalog, [engine, other_engine], "least_loaded") == 0
