@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.test import Client
 
 from tests.fleet.conftest import Fleet
+
+# Debian's Chromium (no browser download); the browser tests skip when it is missing.
+CHROMIUM = "/usr/bin/chromium"
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-output" / "screenshots"
 
 
 @pytest.fixture
@@ -53,3 +59,29 @@ def running(fleet: Fleet, users: dict[str, Any]) -> Fleet:
         source_check=False,
     )
     return fleet
+
+
+@pytest.fixture
+def chromium(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    # Playwright's sync API runs an event loop in this thread; the ORM calls the
+    # test makes between browser steps are still plain synchronous calls.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    from playwright.sync_api import sync_playwright
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        try:
+            yield browser
+        finally:
+            browser.close()
+            # Database connections opened while Playwright ran belong to its context
+            # (Django keeps them per context); PostgreSQL would otherwise refuse to
+            # drop the test database at the end while one of them is still open.
+            from django.db import connections
+
+            connections.close_all()

@@ -6,7 +6,6 @@ Screenshots go to test-output/screenshots/, at a laptop's width and a phone's.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +14,8 @@ import pytest
 from catalog.models import Model
 from fleet.models import Node
 from fleet.reconciler import reconcile_pass
+from tests.console.conftest import CHROMIUM, SCREENSHOTS
 
-CHROMIUM = "/usr/bin/chromium"
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-output" / "screenshots"
 LAPTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}
 
@@ -33,32 +31,6 @@ pytestmark = [
         reason="the playwright package is missing: `pip install playwright` (no `playwright install`)",
     ),
 ]
-
-
-@pytest.fixture
-def chromium(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    # Playwright's sync API runs an event loop in this thread; the ORM calls the
-    # test makes between browser steps are still plain synchronous calls.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    from playwright.sync_api import sync_playwright
-
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
-        try:
-            yield browser
-        finally:
-            browser.close()
-            # Database connections opened while Playwright ran belong to its context
-            # (Django keeps them per context); PostgreSQL would otherwise refuse to
-            # drop the test database at the end while one of them is still open.
-            from django.db import connections
-
-            connections.close_all()
 
 
 @pytest.fixture

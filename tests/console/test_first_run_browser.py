@@ -19,7 +19,8 @@ from openai import OpenAI
 
 from llmgw import demo
 from llmgw.cli import main
-from tests.console.test_update_browser import CHROMIUM, LAPTOP, SCREENSHOTS, watch
+from tests.console.conftest import CHROMIUM, SCREENSHOTS
+from tests.console.test_update_browser import LAPTOP, watch
 from tests.support.first_run import ADMIN_PASSWORD, FirstRun
 from tests.support.registry import available
 from tests.support.system import wait_for
@@ -55,23 +56,6 @@ def first_run(tmp_path: Path) -> Iterator[FirstRun]:
         raise
     finally:
         run.stop()
-
-
-@pytest.fixture
-def chromium() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
-        try:
-            yield browser
-        finally:
-            browser.close()
 
 
 def shot(page: Any, name: str) -> None:

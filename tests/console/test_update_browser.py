@@ -18,11 +18,10 @@ from typing import Any
 import pytest
 
 from llmgw.tinygguf import write_tiny_model
+from tests.console.conftest import CHROMIUM, SCREENSHOTS
 from tests.support.registry import LocalRegistry, available
 from tests.support.system import System, wait_for
 
-CHROMIUM = "/usr/bin/chromium"
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-output" / "screenshots"
 LAPTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}
 REPO = "acme/tiny-chat-GGUF"
@@ -73,23 +72,6 @@ def product(tmp_path: Path) -> Iterator[dict[str, Any]]:
         if system is not None:
             system.close()
         registry.stop()
-
-
-@pytest.fixture
-def chromium() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
-        try:
-            yield browser
-        finally:
-            browser.close()
 
 
 def shot(page: Any, name: str) -> None:
