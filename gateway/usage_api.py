@@ -68,7 +68,10 @@ class CSVRenderer(BaseRenderer):
 
 class UsageQuery(serializers.Serializer):
     key = serializers.IntegerField(
-        required=False, min_value=1, help_text="one gateway key's id (llmgw ctl keys lists them)"
+        required=False,
+        min_value=1,
+        max_value=2**62,  # what a database integer holds; no key has a larger id
+        help_text="one gateway key's id (llmgw ctl keys lists them)",
     )
     model = serializers.CharField(required=False, max_length=200)
     since = serializers.DateField(required=False, help_text="the first day, YYYY-MM-DD (UTC)")
@@ -83,12 +86,19 @@ class UsageAPI(APIView):
             UsageQuery,
             OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "csv"], required=False),
         ],
-        responses=answers({200: USAGE_LIST}, 400),
+        responses=answers({200: USAGE_LIST}, 400, 404),  # 404: a format it does not have
     )
     def get(self, request: Request) -> Response:
-        query = UsageQuery(data=request.query_params)
+        # A plain dict: an empty value (since=) is then refused, not taken as left out.
+        query = UsageQuery(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
-        rows = selectors.key_usage(actor_of(request), **query.validated_data)
+        wanted = dict(query.validated_data)
+        rows = selectors.key_usage(
+            actor_of(request),
+            key_id=wanted.get("key"),
+            model=wanted.get("model"),
+            since=wanted.get("since"),
+        )
         response = Response(rows)
         if request.accepted_renderer.format == "csv":
             response["Content-Disposition"] = 'attachment; filename="llmgw-usage.csv"'

@@ -109,3 +109,14 @@ def test_the_schema_documents_every_refusal_and_the_token(api: Any) -> None:
     )
     nodes = schema["paths"]["/api/v1/nodes"]["get"]["responses"]["200"]
     assert nodes["content"]["application/json"]["schema"]["type"] == "array"
+
+
+def test_usage_is_filtered_by_key(api: Any) -> None:
+    key = api("alice").post("/api/v1/keys", {"name": "app"}, format="json").json()
+    response = api("alice").get(f"/api/v1/usage?key={key['id']}&format=csv")
+    assert response.status_code == 200
+    assert response.content.decode().splitlines()[0].startswith("day,key,")
+    assert api("alice").get("/api/v1/usage?key=99999999999999999999").status_code == 400
+    assert api("alice").get("/api/v1/usage?since=").status_code == 400
+    unknown = api("alice").get("/api/v1/usage?format=xml")
+    assert unknown.status_code == 404 and unknown.json()["code"] == "not_found"
