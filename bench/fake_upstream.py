@@ -4,8 +4,8 @@ figures, only what a gateway in front of it adds.
     python bench/fake_upstream.py PORT
 
 POST /v1/completions and /v1/chat/completions answer at once with a small completion, or, with
-"stream": true, with CHUNKS server-sent events and [DONE]: 50 ms apart for the model "bench-slow",
-at once for any other (the delay goes by the model's name because every gateway passes that on). GET /_stats says how many streams were open at most since the last GET /_stats?reset.
+"stream": true, with CHUNKS server-sent events and [DONE]: 50 ms apart for the models "bench-slow"
+and "bench-pair", at once for any other (the delay goes by the model's name because every gateway passes that on). GET /_stats says how many streams were open at most since the last GET /_stats?reset.
 
 A raw ASGI application under uvicorn with httptools and uvloop: about the least a Python server
 can spend per request, so that the upstream is not the bottleneck of the comparison.
@@ -23,6 +23,7 @@ SLOW_DELAY = 0.05
 
 _open = 0
 _most_open = 0
+_pair_served = 0  # requests for "bench-pair", whose two replicas are two of these processes
 
 _COMPLETION = json.dumps(
     {
@@ -76,7 +77,7 @@ _EVENTS = {chat: [_event(chat, i) for i in range(CHUNKS)] for chat in (False, Tr
 
 
 async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    global _open, _most_open
+    global _open, _most_open, _pair_served
     if scope["type"] != "http":
         if scope["type"] == "lifespan":
             while True:
@@ -89,10 +90,11 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
         return
     path = scope["path"]
     if path == "/_stats":
-        most = _most_open
+        most, pair = _most_open, _pair_served
         if scope["query_string"] == b"reset":
-            _most_open = _open
-        await _whole(send, 200, json.dumps({"most_open": most, "open": _open}).encode())
+            _most_open, _pair_served = _open, 0
+        stats = {"most_open": most, "open": _open, "pair_served": pair}
+        await _whole(send, 200, json.dumps(stats).encode())
         return
     if path in ("/v1/models", "/health"):
         await _whole(send, 200, b'{"object": "list", "data": [{"id": "bench-tiny"}]}')
@@ -108,7 +110,9 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if not body.get("stream"):
         await _whole(send, 200, _CHAT if chat else _COMPLETION)
         return
-    delay = SLOW_DELAY if body.get("model") == "bench-slow" else 0.0
+    if body.get("model") == "bench-pair":
+        _pair_served += 1
+    delay = SLOW_DELAY if body.get("model") in ("bench-slow", "bench-pair") else 0.0
     _open += 1
     _most_open = max(_most_open, _open)
     try:

@@ -213,8 +213,11 @@ def wait_http(
     raise RuntimeError(f"{what} did not answer at {url} within {timeout:.0f}s")
 
 
-def prepare_gateway(folder: Path, upstream_port: int) -> tuple[dict[str, str], str]:
-    """A database with the bench models, one replica each on the fake upstream, and a key."""
+def prepare_gateway(
+    folder: Path, upstream_port: int, second_port: int
+) -> tuple[dict[str, str], str]:
+    """A database with the bench models, one replica each on the fake upstream, and a key;
+    and "bench-pair" with two replicas, one on each fake upstream, to measure the spread."""
     env = {
         **{
             k: v for k, v in os.environ.items() if not k.startswith(("DJANGO", "LLMGW", "DATABASE"))
@@ -243,12 +246,14 @@ user = get_user_model().objects.create_superuser("bench", password="bench-passwo
 actor = Actor.for_user(user, "api")
 node = Node.objects.create(name="bench", token_hash=hash_token("bench"), address="127.0.0.1",
     memory_gb=8, cores=2, last_heartbeat=timezone.now())
-for name in ("bench-slow", "bench-fast"):
+for name, ports in (("bench-slow", [{upstream_port}]), ("bench-fast", [{upstream_port}]),
+                    ("bench-pair", [{upstream_port}, {second_port}])):
     model_add(actor=actor, source_check=False, definition=clean_definition({{
-        "name": name, "source": "http://127.0.0.1:9/bench.gguf",
+        "name": name, "source": "http://127.0.0.1:9/bench.gguf", "min_replicas": len(ports),
         "profiles": [{{"name": "cpu", "memory_gb": 1, "cores": 1}}]}}))
-    Replica.objects.create(model=Model.objects.get(name=name), model_name=name, node=node,
-        profile="cpu", spec={{}}, spec_key="bench", state=Replica.READY, port={upstream_port})
+    for port in ports:
+        Replica.objects.create(model=Model.objects.get(name=name), model_name=name, node=node,
+            profile="cpu", spec={{}}, spec_key="bench", state=Replica.READY, port=port)
 print(key_create(actor=actor, name="bench")[1])
 """
     done = subprocess.run(
@@ -504,6 +509,31 @@ def verdicts(
         )
 
 
+async def spread(gateway: str, auth: dict[str, str], upstreams: list[str]) -> None:
+    """Least-loaded over 2 replicas, with the gateway's 2 workers choosing: neither above 60%."""
+    import aiohttp
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        for upstream in upstreams:
+            async with session.get(f"{upstream}/_stats?reset") as response:
+                await response.read()
+        for clients, count in ((2, 20), (8, 48), (32, 128)):
+            sample = Sample()
+            body = request_body("bench-pair", True)
+            url = f"{gateway}/v1/chat/completions"
+            await run_cell(session, url, auth, body, clients, count, sample)
+            served = []
+            for upstream in upstreams:
+                async with session.get(f"{upstream}/_stats?reset") as response:
+                    served.append(json.loads(await response.read())["pair_served"])
+            share = max(served) / max(1, sum(served)) * 100
+            print(
+                f"spread over 2 replicas through {WORKERS} gateway workers, {clients} clients, "
+                f"{count} 1-s streams: {served[0]} / {served[1]} (busiest {share:.0f}%; "
+                f"target <= 60%), {sample.errors} errors"
+            )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -518,14 +548,14 @@ def main() -> int:
         folder = Path(tmp)
         processes = Processes(folder)
         try:
-            upstream_port = free_port()
-            processes.start(
-                "upstream",
-                [sys.executable, str(ROOT / "bench" / "fake_upstream.py"), str(upstream_port)],
-            )
+            upstream_port, second_port = free_port(), free_port()
+            for name, port in (("upstream", upstream_port), ("upstream-2", second_port)):
+                processes.start(
+                    name, [sys.executable, str(ROOT / "bench" / "fake_upstream.py"), str(port)]
+                )
+                wait_http(f"http://127.0.0.1:{port}/health", "the fake upstream")
             upstream = f"http://127.0.0.1:{upstream_port}"
-            wait_http(f"{upstream}/health", "the fake upstream")
-            env, key = prepare_gateway(folder, upstream_port)
+            env, key = prepare_gateway(folder, upstream_port, second_port)
             from catalog.management.commands.llmgw_run import gateway_command
 
             gateway_port = free_port()
@@ -571,6 +601,7 @@ def main() -> int:
             )
             results = asyncio.run(measure(paths, upstream, levels, args.quick))
             report(results, levels, list(paths))
+            asyncio.run(spread(gateway, auth, [upstream, f"http://127.0.0.1:{second_port}"]))
         finally:
             processes.stop_all()
     return 0

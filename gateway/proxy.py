@@ -28,6 +28,7 @@ than half the CPU per request at the same latency.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -100,13 +101,10 @@ class Answer:
         return self.body is None
 
     async def rest(self) -> AsyncIterator[bytes]:
-        """The stream after `first`, as it arrives."""
+        """The stream after `first`, as it arrives (each wait bounded by the upstream
+        timeout, which the request set as its read timeout)."""
         assert self.response is not None
-        timeout = conf.upstream_timeout()
-        while True:
-            chunk = await asyncio.wait_for(self.response.content.readany(), timeout)
-            if not chunk:
-                return
+        while chunk := await self.response.content.readany():
             yield chunk
 
     def close(self) -> None:
@@ -229,6 +227,13 @@ async def _attempt(candidate: Candidate, path: str, payload: bytes, *, stream: b
         return await _post(candidate, path, payload, stream=stream, fresh=True)
 
 
+@functools.lru_cache(maxsize=8)
+def _read_timeout(seconds: float) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(
+        total=None, sock_connect=CONNECT_TIMEOUT_SECONDS, sock_read=seconds
+    )
+
+
 class _StaleConnection(Exception):
     """A kept connection failed before any answer: try once on a new one."""
 
@@ -242,24 +247,24 @@ async def _post(
     response: aiohttp.ClientResponse | None = None
     attempt = _Attempt()
     try:
-        response = await asyncio.wait_for(
-            session.post(
-                url,
-                data=payload,
-                headers=JSON_HEADERS,
-                allow_redirects=False,
-                trace_request_ctx=attempt,
-            ),
-            timeout,
+        # The upstream timeout bounds every wait for the engine (its answer's start, and each
+        # chunk after): a read timeout rather than asyncio.wait_for, which costs a task each.
+        response = await session.post(
+            url,
+            data=payload,
+            headers=JSON_HEADERS,
+            allow_redirects=False,
+            trace_request_ctx=attempt,
+            timeout=_read_timeout(timeout),
         )
         content_type = response.headers.get("Content-Type") or "application/json"
         if stream and response.status == 200:
             # The first chunk comes once the engine has started on this request: reading
             # it here means a replica that goes away while the request waits in its queue
             # can still be retried, before the client has been sent anything.
-            first = await asyncio.wait_for(response.content.readany(), timeout)
+            first = await response.content.readany()
             return Answer(candidate, 200, content_type, response, first=first)
-        body = await asyncio.wait_for(response.read(), timeout)
+        body = await response.read()
         response.release()
         return Answer(candidate, response.status, content_type, None, body=body)
     except TimeoutError as exc:

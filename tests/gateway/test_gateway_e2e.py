@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from llmgw.tinygguf import write_lora_adapter, write_tiny_model
+from llmgw.tinygguf import EOS_ID, write_lora_adapter, write_tiny_model
 from tests.support.http_files import serve_directory
 from tests.support.system import System, wait_for
 
@@ -63,6 +63,8 @@ def system(tmp_path_factory: pytest.TempPathFactory, weights: str) -> Iterator[S
             },
             "big": {"source": f"{weights}/other.gguf", "fallbacks": ["chat"]},
             "lazy": {"min_replicas": 0, "max_replicas": 1, "idle_timeout": "10s"},
+            # Room for a long answer: a client hangs up in the middle of one.
+            "long": {"context_length": 2048},
         }
         for name, fields in add.items():
             running.api(
@@ -71,13 +73,13 @@ def system(tmp_path_factory: pytest.TempPathFactory, weights: str) -> Iterator[S
                 json={
                     "name": name,
                     "source": f"{weights}/tiny.gguf",
-                    "context_length": 256,
                     "profiles": PROFILE,
-                    **fields,
+                    **{"context_length": 256, **fields},
                 },
             )
         wait_ready(running, "chat", 2)
         wait_ready(running, "big", 1)
+        wait_ready(running, "long", 1)
         yield running
     except BaseException:
         print(running.log_tail())
@@ -189,6 +191,53 @@ def test_an_on_demand_model_wakes_on_its_first_request_and_sleeps_when_idle(
         interval=0.5,
         what="the idle on-demand model to stop",
     )
+
+
+def test_a_client_that_hangs_up_mid_stream_stops_the_engine_within_a_second(
+    system: System, key: str
+) -> None:
+    import http.client
+    import json
+
+    import requests
+
+    port = wait_ready(system, "long", 1)[0]["port"]
+    engine_url = f"http://127.0.0.1:{port}"
+    if requests.get(f"{engine_url}/health", timeout=5).status_code != 200:
+        # llama-cpp-python's server keeps generating (and soon hangs) after its client left,
+        # whoever that client is; llama.cpp's llama-server stops at once and says so in /slots.
+        pytest.skip("the engine is not llama-server: it cannot show that it stopped")
+    gateway = http.client.HTTPConnection("127.0.0.1", system.port, timeout=30)
+    body = {
+        "model": "long",
+        "prompt": "hello",
+        "max_tokens": 1900,
+        "stream": True,
+        "logit_bias": [[EOS_ID, False]],  # no early end: the engine would go on for seconds
+    }
+    gateway.request(
+        "POST",
+        "/v1/completions",
+        body=json.dumps(body),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    response = gateway.getresponse()
+    assert response.status == 200
+    events = 0
+    while events < 3:
+        events += response.readline().startswith(b"data: {")
+
+    def generating() -> bool:
+        slots = requests.get(f"{engine_url}/slots", timeout=5).json()
+        return any(slot.get("is_processing") for slot in slots)
+
+    assert generating()
+    gateway.close()  # the client hangs up
+    hung_up = time.monotonic()
+    while generating():
+        assert time.monotonic() - hung_up < 1.0, "the engine was still generating after 1 s"
+        time.sleep(0.02)
+    print(f"the engine stopped {time.monotonic() - hung_up:.3f}s after the client hung up")
 
 
 def test_a_fallback_answers_when_the_model_is_scaled_to_zero(system: System, client: Any) -> None:
