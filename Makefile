@@ -38,5 +38,6 @@ bench: setup
 	$(PY) bench/reconcile.py
 	$(PY) bench/update_check.py
 	$(PY) bench/mirror_fetch.py
-	$(PY) bench/gateway.py
+	$(PY) bench/gateway.py --quick
+	$(PY) bench/gateway_frameworks.py
 	$(PY) bench/traffic.py

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.gateway import Processes, free_port, prepare_gateway, tree_cpu_seconds, wait_http  # noqa: E402
 
-DJANGO_APP = '''
+DJANGO_APP = """
 import os
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
 import django
@@ -40,7 +40,7 @@ urlpatterns = [path("v1/models", models)]
 settings.ROOT_URLCONF = __name__
 from django.core.asgi import get_asgi_application
 application = get_asgi_application()
-'''
+"""
 
 
 async def load(url: str, headers: dict[str, str], clients: int, count: int) -> list[float]:

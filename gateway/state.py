@@ -268,9 +268,16 @@ class _VersionPoll(_Watcher):
         self.version = self._read()
 
     def _read(self) -> int:
-        with connection.cursor() as cursor:
+        # Straight on the database driver's connection: Django's cursor costs ten times the
+        # query, and this runs twenty times a second in every gateway process.
+        connection.ensure_connection()
+        assert connection.connection is not None
+        cursor = connection.connection.cursor()
+        try:
             cursor.execute("SELECT version FROM gateway_routingversion WHERE id = 1")
             row = cursor.fetchone()
+        finally:
+            cursor.close()
         return int(row[0]) if row else 0
 
     def changed(self, timeout: float, wake: threading.Event) -> bool:
