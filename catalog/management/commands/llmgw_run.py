@@ -169,7 +169,7 @@ class Command(BaseCommand):
         os.environ["LLMGW_METRICS_TOKEN"] = token_file.read_text().strip()
         self.stdout.write(
             f"  Prometheus:        {settings.LLMGW_PUBLIC_URL}/metrics with the bearer token in "
-            f"{token_file} (bearer_token_file in a scrape config)"
+            f"{token_file} (authorization: credentials_file in a scrape config)"
         )
 
     def _local_node(self) -> str:
