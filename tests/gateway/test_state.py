@@ -1,0 +1,73 @@
+"""What tells the gateway's processes that routing changed: the database's own triggers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from catalog.models import Model
+from fleet.models import Node, Replica
+from gateway.models import GatewayKey, RoutingVersion
+
+pytestmark = pytest.mark.smoke
+
+
+def version() -> int:
+    return RoutingVersion.objects.get(pk=1).version
+
+
+@pytest.mark.skipif(
+    connection.vendor != "sqlite", reason="PostgreSQL notifies instead of bumping the version"
+)
+def test_changes_routing_sees_move_the_version_and_heartbeats_do_not(
+    catalog: Any, keys: dict[str, str], engine: Any
+) -> None:
+    catalog.add("chat")
+    replica = catalog.replica("chat", engine)
+    start = version()
+
+    # What heartbeats and idle clocks write all the time: nothing for routing.
+    Replica.objects.filter(pk=replica.pk).update(
+        message="all good", state_changed_at=timezone.now()
+    )
+    Node.objects.filter(pk=catalog.node.pk).update(last_heartbeat=timezone.now())
+    Model.objects.filter(name="chat").update(demand_at=timezone.now())
+    GatewayKey.objects.update(last_used_at=timezone.now())
+    assert version() == start
+
+    # What routing reads: each moves it.
+    Replica.objects.filter(pk=replica.pk).update(withdrawn_at=timezone.now())
+    assert version() == start + 1
+    GatewayKey.objects.filter(pk=GatewayKey.objects.first().pk).update(revoked_at=timezone.now())
+    assert version() == start + 2
+    Model.objects.filter(name="chat").update(fallbacks=["other"])
+    assert version() == start + 3
+    catalog.replica("chat", engine)
+    assert version() == start + 4
+    Node.objects.filter(pk=catalog.node.pk).update(cordoned=True)
+    assert version() == start + 5
+
+
+def test_the_snapshot_holds_what_a_request_needs(
+    catalog: Any, keys: dict[str, str], engine: Any
+) -> None:
+    from gateway.models import hash_key
+    from gateway.state import read_snapshot
+
+    catalog.add("chat")
+    catalog.add("lazy", min_replicas=0, max_replicas=1)
+    catalog.add(
+        "huge",
+        min_replicas=0,
+        max_replicas=1,
+        profiles=[{"name": "cpu", "memory_gb": 99, "cores": 1}],
+    )
+    replica = catalog.replica("chat", engine)
+    snapshot = read_snapshot()
+    assert [c.id for c in snapshot.replicas["chat"]] == [str(replica.pk)]
+    assert snapshot.keys[hash_key(keys["alice"])].active
+    assert set(snapshot.unplaceable) == {"huge"}
+    assert "its profiles need cpu: 99 GB, 1 cores" in snapshot.unplaceable["huge"]
