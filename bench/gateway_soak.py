@@ -9,6 +9,10 @@ done, and the gateway processes' memory (RSS) after the first minute and at the 
 
 Targets (issue 10): 0 failed requests, RSS growth < 10%.
 
+With REDIS_URL set the system uses Redis as its broker; without it, the embedded filesystem broker,
+whose worker was seen to die on a half-written message file under this load (kombu's filesystem
+transport), which stops the reconciler and so the restarts.
+
 Run: .venv/bin/python bench/gateway_soak.py [--minutes 10] [--streams 128]
 """
 
@@ -150,6 +154,7 @@ def soak(system: Any, key: str, minutes: float, streams: int, ready: Any, wait_f
     runner.start()
     restarts = 0
     rss_first = 0
+    shown = 0
     try:
         while time.monotonic() - started < minutes * 60:
             if not rss_first and time.monotonic() - started >= min(60, minutes * 30):
@@ -172,10 +177,25 @@ def soak(system: Any, key: str, minutes: float, streams: int, ready: Any, wait_f
                 f"gateway RSS {rss_kb(gateway_pid) / 1024:.1f} MB",
                 flush=True,
             )
+            for error in errors[shown : shown + 3]:
+                print(f"    failure: {error}", flush=True)
+            shown = len(errors)
     finally:
         stop.set()
         runner.join(timeout=120)
-    rss_last = rss_kb(gateway_pid)
+        report(minutes, streams, restarts, outcomes, errors, rss_first, rss_kb(gateway_pid))
+    return 0
+
+
+def report(
+    minutes: float,
+    streams: int,
+    restarts: int,
+    outcomes: Counter[str],
+    errors: list[str],
+    rss_first: int,
+    rss_last: int,
+) -> None:
     growth = (rss_last - rss_first) / rss_first * 100 if rss_first else float("nan")
     print(
         f"gateway soak: {minutes:g} min, {streams} concurrent streams, {restarts} rolling restarts of "
@@ -186,7 +206,6 @@ def soak(system: Any, key: str, minutes: float, streams: int, ready: Any, wait_f
     print("targets (issue 10): 0 failed requests, RSS growth < 10%")
     for error in errors[:5]:
         print(f"  failure: {error}")
-    return 0
 
 
 if __name__ == "__main__":
