@@ -1,7 +1,10 @@
 # The two commands: `make run` and `make test`. Everything they need is installed by `setup`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP_EXTRAS ?= dev,engine
+PIP_EXTRAS ?= dev
+# The engine, llama.cpp's llama-server, is built from the llama.cpp tree this sdist vendors.
+LLAMA_CPP_PYTHON := 0.3.36
+ENGINE_DIR := $(VENV)/llama.cpp-$(LLAMA_CPP_PYTHON)
 
 .PHONY: run setup test test-sqlite lint bench
 
@@ -9,13 +12,18 @@ run: setup
 	@scripts/system-deps git-lfs
 	$(PY) manage.py llmgw_run $(ARGS)
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed $(VENV)/bin/llama-server
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PY) -m pip install --quiet -e '.[$(PIP_EXTRAS)]'
+	$(PY) -m pip install --quiet -e '.[$(PIP_EXTRAS)]'
 	touch $@
+
+# Built once per version (about 4 minutes on 2 cores) and kept: a second setup does not rebuild.
+$(VENV)/bin/llama-server: | $(VENV)/.installed
+	scripts/build-llama-server $(LLAMA_CPP_PYTHON) $(ENGINE_DIR) $(PY)
+	ln -sfn ../llama.cpp-$(LLAMA_CPP_PYTHON)/bin/llama-server $@
 
 # The whole suite on the database in DATABASE_URL (SQLite when unset), then the smoke part on
 # SQLite as well when the first run used another database.
@@ -41,3 +49,4 @@ bench: setup
 	$(PY) bench/gateway.py --quick
 	$(PY) bench/gateway_frameworks.py
 	$(PY) bench/traffic.py
+	$(PY) bench/engine.py
