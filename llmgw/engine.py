@@ -1,21 +1,30 @@
-"""The llama.cpp engine as the node agent runs it: command line, process, readiness, stopping.
+"""The llama.cpp engine as the node agent runs it: command line, process, health, stopping.
 
-The engine is llama-cpp-python's OpenAI-compatible server (``python -m llama_cpp.server``).
-Facts that shape this module (measured on llama-cpp-python 0.3.36):
+The engine is llama.cpp's own ``llama-server``, built from the llama-cpp-python sdist by
+``make setup`` (scripts/build-llama-server). Facts that shape this module (measured on the
+llama.cpp tree that llama-cpp-python 0.3.36 vendors):
 
-- It has no health endpoint, and ``/v1/models`` answers before the model computes anything, so
-  readiness is ``/v1/models`` answering 200 *and* a 1-token completion succeeding, for every name
-  the engine serves (a bad LoRA adapter only crashes the engine on its first completion).
-- One process serves several names through ``--config_file``: the first entry is loaded at
-  start, and a request for another entry's ``model_alias`` closes the loaded model and loads that
-  entry (weights and adapter) instead. A request for a name it does not know silently goes to the
-  first entry. Requests are served one at a time.
-- ``interrupt_requests`` (on by default) makes a new request cut off the one that is streaming;
-  behind a gateway that would break every concurrent stream, so it is turned off.
-- ``/v1/embeddings`` only works when the model was loaded with ``embedding`` on; completions
-  still work with it on, so it is always on.
-- There is no adapter scale setting in the server (``Llama(lora_scale=...)`` is not exposed):
-  adapters are applied at 1.0.
+- ``--parallel N`` serves N requests at once (continuous batching over N slots), and ``-c`` is
+  split between the slots: each slot gets ``-c / N`` tokens, so ``-c`` is context x slots.
+- ``/health`` answers 503 while the model loads and 200 once it is loaded, in about a
+  millisecond even while a long prompt is being processed. A stopped or deadlocked engine
+  answers nothing at all (every endpoint times out), so liveness is "``/health`` answers within
+  a short timeout", counted over a few probes. Readiness is ``/health`` 200 *and* a 1-token
+  completion for every name the engine serves, as before: it proves the model computes.
+- LoRA adapters are loaded at start (``--lora-scaled FILE:SCALE``; ``:`` and ``,`` are its
+  separators, so a path holding either cannot be given). A request carrying
+  ``"lora": [{"id": i, "scale": s}]`` runs with adapter ``i`` at scale ``s`` and every other
+  adapter at 0; a request without it runs with the scales given at start. Adapters are started
+  at scale 0, and every request carries the field (:func:`lora_request`): the adapter asked for
+  at its declared scale, the others at 0, so one engine serves the base model and all its
+  adapters, each request at its own. A changed set clears the slot's prompt cache, so a cached
+  prompt never leaks across adapters (a request *without* the field does not clear it).
+- A bad adapter (wrong architecture, a missing half) stops it at start with exit 1 and a clear
+  message; the agent still checks adapters first, to say which one and why.
+- ``/metrics`` (Prometheus, with ``--metrics``) gives tokens, busy slots and prompt-cache
+  counters (:func:`read_metrics`). ``/v1/embeddings`` needs ``--embeddings --pooling mean``;
+  completions and chat keep working with it.
+- Answers name the model by ``--alias`` (the catalog name), whatever the request asked for.
 
 The engine runs in its own session (process group) so that it outlives the agent: a restarted
 agent adopts it instead of reloading the model.
@@ -27,8 +36,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -43,12 +53,15 @@ import requests
 
 STOP_GRACE_SECONDS = 10.0
 LAST_OUTPUT_LINES = 15
+ENGINE_NAME = "llama-server"
+ENGINE_ENV = "LLMGW_LLAMA_SERVER"
 
 
 @dataclass(frozen=True)
 class AdapterEntry:
     name: str
     path: str
+    scale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -59,7 +72,9 @@ class EngineSettings:
     model_alias: str
     host: str
     port: int
-    context_length: int
+    context_length: int  # per request (per slot)
+    prompt_cache_mib: int = 0  # the RAM kept for earlier prompts' KV cache; 0 keeps none
+    slots: int = 1
     threads: int | None = None
     adapters: tuple[AdapterEntry, ...] = field(default_factory=tuple)
 
@@ -68,69 +83,86 @@ class EngineSettings:
         return [self.model_alias, *(adapter.name for adapter in self.adapters)]
 
 
-def _model_entry(settings: EngineSettings, alias: str, lora_path: str | None) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "model": settings.model_path,
-        "model_alias": alias,
-        "n_ctx": settings.context_length,
-        "embedding": True,
-    }
-    if settings.threads is not None:
-        # Prompt processing uses n_threads_batch, which defaults to every core of the machine;
-        # set both, so that replicas sharing a node stay within the cores they reserved.
-        entry["n_threads"] = settings.threads
-        entry["n_threads_batch"] = settings.threads
-    if lora_path is not None:
-        entry["lora_path"] = lora_path
-    return entry
+def find_engine(explicit: str | None = None) -> str | None:
+    """Where llama-server is: ``explicit`` (--llama-server), else $LLMGW_LLAMA_SERVER, else
+    beside this Python interpreter (where ``make setup`` links it), else on PATH."""
+    for candidate in (explicit, os.environ.get(ENGINE_ENV)):
+        if candidate:
+            return candidate
+    beside = Path(sys.executable).parent / ENGINE_NAME
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which(ENGINE_NAME)
 
 
-def engine_config(settings: EngineSettings) -> dict[str, Any]:
-    """The ``--config_file`` contents: the base model first (loaded at start), then one entry
-    per adapter whose alias is the adapter's name."""
-    return {
-        "host": settings.host,
-        "port": settings.port,
-        "interrupt_requests": False,
-        "models": [
-            _model_entry(settings, settings.model_alias, None),
-            *(_model_entry(settings, a.name, a.path) for a in settings.adapters),
-        ],
-    }
+class BadAdapterPath(ValueError):
+    """llama-server cannot be given this adapter path on its command line."""
 
 
-def engine_command(settings: EngineSettings, config_path: Path) -> list[str]:
-    """The engine's argv. Without adapters everything is on the command line (easy to read in
-    ``ps``); with adapters the server needs a config file, written to ``config_path`` here."""
-    base = [sys.executable, "-m", "llama_cpp.server"]
-    if settings.adapters:
-        config_path.write_text(json.dumps(engine_config(settings), indent=2) + "\n")
-        return [*base, "--config_file", str(config_path)]
+def engine_command(settings: EngineSettings, executable: str) -> list[str]:
+    """The engine's argv; everything is on the command line, so ``ps`` shows what runs."""
     command = [
-        *base,
+        executable,
         "--model",
         settings.model_path,
-        "--model_alias",
+        "--alias",
         settings.model_alias,
         "--host",
         settings.host,
         "--port",
         str(settings.port),
-        "--n_ctx",
-        str(settings.context_length),
-        "--embedding",
-        "true",
-        "--interrupt_requests",
-        "false",
+        # Split between the slots: each request gets context_length tokens.
+        "--ctx-size",
+        str(settings.context_length * settings.slots),
+        "--parallel",
+        str(settings.slots),
+        "--cache-ram",
+        str(settings.prompt_cache_mib),
+        "--metrics",
+        "--embeddings",
+        "--pooling",
+        "mean",
+        "--no-webui",
     ]
     if settings.threads is not None:
-        command += [
-            "--n_threads",
-            str(settings.threads),
-            "--n_threads_batch",
-            str(settings.threads),
-        ]
+        # Prompt processing uses its own thread count, which defaults to every core of the
+        # machine; set both, so that replicas sharing a node stay within the cores they reserved.
+        command += ["--threads", str(settings.threads), "--threads-batch", str(settings.threads)]
+    for adapter in settings.adapters:
+        if ":" in adapter.path or "," in adapter.path:
+            raise BadAdapterPath(
+                f"the adapter file {adapter.path} has ':' or ',' in its path, which llama-server "
+                "cannot take (they separate its --lora-scaled values); use a --cache folder "
+                "without them"
+            )
+        # Scale 0 at start: each request asks for its adapter (lora_request).
+        command += ["--lora-scaled", f"{adapter.path}:0"]
     return command
+
+
+def lora_request(adapters: Sequence[Any], name: str) -> list[dict[str, Any]] | None:
+    """The ``lora`` field of a request for ``name`` to an engine started with ``adapters``
+    (in that order; entries with ``name`` and ``scale``, as objects or dicts): every adapter at
+    0 but ``name``'s, at its scale (all at 0 for the base model). None when the engine has no
+    adapters.
+
+    The base model's requests must carry the field too: a request without it takes the start
+    scales without clearing the slot's prompt cache, so a prompt cached under an adapter would
+    be reused for the base model (measured: garbled output). With the field, a change of
+    adapters clears that slot's cache."""
+    if not adapters:
+        return None
+    lora = []
+    for index, adapter in enumerate(adapters):
+        if isinstance(adapter, dict):
+            adapter_name, scale = adapter["name"], adapter.get("scale", 1.0)
+        else:
+            adapter_name, scale = adapter.name, adapter.scale
+        chosen = adapter_name == name
+        lora.append(
+            {"id": index, "scale": float(1.0 if scale is None else scale) if chosen else 0.0}
+        )
+    return lora
 
 
 def start_engine(command: Sequence[str], log_path: Path) -> subprocess.Popen[bytes]:
@@ -169,7 +201,8 @@ def process_alive(pid: int) -> bool:
 def stop_process_group(
     pid: int, *, child: subprocess.Popen[bytes] | None = None, grace: float = STOP_GRACE_SECONDS
 ) -> None:
-    """SIGTERM the engine's process group, wait up to ``grace`` seconds, then SIGKILL it.
+    """SIGTERM the engine's process group, wait up to ``grace`` seconds, then SIGKILL it
+    (at once with ``grace=0``, for an engine that no longer answers).
 
     ``child`` is the Popen when this agent started the engine, so that it is reaped (an adopted
     engine is reaped by init). The group id is the engine's pid: it leads its own session.
@@ -177,6 +210,8 @@ def stop_process_group(
     if not _signal_group(pid, signal.SIGTERM):
         _reap(child)
         return
+    # A stopped engine (SIGSTOP) keeps a SIGTERM pending until it runs again.
+    _signal_group(pid, signal.SIGCONT)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         if _gone(pid, child):
@@ -215,8 +250,8 @@ def _reap(child: subprocess.Popen[bytes] | None) -> None:
 
 
 def port_is_free(host: str, port: int) -> bool:
-    """Whether the engine could bind ``host:port`` now (uvicorn sets SO_REUSEADDR, so a port
-    whose last connection is in TIME_WAIT counts as free, as it does for the engine)."""
+    """Whether the engine could bind ``host:port`` now (llama-server sets SO_REUSEADDR, so a
+    port whose last connection is in TIME_WAIT counts as free, as it does for the engine)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -232,21 +267,33 @@ class NotReady(Exception):
     """The engine does not (yet) serve; the message says what it answered."""
 
 
-def check_ready(host: str, port: int, names: Sequence[str], *, timeout: float) -> None:
-    """Raise NotReady unless /v1/models answers and every name computes one token.
-
-    The base model's name goes last, so that the engine ends with the base model loaded (a
-    request for an adapter's name reloads the model with that adapter).
-    """
-    base = f"http://{host}:{port}"
+def health(host: str, port: int, *, timeout: float) -> str | None:
+    """None when /health answers 200 within ``timeout``; otherwise what happened instead."""
     try:
-        models = requests.get(f"{base}/v1/models", timeout=min(timeout, 5))
+        answer = requests.get(f"http://{host}:{port}/health", timeout=timeout)
+    except requests.Timeout:
+        return f"no answer within {timeout:g} s"
     except requests.RequestException as exc:
-        raise NotReady(f"/v1/models: {exc.__class__.__name__}") from None
-    if models.status_code != 200:
-        raise NotReady(f"/v1/models answered {models.status_code}")
-    for name in [*names[1:], names[0]]:
-        body = {"model": name, "prompt": "hi", "max_tokens": 1}
+        return exc.__class__.__name__
+    if answer.status_code != 200:
+        return f"HTTP {answer.status_code}"
+    return None
+
+
+def check_ready(
+    host: str, port: int, alias: str, adapters: Sequence[AdapterEntry], *, timeout: float
+) -> None:
+    """Raise NotReady unless /health answers 200 and the base model and every adapter compute
+    one token."""
+    problem = health(host, port, timeout=min(timeout, 5))
+    if problem is not None:
+        raise NotReady(f"/health: {problem}")
+    base = f"http://{host}:{port}"
+    for name in [alias, *(adapter.name for adapter in adapters)]:
+        body: dict[str, Any] = {"model": name, "prompt": "hi", "max_tokens": 1}
+        lora = lora_request(adapters, name)
+        if lora is not None:
+            body["lora"] = lora
         try:
             answer = requests.post(f"{base}/v1/completions", json=body, timeout=timeout)
         except requests.RequestException as exc:
@@ -255,15 +302,68 @@ def check_ready(host: str, port: int, names: Sequence[str], *, timeout: float) -
             raise NotReady(f"a completion for {name} answered {answer.status_code}")
 
 
-def last_output(log_path: Path, lines: int = LAST_OUTPUT_LINES) -> str:
-    """The last lines of an engine's log, for a failure message."""
+# What the control plane keeps of the engine's Prometheus numbers (llama.cpp's names).
+METRIC_NAMES = {
+    "llamacpp:prompt_tokens_total": "prompt_tokens",
+    "llamacpp:prompt_tokens_cached_total": "prompt_tokens_cached",
+    "llamacpp:tokens_predicted_total": "predicted_tokens",
+    "llamacpp:requests_processing": "requests_processing",
+    "llamacpp:requests_deferred": "requests_deferred",
+}
+_METRIC_LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """The counters and gauges of METRIC_NAMES found in a Prometheus text answer."""
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _METRIC_LINE.match(line)
+        if match and match.group(1) in METRIC_NAMES:
+            with contextlib.suppress(ValueError):
+                found[METRIC_NAMES[match.group(1)]] = float(match.group(2))
+    return found
+
+
+def read_metrics(host: str, port: int, *, timeout: float) -> dict[str, float] | None:
+    """The engine's /metrics, or None when it does not answer them."""
     try:
-        with open(log_path, "rb") as log:
+        answer = requests.get(f"http://{host}:{port}/metrics", timeout=timeout)
+    except requests.RequestException:
+        return None
+    if answer.status_code != 200:
+        return None
+    return parse_metrics(answer.text)
+
+
+def rotate_log(log_path: Path, max_bytes: int) -> bool:
+    """Keep an engine's log under ``max_bytes``: past it, the log is copied to ``<log>.1``
+    (replacing the one before) and emptied in place. The engine keeps its file open for
+    appending, so it goes on writing at the new end; a line written between the copy and the
+    emptying is lost, which a log can afford."""
+    try:
+        if log_path.stat().st_size <= max_bytes:
+            return False
+        shutil.copyfile(log_path, log_path.with_name(log_path.name + ".1"))
+        os.truncate(log_path, 0)
+    except OSError:
+        return False
+    return True
+
+
+def _tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as log:
             log.seek(0, os.SEEK_END)
             size = log.tell()
             log.seek(max(0, size - 64 * 1024))
-            tail = log.read().decode(errors="replace")
+            return log.read().decode(errors="replace")
     except OSError:
-        return "(no output)"
+        return ""
+
+
+def last_output(log_path: Path, lines: int = LAST_OUTPUT_LINES) -> str:
+    """The last lines of an engine's log (and of the rotated one before it), for a failure
+    message."""
+    tail = _tail(log_path.with_name(log_path.name + ".1")) + _tail(log_path)
     kept = [line.rstrip() for line in tail.splitlines() if line.strip()][-lines:]
     return "\n".join(kept) if kept else "(no output)"

@@ -736,22 +736,26 @@ def _shape_problems(
 @dataclass(frozen=True)
 class MemoryEstimate:
     weights_bytes: int
-    kv_cache_bytes: int
+    kv_cache_bytes: int  # every slot's
     total_bytes: int
+    prompt_cache_bytes: int = 0  # the engine's RAM store of earlier prompts (one slot's worth)
 
 
 KV_BYTES_PER_VALUE = 2  # llama.cpp's default KV cache type is f16
 
 
 def estimate_memory_bytes(
-    header: GGUFHeader, *, file_size: int, context_length: int | None = None
+    header: GGUFHeader, *, file_size: int, context_length: int | None = None, slots: int = 1
 ) -> MemoryEstimate:
-    """Roughly how much memory serving this model takes: the weights plus an f16 KV cache.
+    """Roughly how much memory serving this model takes: the weights plus an f16 KV cache for
+    each of ``slots`` requests served at once, plus the engine's prompt cache.
 
     The weights are about the file size (the header is negligible next to the tensor data).
     The KV cache holds K and V for every layer and position: 2 x block_count x context_length
     x head_count_kv x head_dim x 2 bytes, where head_dim is embedding_length / head_count unless
-    the header states key_length / value_length. Compute buffers are not included.
+    the header states key_length / value_length, for every slot. The engine keeps earlier
+    prompts' KV in RAM up to one slot's worth (the node starts it so: llmgw.engine). Compute
+    buffers are not included.
     """
     context = context_length if context_length is not None else header.context_length
     dims = {
@@ -770,7 +774,11 @@ def estimate_memory_bytes(
     key_dim = header.key_length or default_head_dim
     value_dim = header.value_length or default_head_dim
     per_position = header.block_count * head_count_kv * (key_dim + value_dim)
-    kv_cache = per_position * context * KV_BYTES_PER_VALUE
+    one_slot = per_position * context * KV_BYTES_PER_VALUE
+    kv_cache = one_slot * max(1, slots)
     return MemoryEstimate(
-        weights_bytes=file_size, kv_cache_bytes=kv_cache, total_bytes=file_size + kv_cache
+        weights_bytes=file_size,
+        kv_cache_bytes=kv_cache,
+        total_bytes=file_size + kv_cache + one_slot,
+        prompt_cache_bytes=one_slot,
     )

@@ -6,8 +6,10 @@ what is missing and stops what is no longer listed. A lost message therefore cha
 and a restarted agent converges on the next answer.
 
 Each wanted replica gets a worker thread (the heartbeat loop never waits on one) that fetches
-the weights and adapters into a content-addressed cache, checks the adapters (llama.cpp crashes
-on a bad one instead of refusing it), starts the engine (see llmgw.engine) and watches it.
+the weights and adapters into a content-addressed cache, checks the adapters against the model
+(to say which one is wrong and why, before any engine loads it), starts the engine (llama.cpp's
+llama-server, see llmgw.engine) and watches it: an engine that exits or stops answering /health
+fails its replica, with the reason, and the control plane replaces it.
 
 Engines run in their own session and outlive the agent: on start the agent adopts the engines
 an earlier agent left running (recorded in ``<cache>/replicas/<id>/state.json``), so an agent
@@ -22,7 +24,6 @@ Cache layout::
     <cache>/urls.json                source URL -> sha256, for sources given without a sha256
     <cache>/replicas/<id>/state.json the replica's spec, engine pid, port, command, state
     <cache>/replicas/<id>/engine.log the engine's stdout and stderr
-    <cache>/replicas/<id>/engine.json the engine's config file, when it serves adapters
 
 This module must not import Django.
 """
@@ -32,7 +33,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import importlib.util
 import json
 import logging
 import os
@@ -54,7 +54,7 @@ from urllib.parse import urlsplit
 import requests
 
 from . import engine
-from .gguf import GGUFError, adapter_problems, read_header_from_file
+from .gguf import GGUFError, adapter_problems, estimate_memory_bytes, read_header_from_file
 from .hashing import BackgroundHasher
 
 log = logging.getLogger("llmgw.node")
@@ -63,10 +63,19 @@ DEFAULT_PORT_RANGE = (41000, 41999)
 DEFAULT_HEARTBEAT_SECONDS = 2.0
 DEFAULT_READY_TIMEOUT_SECONDS = 120.0
 DEFAULT_CONTEXT_LENGTH = 2048
+DEFAULT_ENGINE_LOG_MAX_BYTES = 10 * 1000 * 1000
+MAX_SLOTS = 256
 DOWNLOAD_CHUNK_BYTES = 1 << 20
 HEARTBEAT_TIMEOUT = (5, 10)  # (connect, read) seconds
 DOWNLOAD_TIMEOUT = (10, 60)
 WATCH_SECONDS = 0.5  # how often a worker looks at its engine once it is ready
+# A ready engine is probed every second; three probes in a row without an answer within a
+# second fail the replica: a hung engine is reported within about 6 s (and withdrawn from
+# routing with that report), while a busy one still answers /health in about a millisecond.
+HEALTH_INTERVAL_SECONDS = 1.0
+HEALTH_TIMEOUT_SECONDS = 1.0
+HEALTH_MISSES = 3
+METRICS_INTERVAL_SECONDS = 5.0
 POLL_SECONDS = 0.1  # how often a worker probes a starting engine
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -117,6 +126,7 @@ class ReplicaSpec:
     adapters: tuple[AdapterSpec, ...]
     context_length: int | None
     threads: int | None
+    slots: int = 1  # requests the engine serves at once
 
     @classmethod
     def from_json(cls, data: Any) -> ReplicaSpec:
@@ -138,6 +148,7 @@ class ReplicaSpec:
             context_length=_positive_int(data.get("context_length"), "context_length", where),
             # 0 threads means "no cores reserved": the engine's own default applies.
             threads=_positive_int(data.get("threads"), "threads", where) or None,
+            slots=min(_positive_int(data.get("slots"), "slots", where) or 1, MAX_SLOTS),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -152,6 +163,7 @@ class ReplicaSpec:
             ],
             "context_length": self.context_length,
             "threads": self.threads,
+            "slots": self.slots,
         }
 
 
@@ -195,10 +207,19 @@ def _adapter(data: Any, where: str) -> AdapterSpec:
     )
 
 
-def parse_answer(body: Any) -> tuple[list[ReplicaSpec], float | None]:
-    """The wanted replicas and the heartbeat interval from a 200 answer; AnswerError if the
-    answer is malformed anywhere (then nothing changes: a half-understood answer must not stop
-    replicas)."""
+@dataclass(frozen=True)
+class Answer:
+    replicas: list[ReplicaSpec]
+    interval: float | None
+    # Files to keep in the cache though no replica here uses them now: the previous revisions
+    # of the models this node runs, which a rollback would start again. (source, sha256)
+    keep: tuple[tuple[str, str | None], ...] = ()
+
+
+def parse_answer(body: Any) -> Answer:
+    """The wanted replicas, the heartbeat interval and the files to keep, from a 200 answer;
+    AnswerError if the answer is malformed anywhere (then nothing changes: a half-understood
+    answer must not stop replicas)."""
     if not isinstance(body, dict):
         raise AnswerError(f"the answer is {type(body).__name__}, not an object")
     replicas = body.get("replicas")
@@ -211,7 +232,15 @@ def parse_answer(body: Any) -> tuple[list[ReplicaSpec], float | None]:
     interval = body.get("heartbeat_interval")
     if isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0:
         interval = None
-    return specs, interval
+    keep = body.get("keep") or []
+    if not isinstance(keep, list):
+        raise AnswerError("the answer's keep is not a list")
+    kept = tuple(
+        (_text(item, "source", "a kept file"), _sha256(item.get("sha256"), "a kept file"))
+        for item in keep
+        if isinstance(item, dict)
+    )
+    return Answer(specs, interval, kept)
 
 
 # -- the blob cache -----------------------------------------------------------------------------
@@ -287,8 +316,40 @@ class BlobCache:
     def _cached(self, url: str, sha256: str | None) -> tuple[Path, str] | None:
         known = sha256 or self._index().get(url)
         if known is not None and self.blob(known).is_file():
+            # The modification time is the blob's last use: eviction goes oldest first.
+            with contextlib.suppress(OSError):
+                os.utime(self.blob(known))
             return self.blob(known), known
         return None
+
+    def sha256_of(self, url: str, sha256: str | None) -> str | None:
+        return sha256 or self._index().get(url)
+
+    def evict(self, max_bytes: int, needed: set[str]) -> tuple[list[str], int]:
+        """Delete the least recently used blobs outside ``needed`` until the blobs take at
+        most ``max_bytes``; returns the evicted sha256s and the bytes the blobs take after."""
+        with self._guard:
+            blobs = []
+            for path in self.blobs.iterdir():
+                with contextlib.suppress(OSError):
+                    info = path.stat()
+                    blobs.append((info.st_mtime, path.name, info.st_size))
+            total = sum(size for _, _, size in blobs)
+            evicted = []
+            for _, name, size in sorted(blobs):
+                if total <= max_bytes:
+                    break
+                if name in needed:
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    (self.blobs / name).unlink()
+                total -= size
+                evicted.append(name)
+            if evicted:
+                gone = set(evicted)
+                index = self._index()
+                _write_json(self.index_path, {u: s for u, s in index.items() if s not in gone})
+            return evicted, total
 
     def _url_lock(self, url: str) -> threading.Lock:
         with self._guard:
@@ -346,8 +407,10 @@ class BlobCache:
                     "catalog's sha256 is wrong."
                 )
             os.chmod(partial, 0o644)
-            os.replace(partial, self.blob(actual))
-            self._remember(url, actual)
+            with self._guard:
+                # Stored and indexed at once, so that eviction never sees it unindexed.
+                os.replace(partial, self.blob(actual))
+                self._remember_locked(url, actual)
             return self.blob(actual), actual
         except requests.RequestException as exc:
             raise FetchFailed(f"could not fetch the {label} from {url}: {exc}") from None
@@ -362,13 +425,13 @@ class BlobCache:
             return {}
         return data if isinstance(data, dict) else {}
 
-    def _remember(self, url: str, sha256: str) -> None:
-        with self._guard:
-            index = self._index()
-            if index.get(url) == sha256:
-                return
-            index[url] = sha256
-            _write_json(self.index_path, index)
+    def _remember_locked(self, url: str, sha256: str) -> None:
+        """Index ``url`` as ``sha256`` (the caller holds self._guard)."""
+        index = self._index()
+        if index.get(url) == sha256:
+            return
+        index[url] = sha256
+        _write_json(self.index_path, index)
 
 
 def _progress_text(label: str, done: int, total: int | None) -> str:
@@ -408,6 +471,8 @@ class Replica:
         self.command: list[str] | None = None
         self.started_at: str | None = None
         self.thread: threading.Thread | None = None
+        self.engine_metrics: dict[str, float] | None = None  # the engine's /metrics, if read
+        self._metrics_read: tuple[float, dict[str, float]] | None = None
 
     @property
     def label(self) -> str:
@@ -422,6 +487,8 @@ class Replica:
                 "message": self.message,
                 "progress": dict(self.progress) if self.progress is not None else None,
                 "sha256": self.sha256,
+                "slots": self.spec.slots,
+                "engine": dict(self.engine_metrics) if self.engine_metrics else None,
             }
 
     def start(self, work: Callable[[], None]) -> None:
@@ -497,6 +564,7 @@ class Replica:
     def run_new(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         weights, adapters = self._fetch_all()
+        self.agent.evict()
         self._check_adapters(weights, adapters)
         self._start_engine(weights, adapters)
         self._wait_until_ready(adopted=False)
@@ -564,20 +632,32 @@ class Replica:
                     f"{self.spec.model}: " + "; ".join(problems)
                 )
         if reasons:
-            raise ReplicaFailed(
-                "; ".join(reasons) + ". No engine was started: llama.cpp would crash on it."
-            )
+            raise ReplicaFailed("; ".join(reasons) + ". No engine was started.")
 
-    def _context_length(self, weights: Path) -> int:
-        if self.spec.context_length:
-            return self.spec.context_length
-        # Not more than the model was trained for; if the header is unreadable the engine will
-        # say why in its own words, which is the more useful message.
+    def _sizes(self, weights: Path) -> tuple[int, int]:
+        """The context per request, and the MiB of the engine's prompt cache: one slot's KV
+        cache, as the control plane's memory estimate counts it (its default, 8 GiB, would
+        overrun any reservation)."""
+        # If the header is unreadable the engine will say why in its own words, which is the
+        # more useful message.
         try:
-            trained = read_header_from_file(weights, require_tensors=False).context_length
+            header = read_header_from_file(weights, require_tensors=False)
         except GGUFError:
-            trained = None
-        return min(DEFAULT_CONTEXT_LENGTH, trained) if trained else DEFAULT_CONTEXT_LENGTH
+            header = None
+        trained = header.context_length if header is not None else None
+        if self.spec.context_length:
+            context = self.spec.context_length
+        else:
+            # Not more than the model was trained for.
+            context = min(DEFAULT_CONTEXT_LENGTH, trained) if trained else DEFAULT_CONTEXT_LENGTH
+        try:
+            assert header is not None
+            one_slot = estimate_memory_bytes(
+                header, file_size=0, context_length=context
+            ).prompt_cache_bytes
+        except (AssertionError, GGUFError):
+            return context, 0
+        return context, max(1, -(-one_slot // (1 << 20)))
 
     def _start_engine(self, weights: Path, adapters: list[tuple[AdapterSpec, Path]]) -> None:
         port = self.agent.allocate_port(self)
@@ -587,16 +667,28 @@ class Replica:
                 f"no port in {low}-{high} is free on {self.agent.config.address} for the engine; "
                 "widen --port-range or stop what uses those ports"
             )
+        executable = self.agent.config.engine or engine.find_engine()
+        if executable is None:
+            raise ReplicaFailed(
+                "llama-server is not installed on this node: run `make setup` (it builds it), "
+                f"or give its path with --llama-server or {engine.ENGINE_ENV}"
+            )
+        context, prompt_cache_mib = self._sizes(weights)
         settings = engine.EngineSettings(
             model_path=str(weights),
             model_alias=self.spec.model,
             host=self.host,
             port=port,
-            context_length=self._context_length(weights),
+            context_length=context,
+            prompt_cache_mib=prompt_cache_mib,
+            slots=self.spec.slots,
             threads=self.spec.threads,
-            adapters=tuple(engine.AdapterEntry(a.name, str(path)) for a, path in adapters),
+            adapters=tuple(engine.AdapterEntry(a.name, str(path), a.scale) for a, path in adapters),
         )
-        command = engine.engine_command(settings, self.folder / "engine.json")
+        try:
+            command = engine.engine_command(settings, executable)
+        except engine.BadAdapterPath as exc:
+            raise ReplicaFailed(f"{exc}; no engine was started") from None
         with self.lock:
             # Checked under the lock that stop() and the agent's exit take, so an engine is
             # never started after either has looked for one to stop (it would be an orphan).
@@ -640,7 +732,6 @@ class Replica:
     def _wait_until_ready(self, *, adopted: bool) -> None:
         timeout = self.agent.config.ready_timeout
         deadline = time.monotonic() + timeout
-        names = [self.spec.model, *(adapter.name for adapter in self.spec.adapters)]
         host = self.host
         assert self.port is not None
         while True:
@@ -660,42 +751,97 @@ class Replica:
                 )
                 return
             try:
-                engine.check_ready(host, self.port, names, timeout=max(1.0, remaining))
+                engine.check_ready(
+                    host,
+                    self.port,
+                    self.spec.model,
+                    self._adapter_entries(),
+                    timeout=max(1.0, remaining),
+                )
             except engine.NotReady:
                 self.stop_requested.wait(POLL_SECONDS)
                 continue
             break
         self._set("ready", self._ready_text(adopted))
 
+    def _adapter_entries(self) -> tuple[engine.AdapterEntry, ...]:
+        # In the order the engine was given them: a request names an adapter by its index.
+        return tuple(engine.AdapterEntry(a.name, "", a.scale) for a in self.spec.adapters)
+
     def _ready_text(self, adopted: bool) -> str:
         text = f"ready on port {self.port}"
+        if self.spec.slots > 1:
+            text += f", {self.spec.slots} slots"
         if self.spec.adapters:
-            names = ", ".join(adapter.name for adapter in self.spec.adapters)
+            names = ", ".join(f"{a.name} (scale {a.scale:g})" for a in self.spec.adapters)
             text += f", serving {self.spec.model} and its adapters {names}"
         if adopted:
             text += f" (engine pid {self.pid}, adopted from an earlier agent)"
-        scaled = [a for a in self.spec.adapters if a.scale != 1.0]
-        if scaled:
-            text += "; " + ", ".join(
-                f"{a.name} is applied at scale 1.0, not {a.scale:g}" for a in scaled
-            )
-            text += " (llama-cpp-python's server has no adapter scale setting)"
         return text
 
     def _watch(self) -> None:
+        """Until the replica is stopped: fail it when its engine exits or stops answering
+        /health (hung, stopped, deadlocked), and read its metrics for the heartbeat."""
         if self.state != "ready":
             return
+        misses: list[str] = []
+        next_probe = next_metrics = time.monotonic()
         while not self.stop_requested.wait(WATCH_SECONDS):
             how = self._exit_text()
             if how is not None:
                 self._fail_exited(how)
                 return
+            now = time.monotonic()
+            if now >= next_probe:
+                next_probe = now + HEALTH_INTERVAL_SECONDS
+                assert self.port is not None
+                problem = engine.health(self.host, self.port, timeout=HEALTH_TIMEOUT_SECONDS)
+                misses = [*misses, problem] if problem is not None else []
+                if len(misses) >= HEALTH_MISSES:
+                    self._fail_hung(misses)
+                    return
+            if now >= next_metrics and not misses:
+                next_metrics = now + METRICS_INTERVAL_SECONDS
+                self._read_metrics()
+                if engine.rotate_log(
+                    self.folder / "engine.log", self.agent.config.engine_log_max_bytes
+                ):
+                    log.info(
+                        "%s: rotated its engine log (engine.log.1 is the one before)", self.label
+                    )
 
-    def _kill_engine(self) -> None:
+    def _fail_hung(self, misses: list[str]) -> None:
+        """The engine runs but does not answer: kill it (a stopped process never handles a
+        SIGTERM) so that its memory and port come back, and say why."""
+        with self.lock:
+            pid = self.pid
+        self._kill_engine(grace=0)
+        self._fail(
+            f"the engine (pid {pid}) stopped answering /health: {len(misses)} probes in a row "
+            f"failed ({misses[-1]}), so it is hung, stopped or deadlocked; it was killed"
+        )
+
+    def _read_metrics(self) -> None:
+        assert self.port is not None
+        numbers = engine.read_metrics(self.host, self.port, timeout=HEALTH_TIMEOUT_SECONDS)
+        if numbers is None:
+            return
+        now = time.monotonic()
+        with self.lock:
+            before, self._metrics_read = self._metrics_read, (now, numbers)
+        report = {**numbers, "slots": float(self.spec.slots)}
+        if before is not None and "predicted_tokens" in numbers:
+            seconds = now - before[0]
+            made = numbers["predicted_tokens"] - before[1].get("predicted_tokens", 0)
+            report["tokens_per_second"] = round(max(made, 0) / seconds, 2) if seconds > 0 else 0
+        with self.lock:
+            self.engine_metrics = report
+
+    def _kill_engine(self, grace: float = engine.STOP_GRACE_SECONDS) -> None:
         with self.lock:
             pid, process = self.pid, self.process
         if pid is not None:
-            engine.stop_process_group(pid, child=process)
+            engine.stop_process_group(pid, child=process, grace=grace)
 
     # -- stopping -------------------------------------------------------------------------------
 
@@ -731,6 +877,9 @@ class NodeConfig:
     heartbeat_interval: float = DEFAULT_HEARTBEAT_SECONDS
     ready_timeout: float = DEFAULT_READY_TIMEOUT_SECONDS
     stop_engines_on_exit: bool = False
+    engine: str | None = None  # llama-server's path; None: engine.find_engine()
+    cache_max_gb: float | None = None  # None: the blob cache is not bounded
+    engine_log_max_bytes: int = DEFAULT_ENGINE_LOG_MAX_BYTES
 
 
 def default_cache_dir() -> Path:
@@ -754,6 +903,8 @@ class Agent:
         self.exiting = threading.Event()
         self.interval = config.heartbeat_interval
         self.started_at = _now_iso()
+        self.kept: tuple[tuple[str, str | None], ...] = ()
+        self._over_budget: str | None = None
         self.node_name: str | None = None
         self._last_problem: str | None = None
         self._connected = False
@@ -913,7 +1064,7 @@ class Agent:
             )
             return
         try:
-            specs, interval = parse_answer(response.json())
+            answer = parse_answer(response.json())
         except (ValueError, AnswerError) as exc:
             self._problem(
                 f"the control plane at {self.server} answered something this agent does not "
@@ -921,10 +1072,12 @@ class Agent:
             )
             return
         self._recovered(response)
-        if interval is not None and interval != self.interval:
-            log.info("heartbeating every %g s, as the control plane asks", interval)
-            self.interval = interval
-        self.reconcile(specs)
+        if answer.interval is not None and answer.interval != self.interval:
+            log.info("heartbeating every %g s, as the control plane asks", answer.interval)
+            self.interval = answer.interval
+        self.kept = answer.keep
+        self.reconcile(answer.replicas)
+        self.evict()
 
     def _problem(self, text: str) -> None:
         # Said once, not every two seconds; said again when it changes.
@@ -968,6 +1121,36 @@ class Agent:
                 daemon=True,
             ).start()
 
+    def needed_blobs(self) -> set[str]:
+        """The sha256 of every file a replica here uses or may use (running, starting,
+        stopping), and of the previous revisions the control plane asks to keep."""
+        with self.lock:
+            replicas = [*self.replicas.values(), *self.stopping.values()]
+        sources = list(self.kept)
+        for replica in replicas:
+            sources.append((replica.spec.source, replica.spec.sha256 or replica.sha256))
+            sources += [(a.source, a.sha256) for a in replica.spec.adapters]
+        return {sha for source, known in sources if (sha := self.cache.sha256_of(source, known))}
+
+    def evict(self) -> None:
+        """Keep the blob cache within --cache-max-gb: least recently used first, never a
+        file a replica here needs or a previous revision the control plane asks to keep."""
+        if self.config.cache_max_gb is None:
+            return
+        limit = int(self.config.cache_max_gb * 1e9)
+        evicted, total = self.cache.evict(limit, self.needed_blobs())
+        for sha in evicted:
+            log.info("cache: evicted %s, the least recently used file no replica needs", sha)
+        problem = None
+        if total > limit:
+            problem = (
+                f"cache: the files replicas here need take {total / 1e9:.2f} GB, above "
+                f"--cache-max-gb {self.config.cache_max_gb:g}; nothing more can be evicted"
+            )
+        if problem is not None and problem != self._over_budget:
+            log.warning("%s", problem)
+        self._over_budget = problem
+
     def _stop_replica(self, replica: Replica) -> None:
         try:
             replica.stop()
@@ -991,12 +1174,15 @@ class Agent:
         self.check_address()
         self.lock_cache()
         self.cache.prepare()
-        if importlib.util.find_spec("llama_cpp") is None:
+        executable = self.config.engine or engine.find_engine()
+        if executable is None:
             log.warning(
-                "llama-cpp-python is not installed in %s, so every engine will fail to start; "
-                "install it with: pip install 'llmgw[engine]'",
+                "llama-server is not installed beside %s nor on PATH, so every engine will fail "
+                "to start; `make setup` builds it, or give its path with --llama-server",
                 sys.executable,
             )
+        else:
+            log.info("engines run %s", executable)
         log.info(
             "node agent %s (pid %s) heartbeating to %s; cache %s; engines on %s, ports %s-%s",
             _agent_version(),
@@ -1109,8 +1295,26 @@ def add_parser(subparsers: Any) -> None:
         help="the control plane's URL (default: LLMGW_URL)",
     )
     node.add_argument(
-        "--token",
-        help="this node's token, given when the node was registered (default: LLMGW_NODE_TOKEN)",
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help=(
+            "a file holding this node's token (given when the node was registered); without "
+            "it the token is read from LLMGW_NODE_TOKEN. There is no --token: a command line "
+            "is visible to every user of the machine in `ps`"
+        ),
+    )
+    # Refused with a reason (rather than left unknown, which argparse would read as an
+    # abbreviation of --token-file).
+    node.add_argument("--token", help=argparse.SUPPRESS)
+    node.add_argument(
+        "--llama-server",
+        metavar="PATH",
+        default=None,
+        help=(
+            "the llama-server executable engines run (default: LLMGW_LLAMA_SERVER, else the one "
+            "`make setup` builds beside this Python, else llama-server on PATH)"
+        ),
     )
     node.add_argument(
         "--memory",
@@ -1153,6 +1357,27 @@ def add_parser(subparsers: Any) -> None:
         ),
     )
     node.add_argument(
+        "--cache-max-gb",
+        type=_positive_float,
+        default=None,
+        metavar="GB",
+        help=(
+            "bound the weights kept in the cache: past it, the least recently used files that "
+            "no replica here needs and that are not a previous revision (kept for a rollback) "
+            "are deleted (default: unbounded)"
+        ),
+    )
+    node.add_argument(
+        "--engine-log-max-mb",
+        type=_positive_float,
+        default=DEFAULT_ENGINE_LOG_MAX_BYTES / 1e6,
+        metavar="MB",
+        help=(
+            "past this size an engine's log is moved to engine.log.1 and started afresh "
+            "(default %(default)g)"
+        ),
+    )
+    node.add_argument(
         "--address",
         default="127.0.0.1",
         help=(
@@ -1190,15 +1415,35 @@ def add_parser(subparsers: Any) -> None:
     )
 
 
-def config_from_args(args: argparse.Namespace) -> NodeConfig:
-    token = args.token or os.environ.get("LLMGW_NODE_TOKEN", "")
-    if not args.server:
-        raise SystemExit("llmgw node: give the control plane's URL with --server (or LLMGW_URL).")
+def _token(args: argparse.Namespace) -> str:
+    if args.token is not None:
+        raise SystemExit(
+            "llmgw node: --token is not taken: a command line is visible to every user of the "
+            "machine (ps). Put the token in LLMGW_NODE_TOKEN or in a file named by --token-file."
+        )
+    if args.token_file is not None:
+        try:
+            token = args.token_file.read_text().strip()
+        except OSError as exc:
+            raise SystemExit(
+                f"llmgw node: cannot read the token file {args.token_file}: {exc.strerror or exc}."
+            ) from None
+        if not token:
+            raise SystemExit(f"llmgw node: the token file {args.token_file} is empty.")
+        return token
+    token = os.environ.get("LLMGW_NODE_TOKEN", "").strip()
     if not token:
         raise SystemExit(
-            "llmgw node: give this node's token with --token (or LLMGW_NODE_TOKEN); "
-            "the control plane gives one when the node is registered."
+            "llmgw node: give this node's token in LLMGW_NODE_TOKEN or in a file named by "
+            "--token-file; the control plane gives one when the node is registered."
         )
+    return token
+
+
+def config_from_args(args: argparse.Namespace) -> NodeConfig:
+    if not args.server:
+        raise SystemExit("llmgw node: give the control plane's URL with --server (or LLMGW_URL).")
+    token = _token(args)
     return NodeConfig(
         server=args.server,
         token=token,
@@ -1212,6 +1457,9 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         heartbeat_interval=args.heartbeat_interval,
         ready_timeout=args.ready_timeout,
         stop_engines_on_exit=args.stop_engines_on_exit,
+        engine=args.llama_server,
+        cache_max_gb=args.cache_max_gb,
+        engine_log_max_bytes=int(args.engine_log_max_mb * 1e6),
     )
 
 

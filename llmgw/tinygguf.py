@@ -34,6 +34,33 @@ HEAD_DIM = EMBEDDING_LENGTH // HEAD_COUNT
 KV_DIM = HEAD_DIM * HEAD_COUNT_KV
 RMS_EPSILON = 1e-5
 
+
+@dataclass(frozen=True)
+class Shape:
+    """A generated model's dimensions; the default is the tiny test model."""
+
+    block_count: int = BLOCK_COUNT
+    embedding_length: int = EMBEDDING_LENGTH
+    head_count: int = HEAD_COUNT
+    head_count_kv: int = HEAD_COUNT_KV
+    feed_forward_length: int = FEED_FORWARD_LENGTH
+
+    @property
+    def head_dim(self) -> int:
+        return self.embedding_length // self.head_count
+
+    @property
+    def kv_dim(self) -> int:
+        return self.head_dim * self.head_count_kv
+
+
+TINY = Shape()
+# About 52 MB (all F32): big enough that computing, not HTTP and bookkeeping, dominates a
+# request, which is what an engine benchmark must measure. Adapters fit only TINY.
+LARGE = Shape(
+    block_count=4, embedding_length=512, head_count=8, head_count_kv=4, feed_forward_length=1408
+)
+
 # A deliberately plain template: llama-cpp-python renders it with its Jinja2 chat formatter
 # (it matches none of the built-in formats, so nothing is guessed from it).
 CHAT_TEMPLATE = (
@@ -101,6 +128,7 @@ def write_tiny_model(
     seed: int = 0,
     architecture: str = "llama",
     context_length: int = 2048,
+    shape: Shape = TINY,
 ) -> None:
     """Write a random-weight llama model of about 0.7 MB that llama.cpp can load and run.
 
@@ -111,24 +139,26 @@ def write_tiny_model(
     vocab = build_vocabulary()
     writer = GGUFWriter(os.fspath(path), architecture)
     writer.add_name(f"tiny-{architecture}-seed{seed}")
-    _add_hyperparameters(writer, architecture, context_length)
+    _add_hyperparameters(writer, architecture, context_length, shape)
     _add_tokenizer(writer, vocab)
-    for name, tensor in _model_tensors(rng, len(vocab.tokens)):
+    for name, tensor in _model_tensors(rng, len(vocab.tokens), shape):
         writer.add_tensor(name, tensor)
     _write_and_close(writer)
 
 
-def _add_hyperparameters(writer: GGUFWriter, architecture: str, context_length: int) -> None:
+def _add_hyperparameters(
+    writer: GGUFWriter, architecture: str, context_length: int, shape: Shape
+) -> None:
     # Written with explicit keys (rather than writer.add_block_count & co.) so the prefix follows
     # `architecture` even when it is not the writer's usual one.
     prefix = architecture
     writer.add_uint32(f"{prefix}.context_length", context_length)
-    writer.add_uint32(f"{prefix}.embedding_length", EMBEDDING_LENGTH)
-    writer.add_uint32(f"{prefix}.block_count", BLOCK_COUNT)
-    writer.add_uint32(f"{prefix}.feed_forward_length", FEED_FORWARD_LENGTH)
-    writer.add_uint32(f"{prefix}.attention.head_count", HEAD_COUNT)
-    writer.add_uint32(f"{prefix}.attention.head_count_kv", HEAD_COUNT_KV)
-    writer.add_uint32(f"{prefix}.rope.dimension_count", HEAD_DIM)
+    writer.add_uint32(f"{prefix}.embedding_length", shape.embedding_length)
+    writer.add_uint32(f"{prefix}.block_count", shape.block_count)
+    writer.add_uint32(f"{prefix}.feed_forward_length", shape.feed_forward_length)
+    writer.add_uint32(f"{prefix}.attention.head_count", shape.head_count)
+    writer.add_uint32(f"{prefix}.attention.head_count_kv", shape.head_count_kv)
+    writer.add_uint32(f"{prefix}.rope.dimension_count", shape.head_dim)
     writer.add_float32(f"{prefix}.attention.layer_norm_rms_epsilon", RMS_EPSILON)
     writer.add_file_type(0)  # 0 = all tensors F32
 
@@ -146,27 +176,33 @@ def _add_tokenizer(writer: GGUFWriter, vocab: Vocabulary) -> None:
     writer.add_chat_template(CHAT_TEMPLATE)
 
 
-def _model_tensors(rng: np.random.Generator, vocab_size: int) -> list[tuple[str, np.ndarray]]:
+def _model_tensors(
+    rng: np.random.Generator, vocab_size: int, shape: Shape
+) -> list[tuple[str, np.ndarray]]:
     """All tensors of the model, numpy shape (out, in), small random values, norms at one."""
-    tensors = [("token_embd.weight", _random(rng, vocab_size, EMBEDDING_LENGTH))]
-    for block in range(BLOCK_COUNT):
-        tensors += [(f"blk.{block}.{name}.weight", array) for name, array in _block_tensors(rng)]
-    tensors.append(("output_norm.weight", np.ones(EMBEDDING_LENGTH, dtype=np.float32)))
-    tensors.append(("output.weight", _random(rng, vocab_size, EMBEDDING_LENGTH)))
+    width = shape.embedding_length
+    tensors = [("token_embd.weight", _random(rng, vocab_size, width))]
+    for block in range(shape.block_count):
+        tensors += [
+            (f"blk.{block}.{name}.weight", array) for name, array in _block_tensors(rng, shape)
+        ]
+    tensors.append(("output_norm.weight", np.ones(width, dtype=np.float32)))
+    tensors.append(("output.weight", _random(rng, vocab_size, width)))
     return tensors
 
 
-def _block_tensors(rng: np.random.Generator) -> list[tuple[str, np.ndarray]]:
+def _block_tensors(rng: np.random.Generator, shape: Shape) -> list[tuple[str, np.ndarray]]:
+    width, kv, ff = shape.embedding_length, shape.kv_dim, shape.feed_forward_length
     return [
-        ("attn_norm", np.ones(EMBEDDING_LENGTH, dtype=np.float32)),
-        ("attn_q", _random(rng, EMBEDDING_LENGTH, EMBEDDING_LENGTH)),
-        ("attn_k", _random(rng, KV_DIM, EMBEDDING_LENGTH)),
-        ("attn_v", _random(rng, KV_DIM, EMBEDDING_LENGTH)),
-        ("attn_output", _random(rng, EMBEDDING_LENGTH, EMBEDDING_LENGTH)),
-        ("ffn_norm", np.ones(EMBEDDING_LENGTH, dtype=np.float32)),
-        ("ffn_gate", _random(rng, FEED_FORWARD_LENGTH, EMBEDDING_LENGTH)),
-        ("ffn_up", _random(rng, FEED_FORWARD_LENGTH, EMBEDDING_LENGTH)),
-        ("ffn_down", _random(rng, EMBEDDING_LENGTH, FEED_FORWARD_LENGTH)),
+        ("attn_norm", np.ones(width, dtype=np.float32)),
+        ("attn_q", _random(rng, width, width)),
+        ("attn_k", _random(rng, kv, width)),
+        ("attn_v", _random(rng, kv, width)),
+        ("attn_output", _random(rng, width, width)),
+        ("ffn_norm", np.ones(width, dtype=np.float32)),
+        ("ffn_gate", _random(rng, ff, width)),
+        ("ffn_up", _random(rng, ff, width)),
+        ("ffn_down", _random(rng, width, ff)),
     ]
 
 

@@ -616,9 +616,20 @@ def test_estimate_memory_of_the_tiny_model(files: Path) -> None:
     estimate = estimate_memory_bytes(header, file_size=size)
     assert estimate.weights_bytes == size
     assert estimate.kv_cache_bytes == expected_kv == 524_288
-    assert estimate.total_bytes == size + expected_kv
+    # The engine's prompt cache keeps one slot's worth of earlier prompts.
+    assert estimate.prompt_cache_bytes == expected_kv
+    assert estimate.total_bytes == size + 2 * expected_kv
     smaller = estimate_memory_bytes(header, file_size=size, context_length=256)
     assert smaller.kv_cache_bytes == expected_kv // 8
+
+
+def test_estimate_memory_counts_the_kv_cache_of_every_slot(files: Path) -> None:
+    header = read_header_from_file(files / "tiny.gguf")
+    one = estimate_memory_bytes(header, file_size=1000, context_length=512)
+    four = estimate_memory_bytes(header, file_size=1000, context_length=512, slots=4)
+    assert four.kv_cache_bytes == 4 * one.kv_cache_bytes
+    assert four.prompt_cache_bytes == one.prompt_cache_bytes
+    assert four.total_bytes == 1000 + 5 * one.kv_cache_bytes
 
 
 def test_estimate_memory_without_head_count_kv(files: Path) -> None:

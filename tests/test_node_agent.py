@@ -32,19 +32,11 @@ from llmgw.tinygguf import write_lora_adapter, write_tiny_model
 from tests.support.fake_control_plane import FakeControlPlane, fake_control_plane
 from tests.support.http_files import ServerStats, serve_directory
 
-try:
-    import llama_cpp  # noqa: F401
-
-    HAVE_ENGINE = True
-except ImportError:
-    HAVE_ENGINE = False
-
 pytestmark = [
     pytest.mark.engine,
     pytest.mark.skipif(
-        not HAVE_ENGINE,
-        reason="llama-cpp-python is not installed (pip install -e '.[engine]'); "
-        "these tests run the real engine",
+        engine.find_engine() is None,
+        reason="llama-server is not built (make setup builds it); these tests run the real engine",
     ),
 ]
 
@@ -77,6 +69,8 @@ class Mirror:
 def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("mirror")
     write_tiny_model(folder / "model.gguf", seed=1)
+    for seed in (2, 3, 4):
+        write_tiny_model(folder / f"model{seed}.gguf", seed=seed)
     write_lora_adapter(folder / "sql.gguf", seed=2)
     write_lora_adapter(folder / "qwen-lora.gguf", architecture="qwen2", seed=3)
     (folder / "not-a-model.gguf").write_bytes(b"this is not a GGUF file\n" * 100)
@@ -138,6 +132,7 @@ class Agents:
         server: str | None = None,
         port_range: str | None = None,
         stop_engines_on_exit: bool = True,
+        env: dict[str, str] | None = None,
     ) -> AgentProcess:
         cache = cache or self.tmp_path / "cache"
         log = self.tmp_path / f"agent-{len(self.started)}.log"
@@ -148,8 +143,6 @@ class Agents:
             "node",
             "--server",
             server or self.plane.url,
-            "--token",
-            TOKEN,
             "--memory",
             "8",
             "--cores",
@@ -171,7 +164,12 @@ class Agents:
                 cwd=REPO,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={
+                    **os.environ,
+                    "PYTHONUNBUFFERED": "1",
+                    "LLMGW_NODE_TOKEN": TOKEN,
+                    **(env or {}),
+                },
             )
         agent = AgentProcess(process, log, cache)
         self.started.append(agent)
@@ -201,7 +199,7 @@ class Agents:
                         self.engine_pids.add(pid)
         for pid in self.engine_pids:
             command = engine.process_cmdline(pid)
-            if command is not None and "llama_cpp.server" in command:
+            if command is not None and command[0].endswith(engine.ENGINE_NAME):
                 engine.stop_process_group(pid, grace=5)
 
 
@@ -249,12 +247,19 @@ def wait_until(condition: Callable[[], Any], *, timeout: float = 15, what: str) 
         time.sleep(0.05)
 
 
-def complete(port: int, model: str, prompt: str = "hi") -> dict[str, Any]:
-    answer = requests.post(
-        f"http://127.0.0.1:{port}/v1/completions",
-        json={"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0},
-        timeout=30,
-    )
+def complete(
+    port: int, model: str, prompt: str = "hi", lora: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": 8,
+        "temperature": 0,
+        "seed": 7,
+    }
+    if lora is not None:
+        body["lora"] = lora
+    answer = requests.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=30)
     assert answer.status_code == 200, answer.text
     return answer.json()
 
@@ -296,7 +301,13 @@ def test_it_fetches_starts_and_reports_a_ready_replica(
     state = json.loads((agent.cache / "replicas" / spec["id"] / "state.json").read_text())
     assert state["port"] == ready["port"]
     assert state["spec"]["id"] == spec["id"]
-    assert "--n_ctx" in state["command"] and "256" in state["command"]
+    command = state["command"]
+    assert command[0] == engine.find_engine()
+    assert command[command.index("--ctx-size") + 1] == "256"
+    assert command[command.index("--parallel") + 1] == "1"
+    # The token is in the environment, never on a command line that `ps` shows.
+    assert TOKEN not in " ".join(engine.process_cmdline(agent.pid) or [])
+    assert TOKEN not in " ".join(command)
 
 
 def test_it_fails_a_replica_whose_download_has_the_wrong_sha256(
@@ -334,8 +345,7 @@ def test_it_refuses_an_adapter_for_another_architecture_before_any_engine_starts
     assert failed["state"] == "failed"
     assert failed["message"] == (
         f"the adapter tiny-qwen ({adapter['source']}) cannot be used with tiny-chat: "
-        "it is a LoRA adapter for qwen2, not for llama. "
-        "No engine was started: llama.cpp would crash on it."
+        "it is a LoRA adapter for qwen2, not for llama. No engine was started."
     )
     reported = [plane.replica(h.body, spec["id"]) for h in plane.heartbeats]
     assert {r["state"] for r in reported if r is not None} <= {"fetching", "failed"}
@@ -355,7 +365,7 @@ def test_it_reports_an_engine_that_exits_at_start_with_its_last_output(
 
     assert failed["state"] == "failed"
     assert failed["message"].startswith("the engine exited with code 1; its last output:\n")
-    assert "ValueError: Failed to load model from file" in failed["message"]
+    assert "exiting due to model loading error" in failed["message"]
     assert len(failed["message"].splitlines()) <= 16
 
 
@@ -491,11 +501,15 @@ def test_it_gives_two_replicas_of_one_model_their_own_ports_and_fetches_once(
     assert mirror.gets("model.gguf") == 1
 
 
-def test_it_serves_an_adapter_under_its_own_name(
+def test_it_serves_the_base_model_and_each_adapter_at_its_scale_from_one_engine(
     plane: FakeControlPlane, agents: Agents, mirror: Mirror
 ) -> None:
-    adapter = {"name": "tiny-sql", "source": mirror.source("sql.gguf"), "sha256": None}
-    spec = replica_spec(mirror, adapters=[adapter])
+    # One adapter file under two names: at scale 0 it must change nothing, at scale 1 it must.
+    adapters = [
+        {"name": "tiny-sql-off", "source": mirror.source("sql.gguf"), "sha256": None, "scale": 0},
+        {"name": "tiny-sql", "source": mirror.source("sql.gguf"), "sha256": None, "scale": 1},
+    ]
+    spec = replica_spec(mirror, adapters=adapters)
     plane.want([spec])
     agent = agents.start()
 
@@ -503,18 +517,142 @@ def test_it_serves_an_adapter_under_its_own_name(
 
     assert ready["state"] == "ready", ready["message"]
     assert ready["message"] == (
-        f"ready on port {ready['port']}, serving tiny-chat and its adapters tiny-sql"
+        f"ready on port {ready['port']}, serving tiny-chat and its adapters "
+        "tiny-sql-off (scale 0), tiny-sql (scale 1)"
     )
     port = ready["port"]
-    names = [m["id"] for m in requests.get(f"http://127.0.0.1:{port}/v1/models").json()["data"]]
-    assert names == [MODEL, "tiny-sql"]
-    with_adapter = complete(port, "tiny-sql")
-    base = complete(port, MODEL)
-    assert with_adapter["model"] == "tiny-sql"
-    assert with_adapter["choices"][0]["text"] != base["choices"][0]["text"]
-    config = json.loads((agent.cache / "replicas" / spec["id"] / "engine.json").read_text())
-    assert [entry["model_alias"] for entry in config["models"]] == [MODEL, "tiny-sql"]
-    assert config["models"][1]["lora_path"] == str(agent.cache / "blobs" / mirror.sha("sql.gguf"))
+    prompt = "the quick brown fox"
+    base = complete(port, MODEL, prompt, engine.lora_request(adapters, MODEL))["choices"][0]["text"]
+    off = complete(port, "tiny-sql-off", prompt, engine.lora_request(adapters, "tiny-sql-off"))
+    on = complete(port, "tiny-sql", prompt, engine.lora_request(adapters, "tiny-sql"))
+    assert engine.lora_request(adapters, "tiny-sql") == [
+        {"id": 0, "scale": 0.0},
+        {"id": 1, "scale": 1.0},
+    ]
+    assert off["choices"][0]["text"] == base
+    assert on["choices"][0]["text"] != base
+    # The adapter applied to that request only: the base model answers as before after it.
+    again = complete(port, MODEL, prompt, engine.lora_request(adapters, MODEL))
+    assert again["choices"][0]["text"] == base
+    blob = str(agent.cache / "blobs" / mirror.sha("sql.gguf"))
+    command = json.loads((agent.cache / "replicas" / spec["id"] / "state.json").read_text())[
+        "command"
+    ]
+    assert [command[i + 1] for i, arg in enumerate(command) if arg == "--lora-scaled"] == [
+        f"{blob}:0",
+        f"{blob}:0",
+    ]
+
+
+def test_it_fails_kills_and_reports_an_engine_that_stops_answering(
+    plane: FakeControlPlane, agents: Agents, mirror: Mirror
+) -> None:
+    spec = replica_spec(mirror)
+    plane.want([spec])
+    agent = agents.start()
+    ready = plane.wait_for(state_of(plane, spec["id"], "ready", "failed"), what="ready")
+    assert ready["state"] == "ready", ready["message"]
+    pid = agents.engine_pid(agent, spec["id"])
+
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        stopped_at = time.monotonic()
+        failed = plane.wait_for(
+            state_of(plane, spec["id"], "failed"), timeout=15, what="the hung replica failed"
+        )
+        reported_after = next(
+            h.received_at - stopped_at
+            for h in plane.heartbeats
+            if (plane.replica(h.body, spec["id"]) or {}).get("state") == "failed"
+        )
+        assert failed["message"] == (
+            f"the engine (pid {pid}) stopped answering /health: 3 probes in a row failed "
+            "(no answer within 1 s), so it is hung, stopped or deadlocked; it was killed"
+        )
+        assert reported_after < 8, reported_after
+        wait_until(lambda: not engine.process_alive(pid), what="the hung engine killed")
+        assert not port_accepts(ready["port"])
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_it_runs_slots_and_reports_the_engines_numbers(
+    plane: FakeControlPlane, agents: Agents, mirror: Mirror
+) -> None:
+    spec = replica_spec(mirror, slots=4)
+    plane.want([spec])
+    agent = agents.start()
+    ready = plane.wait_for(state_of(plane, spec["id"], "ready", "failed"), what="ready")
+    assert ready["state"] == "ready", ready["message"]
+    assert ready["message"] == f"ready on port {ready['port']}, 4 slots"
+    assert ready["slots"] == 4
+    command = json.loads((agent.cache / "replicas" / spec["id"] / "state.json").read_text())[
+        "command"
+    ]
+    # -c is split between the slots: each request still gets its 256 tokens.
+    assert command[command.index("--ctx-size") + 1] == "1024"
+    assert command[command.index("--parallel") + 1] == "4"
+    slots = requests.get(f"http://127.0.0.1:{ready['port']}/slots", timeout=5).json()
+    assert len(slots) == 4 and {slot["n_ctx"] for slot in slots} == {256}
+
+    for _ in range(3):
+        complete(ready["port"], MODEL, "the same prompt every time")
+
+    def counted(report: dict[str, Any]) -> dict[str, Any] | None:
+        numbers = (plane.replica(report, spec["id"]) or {}).get("engine") or {}
+        # Tokens per second is over the time between two readings, so it comes second.
+        counted = numbers.get("predicted_tokens", 0) >= 24 and "tokens_per_second" in numbers
+        return numbers if counted else None
+
+    numbers = plane.wait_for(counted, timeout=15, what="the engine's numbers")
+    assert numbers["slots"] == 4
+    assert numbers["prompt_tokens_cached"] > 0  # the repeated prompt came from the cache
+    assert numbers["requests_processing"] == 0
+    assert numbers["tokens_per_second"] >= 0
+
+
+def test_it_reads_its_token_from_a_file(
+    plane: FakeControlPlane, agents: Agents, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "node-token"
+    token_file.write_text(TOKEN + "\n")
+    agent = agents.start("--token-file", str(token_file), env={"LLMGW_NODE_TOKEN": "wrong"})
+
+    plane.wait_for(lambda r: True, what="a heartbeat")
+
+    assert plane.heartbeats[-1].authorization == f"Bearer {TOKEN}"
+    assert "does not know this node's token" not in agent.output()
+
+
+def test_it_refuses_to_start_without_a_token_and_takes_none_in_argv(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "LLMGW_NODE_TOKEN"}
+    base = [sys.executable, "-m", "llmgw", "node", "--server", "http://127.0.0.1:9"]
+    base += ["--memory", "1", "--cores", "1", "--cache", str(tmp_path / "c")]
+
+    missing = subprocess.run(base, env=env, capture_output=True, text=True, timeout=30)
+    in_argv = subprocess.run(
+        [*base, "--token", TOKEN], env=env, capture_output=True, text=True, timeout=30
+    )
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    empty_file = subprocess.run(
+        [*base, "--token-file", str(empty)], env=env, capture_output=True, text=True, timeout=30
+    )
+
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == (
+        "llmgw node: give this node's token in LLMGW_NODE_TOKEN or in a file named by "
+        "--token-file; the control plane gives one when the node is registered."
+    )
+    assert in_argv.returncode == 1
+    assert in_argv.stderr.strip() == (
+        "llmgw node: --token is not taken: a command line is visible to every user of the "
+        "machine (ps). Put the token in LLMGW_NODE_TOKEN or in a file named by --token-file."
+    )
+    assert empty_file.returncode == 1
+    assert empty_file.stderr.strip() == f"llmgw node: the token file {empty} is empty."
 
 
 def test_it_fails_a_replica_whose_engine_dies_after_it_was_ready(
@@ -532,7 +670,7 @@ def test_it_fails_a_replica_whose_engine_dies_after_it_was_ready(
     assert failed["message"].startswith(
         "the engine was killed by signal 9 (SIGKILL); its last output:\n"
     )
-    assert "POST /v1/completions" in failed["message"]  # the readiness check, in the engine log
+    assert "stop processing" in failed["message"]  # the readiness check, in the engine log
 
 
 def test_it_stops_an_engine_that_is_not_ready_in_time(
@@ -587,3 +725,66 @@ def test_it_leaves_engines_running_on_sigterm_unless_told_to_stop_them(
     second.process.send_signal(signal.SIGTERM)
     assert second.process.wait(timeout=15) == 0
     assert not engine.process_alive(pid)
+
+
+def test_it_keeps_its_cache_within_bounds_evicting_least_recently_used_unneeded_files(
+    plane: FakeControlPlane, agents: Agents, mirror: Mirror
+) -> None:
+    size = (mirror.files / "model.gguf").stat().st_size
+    # Room for two of the four model files (each about half a megabyte), not three.
+    agent = agents.start("--cache-max-gb", f"{2.5 * size / 1e9:.6f}")
+    blobs = agent.cache / "blobs"
+
+    def settle(*specs: dict[str, Any], keep: list[dict[str, Any]] | None = None) -> None:
+        plane.want(list(specs), keep=keep)
+        for spec in specs:
+            ready = plane.wait_for(state_of(plane, spec["id"], "ready", "failed"), what="ready")
+            assert ready["state"] == "ready", ready["message"]
+        plane.wait_for(lambda r: True, since=plane.count() + 2, what="two more heartbeats")
+
+    first = replica_spec(mirror)
+    settle(first)
+    second = replica_spec(mirror, source=mirror.source("model2.gguf"), sha256=None)
+    settle(second)  # the first is stopped; its weights stay while there is room
+    assert {p.name for p in blobs.iterdir()} == {
+        mirror.sha("model.gguf"),
+        mirror.sha("model2.gguf"),
+    }
+
+    third = replica_spec(mirror, source=mirror.source("model3.gguf"), sha256=None)
+    settle(second, third)
+
+    # The least recently used file no replica needs went; the ones in use stayed.
+    assert {p.name for p in blobs.iterdir()} == {
+        mirror.sha("model2.gguf"),
+        mirror.sha("model3.gguf"),
+    }
+    assert mirror.source("model.gguf") not in json.loads((agent.cache / "urls.json").read_text())
+    assert f"cache: evicted {mirror.sha('model.gguf')}" in agent.output()
+
+    # A previous revision the control plane asks to keep stays, though older and unused.
+    fourth = replica_spec(mirror, source=mirror.source("model4.gguf"), sha256=None)
+    settle(fourth, keep=[{"source": mirror.source("model2.gguf"), "sha256": None}])
+    assert {p.name for p in blobs.iterdir()} == {
+        mirror.sha("model2.gguf"),
+        mirror.sha("model4.gguf"),
+    }
+
+
+def test_it_rotates_an_engines_log(plane: FakeControlPlane, agents: Agents, mirror: Mirror) -> None:
+    spec = replica_spec(mirror)
+    plane.want([spec])
+    agent = agents.start("--engine-log-max-mb", "0.002")
+    ready = plane.wait_for(state_of(plane, spec["id"], "ready", "failed"), what="ready")
+    assert ready["state"] == "ready", ready["message"]
+    folder = agent.cache / "replicas" / spec["id"]
+
+    # The engine logs each request; enough of them pass 2 kB.
+    for _ in range(10):
+        complete(ready["port"], MODEL)
+    wait_until(lambda: (folder / "engine.log.1").exists(), timeout=20, what="a rotated log")
+
+    assert (folder / "engine.log").stat().st_size < (folder / "engine.log.1").stat().st_size
+    assert "rotated its engine log" in agent.output()
+    complete(ready["port"], MODEL)
+    wait_until(lambda: (folder / "engine.log").stat().st_size > 0, what="logging to go on")

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import hashlib
-import json
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import gguf
 import pytest
+import requests
 
-from llmgw import tinygguf
+from llmgw import engine, tinygguf
 from llmgw.tinygguf import build_vocabulary, write_lora_adapter, write_tiny_model
+from tests.support.engine import running_engine
 
 
 def _sha256(path: Path) -> str:
@@ -159,61 +157,35 @@ def test_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert int(reader.tensors[0].shape[1]) == 2
 
 
-# Runs in a child process: llama.cpp segfaults on an adapter it dislikes instead of raising.
-_ENGINE_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-    import llama_cpp
-
-    model_path, adapter_path = sys.argv[1], sys.argv[2]
-    llm = llama_cpp.Llama(model_path=model_path, n_ctx=256, verbose=False, seed=1)
-    tokens = llm.tokenize(b"hello world")
-    plain = llm.create_completion("hello world", max_tokens=12, temperature=0)
-    chat = llm.create_chat_completion(
-        messages=[{"role": "user", "content": "hello"}], max_tokens=6, temperature=0
-    )
-    del llm
-    with_lora = llama_cpp.Llama(
-        model_path=model_path, lora_path=adapter_path, n_ctx=256, verbose=False, seed=1
-    )
-    adapted = with_lora.create_completion("hello world", max_tokens=12, temperature=0)
-    print(json.dumps({
-        "tokens": tokens,
-        "plain": plain["choices"][0]["text"],
-        "plain_tokens": plain["usage"]["completion_tokens"],
-        "chat_role": chat["choices"][0]["message"]["role"],
-        "chat_prompt_tokens": chat["usage"]["prompt_tokens"],
-        "adapted": adapted["choices"][0]["text"],
-        "adapted_tokens": adapted["usage"]["completion_tokens"],
-    }))
-    """
-)
-
-
 @pytest.mark.engine
+@pytest.mark.skipif(engine.find_engine() is None, reason="llama-server is not built (make setup)")
 def test_llama_cpp_runs_the_tiny_model_and_adapter(tmp_path: Path) -> None:
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        pytest.skip("llama-cpp-python is not installed (pip install 'llmgw[engine]')")
     model, adapter = tmp_path / "tiny.gguf", tmp_path / "lora.gguf"
     write_tiny_model(model)
     write_lora_adapter(adapter)
+    adapters = (engine.AdapterEntry("tiny-lora", str(adapter), 1.0),)
 
-    done = subprocess.run(
-        [sys.executable, "-c", _ENGINE_SCRIPT, str(model), str(adapter)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    with running_engine(model, adapters=adapters, log=tmp_path / "engine.log") as url:
+        tokens = requests.post(
+            f"{url}/tokenize", json={"content": "hello world", "add_special": True}, timeout=30
+        ).json()["tokens"]
+        body = {"prompt": "hello world", "max_tokens": 12, "temperature": 0, "seed": 1}
+        plain = requests.post(f"{url}/v1/completions", json=body, timeout=30).json()
+        lora = engine.lora_request(adapters, "tiny-lora")
+        adapted = requests.post(
+            f"{url}/v1/completions", json={**body, "lora": lora}, timeout=30
+        ).json()
+        chat = requests.post(
+            f"{url}/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hello"}], "max_tokens": 6},
+            timeout=30,
+        ).json()
 
     vocab = build_vocabulary().tokens
     # BOS, then whole words: the prefixes in the vocabulary let SPM merge them.
-    assert result["tokens"] == [1, vocab.index("\u2581hello"), vocab.index("\u2581world")]
-    assert result["plain_tokens"] > 0 and result["plain"]
-    assert result["chat_role"] == "assistant"
-    assert result["chat_prompt_tokens"] > 3  # the template was rendered around the message
-    assert result["adapted_tokens"] > 0
-    assert result["adapted"] != result["plain"]  # the adapter was applied
+    assert tokens == [1, vocab.index("\u2581hello"), vocab.index("\u2581world")]
+    assert plain["usage"]["completion_tokens"] > 0 and plain["choices"][0]["text"]
+    assert chat["choices"][0]["message"]["role"] == "assistant"
+    assert chat["usage"]["prompt_tokens"] > 3  # the template was rendered around the message
+    assert adapted["usage"]["completion_tokens"] > 0
+    assert adapted["choices"][0]["text"] != plain["choices"][0]["text"]  # the adapter applied

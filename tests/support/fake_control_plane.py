@@ -41,14 +41,19 @@ class FakeControlPlane:
         self.url = ""
         self._lock = threading.Lock()
         self._wanted: list[dict[str, Any]] = []
+        self._keep: list[dict[str, Any]] = []
         self._override: tuple[int, bytes] | None = None
         self._heartbeats: list[Heartbeat] = []
 
     # -- what the test sets -------------------------------------------------------------------
 
-    def want(self, replicas: list[dict[str, Any]]) -> None:
+    def want(
+        self, replicas: list[dict[str, Any]], keep: list[dict[str, Any]] | None = None
+    ) -> None:
+        """The replicas the agent should run, and the files it should keep cached anyway."""
         with self._lock:
             self._wanted = [dict(replica) for replica in replicas]
+            self._keep = [dict(item) for item in keep or []]
 
     def answer_with(self, status: int, body: bytes | str | dict[str, Any]) -> None:
         """Answer every heartbeat with this, whatever the token, until answer_normally()."""
@@ -132,6 +137,7 @@ class FakeControlPlane:
                 "node": self.node,
                 "heartbeat_interval": self.heartbeat_interval,
                 "replicas": self._wanted,
+                "keep": self._keep,
             }
         return 200, json.dumps(answer).encode()
 
