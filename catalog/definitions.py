@@ -32,6 +32,10 @@ MAX_GPUS = 64
 MAX_CONTEXT = 1_048_576
 # How the gateway picks among a model's ready replicas (gateway.prefix explains "prefix").
 ROUTINGS = ("prefix", "least_loaded")
+MAX_SLOTS = 256
+# Requests one replica serves at once when a profile does not say: one slot keeps a replica's
+# memory what it was (one context of KV cache); raise it where memory allows.
+DEFAULT_SLOTS = 1
 MAX_NAME = 100
 
 
@@ -196,6 +200,20 @@ class ProfileSerializer(StrictSerializer):
         error_messages={
             "min_value": "must not be negative",
             "max_value": f"at most {MAX_MEMORY_GB}",
+        },
+    )
+
+    slots = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_SLOTS,
+        required=False,
+        help_text=(
+            "requests one replica serves at once (default 1); each slot holds a context_length "
+            "of KV cache, so memory_gb must cover the weights plus slots x that cache"
+        ),
+        error_messages={
+            "min_value": "a replica serves at least 1 request at a time",
+            "max_value": f"at most {MAX_SLOTS} slots",
         },
     )
 
@@ -377,6 +395,8 @@ def normalize(attrs: dict[str, Any]) -> dict[str, Any]:
             "cores": whole_if_possible(p["cores"]),
             "gpus": p["gpus"],
             "gpu_memory_gb": whole_if_possible(p["gpu_memory_gb"]),
+            # Only when given, so that a definition without it reads back as it was written.
+            **({"slots": p["slots"]} if p.get("slots") is not None else {}),
         }
         for p in attrs["profiles"]
     ]

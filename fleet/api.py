@@ -84,6 +84,18 @@ class ReplicaReportInput(TypedSerializer):
     message = serializers.CharField(required=False, allow_blank=True, default="", max_length=20000)
     progress = serializers.DictField(required=False, allow_null=True)
     sha256 = serializers.CharField(required=False, allow_null=True, allow_blank=True, max_length=64)
+    slots = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=1024)
+    # The engine's own numbers (llmgw.engine.METRIC_NAMES and tokens_per_second).
+    engine = serializers.DictField(
+        child=serializers.FloatField(min_value=0, max_value=1e18),
+        required=False,
+        allow_null=True,
+    )
+
+    def validate_engine(self, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is not None and (len(value) > 32 or any(len(key) > 64 for key in value)):
+            raise serializers.ValidationError("at most 32 numbers with names of 64 characters")
+        return value
 
     def to_internal_value(self, data: Any) -> Any:
         value = super().to_internal_value(data)
@@ -366,31 +378,42 @@ def _memory_estimate(model: Model) -> dict[str, Any]:
             "estimate": None,
             "warnings": [f"memory not estimated: {model.source} is not on an allowed host"],
         }
+    from .specs import profile_slots
+
+    # Each profile's replicas hold a KV cache per slot; the estimate shown is the first's.
+    slots = [profile_slots(p) for p in model.profiles] or [1]
     try:
         with control_plane_session() as session:
             header = gguf.read_header_from_url(model.source, session=session, timeout=10)
         if header.file_size is None:
             raise gguf.GGUFError("the server did not say how large the file is")
-        estimate = gguf.estimate_memory_bytes(
-            header, file_size=header.file_size, context_length=model.context_length
-        )
+        estimates = [
+            gguf.estimate_memory_bytes(
+                header, file_size=header.file_size, context_length=model.context_length, slots=n
+            )
+            for n in slots
+        ]
     except gguf.GGUFError as exc:
         return {"estimate": None, "warnings": [f"memory not estimated: {exc}"]}
     gib = 1024**3
-    total_gb = estimate.total_bytes / gib
+    context = model.context_length or header.context_length
     warnings = [
-        f"profile {p['name']} reserves {p['memory_gb']} GB, below the estimated {total_gb:.2f} GB "
-        f"(weights {estimate.weights_bytes / gib:.2f} GB + KV cache {estimate.kv_cache_bytes / gib:.2f} GB "
-        f"for {model.context_length or header.context_length} tokens); replicas may run out of memory"
-        for p in model.profiles
-        if p["memory_gb"] < total_gb
+        f"profile {p['name']} reserves {p['memory_gb']} GB, below the estimated "
+        f"{e.total_bytes / gib:.2f} GB (weights {e.weights_bytes / gib:.2f} GB + KV cache "
+        f"{e.kv_cache_bytes / gib:.2f} GB for {n} x {context} tokens + prompt cache "
+        f"{e.prompt_cache_bytes / gib:.2f} GB); replicas may run out of memory"
+        for p, e, n in zip(model.profiles, estimates, slots, strict=False)
+        if p["memory_gb"] < e.total_bytes / gib
     ]
+    first = estimates[0]
     return {
         "estimate": {
-            "weights_gb": round(estimate.weights_bytes / gib, 3),
-            "kv_cache_gb": round(estimate.kv_cache_bytes / gib, 3),
-            "total_gb": round(total_gb, 3),
-            "context_length": model.context_length or header.context_length,
+            "weights_gb": round(first.weights_bytes / gib, 3),
+            "kv_cache_gb": round(first.kv_cache_bytes / gib, 3),
+            "prompt_cache_gb": round(first.prompt_cache_bytes / gib, 3),
+            "total_gb": round(first.total_bytes / gib, 3),
+            "context_length": context,
+            "slots": slots[0],
         },
         "warnings": warnings,
     }

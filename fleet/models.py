@@ -83,6 +83,12 @@ class Replica(models.Model):
     message = models.TextField(blank=True, default="")
     port = models.PositiveIntegerField(null=True, blank=True)
     weights_sha256 = models.CharField(max_length=64, blank=True, default="")
+    # Requests the engine serves at once (its profile's slots): the gateway counts free ones.
+    slots = models.PositiveIntegerField(default=1)
+    # The engine's own numbers from its last heartbeat (llmgw.engine.METRIC_NAMES, plus
+    # tokens_per_second over the agent's last reading), and when they were reported.
+    engine_metrics = models.JSONField(default=dict, blank=True)
+    engine_metrics_at = models.DateTimeField(null=True, blank=True)
     withdrawn_at = models.DateTimeField(null=True, blank=True, db_index=True)
     withdraw_reason = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)

@@ -341,6 +341,7 @@ def _apply(
                 cores=start.resources.cores,
                 gpus=start.resources.gpus,
                 gpu_memory_gb=start.resources.gpu_memory_gb,
+                slots=spec["slots"],
                 spec=spec,
                 spec_key=spec_key(spec),
                 created_at=run.now,

@@ -91,7 +91,62 @@ def replica_view(replica: Replica, node_name: str, up_to_date: bool) -> dict[str
         "generation": replica.spec.get("generation"),
         "weights_sha256": replica.weights_sha256,
         "created_at": replica.created_at.isoformat(),
+        "slots": replica.slots,
+        "engine": engine_numbers(replica),
     }
+
+
+# The engine's numbers are shown while fresh; an agent reads them every few seconds.
+ENGINE_NUMBERS_FRESH_SECONDS = 30
+
+
+def engine_numbers(replica: Replica) -> dict[str, Any] | None:
+    """What the replica's engine last reported of itself (tokens/s, busy slots, prompt-cache
+    hits), or None when it has not reported lately or is not serving."""
+    at = replica.engine_metrics_at
+    if not replica.routable or not replica.engine_metrics or at is None:
+        return None
+    if (timezone.now() - at).total_seconds() > ENGINE_NUMBERS_FRESH_SECONDS:
+        return None
+    numbers = replica.engine_metrics
+    prompt = numbers.get("prompt_tokens", 0) + numbers.get("prompt_tokens_cached", 0)
+    return {
+        "tokens_per_second": numbers.get("tokens_per_second"),
+        "busy_slots": int(numbers.get("requests_processing", 0)),
+        "slots": replica.slots,
+        "waiting": int(numbers.get("requests_deferred", 0)),
+        "predicted_tokens": int(numbers.get("predicted_tokens", 0)),
+        "prompt_tokens": int(prompt),
+        "prompt_cache_hit_ratio": (
+            round(numbers.get("prompt_tokens_cached", 0) / prompt, 3) if prompt else None
+        ),
+        "reported_at": at.isoformat(),
+    }
+
+
+def node_engine_numbers() -> dict[int, dict[str, Any]]:
+    """Per node: its serving replicas' engine numbers added up."""
+    totals: dict[int, dict[str, Any]] = {}
+    for replica in Replica.objects.filter(withdrawn_at__isnull=True, state=Replica.READY):
+        numbers = engine_numbers(replica)
+        if numbers is None:
+            continue
+        node = totals.setdefault(
+            replica.node_id,
+            {"tokens_per_second": 0.0, "busy_slots": 0, "slots": 0, "prompt": 0, "cached": 0},
+        )
+        node["tokens_per_second"] += numbers["tokens_per_second"] or 0
+        node["busy_slots"] += numbers["busy_slots"]
+        node["slots"] += numbers["slots"]
+        node["prompt"] += numbers["prompt_tokens"]
+        node["cached"] += round((numbers["prompt_cache_hit_ratio"] or 0) * numbers["prompt_tokens"])
+    for node in totals.values():
+        node["tokens_per_second"] = round(node["tokens_per_second"], 1)
+        node["prompt_cache_hit_ratio"] = (
+            round(node.pop("cached") / node["prompt"], 3) if node["prompt"] else None
+        )
+        del node["prompt"]
+    return totals
 
 
 def model_status(models: list[Model]) -> dict[int, dict[str, int]]:

@@ -92,6 +92,7 @@ def replica_order(replica: Replica) -> dict[str, Any]:
         "adapters": spec.get("adapters", []),
         "context_length": spec.get("context_length"),
         "threads": max(1, int(cores)) if cores else None,
+        "slots": replica.slots,
     }
 
 
@@ -135,7 +136,16 @@ def node_heartbeat(*, node: Node, report: dict[str, Any], interval: int) -> dict
         if changed:
             Replica.objects.bulk_update(
                 changed,
-                ["state", "message", "port", "weights_sha256", "ready_at", "state_changed_at"],
+                [
+                    "state",
+                    "message",
+                    "port",
+                    "weights_sha256",
+                    "ready_at",
+                    "state_changed_at",
+                    "engine_metrics",
+                    "engine_metrics_at",
+                ],
             )
         if gone:
             Replica.objects.filter(pk__in=gone).delete()
@@ -145,7 +155,25 @@ def node_heartbeat(*, node: Node, report: dict[str, Any], interval: int) -> dict
         "node": node.name,
         "heartbeat_interval": interval,
         "replicas": [replica_order(r) for r in wanted],
+        "keep": _previous_revisions({r.model_id for r in wanted if r.model_id is not None}),
     }
+
+
+def _previous_revisions(model_ids: set[int]) -> list[dict[str, Any]]:
+    """The weights a rollback of these models would start again: the node keeps them cached
+    even when its cache is full (llmgw node --cache-max-gb)."""
+    from catalog.models import Model
+
+    if not model_ids:
+        return []
+    previous = Model.objects.filter(pk__in=model_ids, previous__isnull=False).values_list(
+        "previous", flat=True
+    )
+    return [
+        {"source": p["source"], "sha256": p.get("sha256") or None}
+        for p in previous
+        if isinstance(p, dict) and p.get("source")
+    ]
 
 
 def _update_replica(replica: Replica, seen: dict[str, Any], now: Any) -> bool:
@@ -161,4 +189,10 @@ def _update_replica(replica: Replica, seen: dict[str, Any], now: Any) -> bool:
     replica.message = (seen.get("message") or "")[:4000]
     replica.port = seen.get("port")
     replica.weights_sha256 = seen.get("sha256") or replica.weights_sha256
-    return before != (replica.state, replica.message, replica.port, replica.weights_sha256)
+    numbers = seen.get("engine")
+    metrics_changed = bool(numbers) and numbers != replica.engine_metrics
+    if metrics_changed:
+        replica.engine_metrics = numbers
+        replica.engine_metrics_at = now
+    changed = before != (replica.state, replica.message, replica.port, replica.weights_sha256)
+    return changed or metrics_changed

@@ -6,7 +6,13 @@ import hashlib
 import json
 from typing import Any
 
+from catalog.definitions import DEFAULT_SLOTS
 from catalog.models import Model
+
+
+def profile_slots(profile: dict[str, Any]) -> int:
+    """Requests a replica of this profile serves at once."""
+    return int(profile.get("slots") or DEFAULT_SLOTS)
 
 
 def replica_spec(model: Model, profile: dict[str, Any]) -> dict[str, Any]:
@@ -24,6 +30,7 @@ def replica_spec(model: Model, profile: dict[str, Any]) -> dict[str, Any]:
             for a in model.adapters
         ],
         "context_length": model.context_length,
+        "slots": profile_slots(profile),
         "generation": model.generation,
         "resources": {
             "memory_gb": profile["memory_gb"],

@@ -127,3 +127,17 @@ def test_durations_round_trip(text: str, seconds: int) -> None:
 def test_bad_durations_are_refused(text: object) -> None:
     with pytest.raises(DurationError):
         parse_duration(text)
+
+
+def test_a_profile_says_how_many_requests_a_replica_serves_at_once() -> None:
+    clean = clean_definition(definition(profiles=[{"name": "cpu", "memory_gb": 4, "slots": 8}]))
+    assert clean["profiles"][0]["slots"] == 8
+    for slots, message in [
+        (0, "a replica serves at least 1 request at a time"),
+        (257, "at most 256 slots"),
+    ]:
+        error = refusal(definition(profiles=[{"name": "cpu", "memory_gb": 4, "slots": slots}]))
+        assert (error.problems[0].field, error.problems[0].message) == (
+            "profiles[0].slots",
+            message,
+        )

@@ -52,7 +52,7 @@ def test_a_heartbeat_reports_capacity_and_gets_what_to_run(api: Any) -> None:
     token = api("staff").post("/api/v1/nodes", {"name": "n1"}, format="json").json()["token"]
     response = node_client(token).post("/api/v1/node/heartbeat", BEAT, format="json")
     assert response.status_code == 200
-    assert response.json() == {"node": "n1", "heartbeat_interval": 2, "replicas": []}
+    assert response.json() == {"node": "n1", "heartbeat_interval": 2, "replicas": [], "keep": []}
     view = api("alice").get("/api/v1/nodes").json()[0]
     assert (
         view["state"] == "ready"
@@ -222,3 +222,74 @@ def test_plan_estimates_memory_from_the_gguf_header_and_warns(
     assert abs(estimate["kv_cache_gb"] * 1024**3 - 2 * 1024 * 2 * 16 * 2 * 2) < 1024**3 * 0.001
     [warning] = plan["warnings"]
     assert warning.startswith("profile tight reserves 0.0001 GB, below the estimated")
+
+
+def test_a_replicas_slots_come_from_its_profile_and_reach_its_node(api: Any, fleet: Any) -> None:
+    token = api("staff").post("/api/v1/nodes", {"name": "n1"}, format="json").json()["token"]
+    node_client(token).post("/api/v1/node/heartbeat", BEAT, format="json")
+    fleet.add("chat", profiles=[{"name": "cpu", "memory_gb": 1, "cores": 1, "slots": 4}])
+    fleet.add("solo")
+    reconcile_pass()
+
+    answer = node_client(token).post("/api/v1/node/heartbeat", BEAT, format="json").json()
+
+    assert {r["model"]: r["slots"] for r in answer["replicas"]} == {"chat": 4, "solo": 1}
+    assert {r.model_name: r.slots for r in Replica.objects.all()} == {"chat": 4, "solo": 1}
+
+
+def test_a_heartbeat_keeps_each_replicas_engine_numbers(api: Any, fleet: Any) -> None:
+    token = api("staff").post("/api/v1/nodes", {"name": "n1"}, format="json").json()["token"]
+    node_client(token).post("/api/v1/node/heartbeat", BEAT, format="json")
+    fleet.add("chat", profiles=[{"name": "cpu", "memory_gb": 1, "cores": 1, "slots": 4}])
+    reconcile_pass()
+    replica = Replica.objects.get()
+    numbers = {
+        "predicted_tokens": 640.0,
+        "prompt_tokens": 300.0,
+        "prompt_tokens_cached": 100.0,
+        "requests_processing": 3.0,
+        "requests_deferred": 1.0,
+        "tokens_per_second": 42.5,
+        "slots": 4.0,
+    }
+    report = {"id": str(replica.pk), "state": "ready", "port": 41000, "engine": numbers}
+
+    beat = {**BEAT, "replicas": [report]}
+    assert node_client(token).post("/api/v1/node/heartbeat", beat, format="json").status_code == 200
+
+    replica.refresh_from_db()
+    assert replica.engine_metrics == numbers and replica.engine_metrics_at is not None
+    shown = api("alice").get("/api/v1/models/chat/target").json()["replicas"][0]
+    assert shown["slots"] == 4
+    assert shown["engine"] == {
+        "tokens_per_second": 42.5,
+        "busy_slots": 3,
+        "slots": 4,
+        "waiting": 1,
+        "predicted_tokens": 640,
+        "prompt_tokens": 400,
+        "prompt_cache_hit_ratio": 0.25,
+        "reported_at": replica.engine_metrics_at.isoformat(),
+    }
+    junk = {**report, "engine": {"x" * 65: 1.0}}
+    response = node_client(token).post(
+        "/api/v1/node/heartbeat", {**BEAT, "replicas": [junk]}, format="json"
+    )
+    assert response.status_code == 400
+
+
+def test_a_heartbeat_asks_to_keep_the_previous_revisions_of_its_models(
+    api: Any, fleet: Any
+) -> None:
+    token = api("staff").post("/api/v1/nodes", {"name": "n1"}, format="json").json()["token"]
+    node_client(token).post("/api/v1/node/heartbeat", BEAT, format="json")
+    model = fleet.add("chat")
+    fleet.add("other")
+    old = "http://127.0.0.1:8000/mirror/acme/chat/0000aaa/chat.gguf"
+    model.previous = {"source": old, "sha256": "a" * 64}
+    model.save(update_fields=["previous"])
+    reconcile_pass()
+
+    answer = node_client(token).post("/api/v1/node/heartbeat", BEAT, format="json").json()
+
+    assert answer["keep"] == [{"source": old, "sha256": "a" * 64}]
