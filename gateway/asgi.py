@@ -29,7 +29,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import django
@@ -427,19 +427,39 @@ async def _route_and_send(
     if decision.fallback_from is not None:
         metrics().fallbacks.labels(entry.name, decision.model).inc()
 
+    target = snapshot.catalog.entries[decision.model]
+    # An engine with adapters is told in every request which to apply (the one asked for, at
+    # its scale; none for the base model), naming them by their place among the replica's
+    # adapters: only replicas that agree on that are candidates. See llmgw.engine.lora_request.
+    lora = decision.candidates[0].engine_lora(target.name)
+    if lora is not None:
+        decision = replace(
+            decision,
+            candidates=tuple(c for c in decision.candidates if c.engine_lora(target.name) == lora),
+        )
     # The body goes on as it came, unless a fallback answers (the engine must be asked for
-    # the name it serves).
-    if decision.engine_name == body["model"]:
+    # the name it serves) or the engine has adapters. A client's own "lora" field is never
+    # passed on: it would apply any adapter, at any scale, under another name.
+    if decision.engine_name == body["model"] and lora is None and "lora" not in body:
         payload = raw
     else:
-        payload = json.dumps({**body, "model": decision.engine_name}).encode()
-    target = snapshot.catalog.entries[decision.model]
+        rewritten = {key: value for key, value in body.items() if key != "lora"}
+        rewritten["model"] = decision.engine_name
+        if lora is not None:
+            rewritten["lora"] = lora
+        payload = json.dumps(rewritten).encode()
+    # The engine names its base model in answers; an adapter's answer names the adapter.
+    rename = (target.model, target.name) if target.adapter else None
 
     async def refresh() -> tuple[routing.Candidate, ...]:
         # Whether the replica that failed is still in routing decides the retry: look
         # at the database's word after the failure, not before it.
         fresh = (await _fresh_look(time.monotonic())).replicas.get(target.model, [])
-        return tuple(c for c in fresh if c.ready and c.serves(target))
+        return tuple(
+            c
+            for c in fresh
+            if c.ready and c.serves(target) and (lora is None or c.engine_lora(target.name) == lora)
+        )
 
     # Where the prompt's beginning was computed lately, when that may save a prefill.
     prefix: list[int] = []
@@ -472,13 +492,16 @@ async def _route_and_send(
     if not answer.streaming:
         routing.balancer.release(answer.candidate)
         assert answer.body is not None
+        body_out = answer.body
         if answer.status == 200:
             _tokens(decision.model, *proxy.usage_of(answer.body))
+            if rename is not None:
+                body_out = _renamed(body_out, *rename)
         _count(entry.name, decision.model, endpoint, answer.status)
         await _answer(
             send,
             answer.status,
-            answer.body,
+            body_out,
             [(b"content-type", answer.content_type.encode()), model_header],
         )
         return
@@ -499,7 +522,10 @@ async def _route_and_send(
                 ],
             }
         )
-        outcome = await _pump(_chunks(answer, tally), send, receive, answer.close)
+        chunks = _chunks(answer, tally)
+        if rename is not None:
+            chunks = _renaming(chunks, *rename)
+        outcome = await _pump(chunks, send, receive, answer.close)
         if outcome == "broken":
             status = 502
     finally:
@@ -533,6 +559,27 @@ async def _chunks(answer: proxy.Answer, tally: proxy.StreamTally) -> AsyncIterat
 
 class _Broken(Exception):
     pass
+
+
+def _renamed(body: bytes, served: str, asked: str) -> bytes:
+    """``"model":"<served>"`` made ``"model":"<asked>"`` (llama-server writes compact JSON)."""
+    return body.replace(
+        b'"model":' + json.dumps(served).encode(), b'"model":' + json.dumps(asked).encode()
+    )
+
+
+async def _renaming(chunks: AsyncIterator[bytes], served: str, asked: str) -> AsyncIterator[bytes]:
+    """The stream with the engine's model name replaced, a whole line at a time (an event's
+    JSON is one line; a chunk may end inside one)."""
+    pending = b""
+    async for chunk in chunks:
+        pending += chunk
+        cut = pending.rfind(b"\n") + 1
+        if cut:
+            yield _renamed(pending[:cut], served, asked)
+            pending = pending[cut:]
+    if pending:
+        yield _renamed(pending, served, asked)
 
 
 async def _pump(

@@ -15,9 +15,11 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from catalog.models import Model
 from fleet.models import Replica
+from llmgw.engine import lora_request
 
 from .load import SharedLoad
 from .prefix import SLACK, PrefixTable
@@ -108,6 +110,14 @@ class Candidate:
     adapters: frozenset[str] = field(default_factory=frozenset)
     # Requests the engine computes at once (llama.cpp's parallel slots); 1 = one at a time.
     slots: int = 1
+    # The adapters (name, scale) in the order the engine was started with them.
+    lora: tuple[tuple[str, float], ...] = ()
+
+    def engine_lora(self, name: str) -> list[dict[str, Any]] | None:
+        """The request's ``lora`` field that makes this engine answer as ``name``: that
+        adapter at its scale, the others at 0 (all at 0 for the base model); None when the
+        engine has no adapters. See llmgw.engine.lora_request."""
+        return lora_request([{"name": n, "scale": s} for n, s in self.lora], name)
 
     @property
     def endpoint(self) -> str:
@@ -147,6 +157,10 @@ def read_replicas(models: Iterable[str] | None = None) -> dict[str, list[Candida
                 port=port or 0,
                 adapters=frozenset(a["name"] for a in (spec or {}).get("adapters", [])),
                 slots=_slots(spec),
+                lora=tuple(
+                    (a["name"], float(a.get("scale", 1.0)))
+                    for a in (spec or {}).get("adapters", [])
+                ),
             )
         )
     return found

@@ -174,6 +174,7 @@ class Catalog:
         *,
         state: str = Replica.READY,
         adapters: tuple[str, ...] = (),
+        scales: tuple[float, ...] = (),
     ) -> Replica:
         from catalog.models import Model
 
@@ -183,7 +184,12 @@ class Catalog:
             model_name=model,
             node=self.node,
             profile="cpu",
-            spec={"adapters": [{"name": a, "source": "x"} for a in adapters]},
+            spec={
+                "adapters": [
+                    {"name": a, "source": "x", **({"scale": s} if s is not None else {})}
+                    for a, s in zip(adapters, scales or [None] * len(adapters), strict=True)
+                ]
+            },
             spec_key="k",
             state=state,
             port=port,

@@ -95,6 +95,46 @@ def test_an_adapter_is_asked_for_by_name_on_its_base_models_replica(
     assert engine.names() == ["chat-sql"] * 3 and other_engine.requests == []
 
 
+def test_the_engine_is_told_which_adapter_to_apply_at_which_scale(
+    gw: Any, catalog: Any, engine: FakeEngine
+) -> None:
+    catalog.add(
+        "chat",
+        adapters=[
+            {"name": "chat-sql", "source": "http://127.0.0.1:8000/a.gguf", "scale": 0.5},
+            {"name": "chat-fr", "source": "http://127.0.0.1:8000/b.gguf"},
+        ],
+    )
+    catalog.replica("chat", engine, adapters=("chat-sql", "chat-fr"), scales=(0.5, 1.0))
+
+    # A client's own "lora" is dropped: it would apply any adapter at any scale.
+    own = [{"id": 1, "scale": 9}]
+    for name in ("chat-fr", "chat-sql", "chat"):
+        response = gw.post("/v1/completions", {"model": name, "prompt": "a", "lora": own})
+        assert response.status_code == 200, response.content
+
+    assert [body["lora"] for _, body in engine.requests] == [
+        [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 1.0}],
+        [{"id": 0, "scale": 0.5}, {"id": 1, "scale": 0.0}],
+        # The base model's requests say "no adapter" too: see llmgw.engine.lora_request.
+        [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.0}],
+    ]
+    assert engine.names() == ["chat-fr", "chat-sql", "chat"]
+
+
+def test_a_request_to_an_engine_without_adapters_goes_on_as_it_came(
+    gw: Any, catalog: Any, engine: FakeEngine
+) -> None:
+    catalog.add("chat")
+    catalog.replica("chat", engine)
+    gw.post("/v1/completions", {"model": "chat", "prompt": "a", "lora": [{"id": 0, "scale": 1}]})
+    gw.post("/v1/completions", {"model": "chat", "prompt": "a"})
+    assert [body for _, body in engine.requests] == [
+        {"model": "chat", "prompt": "a"},
+        {"model": "chat", "prompt": "a"},
+    ]
+
+
 def test_an_unknown_model_gets_404_with_the_names_there_are(gw: Any, catalog: Any) -> None:
     catalog.add("chat")
     catalog.add("embed")
