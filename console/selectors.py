@@ -415,8 +415,38 @@ def _percent(part: float, whole: float) -> int:
     return max(0, min(100, round(100 * part / whole)))
 
 
+def engine_text(numbers: dict[str, Any] | None) -> str:
+    """One line on what engines report of themselves: tokens/s, busy slots, prompt cache."""
+    if not numbers:
+        return ""
+    parts = [
+        f"{numbers.get('tokens_per_second') or 0:g} tokens/s",
+        f"{numbers['busy_slots']} of {numbers['slots']} slots busy",
+    ]
+    if numbers.get("waiting"):
+        parts.append(f"{numbers['waiting']} waiting")
+    if numbers.get("prompt_cache_hit_ratio") is not None:
+        parts.append(f"prompt cache {numbers['prompt_cache_hit_ratio']:.0%} of prompt tokens")
+    return " · ".join(parts)
+
+
+def model_target(model: Model) -> dict[str, Any]:
+    """fleet.selectors.model_target() with each replica's engine numbers in words."""
+    from fleet.selectors import model_target as fleet_target
+
+    target = fleet_target(model)
+    for replica in target["replicas"]:
+        replica["engine_text"] = engine_text(replica["engine"])
+    return target
+
+
 def node_cards(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """fleet.selectors.nodes_view() with what the bars and lists need."""
+    from fleet.models import Node
+    from fleet.selectors import node_engine_numbers
+
+    engines = node_engine_numbers()
+    node_ids = dict(Node.objects.values_list("name", "pk"))
     cards = []
     for node in nodes:
         capacity, reserved = node["capacity"], node["reserved"]
@@ -457,6 +487,7 @@ def node_cards(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "replica_counts": sorted(Counter(node["replicas"]).items()),
                 "heartbeat_at": datetime.fromisoformat(heartbeat) if heartbeat else None,
                 "cordoned": node["state"] == "cordoned",
+                "engines": engine_text(engines.get(node_ids.get(node["name"], -1))),
             }
         )
     return cards

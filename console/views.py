@@ -158,7 +158,7 @@ def model_context(
         "row": row,
         "view": row.view,
         "registry": row.registry,
-        "target": fleet_selectors.model_target(model),
+        "target": console_selectors.model_target(model),
         "definition_yaml": yaml.safe_dump(
             model.definition(), sort_keys=False, allow_unicode=True, width=1000
         ),

@@ -641,3 +641,33 @@ def test_the_audit_page_filters_and_pages(client_for: Any, running: Any) -> None
     assert "other-chat" in only_bob and "tiny-chat</a>" not in only_bob
     partial = client.get("/audit/?action=add", headers={"HX-Request": "true"}).content.decode()
     assert partial.lstrip().startswith('<div id="audit-table">')
+
+
+def test_the_model_and_nodes_pages_show_what_the_engines_report(
+    client_for: Any, running: Any
+) -> None:
+    from django.utils import timezone
+
+    from fleet.models import Replica
+
+    Replica.objects.filter(model_name="tiny-chat").update(
+        slots=4,
+        engine_metrics={
+            "predicted_tokens": 900.0,
+            "prompt_tokens": 150.0,
+            "prompt_tokens_cached": 450.0,
+            "requests_processing": 2.0,
+            "requests_deferred": 0.0,
+            "tokens_per_second": 37.5,
+        },
+        engine_metrics_at=timezone.now(),
+    )
+    line = "37.5 tokens/s · 2 of 4 slots busy · prompt cache 75% of prompt tokens"
+
+    assert line in text_of(client_for("carol").get("/models/tiny-chat/"))
+    assert f"Engines: {line}" in text_of(client_for("carol").get("/nodes/"))
+
+    # Numbers no agent sent lately are not shown as if they were current.
+    Replica.objects.update(engine_metrics_at=timezone.now() - timezone.timedelta(minutes=5))
+    assert "tokens/s" not in text_of(client_for("carol").get("/models/tiny-chat/"))
+    assert "Engines:" not in text_of(client_for("carol").get("/nodes/"))
