@@ -3,7 +3,9 @@ llama.cpp server on tiny generated models, all as processes on 127.0.0.1, driven
 
 from __future__ import annotations
 
-import importlib.util
+import contextlib
+import json
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -16,6 +18,7 @@ import requests
 import yaml
 
 from llmgw.cli import main
+from llmgw.engine import find_engine
 from llmgw.tinygguf import write_tiny_model
 from tests.support.http_files import serve_directory
 from tests.support.system import System, wait_for
@@ -23,7 +26,7 @@ from tests.support.system import System, wait_for
 pytestmark = [
     pytest.mark.engine,
     pytest.mark.skipif(
-        importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed"
+        find_engine() is None, reason="llama-server is not built (make setup builds it)"
     ),
 ]
 
@@ -155,6 +158,34 @@ def test_a_restart_replaces_replicas_with_one_ready_at_every_moment(
     else:
         raise AssertionError(f"the restart did not finish: {target(system, 'chat')}")
     assert all(r["generation"] == 1 for r in ready_replicas(system, "chat"))
+
+
+def test_a_hung_engine_is_withdrawn_within_10_s_and_replaced(system: System, ctl: Any) -> None:
+    ctl("scale", "chat", "--min", "1")
+    [replica] = wait_ready(system, "chat", 1)
+    state = system.folder / "nodes" / replica["node"] / "replicas" / replica["id"] / "state.json"
+    pid = int(json.loads(state.read_text())["pid"])
+
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        stopped_at = time.monotonic()
+        wait_for(
+            lambda: replica["id"] not in {r["id"] for r in ready_replicas(system, "chat")},
+            timeout=10,
+            interval=0.1,
+            what="the hung replica to leave routing",
+        )
+        print(f"withdrawn from routing {time.monotonic() - stopped_at:.1f} s after the hang")
+        hung = next(r for r in target(system, "chat")["replicas"] if r["id"] == replica["id"])
+        reason = hung["message"] or hung["withdraw_reason"]
+        assert "stopped answering /health" in reason, hung
+        [again] = wait_ready(system, "chat", 1)
+        assert again["id"] != replica["id"]
+        assert complete(again, "chat") is not None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_killing_an_agent_moves_its_replicas(system: System, ctl: Any) -> None:

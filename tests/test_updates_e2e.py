@@ -5,7 +5,6 @@ back, with a ready replica at every moment."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 
 from llmgw.cli import main
+from llmgw.engine import find_engine
 from llmgw.tinygguf import write_tiny_model
 from tests.support.registry import LocalRegistry, available
 from tests.support.system import System, wait_for
@@ -22,7 +22,7 @@ from tests.support.system import System, wait_for
 pytestmark = [
     pytest.mark.engine,
     pytest.mark.skipif(
-        importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed"
+        find_engine() is None, reason="llama-server is not built (make setup builds it)"
     ),
     pytest.mark.skipif(available() is not None, reason=str(available())),
 ]

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from llmgw.engine import find_engine
 from llmgw.tinygguf import write_tiny_model
 from tests.console.conftest import CHROMIUM, SCREENSHOTS
 from tests.support.registry import LocalRegistry, available
@@ -39,8 +40,8 @@ pytestmark = [
         reason="the playwright package is missing: `pip install playwright` (no `playwright install`)",
     ),
     pytest.mark.skipif(
-        importlib.util.find_spec("llama_cpp") is None,
-        reason="llama-cpp-python is not installed: `pip install -e '.[engine]'`",
+        find_engine() is None,
+        reason="llama-server is not built (make setup builds it)",
     ),
     pytest.mark.skipif(available() is not None, reason=str(available())),
 ]

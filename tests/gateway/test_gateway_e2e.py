@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from llmgw.engine import find_engine
 from llmgw.tinygguf import EOS_ID, write_lora_adapter, write_tiny_model
 from tests.support.http_files import serve_directory
 from tests.support.system import System, wait_for
@@ -22,7 +23,7 @@ from tests.support.system import System, wait_for
 pytestmark = [
     pytest.mark.engine,
     pytest.mark.skipif(
-        importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed"
+        find_engine() is None, reason="llama-server is not built (make setup builds it)"
     ),
     pytest.mark.skipif(
         importlib.util.find_spec("openai") is None, reason="openai is not installed"

@@ -252,8 +252,6 @@ class System:
             "node",
             "--server",
             self.url,
-            "--token",
-            token,
             "--memory",
             str(memory_gb),
             "--cores",
@@ -268,7 +266,8 @@ class System:
             "60",
             "--stop-engines-on-exit",
         ]
-        return self._spawn(f"node-{name}", argv)
+        # The token goes in the environment: a command line is visible to everyone in `ps`.
+        return self._spawn(f"node-{name}", argv, env={**self.env, "LLMGW_NODE_TOKEN": token})
 
     def stop_process(self, name: str, sig: int = signal.SIGTERM) -> None:
         process = self.processes.pop(name)

@@ -76,7 +76,7 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         call_command("migrate", verbosity=0)
         call_command("llmgw_admin")
-        node_token = None if options["no_node"] else self._local_node()
+        node_token_file = None if options["no_node"] else self._local_node()
         started: dict[str, subprocess.Popen[bytes]] = {}
         if not options["no_demo"]:
             registry = self._demo_registry()
@@ -122,7 +122,7 @@ class Command(BaseCommand):
                 str(settings.VAR_DIR / "celerybeat-schedule"),
             ],
         }
-        if node_token:
+        if node_token_file:
             memory_gb = max(
                 1, int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / 2)
             )
@@ -133,8 +133,9 @@ class Command(BaseCommand):
                 "node",
                 "--server",
                 settings.LLMGW_PUBLIC_URL,
-                "--token",
-                node_token,
+                # A file, not the token: a command line is visible to everyone in `ps`.
+                "--token-file",
+                str(node_token_file),
                 "--memory",
                 str(memory_gb),
                 "--cores",
@@ -172,23 +173,25 @@ class Command(BaseCommand):
             f"{token_file} (authorization: credentials_file in a scrape config)"
         )
 
-    def _local_node(self) -> str:
-        """The local node's token, kept in var/ (the control plane itself only keeps its hash)."""
+    def _local_node(self) -> Path:
+        """The file holding the local node's token, kept in var/ (the control plane itself only
+        keeps its hash)."""
         from catalog.services import Actor
         from fleet.models import Node
         from fleet.services import node_add
 
         token_file = settings.VAR_DIR / "local-node-token"
         if token_file.exists() and Node.objects.filter(name="local").exists():
-            return token_file.read_text().strip()
+            return token_file
         Node.objects.filter(name="local").delete()
         from django.contrib.auth import get_user_model
 
         admin = get_user_model().objects.filter(is_superuser=True).order_by("pk").first()
         _, token = node_add(actor=Actor.for_user(admin, "system"), name="local")
-        token_file.write_text(token + "\n")
+        token_file.touch(mode=0o600)
         token_file.chmod(0o600)
-        return token
+        token_file.write_text(token + "\n")
+        return token_file
 
     def _demo_registry(self) -> subprocess.Popen[bytes] | None:
         """olah serving the demo repository, so updates can be tried; None when left out."""
