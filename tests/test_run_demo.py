@@ -8,7 +8,6 @@ agent and its llama.cpp engine. The run command is stopped by its pid, and stops
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -21,6 +20,7 @@ import pytest
 
 from llmgw import demo
 from llmgw.cli import main
+from llmgw.engine import find_engine
 from tests.support.first_run import FirstRun
 from tests.support.registry import available
 from tests.support.system import wait_for
@@ -28,7 +28,7 @@ from tests.support.system import wait_for
 pytestmark = [
     pytest.mark.engine,
     pytest.mark.skipif(
-        importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed"
+        find_engine() is None, reason="llama-server is not built (make setup builds it)"
     ),
     pytest.mark.skipif(available() is not None, reason=str(available())),
 ]

@@ -19,6 +19,7 @@ from openai import OpenAI
 
 from llmgw import demo
 from llmgw.cli import main
+from llmgw.engine import find_engine
 from tests.console.conftest import CHROMIUM, SCREENSHOTS
 from tests.console.test_update_browser import LAPTOP, watch
 from tests.support.first_run import ADMIN_PASSWORD, FirstRun
@@ -37,7 +38,7 @@ pytestmark = [
         reason="the playwright package is missing: `pip install playwright`",
     ),
     pytest.mark.skipif(
-        importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed"
+        find_engine() is None, reason="llama-server is not built (make setup builds it)"
     ),
     pytest.mark.skipif(available() is not None, reason=str(available())),
 ]
