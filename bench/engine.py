@@ -1,0 +1,295 @@
+"""The engine a replica runs: llama.cpp's llama-server with 1, 4 and 8 slots against
+llama-cpp-python's server (python -m llama_cpp.server, the engine replicas ran before).
+
+One engine process per configuration, all with the same threads (-t 1), on the tiny test model
+and on a ~50 MB generated model (the tiny one is almost all HTTP and bookkeeping; the larger
+one shows what batching does once computing dominates). Rounds are interleaved (every
+configuration once per round, in turn) so that drift on the machine hits all alike; each cell
+is 1, 4 or 8 clients sending 32-token completions back to back for a few seconds.
+Prints requests/s (median over rounds), tokens/s and p50 latency, the 8-client ratio against
+llama_cpp.server with the target beside it, and time to first token for a repeated
+1,500-token prompt (the prompt cache).
+
+llama-cpp-python is not a dependency of llmgw any more: the baseline runs from a venv of its
+own (var/bench-venv), installed on first use (pip's wheel cache makes that quick when
+llama-cpp-python 0.3.36 was built on this machine before; a first build takes ~7 minutes on 2
+cores). Without it (--no-baseline, or when the install fails) the comparison column is left out.
+
+Run: make bench (or .venv/bin/python bench/engine.py [--rounds 3] [--no-baseline])
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from llmgw import engine  # noqa: E402
+from llmgw.tinygguf import LARGE, TINY, Shape, write_tiny_model  # noqa: E402
+from tests.support.engine import free_port, running_engine  # noqa: E402
+
+BASELINE_VERSION = "0.3.36"
+BASELINE_VENV = ROOT / "var" / "bench-venv"
+CLIENTS = (1, 4, 8)
+SLOTS = (1, 4, 8)
+MAX_TOKENS = 32
+CONTEXT = 256  # per request
+PROMPT = "the quick brown fox jumps over the lazy dog and"
+TARGET_RATIO = 3.0  # 8 slots against llama_cpp.server, at 8 clients
+LONG_PROMPT_TOKENS = 1500
+TARGET_CACHED_SHARE = 0.10  # a repeated long prompt: at most this share of the first's TTFT
+
+
+@dataclass
+class Cell:
+    rates: list[float] = field(default_factory=list)  # requests/s per round
+    token_rates: list[float] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+
+
+def baseline_python(install: bool) -> str | None:
+    """The bench venv's python with llama_cpp.server importable, installing it if asked."""
+    python = BASELINE_VENV / "bin" / "python"
+    check = [str(python), "-c", "import llama_cpp.server"]
+    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return str(python)
+    if not install:
+        return None
+    print(f"installing llama-cpp-python[server]=={BASELINE_VERSION} into {BASELINE_VENV} ...")
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(BASELINE_VENV)], check=True)
+        subprocess.run(
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                f"llama-cpp-python[server]=={BASELINE_VERSION}",
+            ],
+            check=True,
+            env={**os.environ, "CMAKE_ARGS": "-DGGML_NATIVE=OFF"},
+        )
+    except subprocess.CalledProcessError as exc:
+        print(f"  could not install it ({exc}); the baseline column is left out")
+        return None
+    return str(python) if subprocess.run(check, capture_output=True).returncode == 0 else None
+
+
+@contextmanager
+def baseline_engine(python: str, model: Path, log: Path) -> Iterator[str]:
+    port = free_port()
+    command = [
+        python,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(model),
+        "--model_alias",
+        "bench",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_ctx",
+        str(CONTEXT),
+        "--n_threads",
+        "1",
+        "--n_threads_batch",
+        "1",
+        "--interrupt_requests",
+        "false",
+    ]
+    process = engine.start_engine(command, log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if requests.get(f"{url}/v1/models", timeout=1).ok:
+                    break
+            except requests.RequestException:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"llama_cpp.server did not start: {engine.last_output(log)}")
+            time.sleep(0.05)
+        yield url
+    finally:
+        engine.stop_process_group(process.pid, child=process, grace=5)
+
+
+def run_cell(url: str, clients: int, seconds: float, cell: Cell) -> None:
+    """``clients`` threads sending completions back to back for ``seconds``."""
+    body = {
+        "model": "bench",
+        "prompt": PROMPT,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,  # llama-server: always 32 tokens (llama_cpp.server ignores it)
+    }
+    done: list[tuple[float, int]] = []
+    lock = threading.Lock()
+    stop_at = time.monotonic() + seconds
+
+    def client() -> None:
+        with requests.Session() as session:
+            while time.monotonic() < stop_at:
+                started = time.perf_counter()
+                answer = session.post(f"{url}/v1/completions", json=body, timeout=120)
+                answer.raise_for_status()
+                tokens = answer.json()["usage"]["completion_tokens"]
+                with lock:
+                    done.append((time.perf_counter() - started, tokens))
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    cell.rates.append(len(done) / elapsed)
+    cell.token_rates.append(sum(tokens for _, tokens in done) / elapsed)
+    cell.latencies += [latency for latency, _ in done]
+
+
+def throughput(
+    model: Path, label: str, baseline: str | None, rounds: int, seconds: float, folder: Path
+) -> None:
+    names = [f"llama-server, {n} slot{'s' if n > 1 else ''}" for n in SLOTS]
+    if baseline:
+        names.append("llama_cpp.server")
+    cells = {(name, clients): Cell() for name in names for clients in CLIENTS}
+    with ExitStack() as stack:
+        urls = {}
+        for name, slots in zip(names, SLOTS, strict=False):
+            urls[name] = stack.enter_context(
+                running_engine(
+                    model,
+                    alias="bench",
+                    slots=slots,
+                    context_length=CONTEXT,
+                    threads=1,
+                    log=folder / f"{label}-{slots}.log",
+                )
+            )
+        if baseline:
+            urls["llama_cpp.server"] = stack.enter_context(
+                baseline_engine(baseline, model, folder / f"{label}-baseline.log")
+            )
+        for url in urls.values():  # warm up: the first request of each pays for setup
+            run_cell(url, 1, 0.5, Cell())
+        for _ in range(rounds):
+            for clients in CLIENTS:
+                for name in names:
+                    run_cell(urls[name], clients, seconds, cells[(name, clients)])
+
+    size = model.stat().st_size / 1e6
+    print(f"\n{label} model ({size:.1f} MB), -t 1, {MAX_TOKENS}-token completions, {rounds} rounds")
+    print(f"{'engine':<22}{'clients':>8}{'req/s':>9}{'tokens/s':>10}{'p50 ms':>9}")
+    for name in names:
+        for clients in CLIENTS:
+            cell = cells[(name, clients)]
+            print(
+                f"{name:<22}{clients:>8}{statistics.median(cell.rates):>9.1f}"
+                f"{statistics.median(cell.token_rates):>10.0f}"
+                f"{statistics.median(cell.latencies) * 1000:>9.1f}"
+            )
+    if baseline:
+        best = statistics.median(cells[(names[2], 8)].rates)
+        base = statistics.median(cells[("llama_cpp.server", 8)].rates)
+        ratio = best / base
+        verdict = "met" if ratio >= TARGET_RATIO else "NOT met"
+        print(
+            f"8 clients, 8 slots vs llama_cpp.server: {ratio:.2f}x "
+            f"(target >= {TARGET_RATIO:g}x: {verdict})"
+        )
+    else:
+        print("(no llama_cpp.server column: the baseline is not installed)")
+
+
+def long_prompt(url: str, salt: str) -> str:
+    """A prompt of about LONG_PROMPT_TOKENS tokens whose start differs by ``salt``."""
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "and"]
+    text = salt + " " + " ".join(words[i % len(words)] for i in range(LONG_PROMPT_TOKENS))
+    count = len(
+        requests.post(f"{url}/tokenize", json={"content": text}, timeout=30).json()["tokens"]
+    )
+    return " ".join(text.split()[: max(1, len(text.split()) * LONG_PROMPT_TOKENS // count)])
+
+
+def first_token_seconds(url: str, prompt: str) -> float:
+    body = {"model": "bench", "prompt": prompt, "max_tokens": 1, "stream": True}
+    started = time.perf_counter()
+    with requests.post(f"{url}/v1/completions", json=body, stream=True, timeout=120) as answer:
+        answer.raise_for_status()
+        for line in answer.iter_lines():
+            if line.startswith(b"data: "):
+                return time.perf_counter() - started
+    raise RuntimeError("the stream ended without a token")
+
+
+def prompt_cache(model: Path, folder: Path) -> None:
+    firsts, repeats = [], []
+    with running_engine(
+        model,
+        alias="bench",
+        slots=1,
+        context_length=2048,
+        threads=1,
+        prompt_cache_mib=256,
+        log=folder / "ttft.log",
+    ) as url:
+        for salt in ("alpha", "bravo", "charlie"):
+            prompt = long_prompt(url, salt)
+            firsts.append(first_token_seconds(url, prompt))
+            repeats.append(first_token_seconds(url, prompt))
+    first, repeated = statistics.median(firsts), statistics.median(repeats)
+    share = repeated / first
+    verdict = "met" if share <= TARGET_CACHED_SHARE else "NOT met"
+    print(
+        f"\ntime to first token, {LONG_PROMPT_TOKENS}-token prompt, {model.stat().st_size / 1e6:.0f} MB "
+        f"model: first {first * 1000:.0f} ms, repeated {repeated * 1000:.0f} ms "
+        f"({share:.0%} of the first; target <= {TARGET_CACHED_SHARE:.0%}: {verdict})"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=2.0, help="per cell, tiny model")
+    parser.add_argument("--no-baseline", action="store_true")
+    args = parser.parse_args()
+    if engine.find_engine() is None:
+        print("engine bench: skipped, llama-server is not built (make setup builds it)")
+        return
+    baseline = None if args.no_baseline else baseline_python(install=True)
+    with tempfile.TemporaryDirectory(prefix="llmgw-bench-engine-") as tmp:
+        folder = Path(tmp)
+        models: list[tuple[str, Shape, float]] = [
+            ("tiny", TINY, args.seconds),
+            ("large", LARGE, args.seconds * 2),
+        ]
+        for label, shape, seconds in models:
+            path = folder / f"{label}.gguf"
+            write_tiny_model(path, shape=shape, context_length=4096)
+            throughput(path, label, baseline, args.rounds, seconds, folder)
+        prompt_cache(folder / "large.gguf", folder)
+
+
+if __name__ == "__main__":
+    main()
