@@ -92,12 +92,16 @@ class ReplicaReportInput(TypedSerializer):
         allow_null=True,
     )
 
-    def validate_engine(self, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value is not None and (len(value) > 32 or any(len(key) > 64 for key in value)):
-            raise serializers.ValidationError("at most 32 numbers with names of 64 characters")
-        return value
-
     def to_internal_value(self, data: Any) -> Any:
+        engine = data.get("engine") if isinstance(data, dict) else None
+        if isinstance(engine, dict):
+            # A JSON true is not the number 1 (DRF's FloatField would take it as one).
+            if any(isinstance(v, bool) or not isinstance(v, int | float) for v in engine.values()):
+                raise serializers.ValidationError({"engine": ["every value must be a number"]})
+            if len(engine) > 32 or any(len(str(key)) > 64 for key in engine):
+                raise serializers.ValidationError(
+                    {"engine": ["at most 32 numbers with names of 64 characters"]}
+                )
         value = super().to_internal_value(data)
         value["id"] = str(value["id"])
         return value
@@ -119,6 +123,13 @@ class HeartbeatOut(serializers.Serializer):
     heartbeat_interval = serializers.IntegerField(help_text="seconds until the next heartbeat")
     replicas = serializers.ListField(
         child=serializers.DictField(), help_text="every replica the node should run, in full"
+    )
+    keep = serializers.ListField(
+        child=serializers.DictField(),
+        help_text=(
+            "files ({source, sha256}) to keep cached though no replica uses them: the previous "
+            "revisions of the node's models"
+        ),
     )
 
 
@@ -278,6 +289,19 @@ class UnplacedOut(serializers.Serializer):
     reason = serializers.CharField()
 
 
+class EngineNumbersOut(serializers.Serializer):
+    tokens_per_second = serializers.FloatField(allow_null=True)
+    busy_slots = serializers.IntegerField()
+    slots = serializers.IntegerField()
+    waiting = serializers.IntegerField(help_text="requests waiting for a free slot")
+    predicted_tokens = serializers.IntegerField(help_text="tokens generated since it started")
+    prompt_tokens = serializers.IntegerField(help_text="prompt tokens since it started")
+    prompt_cache_hit_ratio = serializers.FloatField(
+        allow_null=True, help_text="share of prompt tokens served from its prompt cache"
+    )
+    reported_at = serializers.DateTimeField()
+
+
 class ReplicaOut(serializers.Serializer):
     id = serializers.CharField()
     node = serializers.CharField()
@@ -291,6 +315,10 @@ class ReplicaOut(serializers.Serializer):
     generation = serializers.IntegerField(allow_null=True)
     weights_sha256 = serializers.CharField(allow_blank=True)
     created_at = serializers.DateTimeField()
+    slots = serializers.IntegerField(help_text="requests the replica serves at once")
+    engine = EngineNumbersOut(
+        allow_null=True, help_text="what the engine last reported; null when not recent"
+    )
 
 
 class TargetOut(serializers.Serializer):
@@ -332,9 +360,11 @@ class PreemptionOut(serializers.Serializer):
 
 class EstimateOut(serializers.Serializer):
     weights_gb = serializers.FloatField()
-    kv_cache_gb = serializers.FloatField()
+    kv_cache_gb = serializers.FloatField(help_text="for every slot")
+    prompt_cache_gb = serializers.FloatField(help_text="the engine's store of earlier prompts")
     total_gb = serializers.FloatField()
     context_length = serializers.IntegerField(allow_null=True)
+    slots = serializers.IntegerField()
 
 
 class PlanOut(serializers.Serializer):
