@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import connections
@@ -30,6 +29,7 @@ from .definitions import (
 )
 from .durations import format_duration
 from .errors import CatalogError, Problem
+from .outbound import HostSyntaxError, endpoint_hosts, parse_allowed_hosts
 from .yamltext import YAMLSyntaxError, line_for, load_with_lines
 
 log = logging.getLogger("catalog.config")
@@ -61,12 +61,11 @@ class ClusterConfig:
             return tuple(settings.LLMGW_SOURCE_ALLOWED_HOSTS)
         if self.allowed_hosts is not None:
             return self.allowed_hosts
-        hosts = []
-        for url in (settings.LLMGW_PUBLIC_URL, self.registry_endpoint):
-            parts = urlsplit(url)
-            if parts.hostname:
-                hosts.append(f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname)
-        return tuple(hosts)
+        hosts = (
+            *endpoint_hosts(settings.LLMGW_PUBLIC_URL),
+            *endpoint_hosts(self.registry_endpoint),
+        )
+        return tuple(dict.fromkeys(hosts))
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -97,6 +96,13 @@ class _RegistrySection(StrictSerializer):
 
 class _SourcesSection(StrictSerializer):
     allowed_hosts = serializers.ListField(child=serializers.CharField(), required=False)
+
+    def validate_allowed_hosts(self, value: list[str]) -> list[str]:
+        try:
+            parse_allowed_hosts(value)
+        except HostSyntaxError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+        return value
 
 
 class _ServerFile(StrictSerializer):
@@ -181,9 +187,20 @@ def _problem_text(exc: CatalogError, label: str) -> str:
 
 def load_config(path: Path | None = None) -> ClusterConfig:
     path = Path(path or settings.LLMGW_CONFIG)
+    if settings.LLMGW_SOURCE_ALLOWED_HOSTS is not None:
+        try:
+            parse_allowed_hosts(settings.LLMGW_SOURCE_ALLOWED_HOSTS)
+        except HostSyntaxError as exc:
+            raise ConfigError(f"LLMGW_SOURCE_ALLOWED_HOSTS: {exc}") from None
     if not path.exists():
         return parse_config("", path)
-    return parse_config(path.read_text(), path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: is not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read: {exc.strerror}") from None
+    return parse_config(text, path)
 
 
 @lru_cache(maxsize=1)

@@ -18,7 +18,11 @@ from .durations import DurationError, parse_duration
 from .errors import CatalogError, Problem, invalid
 from .yamltext import Path, line_for
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9._:-]+$")
+# A name is part of URLs (/api/v1/models/NAME, /console/models/NAME) and of command lines:
+# it starts with a letter or digit, so that "." and ".." (which a URL path resolves away)
+# and "-x" (which `llmgw ctl` would read as an option) cannot be names.
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+NAME_CHARACTERS = re.compile(r"^[A-Za-z0-9._:-]+$")
 PROFILE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9._-]+$")
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 CLASSES = ("critical", "standard", "opportunistic")
@@ -42,9 +46,15 @@ MAX_NAME = 100
 def validate_name(value: str) -> None:
     if len(value) > MAX_NAME:
         raise serializers.ValidationError(f"names are at most {MAX_NAME} characters")
-    if not NAME_PATTERN.match(value):
+    if not NAME_CHARACTERS.fullmatch(value):
         raise serializers.ValidationError(
             f"{value!r} has characters a name cannot have: use letters, digits, '.', '_', '-' and ':'"
+        )
+    if not NAME_PATTERN.fullmatch(value):
+        raise serializers.ValidationError(
+            f"{value!r} cannot be a name: a name starts with a letter or a digit, because it is "
+            "part of URLs such as /api/v1/models/NAME (where '.' and '..' mean something else) "
+            "and of llmgw ctl commands (where '-' starts an option)"
         )
 
 
@@ -58,7 +68,7 @@ def validate_source(value: str) -> None:
 
 
 def validate_sha256(value: str) -> None:
-    if not SHA256_PATTERN.match(value):
+    if not SHA256_PATTERN.fullmatch(value):
         raise serializers.ValidationError("a sha256 is 64 lowercase hexadecimal characters")
 
 
@@ -218,7 +228,7 @@ class ProfileSerializer(StrictSerializer):
     )
 
     def validate_name(self, value: str) -> str:
-        if not PROFILE_NAME_PATTERN.match(value):
+        if not PROFILE_NAME_PATTERN.fullmatch(value):
             raise serializers.ValidationError("use letters, digits, '.', '_' and '-'")
         return value
 

@@ -6,7 +6,9 @@ import re
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _PART = re.compile(r"(\d+)([smhd])")
-_WHOLE = re.compile(r"^(?:\d+[smhd])+$")
+# Each figure has at most 9 digits: a longer one is beyond MAX_SECONDS anyway, and Python
+# refuses to convert an integer of more than 4,300 digits at all.
+_WHOLE = re.compile(r"(?:\d{1,9}[smhd]){1,4}")
 
 # Nothing we schedule needs more than a year; a larger figure is a typo.
 MAX_SECONDS = 366 * 86400
@@ -27,7 +29,7 @@ def parse_duration(text: object) -> int:
     value = text.strip().lower()
     if value == "0":
         return 0
-    if not _WHOLE.match(value):
+    if not _WHOLE.fullmatch(value):
         raise DurationError(
             f"{text!r} is not a duration: use a number with a unit (s, m, h, d), like 15m, 6h or 1h30m"
         )

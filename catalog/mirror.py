@@ -27,6 +27,7 @@ from llmgw.hashing import BackgroundHasher
 from .config import current_config
 from .mirror_files import mirror_url
 from .models import Fetch, MirrorFile, Model, Rollout
+from .outbound import URLRefused
 from .registry import Registry
 
 log = logging.getLogger("catalog.mirror")
@@ -143,6 +144,11 @@ def _after_fetch(fetch_id: int) -> None:
 
 def _download_all(fetch: Fetch) -> None:
     registry = Registry()
+    with registry.session() as session:
+        _download_files(fetch, registry, session)
+
+
+def _download_files(fetch: Fetch, registry: Registry, session: requests.Session) -> None:
     done = 0
     last_report = time.monotonic()
     for entry in fetch.files:
@@ -162,7 +168,7 @@ def _download_all(fetch: Fetch) -> None:
         digest = BackgroundHasher(algorithm, prefix=prefix)
         size = 0
         try:
-            with requests.get(
+            with session.get(
                 url, headers=registry.headers, stream=True, timeout=(10, 120)
             ) as response:
                 if response.status_code != 200:
@@ -186,6 +192,8 @@ def _download_all(fetch: Fetch) -> None:
             [hexdigest] = digest.hexdigests()
             _verify(entry, size, hexdigest, partial)
             os.replace(partial, target)
+        except URLRefused as exc:
+            raise FetchFailed(f"the download of {entry['path']} was refused: {exc}") from None
         except requests.RequestException as exc:
             raise FetchFailed(
                 f"the download of {entry['path']} from {url} broke off: {exc}"

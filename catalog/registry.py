@@ -2,7 +2,8 @@
 
 Every call names an explicit revision (a branch or a commit): an unpinned call
 would race with pushes. Requests are counted, so that the update check can show
-it asks once per repository and branch.
+it asks once per repository and branch. Every request to the registry, and every
+redirect hop of it, is checked by `catalog.outbound` against `registry_policy()`.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ import fnmatch
 import threading
 from dataclasses import dataclass
 
+import requests
 from huggingface_hub import HfApi, hf_hub_url
+from huggingface_hub.utils import _http as hf_http
 
 from .config import current_config
+from .outbound import HostPolicy, endpoint_hosts, guarded_session, httpx_request_hook
 
 
 class RegistryError(Exception):
@@ -22,6 +26,39 @@ class RegistryError(Exception):
 
 class UnknownRepository(RegistryError):
     """The registry answered that it has no such repository: the asker's mistake."""
+
+
+def registry_policy() -> HostPolicy:
+    """The registry's own hosts (see `endpoint_hosts`) and the sources' allow-list."""
+    config = current_config()
+    allowed = dict.fromkeys(
+        (*endpoint_hosts(config.registry_endpoint), *config.source_allowed_hosts())
+    )
+    return HostPolicy(
+        tuple(allowed),
+        setting="sources.allowed_hosts in server.yaml (nor LLMGW_SOURCE_ALLOWED_HOSTS) nor "
+        "registry.endpoint",
+    )
+
+
+def _guarded_client_factory() -> object:
+    """huggingface_hub's client, with every request and redirect hop checked against the policy."""
+    client = hf_http.default_client_factory()
+    client.event_hooks["request"].append(httpx_request_hook(registry_policy))
+    return client
+
+
+_guard_installed = threading.Lock()
+_guarded = False
+
+
+def _install_guard() -> None:
+    """huggingface_hub keeps one client per process; it is made through our factory."""
+    global _guarded
+    with _guard_installed:
+        if not _guarded:
+            hf_http.set_client_factory(_guarded_client_factory)  # type: ignore[arg-type]
+            _guarded = True
 
 
 class UnknownBranch(RegistryError):
@@ -46,6 +83,7 @@ class RegistryFile:
 
 class Registry:
     def __init__(self, endpoint: str | None = None, token: str | None = None) -> None:
+        _install_guard()
         config = current_config()
         self.endpoint = (endpoint or config.registry_endpoint).rstrip("/")
         self.api = HfApi(
@@ -106,6 +144,10 @@ class Registry:
         except Exception as exc:  # httpx errors, HTTP errors, bad answers: all mean "not now"
             raise self._fail(repo, f"read {', '.join(paths)} at {commit[:12]}", exc) from None
         return [_registry_file(e) for e in entries if hasattr(e, "size")]
+
+    def session(self) -> requests.Session:
+        """A session for downloading the registry's files, checked like its API calls."""
+        return guarded_session(registry_policy())
 
     def file_url(self, repo: str, commit: str, path: str) -> str:
         return hf_hub_url(repo, path, revision=commit, endpoint=self.endpoint)

@@ -3,26 +3,27 @@
 A source that does not resolve is otherwise discovered minutes later by a
 replica failing to start on some node, with an error naming the node rather
 than the typo. Which hosts may be asked is a setting, so that the check cannot
-be used to probe arbitrary internal addresses.
+be used to probe arbitrary internal addresses; `catalog.outbound` checks every
+request and redirect hop against it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urljoin
 
 import requests
 from django.conf import settings
 
 from .config import current_config
 from .errors import CatalogError
-from .mirror_files import control_plane_session
+from .mirror_files import ControlPlaneAuth
+from .outbound import MAX_REDIRECTS, HostPolicy, URLRefused, guarded_session
 
 ANYWAY = (
     "Pass --no-source-check (source_check=false in the API) to add it anyway, which is right "
     "when the mirror is not up yet or the nodes reach it by an address the control plane does not."
 )
-MAX_REDIRECTS = 5
 
 
 @dataclass(frozen=True)
@@ -31,71 +32,57 @@ class SourceInfo:
     size: int | None
 
 
-def _host_key(url: str) -> tuple[str, int | None]:
-    parts = urlsplit(url)
-    return (parts.hostname or "").lower(), parts.port
+def source_policy() -> HostPolicy:
+    """The hosts a source or adapter URL may be fetched from (catalog.outbound says how)."""
+    return HostPolicy(current_config().source_allowed_hosts())
 
 
-def host_allowed(url: str, allowed: tuple[str, ...]) -> bool:
-    host, port = _host_key(url)
-    for entry in allowed:
-        entry = entry.strip().lower()
-        if ":" in entry and not entry.startswith("["):
-            name, _, entry_port = entry.rpartition(":")
-            if name == host and port is not None and str(port) == entry_port:
-                return True
-            if name == host and port is None and entry_port in {"80", "443"}:
-                return True
-        elif entry.strip("[]") == host:
-            return True
-    return False
+def source_session() -> requests.Session:
+    """A session for fetching sources: every request and redirect hop checked against the
+    policy, with the control plane's credential for its own mirror (and nowhere else)."""
+    session = guarded_session(source_policy())
+    session.auth = ControlPlaneAuth()
+    return session
 
 
-def _refuse_host(url: str, allowed: tuple[str, ...]) -> CatalogError:
-    host, port = _host_key(url)
-    shown = f"{host}:{port}" if port else host
-    return CatalogError(
-        f"The control plane may not ask {shown} whether {url} exists: that host is not in "
-        f"sources.allowed_hosts in server.yaml (nor LLMGW_SOURCE_ALLOWED_HOSTS), which now allows "
-        f"{', '.join(allowed) or 'no host'}. Add the host there, or: {ANYWAY}",
-        code="source_host_not_allowed",
-    )
+def _refusal(exc: URLRefused, url: str, current: str, what: str) -> CatalogError:
+    hop = f"The {what} {url} redirects to {current}. " if current != url else ""
+    return CatalogError(f"{hop}{exc.message} Or: {ANYWAY}", code=exc.code)
 
 
 def check_source(url: str, *, what: str = "source") -> SourceInfo:
     """Where the weights at `url` are and how large they are; CatalogError when they are not there."""
-    allowed = current_config().source_allowed_hosts()
     timeout = settings.LLMGW_SOURCE_CHECK_TIMEOUT
-    session = control_plane_session()
     current = url
     try:
-        for _ in range(MAX_REDIRECTS + 1):
-            if not host_allowed(current, allowed):
-                raise _refuse_host(current, allowed)
-            response = session.head(current, allow_redirects=False, timeout=timeout)
-            if response.status_code in (405, 501) or (
-                response.ok and "content-length" not in response.headers
-            ):
-                # Some servers do not answer HEAD, or not with a size: one byte
-                # of the file tells both whether it is there and how large it is.
-                response = session.get(
-                    current,
-                    headers={"Range": "bytes=0-0"},
-                    allow_redirects=False,
-                    timeout=timeout,
-                    stream=True,
-                )
-                response.close()
-            if response.is_redirect:
-                current = urljoin(current, response.headers["location"])
-                continue
-            if not response.ok:
-                raise CatalogError(
-                    f"The {what} {url} is not there: it answered {response.status_code} "
-                    f"{response.reason}. Check the URL. {ANYWAY}",
-                    code="source_missing",
-                )
-            return SourceInfo(url=current, size=_size_of(response))
+        with source_session() as session:
+            for _ in range(MAX_REDIRECTS + 1):
+                response = session.head(current, allow_redirects=False, timeout=timeout)
+                if response.status_code in (405, 501) or (
+                    response.ok and "content-length" not in response.headers
+                ):
+                    # Some servers do not answer HEAD, or not with a size: one byte
+                    # of the file tells both whether it is there and how large it is.
+                    response = session.get(
+                        current,
+                        headers={"Range": "bytes=0-0"},
+                        allow_redirects=False,
+                        timeout=timeout,
+                        stream=True,
+                    )
+                    response.close()
+                if response.is_redirect:
+                    current = urljoin(current, response.headers["location"])
+                    continue
+                if not response.ok:
+                    raise CatalogError(
+                        f"The {what} {url} is not there: it answered {response.status_code} "
+                        f"{response.reason}. Check the URL. {ANYWAY}",
+                        code="source_missing",
+                    )
+                return SourceInfo(url=current, size=_size_of(response))
+    except URLRefused as exc:
+        raise _refusal(exc, url, current, what) from None
     except requests.RequestException as exc:
         raise CatalogError(
             f"The {what} {url} could not be reached: {_reason(exc)}. {ANYWAY}",
@@ -147,12 +134,9 @@ def check_adapter(adapter: dict[str, object], *, model_name: str, model_source: 
     source = str(adapter["source"])
     name = str(adapter["name"])
     info = check_source(source, what=f"adapter {name}")
-    allowed = current_config().source_allowed_hosts()
-    if not host_allowed(model_source, allowed):
-        raise _refuse_host(model_source, allowed)
+    timeout = settings.LLMGW_SOURCE_CHECK_TIMEOUT
     try:
-        timeout = settings.LLMGW_SOURCE_CHECK_TIMEOUT
-        with control_plane_session() as session:
+        with source_session() as session:
             model_header = gguf.read_header_from_url(
                 model_source, session=session, timeout=timeout, require_tensors=True
             )
@@ -160,6 +144,9 @@ def check_adapter(adapter: dict[str, object], *, model_name: str, model_source: 
                 info.url, session=session, timeout=timeout, require_tensors=True
             )
     except gguf.GGUFError as exc:
+        if isinstance(exc.__cause__, URLRefused):
+            refused = exc.__cause__
+            raise CatalogError(f"{refused.message} Or: {ANYWAY}", code=refused.code) from None
         raise CatalogError(
             f"Adapter {name} could not be checked against model {model_name}: {exc}",
             code="adapter_unreadable",

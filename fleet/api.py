@@ -16,7 +16,6 @@ from rest_framework.views import APIView
 
 from catalog import services as catalog_services
 from catalog.api import actor_of, answers, out, validated
-from catalog.config import current_config
 from catalog.definitions import (
     ModelDefinitionSerializer,
     StrictSerializer,
@@ -363,6 +362,10 @@ class EstimateOut(serializers.Serializer):
     kv_cache_gb = serializers.FloatField(help_text="for every slot")
     prompt_cache_gb = serializers.FloatField(help_text="the engine's store of earlier prompts")
     total_gb = serializers.FloatField()
+    weights_bytes = serializers.IntegerField(help_text="the GB figures round a small model to 0")
+    kv_cache_bytes = serializers.IntegerField()
+    prompt_cache_bytes = serializers.IntegerField()
+    total_bytes = serializers.IntegerField()
     context_length = serializers.IntegerField(allow_null=True)
     slots = serializers.IntegerField()
 
@@ -398,22 +401,17 @@ def _plan_view(model: Model, others: list[Model]) -> dict[str, Any]:
 
 def _memory_estimate(model: Model) -> dict[str, Any]:
     """Weights + KV cache from the GGUF header, against what each profile declares."""
-    from catalog.mirror_files import control_plane_session
-    from catalog.sources import host_allowed
+    from catalog.outbound import URLRefused
+    from catalog.sources import source_session
     from llmgw import gguf
+    from llmgw.units import format_bytes
 
-    config = current_config()
-    if not host_allowed(model.source, config.source_allowed_hosts()):
-        return {
-            "estimate": None,
-            "warnings": [f"memory not estimated: {model.source} is not on an allowed host"],
-        }
     from .specs import profile_slots
 
     # Each profile's replicas hold a KV cache per slot; the estimate shown is the first's.
     slots = [profile_slots(p) for p in model.profiles] or [1]
     try:
-        with control_plane_session() as session:
+        with source_session() as session:
             header = gguf.read_header_from_url(model.source, session=session, timeout=10)
         if header.file_size is None:
             raise gguf.GGUFError("the server did not say how large the file is")
@@ -424,24 +422,31 @@ def _memory_estimate(model: Model) -> dict[str, Any]:
             for n in slots
         ]
     except gguf.GGUFError as exc:
-        return {"estimate": None, "warnings": [f"memory not estimated: {exc}"]}
+        reason = exc.__cause__.message if isinstance(exc.__cause__, URLRefused) else str(exc)
+        return {"estimate": None, "warnings": [f"memory not estimated: {reason}"]}
     gib = 1024**3
     context = model.context_length or header.context_length
     warnings = [
         f"profile {p['name']} reserves {p['memory_gb']} GB, below the estimated "
-        f"{e.total_bytes / gib:.2f} GB (weights {e.weights_bytes / gib:.2f} GB + KV cache "
-        f"{e.kv_cache_bytes / gib:.2f} GB for {n} x {context} tokens + prompt cache "
-        f"{e.prompt_cache_bytes / gib:.2f} GB); replicas may run out of memory"
+        f"{format_bytes(e.total_bytes)} (weights {format_bytes(e.weights_bytes)} + KV cache "
+        f"{format_bytes(e.kv_cache_bytes)} for {n} x {context} tokens + prompt cache "
+        f"{format_bytes(e.prompt_cache_bytes)}); replicas may run out of memory"
         for p, e, n in zip(model.profiles, estimates, slots, strict=False)
         if p["memory_gb"] < e.total_bytes / gib
     ]
     first = estimates[0]
     return {
         "estimate": {
+            # GB figures compare with memory_gb; the byte counts keep a small model's size,
+            # which rounds to 0 in GB.
             "weights_gb": round(first.weights_bytes / gib, 3),
             "kv_cache_gb": round(first.kv_cache_bytes / gib, 3),
             "prompt_cache_gb": round(first.prompt_cache_bytes / gib, 3),
             "total_gb": round(first.total_bytes / gib, 3),
+            "weights_bytes": first.weights_bytes,
+            "kv_cache_bytes": first.kv_cache_bytes,
+            "prompt_cache_bytes": first.prompt_cache_bytes,
+            "total_bytes": first.total_bytes,
             "context_length": context,
             "slots": slots[0],
         },

@@ -41,9 +41,10 @@ def node_add(*, actor: Actor, name: str) -> tuple[Node, str]:
     _require_staff(actor, "add nodes")
     from catalog.definitions import NAME_PATTERN
 
-    if not name or len(name) > NODE_NAME_MAX or not NAME_PATTERN.match(name):
+    if not name or len(name) > NODE_NAME_MAX or not NAME_PATTERN.fullmatch(name):
         raise CatalogError(
-            f"{name!r} is not a node name: use up to {NODE_NAME_MAX} letters, digits, '.', '_', '-' and ':'.",
+            f"{name!r} is not a node name: use up to {NODE_NAME_MAX} letters, digits, '.', '_', '-' "
+            "and ':', starting with a letter or digit (the name is part of URLs).",
             code="invalid",
         )
     token = "llmgw-node-" + secrets.token_urlsafe(32)

@@ -16,6 +16,7 @@ from typing import Any
 
 from . import ctl_gateway
 from .client import Client, CtlError
+from .units import format_bytes
 
 SCALING_HELP = """\
 The replica count is --min. --max is a ceiling, not a target: a model with a
@@ -383,11 +384,17 @@ def cmd_model_plan(client: Client, args: argparse.Namespace) -> None:
     if plan.get("estimate"):
         e = plan["estimate"]
         print(
-            f"  memory estimate: {e['total_gb']:.2f} GB (weights {e['weights_gb']:.2f} GB + KV cache "
-            f"{e['kv_cache_gb']:.2f} GB for {e['context_length']} tokens)"
+            f"  memory estimate: {_size(e, 'total')} (weights {_size(e, 'weights')} + KV cache "
+            f"{_size(e, 'kv_cache')} for {e['context_length']} tokens)"
         )
     for warning in plan["warnings"]:
         print(f"  warning: {warning}")
+
+
+def _size(estimate: dict[str, Any], part: str) -> str:
+    """A part of a memory estimate in a unit that shows it (a small model is not "0.00 GB")."""
+    size = estimate.get(f"{part}_bytes")
+    return format_bytes(size if size is not None else estimate[f"{part}_gb"] * 1024**3)
 
 
 def _bar(done: int, total: int, width: int = 30) -> str:

@@ -164,7 +164,9 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PARSER_CLASSES": [
-        "rest_framework.parsers.JSONParser",
+        # Both hold bodies to DATA_UPLOAD_MAX_MEMORY_SIZE and parsed documents to the
+        # bounds of catalog.yamltext (aliases, depth, digits, duplicate keys).
+        "catalog.parsers.JSONParser",
         "catalog.parsers.YAMLParser",
     ],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
@@ -216,15 +218,18 @@ CELERY_TASK_DEFAULT_QUEUE = env_str("LLMGW_CELERY_QUEUE", "celery")
 
 
 def _schedule_seconds(section: str, key: str, default: int) -> int:
-    """A schedule from server.yaml; the full validation at start reports a bad value."""
-    import yaml
+    """A schedule from server.yaml; the full validation at start reports a bad value.
 
+    Read through the same bounded reader as everything else: this runs in every
+    process before the start-up check, so a hostile file must not stall it.
+    """
     from catalog.durations import DurationError, parse_duration
+    from catalog.yamltext import YAMLSyntaxError, load_with_lines
 
     try:
-        data = yaml.safe_load(LLMGW_CONFIG.read_text()) if LLMGW_CONFIG.exists() else {}
+        data, _ = load_with_lines(LLMGW_CONFIG.read_text()) if LLMGW_CONFIG.exists() else ({}, {})
         return parse_duration(data.get(section, {}).get(key)) or default
-    except (OSError, yaml.YAMLError, AttributeError, DurationError):
+    except (OSError, ValueError, YAMLSyntaxError, AttributeError, DurationError):
         return default
 
 
