@@ -16,6 +16,7 @@ from rest_framework import serializers
 
 from .durations import DurationError, parse_duration
 from .errors import CatalogError, Problem, invalid
+from .outbound import URLRefused, parse_target
 from .yamltext import Path, line_for
 
 # A name is part of URLs (/api/v1/models/NAME, /console/models/NAME) and of command lines:
@@ -65,6 +66,12 @@ def validate_source(value: str) -> None:
             f"{value!r} is not an http(s) URL; a source is where the weights are, "
             "usually a mirror URL like http://HOST:PORT/mirror/ORG/REPO/COMMIT/FILE.gguf"
         )
+    # Nodes fetch the source even when the control plane's check is skipped: a URL that
+    # parsers read differently (user@host, backslashes, odd host forms) is never stored.
+    try:
+        parse_target(value)
+    except URLRefused as exc:
+        raise serializers.ValidationError(exc.message) from None
 
 
 def validate_sha256(value: str) -> None:

@@ -30,8 +30,9 @@ def parse_duration(text: object) -> int:
     if value == "0":
         return 0
     if not _WHOLE.fullmatch(value):
+        shown = text if len(text) <= 40 else f"{text[:20]}…({len(text)} characters)"
         raise DurationError(
-            f"{text!r} is not a duration: use a number with a unit (s, m, h, d), like 15m, 6h or 1h30m"
+            f"{shown!r} is not a duration: use a number with a unit (s, m, h, d), like 15m, 6h or 1h30m"
         )
     seconds = sum(int(amount) * _UNITS[unit] for amount, unit in _PART.findall(value))
     if seconds > MAX_SECONDS:

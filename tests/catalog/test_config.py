@@ -151,3 +151,56 @@ def test_a_bad_file_stops_a_real_worker_start(tmp_path: Path) -> None:
         f"llmgw worker: cannot start: {config}: mirror.update_check: 'often' is not a duration"
         in result.stderr
     )
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            'a0: &a0 "lol"\n'
+            + "".join(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 10))
+            + "models: *a9\n",
+            "the YAML was refused on line 6: through its anchors and aliases it expands to "
+            "more than 100,000 values",
+        ),
+        (
+            "cluster:\n  reconcile_interval: 5s\ncluster:\n  node_lost_after: 1m\n",
+            "the YAML was refused on line 3: the key 'cluster' is given twice in one mapping "
+            "(lines 1 and 3); keep one of them",
+        ),
+        (
+            "models:\n  - name: a\n    min_replicas: " + "9" * 5000 + "\n",
+            "the YAML was refused on line 3: a number with 5000 digits is larger than any field "
+            "takes (at most 40)",
+        ),
+        (
+            "models:\n  - name: a\n    description: " + "[" * 5000 + "]" * 5000 + "\n",
+            "the YAML was refused on line 3: it is nested more than 32 levels deep",
+        ),
+        (
+            "cluster:\n  reconcile_interval: " + "9" * 5000 + "s\n",
+            "cluster.reconcile_interval: '" + "9" * 20 + "…(5001 characters)' is not a duration",
+        ),
+    ],
+    ids=["alias-bomb", "duplicate-key", "huge-integer", "deep-nesting", "huge-duration"],
+)
+def test_a_hostile_file_stops_the_start_with_file_and_line(
+    server_yaml: Any, capsys: Any, text: str, message: str
+) -> None:
+    path = server_yaml(text)
+    with pytest.raises(SystemExit) as stopped:
+        apply_config_on_start("web")
+    assert stopped.value.code != 0
+    err = capsys.readouterr().err
+    assert err.startswith(f"llmgw web: cannot start: {path}: ")
+    assert message in err
+    assert "Traceback" not in err
+    assert Model.objects.count() == 0
+
+
+def test_a_file_that_is_not_utf8_stops_the_start(server_yaml: Any, capsys: Any) -> None:
+    path = server_yaml("")
+    path.write_bytes(b"cluster: \xff\n")
+    with pytest.raises(SystemExit):
+        apply_config_on_start("web")
+    assert f"llmgw web: cannot start: {path}: is not UTF-8 text (byte 9)" in capsys.readouterr().err
