@@ -209,8 +209,12 @@ def current_config() -> ClusterConfig:
     return load_config()
 
 
-def apply_config_on_start(process: str) -> None:
-    """Read server.yaml and bring the declared models in line; stop the process if it is wrong."""
+def apply_config_on_start(process: str, *, exit_code: int = 2) -> None:
+    """Read server.yaml and bring the declared models in line; stop the process if it is wrong.
+
+    The process stops with `exit_code` after printing the problem (file, entry, field,
+    line) on stderr, never a traceback.
+    """
     from .services import config_apply
 
     current_config.cache_clear()
@@ -219,10 +223,10 @@ def apply_config_on_start(process: str) -> None:
         result = config_apply(config)
     except ConfigError as exc:
         print(f"llmgw {process}: cannot start: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(exit_code) from None
     except CatalogError as exc:
         print(f"llmgw {process}: cannot start: {config.path}: {exc.message}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(exit_code) from None
     finally:
         # Celery forks its pool and beat after this runs: a SQLite connection
         # carried across fork fails with "disk I/O error", so none is kept.

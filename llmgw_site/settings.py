@@ -254,13 +254,22 @@ CELERY_TASK_TIME_LIMIT = 600
 CELERY_TASK_SOFT_TIME_LIMIT = 540
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
+# Every process (web, worker, beat) logs to stderr, one line per event: a 5xx
+# (django.request) or a failed task (celery.app.trace) comes with its traceback
+# on the same line, so nothing that went wrong leaves no trace.
+_LOG_LEVEL = env_str("LLMGW_LOG_LEVEL", "INFO")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {"one_line": {"()": "llmgw_site.logformat.OneLineFormatter"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "one_line"}},
+    "root": {"handlers": ["stderr"], "level": "WARNING"},
     "loggers": {
-        "llmgw": {"handlers": ["console"], "level": env_str("LLMGW_LOG_LEVEL", "INFO")},
-        "catalog": {"handlers": ["console"], "level": env_str("LLMGW_LOG_LEVEL", "INFO")},
+        # 4xx answers are the asker's mistake and are in the access log; 5xx are ours.
+        "django.request": {"level": "ERROR"},
+        **{
+            name: {"level": _LOG_LEVEL}
+            for name in ("llmgw", "catalog", "fleet", "gateway", "console")
+        },
     },
 }

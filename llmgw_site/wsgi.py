@@ -17,4 +17,7 @@ if env_bool("LLMGW_WEB_BEHIND_GATEWAY", False):
 
 from catalog.config import apply_config_on_start  # noqa: E402  (needs Django set up)
 
-apply_config_on_start("web")
+# 4 is gunicorn's "the application failed to load": its master then stops instead of
+# starting new workers that fail the same way forever. Other servers just see the exit.
+APP_LOAD_ERROR = 4
+apply_config_on_start("web", exit_code=APP_LOAD_ERROR)

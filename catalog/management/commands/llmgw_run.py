@@ -74,7 +74,12 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
+        from catalog.config import apply_config_on_start
+
         call_command("migrate", verbosity=0)
+        # Before anything reads the configuration (the demo model does) or starts: a bad
+        # server.yaml stops here with its message and exit code 2, as each process would.
+        apply_config_on_start("run")
         call_command("llmgw_admin")
         node_token_file = None if options["no_node"] else self._local_node()
         started: dict[str, subprocess.Popen[bytes]] = {}
@@ -271,6 +276,7 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
+        failed: tuple[str, int] | None = None
         for name, command in commands.items():
             children[name] = subprocess.Popen(command)
             self.stdout.write(f"started {name} (pid {children[name].pid})")
@@ -282,6 +288,7 @@ class Command(BaseCommand):
                         self.stderr.write(
                             f"{name} exited with code {child.returncode}; stopping the rest."
                         )
+                        failed = (name, child.returncode)
                         stopping = True
                         break
                 time.sleep(0.5)
@@ -295,3 +302,6 @@ class Command(BaseCommand):
                         child.wait(timeout=20)
                     except subprocess.TimeoutExpired:
                         child.kill()
+        if failed is not None:
+            # A process that stopped on its own is a failure, whatever its exit code said.
+            raise SystemExit(failed[1] or 1)

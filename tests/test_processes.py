@@ -1,0 +1,119 @@
+"""Real processes (gunicorn, celery worker and beat, the run command): a bad server.yaml stops
+each with the clear message and a non-zero exit, and a 500 is logged with its traceback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.support.system import ROOT, free_port, wait_for
+
+BIN = Path(sys.executable).parent
+BAD_CONFIG = "cluster:\n  reconcile_interval: often\n"
+MESSAGE = (
+    "cannot start: {path}: cluster.reconcile_interval: 'often' is not a duration: use a number "
+    "with a unit (s, m, h, d), like 15m, 6h or 1h30m (line 2)"
+)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """A migrated SQLite database and a var folder of its own; server.yaml in tmp_path."""
+    environment = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("DJANGO", "LLMGW", "PYTEST"))},
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+        "LLMGW_VAR_DIR": str(tmp_path / "var"),
+        "LLMGW_CONFIG": str(tmp_path / "server.yaml"),
+        "LLMGW_SECRET_KEY": "test-secret-key-for-process-tests",
+    }
+    migrate = [sys.executable, "manage.py", "migrate", "-v0"]
+    subprocess.run(migrate, env=environment, cwd=ROOT, check=True, timeout=120)
+    return environment
+
+
+def run(argv: list[str], env: dict[str, str], timeout: float = 90) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def bad_config(tmp_path: Path) -> Path:
+    path = tmp_path / "server.yaml"
+    path.write_text(BAD_CONFIG)
+    return path
+
+
+def test_gunicorn_stops_on_a_bad_config_instead_of_restarting_workers(
+    env: dict[str, str], bad_config: Path
+) -> None:
+    gunicorn = [str(BIN / "gunicorn"), "llmgw_site.wsgi", "--bind", f"127.0.0.1:{free_port()}"]
+    result = run([*gunicorn, "--workers", "2"], env)
+    assert result.returncode == 4  # gunicorn: the application failed to load
+    assert "llmgw web: " + MESSAGE.format(path=bad_config) in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("process", ["worker", "beat"])
+def test_celery_stops_on_a_bad_config(
+    env: dict[str, str], bad_config: Path, tmp_path: Path, process: str
+) -> None:
+    argv = [str(BIN / "celery"), "-A", "llmgw_site", process]
+    argv += ["--pool", "solo"] if process == "worker" else ["-s", str(tmp_path / "beat")]
+    result = run(argv, env)
+    assert result.returncode == 2
+    assert f"llmgw {process}: " + MESSAGE.format(path=bad_config) in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("demo", [True, False])
+def test_the_run_command_stops_on_a_bad_config_with_the_message(
+    env: dict[str, str], bad_config: Path, demo: bool
+) -> None:
+    argv = [sys.executable, "manage.py", "llmgw_run", "--no-node"]
+    result = run(argv if demo else [*argv, "--no-demo"], env)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "llmgw run: " + MESSAGE.format(path=bad_config)
+    assert "started web" not in result.stdout
+
+
+def test_the_run_command_fails_when_one_of_its_processes_stops(env: dict[str, str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**env, "LLMGW_PUBLIC_URL": f"http://127.0.0.1:{port}"}
+        argv = [sys.executable, "manage.py", "llmgw_run", "--no-node", "--no-demo"]
+        result = run(argv, env, timeout=120)
+    assert result.returncode != 0
+    assert "web exited with code 1; stopping the rest." in result.stderr
+
+
+def test_a_500_is_logged_with_its_traceback_on_one_line(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    port = free_port()
+    log = tmp_path / "web.log"
+    argv = [str(BIN / "gunicorn"), "llmgw_site.wsgi", "--bind", f"127.0.0.1:{port}"]
+    environment = {**env, "DJANGO_SETTINGS_MODULE": "tests.support.failing_site"}
+    with log.open("w") as out:
+        web = subprocess.Popen(argv, env=environment, cwd=ROOT, stdout=out, stderr=out)
+    try:
+        # A list, since a 500 response is falsy.
+        [response] = wait_for(
+            lambda: [requests.get(f"http://127.0.0.1:{port}/boom?x=1", timeout=5)],
+            what="the web process",
+        )
+        assert response.status_code == 500
+    finally:
+        web.send_signal(signal.SIGTERM)
+        web.wait(timeout=30)
+    [line] = [line for line in log.read_text().splitlines() if "django.request" in line]
+    assert " ERROR django.request: Internal Server Error: /boom status=500 " in line
+    assert 'method=GET path="/boom?x=1" traceback="Traceback (most recent call last):\\n' in line
+    assert 'ZeroDivisionError: the view divided by zero on purpose"' in line
