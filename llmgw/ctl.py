@@ -403,11 +403,57 @@ def _bar(done: int, total: int, width: int = 30) -> str:
     return f"[{'#' * filled}{' ' * (width - filled)}] {fraction * 100:5.1f}% {done / 1e6:.1f}/{total / 1e6:.1f} MB"
 
 
-def _follow_fetch(client: Client, fetch: dict[str, Any]) -> dict[str, Any]:
-    """Show a fetch's progress on stderr until it ends."""
+# How long a command waits without seeing anything move before it gives up and says
+# what it was waiting for. Nothing on the server is stopped by giving up.
+FETCH_WAIT = 120
+ROLLOUT_WAIT = 900
+MODEL_ADDED_WAIT = 30
+
+
+class _Patience:
+    """Gives up after `limit` seconds without progress; any change of the watched value resets it."""
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self.last: Any = None
+        self.since = time.monotonic()
+
+    def exhausted(self, value: Any) -> bool:
+        if value != self.last:
+            self.last, self.since = value, time.monotonic()
+            return False
+        return time.monotonic() - self.since > self.limit
+
+
+def _fetch_stalled(client: Client, fetch: dict[str, Any], limit: float) -> CtlError:
+    where = f"It stays on the server: follow it at {client.url}/fetches/{fetch['id']}/"
+    if fetch["state"] == "queued":
+        return CtlError(
+            f"gave up after {limit:g}s waiting for fetch {fetch['id']} of {fetch['repo']} to start: "
+            "no worker has picked it up. Is the worker running (celery -A llmgw_site worker)? "
+            + where
+        )
+    return CtlError(
+        f"gave up after {limit:g}s without progress on fetch {fetch['id']} of {fetch['repo']} "
+        f"({fetch['bytes_done'] / 1e6:.1f} of {fetch['bytes_total'] / 1e6:.1f} MB"
+        + (f", {fetch['message']}" if fetch.get("message") else "")
+        + "). "
+        + where
+    )
+
+
+def _follow_fetch(
+    client: Client, fetch: dict[str, Any], limit: float = FETCH_WAIT
+) -> dict[str, Any]:
+    """Show a fetch's progress on stderr until it ends, or until it stalls for `limit` seconds."""
     tty = sys.stderr.isatty()
     shown = -1
+    patience = _Patience(limit)
     while fetch["state"] in ("queued", "running"):
+        if patience.exhausted((fetch["state"], fetch["bytes_done"])):
+            if tty:
+                sys.stderr.write("\n")
+            raise _fetch_stalled(client, fetch, limit)
         if tty:
             sys.stderr.write("\r" + _bar(fetch["bytes_done"], fetch["bytes_total"]))
             sys.stderr.flush()
@@ -444,12 +490,18 @@ def cmd_model_serve(client: Client, args: argparse.Namespace) -> None:
     print(
         f"Fetching {files} from {fetch['repo']} at {fetch['commit'][:7]} ({fetch['branch']}) into the mirror"
     )
-    fetch = _follow_fetch(client, fetch)
+    fetch = _follow_fetch(client, fetch, args.timeout)
     if fetch["state"] == "failed":
         raise CtlError(f"the fetch failed: {fetch['message']}")
-    for _ in range(40):  # the worker adds the model right after the last byte
-        if fetch["model_added"] or fetch["state"] == "failed":
-            break
+    # The worker adds the model right after the last byte.
+    deadline = time.monotonic() + MODEL_ADDED_WAIT
+    while not fetch["model_added"] and fetch["state"] != "failed":
+        if time.monotonic() > deadline:
+            raise CtlError(
+                f"the files of fetch {fetch['id']} are in the mirror, but the model was not added "
+                f"within {MODEL_ADDED_WAIT}s; see {client.url}/fetches/{fetch['id']}/ and "
+                "llmgw ctl models"
+            )
         time.sleep(0.25)
         fetch = client.get(f"fetches/{fetch['id']}")
     if fetch["state"] == "failed":
@@ -502,13 +554,21 @@ def cmd_model_updates(client: Client, args: argparse.Namespace) -> None:
     print(_table(rows, ["MODEL", "CURRENT", "NEW", "FILES CHANGED", "CHECKED (UTC)"]))
 
 
-def _follow_rollout(client: Client, name: str, rollout: dict[str, Any]) -> dict[str, Any]:
+def _follow_rollout(
+    client: Client, name: str, rollout: dict[str, Any], limit: float = ROLLOUT_WAIT
+) -> dict[str, Any]:
     last = ""
+    patience = _Patience(limit)
     while rollout["state"] in ("fetching", "rolling"):
         line = f"{rollout['state']}: {rollout['step']}"
         if line != last:
             print(f"  {line}")
             last = line
+        if patience.exhausted(line):
+            raise CtlError(
+                f"gave up after {limit:g}s with the {rollout['kind']} of {name} still at "
+                f"'{line}'; it goes on on the server: llmgw ctl model target {name}"
+            )
         time.sleep(0.5)
         rollout = client.get(f"models/{name}/rollout")
     print(f"  {rollout['state']}: {rollout['message']}")
@@ -526,7 +586,7 @@ def _rollout(client: Client, args: argparse.Namespace, kind: str) -> None:
             f"Follow it with: llmgw ctl model {kind} {args.name} --wait (or llmgw ctl model target {args.name})"
         )
         return
-    rollout = _follow_rollout(client, args.name, rollout)
+    rollout = _follow_rollout(client, args.name, rollout, args.timeout)
     if rollout["state"] != "done":
         raise CtlError(f"the {kind} of {args.name} ended {rollout['state']}: {rollout['message']}")
 
@@ -535,7 +595,7 @@ def cmd_model_update(client: Client, args: argparse.Namespace) -> None:
     if args.wait:
         current = _current_rollout(client, args.name, "update")
         if current is not None:
-            rollout = _follow_rollout(client, args.name, current)
+            rollout = _follow_rollout(client, args.name, current, args.timeout)
             if rollout["state"] != "done":
                 raise CtlError(
                     f"the update of {args.name} ended {rollout['state']}: {rollout['message']}"
@@ -695,6 +755,14 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--cores", type=float, help="CPU cores one replica reserves (default 1)")
     p.add_argument("--min", type=int, default=1, help="the replica count (default 1)")
     p.add_argument("--max", type=int, help="a ceiling; left out, it follows --min")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=FETCH_WAIT,
+        metavar="SECONDS",
+        help=f"give up waiting when the fetch has not started or moved for this long "
+        f"(default {FETCH_WAIT}); the fetch itself goes on",
+    )
     p.set_defaults(run=cmd_model_serve)
 
     p = msub.add_parser("updates", help="served models whose registry files changed")
@@ -716,6 +784,14 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("name")
     p.add_argument("--wait", action="store_true", help="follow it to the end")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=ROLLOUT_WAIT,
+        metavar="SECONDS",
+        help=f"with --wait, give up when no step has moved for this long (default {ROLLOUT_WAIT}); "
+        "the rollout itself goes on",
+    )
     p.set_defaults(run=cmd_model_update)
 
     p = msub.add_parser(
@@ -725,6 +801,14 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("name")
     p.add_argument("--wait", action="store_true", help="follow it to the end")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=ROLLOUT_WAIT,
+        metavar="SECONDS",
+        help=f"with --wait, give up when no step has moved for this long (default {ROLLOUT_WAIT}); "
+        "the rollout itself goes on",
+    )
     p.set_defaults(run=cmd_model_rollback)
 
     p = msub.add_parser("show", help="a model's definition, as YAML you can copy into server.yaml")

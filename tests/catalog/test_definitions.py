@@ -141,3 +141,18 @@ def test_a_profile_says_how_many_requests_a_replica_serves_at_once() -> None:
             "profiles[0].slots",
             message,
         )
+
+
+@pytest.mark.parametrize("name", [".", "..", "...", ".hidden", "-x", "_x", ":x"])
+def test_names_that_urls_or_command_lines_would_misread_are_refused(name: str) -> None:
+    error = refusal(definition(name=name))
+    assert error.problems[0].field == "name"
+    assert error.problems[0].message == (
+        f"{name!r} cannot be a name: a name starts with a letter or a digit, because it is part "
+        "of URLs such as /api/v1/models/NAME (where '.' and '..' mean something else) and of "
+        "llmgw ctl commands (where '-' starts an option)"
+    )
+
+
+def test_a_dotted_name_inside_is_fine() -> None:
+    clean_definition(definition(name="qwen2.5-0.5b"))
