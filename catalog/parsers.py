@@ -19,7 +19,7 @@ from rest_framework.parsers import BaseParser
 
 from .yamltext import (
     MAX_DIGITS,
-    DocumentTooLarge,
+    DocumentRefused,
     YAMLSyntaxError,
     check_document,
     load_with_lines,
@@ -130,6 +130,6 @@ class JSONParser(BaseParser):
             ) from None
         try:
             check_document(data)
-        except DocumentTooLarge as exc:
+        except DocumentRefused as exc:
             raise ParseError(f"The JSON body was refused: {exc}.") from None
         return data

@@ -14,7 +14,9 @@ a few hundred bytes of YAML can otherwise take a worker down:
   convert beyond 4,300 digits, and no field takes a number that large), and a
   float must be finite;
 - a key given twice in one mapping is refused (YAML says keys are unique; PyYAML
-  would keep the last one silently).
+  would keep the last one silently);
+- text must be Unicode: an escaped surrogate pair ("\\ud83d\\ude00") is joined into
+  its character, a lone surrogate is refused (it cannot be stored or shown).
 
 Each refusal is a YAMLSyntaxError naming the line. The JSON parser applies the
 same bounds through `check_document`.
@@ -23,6 +25,7 @@ same bounds through `check_document`.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import yaml
@@ -42,7 +45,7 @@ class YAMLSyntaxError(ValueError):
         self.line = line
 
 
-class DocumentTooLarge(ValueError):
+class DocumentRefused(ValueError):
     """A parsed document (YAML or JSON) beyond the bounds above; the message says which."""
 
 
@@ -58,6 +61,21 @@ class _Refused(Exception):
         super().__init__(message)
         self.message = message
         self.line = _line(mark)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _unicode(text: str, mark: Any = None) -> str:
+    """`text` with escaped surrogate pairs joined; a lone surrogate is refused."""
+    if not _SURROGATE.search(text):
+        return text
+    try:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16")
+    except UnicodeDecodeError:
+        raise _Refused(
+            "it has a lone surrogate escape (like \\ud800), which is not a character", mark
+        ) from None
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -96,6 +114,7 @@ class _BoundedLoader(yaml.SafeLoader):
 
     def _measure(self, node: yaml.Node, mark: Any) -> None:
         if isinstance(node, yaml.ScalarNode):
+            node.value = _unicode(node.value, mark)
             size = (1, len(node.value))
             if node.tag == "tag:yaml.org,2002:int" and len(node.value) > MAX_DIGITS:
                 raise _Refused(
@@ -155,13 +174,21 @@ _BoundedLoader.add_constructor("tag:yaml.org,2002:float", _BoundedLoader.constru
 
 def load_with_lines(text: str) -> tuple[Any, dict[Path, int]]:
     """Parse YAML text; return the data and a map from each value's path to its 1-based line."""
-    loader = _BoundedLoader(text)
+    loader: _BoundedLoader | None = None
     try:
+        loader = _BoundedLoader(text)
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
     except _Refused as exc:
         where = f" on line {exc.line}" if exc.line else ""
         raise YAMLSyntaxError(f"the YAML was refused{where}: {exc.message}", exc.line) from None
+    except yaml.reader.ReaderError as exc:
+        character_line = text.count("\n", 0, exc.position) + 1
+        raise YAMLSyntaxError(
+            f"the YAML could not be read on line {character_line}: character "
+            f"{exc.character!r} is not allowed in YAML",
+            character_line,
+        ) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = _line(mark)
@@ -171,7 +198,8 @@ def load_with_lines(text: str) -> tuple[Any, dict[Path, int]]:
     except yaml.YAMLError as exc:
         raise YAMLSyntaxError(f"the YAML could not be read: {exc}", None) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     lines: dict[Path, int] = {}
     if node is not None:
         _walk(node, lines)
@@ -196,21 +224,26 @@ def _walk(root: yaml.Node, lines: dict[Path, int]) -> None:
 
 
 def check_document(data: Any) -> None:
-    """The bounds above, for a document parsed from JSON; DocumentTooLarge says which is passed."""
+    """The bounds above, for a document parsed from JSON; DocumentRefused says which is passed."""
     values = 0
     stack: list[tuple[Any, int]] = [(data, 1)]
     while stack:
         value, depth = stack.pop()
         values += 1
         if values > MAX_VALUES:
-            raise DocumentTooLarge(f"it has more than {MAX_VALUES:,} values")
+            raise DocumentRefused(f"it has more than {MAX_VALUES:,} values")
         if depth > MAX_DEPTH:
-            raise DocumentTooLarge(
+            raise DocumentRefused(
                 f"it is nested more than {MAX_DEPTH} levels deep; a definition needs four"
             )
         if isinstance(value, float) and not math.isfinite(value):
-            raise DocumentTooLarge(f"{value!r} is not a finite number")
+            raise DocumentRefused(f"{value!r} is not a finite number")
+        if isinstance(value, str) and _SURROGATE.search(value):
+            raise DocumentRefused(
+                "it has a lone surrogate escape (like \\ud800), which is not a character"
+            )
         if isinstance(value, dict):
+            stack.extend((key, depth + 1) for key in value)
             stack.extend((item, depth + 1) for item in value.values())
         elif isinstance(value, list):
             stack.extend((item, depth + 1) for item in value)

@@ -191,3 +191,22 @@ def test_a_body_that_is_not_utf8_is_refused(api: Any, nothing_written: None) -> 
     response = api("alice").post(NO_CHECK, b"name: \xff\xfe", content_type="application/yaml")
     assert response.status_code == 400
     assert "not UTF-8" in response.json()["detail"]
+
+
+@pytest.mark.parametrize("post", [post_yaml, post_json])
+def test_a_lone_surrogate_escape_is_refused(api: Any, nothing_written: None, post: Any) -> None:
+    text = json.dumps(definition()).replace('"a tiny test model"', '"broken \\ud800 text"')
+    response = post(api("alice"), text)
+    assert response.status_code == 400
+    assert (
+        "it has a lone surrogate escape (like \\ud800), which is not a character"
+        in (response.json()["detail"])
+    )
+
+
+def test_an_escaped_surrogate_pair_is_its_character(api: Any) -> None:
+    text = json.dumps(definition(description="a model \U0001f600"))  # escaped as a pair
+    assert "\\ud83d\\ude00" in text
+    response = post_yaml(api("alice"), text)
+    assert response.status_code == 201, response.json()
+    assert Model.objects.get().description == "a model \U0001f600"
