@@ -29,7 +29,13 @@ from .definitions import (
 )
 from .durations import format_duration
 from .errors import CatalogError, Problem
-from .outbound import HostSyntaxError, endpoint_hosts, parse_allowed_hosts
+from .outbound import (
+    HostSyntaxError,
+    URLRefused,
+    endpoint_hosts,
+    parse_allowed_hosts,
+    parse_target,
+)
 from .yamltext import YAMLSyntaxError, line_for, load_with_lines
 
 log = logging.getLogger("catalog.config")
@@ -92,6 +98,15 @@ class _MirrorSection(StrictSerializer):
 class _RegistrySection(StrictSerializer):
     endpoint = serializers.URLField(required=False, default=DEFAULT_REGISTRY)
     token = serializers.CharField(required=False, allow_blank=True, default="")
+
+    def validate_endpoint(self, value: str) -> str:
+        # Every registry request is checked by catalog.outbound; an endpoint it would refuse
+        # (a password in the URL, an odd host) is better refused at start.
+        try:
+            parse_target(value)
+        except URLRefused as exc:
+            raise serializers.ValidationError(exc.message) from None
+        return value
 
 
 class _SourcesSection(StrictSerializer):

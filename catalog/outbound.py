@@ -126,8 +126,12 @@ def parse_target(url: str) -> Target:
     """Where `url` sends a request; URLRefused when that is not plain (rule 1 above)."""
 
     def refuse(why: str) -> URLRefused:
+        # A password before the host is not repeated in a message that may be logged.
+        shown = re.sub(r"(//)[^/?#]*@", r"\1…@", url) if isinstance(url, str) else url
         return URLRefused(
-            f"The control plane does not fetch {url!r}: {why}.", url=url, code="source_url_refused"
+            f"The control plane does not fetch {shown!r}: {why}.",
+            url=shown,
+            code="source_url_refused",
         )
 
     if not isinstance(url, str) or not url:

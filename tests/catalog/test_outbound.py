@@ -244,3 +244,17 @@ def test_nothing_is_written_when_a_source_is_refused(api: Any, allowed: str) -> 
     assert response.status_code == 400
     assert Model.objects.count() == 0
     assert AuditEntry.objects.count() == 0
+
+
+def test_a_registry_endpoint_with_a_password_stops_the_start(tmp_path: Path) -> None:
+    text = "registry:\n  endpoint: https://user:secret@hub.internal\n"
+    with pytest.raises(ConfigError, match="user name or password before the host") as error:
+        parse_config(text, tmp_path / "server.yaml")
+    assert "secret" not in str(error.value)
+
+
+def test_a_refusal_does_not_repeat_a_password() -> None:
+    with pytest.raises(URLRefused) as refused:
+        parse_target("https://user:secret@hub.internal/x")
+    assert "secret" not in str(refused.value)
+    assert "'https://…@hub.internal/x'" in str(refused.value)
