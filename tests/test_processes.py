@@ -117,3 +117,28 @@ def test_a_500_is_logged_with_its_traceback_on_one_line(
     assert " ERROR django.request: Internal Server Error: /boom status=500 " in line
     assert 'method=GET path="/boom?x=1" traceback="Traceback (most recent call last):\\n' in line
     assert 'ZeroDivisionError: the view divided by zero on purpose"' in line
+
+
+def test_a_failed_task_is_logged_with_its_traceback_on_one_line(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    env = {**env, "LLMGW_CELERY_QUEUE": f"failing-{tmp_path.name}"}
+    queue = (
+        "import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'llmgw_site.settings'); "
+        "django.setup(); from llmgw_site.celery import app; "
+        "app.send_task('catalog.tasks.run_fetch', args=['not-a-number'])"
+    )
+    subprocess.run([sys.executable, "-c", queue], env=env, cwd=ROOT, check=True, timeout=60)
+    log = tmp_path / "worker.log"
+    argv = [str(BIN / "celery"), "-A", "llmgw_site", "worker", "--pool", "solo"]
+    with log.open("w") as out:
+        worker = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=out, stderr=out)
+    try:
+        wait_for(lambda: "celery.app.trace" in log.read_text(), what="the task's failure")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=30)
+    [line] = [line for line in log.read_text().splitlines() if "celery.app.trace" in line]
+    assert " ERROR celery.app.trace: Task catalog.tasks.run_fetch[" in line
+    assert 'traceback="Traceback (most recent call last):\\n' in line
+    assert "expected a number but got 'not-a-number'" in line
