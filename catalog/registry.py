@@ -41,10 +41,17 @@ def registry_policy() -> HostPolicy:
     )
 
 
+# huggingface_hub's client waits forever by default: a registry that takes the connection and
+# never answers would hold a web worker (serve) or the update check for good.
+TIMEOUT_SECONDS = 30.0
+
+
 def _guarded_client_factory() -> object:
-    """huggingface_hub's client, with every request and redirect hop checked against the policy."""
+    """huggingface_hub's client, with every request and redirect hop checked against the
+    policy, and every wait bounded."""
     client = hf_http.default_client_factory()
     client.event_hooks["request"].append(httpx_request_hook(registry_policy))
+    client.timeout = type(client.timeout)(TIMEOUT_SECONDS, connect=10.0)
     return client
 
 

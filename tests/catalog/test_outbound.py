@@ -258,3 +258,36 @@ def test_a_refusal_does_not_repeat_a_password() -> None:
         parse_target("https://user:secret@hub.internal/x")
     assert "secret" not in str(refused.value)
     assert "'https://…@hub.internal/x'" in str(refused.value)
+
+
+def test_a_registry_that_never_answers_is_given_up_on(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    import socket
+    import threading
+
+    from huggingface_hub.utils import _http as hf_http
+
+    from catalog import registry
+
+    monkeypatch.setattr(registry, "TIMEOUT_SECONDS", 1.0)
+    hf_http.close_session()  # the next call makes the client again, with the short timeout
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # takes connections, never answers
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        settings.LLMGW_SOURCE_ALLOWED_HOSTS = []
+        outcome: list[BaseException] = []
+
+        def ask() -> None:
+            try:
+                Registry(endpoint=endpoint).branch_heads("acme/tiny-chat")
+            except RegistryError as exc:
+                outcome.append(exc)
+
+        asking = threading.Thread(target=ask, daemon=True)
+        asking.start()
+        asking.join(timeout=30)
+    hf_http.close_session()
+    assert not asking.is_alive(), "the registry call is still waiting"
+    assert outcome and "could not list the branches" in str(outcome[0])
