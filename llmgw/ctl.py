@@ -383,9 +383,15 @@ def cmd_model_plan(client: Client, args: argparse.Namespace) -> None:
         print(f"  would stop a replica of {p['model']} on {p['node']}: {p['reason']}")
     if plan.get("estimate"):
         e = plan["estimate"]
+        slots = f"{e['slots']} x " if e.get("slots") else ""
+        prompt_cache = (
+            f" + prompt cache {_size(e, 'prompt_cache')}"
+            if e.get("prompt_cache_gb") is not None
+            else ""
+        )
         print(
             f"  memory estimate: {_size(e, 'total')} (weights {_size(e, 'weights')} + KV cache "
-            f"{_size(e, 'kv_cache')} for {e['context_length']} tokens)"
+            f"{_size(e, 'kv_cache')} for {slots}{e['context_length']} tokens{prompt_cache})"
         )
     for warning in plan["warnings"]:
         print(f"  warning: {warning}")

@@ -34,15 +34,31 @@ def test_plan_shows_a_small_model_in_kb_or_mb(
         text = yaml.safe_dump(definition(source=f"{base_url}/tiny.gguf", context_length=1024))
         path.write_text(text)
         code = main(["ctl", "model", "plan", "-f", str(path)])
+        estimate = api_estimate(live_server, tokens, path)
     out, err = capsys.readouterr()
     assert code == 0, err
     size = (tmp_path / "tiny.gguf").stat().st_size
     kv = 2 * 1024 * 2 * 16 * 2 * 2  # layers x tokens x KV heads x dims x (K, V) x 2 bytes
+    prompt_cache = estimate["prompt_cache_bytes"]
+    assert estimate["weights_bytes"] == size and estimate["kv_cache_bytes"] == kv
     assert (
-        f"  memory estimate: {format_bytes(size + kv)} (weights {format_bytes(size)} + "
-        f"KV cache {format_bytes(kv)} for 1024 tokens)"
+        f"  memory estimate: {format_bytes(size + kv + prompt_cache)} (weights "
+        f"{format_bytes(size)} + KV cache {format_bytes(kv)} for 1 x 1024 tokens + prompt cache "
+        f"{format_bytes(prompt_cache)})"
     ) in out
     assert "0.00 GB" not in out
+
+
+def api_estimate(live_server: Any, tokens: dict[str, str], path: Path) -> dict[str, Any]:
+    import requests
+
+    response = requests.post(
+        f"{live_server.url}/api/v1/plan",
+        data=path.read_bytes(),
+        headers={"Authorization": f"Token {tokens['alice']}", "Content-Type": "application/yaml"},
+        timeout=30,
+    )
+    return response.json()["estimate"]
 
 
 @pytest.mark.parametrize(
