@@ -204,7 +204,10 @@ else:
     _broker_dir = VAR_DIR / "broker"
     for _sub in ("queue", "processed", "control"):
         (_broker_dir / _sub).mkdir(parents=True, exist_ok=True)
-    CELERY_BROKER_URL = "filesystem://"
+    from .broker import ALIAS as _BROKER_ALIAS
+
+    # kombu's filesystem transport, writing each message whole (see llmgw_site.broker).
+    CELERY_BROKER_URL = f"{_BROKER_ALIAS}://"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),
