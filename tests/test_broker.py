@@ -6,7 +6,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from kombu import Connection
+from kombu import Connection, Queue
 
 import llmgw_site.broker  # noqa: F401  (registers the transport's alias)
 
@@ -14,6 +14,7 @@ pytestmark = pytest.mark.smoke
 
 MESSAGES = 200
 BODY = "x" * 200_000  # large enough that a write takes a while
+tasks = Queue("tasks")
 
 
 def connection(folder: Path) -> Connection:
@@ -35,16 +36,17 @@ def connection(folder: Path) -> Connection:
 def test_a_reader_never_sees_a_message_half_written(tmp_path: Path) -> None:
     def produce() -> None:
         with connection(tmp_path) as conn:
-            queue = conn.SimpleQueue("tasks")
+            producer = conn.Producer()
             for index in range(MESSAGES):
-                queue.put({"index": index, "body": BODY})
-            queue.close()
+                producer.publish(
+                    {"index": index, "body": BODY}, routing_key="tasks", declare=[tasks]
+                )
 
     writer = threading.Thread(target=produce)
     writer.start()
     seen = []
     with connection(tmp_path) as conn:
-        queue = conn.SimpleQueue("tasks")
+        queue = conn.SimpleQueue(tasks)
         while len(seen) < MESSAGES:
             message = queue.get(timeout=30)
             assert message.payload["body"] == BODY
