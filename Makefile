@@ -50,3 +50,4 @@ bench: setup
 	$(PY) bench/gateway_frameworks.py
 	$(PY) bench/traffic.py
 	$(PY) bench/engine.py
+	$(PY) bench/routing.py

@@ -1,0 +1,304 @@
+"""Prefix-cache-aware routing against least-loaded routing, on two real llama-server replicas.
+
+Two llama-server processes (4 slots each, one thread each) serve a generated ~52 MB model, so that
+a prompt's prefill takes real time. The gateway runs as the run command starts it (uvicorn, 2
+workers) with two models on the same two engines: one routed by prefix (the default), one
+least-loaded. The workload is 8 conversations of 10 turns sent at once, each turn after the
+last one's answer, every conversation starting with the same ~1,500-token system prompt; each
+turn is streamed and asks for 8 tokens, so time to first token is mostly prefill. The two
+routings run in alternating rounds, each round with a system prompt of its own (so neither finds
+the other's prompts in the engines' caches).
+
+Printed: time to first token p50/p95, turns per second, and each replica's share of the turns
+(from the engines' own token counters), with issue 14's targets: TTFT p50 at least 2x better with
+prefix routing, no replica above 65% of the requests.
+
+Run: make bench, or .venv/bin/python bench/routing.py [--rounds N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# This file's folder holds a module named like the gateway package: keep it off the path.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+sys.path.insert(0, str(ROOT))
+
+from bench.gateway import Processes, free_port, wait_http  # noqa: E402
+from llmgw.engine import EngineSettings, engine_command, find_engine  # noqa: E402
+from llmgw.tinygguf import LARGE, write_tiny_model  # noqa: E402
+
+CONVERSATIONS = 8
+TURNS = 10
+ANSWER_TOKENS = 8
+SLOTS = 4
+CONTEXT = 4096
+ROUTINGS = {"prefix": "bench-prefix", "least_loaded": "bench-least"}
+WORDS = [
+    "the",
+    "model",
+    "answers",
+    "a",
+    "small",
+    "question",
+    "about",
+    "the",
+    "tiny",
+    "llama",
+    "and",
+    "the",
+    "random",
+    "weights",
+    "it",
+    "has",
+    "and",
+    "the",
+    "user",
+    "asks",
+    "the",
+    "assistant",
+    "again",
+    "about",
+    "the",
+    "world",
+]
+
+
+def system_prompt(seed: int, words: int = 1500) -> str:
+    rng = random.Random(seed)
+    return f"round {seed}: " + " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def prepare(folder: Path, ports: list[int]) -> tuple[dict[str, str], str]:
+    env = {
+        **{
+            k: v for k, v in os.environ.items() if not k.startswith(("DJANGO", "LLMGW", "DATABASE"))
+        },
+        "DATABASE_URL": f"sqlite:///{folder / 'gateway.sqlite3'}",
+        "LLMGW_VAR_DIR": str(folder / "var"),
+        "LLMGW_CONFIG": "/nonexistent/server.yaml",
+        "LLMGW_METRICS_OPEN": "true",
+        "LLMGW_SECRET_KEY": "bench-secret-key",
+    }
+    script = f"""
+import django, os
+os.environ["DJANGO_SETTINGS_MODULE"] = "llmgw_site.settings"
+django.setup()
+from django.core.management import call_command
+call_command("migrate", verbosity=0)
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from catalog.definitions import clean_definition
+from catalog.models import Model
+from catalog.services import Actor, model_add
+from fleet.models import Node, Replica, hash_token
+from gateway.services import key_create
+user = get_user_model().objects.create_superuser("bench", password="bench-password-1")
+actor = Actor.for_user(user, "api")
+node = Node.objects.create(name="bench", token_hash=hash_token("bench"), address="127.0.0.1",
+    memory_gb=8, cores=2, last_heartbeat=timezone.now())
+for name, routing in {[(m, r) for r, m in ROUTINGS.items()]!r}:
+    model_add(actor=actor, source_check=False, definition=clean_definition({{
+        "name": name, "source": "http://127.0.0.1:9/bench.gguf", "routing": routing,
+        "min_replicas": 2,
+        "profiles": [{{"name": "cpu", "memory_gb": 1, "cores": 1}}]}}))
+    for port in {ports!r}:
+        Replica.objects.create(model=Model.objects.get(name=name), model_name=name, node=node,
+            profile="cpu", spec={{"slots": {SLOTS}}}, spec_key="bench", state=Replica.READY,
+            port=port)
+print(key_create(actor=actor, name="bench")[1])
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"could not prepare the gateway's database:\n{done.stderr}")
+    return env, done.stdout.strip().splitlines()[-1]
+
+
+def predicted_tokens(port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("llamacpp:tokens_predicted_total"):
+                return float(line.split()[-1])
+    return 0.0
+
+
+async def turn(url: str, key: str, model: str, messages: list[dict[str, str]]) -> tuple[float, str]:
+    """One streamed turn: (seconds to the first token, the answer's text)."""
+    import aiohttp
+
+    body = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": ANSWER_TOKENS,
+        "stream": True,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    started = time.monotonic()
+    first = None
+    text = []
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{url}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=aiohttp.ClientTimeout(total=300),
+        ) as response,
+    ):
+        if response.status != 200:
+            raise RuntimeError(f"{response.status}: {await response.text()}")
+        async for line in response.content:
+            if not line.startswith(b"data: {"):
+                continue
+            event = json.loads(line[6:])
+            piece = (event.get("choices") or [{}])[0].get("delta", {}).get("content")
+            if piece:
+                if first is None:
+                    first = time.monotonic() - started
+                text.append(piece)
+    return (first if first is not None else time.monotonic() - started), "".join(text)
+
+
+async def workload(url: str, key: str, model: str, seed: int) -> tuple[list[float], float]:
+    """Every conversation at once, turn after turn: (times to first token, wall seconds)."""
+    system = system_prompt(seed)
+    firsts: list[float] = []
+
+    async def conversation(index: int) -> None:
+        messages = [{"role": "system", "content": system}]
+        for number in range(TURNS):
+            messages.append(
+                {"role": "user", "content": f"question {number} of conversation {index}"}
+            )
+            first, answer = await turn(url, key, model, messages)
+            firsts.append(first)
+            messages.append({"role": "assistant", "content": answer or "yes"})
+
+    started = time.monotonic()
+    await asyncio.gather(*(conversation(i) for i in range(CONVERSATIONS)))
+    return firsts, time.monotonic() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of each routing")
+    args = parser.parse_args()
+    print("== routing: prefix-cache-aware vs least-loaded (bench/routing.py)")
+    executable = find_engine()
+    if executable is None:
+        print("routing bench: skipped, llama-server is not built (make setup builds it)")
+        return 0
+    folder = Path(tempfile.mkdtemp(prefix="llmgw-bench-routing-"))
+    model_path = folder / "large.gguf"
+    write_tiny_model(model_path, seed=1, shape=LARGE, context_length=CONTEXT)
+    processes = Processes(folder)
+    ports = [free_port(), free_port()]
+    try:
+        for index, port in enumerate(ports):
+            settings = EngineSettings(
+                model_path=str(model_path),
+                model_alias="bench",
+                host="127.0.0.1",
+                port=port,
+                context_length=CONTEXT,
+                slots=SLOTS,
+                threads=1,
+            )
+            processes.start(f"engine-{index}", engine_command(settings, executable))
+        for port in ports:
+            wait_http(f"http://127.0.0.1:{port}/health", "llama-server")
+        env, key = prepare(folder, ports)
+        gateway_port = free_port()
+        processes.start(
+            "gateway",
+            [
+                str(Path(sys.executable).parent / "uvicorn"),
+                "gateway.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(gateway_port),
+                "--workers",
+                "2",
+                "--no-access-log",
+                "--log-level",
+                "warning",
+            ],
+            env=env,
+        )
+        url = f"http://127.0.0.1:{gateway_port}"
+        wait_http(f"{url}/v1/models", "the gateway", headers={"Authorization": f"Bearer {key}"})
+        results: dict[str, dict[str, list[float]]] = {
+            r: {"firsts": [], "walls": [], "shares": []} for r in ROUTINGS
+        }
+        seed = 0
+        for _ in range(args.rounds):
+            for routing, model in ROUTINGS.items():
+                seed += 1
+                before = [predicted_tokens(p) for p in ports]
+                firsts, wall = asyncio.run(workload(url, key, model, seed))
+                after = [predicted_tokens(p) for p in ports]
+                served = [b - a for a, b in zip(before, after, strict=True)]
+                results[routing]["firsts"] += firsts
+                results[routing]["walls"].append(wall)
+                results[routing]["shares"].append(max(served) / max(sum(served), 1))
+                print(
+                    f"  round {seed}: {routing:12s} TTFT p50 "
+                    f"{statistics.median(firsts) * 1000:7.1f} ms, wall {wall:6.1f} s, "
+                    f"replicas {served[0] / max(sum(served), 1):.0%} / "
+                    f"{served[1] / max(sum(served), 1):.0%}"
+                )
+    finally:
+        processes.stop_all()
+
+    turns = CONVERSATIONS * TURNS
+    print(
+        f"\n  {CONVERSATIONS} conversations x {TURNS} turns at once, ~1,500-token shared system "
+        f"prompt, {ANSWER_TOKENS} tokens per answer, 2 replicas x {SLOTS} slots, {args.rounds} "
+        "rounds each, alternating"
+    )
+    print(
+        f"  {'routing':14s} {'TTFT p50':>10s} {'TTFT p95':>10s} {'turns/s':>9s} {'busiest replica':>16s}"
+    )
+    p50 = {}
+    for routing, figures in results.items():
+        firsts = sorted(figures["firsts"])
+        p50[routing] = statistics.median(firsts)
+        p95 = firsts[int(0.95 * (len(firsts) - 1))]
+        rate = turns / statistics.median(figures["walls"])
+        print(
+            f"  {routing:14s} {p50[routing] * 1000:8.1f}ms {p95 * 1000:8.1f}ms {rate:9.2f} "
+            f"{max(figures['shares']):>15.0%}"
+        )
+    gain = p50["least_loaded"] / max(p50["prefix"], 1e-9)
+    busiest = max(results["prefix"]["shares"])
+    print(
+        f"  targets (issue 14): TTFT p50 >= 2x better with prefix routing: {gain:.2f}x "
+        f"({'met' if gain >= 2 else 'NOT met'}); no replica above 65%: {busiest:.0%} "
+        f"({'met' if busiest <= 0.65 else 'NOT met'})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
