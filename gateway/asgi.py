@@ -43,6 +43,8 @@ from django.db import connection  # noqa: E402
 from multidict import CIMultiDict  # noqa: E402
 from yarl import URL  # noqa: E402
 
+from catalog.config import ConfigError, current_config  # noqa: E402
+
 from . import conf, errors, proxy, routing, traffic  # noqa: E402
 from .errors import Refusal  # noqa: E402
 from .load import SharedLoad  # noqa: E402
@@ -100,6 +102,11 @@ async def _lifespan(receive: Receive, send: Send) -> None:
         if message["type"] == "lifespan.startup":
             try:
                 await asyncio.to_thread(start_process)
+            except ConfigError as exc:
+                # The same message web, worker and beat stop with; no traceback for a bad file.
+                log.error("llmgw gateway: cannot start: %s", exc)
+                await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                return
             except Exception as exc:
                 log.exception("gateway: could not start")
                 await send({"type": "lifespan.startup.failed", "message": str(exc)})
@@ -116,6 +123,7 @@ async def _lifespan(receive: Receive, send: Send) -> None:
 def start_process() -> None:
     """This process's state: the routing snapshot, its refresher, shared load, metrics."""
     conf.wait_seconds(), conf.upstream_timeout(), conf.metrics_open()  # bad settings stop here
+    current_config()  # and a server.yaml that does not validate (ConfigError)
     routing.balancer = routing.Balancer(
         SharedLoad(settings.VAR_DIR / "gateway-load"),
         PrefixTable(settings.VAR_DIR / "gateway-prefix"),

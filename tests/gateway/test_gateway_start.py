@@ -1,0 +1,46 @@
+"""The gateway process stops at start on a server.yaml that does not validate, saying why."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.system import free_port
+
+pytestmark = pytest.mark.smoke
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_bad_server_yaml_stops_the_gateway_with_its_message(tmp_path: Path) -> None:
+    config = tmp_path / "server.yaml"
+    config.write_text("models:\n  - name: x\n    profiles: []\n")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("LLMGW", "DATABASE"))},
+        "LLMGW_CONFIG": str(config),
+        "LLMGW_VAR_DIR": str(tmp_path / "var"),
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+    }
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "uvicorn"),
+            "gateway.asgi:application",
+            "--port",
+            str(free_port()),
+            "--workers",
+            "2",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = done.stdout + done.stderr
+    assert f"llmgw gateway: cannot start: {config}: models[0] (x)" in output
+    assert "line 2" in output or "line 3" in output
+    assert "Traceback" not in output
