@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,30 @@ from tests.fleet.conftest import Fleet
 # Debian's Chromium (no browser download); the browser tests skip when it is missing.
 CHROMIUM = "/usr/bin/chromium"
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-output" / "screenshots"
+
+
+def whole_product_in_a_browser() -> list[pytest.MarkDecorator]:
+    """The marks of a browser test against the whole product: Chromium, Playwright, a built
+    llama-server and the local registry, each skipping the test with how to get it."""
+    from llmgw.engine import find_engine
+    from tests.support.registry import available
+
+    return [
+        pytest.mark.browser,
+        pytest.mark.engine,
+        pytest.mark.skipif(
+            not Path(CHROMIUM).exists(),
+            reason=f"{CHROMIUM} is missing: `apt-get install -y chromium` (Debian's package)",
+        ),
+        pytest.mark.skipif(
+            importlib.util.find_spec("playwright") is None,
+            reason="the playwright package is missing: `pip install playwright` (no `playwright install`)",
+        ),
+        pytest.mark.skipif(
+            find_engine() is None, reason="llama-server is not built (make setup builds it)"
+        ),
+        pytest.mark.skipif(available() is not None, reason=str(available())),
+    ]
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ test-output/screenshots/first-run-*.png.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,29 +18,12 @@ from openai import OpenAI
 
 from llmgw import demo
 from llmgw.cli import main
-from llmgw.engine import find_engine
-from tests.console.conftest import CHROMIUM, SCREENSHOTS
+from tests.console.conftest import SCREENSHOTS, whole_product_in_a_browser
 from tests.console.test_update_browser import LAPTOP, watch
 from tests.support.first_run import ADMIN_PASSWORD, FirstRun
-from tests.support.registry import available
 from tests.support.system import wait_for
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.engine,
-    pytest.mark.skipif(
-        not Path(CHROMIUM).exists(),
-        reason=f"{CHROMIUM} is missing: `apt-get install -y chromium` (Debian's package)",
-    ),
-    pytest.mark.skipif(
-        importlib.util.find_spec("playwright") is None,
-        reason="the playwright package is missing: `pip install playwright`",
-    ),
-    pytest.mark.skipif(
-        find_engine() is None, reason="llama-server is not built (make setup builds it)"
-    ),
-    pytest.mark.skipif(available() is not None, reason=str(available())),
-]
+pytestmark = whole_product_in_a_browser()
 
 MODEL = demo.DEMO_MODEL
 

@@ -9,7 +9,6 @@ test-output/screenshots/update-*.png.
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,10 +16,9 @@ from typing import Any
 
 import pytest
 
-from llmgw.engine import find_engine
 from llmgw.tinygguf import write_tiny_model
-from tests.console.conftest import CHROMIUM, SCREENSHOTS
-from tests.support.registry import LocalRegistry, available
+from tests.console.conftest import SCREENSHOTS, whole_product_in_a_browser
+from tests.support.registry import LocalRegistry
 from tests.support.system import System, wait_for
 
 LAPTOP = {"width": 1280, "height": 900}
@@ -28,23 +26,7 @@ PHONE = {"width": 390, "height": 844}
 REPO = "acme/tiny-chat-GGUF"
 MODEL = "tiny-chat-q4"
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.engine,
-    pytest.mark.skipif(
-        not Path(CHROMIUM).exists(),
-        reason=f"{CHROMIUM} is missing: `apt-get install -y chromium` (Debian's package)",
-    ),
-    pytest.mark.skipif(
-        importlib.util.find_spec("playwright") is None,
-        reason="the playwright package is missing: `pip install playwright` (no `playwright install`)",
-    ),
-    pytest.mark.skipif(
-        find_engine() is None,
-        reason="llama-server is not built (make setup builds it)",
-    ),
-    pytest.mark.skipif(available() is not None, reason=str(available())),
-]
+pytestmark = whole_product_in_a_browser()
 
 
 @pytest.fixture
