@@ -214,12 +214,9 @@ def wait_http(
     raise RuntimeError(f"{what} did not answer at {url} within {timeout:.0f}s")
 
 
-def prepare_gateway(
-    folder: Path, upstream_port: int, second_port: int
-) -> tuple[dict[str, str], str]:
-    """A database with the bench models, one replica each on the fake upstream, and a key;
-    and "bench-pair" with two replicas, one on each fake upstream, to measure the spread."""
-    env = {
+def gateway_env(folder: Path) -> dict[str, str]:
+    """The environment of a bench gateway: its own SQLite database and var/ in `folder`."""
+    return {
         **{
             k: v for k, v in os.environ.items() if not k.startswith(("DJANGO", "LLMGW", "DATABASE"))
         },
@@ -230,6 +227,29 @@ def prepare_gateway(
         "LLMGW_METRICS_OPEN": "true",
         "LLMGW_SECRET_KEY": "bench-secret-key",
     }
+
+
+def prepare_database(script: str, env: dict[str, str]) -> str:
+    """Run a Django script that fills the bench database; returns its last line (a key)."""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"could not prepare the gateway's database:\n{done.stderr}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+def prepare_gateway(
+    folder: Path, upstream_port: int, second_port: int
+) -> tuple[dict[str, str], str]:
+    """A database with the bench models, one replica each on the fake upstream, and a key;
+    and "bench-pair" with two replicas, one on each fake upstream, to measure the spread."""
+    env = gateway_env(folder)
     script = f"""
 import django, os
 os.environ["DJANGO_SETTINGS_MODULE"] = "llmgw_site.settings"
@@ -257,17 +277,7 @@ for name, ports in (("bench-slow", [{upstream_port}]), ("bench-fast", [{upstream
             profile="cpu", spec={{}}, spec_key="bench", state=Replica.READY, port=port)
 print(key_create(actor=actor, name="bench")[1])
 """
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"could not prepare the gateway's database:\n{done.stderr}")
-    return env, done.stdout.strip().splitlines()[-1]
+    return env, prepare_database(script, env)
 
 
 def litellm_install() -> subprocess.Popen[bytes] | None:

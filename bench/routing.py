@@ -21,10 +21,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +34,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
-from bench.gateway import Processes, free_port, wait_http  # noqa: E402
+from bench.gateway import (  # noqa: E402
+    Processes,
+    free_port,
+    gateway_env,
+    prepare_database,
+    wait_http,
+)
 from llmgw.engine import EngineSettings, engine_command, find_engine  # noqa: E402
 from llmgw.tinygguf import LARGE, write_tiny_model  # noqa: E402
 
@@ -82,16 +86,7 @@ def system_prompt(seed: int, words: int = 1500) -> str:
 
 
 def prepare(folder: Path, ports: list[int]) -> tuple[dict[str, str], str]:
-    env = {
-        **{
-            k: v for k, v in os.environ.items() if not k.startswith(("DJANGO", "LLMGW", "DATABASE"))
-        },
-        "DATABASE_URL": f"sqlite:///{folder / 'gateway.sqlite3'}",
-        "LLMGW_VAR_DIR": str(folder / "var"),
-        "LLMGW_CONFIG": "/nonexistent/server.yaml",
-        "LLMGW_METRICS_OPEN": "true",
-        "LLMGW_SECRET_KEY": "bench-secret-key",
-    }
+    env = gateway_env(folder)
     script = f"""
 import django, os
 os.environ["DJANGO_SETTINGS_MODULE"] = "llmgw_site.settings"
@@ -120,17 +115,7 @@ for name, routing in {[(m, r) for r, m in ROUTINGS.items()]!r}:
             port=port)
 print(key_create(actor=actor, name="bench")[1])
 """
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"could not prepare the gateway's database:\n{done.stderr}")
-    return env, done.stdout.strip().splitlines()[-1]
+    return env, prepare_database(script, env)
 
 
 def predicted_tokens(port: int) -> float:
