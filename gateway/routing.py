@@ -289,8 +289,8 @@ class Balancer:
     that processes do not all pick the same replica.
 
     Given the prompt's block hashes (gateway.prefix), the replica that served the longest
-    beginning of it recently is taken instead, while it has at most prefix.SLACK more
-    requests in flight than the least busy one: its KV cache already holds that beginning.
+    beginning of it recently is taken instead when that is worth it (_worth_waiting_for): its
+    KV cache already holds that beginning.
     """
 
     def __init__(self, load: SharedLoad | None = None, prefixes: PrefixTable | None = None) -> None:
@@ -317,7 +317,7 @@ class Balancer:
             )
             if prefix and len(choices) > 1:
                 found = self.prefixes.longest(prefix, [c.id for c in choices])
-                if found is not None and busy[found[0]] <= busy[choice.id] + SLACK:
+                if found is not None and _worth_waiting_for(busy[found[0]], busy[choice.id]):
                     choice = next(c for c in choices if c.id == found[0])
             self.load.add(choice.id, 1)
             if len(self._last_name) >= MAX_REMEMBERED_REPLICAS:
@@ -335,6 +335,21 @@ class Balancer:
     def in_flight(self, replica_id: str) -> int:
         """This process's requests in flight on the replica."""
         return self.load.mine(replica_id)
+
+
+def _worth_waiting_for(cached: int, least: int) -> bool:
+    """Send to the replica with the prompt's beginning cached rather than the least busy one?
+
+    Both are "requests in flight minus slots": below 0, a slot is free. A free slot on the
+    cached replica: yes. None there while the least busy has one: no, a request would queue
+    behind others although an engine is idle (prefill is cheaper than that wait). Neither has
+    one: yes, while the cached one is at most prefix.SLACK requests further behind.
+    """
+    if cached < 0:
+        return True
+    if least < 0:
+        return False
+    return cached <= least + SLACK
 
 
 balancer = Balancer()

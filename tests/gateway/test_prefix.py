@@ -100,17 +100,34 @@ def test_a_conversation_stays_on_the_replica_that_has_its_beginning() -> None:
         assert chosen.id == first.id
 
 
-def test_a_busy_replica_gives_way_past_the_slack() -> None:
+def test_the_cached_replica_is_taken_while_it_has_a_free_slot() -> None:
+    balancer = Balancer()
+    replicas = candidates(slots=2)
+    body = hashes(chat("question"))
+    home = balancer.choose(replicas, "chat", body)
+    # One slot of two busy, the other replica idle: the cache wins.
+    assert balancer.choose(replicas, "chat", body).id == home.id
+
+
+def test_no_request_queues_on_a_full_replica_while_another_is_idle() -> None:
+    balancer = Balancer()
+    replicas = candidates(slots=1)
+    body = hashes(chat("question"))
+    home = balancer.choose(replicas, "chat", body)  # its only slot is busy now
+    assert balancer.choose(replicas, "chat", body).id != home.id
+
+
+def test_when_every_replica_is_full_the_cache_wins_within_the_slack() -> None:
     balancer = Balancer()
     replicas = candidates(slots=1)
     body = hashes(chat("question"))
     home = balancer.choose(replicas, "chat", body)
-    # Its beginning is there, but it is SLACK requests busier than the other: still taken...
-    for _ in range(SLACK - 1):
-        balancer.load.add(home.id, 1)
-    assert balancer.choose(replicas, "chat", body).id == home.id
-    # ...one more, and the least loaded wins.
-    assert balancer.choose(replicas, "chat", body).id != home.id
+    other = next(c for c in replicas if c.id != home.id)
+    balancer.load.add(other.id, 1)  # both full
+    for _ in range(SLACK + 1):  # 0, 1, ... SLACK requests further behind when it is chosen
+        assert balancer.choose(replicas, "chat", body).id == home.id
+    # Now more than SLACK requests further behind than the other: the least loaded wins.
+    assert balancer.choose(replicas, "chat", body).id == other.id
 
 
 def test_without_a_prefix_the_least_loaded_is_chosen() -> None:
@@ -174,13 +191,16 @@ def test_an_unknown_routing_is_refused_with_the_choices() -> None:
 def _second_turn_stays(gw: object, catalog: object, engines: list, routing_mode: str) -> int:
     """Send a conversation's first turn, make the replica that took it one request busier,
     send the next turn: 1 when that turn went to the same replica, else 0."""
+    from fleet.models import Replica
     from gateway import routing
 
     catalog.add("chat", routing=routing_mode)  # type: ignore[attr-defined]
     replicas = [catalog.replica("chat", e) for e in engines]  # type: ignore[attr-defined]
+    for replica in replicas:  # two slots each, so the busier one still has one free
+        Replica.objects.filter(pk=replica.pk).update(spec={**replica.spec, "slots": 2})
     assert gw.post("/v1/chat/completions", chat("first question")).status_code == 200  # type: ignore[attr-defined]
     first = next(i for i, e in enumerate(engines) if e.requests)
-    routing.balancer.load.add(str(replicas[first].pk), 1)  # busier, within the slack
+    routing.balancer.load.add(str(replicas[first].pk), 1)  # busier, one slot still free
     try:
         body = chat("first question", "an answer", "a second question")
         assert gw.post("/v1/chat/completions", body).status_code == 200  # type: ignore[attr-defined]
