@@ -214,6 +214,27 @@ def wait_http(
     raise RuntimeError(f"{what} did not answer at {url} within {timeout:.0f}s")
 
 
+# What every bench database starts with: migrated, an admin, its actor and one node ("bench").
+DATABASE_PRELUDE = """
+import django, os
+os.environ["DJANGO_SETTINGS_MODULE"] = "llmgw_site.settings"
+django.setup()
+from django.core.management import call_command
+call_command("migrate", verbosity=0)
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from catalog.definitions import clean_definition
+from catalog.models import Model
+from catalog.services import Actor, model_add
+from fleet.models import Node, Replica, hash_token
+from gateway.services import key_create
+user = get_user_model().objects.create_superuser("bench", password="bench-password-1")
+actor = Actor.for_user(user, "api")
+node = Node.objects.create(name="bench", token_hash=hash_token("bench"), address="127.0.0.1",
+    memory_gb=8, cores=2, last_heartbeat=timezone.now())
+"""
+
+
 def gateway_env(folder: Path) -> dict[str, str]:
     """The environment of a bench gateway: its own SQLite database and var/ in `folder`."""
     return {
@@ -250,23 +271,9 @@ def prepare_gateway(
     """A database with the bench models, one replica each on the fake upstream, and a key;
     and "bench-pair" with two replicas, one on each fake upstream, to measure the spread."""
     env = gateway_env(folder)
-    script = f"""
-import django, os
-os.environ["DJANGO_SETTINGS_MODULE"] = "llmgw_site.settings"
-django.setup()
-from django.core.management import call_command
-call_command("migrate", verbosity=0)
-from django.contrib.auth import get_user_model
-from django.utils import timezone
-from catalog.definitions import clean_definition
-from catalog.models import Model
-from catalog.services import Actor, model_add
-from fleet.models import Node, Replica, hash_token
-from gateway.services import key_create
-user = get_user_model().objects.create_superuser("bench", password="bench-password-1")
-actor = Actor.for_user(user, "api")
-node = Node.objects.create(name="bench", token_hash=hash_token("bench"), address="127.0.0.1",
-    memory_gb=8, cores=2, last_heartbeat=timezone.now())
+    script = (
+        DATABASE_PRELUDE
+        + f"""
 for name, ports in (("bench-slow", [{upstream_port}]), ("bench-fast", [{upstream_port}]),
                     ("bench-pair", [{upstream_port}, {second_port}])):
     model_add(actor=actor, source_check=False, definition=clean_definition({{
@@ -277,6 +284,7 @@ for name, ports in (("bench-slow", [{upstream_port}]), ("bench-fast", [{upstream
             profile="cpu", spec={{}}, spec_key="bench", state=Replica.READY, port=port)
 print(key_create(actor=actor, name="bench")[1])
 """
+    )
     return env, prepare_database(script, env)
 
 

@@ -35,6 +35,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"
 sys.path.insert(0, str(ROOT))
 
 from bench.gateway import (  # noqa: E402
+    DATABASE_PRELUDE,
     Processes,
     free_port,
     gateway_env,
@@ -87,23 +88,9 @@ def system_prompt(seed: int, words: int = 1500) -> str:
 
 def prepare(folder: Path, ports: list[int]) -> tuple[dict[str, str], str]:
     env = gateway_env(folder)
-    script = f"""
-import django, os
-os.environ["DJANGO_SETTINGS_MODULE"] = "llmgw_site.settings"
-django.setup()
-from django.core.management import call_command
-call_command("migrate", verbosity=0)
-from django.contrib.auth import get_user_model
-from django.utils import timezone
-from catalog.definitions import clean_definition
-from catalog.models import Model
-from catalog.services import Actor, model_add
-from fleet.models import Node, Replica, hash_token
-from gateway.services import key_create
-user = get_user_model().objects.create_superuser("bench", password="bench-password-1")
-actor = Actor.for_user(user, "api")
-node = Node.objects.create(name="bench", token_hash=hash_token("bench"), address="127.0.0.1",
-    memory_gb=8, cores=2, last_heartbeat=timezone.now())
+    script = (
+        DATABASE_PRELUDE
+        + f"""
 for name, routing in {[(m, r) for r, m in ROUTINGS.items()]!r}:
     model_add(actor=actor, source_check=False, definition=clean_definition({{
         "name": name, "source": "http://127.0.0.1:9/bench.gguf", "routing": routing,
@@ -115,6 +102,7 @@ for name, routing in {[(m, r) for r, m in ROUTINGS.items()]!r}:
             port=port)
 print(key_create(actor=actor, name="bench")[1])
 """
+    )
     return env, prepare_database(script, env)
 
 
