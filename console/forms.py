@@ -45,11 +45,30 @@ class ConsoleForm(forms.Form):
                 self.add_error(name, problem.message)
 
 
+class ChangeForm(ConsoleForm):
+    """A form of a model's page: one change, made by one service.
+
+    `what` names the form (its ids, its partial `<what>-form`); `arguments()` gives
+    the cleaned values in the service's own words.
+    """
+
+    what = ""
+
+    def __init__(self, *args: Any, model: Model, **kwargs: Any) -> None:
+        kwargs.setdefault("auto_id", f"{self.what}-%s")
+        super().__init__(*args, **kwargs)
+        self.model = model
+
+    def arguments(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
 def _whole(label: str, example: str) -> dict[str, str]:
     return {"invalid": f"{label} is a whole number, like {example}."}
 
 
-class ScaleForm(ConsoleForm):
+class ScaleForm(ChangeForm):
+    what = "scale"
     problem_fields = {"min": "min", "max": "max"}
 
     min = forms.IntegerField(
@@ -79,8 +98,17 @@ class ScaleForm(ConsoleForm):
         except DurationError as exc:
             raise forms.ValidationError(str(exc)) from None
 
+    def arguments(self) -> dict[str, Any]:
+        data = self.cleaned_data
+        return {
+            "min_replicas": data["min"],
+            "max_replicas": data["max"],
+            "idle_timeout": data["idle_timeout"],
+        }
 
-class ResourcesForm(ConsoleForm):
+
+class ResourcesForm(ChangeForm):
+    what = "resources"
     problem_fields = {"memory": "memory_gb", "cores": "cores", "profile": "profile"}
 
     memory_gb = forms.FloatField(
@@ -100,7 +128,7 @@ class ResourcesForm(ConsoleForm):
     profile = forms.ChoiceField(label="Profile", required=False)
 
     def __init__(self, *args: Any, model: Model, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, model=model, **kwargs)
         names = [p["name"] for p in model.profiles]
         # Any name is passed on, so that the service's own refusal names the profiles there are.
         self.fields["profile"] = forms.CharField(
@@ -110,8 +138,14 @@ class ResourcesForm(ConsoleForm):
             help_text="Replicas already running keep what they reserved until they are replaced.",
         )
 
+    def arguments(self) -> dict[str, Any]:
+        data = self.cleaned_data
+        # An empty profile is every profile.
+        return {**data, "profile": data["profile"] or None}
 
-class ClassForm(ConsoleForm):
+
+class ClassForm(ChangeForm):
+    what = "class"
     problem_fields = {"class": "class"}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -132,8 +166,12 @@ class ClassForm(ConsoleForm):
             "critical; opportunistic to both. Default: opportunistic on demand, standard otherwise.",
         )
 
+    def arguments(self) -> dict[str, Any]:
+        return {"klass": self.cleaned_data["class"]}
 
-class OwnerForm(ConsoleForm):
+
+class OwnerForm(ChangeForm):
+    what = "owner"
     problem_fields = {"owner": "owner"}
 
     owner = forms.CharField(
@@ -143,8 +181,12 @@ class OwnerForm(ConsoleForm):
         help_text="Only the new owner and staff can change the model afterwards.",
     )
 
+    def arguments(self) -> dict[str, Any]:
+        return {"username": self.cleaned_data["owner"].strip()}
 
-class AdaptersForm(ConsoleForm):
+
+class AdaptersForm(ChangeForm):
+    what = "adapters"
     problem_fields = {"remove": "remove", "add": "name"}
 
     name = forms.CharField(label="Adapter name", required=False, max_length=100)
@@ -163,7 +205,7 @@ class AdaptersForm(ConsoleForm):
     )
 
     def __init__(self, *args: Any, model: Model, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, model=model, **kwargs)
         names = [a["name"] for a in model.adapters]
         # Any name is passed on, so that the service's own refusal lists the adapters there are.
         self.fields["remove"] = forms.MultipleChoiceField(
@@ -203,6 +245,14 @@ class AdaptersForm(ConsoleForm):
             "adapters"
         ]
         return data
+
+    def arguments(self) -> dict[str, Any]:
+        data = self.cleaned_data
+        return {
+            "add": data["add"],
+            "remove": list(data.get("remove") or []),
+            "source_check": not data["skip_source_check"],
+        }
 
 
 class AddModelForm(ConsoleForm):
@@ -307,7 +357,3 @@ class ServeForm(ConsoleForm):
             return data
         data["serve"] = serializer.validated_data
         return data
-
-
-class CordonForm(forms.Form):
-    cordon = forms.BooleanField(required=False)

@@ -78,10 +78,6 @@ class EngineSettings:
     threads: int | None = None
     adapters: tuple[AdapterEntry, ...] = field(default_factory=tuple)
 
-    @property
-    def served_names(self) -> list[str]:
-        return [self.model_alias, *(adapter.name for adapter in self.adapters)]
-
 
 def find_engine(explicit: str | None = None) -> str | None:
     """Where llama-server is: ``explicit`` (--llama-server), else $LLMGW_LLAMA_SERVER, else
