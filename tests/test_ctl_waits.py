@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from catalog.models import Fetch, Model
-from llmgw import ctl
 from llmgw.cli import main
 from llmgw.client import CtlError
+from llmgw.ctl import updates
 from llmgw.tinygguf import write_tiny_model
 from tests.support.registry import LocalRegistry, available
 
@@ -75,7 +75,7 @@ def test_a_fetch_that_stops_moving_is_given_up_on() -> None:
     fetch |= {"bytes_total": 9_000_000, "message": "fetching tiny.gguf"}
     server = _Server(fetch)
     with pytest.raises(CtlError) as gave_up:
-        ctl._follow_fetch(server, fetch, limit=1)  # type: ignore[arg-type]
+        updates._follow_fetch(server, fetch, limit=1)  # type: ignore[arg-type]
     assert str(gave_up.value) == (
         f"gave up after 1s without progress on fetch 7 of {REPO} (5.0 of 9.0 MB, fetching "
         "tiny.gguf). It stays on the server: follow it at http://127.0.0.1:8000/fetches/7/"
@@ -86,7 +86,7 @@ def test_a_fetch_that_stops_moving_is_given_up_on() -> None:
 def test_a_rollout_that_stops_moving_is_given_up_on(capsys: Any) -> None:
     rollout = {"kind": "update", "state": "rolling", "step": "waiting for a new replica"}
     with pytest.raises(CtlError) as gave_up:
-        ctl._follow_rollout(_Server(rollout), "tiny-chat", rollout, limit=1)  # type: ignore[arg-type]
+        updates._follow_rollout(_Server(rollout), "tiny-chat", rollout, limit=1)  # type: ignore[arg-type]
     assert str(gave_up.value) == (
         "gave up after 1s with the update of tiny-chat still at 'rolling: waiting for a new "
         "replica'; it goes on on the server: llmgw ctl model target tiny-chat"

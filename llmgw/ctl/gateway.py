@@ -1,0 +1,188 @@
+"""`llmgw ctl keys`, `key` and `usage`: the gateway keys applications send to /v1/, and what they used."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import date
+from typing import Any
+
+from llmgw.client import Client
+
+from .output import print_json, table
+
+KEYS_HELP = """\
+Applications send OpenAI-style requests to the gateway at LLMGW_URL/v1 with a
+gateway key (OpenAI clients: base_url=LLMGW_URL/v1, api_key=KEY). A key is
+yours: you see and revoke your own keys, staff see and revoke everyone's. The
+key itself is printed once, when it is created; only its first characters are
+kept, to tell keys apart."""
+
+
+def add_keys(sub: Any) -> None:
+    p = sub.add_parser(
+        "keys",
+        help="the gateway keys: yours (staff: everyone's)",
+        description=KEYS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=cmd_keys)
+
+
+def cmd_keys(client: Client, args: argparse.Namespace) -> None:
+    keys = client.get("keys")
+    if args.json:
+        print_json(keys)
+        return
+    if not keys:
+        print("No gateway keys yet. Create one with: llmgw ctl key create NAME")
+        return
+    rows = [
+        [
+            str(k["id"]),
+            k["prefix"] + "…",
+            k["name"],
+            k["owner"],
+            k["state"],
+            _when(k["created_at"]),
+            _when(k["last_used_at"]),
+        ]
+        for k in keys
+    ]
+    print(table(rows, ["ID", "KEY", "NAME", "OWNER", "STATE", "CREATED (UTC)", "LAST USED (UTC)"]))
+
+
+def add_key(sub: Any) -> None:
+    key = sub.add_parser(
+        "key",
+        help="create and revoke gateway keys",
+        description=KEYS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ksub = key.add_subparsers(dest="key_command", required=True, metavar="COMMAND")
+    p = ksub.add_parser(
+        "create",
+        help="create a key of your own and print it (shown only this once)",
+        description="NAME says what the key is for (say, the application that will use it). "
+        "The key works at once; keep it as you would a password.",
+    )
+    p.add_argument("name")
+    p.add_argument("--json", action="store_true", help="print JSON (the key included)")
+    p.set_defaults(run=cmd_key_create)
+    p = ksub.add_parser(
+        "revoke",
+        help="revoke a key: requests with it are refused from now on",
+        description="Your own keys, or anyone's for staff. A revoked key stays listed, "
+        "with when it was last used; revoking it again changes nothing.",
+    )
+    p.add_argument("id", type=_key_id, help="the key's ID, as `llmgw ctl keys` lists it")
+    p.set_defaults(run=cmd_key_revoke)
+
+
+def cmd_key_create(client: Client, args: argparse.Namespace) -> None:
+    key = client.post("keys", {"name": args.name})
+    if args.json:
+        print_json(key)
+        return
+    print(
+        f"Gateway key {key['id']} ({key['name']}) created for {key['owner']}. It is shown only now:"
+    )
+    print(f"\n  {key['key']}\n")
+    print("Use it with any OpenAI client:")
+    print(f"  base_url={client.url}/v1  api_key={key['key']}")
+    print(f"Revoke it with: llmgw ctl key revoke {key['id']}")
+
+
+def cmd_key_revoke(client: Client, args: argparse.Namespace) -> None:
+    key = client.post(f"keys/{args.id}/revoke", None)
+    print(
+        f"Gateway key {key['id']} ({key['prefix']}…, {key['name']}, owned by {key['owner']}) is revoked "
+        f"since {_when(key['revoked_at'])} UTC: requests with it get 401."
+    )
+
+
+def _key_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a key id; `llmgw ctl keys` lists them (the ID column)"
+        ) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a key id; ids start at 1")
+    return value
+
+
+def add_usage(sub: Any) -> None:
+    p = sub.add_parser(
+        "usage",
+        help="requests and tokens per day, gateway key and model",
+        description="Usage of your own gateway keys (staff: everyone's), per day (UTC), key and "
+        "model asked for, newest day first, with the totals. The gateway writes it every few "
+        "seconds. For a spreadsheet: GET LLMGW_URL/api/v1/usage?format=csv (the console's "
+        "Usage page has the link).",
+    )
+    p.add_argument("--key", type=_key_id, help="one key's ID, as `llmgw ctl keys` lists it")
+    p.add_argument("--model", help="one model or adapter")
+    p.add_argument("--since", type=_day, metavar="DATE", help="from this day on, YYYY-MM-DD")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=cmd_usage)
+
+
+def cmd_usage(client: Client, args: argparse.Namespace) -> None:
+    rows = client.get(
+        "usage",
+        key=args.key,
+        model=args.model,
+        since=args.since.isoformat() if args.since else None,
+    )
+    if args.json:
+        print_json(rows)
+        return
+    if not rows:
+        print(
+            "No usage recorded for those keys and models yet (the gateway writes it every few seconds)."
+        )
+        return
+    days = [
+        [
+            r["day"],
+            f"{r['key']} ({r['key_prefix']}…, {r['key_name']})",
+            r["owner"],
+            r["model"],
+            f"{r['requests']:,}",
+            f"{r['prompt_tokens']:,}",
+            f"{r['completion_tokens']:,}",
+        ]
+        for r in rows
+    ]
+    total = [
+        "total",
+        "",
+        "",
+        "",
+        f"{sum(r['requests'] for r in rows):,}",
+        f"{sum(r['prompt_tokens'] for r in rows):,}",
+        f"{sum(r['completion_tokens'] for r in rows):,}",
+    ]
+    header = [
+        "DAY (UTC)",
+        "KEY",
+        "OWNER",
+        "MODEL",
+        "REQUESTS",
+        "PROMPT TOKENS",
+        "COMPLETION TOKENS",
+    ]
+    print(table([*days, total], header))
+
+
+def _day(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a day; write it as YYYY-MM-DD") from None
+
+
+def _when(value: str | None, never: str = "never") -> str:
+    return value[:19].replace("T", " ") if value else never
