@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -14,6 +15,28 @@ CLASS_CHOICES = [
     ("standard", "standard"),
     ("opportunistic", "opportunistic"),
 ]
+
+
+# A canary's states while its replica serves a share of the requests, or is on its way to.
+CANARY_ACTIVE = ("waiting", "watching")
+
+
+@dataclass(frozen=True)
+class CanaryRouting:
+    """What routing and the reconciler need of a canary under way."""
+
+    revision: str  # the new weights' revision (fleet.specs.weights_revision)
+    percent: int  # of the model's requests the canary replica gets
+
+
+def canary_routing(canary: Any) -> CanaryRouting | None:
+    """The canary in force from a model's `canary` value; None when none runs."""
+    if not isinstance(canary, dict) or canary.get("state") not in CANARY_ACTIVE:
+        return None
+    revision, percent = canary.get("revision"), canary.get("percent")
+    if not isinstance(revision, str) or not isinstance(percent, int):
+        return None
+    return CanaryRouting(revision=revision, percent=percent)
 
 
 class Model(models.Model):
@@ -77,6 +100,9 @@ class Model(models.Model):
     update_available = models.JSONField(null=True, blank=True)
     update_checked_at = models.DateTimeField(null=True, blank=True)
     update_check_error = models.TextField(blank=True, default="")
+    # A canary update: what the gateway routes by while it runs ({percent, revision, state,
+    # ...}, see canary_routing) and, once it ended, its outcome and the figures that decided it.
+    canary = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -110,6 +136,10 @@ class Model(models.Model):
 
     def idle_timeout_in_force(self, cluster_default: int) -> int:
         return self.idle_timeout or cluster_default
+
+    @property
+    def canary_in_force(self) -> CanaryRouting | None:
+        return canary_routing(self.canary)
 
     # -- the definition, as written in server.yaml ------------------------------
 

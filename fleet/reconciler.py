@@ -240,6 +240,11 @@ def _replacement(
         return min(desired, len(mine)), mine
     if not stale:
         return desired, mine
+    if fresh and model.canary_in_force is not None:
+        # A canary update: one replica of the new revision serves beside the old ones, which
+        # stay, until it is promoted (the replacement goes on from here) or rolled back (then
+        # it is the out-of-date one, and leaves).
+        return len(mine), mine
     if any(r.state != Replica.READY for r in fresh):
         return len(mine), mine  # a replacement is on its way: wait for it
     if len(mine) > desired:

@@ -41,6 +41,21 @@ def replica_spec(model: Model, profile: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def weights_revision(source: str, sha256: str | None) -> str:
+    """A short name for the weights a replica serves: their checksum's start when known (a
+    registry model always has one), else a digest of where they come from. Replicas of one
+    model on the same weights share it whatever their profile, which is what the gateway
+    counts a canary's figures by."""
+    if sha256:
+        return sha256[:12]
+    return hashlib.sha256(source.encode()).hexdigest()[:12]
+
+
+def replica_revision(spec: dict[str, Any] | None) -> str:
+    spec = spec or {}
+    return weights_revision(str(spec.get("source") or ""), spec.get("sha256"))
+
+
 def spec_key(spec: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 

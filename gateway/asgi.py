@@ -26,6 +26,7 @@ import hmac
 import json
 import logging
 import os
+import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextvars import ContextVar
@@ -45,7 +46,7 @@ from yarl import URL  # noqa: E402
 
 from catalog.config import ConfigError, current_config  # noqa: E402
 
-from . import conf, errors, proxy, routing, traffic  # noqa: E402
+from . import canary, conf, errors, proxy, routing, traffic  # noqa: E402
 from .errors import Refusal  # noqa: E402
 from .load import SharedLoad  # noqa: E402
 from .metrics import metrics  # noqa: E402
@@ -62,6 +63,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 MODEL_HEADER = "X-LLMGW-Model"
+# The weights that answered (fleet.specs.weights_revision): old or new during a canary update.
+REVISION_HEADER = "X-LLMGW-Revision"
 # How often a request waiting for a replica looks at the (in-memory) state again.
 WAIT_POLL_SECONDS = 0.1
 # How long a request for something unknown waits for the state to be looked at again.
@@ -343,6 +346,7 @@ class _Request:
     key_id: int | None = None
     prompt: int = 0
     completion: int = 0
+    revision: str = ""  # of the replica that answered (none for a fallback's answer)
 
 
 _request: ContextVar[_Request | None] = ContextVar("llmgw_request", default=None)
@@ -434,6 +438,7 @@ async def _route_and_send(
     assert isinstance(decision, routing.Serve)
     if decision.fallback_from is not None:
         metrics().fallbacks.labels(entry.name, decision.model).inc()
+    decision = canary.share(decision, entry, random.random())
 
     target = snapshot.catalog.entries[decision.model]
     # An engine with adapters is told in every request which to apply (the one asked for, at
@@ -484,19 +489,23 @@ async def _route_and_send(
             prefix=prefix,
         )
     except proxy.ReplicaTimeout as exc:
+        _answered_by(exc.candidate, decision)
         log.warning("gateway: %s for %s", exc, entry.name)
         _count(entry.name, decision.model, endpoint, 504)
         await _refuse(send, errors.timeout(decision.model, exc.seconds))
         return
     except proxy.ReplicaGone as exc:
+        _answered_by(exc.candidate, decision)
         log.warning("gateway: %s for %s", exc, entry.name)
         _count(entry.name, decision.model, endpoint, 502)
         await _refuse(send, errors.unreachable(decision.model))
         return
     if answer.retried:
         metrics().retries.labels(entry.name).inc()
+    _answered_by(answer.candidate, decision)
 
     model_header = (MODEL_HEADER.lower().encode(), decision.model.encode())
+    revision_header = (REVISION_HEADER.lower().encode(), answer.candidate.revision.encode())
     if not answer.streaming:
         routing.balancer.release(answer.candidate)
         assert answer.body is not None
@@ -510,7 +519,7 @@ async def _route_and_send(
             send,
             answer.status,
             body_out,
-            [(b"content-type", answer.content_type.encode()), model_header],
+            [(b"content-type", answer.content_type.encode()), model_header, revision_header],
         )
         return
 
@@ -524,6 +533,7 @@ async def _route_and_send(
                 "headers": [
                     (b"content-type", answer.content_type.encode()),
                     model_header,
+                    revision_header,
                     (b"cache-control", b"no-cache"),
                     # A proxy in front must not hold chunks back either.
                     (b"x-accel-buffering", b"no"),
@@ -644,7 +654,15 @@ def _count(name: str, answered_by: str, endpoint: str, status: int) -> None:
             seconds=time.monotonic() - books.started,
             prompt=books.prompt,
             completion=books.completion,
+            revision=books.revision,
         )
+
+
+def _answered_by(candidate: routing.Candidate, decision: routing.Serve) -> None:
+    """The request's figures count for the revision of the replica that answered it."""
+    books = _request.get()
+    if books is not None and decision.fallback_from is None:
+        books.revision = candidate.revision
 
 
 def _tokens(model: str, prompt: int, completion: int) -> None:

@@ -85,6 +85,9 @@ class TrafficMinute(models.Model):
     """
 
     model = models.CharField(max_length=200)
+    # The weights of the replica that answered (fleet.specs.weights_revision): a canary
+    # update compares its two revisions by it. Blank when no replica answered, and in hours.
+    revision = models.CharField(max_length=40, blank=True, default="")
     start = models.DateTimeField(help_text="the minute (or hour) the figures are for, UTC")
     span = models.PositiveIntegerField(default=60, help_text="seconds: 60, or 3600 once folded")
     writer = models.CharField(max_length=40, blank=True)
@@ -101,7 +104,8 @@ class TrafficMinute(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["model", "start", "span", "writer"], name="traffic_minute_once"
+                fields=["model", "revision", "start", "span", "writer"],
+                name="traffic_minute_once",
             )
         ]
         indexes = [models.Index(fields=["start", "model"])]

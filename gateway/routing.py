@@ -17,8 +17,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from catalog.models import Model
+from catalog.models import CanaryRouting, Model, canary_routing
 from fleet.models import Replica
+from fleet.specs import replica_revision
 from llmgw.engine import lora_request
 
 from .load import SharedLoad
@@ -44,6 +45,8 @@ class Entry:
     # "prefix": requests go where their prompt's beginning was computed lately
     # (gateway.prefix); "least_loaded": to the replica with the most free slots.
     routing: str = "prefix"
+    # A canary update under way: its revision gets `percent` of the requests (gateway.canary).
+    canary: CanaryRouting | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ def read_catalog() -> Catalog:
         "owner__username",
         "created_at",
         "routing",
+        "canary",
     )
     for row in rows:
         maximum = row["min_replicas"] if row["max_replicas"] is None else row["max_replicas"]
@@ -88,6 +92,7 @@ def read_catalog() -> Catalog:
             owner=row["owner__username"],
             created=int(row["created_at"].timestamp()),
             routing=row["routing"] or "prefix",
+            canary=canary_routing(row["canary"]),
         )
         entries[model.name] = model
         for adapter in row["adapters"] or ():
@@ -112,6 +117,8 @@ class Candidate:
     slots: int = 1
     # The adapters (name, scale) in the order the engine was started with them.
     lora: tuple[tuple[str, float], ...] = ()
+    # The weights it serves (fleet.specs.weights_revision): old or new during a canary.
+    revision: str = ""
 
     def engine_lora(self, name: str) -> list[dict[str, Any]] | None:
         """The request's ``lora`` field that makes this engine answer as ``name``: that
@@ -161,6 +168,7 @@ def read_replicas(models: Iterable[str] | None = None) -> dict[str, list[Candida
                     (a["name"], float(a.get("scale", 1.0)))
                     for a in (spec or {}).get("adapters", [])
                 ),
+                revision=replica_revision(spec),
             )
         )
     return found

@@ -106,9 +106,9 @@ class TrafficBook:
     def __init__(self, writer: str | None = None) -> None:
         self.writer = writer or _writer_name()
         self._lock = threading.Lock()
-        self._minutes: dict[tuple[str, int], Figures] = {}
+        self._minutes: dict[tuple[str, str, int], Figures] = {}
         self._days: dict[tuple[int, str, date], list[int]] = {}
-        self._dirty_minutes: set[tuple[str, int]] = set()
+        self._dirty_minutes: set[tuple[str, str, int]] = set()
         self._dirty_days: set[tuple[int, str, date]] = set()
         self._flushed_at = 0.0
 
@@ -122,9 +122,10 @@ class TrafficBook:
         prompt: int = 0,
         completion: int = 0,
         at: float | None = None,
+        revision: str = "",
     ) -> None:
         at = time.time() if at is None else at
-        minute = (model, int(at // MINUTE) * MINUTE)
+        minute = (model, revision, int(at // MINUTE) * MINUTE)
         with self._lock:
             figures = self._minutes.get(minute)
             if figures is None:
@@ -156,7 +157,7 @@ class TrafficBook:
             self._dirty_days.clear()
             # Requests land in the minute they end in: a minute two back is final here.
             oldest = int(wall // MINUTE) * MINUTE - MINUTE
-            for minute in [k for k in self._minutes if k[1] < oldest]:
+            for minute in [k for k in self._minutes if k[2] < oldest]:
                 del self._minutes[minute]
             today = datetime.fromtimestamp(wall, UTC).date()
             for day in [k for k in self._days if k[2] < today - timedelta(days=1)]:
@@ -172,23 +173,26 @@ class TrafficBook:
         return written
 
     def _write(
-        self, minutes: dict[tuple[str, int], Figures], days: dict[tuple[int, str, date], list[int]]
+        self,
+        minutes: dict[tuple[str, str, int], Figures],
+        days: dict[tuple[int, str, date], list[int]],
     ) -> int:
         rows = [
             TrafficMinute(
                 model=model,
+                revision=revision,
                 start=datetime.fromtimestamp(start, UTC),
                 span=MINUTE,
                 writer=self.writer,
                 **figures.__dict__,
             )
-            for (model, start), figures in minutes.items()
+            for (model, revision, start), figures in minutes.items()
         ]
         if rows:
             TrafficMinute.objects.bulk_create(
                 rows,
                 update_conflicts=True,
-                unique_fields=["model", "start", "span", "writer"],
+                unique_fields=["model", "revision", "start", "span", "writer"],
                 update_fields=[*Figures().__dict__],
             )
         # A key deleted since (its owner was) has nothing left to count against.

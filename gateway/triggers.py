@@ -33,6 +33,7 @@ WATCHED: list[tuple[str, list[str]]] = [
             "idle_timeout",
             "owner_id",
             "profiles",
+            "canary",
         ],
     ),
     (
