@@ -32,7 +32,7 @@ with requests.get(url, stream=True, timeout=(10, 600)) as r, open(out, "wb") as 
 NODE = """
 import sys, threading
 from pathlib import Path
-from llmgw.node import BlobCache
+from llmgw.node.cache import BlobCache
 cache = BlobCache(Path(sys.argv[2]), credentials=lambda url: {})
 cache.prepare()
 cache.fetch(sys.argv[1], sys.argv[3], label="weights", progress=lambda *a: None, cancelled=threading.Event())

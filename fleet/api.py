@@ -403,7 +403,7 @@ def _memory_estimate(model: Model) -> dict[str, Any]:
     """Weights + KV cache from the GGUF header, against what each profile declares."""
     from catalog.outbound import URLRefused
     from catalog.sources import source_session
-    from llmgw import gguf
+    from llmgw import ggufheader
     from llmgw.units import format_bytes
 
     from .specs import profile_slots
@@ -412,16 +412,16 @@ def _memory_estimate(model: Model) -> dict[str, Any]:
     slots = [profile_slots(p) for p in model.profiles] or [1]
     try:
         with source_session() as session:
-            header = gguf.read_header_from_url(model.source, session=session, timeout=10)
+            header = ggufheader.read_header_from_url(model.source, session=session, timeout=10)
         if header.file_size is None:
-            raise gguf.GGUFError("the server did not say how large the file is")
+            raise ggufheader.GGUFError("the server did not say how large the file is")
         estimates = [
-            gguf.estimate_memory_bytes(
+            ggufheader.estimate_memory_bytes(
                 header, file_size=header.file_size, context_length=model.context_length, slots=n
             )
             for n in slots
         ]
-    except gguf.GGUFError as exc:
+    except ggufheader.GGUFError as exc:
         reason = exc.__cause__.message if isinstance(exc.__cause__, URLRefused) else str(exc)
         return {"estimate": None, "warnings": [f"memory not estimated: {reason}"]}
     gib = 1024**3

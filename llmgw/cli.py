@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import ctl, demo, node
+from . import ctl, demo
+from .node import cli as node
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""llmgw.gguf: reading GGUF headers from prefixes, files and URLs, and checking adapters.
+"""llmgw.ggufheader: reading GGUF headers from prefixes, files and URLs, and checking adapters.
 
 Files are generated with llmgw.tinygguf and gguf.GGUFWriter; gguf.GGUFReader (which needs the
 whole file) is the reference the parser is compared with.
@@ -20,7 +20,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmgw.gguf import (
+from llmgw.ggufheader import (
     SHORT_ARRAY_LIMIT,
     FetchError,
     GGUFArray,

@@ -1,4 +1,4 @@
-"""The node agent (llmgw/node.py) end to end: the real agent as a subprocess, the real llama.cpp
+"""The node agent (llmgw/node/) end to end: the real agent as a subprocess, the real llama.cpp
 engine, tiny generated models served over HTTP, and a fake control plane whose answers the tests
 set and whose recorded heartbeats they read.
 

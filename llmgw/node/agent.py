@@ -1,0 +1,406 @@
+"""The agent: the heartbeat loop that makes what runs here what the control plane wants."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import urlsplit
+
+import requests
+
+from llmgw import engine
+
+from .cache import BlobCache
+from .config import NodeConfig
+from .replica import Replica, now_iso
+from .spec import AnswerError, ReplicaSpec, parse_answer
+
+log = logging.getLogger("llmgw.node")
+
+HEARTBEAT_TIMEOUT = (5, 10)  # (connect, read) seconds
+
+
+def _agent_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("llmgw")
+    except Exception:
+        return "0.1.0"
+
+
+class Agent:
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.server = config.server.rstrip("/")
+        self.replicas_dir = config.cache / "replicas"
+        self.cache = BlobCache(config.cache, credentials=self._credentials_for)
+        self.lock = threading.Lock()
+        self.replicas: dict[str, Replica] = {}
+        self.stopping: dict[str, Replica] = {}
+        self.wake = threading.Event()
+        self.shutdown = threading.Event()
+        self.exiting = threading.Event()
+        self.interval = config.heartbeat_interval
+        self.started_at = now_iso()
+        self.kept: tuple[tuple[str, str | None], ...] = ()
+        self._over_budget: str | None = None
+        self.node_name: str | None = None
+        self._last_problem: str | None = None
+        self._connected = False
+        self.exit_signal: str | None = None
+        self._lock_file: TextIO | None = None
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {config.token}"
+        self.session.headers["User-Agent"] = f"llmgw-node/{_agent_version()}"
+
+    def _credentials_for(self, url: str) -> dict[str, str]:
+        """Downloads from the control plane's own origin (its mirror) carry the node token;
+        other hosts never see it."""
+        source, server = urlsplit(url), urlsplit(self.server)
+        if (source.scheme, source.netloc) == (server.scheme, server.netloc):
+            return {"Authorization": f"Bearer {self.config.token}"}
+        return {}
+
+    # -- start ----------------------------------------------------------------------------------
+
+    def lock_cache(self) -> None:
+        self.config.cache.mkdir(parents=True, exist_ok=True)
+        path = self.config.cache / "agent.lock"
+        lock_file = open(path, "a+")  # noqa: SIM115 - held open for the agent's lifetime
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock_file.seek(0)
+            holder = lock_file.read().strip() or "?"
+            lock_file.close()
+            raise SystemExit(
+                f"llmgw node: another agent (pid {holder}) already uses the cache {self.config.cache}; "
+                "each agent needs its own --cache."
+            ) from None
+        lock_file.seek(0)
+        lock_file.truncate()
+        lock_file.write(f"{os.getpid()}\n")
+        lock_file.flush()
+        self._lock_file = lock_file
+
+    def adopt_leftovers(self) -> None:
+        """Take over the engines an earlier agent left running; clean up after dead ones."""
+        self.replicas_dir.mkdir(parents=True, exist_ok=True)
+        for folder in sorted(self.replicas_dir.iterdir()):
+            if folder.is_dir():
+                self._adopt_one(folder)
+
+    def _adopt_one(self, folder: Path) -> None:
+        try:
+            record = json.loads((folder / "state.json").read_text())
+            spec = ReplicaSpec.from_json(record["spec"])
+        except (OSError, ValueError, KeyError, TypeError, AnswerError):
+            log.info("removing %s: it holds no engine (its replica never started one)", folder)
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        replica = Replica(self, spec)
+        replica.sha256 = record.get("sha256")
+        replica.port = record.get("port")
+        if record.get("state") == "failed":
+            # A failed replica stays failed while it is wanted, across agent restarts too.
+            replica.state = "failed"
+            replica.message = record.get("message") or "failed"
+            self.replicas[spec.id] = replica
+            return
+        pid, command = record.get("pid"), record.get("command")
+        if (
+            isinstance(pid, int)
+            and isinstance(command, list)
+            and _same_engine(engine.process_cmdline(pid), command)
+            and isinstance(replica.port, int)
+        ):
+            replica.host = record.get("host") or replica.host
+            replica.pid = pid
+            replica.command = command
+            replica.started_at = record.get("started_at")
+            replica.state = "starting"
+            replica.message = (
+                f"adopted the engine (pid {pid}) an earlier agent left running on port "
+                f"{replica.port}; checking that it answers"
+            )
+            log.info("%s: %s", replica.label, replica.message)
+            self.replicas[spec.id] = replica
+            replica.start(replica.run_adopted)
+            return
+        log.info("replica %s: its engine (pid %s) is gone; removing its folder", spec.id, pid)
+        shutil.rmtree(folder, ignore_errors=True)
+
+    # -- ports ----------------------------------------------------------------------------------
+
+    def allocate_port(self, replica: Replica) -> int | None:
+        """The first port in the range that no other replica of this agent holds and that is
+        free to bind now; it is the replica's from then on."""
+        low, high = self.config.port_range
+        with self.lock:
+            held = {
+                other.port
+                for other in [*self.replicas.values(), *self.stopping.values()]
+                if other is not replica and other.port is not None
+            }
+            for port in range(low, high + 1):
+                if port not in held and engine.port_is_free(self.config.address, port):
+                    with replica.lock:
+                        replica.port = port
+                    return port
+        return None
+
+    # -- the heartbeat --------------------------------------------------------------------------
+
+    def heartbeat_body(self) -> dict[str, Any]:
+        with self.lock:
+            replicas = list(self.replicas.values())
+        return {
+            "capacity": {
+                "memory_gb": self.config.memory_gb,
+                "cores": self.config.cores,
+                "gpus": self.config.gpus,
+                "gpu_memory_gb": self.config.gpu_memory_gb,
+            },
+            "address": self.config.address,
+            "agent": {
+                "version": _agent_version(),
+                "pid": os.getpid(),
+                "started_at": self.started_at,
+            },
+            "replicas": [replica.report() for replica in replicas],
+        }
+
+    def heartbeat(self) -> None:
+        url = f"{self.server}/api/v1/node/heartbeat"
+        try:
+            response = self.session.post(url, json=self.heartbeat_body(), timeout=HEARTBEAT_TIMEOUT)
+        except requests.ConnectionError:
+            self._problem(
+                f"cannot reach the control plane at {self.server}: nothing answered. "
+                "Keeping the engines running and trying again."
+            )
+            return
+        except requests.Timeout:
+            self._problem(
+                f"the control plane at {self.server} did not answer in time. "
+                "Keeping the engines running and trying again."
+            )
+            return
+        except requests.RequestException as exc:
+            self._problem(f"the heartbeat to {self.server} failed: {exc}. Trying again.")
+            return
+        if response.status_code == 401:
+            self._problem(
+                f"the control plane at {self.server} does not know this node's token; was the "
+                "node removed? Register it again and restart the agent with the new token. "
+                "Keeping the engines running and trying again."
+            )
+            return
+        if response.status_code != 200:
+            self._problem(
+                f"the control plane at {self.server} refused the heartbeat "
+                f"(HTTP {response.status_code}): {_detail(response)}. Trying again."
+            )
+            return
+        try:
+            answer = parse_answer(response.json())
+        except (ValueError, AnswerError) as exc:
+            self._problem(
+                f"the control plane at {self.server} answered something this agent does not "
+                f"understand ({exc}); nothing changes until it answers properly."
+            )
+            return
+        self._recovered(response)
+        if answer.interval is not None and answer.interval != self.interval:
+            log.info("heartbeating every %g s, as the control plane asks", answer.interval)
+            self.interval = answer.interval
+        self.kept = answer.keep
+        self.reconcile(answer.replicas)
+        self.evict()
+
+    def _problem(self, text: str) -> None:
+        # Said once, not every two seconds; said again when it changes.
+        if text != self._last_problem:
+            log.warning("%s", text)
+            self._last_problem = text
+
+    def _recovered(self, response: requests.Response) -> None:
+        with contextlib.suppress(ValueError, AttributeError):
+            self.node_name = response.json().get("node") or self.node_name
+        if self._last_problem is not None or not self._connected:
+            log.info(
+                "connected to the control plane at %s as node %s",
+                self.server,
+                self.node_name or "?",
+            )
+        self._connected = True
+        self._last_problem = None
+
+    def reconcile(self, specs: list[ReplicaSpec]) -> None:
+        """Start what is wanted and missing; stop what runs and is not wanted."""
+        wanted = {spec.id: spec for spec in specs}
+        with self.lock:
+            unwanted = [r for rid, r in self.replicas.items() if rid not in wanted]
+            for replica in unwanted:
+                del self.replicas[replica.spec.id]
+                self.stopping[replica.spec.id] = replica
+            for spec in specs:
+                # An id that is still being stopped is started afresh once it is gone.
+                if spec.id in self.replicas or spec.id in self.stopping:
+                    continue
+                replica = Replica(self, spec)
+                self.replicas[spec.id] = replica
+                log.info("%s: wanted; fetching %s", replica.label, spec.source)
+                replica.start(replica.run_new)
+        for replica in unwanted:
+            threading.Thread(
+                target=self._stop_replica,
+                args=(replica,),
+                name=f"stop-{replica.spec.id}",
+                daemon=True,
+            ).start()
+
+    def needed_blobs(self) -> set[str]:
+        """The sha256 of every file a replica here uses or may use (running, starting,
+        stopping), and of the previous revisions the control plane asks to keep."""
+        with self.lock:
+            replicas = [*self.replicas.values(), *self.stopping.values()]
+        sources = list(self.kept)
+        for replica in replicas:
+            sources.append((replica.spec.source, replica.spec.sha256 or replica.sha256))
+            sources += [(a.source, a.sha256) for a in replica.spec.adapters]
+        return {sha for source, known in sources if (sha := self.cache.sha256_of(source, known))}
+
+    def evict(self) -> None:
+        """Keep the blob cache within --cache-max-gb: least recently used first, never a
+        file a replica here needs or a previous revision the control plane asks to keep."""
+        if self.config.cache_max_gb is None:
+            return
+        limit = int(self.config.cache_max_gb * 1e9)
+        evicted, total = self.cache.evict(limit, self.needed_blobs())
+        for sha in evicted:
+            log.info("cache: evicted %s, the least recently used file no replica needs", sha)
+        problem = None
+        if total > limit:
+            problem = (
+                f"cache: the files replicas here need take {total / 1e9:.2f} GB, above "
+                f"--cache-max-gb {self.config.cache_max_gb:g}; nothing more can be evicted"
+            )
+        if problem is not None and problem != self._over_budget:
+            log.warning("%s", problem)
+        self._over_budget = problem
+
+    def _stop_replica(self, replica: Replica) -> None:
+        try:
+            replica.stop()
+        finally:
+            with self.lock:
+                self.stopping.pop(replica.spec.id, None)
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def check_address(self) -> None:
+        try:
+            engine.port_is_free(self.config.address, 0)
+        except OSError as exc:
+            raise SystemExit(
+                f"llmgw node: engines cannot listen on {self.config.address}: "
+                f"{exc.strerror or exc}. --address must be an address of this machine that the "
+                "gateway can reach."
+            ) from None
+
+    def run(self) -> int:
+        self.check_address()
+        self.lock_cache()
+        self.cache.prepare()
+        executable = self.config.engine or engine.find_engine()
+        if executable is None:
+            log.warning(
+                "llama-server is not installed beside %s nor on PATH, so every engine will fail "
+                "to start; `make setup` builds it, or give its path with --llama-server",
+                sys.executable,
+            )
+        else:
+            log.info("engines run %s", executable)
+        log.info(
+            "node agent %s (pid %s) heartbeating to %s; cache %s; engines on %s, ports %s-%s",
+            _agent_version(),
+            os.getpid(),
+            self.server,
+            self.config.cache,
+            self.config.address,
+            *self.config.port_range,
+        )
+        self.adopt_leftovers()
+        while not self.shutdown.is_set():
+            self.wake.clear()
+            try:
+                self.heartbeat()
+            except Exception:
+                # A bug in handling one answer must not take the engines' supervisor down.
+                log.exception("the heartbeat failed unexpectedly; trying again")
+            self.wake.wait(self.interval)
+            # State changes wake the loop early; a short pause keeps a burst to one heartbeat.
+            self.shutdown.wait(0.05)
+        log.info("received %s; exiting", self.exit_signal or "a stop request")
+        self.exit()
+        return 0
+
+    def request_shutdown(self, signum: int, _frame: Any) -> None:
+        # Only set flags here: the loop logs and exits (logging from a handler can interleave).
+        self.exit_signal = signal.Signals(signum).name
+        self.shutdown.set()
+        self.wake.set()
+
+    def exit(self) -> None:
+        with self.lock:
+            replicas = [*self.replicas.values(), *self.stopping.values()]
+        # Taking each replica's lock waits out an engine start in progress, after which no
+        # worker starts another: whatever runs is recorded in a state.json, for adoption.
+        self.exiting.set()
+        for replica in replicas:
+            with replica.lock:
+                pass
+        if not self.config.stop_engines_on_exit:
+            running = [r for r in replicas if r.pid is not None]
+            if running:
+                log.info(
+                    "leaving %d engine(s) running for the next agent to adopt "
+                    "(--stop-engines-on-exit stops them instead)",
+                    len(running),
+                )
+            return
+        stoppers = [threading.Thread(target=replica.stop) for replica in replicas]
+        for stopper in stoppers:
+            stopper.start()
+        for stopper in stoppers:
+            stopper.join()
+
+
+def _same_engine(running: list[str] | None, recorded: list[str]) -> bool:
+    """Whether a live process is the engine that was recorded: the same arguments, which name
+    the replica's blob, port or config file. The interpreter's path is not compared, so that a
+    reinstalled virtualenv does not turn running engines into orphans; a reused pid never
+    matches."""
+    return running is not None and len(running) > 1 and running[1:] == recorded[1:]
+
+
+def _detail(response: requests.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("detail"):
+        return str(body["detail"])
+    text = response.text.strip().replace("\n", " ")
+    return text[:200] if text else response.reason or "no detail"

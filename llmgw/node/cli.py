@@ -1,0 +1,267 @@
+"""`llmgw node`: its options, grouped as `--help` shows them, and the start."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import re
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .agent import Agent
+from .config import (
+    DEFAULT_ENGINE_LOG_MAX_BYTES,
+    DEFAULT_HEARTBEAT_SECONDS,
+    DEFAULT_PORT_RANGE,
+    DEFAULT_READY_TIMEOUT_SECONDS,
+    NodeConfig,
+    default_cache_dir,
+)
+
+log = logging.getLogger("llmgw.node")
+
+
+def add_parser(subparsers: Any) -> None:
+    node = subparsers.add_parser(
+        "node",
+        help="run the node agent: fetch models and run their engines on this machine",
+        description=(
+            "Heartbeats this machine's capacity to the control plane and runs the replicas it "
+            "answers with. Engines outlive the agent: a restarted agent adopts them. Stop it "
+            "with SIGTERM or Ctrl-C."
+        ),
+    )
+    _add_control_plane_options(node.add_argument_group("the control plane"))
+    _add_capacity_options(node.add_argument_group("what this machine offers"))
+    _add_engine_options(node.add_argument_group("the engines"))
+    _add_cache_options(node.add_argument_group("the cache"))
+
+
+def _add_control_plane_options(group: Any) -> None:
+    group.add_argument(
+        "--server",
+        default=os.environ.get("LLMGW_URL"),
+        help="the control plane's URL (default: LLMGW_URL)",
+    )
+    group.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help=(
+            "a file holding this node's token (given when the node was registered); without "
+            "it the token is read from LLMGW_NODE_TOKEN. There is no --token: a command line "
+            "is visible to every user of the machine in `ps`"
+        ),
+    )
+    # Refused with a reason (rather than left unknown, which argparse would read as an
+    # abbreviation of --token-file).
+    group.add_argument("--token", help=argparse.SUPPRESS)
+    group.add_argument(
+        "--heartbeat-interval",
+        type=_positive_float,
+        default=DEFAULT_HEARTBEAT_SECONDS,
+        metavar="S",
+        help=(
+            "seconds between heartbeats until the control plane's answer sets its own "
+            "(default %(default)g)"
+        ),
+    )
+
+
+def _add_capacity_options(group: Any) -> None:
+    group.add_argument(
+        "--memory",
+        type=_positive_float,
+        required=True,
+        metavar="GB",
+        help="host RAM the control plane may fill with replicas on this machine",
+    )
+    group.add_argument(
+        "--cores",
+        type=int,
+        required=True,
+        metavar="N",
+        help="CPU cores the control plane may hand out to replicas on this machine",
+    )
+    group.add_argument("--gpus", type=int, default=0, metavar="N", help="GPUs (default 0)")
+    group.add_argument(
+        "--gpu-memory",
+        type=float,
+        default=0,
+        metavar="GB",
+        help="memory of each GPU (default 0)",
+    )
+
+
+def _add_engine_options(group: Any) -> None:
+    group.add_argument(
+        "--llama-server",
+        metavar="PATH",
+        default=None,
+        help=(
+            "the llama-server executable engines run (default: LLMGW_LLAMA_SERVER, else the one "
+            "`make setup` builds beside this Python, else llama-server on PATH)"
+        ),
+    )
+    group.add_argument(
+        "--address",
+        default="127.0.0.1",
+        help=(
+            "the address the gateway reaches this machine's engines at; engines listen on it "
+            "(default 127.0.0.1, which only works when everything runs on one machine)"
+        ),
+    )
+    group.add_argument(
+        "--port-range",
+        type=_port_range,
+        default=DEFAULT_PORT_RANGE,
+        metavar="A-B",
+        help="ports the engines may listen on (default {}-{})".format(*DEFAULT_PORT_RANGE),
+    )
+    group.add_argument(
+        "--ready-timeout",
+        type=_positive_float,
+        default=DEFAULT_READY_TIMEOUT_SECONDS,
+        metavar="S",
+        help=(
+            "seconds an engine has to answer a completion after it starts before it is "
+            "stopped and its replica failed (default %(default)g)"
+        ),
+    )
+    group.add_argument(
+        "--engine-log-max-mb",
+        type=_positive_float,
+        default=DEFAULT_ENGINE_LOG_MAX_BYTES / 1e6,
+        metavar="MB",
+        help=(
+            "past this size an engine's log is moved to engine.log.1 and started afresh "
+            "(default %(default)g)"
+        ),
+    )
+    group.add_argument(
+        "--stop-engines-on-exit",
+        action="store_true",
+        help=(
+            "stop the engines when the agent exits; by default they keep serving and the next "
+            "agent adopts them"
+        ),
+    )
+
+
+def _add_cache_options(group: Any) -> None:
+    group.add_argument(
+        "--cache",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help=(
+            "where weights and replica state are kept (default $XDG_CACHE_HOME/llmgw/node, "
+            "else ~/.cache/llmgw/node); a restarted agent must use the same one to adopt "
+            "its engines"
+        ),
+    )
+    group.add_argument(
+        "--cache-max-gb",
+        type=_positive_float,
+        default=None,
+        metavar="GB",
+        help=(
+            "bound the weights kept in the cache: past it, the least recently used files that "
+            "no replica here needs and that are not a previous revision (kept for a rollback) "
+            "are deleted (default: unbounded)"
+        ),
+    )
+
+
+def _port_range(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"(\d+)-(\d+)", text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port range like 41000-41999")
+    low, high = int(match.group(1)), int(match.group(2))
+    if not 1 <= low <= high <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: ports go from 1 to 65535, the first no higher than the last"
+        )
+    return low, high
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    with _logging_to_stderr():
+        agent = Agent(config)
+        signal.signal(signal.SIGTERM, agent.request_shutdown)
+        signal.signal(signal.SIGINT, agent.request_shutdown)
+        return agent.run()
+
+
+def config_from_args(args: argparse.Namespace) -> NodeConfig:
+    if not args.server:
+        raise SystemExit("llmgw node: give the control plane's URL with --server (or LLMGW_URL).")
+    token = _token(args)
+    return NodeConfig(
+        server=args.server,
+        token=token,
+        memory_gb=args.memory,
+        cores=args.cores,
+        gpus=args.gpus,
+        gpu_memory_gb=args.gpu_memory,
+        port_range=args.port_range,
+        cache=(args.cache or default_cache_dir()).expanduser().absolute(),
+        address=args.address,
+        heartbeat_interval=args.heartbeat_interval,
+        ready_timeout=args.ready_timeout,
+        stop_engines_on_exit=args.stop_engines_on_exit,
+        engine=args.llama_server,
+        cache_max_gb=args.cache_max_gb,
+        engine_log_max_bytes=int(args.engine_log_max_mb * 1e6),
+    )
+
+
+def _token(args: argparse.Namespace) -> str:
+    if args.token is not None:
+        raise SystemExit(
+            "llmgw node: --token is not taken: a command line is visible to every user of the "
+            "machine (ps). Put the token in LLMGW_NODE_TOKEN or in a file named by --token-file."
+        )
+    if args.token_file is not None:
+        try:
+            token = args.token_file.read_text().strip()
+        except OSError as exc:
+            raise SystemExit(
+                f"llmgw node: cannot read the token file {args.token_file}: {exc.strerror or exc}."
+            ) from None
+        if not token:
+            raise SystemExit(f"llmgw node: the token file {args.token_file} is empty.")
+        return token
+    token = os.environ.get("LLMGW_NODE_TOKEN", "").strip()
+    if not token:
+        raise SystemExit(
+            "llmgw node: give this node's token in LLMGW_NODE_TOKEN or in a file named by "
+            "--token-file; the control plane gives one when the node is registered."
+        )
+    return token
+
+
+@contextlib.contextmanager
+def _logging_to_stderr() -> Iterator[None]:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s llmgw node: %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)

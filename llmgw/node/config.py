@@ -1,0 +1,38 @@
+"""The node agent's settings, and their defaults."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_PORT_RANGE = (41000, 41999)
+DEFAULT_HEARTBEAT_SECONDS = 2.0
+DEFAULT_READY_TIMEOUT_SECONDS = 120.0
+DEFAULT_ENGINE_LOG_MAX_BYTES = 10 * 1000 * 1000
+
+
+@dataclass
+class NodeConfig:
+    server: str
+    token: str
+    memory_gb: float
+    cores: int
+    gpus: int = 0
+    gpu_memory_gb: float = 0
+    port_range: tuple[int, int] = DEFAULT_PORT_RANGE
+    cache: Path = field(default_factory=lambda: default_cache_dir())
+    address: str = "127.0.0.1"
+    heartbeat_interval: float = DEFAULT_HEARTBEAT_SECONDS
+    ready_timeout: float = DEFAULT_READY_TIMEOUT_SECONDS
+    stop_engines_on_exit: bool = False
+    engine: str | None = None  # llama-server's path; None: engine.find_engine()
+    cache_max_gb: float | None = None  # None: the blob cache is not bounded
+    engine_log_max_bytes: int = DEFAULT_ENGINE_LOG_MAX_BYTES
+
+
+def default_cache_dir() -> Path:
+    # Absolute, so that an agent restarted from another directory still finds (and adopts)
+    # the engines the earlier one left running.
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "llmgw" / "node"

@@ -1,0 +1,475 @@
+"""One replica: its worker thread, its engine, and what the heartbeat reports of it.
+
+A new replica's worker fetches, checks, starts and then watches its engine; an adopted
+one (an engine an earlier agent left running) is checked and watched. A failure is the
+replica's, with the reason: the agent and the other replicas go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from llmgw import engine
+from llmgw.ggufheader import (
+    GGUFError,
+    adapter_problems,
+    estimate_memory_bytes,
+    read_header_from_file,
+)
+
+from .cache import POLL_SECONDS, BlobCache, Cancelled, FetchFailed, write_json
+from .config import NodeConfig
+from .spec import AdapterSpec, ReplicaSpec
+
+log = logging.getLogger("llmgw.node")
+
+DEFAULT_CONTEXT_LENGTH = 2048
+WATCH_SECONDS = 0.5  # how often a worker looks at its engine once it is ready
+# A ready engine is probed every second; three probes in a row without an answer within a
+# second fail the replica: a hung engine is reported within about 6 s (and withdrawn from
+# routing with that report), while a busy one still answers /health in about a millisecond.
+HEALTH_INTERVAL_SECONDS = 1.0
+HEALTH_TIMEOUT_SECONDS = 1.0
+HEALTH_MISSES = 3
+METRICS_INTERVAL_SECONDS = 5.0
+
+
+class ReplicaFailed(Exception):
+    """Raised inside a worker to fail its replica with this message."""
+
+
+class Host(Protocol):
+    """What a replica asks of the agent that runs it."""
+
+    config: NodeConfig
+    cache: BlobCache
+    replicas_dir: Path
+    wake: threading.Event  # set to heartbeat now: a state changed
+    exiting: threading.Event  # set when the agent exits: start no engine any more
+
+    def allocate_port(self, replica: Replica) -> int | None: ...
+
+    def evict(self) -> None: ...
+
+
+class Replica:
+    """One wanted replica: its worker thread, its engine, and what the heartbeat reports."""
+
+    def __init__(self, agent: Host, spec: ReplicaSpec) -> None:
+        self.agent = agent
+        self.spec = spec
+        self.folder = agent.replicas_dir / spec.id
+        self.lock = threading.Lock()
+        self.stop_requested = threading.Event()
+        self.state = "fetching"
+        self.message = "waiting to fetch"
+        self.progress: dict[str, int | None] | None = None
+        self.port: int | None = None
+        self.sha256: str | None = None  # known once the weights are fetched and verified
+        self.host = agent.config.address  # where the engine listens (an adopted one: as recorded)
+        self.pid: int | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+        self.command: list[str] | None = None
+        self.started_at: str | None = None
+        self.thread: threading.Thread | None = None
+        self.engine_metrics: dict[str, float] | None = None  # the engine's /metrics, if read
+        self._metrics_read: tuple[float, dict[str, float]] | None = None
+
+    @property
+    def label(self) -> str:
+        return f"replica {self.spec.id} ({self.spec.model})"
+
+    def report(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "id": self.spec.id,
+                "state": self.state,
+                "port": self.port,
+                "message": self.message,
+                "progress": dict(self.progress) if self.progress is not None else None,
+                "sha256": self.sha256,
+                "slots": self.spec.slots,
+                "engine": dict(self.engine_metrics) if self.engine_metrics else None,
+            }
+
+    def start(self, work: Callable[[], None]) -> None:
+        self.thread = threading.Thread(
+            target=self._guarded, args=(work,), name=f"replica-{self.spec.id}", daemon=True
+        )
+        self.thread.start()
+
+    def _guarded(self, work: Callable[[], None]) -> None:
+        try:
+            work()
+        except Cancelled:
+            pass
+        except (ReplicaFailed, FetchFailed) as exc:
+            self._fail(str(exc))
+        except Exception as exc:
+            # A bug must fail this replica, not kill the agent or leave it "starting" forever.
+            log.exception("%s: unexpected error", self.label)
+            self._kill_engine()
+            self._fail(f"the agent hit an unexpected error: {exc!r}; see the agent's log")
+
+    # -- state changes --------------------------------------------------------------------------
+
+    def _set(self, state: str, message: str) -> None:
+        with self.lock:
+            if self.stop_requested.is_set():
+                return
+            changed = state != self.state
+            self.state, self.message, self.progress = state, message, None
+        if changed:
+            log.info("%s: %s: %s", self.label, state, message)
+            # A state change is worth telling the control plane now, not at the next beat.
+            self.agent.wake.set()
+
+    def _on_progress(self, message: str, done: int, total: int | None) -> None:
+        with self.lock:
+            if not self.stop_requested.is_set():
+                self.message, self.progress = message, {"done": done, "total": total}
+
+    def _fail(self, message: str) -> None:
+        with self.lock:
+            if self.stop_requested.is_set():
+                return
+            self.state, self.message, self.progress = "failed", message, None
+            self.pid, self.process = None, None
+            self._persist_locked()
+        log.warning("%s: failed: %s", self.label, message)
+        self.agent.wake.set()
+
+    def _persist_locked(self) -> None:
+        """Write state.json (caller holds self.lock). Never after a stop: the folder is gone."""
+        if self.stop_requested.is_set():
+            return
+        write_json(
+            self.folder / "state.json",
+            {
+                "id": self.spec.id,
+                "spec": self.spec.to_json(),
+                "state": "failed" if self.state == "failed" else "running",
+                "message": self.message if self.state == "failed" else None,
+                "pid": self.pid,
+                "host": self.host,
+                "port": self.port,
+                "command": self.command,
+                "sha256": self.sha256,
+                "started_at": self.started_at,
+                "agent_pid": os.getpid(),
+            },
+        )
+
+    # -- the worker for a new replica -----------------------------------------------------------
+
+    def run_new(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        weights, adapters = self._fetch_all()
+        self.agent.evict()
+        self._check_adapters(weights, adapters)
+        self._start_engine(weights, adapters)
+        self._wait_until_ready(adopted=False)
+        self._watch()
+
+    def _fetch_all(self) -> tuple[Path, list[tuple[AdapterSpec, Path]]]:
+        spec, cache = self.spec, self.agent.cache
+        weights, sha256 = cache.fetch(
+            spec.source,
+            spec.sha256,
+            label="weights",
+            progress=self._on_progress,
+            cancelled=self.stop_requested,
+        )
+        with self.lock:
+            self.sha256 = sha256
+        adapters = []
+        for adapter in spec.adapters:
+            path, _ = cache.fetch(
+                adapter.source,
+                adapter.sha256,
+                label=f"adapter {adapter.name}",
+                progress=self._on_progress,
+                cancelled=self.stop_requested,
+            )
+            adapters.append((adapter, path))
+        return weights, adapters
+
+    def _check_adapters(self, weights: Path, adapters: list[tuple[AdapterSpec, Path]]) -> None:
+        """Refuse adapters llama.cpp would crash on, before any engine loads them."""
+        if not adapters:
+            return
+        self._set("fetching", "checking the adapters against the model")
+        names = [self.spec.model] + [adapter.name for adapter, _ in adapters]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ReplicaFailed(
+                f"the name {duplicates[0]} is used twice (model and adapter names must differ, "
+                "since each is asked for as a model); no engine was started"
+            )
+        try:
+            model = read_header_from_file(weights, require_tensors=True)
+        except GGUFError as exc:
+            raise ReplicaFailed(
+                f"the weights from {self.spec.source} cannot be read as a GGUF model, so its "
+                f"adapters cannot be checked: {exc} No engine was started."
+            ) from None
+        if model.architecture is None:
+            raise ReplicaFailed(
+                f"the weights from {self.spec.source} do not say their architecture "
+                "(general.architecture is missing), so its adapters cannot be checked; "
+                "no engine was started"
+            )
+        reasons = []
+        for adapter, path in adapters:
+            try:
+                header = read_header_from_file(path, require_tensors=True)
+            except GGUFError as exc:
+                reasons.append(f"the adapter {adapter.name} ({adapter.source}): {exc}")
+                continue
+            problems = adapter_problems(header, model.architecture, model=model)
+            if problems:
+                reasons.append(
+                    f"the adapter {adapter.name} ({adapter.source}) cannot be used with "
+                    f"{self.spec.model}: " + "; ".join(problems)
+                )
+        if reasons:
+            raise ReplicaFailed("; ".join(reasons) + ". No engine was started.")
+
+    def _sizes(self, weights: Path) -> tuple[int, int]:
+        """The context per request, and the MiB of the engine's prompt cache: one slot's KV
+        cache, as the control plane's memory estimate counts it (its default, 8 GiB, would
+        overrun any reservation)."""
+        # If the header is unreadable the engine will say why in its own words, which is the
+        # more useful message.
+        try:
+            header = read_header_from_file(weights, require_tensors=False)
+        except GGUFError:
+            header = None
+        trained = header.context_length if header is not None else None
+        if self.spec.context_length:
+            context = self.spec.context_length
+        else:
+            # Not more than the model was trained for.
+            context = min(DEFAULT_CONTEXT_LENGTH, trained) if trained else DEFAULT_CONTEXT_LENGTH
+        try:
+            assert header is not None
+            one_slot = estimate_memory_bytes(
+                header, file_size=0, context_length=context
+            ).prompt_cache_bytes
+        except (AssertionError, GGUFError):
+            return context, 0
+        return context, max(1, -(-one_slot // (1 << 20)))
+
+    def _start_engine(self, weights: Path, adapters: list[tuple[AdapterSpec, Path]]) -> None:
+        port = self.agent.allocate_port(self)
+        if port is None:
+            low, high = self.agent.config.port_range
+            raise ReplicaFailed(
+                f"no port in {low}-{high} is free on {self.agent.config.address} for the engine; "
+                "widen --port-range or stop what uses those ports"
+            )
+        executable = self.agent.config.engine or engine.find_engine()
+        if executable is None:
+            raise ReplicaFailed(
+                "llama-server is not installed on this node: run `make setup` (it builds it), "
+                f"or give its path with --llama-server or {engine.ENGINE_ENV}"
+            )
+        context, prompt_cache_mib = self._sizes(weights)
+        settings = engine.EngineSettings(
+            model_path=str(weights),
+            model_alias=self.spec.model,
+            host=self.host,
+            port=port,
+            context_length=context,
+            prompt_cache_mib=prompt_cache_mib,
+            slots=self.spec.slots,
+            threads=self.spec.threads,
+            adapters=tuple(engine.AdapterEntry(a.name, str(path), a.scale) for a, path in adapters),
+        )
+        try:
+            command = engine.engine_command(settings, executable)
+        except engine.BadAdapterPath as exc:
+            raise ReplicaFailed(f"{exc}; no engine was started") from None
+        with self.lock:
+            # Checked under the lock that stop() and the agent's exit take, so an engine is
+            # never started after either has looked for one to stop (it would be an orphan).
+            if self.stop_requested.is_set() or self.agent.exiting.is_set():
+                raise Cancelled
+            self.process = engine.start_engine(command, self.folder / "engine.log")
+            self.pid = self.process.pid
+            self.command = command
+            self.started_at = now_iso()
+            self._persist_locked()
+        self._set("starting", f"starting the engine (pid {self.pid}) on port {port}")
+
+    # -- the worker for an adopted engine -------------------------------------------------------
+
+    def run_adopted(self) -> None:
+        self._wait_until_ready(adopted=True)
+        self._watch()
+
+    # -- readiness and watching -----------------------------------------------------------------
+
+    def _exit_text(self) -> str | None:
+        """How the engine ended, or None while it runs."""
+        with self.lock:
+            process, pid = self.process, self.pid
+        if process is not None:
+            code = process.poll()
+            if code is None:
+                return None
+            if code < 0:
+                name = signal.Signals(-code).name if -code in signal.valid_signals() else "?"
+                return f"the engine was killed by signal {-code} ({name})"
+            return f"the engine exited with code {code}"
+        if pid is not None and engine.process_alive(pid):
+            return None
+        return "the engine exited (its exit code is unknown: an earlier agent started it)"
+
+    def _fail_exited(self, how: str) -> None:
+        output = engine.last_output(self.folder / "engine.log")
+        self._fail(f"{how}; its last output:\n{output}")
+
+    def _wait_until_ready(self, *, adopted: bool) -> None:
+        timeout = self.agent.config.ready_timeout
+        deadline = time.monotonic() + timeout
+        host = self.host
+        assert self.port is not None
+        while True:
+            if self.stop_requested.is_set():
+                raise Cancelled
+            how = self._exit_text()
+            if how is not None:
+                self._fail_exited(how)
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._kill_engine()
+                output = engine.last_output(self.folder / "engine.log")
+                self._fail(
+                    f"the engine did not become ready within {timeout:g} s; "
+                    f"its last output:\n{output}"
+                )
+                return
+            try:
+                engine.check_ready(
+                    host,
+                    self.port,
+                    self.spec.model,
+                    self._adapter_entries(),
+                    timeout=max(1.0, remaining),
+                )
+            except engine.NotReady:
+                self.stop_requested.wait(POLL_SECONDS)
+                continue
+            break
+        self._set("ready", self._ready_text(adopted))
+
+    def _adapter_entries(self) -> tuple[engine.AdapterEntry, ...]:
+        # In the order the engine was given them: a request names an adapter by its index.
+        return tuple(engine.AdapterEntry(a.name, "", a.scale) for a in self.spec.adapters)
+
+    def _ready_text(self, adopted: bool) -> str:
+        text = f"ready on port {self.port}"
+        if self.spec.slots > 1:
+            text += f", {self.spec.slots} slots"
+        if self.spec.adapters:
+            names = ", ".join(f"{a.name} (scale {a.scale:g})" for a in self.spec.adapters)
+            text += f", serving {self.spec.model} and its adapters {names}"
+        if adopted:
+            text += f" (engine pid {self.pid}, adopted from an earlier agent)"
+        return text
+
+    def _watch(self) -> None:
+        """Until the replica is stopped: fail it when its engine exits or stops answering
+        /health (hung, stopped, deadlocked), and read its metrics for the heartbeat."""
+        if self.state != "ready":
+            return
+        misses: list[str] = []
+        next_probe = next_metrics = time.monotonic()
+        while not self.stop_requested.wait(WATCH_SECONDS):
+            how = self._exit_text()
+            if how is not None:
+                self._fail_exited(how)
+                return
+            now = time.monotonic()
+            if now >= next_probe:
+                next_probe = now + HEALTH_INTERVAL_SECONDS
+                assert self.port is not None
+                problem = engine.health(self.host, self.port, timeout=HEALTH_TIMEOUT_SECONDS)
+                misses = [*misses, problem] if problem is not None else []
+                if len(misses) >= HEALTH_MISSES:
+                    self._fail_hung(misses)
+                    return
+            if now >= next_metrics and not misses:
+                next_metrics = now + METRICS_INTERVAL_SECONDS
+                self._read_metrics()
+                if engine.rotate_log(
+                    self.folder / "engine.log", self.agent.config.engine_log_max_bytes
+                ):
+                    log.info(
+                        "%s: rotated its engine log (engine.log.1 is the one before)", self.label
+                    )
+
+    def _fail_hung(self, misses: list[str]) -> None:
+        """The engine runs but does not answer: kill it (a stopped process never handles a
+        SIGTERM) so that its memory and port come back, and say why."""
+        with self.lock:
+            pid = self.pid
+        self._kill_engine(grace=0)
+        self._fail(
+            f"the engine (pid {pid}) stopped answering /health: {len(misses)} probes in a row "
+            f"failed ({misses[-1]}), so it is hung, stopped or deadlocked; it was killed"
+        )
+
+    def _read_metrics(self) -> None:
+        assert self.port is not None
+        numbers = engine.read_metrics(self.host, self.port, timeout=HEALTH_TIMEOUT_SECONDS)
+        if numbers is None:
+            return
+        now = time.monotonic()
+        with self.lock:
+            before, self._metrics_read = self._metrics_read, (now, numbers)
+        report = {**numbers, "slots": float(self.spec.slots)}
+        if before is not None and "predicted_tokens" in numbers:
+            seconds = now - before[0]
+            made = numbers["predicted_tokens"] - before[1].get("predicted_tokens", 0)
+            report["tokens_per_second"] = round(max(made, 0) / seconds, 2) if seconds > 0 else 0
+        with self.lock:
+            self.engine_metrics = report
+
+    def _kill_engine(self, grace: float = engine.STOP_GRACE_SECONDS) -> None:
+        with self.lock:
+            pid, process = self.pid, self.process
+        if pid is not None:
+            engine.stop_process_group(pid, child=process, grace=grace)
+
+    # -- stopping -------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop the engine (SIGTERM, then SIGKILL after 10 s) and remove the replica's folder;
+        the blobs stay in the cache."""
+        with self.lock:
+            self.stop_requested.set()
+            pid, process = self.pid, self.process
+        if pid is not None:
+            log.info("%s: stopping its engine (pid %s)", self.label, pid)
+            engine.stop_process_group(pid, child=process)
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join(timeout=30)
+        shutil.rmtree(self.folder, ignore_errors=True)
+        log.info("%s: stopped and removed", self.label)
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
