@@ -101,7 +101,7 @@ def main() -> None:
                 "manage.py",
                 "shell",
                 "-c",
-                f"from catalog.mirror import run_fetch; run_fetch({fetch['id']})",
+                f"from registry.fetches import run_fetch; run_fetch({fetch['id']})",
             ],
             env=system.env,
         )

@@ -35,8 +35,8 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from catalog.config import current_config
     from catalog.models import Model
-    from catalog.registry import Registry
-    from catalog.updates import check_updates
+    from registry.hub import Registry
+    from registry.updates import check_updates
     from tests.support.registry import LocalRegistry
 
     folder = Path(tempfile.mkdtemp(prefix="llmgw-bench-registry-"))

@@ -228,11 +228,12 @@ class ModelsAPI(APIView):
     @extend_schema(summary="List the models", responses=answers({200: ModelOut(many=True)}))
     def get(self, request: Request) -> Response:
         from fleet.selectors import model_status
+        from registry import selectors as registry_selectors
 
         config = current_config()
         models = list(selectors.model_queryset())
         status = model_status(models)
-        rollouts = selectors.latest_rollouts(models)
+        rollouts = registry_selectors.latest_rollouts(models)
         views = [selectors.model_view(m, config, status[m.pk], rollouts.get(m.pk)) for m in models]
         return Response(out(ModelOut, views, many=True))
 

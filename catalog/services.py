@@ -217,7 +217,7 @@ def model_add(*, actor: Actor, definition: dict[str, Any], source_check: bool = 
         refuse_if_invalid(catalog, [definition["name"]])
         model = Model(name=definition["name"], owner=owner, declared=False, source_size=source_size)
         apply_definition(model, definition)
-        from .mirror import origin_for_source
+        from registry.mirror import origin_for_source
 
         model.origin = origin_for_source(model.source)
         model.save()

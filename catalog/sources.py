@@ -17,7 +17,7 @@ from django.conf import settings
 
 from .config import current_config
 from .errors import CatalogError
-from .mirror_files import ControlPlaneAuth
+from .mirror_credential import ControlPlaneAuth
 from .outbound import MAX_REDIRECTS, HostPolicy, URLRefused, guarded_session
 
 ANYWAY = (

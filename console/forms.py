@@ -330,7 +330,7 @@ class ServeForm(ConsoleForm):
     )
 
     def clean(self) -> dict[str, Any]:
-        from catalog.updates_api import ServeInput
+        from registry.api import ServeInput
 
         data = super().clean() or {}
         if self.errors:

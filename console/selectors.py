@@ -21,9 +21,11 @@ from django.utils import timezone
 from catalog import selectors as catalog_selectors
 from catalog.config import current_config
 from catalog.durations import format_duration
-from catalog.models import CLASS_CHOICES, AuditEntry, Fetch, MirrorFile, Model, Rollout
+from catalog.models import CLASS_CHOICES, AuditEntry, Model
 from fleet.models import Replica
 from fleet.reconciler import desired_count
+from registry import selectors as registry_selectors
+from registry.models import Fetch, MirrorFile, Rollout
 
 MODELS_PER_PAGE = 50
 AUDIT_PER_PAGE = 50
@@ -273,10 +275,10 @@ def model_rows(models: list[Model], user: Any) -> list[ModelRow]:
         .values_list("model_id", "node__name", "state")
     ):
         placed[model_id][(node_name, replica_state)] += 1
-    rollouts = catalog_selectors.latest_rollouts(models)
+    rollouts = registry_selectors.latest_rollouts(models)
     fetching = [r.fetch_id for r in rollouts.values() if r.state == Rollout.FETCHING and r.fetch_id]
     fetches = {
-        fetch.pk: catalog_selectors.fetch_view(fetch)
+        fetch.pk: registry_selectors.fetch_view(fetch)
         for fetch in (Fetch.objects.filter(pk__in=fetching) if fetching else [])
     }
     rows = []
@@ -324,7 +326,7 @@ MODEL_ADD_GRACE_SECONDS = 60
 
 def fetch_progress(fetch: Fetch) -> dict[str, Any]:
     """A fetch as its progress card shows it (fetch_view), and whether the card asks again."""
-    view = catalog_selectors.fetch_view(fetch)
+    view = registry_selectors.fetch_view(fetch)
     waiting_for_model = (
         view["state"] == Fetch.DONE
         and bool(view["model"])
@@ -393,7 +395,7 @@ def registry_details(model: Model) -> dict[str, Any]:
             "short": short(before.get("commit")),
             "files": _file_rows(before.get("files", [])),
         }
-    update = catalog_selectors.update_view(model)
+    update = registry_selectors.update_view(model)
     if update["new_commit"]:
         files = update["files"]
         details["update"] = {

@@ -19,7 +19,7 @@ from django.http import HttpRequest, HttpResponse
 
 from accounts.services import token_user
 from catalog.auth import credential_of
-from catalog.mirror_files import is_control_plane_token
+from catalog.mirror_credential import is_control_plane_token
 from fleet.services import authenticate_node
 
 

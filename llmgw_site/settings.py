@@ -75,6 +75,7 @@ INSTALLED_APPS = [
     "accounts",
     "catalog",
     "fleet",
+    "registry",
     "gateway",
     "console",
 ]
@@ -243,9 +244,9 @@ CELERY_BEAT_SCHEDULE = {
     },
     # Rollouts read their state from the database, so a pass every few seconds
     # also resumes one that a restart interrupted.
-    "advance-rollouts": {"task": "catalog.tasks.advance_rollouts", "schedule": 2.0},
+    "advance-rollouts": {"task": "registry.tasks.advance_rollouts", "schedule": 2.0},
     "check-updates": {
-        "task": "catalog.tasks.check_updates",
+        "task": "registry.tasks.check_updates",
         "schedule": _schedule_seconds("mirror", "update_check", 6 * 3600),
     },
     # Minutes of traffic older than a day become hours; older than a week, nothing.

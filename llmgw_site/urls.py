@@ -2,7 +2,8 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from catalog import api_errors, mirror_files
+from catalog import api_errors
+from registry import mirror_files
 
 from .access import mirror_access
 
@@ -12,6 +13,7 @@ urlpatterns = [
     path("api/v1/docs", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/", include("fleet.urls")),
     path("api/v1/", include("catalog.urls")),
+    path("api/v1/", include("registry.urls")),
     path("", include("gateway.urls")),
     # Everything else under /api/v1/ answers in the API's JSON shape, not an HTML page.
     re_path(r"^api/v1/", api_errors.no_such_endpoint),

@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 
-from catalog.models import Fetch, Model
+from catalog.models import Model
 from llmgw.cli import main
 from llmgw.client import CtlError
 from llmgw.ctl import updates
 from llmgw.tinygguf import write_tiny_model
+from registry.models import Fetch
 from tests.support.registry import LocalRegistry, available
 
 REPO = "acme/tiny-chat"

@@ -134,7 +134,7 @@ def test_a_failed_task_is_logged_with_its_traceback_on_one_line(
     queue = (
         "import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'llmgw_site.settings'); "
         "django.setup(); from llmgw_site.celery import app; "
-        "app.send_task('catalog.tasks.run_fetch', args=['not-a-number'])"
+        "app.send_task('registry.tasks.run_fetch', args=['not-a-number'])"
     )
     subprocess.run([sys.executable, "-c", queue], env=env, cwd=ROOT, check=True, timeout=60)
     log = tmp_path / "worker.log"
@@ -147,6 +147,6 @@ def test_a_failed_task_is_logged_with_its_traceback_on_one_line(
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=30)
     [line] = [line for line in log.read_text().splitlines() if "celery.app.trace" in line]
-    assert " ERROR celery.app.trace: Task catalog.tasks.run_fetch[" in line
+    assert " ERROR celery.app.trace: Task registry.tasks.run_fetch[" in line
     assert 'traceback="Traceback (most recent call last):\\n' in line
     assert "expected a number but got 'not-a-number'" in line

@@ -15,13 +15,14 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from catalog import services, updates
+from catalog import services
 from catalog.config import current_config
 from catalog.definitions import clean_definition
 from catalog.errors import CatalogError, Problem
 from catalog.yamltext import YAMLSyntaxError, line_for, load_with_lines
 from console import forms
 from console import selectors as console_selectors
+from registry import updates
 
 from .pages import HtmxHttpRequest, actor, login_required, render_page, wants_partial
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from django.http import Http404, HttpResponse
 from django.views.decorators.http import require_GET
 
-from catalog.models import Fetch
 from console import selectors as console_selectors
+from registry.models import Fetch
 
 from .pages import HtmxHttpRequest, login_required, render_page
 

@@ -12,13 +12,13 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from catalog import updates
 from catalog.config import current_config
 from catalog.durations import format_duration
 from catalog.errors import CatalogError, forbidden
 from catalog.models import Model
 from catalog.services import Actor
 from console import selectors as console_selectors
+from registry import rollouts, updates
 
 from .model import model_context
 from .pages import HtmxHttpRequest, actor, get_model, login_required, render_partials, wants_partial
@@ -73,7 +73,7 @@ def _registry_answer(
 
 def _registry_action(request: HtmxHttpRequest, name: str, what: str) -> HttpResponse:
     model = get_model(name)
-    start = updates.start_update if what == "update" else updates.start_rollback
+    start = rollouts.start_update if what == "update" else rollouts.start_rollback
     try:
         rollout = start(actor=actor(request), name=model.name)
     except CatalogError as error:

@@ -94,7 +94,7 @@ def test_it_serves_people_with_a_token_or_a_session(
 def test_the_control_plane_sends_its_credential_to_its_own_mirror_only(settings: Any) -> None:
     import requests
 
-    from catalog.mirror_files import ControlPlaneAuth, is_control_plane_token
+    from catalog.mirror_credential import ControlPlaneAuth, is_control_plane_token
 
     settings.LLMGW_PUBLIC_URL = "http://127.0.0.1:8000"
     own = requests.Request("GET", "http://127.0.0.1:8000/mirror/a/b/c/w.gguf").prepare()

@@ -14,12 +14,13 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from catalog import mirror
 from catalog.config import ConfigError, load_config, parse_config
-from catalog.models import AuditEntry, Fetch, Model
+from catalog.models import AuditEntry, Model
 from catalog.outbound import AllowedHost, HostPolicy, URLRefused, parse_target
-from catalog.registry import Registry, RegistryError
 from llmgw.tinygguf import write_lora_adapter, write_tiny_model
+from registry import fetches
+from registry.hub import Registry, RegistryError
+from registry.models import Fetch
 from tests.factories import definition
 from tests.support.http_files import ServerStats, serve_directory
 from tests.support.redirects import serve_redirects
@@ -153,7 +154,7 @@ def test_a_mirror_fetch_does_not_follow_a_redirect_to_a_host_not_allowed(
         files=[{"path": "tiny.gguf", "size": 10, "sha256": "a" * 64}],
         bytes_total=10,
     )
-    mirror.run_fetch(fetch.pk)
+    fetches.run_fetch(fetch.pk)
     fetch.refresh_from_db()
     assert fetch.state == Fetch.FAILED
     assert fetch.message.startswith("the download of tiny.gguf was refused: ")
@@ -268,9 +269,9 @@ def test_a_registry_that_never_answers_is_given_up_on(
 
     from huggingface_hub.utils import _http as hf_http
 
-    from catalog import registry
+    from registry import hub
 
-    monkeypatch.setattr(registry, "TIMEOUT_SECONDS", 1.0)
+    monkeypatch.setattr(hub, "TIMEOUT_SECONDS", 1.0)
     hf_http.close_session()  # the next call makes the client again, with the short timeout
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))

@@ -103,7 +103,7 @@ def test_node_addresses_are_shown_to_staff_only(api: Any) -> None:
 def test_the_update_check_asks_only_about_the_askers_own_models(
     api: Any, users: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from catalog import updates
+    from registry import updates
 
     asked: list[str] = []
 

@@ -54,9 +54,9 @@ def change_form(model: Model, **overrides: Any) -> dict[str, Any]:
     [
         "catalog/model",
         "catalog/auditentry",
-        "catalog/rollout",
-        "catalog/fetch",
-        "catalog/mirrorfile",
+        "registry/rollout",
+        "registry/fetch",
+        "registry/mirrorfile",
         "catalog/catalogversion",
         "fleet/node",
         "fleet/replica",

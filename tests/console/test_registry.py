@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from catalog import mirror
-from catalog.models import AuditEntry, Fetch, MirrorFile, Model, Rollout
-from catalog.updates import advance_rollouts
+from catalog.models import AuditEntry, Model
 from llmgw.tinygguf import write_tiny_model
+from registry import fetches
+from registry.models import Fetch, MirrorFile, Rollout
+from registry.rollouts import advance_rollouts
 from tests.console.pages import HTMX, row_of, text_of
 from tests.support.registry import LocalRegistry, available
 
@@ -483,7 +484,7 @@ def test_serving_creates_a_fetch_and_follows_it_until_the_model_is_in(
     )
     assert fetch.serve_definition["profiles"][0]["memory_gb"] == 1
 
-    mirror.run_fetch(fetch.pk)  # what the worker does
+    fetches.run_fetch(fetch.pk)  # what the worker does
     html, text = progress(client, fetch)
     assert "tiny-chat-q4 was added; the fleet places its replicas next." in text
     assert 'href="/models/tiny-chat-q4/"' in html and "hx-get" not in html
@@ -540,7 +541,7 @@ def test_check_now_finds_new_weights_and_the_update_goes_through(
 ) -> None:
     client = client_for("alice")
     client.post("/add/serve", {"repo": registry["repo"], "memory_gb": "1"}, headers=HTMX)
-    mirror.run_fetch(Fetch.objects.get().pk)
+    fetches.run_fetch(Fetch.objects.get().pk)
     old = registry["commit"]
 
     response = client.post("/models/tiny-chat-q4/check", headers=HTMX)
@@ -559,7 +560,7 @@ def test_check_now_finds_new_weights_and_the_update_goes_through(
     assert f"update available: {old[:7]} → {new[:7]}, 1 file, 501 kB" in row
 
     client.post("/models/tiny-chat-q4/update", headers=HTMX)
-    mirror.run_fetch(Fetch.objects.latest("pk").pk)  # it also advances the rollout to the swap
+    fetches.run_fetch(Fetch.objects.latest("pk").pk)  # it also advances the rollout to the swap
     advance_rollouts()
     text = text_of(client.get("/models/tiny-chat-q4/registry", headers=HTMX))
     assert f"commit {new[:7]} , fetched 0 minutes ago" in text

@@ -241,7 +241,7 @@ class Command(BaseCommand):
 
         from catalog.models import Model
         from catalog.services import Actor
-        from catalog.updates import serve_start
+        from registry.updates import serve_start
 
         existing = Model.objects.filter(name=demo.DEMO_MODEL).first()
         if existing is None:

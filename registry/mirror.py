@@ -22,15 +22,16 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from catalog.config import current_config
+from catalog.models import Model
+from catalog.outbound import URLRefused
 from llmgw.hashing import BackgroundHasher
 
-from .config import current_config
+from .hub import Registry
 from .mirror_files import mirror_url
-from .models import Fetch, MirrorFile, Model, Rollout
-from .outbound import URLRefused
-from .registry import Registry
+from .models import Fetch, MirrorFile, Rollout
 
-log = logging.getLogger("catalog.mirror")
+log = logging.getLogger("registry.mirror")
 
 CHUNK = 1024 * 1024
 # A running fetch whose worker has not reported for this long was interrupted
@@ -110,9 +111,11 @@ def claim_fetch(fetch_id: int) -> bool:
     return claimed == 1
 
 
-def run_fetch(fetch_id: int) -> None:
+def download(fetch_id: int) -> bool:
+    """Bring a fetch's files in (done) or give up on them (failed); False when another worker
+    holds the fetch or it is finished, so this one did nothing."""
     if not claim_fetch(fetch_id):
-        return
+        return False
     fetch = Fetch.objects.get(pk=fetch_id)
     try:
         _download_all(fetch)
@@ -121,8 +124,7 @@ def run_fetch(fetch_id: int) -> None:
             state=Fetch.FAILED, message=str(exc), finished_at=timezone.now()
         )
         log.warning("fetch %s failed: %s", fetch.pk, exc)
-        _after_fetch(fetch.pk)
-        return
+        return True
     Fetch.objects.filter(pk=fetch.pk).update(
         state=Fetch.DONE,
         bytes_done=fetch.bytes_total,
@@ -130,16 +132,7 @@ def run_fetch(fetch_id: int) -> None:
         finished_at=timezone.now(),
         heartbeat_at=timezone.now(),
     )
-    _after_fetch(fetch.pk)
-
-
-def _after_fetch(fetch_id: int) -> None:
-    from .updates import advance_rollouts, finish_serve
-
-    fetch = Fetch.objects.get(pk=fetch_id)
-    if fetch.serve_definition is not None:
-        finish_serve(fetch)
-    advance_rollouts()
+    return True
 
 
 def _download_all(fetch: Fetch) -> None:

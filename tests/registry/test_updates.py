@@ -9,18 +9,14 @@ from typing import Any
 
 import pytest
 
-from catalog import mirror
 from catalog.errors import CatalogError
-from catalog.models import AuditEntry, Fetch, MirrorFile, Model, Rollout
+from catalog.models import AuditEntry, Model
 from catalog.services import Actor, model_scale
-from catalog.updates import (
-    advance_rollouts,
-    check_updates,
-    serve_start,
-    start_rollback,
-    start_update,
-)
 from llmgw.tinygguf import write_tiny_model
+from registry import fetches, mirror
+from registry.models import Fetch, MirrorFile, Rollout
+from registry.rollouts import advance_rollouts, start_rollback, start_update
+from registry.updates import check_updates, serve_start
 from tests.support.registry import LocalRegistry, available
 
 pytestmark = [
@@ -60,7 +56,7 @@ def alice(users: dict[str, Any]) -> Actor:
 
 def serve(alice: Actor, **options: Any) -> Model:
     fetch = serve_start(actor=alice, repo=REPO, **options)
-    mirror.run_fetch(fetch.pk)
+    fetches.run_fetch(fetch.pk)
     fetch.refresh_from_db()
     assert fetch.state == Fetch.DONE, fetch.message
     return Model.objects.get(name=fetch.serve_definition["name"])
@@ -154,7 +150,7 @@ def test_update_fetches_beside_the_old_files_swaps_and_rollback_goes_back(
     check_updates()
     rollout = start_update(actor=alice, name=model.name)
     assert rollout.state == Rollout.FETCHING
-    mirror.run_fetch(rollout.fetch_id)
+    fetches.run_fetch(rollout.fetch_id)
     advance_rollouts()
     model.refresh_from_db()
     assert model.source.endswith(f"/{new_commit}/tiny-chat-q4.gguf")
@@ -189,7 +185,7 @@ def test_a_checksum_mismatch_refuses_the_update_and_changes_nothing(
     data[200] ^= 0xFF
     Path(obj).write_bytes(bytes(data))
     rollout = start_update(actor=alice, name=model.name)
-    mirror.run_fetch(rollout.fetch_id)
+    fetches.run_fetch(rollout.fetch_id)
     advance_rollouts()
     rollout.refresh_from_db()
     assert rollout.state == Rollout.FAILED
@@ -240,7 +236,7 @@ def test_an_interrupted_fetch_is_claimed_again(registry: LocalRegistry, alice: A
     Fetch.objects.filter(pk=fetch.pk).update(heartbeat_at=timezone.now() - timedelta(minutes=5))
     assert mirror.claim_fetch(fetch.pk)  # its worker died: taken over
     Fetch.objects.filter(pk=fetch.pk).update(heartbeat_at=timezone.now() - timedelta(minutes=5))
-    mirror.run_fetch(fetch.pk)
+    fetches.run_fetch(fetch.pk)
     assert Fetch.objects.get(pk=fetch.pk).state == Fetch.DONE
 
 
@@ -276,7 +272,7 @@ def test_the_mirror_keeps_what_models_and_their_previous_revisions_use(
         registry.commit(REPO, {"tiny-chat-q4.gguf": weights[seed]}, message=f"seed {seed}")
         check_updates()
         rollout = start_update(actor=alice, name=model.name)
-        mirror.run_fetch(rollout.fetch_id)
+        fetches.run_fetch(rollout.fetch_id)
         advance_rollouts()
         advance_rollouts()
         commits.append(Rollout.objects.get(pk=rollout.pk).to_commit)
@@ -301,7 +297,7 @@ def test_a_new_replica_that_keeps_failing_halts_the_update_and_rollback_works_fr
     registry.commit(REPO, {"tiny-chat-q4.gguf": weights[2]})
     check_updates()
     rollout = start_update(actor=alice, name=model.name)
-    mirror.run_fetch(rollout.fetch_id)
+    fetches.run_fetch(rollout.fetch_id)
     advance_rollouts()
     for _ in range(MAX_START_FAILURES):
         reconcile_pass()

@@ -2,63 +2,27 @@
 
 Files live at <mirror root>/<org>/<repo>/<commit>/<path>; the URL is /mirror/ + that path.
 Only GET and HEAD; a path outside the root is refused. Reading needs credentials
-(llmgw_site.access); the control plane's own reads carry `control_plane_auth()`.
+(llmgw_site.access); the control plane's own reads carry `catalog.mirror_credential`'s.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
 
-import requests
 from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.views.decorators.http import require_safe
 
-from .config import current_config
+from catalog.config import current_config
 
 CHUNK = 1024 * 1024
 _RANGE = re.compile(r"^bytes=([0-9]*)-([0-9]*)$", re.ASCII)
 # Positions past any file's size (a 2**63-byte file does not exist) are unsatisfiable; this
 # also keeps int() away from numbers thousands of digits long.
 _MAX_DIGITS = 19
-
-
-# -- the control plane's own reads ------------------------------------------------------------
-
-
-def _control_plane_token() -> str:
-    return hmac.new(
-        settings.SECRET_KEY.encode(), b"llmgw: the control plane reads its mirror", hashlib.sha256
-    ).hexdigest()
-
-
-def is_control_plane_token(secret: str) -> bool:
-    return hmac.compare_digest(secret.encode(), _control_plane_token().encode())
-
-
-class ControlPlaneAuth(requests.auth.AuthBase):
-    """Sends the control plane's mirror credential, to its own origin only: a source or a
-    redirect on another host never sees it."""
-
-    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
-        own = urlsplit(settings.LLMGW_PUBLIC_URL)
-        target = urlsplit(request.url or "")
-        if (target.scheme, target.netloc) == (own.scheme, own.netloc):
-            request.headers["Authorization"] = f"Bearer {_control_plane_token()}"
-        return request
-
-
-def control_plane_session() -> requests.Session:
-    """A session for the control plane's fetches that may reach its own mirror."""
-    session = requests.Session()
-    session.auth = ControlPlaneAuth()
-    return session
 
 
 # -- serving ----------------------------------------------------------------------------------

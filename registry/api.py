@@ -10,13 +10,15 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from . import updates
-from .api import RolloutOut, actor_of, answers, out, validated
-from .definitions import MAX_CORES, MAX_MEMORY_GB, MAX_REPLICAS, StrictSerializer
-from .errors import CatalogError
-from .models import Fetch, Model, Rollout
+from catalog.api import RolloutOut, actor_of, answers, out, validated
+from catalog.definitions import MAX_CORES, MAX_MEMORY_GB, MAX_REPLICAS, StrictSerializer
+from catalog.errors import CatalogError
+from catalog.models import Model
+from catalog.services import get_model
+
+from . import rollouts, updates
+from .models import Fetch, Rollout
 from .selectors import fetch_view, rollout_view, update_view
-from .services import get_model
 
 
 class ServeInput(StrictSerializer):
@@ -164,7 +166,7 @@ class UpdateAPI(APIView):
         responses=answers({202: RolloutOut}, 400, 403, 404, 409),
     )
     def post(self, request: Request, name: str) -> Response:
-        rollout = updates.start_update(actor=actor_of(request), name=name)
+        rollout = rollouts.start_update(actor=actor_of(request), name=name)
         return Response(out(RolloutOut, rollout_view(rollout)), status=status.HTTP_202_ACCEPTED)
 
 
@@ -175,7 +177,7 @@ class RollbackAPI(APIView):
         responses=answers({202: RolloutOut}, 400, 403, 404, 409),
     )
     def post(self, request: Request, name: str) -> Response:
-        rollout = updates.start_rollback(actor=actor_of(request), name=name)
+        rollout = rollouts.start_rollback(actor=actor_of(request), name=name)
         return Response(out(RolloutOut, rollout_view(rollout)), status=status.HTTP_202_ACCEPTED)
 
 

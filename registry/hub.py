@@ -16,8 +16,8 @@ import requests
 from huggingface_hub import HfApi, hf_hub_url
 from huggingface_hub.utils import _http as hf_http
 
-from .config import current_config
-from .outbound import HostPolicy, endpoint_hosts, guarded_session, httpx_request_hook
+from catalog.config import current_config
+from catalog.outbound import HostPolicy, endpoint_hosts, guarded_session, httpx_request_hook
 
 
 class RegistryError(Exception):

@@ -1,0 +1,300 @@
+"""Rollouts: move a model to newer registry weights (update) and back (rollback).
+
+A rollout is a row whose state a Celery beat task advances (fetching -> rolling
+-> done/failed/halted); every step is idempotent and reads its state from the
+database, so a worker, beat or web restart in the middle of an update resumes it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from catalog.config import current_config
+from catalog.errors import CatalogError, conflict
+from catalog.models import AuditEntry, Model
+from catalog.services import (
+    SYSTEM,
+    Actor,
+    announce,
+    get_model,
+    lock_catalog,
+    record_change,
+    refuse_if_declared,
+    require_change_rights,
+)
+from fleet.models import Replica
+from fleet.reconciler import desired_count
+from fleet.specs import current_keys
+
+from .mirror import STALE_SECONDS, clean_mirror, file_url, parse_mirror_url
+from .models import Fetch, Rollout
+from .queue import queue_now, queue_on_commit
+
+log = logging.getLogger("registry.rollouts")
+
+
+# -- update and rollback ----------------------------------------------------------
+
+
+def _refuse_if_rolling(model: Model) -> None:
+    active = Rollout.objects.filter(model=model, state__in=Rollout.ACTIVE).first()
+    if active is not None:
+        raise conflict(
+            f"An {active.kind} of {model.name} is already under way (asked by {active.actor_name}, "
+            f"{active.state}); wait for it, or follow it with `llmgw ctl model {active.kind} {model.name} --wait`.",
+            code="rollout_in_progress",
+        )
+
+
+def start_update(*, actor: Actor, name: str) -> Rollout:
+    """Fetch the newer files beside the old ones; the swap and the replacement follow by themselves."""
+    with transaction.atomic():
+        lock_catalog()
+        model = get_model(name)
+        require_change_rights(actor, model)
+        refuse_if_declared(
+            model, "an update made here would revert then (its source is in the file)"
+        )
+        _refuse_if_rolling(model)
+        if not model.origin:
+            raise CatalogError(
+                f"{model.name} was not served from the registry, so there is nothing to update it from. "
+                "Use `llmgw ctl model serve REPO` for a model that follows the registry.",
+                code="no_origin",
+            )
+        update = model.update_available
+        if not update:
+            raise CatalogError(
+                f"No newer weights are known for {model.name} (on {model.origin['commit'][:7]}). "
+                "Run `llmgw ctl model updates --check` to ask the registry now.",
+                code="no_update",
+            )
+        repo, new_commit = model.origin["repo"], update["commit"]
+        changed = {f["path"]: f for f in update["files"]}
+        files = [changed.get(f["path"], f) for f in model.origin["files"]]
+        in_mirror = parse_mirror_url(model.source)
+        weights_path = in_mirror[2] if in_mirror else files[0]["path"]
+        fetch = Fetch.objects.create(
+            repo=repo,
+            branch=model.origin.get("branch", "main"),
+            commit=new_commit,
+            files=files,
+            bytes_total=sum(f["size"] for f in files),
+            requested_by=actor.user,
+            door=actor.door,
+        )
+        rollout = Rollout.objects.create(
+            model=model,
+            kind="update",
+            state=Rollout.FETCHING,
+            from_commit=model.origin["commit"],
+            to_commit=new_commit,
+            from_source=model.source,
+            to_source=file_url(repo, new_commit, weights_path),
+            fetch=fetch,
+            step="fetching the new files into the mirror",
+            requested_by=actor.user,
+            actor_name=actor.name,
+            door=actor.door,
+        )
+        record_change(
+            actor,
+            model.name,
+            "update",
+            {"commit": model.origin["commit"]},
+            {"commit": new_commit},
+            note=f"update asked for: {model.origin['commit'][:7]} -> {new_commit[:7]}, fetching "
+            f"{len(changed)} changed file(s)",
+        )
+        queue_on_commit("registry.tasks.run_fetch", fetch.pk)
+    return rollout
+
+
+def start_rollback(*, actor: Actor, name: str) -> Rollout:
+    """Go back to the previous files (kept in the mirror); an update under way is stopped."""
+    with transaction.atomic():
+        lock_catalog()
+        model = get_model(name)
+        require_change_rights(actor, model)
+        refuse_if_declared(
+            model, "a rollback made here would revert then (its source is in the file)"
+        )
+        if not model.previous:
+            raise CatalogError(
+                f"{model.name} has no previous weights to go back to: it was never updated.",
+                code="no_previous",
+            )
+        for active in Rollout.objects.filter(model=model, state__in=Rollout.ACTIVE):
+            active.state, active.finished_at = Rollout.FAILED, timezone.now()
+            active.message = f"stopped by a rollback asked for by {actor.name}"
+            active.save(update_fields=["state", "finished_at", "message"])
+        current_commit = (model.origin or {}).get("commit", "")
+        target = model.previous
+        rollout = Rollout.objects.create(
+            model=model,
+            kind="rollback",
+            state=Rollout.ROLLING,
+            from_commit=current_commit,
+            to_commit=(target.get("origin") or {}).get("commit", ""),
+            from_source=model.source,
+            to_source=target["source"],
+            step="replacing replicas",
+            requested_by=actor.user,
+            actor_name=actor.name,
+            door=actor.door,
+        )
+        _swap(model, target["source"], target.get("sha256", ""), target.get("origin"))
+        record_change(
+            actor,
+            model.name,
+            "rollback",
+            {"commit": current_commit, "source": rollout.from_source},
+            {"commit": rollout.to_commit, "source": rollout.to_source},
+            note=f"rollback: {current_commit[:7]} -> {rollout.to_commit[:7]}",
+        )
+        announce(model.name)
+    return rollout
+
+
+def _swap(model: Model, source: str, sha256: str, origin: dict[str, Any] | None) -> None:
+    """Point the model at other files, keeping the current ones as what a rollback returns to."""
+    model.previous = {"source": model.source, "sha256": model.sha256, "origin": model.origin}
+    model.source, model.sha256, model.origin = source, sha256, origin
+    if (
+        origin
+        and model.update_available
+        and model.update_available.get("commit") == origin.get("commit")
+    ):
+        model.update_available = None
+    model.save(
+        update_fields=["previous", "source", "sha256", "origin", "update_available", "updated_at"]
+    )
+
+
+# -- advancing rollouts -----------------------------------------------------------
+
+
+def advance_rollouts() -> None:
+    """Move every rollout under way one step on; safe to run at any time, from any worker."""
+    for rollout in Rollout.objects.filter(state__in=Rollout.ACTIVE).select_related(
+        "model", "fetch"
+    ):
+        try:
+            if rollout.state == Rollout.FETCHING:
+                _advance_fetching(rollout)
+            elif rollout.state == Rollout.ROLLING:
+                _advance_rolling(rollout)
+        except Exception:  # one broken rollout must not stop the others
+            log.exception("could not advance rollout %s", rollout.pk)
+
+
+def _actor_of(rollout: Rollout) -> Actor:
+    if rollout.requested_by is not None:
+        return Actor.for_user(rollout.requested_by, rollout.door)
+    return SYSTEM
+
+
+def _advance_fetching(rollout: Rollout) -> None:
+    fetch = rollout.fetch
+    if fetch is None:
+        _finish(rollout, Rollout.FAILED, "the fetch of the new files disappeared")
+        return
+    if fetch.state == Fetch.FAILED:
+        _finish(rollout, Rollout.FAILED, f"refused, the model is unchanged: {fetch.message}")
+        return
+    if fetch.state != Fetch.DONE:
+        stale = (
+            fetch.heartbeat_at is None
+            or (timezone.now() - fetch.heartbeat_at).total_seconds() > STALE_SECONDS
+        )
+        if fetch.state == Fetch.QUEUED or stale:
+            queue_now("registry.tasks.run_fetch", fetch.pk)  # resumes an interrupted fetch
+        done = f"{fetch.bytes_done / 1e6:.1f} of {fetch.bytes_total / 1e6:.1f} MB"
+        Rollout.objects.filter(pk=rollout.pk).update(
+            step=f"fetching the new files into the mirror: {done}"
+        )
+        return
+    with transaction.atomic():
+        lock_catalog()
+        model = Model.objects.select_related("owner").get(pk=rollout.model_id)
+        if Rollout.objects.get(pk=rollout.pk).state != Rollout.FETCHING:
+            return  # another worker took this step
+        repo = fetch.repo
+        origin = {
+            "repo": repo,
+            "branch": fetch.branch,
+            "commit": fetch.commit,
+            "files": [
+                {"path": f["path"], "sha256": f["sha256"], "size": f["size"]} for f in fetch.files
+            ],
+        }
+        weights = next(
+            (f for f in fetch.files if rollout.to_source.endswith("/" + f["path"])), fetch.files[0]
+        )
+        _swap(model, rollout.to_source, weights.get("sha256") or "", origin)
+        rollout.state, rollout.step = Rollout.ROLLING, "replacing replicas"
+        rollout.save(update_fields=["state", "step"])
+        record_change(
+            _actor_of(rollout),
+            model.name,
+            "update-swap",
+            {"source": rollout.from_source},
+            {"source": rollout.to_source},
+            note=f"new files fetched and checked; replicas move to {fetch.commit[:7]} one at a time",
+        )
+        announce(model.name)
+
+
+def _advance_rolling(rollout: Rollout) -> None:
+    model = rollout.model
+    if model.rollout_halted:
+        _finish(
+            rollout,
+            Rollout.HALTED,
+            f"{model.rollout_halted}. The old replicas keep serving; a rollback goes back.",
+        )
+        return
+    keys = current_keys(model)
+    active = list(Replica.objects.filter(model=model, withdrawn_at__isnull=True))
+    fresh_ready = [
+        r for r in active if r.spec_key == keys.get(r.profile) and r.state == Replica.READY
+    ]
+    stale = [r for r in active if r.spec_key != keys.get(r.profile)]
+    desired = desired_count(model, timezone.now(), current_config().default_idle_timeout)
+    total = max(desired, len(fresh_ready))
+    if not stale and len(fresh_ready) >= desired:
+        Rollout.objects.filter(pk=rollout.pk).update(replaced=total, total=total)
+        rollout.replaced, rollout.total = total, total
+        _finish(
+            rollout, Rollout.DONE, f"every replica runs {rollout.to_commit[:7] or 'the new files'}"
+        )
+        return
+    waiting = [r for r in active if r.spec_key == keys.get(r.profile) and r.state != Replica.READY]
+    step = f"replaced {len(fresh_ready)} of {total}"
+    if waiting:
+        step += f"; a new replica is {waiting[0].state}"
+    Rollout.objects.filter(pk=rollout.pk).update(replaced=len(fresh_ready), total=total, step=step)
+
+
+def _finish(rollout: Rollout, state: str, message: str) -> None:
+    with transaction.atomic():
+        updated = Rollout.objects.filter(pk=rollout.pk, state__in=Rollout.ACTIVE).update(
+            state=state, message=message, step=message, finished_at=timezone.now()
+        )
+        if not updated:
+            return
+        AuditEntry.objects.create(
+            actor=None,
+            actor_name=SYSTEM.name,
+            door=SYSTEM.door,
+            model_name=rollout.model.name,
+            action=f"{rollout.kind}-{state}",
+            note=message,
+            changes={},
+        )
+    if state == Rollout.DONE:
+        clean_mirror()

@@ -1,0 +1,296 @@
+"""Serve a repository's weights, and notice newer ones (the update check).
+
+Moving a model to the newer weights, and back, is registry.rollouts.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from catalog.definitions import clean_definition
+from catalog.errors import CatalogError, conflict
+from catalog.models import Model
+from catalog.services import (
+    SYSTEM,
+    Actor,
+    catalog_snapshot,
+    lock_catalog,
+    model_add,
+    refuse_if_invalid,
+)
+
+from .hub import Registry, RegistryError, UnknownBranch, UnknownRepository, match_files
+from .mirror import file_url, origin_for_source
+from .models import Fetch
+from .queue import queue_on_commit
+
+log = logging.getLogger("registry.updates")
+
+
+# -- serve ------------------------------------------------------------------------
+
+
+def _default_name(path: str) -> str:
+    stem = path.rsplit("/", 1)[-1].removesuffix(".gguf").lower()
+    return re.sub(r"[^a-z0-9._:-]+", "-", stem).strip("-")[:100] or "model"
+
+
+def serve_start(
+    *,
+    actor: Actor,
+    repo: str,
+    pattern: str = "*.gguf",
+    branch: str = "main",
+    name: str | None = None,
+    memory_gb: float | None = None,
+    cores: float | None = None,
+    min_replicas: int = 1,
+    max_replicas: int | None = None,
+) -> Fetch:
+    """Start fetching one GGUF file of a repository into the mirror; the model is added when it is in."""
+    registry = Registry()
+    try:
+        commit = registry.branch_head(repo, branch)
+        matches = [
+            f
+            for f in match_files(registry.files(repo, commit), pattern)
+            if f.path.endswith(".gguf")
+        ]
+    except UnknownBranch as exc:
+        raise CatalogError(f"Cannot serve {repo}: {exc}.", code="unknown_branch") from None
+    except UnknownRepository as exc:
+        raise CatalogError(
+            f"Cannot serve {repo}: {exc}. Check the name (ORG/NAME, as on the registry).",
+            code="unknown_repository",
+            status=404,
+        ) from None
+    except RegistryError as exc:
+        raise CatalogError(
+            f"Cannot serve {repo}: {exc}. Check that the registry is up and try again.",
+            code="registry_error",
+            status=502,
+        ) from None
+    if not matches:
+        raise CatalogError(
+            f"{repo} has no GGUF file matching {pattern!r} on {branch} ({commit[:7]}). "
+            "Name the file with a pattern (a glob such as '*q4_k_m.gguf').",
+            code="no_match",
+        )
+    if len(matches) > 1:
+        names = ", ".join(f.path for f in matches[:10])
+        raise CatalogError(
+            f"{len(matches)} GGUF files of {repo} match {pattern!r}: {names}. A model serves one; "
+            "narrow the file pattern.",
+            code="ambiguous",
+        )
+    weights = matches[0]
+    size_gib = weights.size / 2**30
+    definition = clean_definition(
+        {
+            "name": name or _default_name(weights.path),
+            "source": file_url(repo, commit, weights.path),
+            "description": f"{weights.path} from {repo} ({branch})",
+            "min_replicas": min_replicas,
+            "max_replicas": max_replicas,
+            "profiles": [
+                {
+                    "name": "cpu",
+                    # Weights plus room for the KV cache and the engine when not given.
+                    "memory_gb": memory_gb
+                    if memory_gb is not None
+                    else max(1, math.ceil(size_gib * 1.25 + 0.5)),
+                    "cores": cores if cores is not None else 1,
+                }
+            ],
+        }
+    )
+    with transaction.atomic():
+        lock_catalog()
+        if Model.objects.filter(name=definition["name"]).exists():
+            raise conflict(
+                f"A model named {definition['name']} already exists; choose another name.",
+                code="name_taken",
+            )
+        catalog = catalog_snapshot()
+        catalog[definition["name"]] = definition
+        refuse_if_invalid(catalog, [definition["name"]])
+        fetch = Fetch.objects.create(
+            repo=repo,
+            branch=branch,
+            commit=commit,
+            files=[weights.as_dict()],
+            bytes_total=weights.size,
+            serve_definition=definition,
+            requested_by=actor.user,
+            door=actor.door,
+        )
+        queue_on_commit("registry.tasks.run_fetch", fetch.pk)
+    return fetch
+
+
+def finish_serve(fetch: Fetch) -> None:
+    """The files are in (or not): add the model the fetch was for, as the person who asked."""
+    if (
+        fetch.state != Fetch.DONE
+        or not fetch.serve_definition
+        or Model.objects.filter(
+            name=fetch.serve_definition["name"], source=fetch.serve_definition["source"]
+        ).exists()
+    ):
+        return
+    user = fetch.requested_by
+    actor = Actor.for_user(user, fetch.door) if user is not None else SYSTEM
+    try:
+        model_add(actor=actor, definition=fetch.serve_definition, source_check=False)
+    except CatalogError as exc:
+        Fetch.objects.filter(pk=fetch.pk).update(
+            state=Fetch.FAILED,
+            message=f"the files are in the mirror, but the model was not added: {exc.message}",
+        )
+
+
+def _origin(model: Model) -> dict[str, Any]:
+    """The origin of a model the check looks at (only those with one are)."""
+    assert model.origin is not None
+    return model.origin
+
+
+# -- the check --------------------------------------------------------------------
+
+
+@dataclass
+class CheckReport:
+    requests: int = 0
+    repositories: int = 0
+    updates: list[str] = field(default_factory=list)
+    failures: dict[str, str] = field(default_factory=dict)
+
+
+def check_updates(
+    *, actor: Actor | None = None, registry: Registry | None = None, now: datetime | None = None
+) -> CheckReport:
+    """Ask the registry, once per repository, whether the files of served models changed.
+
+    Beat asks about every served model every `mirror.update_check` (no actor). Asked by a
+    person, staff ask about every model and anyone else about the models they own: each
+    repository asked about is a registry request made with the installation's token, which
+    the registry may rate-limit for everyone.
+    """
+    registry = registry or Registry()
+    now = now or timezone.now()
+    report = CheckReport()
+    models = list(Model.objects.exclude(origin=None)) + _adopt_origins()
+    if actor is not None and not actor.is_staff and actor.door not in ("config", "system"):
+        mine = getattr(actor.user, "pk", None)
+        models = [m for m in models if m.owner_id is not None and m.owner_id == mine]
+    by_repo: dict[str, list[Model]] = {}
+    for model in models:
+        by_repo.setdefault(_origin(model)["repo"], []).append(model)
+    report.repositories = len(by_repo)
+    for repo, served in by_repo.items():
+        try:
+            heads = registry.branch_heads(repo)
+        except RegistryError as exc:
+            for model in served:
+                model.update_check_error = f"last check failed: {exc}"
+                model.update_checked_at = now
+            report.failures[repo] = str(exc)
+            continue
+        branches: dict[str, list[Model]] = {}
+        for model in served:
+            branches.setdefault(_origin(model).get("branch", "main"), []).append(model)
+        for branch, on_branch in branches.items():
+            _check_branch(registry, repo, branch, heads.get(branch), on_branch, now, report)
+    Model.objects.bulk_update(
+        models,
+        ["origin", "update_available", "update_checked_at", "update_check_error"],
+        batch_size=500,
+    )
+    report.requests = registry.requests
+    return report
+
+
+def _adopt_origins() -> list[Model]:
+    """Models added by URL before: their origin is worked out from the mirror's records."""
+    adopted = []
+    for model in Model.objects.filter(origin=None, source__contains="/mirror/"):
+        origin = origin_for_source(model.source)
+        if origin is not None:
+            model.origin = origin
+            adopted.append(model)
+    return adopted
+
+
+def _check_branch(
+    registry: Registry,
+    repo: str,
+    branch: str,
+    head: str | None,
+    served: list[Model],
+    now: datetime,
+    report: CheckReport,
+) -> None:
+    if head is None:
+        for model in served:
+            model.update_check_error = (
+                f"last check failed: {repo} has no branch {branch!r} any more"
+            )
+            model.update_checked_at = now
+        return
+    # Models already known to be current, or to have this update, at this head need no second request.
+    moved = [
+        m
+        for m in served
+        if head
+        not in (
+            _origin(m)["commit"],
+            _origin(m).get("checked_commit"),
+            (m.update_available or {}).get("commit"),
+        )
+    ]
+    for model in served:
+        model.update_check_error = ""
+        model.update_checked_at = now
+        if model not in moved and _origin(model)["commit"] == head:
+            model.update_available = None
+    if not moved:
+        return
+    paths = sorted({f["path"] for m in moved for f in _origin(m)["files"]})
+    try:
+        current = {f.path: f for f in registry.paths(repo, head, paths)}
+    except RegistryError as exc:
+        for model in moved:
+            model.update_check_error = f"last check failed: {exc}"
+        report.failures[repo] = str(exc)
+        return
+    for model in moved:
+        changed = []
+        for served_file in _origin(model)["files"]:
+            new = current.get(served_file["path"])
+            if new is None:
+                model.update_check_error = (
+                    f"{served_file['path']} is gone from {repo} at {head[:7]}"
+                )
+                continue
+            if new.sha256 != served_file["sha256"]:
+                changed.append(new.as_dict())
+        if changed:
+            model.update_available = {
+                "commit": head,
+                "files": changed,
+                "bytes": sum(f["size"] for f in changed),
+                "checked_at": now.isoformat(),
+            }
+            report.updates.append(model.name)
+        else:
+            # The branch moved, but not the files this model serves: not an update.
+            model.origin = {**(model.origin or {}), "checked_commit": head}
+            model.update_available = None
