@@ -12,7 +12,7 @@ import hashlib
 import logging
 import os
 import time
-import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from django.utils import timezone
 from catalog.config import current_config
 from catalog.models import Model
 from catalog.outbound import URLRefused
-from llmgw.hashing import BackgroundHasher
+from llmgw.download import BadStatus, WrongDigest, WrongSize, download_verified
 
 from .hub import Registry
 from .mirror_files import mirror_url
@@ -33,7 +33,6 @@ from .models import Fetch, MirrorFile, Rollout
 
 log = logging.getLogger("registry.mirror")
 
-CHUNK = 1024 * 1024
 # A running fetch whose worker has not reported for this long was interrupted
 # (the worker restarted) and may be claimed again.
 STALE_SECONDS = 60
@@ -143,7 +142,7 @@ def _download_all(fetch: Fetch) -> None:
 
 def _download_files(fetch: Fetch, registry: Registry, session: requests.Session) -> None:
     done = 0
-    last_report = time.monotonic()
+    progress = _FetchProgress(fetch)
     for entry in fetch.files:
         target = local_path(fetch.repo, fetch.commit, entry["path"])
         if _already_here(fetch, entry, target):
@@ -153,73 +152,90 @@ def _download_files(fetch: Fetch, registry: Registry, session: requests.Session)
             done += entry["size"]
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.part")
         url = registry.file_url(fetch.repo, fetch.commit, entry["path"])
-        # Small plain files have no sha256 in the registry, only a git blob id (sha1).
-        algorithm = "sha256" if entry.get("sha256") else "sha1"
-        prefix = b"" if entry.get("sha256") else f"blob {entry['size']}\0".encode()
-        digest = BackgroundHasher(algorithm, prefix=prefix)
-        size = 0
-        try:
-            with session.get(
-                url, headers=registry.headers, stream=True, timeout=(10, 120)
-            ) as response:
-                if response.status_code != 200:
-                    raise FetchFailed(
-                        f"the registry answered {response.status_code} for {entry['path']} at {fetch.commit[:12]}"
-                    )
-                with partial.open("wb") as out:
-                    for chunk in response.iter_content(CHUNK):
-                        out.write(chunk)
-                        digest.update(chunk)
-                        size += len(chunk)
-                        if time.monotonic() - last_report > PROGRESS_EVERY_SECONDS:
-                            last_report = time.monotonic()
-                            Fetch.objects.filter(pk=fetch.pk).update(
-                                bytes_done=done + size,
-                                heartbeat_at=timezone.now(),
-                                message=f"fetching {entry['path']}",
-                            )
-                    out.flush()
-                    os.fsync(out.fileno())
-            [hexdigest] = digest.hexdigests()
-            _verify(entry, size, hexdigest, partial)
-            os.replace(partial, target)
-        except URLRefused as exc:
-            raise FetchFailed(f"the download of {entry['path']} was refused: {exc}") from None
-        except requests.RequestException as exc:
-            raise FetchFailed(
-                f"the download of {entry['path']} from {url} broke off: {exc}"
-            ) from None
-        finally:
-            digest.close()
-            partial.unlink(missing_ok=True)
+        done += _download_file(
+            fetch, entry, url, target, registry, session, progress.of_file(entry["path"], done)
+        )
         record_change(fetch, entry, url)
-        done += size
         Fetch.objects.filter(pk=fetch.pk).update(bytes_done=done, heartbeat_at=timezone.now())
 
 
-def _verify(entry: dict[str, Any], size: int, hexdigest: str, path: Path) -> None:
-    if size != entry["size"]:
-        raise FetchFailed(
-            f"{entry['path']} came to {size} bytes, but the registry lists {entry['size']}; nothing was kept"
+class _FetchProgress:
+    """Writes a fetch's progress to its row, at most every PROGRESS_EVERY_SECONDS."""
+
+    def __init__(self, fetch: Fetch) -> None:
+        self.fetch_id = fetch.pk
+        self.last = time.monotonic()
+
+    def of_file(self, path: str, before: int) -> Callable[[int, int | None], None]:
+        """The progress callback for one file, the fetch's files before it ``before`` bytes."""
+
+        def report(size: int, _total: int | None) -> None:
+            if time.monotonic() - self.last > PROGRESS_EVERY_SECONDS:
+                self.last = time.monotonic()
+                Fetch.objects.filter(pk=self.fetch_id).update(
+                    bytes_done=before + size,
+                    heartbeat_at=timezone.now(),
+                    message=f"fetching {path}",
+                )
+
+        return report
+
+
+def _download_file(
+    fetch: Fetch,
+    entry: dict[str, Any],
+    url: str,
+    target: Path,
+    registry: Registry,
+    session: requests.Session,
+    progress: Callable[[int, int | None], None],
+) -> int:
+    """One file of the fetch into its place, checked against the registry; returns its size."""
+    # Small plain files have no sha256 in the registry, only a git blob id (sha1).
+    sha256 = entry.get("sha256")
+    try:
+        size, _ = download_verified(
+            url,
+            into=target.parent,
+            name=f".{target.name}.",
+            place=lambda partial, _digest: os.replace(partial, target),
+            get=session.get,
+            headers=registry.headers,
+            timeout=(10, 120),
+            algorithm="sha256" if sha256 else "sha1",
+            prefix=b"" if sha256 else f"blob {entry['size']}\0".encode(),
+            expected_digest=sha256 or entry.get("blob_id"),
+            expected_size=entry["size"],
+            progress=progress,
         )
-    expected = entry.get("sha256")
-    if expected and hexdigest != expected:
+    except BadStatus as exc:
         raise FetchFailed(
-            f"sha256 mismatch for {entry['path']}: the registry says {expected}, the download is {hexdigest}; "
-            "nothing was kept"
-        )
-    blob_id = entry.get("blob_id")
-    if not expected and blob_id and hexdigest != blob_id:
+            f"the registry answered {exc.status} for {entry['path']} at {fetch.commit[:12]}"
+        ) from None
+    except WrongSize as exc:
+        raise FetchFailed(
+            f"{entry['path']} came to {exc.size} bytes, but the registry lists {exc.expected}; nothing was kept"
+        ) from None
+    except WrongDigest as exc:
+        if sha256:
+            raise FetchFailed(
+                f"sha256 mismatch for {entry['path']}: the registry says {sha256}, the download is {exc.digest}; "
+                "nothing was kept"
+            ) from None
         raise FetchFailed(
             f"{entry['path']} does not match the registry's git blob id; nothing was kept"
-        )
-    if not expected:
-        # Recorded as the file's sha256, which nodes verify against.
-        # Small plain files (no LFS): their sha256, which nodes verify against, is worked out here.
-        with path.open("rb") as handle:
+        ) from None
+    except URLRefused as exc:
+        raise FetchFailed(f"the download of {entry['path']} was refused: {exc}") from None
+    except requests.RequestException as exc:
+        raise FetchFailed(f"the download of {entry['path']} from {url} broke off: {exc}") from None
+    if not sha256:
+        # Small plain files (no LFS): their sha256, which nodes verify against, is worked out
+        # here and recorded as the file's.
+        with target.open("rb") as handle:
             entry["sha256"] = hashlib.file_digest(handle, "sha256").hexdigest()
+    return size
 
 
 def _already_here(fetch: Fetch, entry: dict[str, Any], target: Path) -> bool:

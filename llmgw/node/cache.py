@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -15,9 +14,8 @@ from urllib.parse import urlsplit
 
 import requests
 
-from llmgw.hashing import BackgroundHasher
+from llmgw.download import BadStatus, WrongDigest, WrongSize, download_verified
 
-DOWNLOAD_CHUNK_BYTES = 1 << 20
 DOWNLOAD_TIMEOUT = (10, 60)
 POLL_SECONDS = 0.1  # how often a waiting worker looks again (a download, a starting engine)
 
@@ -138,57 +136,46 @@ class BlobCache:
     ) -> tuple[Path, str]:
         if urlsplit(url).scheme not in ("http", "https"):
             raise FetchFailed(f"the {label} source {url} is not an http(s) URL")
-        fd, name = tempfile.mkstemp(dir=self.tmp, suffix=".part")
-        partial = Path(name)
-        digest = BackgroundHasher("sha256")
-        try:
-            with (
-                os.fdopen(fd, "wb") as out,
-                requests.get(
-                    url, stream=True, timeout=DOWNLOAD_TIMEOUT, headers=self._credentials(url)
-                ) as response,
-            ):
-                if response.status_code != 200:
-                    raise FetchFailed(
-                        f"could not fetch the {label} from {url}: it answered "
-                        f"HTTP {response.status_code} {response.reason}"
-                    )
-                length = response.headers.get("Content-Length")
-                total = int(length) if length and length.isdigit() else None
-                done = 0
-                progress(_progress_text(label, done, total), done, total)
-                for chunk in response.iter_content(DOWNLOAD_CHUNK_BYTES):
-                    if cancelled.is_set():
-                        raise Cancelled
-                    out.write(chunk)
-                    digest.update(chunk)
-                    done += len(chunk)
-                    progress(_progress_text(label, done, total), done, total)
-                out.flush()
-                os.fsync(out.fileno())
-            if total is not None and done != total:
-                raise FetchFailed(
-                    f"the download of the {label} from {url} ended after {done} of {total} bytes"
-                )
-            [actual] = digest.hexdigests()
-            if expected is not None and actual != expected:
-                raise FetchFailed(
-                    f"the file at {url} ({label}) has sha256 {actual}, but {expected} was "
-                    "expected; "
-                    "the download was not kept. Either the file at the source changed or the "
-                    "catalog's sha256 is wrong."
-                )
-            os.chmod(partial, 0o644)
+
+        def report(done: int, total: int | None) -> None:
+            if cancelled.is_set():
+                raise Cancelled
+            progress(_progress_text(label, done, total), done, total)
+
+        def store(partial: Path, sha256: str) -> None:
             with self._guard:
                 # Stored and indexed at once, so that eviction never sees it unindexed.
-                os.replace(partial, self.blob(actual))
-                self._remember_locked(url, actual)
-            return self.blob(actual), actual
+                os.replace(partial, self.blob(sha256))
+                self._remember_locked(url, sha256)
+
+        try:
+            _, actual = download_verified(
+                url,
+                into=self.tmp,
+                place=store,
+                headers=self._credentials(url),
+                timeout=DOWNLOAD_TIMEOUT,
+                expected_digest=expected,
+                progress=report,
+            )
+        except BadStatus as exc:
+            raise FetchFailed(
+                f"could not fetch the {label} from {url}: it answered HTTP {exc.status} {exc.reason}"
+            ) from None
+        except WrongSize as exc:
+            raise FetchFailed(
+                f"the download of the {label} from {url} ended after {exc.size} of "
+                f"{exc.expected} bytes"
+            ) from None
+        except WrongDigest as exc:
+            raise FetchFailed(
+                f"the file at {url} ({label}) has sha256 {exc.digest}, but {expected} was "
+                "expected; the download was not kept. Either the file at the source changed or "
+                "the catalog's sha256 is wrong."
+            ) from None
         except requests.RequestException as exc:
             raise FetchFailed(f"could not fetch the {label} from {url}: {exc}") from None
-        finally:
-            digest.close()
-            partial.unlink(missing_ok=True)
+        return self.blob(actual), actual
 
     def _index(self) -> dict[str, str]:
         try:
