@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import requests
@@ -40,7 +40,7 @@ pytestmark = [
     ),
 ]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 TOKEN = "node-token-1"
 MODEL = "tiny-chat"
 
@@ -115,6 +115,12 @@ class AgentProcess:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    def state(self, replica_id: str) -> dict[str, Any]:
+        """The replica's state.json, as the agent recorded it."""
+        state = json.loads((self.cache / "replicas" / replica_id / "state.json").read_text())
+        assert isinstance(state, dict)
+        return state
+
 
 @dataclass
 class Agents:
@@ -175,9 +181,13 @@ class Agents:
         self.started.append(agent)
         return agent
 
+    def start_wanting(self, spec: dict[str, Any], *extra: str, **options: Any) -> AgentProcess:
+        """Ask the control plane for ``spec`` alone, then start an agent."""
+        self.plane.want([spec])
+        return self.start(*extra, **options)
+
     def engine_pid(self, agent: AgentProcess, replica_id: str) -> int:
-        state = json.loads((agent.cache / "replicas" / replica_id / "state.json").read_text())
-        pid = state["pid"]
+        pid = agent.state(replica_id)["pid"]
         assert isinstance(pid, int)
         self.engine_pids.add(pid)
         return pid
@@ -212,6 +222,23 @@ def agents(tmp_path: Path, plane: FakeControlPlane) -> Iterator[Agents]:
         agents.stop_all()
 
 
+class Serving(NamedTuple):
+    """An agent serving one ready replica of the tiny model."""
+
+    agent: AgentProcess
+    spec: dict[str, Any]
+    ready: dict[str, Any]  # the replica's report
+    pid: int  # its engine's
+
+
+@pytest.fixture
+def serving(plane: FakeControlPlane, agents: Agents, mirror: Mirror) -> Serving:
+    spec = replica_spec(mirror)
+    agent = agents.start_wanting(spec)
+    ready = settled(plane, spec, "ready")
+    return Serving(agent, spec, ready, agents.engine_pid(agent, spec["id"]))
+
+
 def replica_spec(mirror: Mirror, **overrides: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "id": str(uuid.uuid4()),
@@ -234,6 +261,13 @@ def state_of(plane: FakeControlPlane, replica_id: str, *states: str) -> Callable
         return replica if replica is not None and replica["state"] in states else None
 
     return condition
+
+
+def settled(plane: FakeControlPlane, spec: dict[str, Any], state: str) -> dict[str, Any]:
+    """The replica's report once it is ready or failed; it must be ``state``."""
+    report = plane.wait_for(state_of(plane, spec["id"], "ready", "failed"), what=state)
+    assert report["state"] == state, report["message"]
+    return report
 
 
 def wait_until(condition: Callable[[], Any], *, timeout: float = 15, what: str) -> Any:
@@ -278,12 +312,10 @@ def test_it_fetches_starts_and_reports_a_ready_replica(
 ) -> None:
     # No sha256 in the catalog: the agent reports the one it computed.
     spec = replica_spec(mirror, sha256=None)
-    plane.want([spec])
-    agent = agents.start()
+    agent = agents.start_wanting(spec)
 
-    ready = plane.wait_for(state_of(plane, spec["id"], "ready", "failed"), what="ready")
+    ready = settled(plane, spec, "ready")
 
-    assert ready["state"] == "ready", ready["message"]
     assert ready["sha256"] == mirror.sha("model.gguf")
     assert ready["message"] == f"ready on port {ready['port']}"
     assert complete(ready["port"], MODEL)["model"] == MODEL
@@ -298,7 +330,7 @@ def test_it_fetches_starts_and_reports_a_ready_replica(
     assert json.loads((agent.cache / "urls.json").read_text()) == {
         spec["source"]: mirror.sha("model.gguf")
     }
-    state = json.loads((agent.cache / "replicas" / spec["id"] / "state.json").read_text())
+    state = agent.state(spec["id"])
     assert state["port"] == ready["port"]
     assert state["spec"]["id"] == spec["id"]
     command = state["command"]
@@ -315,13 +347,11 @@ def test_it_fails_a_replica_whose_download_has_the_wrong_sha256(
 ) -> None:
     wrong = "0" * 64
     spec = replica_spec(mirror, sha256=wrong)
-    plane.want([spec])
-    agent = agents.start()
+    agent = agents.start_wanting(spec)
 
-    failed = plane.wait_for(state_of(plane, spec["id"], "failed", "ready"), what="failed")
+    failed = settled(plane, spec, "failed")
 
     actual = mirror.sha("model.gguf")
-    assert failed["state"] == "failed"
     assert failed["message"] == (
         f"the file at {spec['source']} (weights) has sha256 {actual}, but {wrong} was expected; "
         "the download was not kept. Either the file at the source changed or the catalog's "
@@ -337,12 +367,10 @@ def test_it_refuses_an_adapter_for_another_architecture_before_any_engine_starts
 ) -> None:
     adapter = {"name": "tiny-qwen", "source": mirror.source("qwen-lora.gguf"), "sha256": None}
     spec = replica_spec(mirror, adapters=[adapter])
-    plane.want([spec])
-    agent = agents.start()
+    agent = agents.start_wanting(spec)
 
-    failed = plane.wait_for(state_of(plane, spec["id"], "failed", "ready"), what="failed")
+    failed = settled(plane, spec, "failed")
 
-    assert failed["state"] == "failed"
     assert failed["message"] == (
         f"the adapter tiny-qwen ({adapter['source']}) cannot be used with tiny-chat: "
         "it is a LoRA adapter for qwen2, not for llama. No engine was started."
@@ -358,26 +386,19 @@ def test_it_reports_an_engine_that_exits_at_start_with_its_last_output(
     spec = replica_spec(
         mirror, source=mirror.source("not-a-model.gguf"), sha256=mirror.sha("not-a-model.gguf")
     )
-    plane.want([spec])
-    agents.start()
+    agents.start_wanting(spec)
 
-    failed = plane.wait_for(state_of(plane, spec["id"], "failed", "ready"), what="failed")
+    failed = settled(plane, spec, "failed")
 
-    assert failed["state"] == "failed"
     assert failed["message"].startswith("the engine exited with code 1; its last output:\n")
     assert "exiting due to model loading error" in failed["message"]
     assert len(failed["message"].splitlines()) <= 16
 
 
 def test_it_stops_a_replica_removed_from_the_answer(
-    plane: FakeControlPlane, agents: Agents, mirror: Mirror
+    plane: FakeControlPlane, serving: Serving, mirror: Mirror
 ) -> None:
-    spec = replica_spec(mirror)
-    plane.want([spec])
-    agent = agents.start()
-    ready = plane.wait_for(state_of(plane, spec["id"], "ready", "failed"), what="ready")
-    assert ready["state"] == "ready", ready["message"]
-    pid = agents.engine_pid(agent, spec["id"])
+    agent, spec, ready, pid = serving
 
     plane.want([])
     plane.wait_for(lambda r: r["replicas"] == [], since=plane.count(), what="no replicas")
@@ -396,11 +417,9 @@ def test_it_adopts_its_engine_after_a_restart_and_stops_it_when_unwanted(
     plane: FakeControlPlane, agents: Agents, mirror: Mirror
 ) -> None:
     spec = replica_spec(mirror)
-    plane.want([spec])
     port_range = free_port_range()
-    first = agents.start(port_range=port_range)
-    ready = plane.wait_for(state_of(plane, spec["id"], "ready", "failed"), what="ready")
-    assert ready["state"] == "ready", ready["message"]
+    first = agents.start_wanting(spec, port_range=port_range)
+    ready = settled(plane, spec, "ready")
     pid = agents.engine_pid(first, spec["id"])
 
     first.process.send_signal(signal.SIGKILL)
@@ -427,14 +446,9 @@ def test_it_adopts_its_engine_after_a_restart_and_stops_it_when_unwanted(
 
 
 def test_it_keeps_running_through_401_garbage_and_errors(
-    plane: FakeControlPlane, agents: Agents, mirror: Mirror
+    plane: FakeControlPlane, agents: Agents, serving: Serving
 ) -> None:
-    spec = replica_spec(mirror)
-    plane.want([spec])
-    agent = agents.start()
-    ready = plane.wait_for(state_of(plane, spec["id"], "ready", "failed"), what="ready")
-    assert ready["state"] == "ready", ready["message"]
-    pid = agents.engine_pid(agent, spec["id"])
+    agent, spec, _, pid = serving
 
     plane.token = "another-token"  # the node was removed
     wait_until(lambda: "does not know this node's token" in agent.output(), what="the 401 line")
@@ -510,12 +524,10 @@ def test_it_serves_the_base_model_and_each_adapter_at_its_scale_from_one_engine(
         {"name": "tiny-sql", "source": mirror.source("sql.gguf"), "sha256": None, "scale": 1},
     ]
     spec = replica_spec(mirror, adapters=adapters)
-    plane.want([spec])
-    agent = agents.start()
+    agent = agents.start_wanting(spec)
 
-    ready = plane.wait_for(state_of(plane, spec["id"], "ready", "failed"), what="ready")
+    ready = settled(plane, spec, "ready")
 
-    assert ready["state"] == "ready", ready["message"]
     assert ready["message"] == (
         f"ready on port {ready['port']}, serving tiny-chat and its adapters "
         "tiny-sql-off (scale 0), tiny-sql (scale 1)"
@@ -535,9 +547,7 @@ def test_it_serves_the_base_model_and_each_adapter_at_its_scale_from_one_engine(
     again = complete(port, MODEL, prompt, engine.lora_request(adapters, MODEL))
     assert again["choices"][0]["text"] == base
     blob = str(agent.cache / "blobs" / mirror.sha("sql.gguf"))
-    command = json.loads((agent.cache / "replicas" / spec["id"] / "state.json").read_text())[
-        "command"
-    ]
+    command = agent.state(spec["id"])["command"]
     assert [command[i + 1] for i, arg in enumerate(command) if arg == "--lora-scaled"] == [
         f"{blob}:0",
         f"{blob}:0",
@@ -545,14 +555,9 @@ def test_it_serves_the_base_model_and_each_adapter_at_its_scale_from_one_engine(
 
 
 def test_it_fails_kills_and_reports_an_engine_that_stops_answering(
-    plane: FakeControlPlane, agents: Agents, mirror: Mirror
+    plane: FakeControlPlane, serving: Serving
 ) -> None:
-    spec = replica_spec(mirror)
-    plane.want([spec])
-    agent = agents.start()
-    ready = plane.wait_for(state_of(plane, spec["id"], "ready", "failed"), what="ready")
-    assert ready["state"] == "ready", ready["message"]
-    pid = agents.engine_pid(agent, spec["id"])
+    _, spec, ready, pid = serving
 
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -582,15 +587,11 @@ def test_it_runs_slots_and_reports_the_engines_numbers(
     plane: FakeControlPlane, agents: Agents, mirror: Mirror
 ) -> None:
     spec = replica_spec(mirror, slots=4)
-    plane.want([spec])
-    agent = agents.start()
-    ready = plane.wait_for(state_of(plane, spec["id"], "ready", "failed"), what="ready")
-    assert ready["state"] == "ready", ready["message"]
+    agent = agents.start_wanting(spec)
+    ready = settled(plane, spec, "ready")
     assert ready["message"] == f"ready on port {ready['port']}, 4 slots"
     assert ready["slots"] == 4
-    command = json.loads((agent.cache / "replicas" / spec["id"] / "state.json").read_text())[
-        "command"
-    ]
+    command = agent.state(spec["id"])["command"]
     # -c is split between the slots: each request still gets its 256 tokens.
     assert command[command.index("--ctx-size") + 1] == "1024"
     assert command[command.index("--parallel") + 1] == "4"
@@ -659,10 +660,8 @@ def test_it_fails_a_replica_whose_engine_dies_after_it_was_ready(
     plane: FakeControlPlane, agents: Agents, mirror: Mirror
 ) -> None:
     spec = replica_spec(mirror)
-    plane.want([spec])
-    agent = agents.start()
-    ready = plane.wait_for(state_of(plane, spec["id"], "ready", "failed"), what="ready")
-    assert ready["state"] == "ready", ready["message"]
+    agent = agents.start_wanting(spec)
+    settled(plane, spec, "ready")
 
     os.kill(agents.engine_pid(agent, spec["id"]), signal.SIGKILL)
 
@@ -677,17 +676,15 @@ def test_it_stops_an_engine_that_is_not_ready_in_time(
     plane: FakeControlPlane, agents: Agents, mirror: Mirror
 ) -> None:
     spec = replica_spec(mirror)
-    plane.want([spec])
     # The engine takes about a second to import and load; give it a tenth of that.
-    agent = agents.start("--ready-timeout", "0.1")
+    agent = agents.start_wanting(spec, "--ready-timeout", "0.1")
 
-    failed = plane.wait_for(state_of(plane, spec["id"], "failed", "ready"), what="failed")
+    failed = settled(plane, spec, "failed")
 
-    assert failed["state"] == "failed"
     assert failed["message"].startswith(
         "the engine did not become ready within 0.1 s; its last output:\n"
     )
-    state = json.loads((agent.cache / "replicas" / spec["id"] / "state.json").read_text())
+    state = agent.state(spec["id"])
     assert state["state"] == "failed" and state["pid"] is None
     started = re.search(r"starting the engine \(pid (\d+)\)", agent.output())
     assert started is not None
@@ -738,8 +735,7 @@ def test_it_keeps_its_cache_within_bounds_evicting_least_recently_used_unneeded_
     def settle(*specs: dict[str, Any], keep: list[dict[str, Any]] | None = None) -> None:
         plane.want(list(specs), keep=keep)
         for spec in specs:
-            ready = plane.wait_for(state_of(plane, spec["id"], "ready", "failed"), what="ready")
-            assert ready["state"] == "ready", ready["message"]
+            settled(plane, spec, "ready")
         plane.wait_for(lambda r: True, since=plane.count() + 2, what="two more heartbeats")
 
     first = replica_spec(mirror)
@@ -773,10 +769,8 @@ def test_it_keeps_its_cache_within_bounds_evicting_least_recently_used_unneeded_
 
 def test_it_rotates_an_engines_log(plane: FakeControlPlane, agents: Agents, mirror: Mirror) -> None:
     spec = replica_spec(mirror)
-    plane.want([spec])
-    agent = agents.start("--engine-log-max-mb", "0.002")
-    ready = plane.wait_for(state_of(plane, spec["id"], "ready", "failed"), what="ready")
-    assert ready["state"] == "ready", ready["message"]
+    agent = agents.start_wanting(spec, "--engine-log-max-mb", "0.002")
+    ready = settled(plane, spec, "ready")
     folder = agent.cache / "replicas" / spec["id"]
 
     # The engine logs each request; enough of them pass 2 kB.
