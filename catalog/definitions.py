@@ -226,7 +226,9 @@ class ProfileSerializer(StrictSerializer):
         required=False,
         help_text=(
             "requests one replica serves at once (default 1); each slot holds a context_length "
-            "of KV cache, so memory_gb must cover the weights plus slots x that cache"
+            "of KV cache, so memory_gb should cover the weights plus (slots + 1) x that cache "
+            "(one more for the prompt cache); placement reserves that estimate from the GGUF "
+            "header when memory_gb is less"
         ),
         error_messages={
             "min_value": "a replica serves at least 1 request at a time",

@@ -24,8 +24,9 @@ from catalog.definitions import (
 )
 from catalog.models import Model
 from catalog.services import apply_definition, get_model
+from llmgw.units import format_bytes
 
-from . import selectors, services
+from . import footprint, selectors, services
 from .models import Node
 
 # -- node authentication ------------------------------------------------------------
@@ -362,6 +363,9 @@ class EstimateOut(serializers.Serializer):
     kv_cache_gb = serializers.FloatField(help_text="for every slot")
     prompt_cache_gb = serializers.FloatField(help_text="the engine's store of earlier prompts")
     total_gb = serializers.FloatField()
+    reserved_gb = serializers.FloatField(
+        help_text="what placement reserves per replica: the larger of memory_gb and total_gb"
+    )
     weights_bytes = serializers.IntegerField(help_text="the GB figures round a small model to 0")
     kv_cache_bytes = serializers.IntegerField()
     prompt_cache_bytes = serializers.IntegerField()
@@ -381,6 +385,8 @@ class PlanOut(serializers.Serializer):
 
 
 def _plan_view(model: Model, others: list[Model]) -> dict[str, Any]:
+    # The header is read first, so that the plan reserves what placement will.
+    facts = footprint.facts_for_plan(model)
     plan = selectors.simulate([*others, model])
     starts = [{"node": s.node, "profile": s.profile} for s in plan.starts if s.model == model.name]
     preempted = [{"model": p.model, "node": p.node, "reason": p.reason} for p in plan.preemptions]
@@ -395,46 +401,33 @@ def _plan_view(model: Model, others: list[Model]) -> dict[str, Any]:
         "unplaced": unplaced,
         "warnings": [],
     }
-    result.update(_memory_estimate(model))
+    result.update(_memory_estimate(model, facts))
     return result
 
 
-def _memory_estimate(model: Model) -> dict[str, Any]:
+def _memory_estimate(model: Model, facts: footprint.FileFacts | str) -> dict[str, Any]:
     """Weights + KV cache from the GGUF header, against what each profile declares."""
-    from catalog.outbound import URLRefused
-    from catalog.sources import source_session
-    from llmgw import ggufheader
-    from llmgw.units import format_bytes
-
-    from .specs import profile_slots
-
-    # Each profile's replicas hold a KV cache per slot; the estimate shown is the first's.
-    slots = [profile_slots(p) for p in model.profiles] or [1]
-    try:
-        with source_session() as session:
-            header = ggufheader.read_header_from_url(model.source, session=session, timeout=10)
-        if header.file_size is None:
-            raise ggufheader.GGUFError("the server did not say how large the file is")
-        estimates = [
-            ggufheader.estimate_memory_bytes(
-                header, file_size=header.file_size, context_length=model.context_length, slots=n
-            )
-            for n in slots
-        ]
-    except ggufheader.GGUFError as exc:
-        reason = exc.__cause__.message if isinstance(exc.__cause__, URLRefused) else str(exc)
-        return {"estimate": None, "warnings": [f"memory not estimated: {reason}"]}
-    gib = 1024**3
-    context = model.context_length or header.context_length
+    memories = footprint.model_footprints(model, facts)
+    if isinstance(facts, str) or not memories:
+        declared = ", ".join(f"{m.profile} {m.declared_gb:g} GB" for m in memories)
+        return {
+            "estimate": None,
+            "warnings": [
+                f"memory not estimated: {facts}; until it is, placement reserves what each "
+                f"profile declares ({declared or 'no profile'})"
+            ],
+        }
     warnings = [
-        f"profile {p['name']} reserves {p['memory_gb']} GB, below the estimated "
-        f"{format_bytes(e.total_bytes)} (weights {format_bytes(e.weights_bytes)} + KV cache "
-        f"{format_bytes(e.kv_cache_bytes)} for {n} x {context} tokens + prompt cache "
-        f"{format_bytes(e.prompt_cache_bytes)}); replicas may run out of memory"
-        for p, e, n in zip(model.profiles, estimates, slots, strict=False)
-        if p["memory_gb"] < e.total_bytes / gib
+        f"profile {m.profile} declares {m.declared_gb:g} GB, below the estimated "
+        f"{format_bytes(m.estimate.total_bytes)} ({m.estimate.words()}); placement reserves "
+        "the estimate"
+        for m in memories
+        if m.estimate is not None and m.above_declared
     ]
-    first = estimates[0]
+    # Each profile's replicas hold a KV cache per slot; the estimate shown is the first's.
+    first = memories[0].estimate
+    assert first is not None
+    gib = 1024**3
     return {
         "estimate": {
             # GB figures compare with memory_gb; the byte counts keep a small model's size,
@@ -443,12 +436,13 @@ def _memory_estimate(model: Model) -> dict[str, Any]:
             "kv_cache_gb": round(first.kv_cache_bytes / gib, 3),
             "prompt_cache_gb": round(first.prompt_cache_bytes / gib, 3),
             "total_gb": round(first.total_bytes / gib, 3),
+            "reserved_gb": round(memories[0].memory_gb, 3),
             "weights_bytes": first.weights_bytes,
             "kv_cache_bytes": first.kv_cache_bytes,
             "prompt_cache_bytes": first.prompt_cache_bytes,
             "total_bytes": first.total_bytes,
-            "context_length": context,
-            "slots": slots[0],
+            "context_length": first.context_length,
+            "slots": first.slots,
         },
         "warnings": warnings,
     }

@@ -123,6 +123,23 @@ class Lease(models.Model):
         return f"{self.name} held by {self.holder or 'nobody'} until {self.expires_at}"
 
 
+class ModelFile(models.Model):
+    """What a model file's GGUF header says about its memory, read once per file (source and
+    sha256) so that placement can count the KV cache without asking the source every pass
+    (fleet.footprint). ``error`` says why a header could not be read; it is asked again later."""
+
+    key = models.CharField(max_length=64, unique=True, help_text="sha256 of source and sha256")
+    source = models.TextField()
+    weights_bytes = models.BigIntegerField(null=True, blank=True)
+    kv_bytes_per_token = models.BigIntegerField(null=True, blank=True)
+    trained_context = models.PositiveIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    read_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return self.source
+
+
 class CapacitySample(models.Model):
     """What a node had and what its replicas reserved, at one minute (fleet.capacity)."""
 

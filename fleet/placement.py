@@ -49,7 +49,7 @@ reservations do not flip a fit on rounding noise.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 #: Class ranks: a higher rank is served first and may preempt lower ranks.
@@ -77,20 +77,6 @@ class Resources:
     gpus: int = 0
     gpu_memory_gb: float = 0
 
-    def fits_in(self, other: Resources) -> bool:
-        """Whether this reservation fits in ``other`` (zero needs always fit)."""
-        return _fits(_vec(self), _vec(other))
-
-    def __add__(self, other: Resources) -> Resources:
-        return _resources(tuple(a + b for a, b in zip(_vec(self), _vec(other), strict=True)))
-
-    def __sub__(self, other: Resources) -> Resources:
-        return _resources(tuple(a - b for a, b in zip(_vec(self), _vec(other), strict=True)))
-
-    def describe(self) -> str:
-        """Human words, e.g. ``"24 GB memory, 8 cores, 1 GPU, 40 GB GPU memory"``."""
-        return _describe(_vec(self))
-
 
 @dataclass(frozen=True)
 class Node:
@@ -103,10 +89,15 @@ class Node:
 
 @dataclass(frozen=True)
 class Profile:
-    """One way to run a model (e.g. "gpu", "cpu") and what a replica of it reserves."""
+    """One way to run a model (e.g. "gpu", "cpu") and what a replica of it reserves.
+
+    ``note`` explains the memory reservation when it is more than the profile declares (its
+    engine's KV cache, fleet.footprint); refusals short of memory end with it.
+    """
 
     name: str
     resources: Resources
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -193,20 +184,6 @@ def plan_placement(
     return planner.plan()
 
 
-def node_free(nodes: Sequence[Node], replicas: Iterable[Replica]) -> dict[str, Resources]:
-    """Free resources per node: capacity minus the reservations of its replicas.
-
-    Replicas on nodes not in ``nodes`` are ignored. Over-committed nodes show negatives.
-    """
-    free = {node.name: list(_vec(node.capacity)) for node in nodes}
-    for replica in replicas:
-        room = free.get(replica.node)
-        if room is not None:
-            for d, amount in enumerate(_vec(replica.resources)):
-                room[d] -= amount
-    return {name: _resources(tuple(room)) for name, room in free.items()}
-
-
 # --- internals -------------------------------------------------------------------------
 
 
@@ -217,12 +194,6 @@ def _vec(resources: Resources) -> _Vec:
         float(resources.gpus),
         float(resources.gpu_memory_gb),
     )
-
-
-def _resources(vec: Sequence[float]) -> Resources:
-    memory_gb, cores, gpus, gpu_memory_gb = vec
-    # GPUs are whole devices; round away float noise from the vector arithmetic.
-    return Resources(memory_gb, cores, round(gpus), gpu_memory_gb)
 
 
 def _fits(need: Sequence[float], room: Sequence[float]) -> bool:
@@ -851,7 +822,7 @@ class _Explainer:
         for d in range(_DIMENSIONS):
             best = max(self.nodes, key=lambda n: n.free[d], default=None)
             self.most.append((best.free[d], best.name) if best else (0.0, ""))
-        self._said: dict[tuple[str, _Vec], str] = {}
+        self._said: dict[tuple[str, _Vec, str], str] = {}
 
     def why(self, model: ModelDemand) -> str:
         if not model.profiles:
@@ -861,9 +832,12 @@ class _Explainer:
         profile = model.profiles[0]
         need = _vec(profile.resources)
         # Many models share a profile shape; the words only depend on it.
-        words = self._said.get((profile.name, need))
+        words = self._said.get((profile.name, need, profile.note))
         if words is None:
-            words = self._said[profile.name, need] = self._words(profile.name, need)
+            words = self._words(profile.name, need)
+            if profile.note and "memory" in words:
+                words += f" ({profile.note})"
+            self._said[profile.name, need, profile.note] = words
         return words
 
     def _words(self, profile: str, need: _Vec) -> str:

@@ -26,6 +26,7 @@ from catalog.models import AuditEntry, Model
 from catalog.services import SYSTEM
 
 from . import placement
+from .footprint import FileFacts, Footprint, known_facts, learn_facts, model_footprints
 from .models import Lease, Node, Replica
 from .specs import current_keys, replica_spec, spec_key
 
@@ -71,6 +72,8 @@ def reconcile_pass(*, now: datetime | None = None) -> PassReport:
     if not claim_lease("reconcile", holder, LEASE_SECONDS, now=now):
         return PassReport(skipped=True)
     try:
+        # Before the transaction: a header read waits on HTTP, and a row lock should not.
+        learn_facts(Model.objects.all(), now=now)
         with transaction.atomic():
             return _reconcile(now or timezone.now())
     finally:
@@ -96,22 +99,27 @@ def _resources(replica: Replica) -> placement.Resources:
     )
 
 
-def _profile_resources(profile: dict[str, Any]) -> placement.Resources:
-    return placement.Resources(
-        profile["memory_gb"],
+def planner_profile(profile: dict[str, Any], memory: Footprint) -> placement.Profile:
+    resources = placement.Resources(
+        memory.memory_gb,
         profile.get("cores", 0),
         profile.get("gpus", 0),
         profile.get("gpu_memory_gb", 0),
     )
+    return placement.Profile(profile["name"], resources, memory.note())
 
 
-def model_demand(model: Model, desired: int) -> placement.ModelDemand:
+def model_demand(model: Model, desired: int, facts: FileFacts | str) -> placement.ModelDemand:
+    """What the planner sees of a model; ``facts`` are its file's (fleet.footprint)."""
     return placement.ModelDemand(
         name=model.name,
         klass=model.class_in_force,
         minimum=min(model.min_replicas, desired),
         desired=desired,
-        profiles=tuple(placement.Profile(p["name"], _profile_resources(p)) for p in model.profiles),
+        profiles=tuple(
+            planner_profile(p, memory)
+            for p, memory in zip(model.profiles, model_footprints(model, facts), strict=True)
+        ),
     )
 
 
@@ -166,12 +174,13 @@ def _reconcile(now: datetime) -> PassReport:
         if replica.model_id is not None:
             by_model.setdefault(replica.model_id, []).append(replica)
 
+    facts = known_facts(models.values())
     demands = []
     for model in models.values():
         mine = by_model.get(model.pk, [])
         desired = desired_count(model, now, run.config.default_idle_timeout)
         planner_desired, mine = _replacement(run, model, mine, desired)
-        demands.append(model_demand(model, planner_desired))
+        demands.append(model_demand(model, planner_desired, facts[model.name]))
         by_model[model.pk] = mine
 
     still_active = [r for r in active if str(r.pk) not in run.withdraw]

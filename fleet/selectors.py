@@ -12,6 +12,7 @@ from catalog.config import current_config
 from catalog.models import Model
 
 from . import placement
+from .footprint import known_facts
 from .models import Node, Replica
 from .reconciler import desired_count, model_demand, planner_node, planner_replica
 from .specs import current_keys
@@ -185,7 +186,8 @@ def simulate(models: list[Model]) -> placement.Plan:
         for r in Replica.objects.filter(withdrawn_at__isnull=True).exclude(state=Replica.FAILED)
         if r.model_id is None or r.model_id in known
     ]
-    demands = [model_demand(m, desired_count(m, now, default_idle)) for m in models]
+    facts = known_facts(models)
+    demands = [model_demand(m, desired_count(m, now, default_idle), facts[m.name]) for m in models]
     return placement.plan_placement(
         [planner_node(n) for n in nodes], demands, [planner_replica(r, node_names) for r in active]
     )

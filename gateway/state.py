@@ -26,12 +26,15 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import close_old_connections, connection
 
 from . import traffic, triggers
 from .routing import Candidate, Catalog, Entry, read_catalog, read_replicas
+
+if TYPE_CHECKING:
+    from fleet.footprint import Footprint
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -79,6 +82,7 @@ def read_snapshot() -> Snapshot:
 def _unplaceable(catalog: Catalog) -> dict[str, str]:
     """On-demand models none of whose profiles fits on any schedulable node, even an empty one."""
     from catalog.models import Model
+    from fleet.footprint import known_facts, model_footprints
     from fleet.models import Node
 
     on_demand = [e.name for e in catalog.entries.values() if e.on_demand and not e.adapter]
@@ -92,19 +96,24 @@ def _unplaceable(catalog: Catalog) -> dict[str, str]:
         if n.schedulable
     ]
     why: dict[str, str] = {}
-    for name, profiles in (
-        Model.objects.order_by().filter(name__in=on_demand).values_list("name", "profiles")
-    ):
-        profiles = [p for p in profiles or [] if isinstance(p, dict)]
+    models = list(
+        Model.objects.order_by()
+        .filter(name__in=on_demand)
+        .only("name", "profiles", "source", "sha256", "context_length")
+    )
+    facts = known_facts(models)
+    for model in models:
+        name = model.name
         if not nodes:
             why[name] = (
                 "no node is ready to run it (none has sent a heartbeat, or all are cordoned or lost)"
             )
             continue
-        if any(_fits(profile, node) for profile in profiles for node in nodes):
+        profiles = list(zip(model.profiles, model_footprints(model, facts[name]), strict=True))
+        if any(_fits(profile, memory, node) for profile, memory in profiles for node in nodes):
             continue
         largest = max(nodes, key=lambda n: (n.memory_gb, n.cores))
-        needs = "; ".join(_describe(p) for p in profiles) or "no profile"
+        needs = "; ".join(_describe(p, memory) for p, memory in profiles) or "no profile"
         why[name] = (
             f"it fits on no node: its profiles need {needs}, and the largest node has "
             f"{largest.memory_gb:g} GB and {largest.cores:g} cores"
@@ -113,17 +122,17 @@ def _unplaceable(catalog: Catalog) -> dict[str, str]:
     return why
 
 
-def _fits(profile: dict[str, Any], node: Any) -> bool:
+def _fits(profile: dict[str, Any], memory: Footprint, node: Any) -> bool:
     return (
-        float(profile.get("memory_gb") or 0) <= node.memory_gb
+        memory.memory_gb <= node.memory_gb
         and float(profile.get("cores") or 0) <= node.cores
         and int(profile.get("gpus") or 0) <= node.gpus
         and float(profile.get("gpu_memory_gb") or 0) <= node.gpu_memory_gb
     )
 
 
-def _describe(profile: dict[str, Any]) -> str:
-    text = f"{profile.get('name', '?')}: {float(profile.get('memory_gb') or 0):g} GB, {float(profile.get('cores') or 0):g} cores"
+def _describe(profile: dict[str, Any], memory: Footprint) -> str:
+    text = f"{profile.get('name', '?')}: {memory.memory_gb:g} GB, {float(profile.get('cores') or 0):g} cores"
     if profile.get("gpus"):
         text += f", {profile['gpus']} GPUs"
     return text

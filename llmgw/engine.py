@@ -55,6 +55,17 @@ STOP_GRACE_SECONDS = 10.0
 LAST_OUTPUT_LINES = 15
 ENGINE_NAME = "llama-server"
 ENGINE_ENV = "LLMGW_LLAMA_SERVER"
+# Tokens per request when the catalog gives no context_length (and the model was trained for
+# at least that many): enough for a chat, and the KV cache of each slot stays small.
+DEFAULT_CONTEXT_LENGTH = 2048
+
+
+def serving_context(declared: int | None, trained: int | None) -> int:
+    """The context per request (per slot) the engine is started with: the model's declared
+    context_length, else the default but not more than the model was trained for."""
+    if declared:
+        return declared
+    return min(DEFAULT_CONTEXT_LENGTH, trained) if trained else DEFAULT_CONTEXT_LENGTH
 
 
 @dataclass(frozen=True)

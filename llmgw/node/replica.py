@@ -33,7 +33,6 @@ from .spec import AdapterSpec, ReplicaSpec
 
 log = logging.getLogger("llmgw.node")
 
-DEFAULT_CONTEXT_LENGTH = 2048
 WATCH_SECONDS = 0.5  # how often a worker looks at its engine once it is ready
 # A ready engine is probed every second; three probes in a row without an answer within a
 # second fail the replica: a hung engine is reported within about 6 s (and withdrawn from
@@ -256,11 +255,7 @@ class Replica:
         except GGUFError:
             header = None
         trained = header.context_length if header is not None else None
-        if self.spec.context_length:
-            context = self.spec.context_length
-        else:
-            # Not more than the model was trained for.
-            context = min(DEFAULT_CONTEXT_LENGTH, trained) if trained else DEFAULT_CONTEXT_LENGTH
+        context = engine.serving_context(self.spec.context_length, trained)
         try:
             assert header is not None
             one_slot = estimate_memory_bytes(

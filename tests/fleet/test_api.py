@@ -221,7 +221,7 @@ def test_plan_estimates_memory_from_the_gguf_header_and_warns(
     # 2 layers x 1024 tokens x 2 KV heads x 16 dims x 2 (K and V) x 2 bytes
     assert abs(estimate["kv_cache_gb"] * 1024**3 - 2 * 1024 * 2 * 16 * 2 * 2) < 1024**3 * 0.001
     [warning] = plan["warnings"]
-    assert warning.startswith("profile tight reserves 0.0001 GB, below the estimated")
+    assert warning.startswith("profile tight declares 0.0001 GB, below the estimated")
 
 
 def test_a_replicas_slots_come_from_its_profile_and_reach_its_node(api: Any, fleet: Any) -> None:

@@ -1,0 +1,229 @@
+"""What one replica reserves of a node's memory: the one rule placement, `model plan`, the
+target page and every other door use.
+
+A replica's engine holds the weights, a KV cache of a whole context for each of its slots
+(llama-server splits ``--ctx-size`` between them), and one more slot's worth for its store of
+earlier prompts (the prompt cache, sized so by the node: llmgw.engine). A profile's
+``memory_gb`` is what its author declares a replica needs, and its help text asks them to count
+the weights plus slots x the KV cache. People get that wrong, most often by raising ``slots``
+and not ``memory_gb``, and an engine that outgrows its reservation takes memory its neighbours
+were promised. So placement reserves the larger of the two: the declared ``memory_gb``, and
+the estimate from the model file's GGUF header (weights + (slots + 1) x KV cache per context).
+A declared figure above the estimate is kept (it may count what the estimate does not: compute
+buffers, a tokenizer, headroom).
+
+The header is read once per model file (source URL and sha256) over HTTP Range requests and
+kept in :class:`~fleet.models.ModelFile`; a reconcile pass reads the headers it does not know
+yet before it plans. Until a header is read (the source does not answer, the mirror has not got
+the file yet), a replica reserves what its profile declares, and ``model plan`` says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from catalog.models import Model
+from llmgw import ggufheader
+from llmgw.engine import serving_context
+from llmgw.units import format_bytes
+
+from .models import ModelFile
+from .specs import profile_slots
+
+log = logging.getLogger("llmgw.footprint")
+
+GIB = 1024**3
+# A header that could not be read is asked for again after this long (or when the source
+# changes): a source that is down should not slow every reconcile pass.
+RETRY_AFTER = timedelta(minutes=5)
+# A pass reads at most this many headers, each within the timeout, before it plans; the rest
+# are read by the next passes (their replicas reserve the declared memory meanwhile).
+READS_PER_PASS = 4
+READ_TIMEOUT_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class FileFacts:
+    """What the memory estimate needs from a model file's header."""
+
+    weights_bytes: int
+    kv_bytes_per_token: int  # K and V of every layer for one position, f16
+    trained_context: int | None
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One replica's memory from its model file's header, for a given context and slot count."""
+
+    weights_bytes: int
+    kv_cache_bytes: int  # every slot's
+    prompt_cache_bytes: int  # one slot's worth: the engine's store of earlier prompts
+    context_length: int
+    slots: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_cache_bytes + self.prompt_cache_bytes
+
+    def words(self) -> str:
+        return (
+            f"weights {format_bytes(self.weights_bytes)} + KV cache "
+            f"{format_bytes(self.kv_cache_bytes)} for {self.slots} slot"
+            f"{'' if self.slots == 1 else 's'} x {self.context_length} tokens + prompt cache "
+            f"{format_bytes(self.prompt_cache_bytes)}"
+        )
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What one replica of a profile reserves of memory, and how that was decided."""
+
+    profile: str
+    declared_gb: float
+    estimate: Estimate | None
+    unknown: str = ""  # why there is no estimate
+
+    @property
+    def memory_gb(self) -> float:
+        """The reservation: the declared memory_gb, or the estimate when it is larger."""
+        if self.estimate is None:
+            return self.declared_gb
+        return max(self.declared_gb, self.estimate.total_bytes / GIB)
+
+    @property
+    def above_declared(self) -> bool:
+        return self.memory_gb > self.declared_gb
+
+    def note(self) -> str:
+        """Words for a refusal when the estimate, not the declaration, set the reservation."""
+        if self.estimate is None or not self.above_declared:
+            return ""
+        return (
+            f"profile {self.profile} reserves {format_bytes(self.estimate.total_bytes)} "
+            f"({self.estimate.words()}), more than its memory_gb {self.declared_gb:g}; "
+            "fewer slots or a shorter context_length need less"
+        )
+
+
+def footprint(
+    profile: dict[str, Any],
+    facts: FileFacts | str,
+    *,
+    context_length: int | None,
+) -> Footprint:
+    """What a replica of ``profile`` reserves, given its model file's facts (or why they are
+    unknown) and the model's declared context_length."""
+    declared = float(profile["memory_gb"])
+    if isinstance(facts, str):
+        return Footprint(profile["name"], declared, None, facts)
+    slots = profile_slots(profile)
+    context = serving_context(context_length, facts.trained_context)
+    one_slot = facts.kv_bytes_per_token * context
+    estimate = Estimate(
+        weights_bytes=facts.weights_bytes,
+        kv_cache_bytes=one_slot * slots,
+        prompt_cache_bytes=one_slot,
+        context_length=context,
+        slots=slots,
+    )
+    return Footprint(profile["name"], declared, estimate)
+
+
+def model_footprints(model: Model, facts: FileFacts | str) -> list[Footprint]:
+    """Every profile's footprint, in the model's profile order."""
+    return [footprint(p, facts, context_length=model.context_length) for p in model.profiles]
+
+
+# -- the model files' facts -------------------------------------------------------------
+
+
+def file_key(model: Model) -> str:
+    """A model file is its source and, when known, its sha256 (a URL may serve new bytes)."""
+    return hashlib.sha256(f"{model.source}\0{model.sha256 or ''}".encode()).hexdigest()
+
+
+NOT_READ = "its GGUF header has not been read yet"
+
+
+def known_facts(models: Iterable[Model]) -> dict[str, FileFacts | str]:
+    """Per model name: its file's facts, or why they are not known; one query."""
+    models = list(models)
+    rows = {row.key: row for row in ModelFile.objects.filter(key__in=[file_key(m) for m in models])}
+    found: dict[str, FileFacts | str] = {}
+    for model in models:
+        row = rows.get(file_key(model))
+        found[model.name] = NOT_READ if row is None else _facts_of(row)
+    return found
+
+
+def _facts_of(row: ModelFile) -> FileFacts | str:
+    if row.error or row.weights_bytes is None or row.kv_bytes_per_token is None:
+        return row.error or "its GGUF header could not be read"
+    return FileFacts(row.weights_bytes, row.kv_bytes_per_token, row.trained_context)
+
+
+def learn_facts(models: Iterable[Model], *, now: datetime | None = None) -> int:
+    """Read the headers of model files not known yet (or that failed a while ago), at most
+    READS_PER_PASS of them; the number read. Runs outside any transaction: it waits on HTTP."""
+    now = now or timezone.now()
+    models = [m for m in models if m.source]
+    keys = {file_key(m): m for m in models}
+    rows = {row.key: row for row in ModelFile.objects.filter(key__in=list(keys))}
+    due = [
+        model
+        for key, model in sorted(keys.items(), key=lambda kv: kv[1].name)
+        if key not in rows or (rows[key].error and rows[key].read_at < now - RETRY_AFTER)
+    ]
+    for model in due[:READS_PER_PASS]:
+        read_facts(model, now=now)
+    return min(len(due), READS_PER_PASS)
+
+
+def facts_for_plan(model: Model) -> FileFacts | str:
+    """The facts ``model plan`` shows: known ones, else read now (and kept for placement)."""
+    known = known_facts([model])[model.name]
+    if isinstance(known, FileFacts):
+        return known
+    return read_facts(model)
+
+
+def read_facts(model: Model, *, now: datetime | None = None) -> FileFacts | str:
+    """Read ``model``'s file header now and keep what the estimate needs (or why it failed)."""
+    from catalog.outbound import URLRefused
+    from catalog.sources import source_session
+
+    try:
+        with source_session() as session:
+            header = ggufheader.read_header_from_url(
+                model.source, session=session, timeout=READ_TIMEOUT_SECONDS
+            )
+        if header.file_size is None:
+            raise ggufheader.GGUFError("the server did not say how large the file is")
+        per_token = ggufheader.estimate_memory_bytes(
+            header, file_size=0, context_length=1, slots=1
+        ).kv_cache_bytes
+        facts: FileFacts | str = FileFacts(header.file_size, per_token, header.context_length)
+    except ggufheader.GGUFError as exc:
+        facts = exc.__cause__.message if isinstance(exc.__cause__, URLRefused) else str(exc)
+        log.info("memory of %s not estimated: %s", model.name, facts)
+    ModelFile.objects.update_or_create(
+        key=file_key(model),
+        defaults={
+            "source": model.source,
+            "weights_bytes": facts.weights_bytes if isinstance(facts, FileFacts) else None,
+            "kv_bytes_per_token": facts.kv_bytes_per_token
+            if isinstance(facts, FileFacts)
+            else None,
+            "trained_context": facts.trained_context if isinstance(facts, FileFacts) else None,
+            "error": facts if isinstance(facts, str) else "",
+            "read_at": now or timezone.now(),
+        },
+    )
+    return facts

@@ -1,0 +1,128 @@
+"""What a replica reserves: the declared memory_gb, or the weights plus every slot's KV cache
+from the model file's GGUF header when that is more (fleet/footprint.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from catalog.models import Model
+from fleet.footprint import FileFacts, footprint, known_facts
+from fleet.models import ModelFile, Replica
+from fleet.reconciler import reconcile_pass
+from llmgw.tinygguf import write_tiny_model
+from tests.support.http_files import serve_directory
+
+pytestmark = pytest.mark.django_db
+
+# The tiny model: 2 layers x 2 KV heads x (16 + 16) dims x 2 bytes = 256 bytes per token.
+KV_PER_TOKEN = 256
+MIB = 1024**2
+
+
+@pytest.fixture
+def tiny_url(tmp_path: Path, settings: Any) -> Iterator[str]:
+    write_tiny_model(tmp_path / "tiny.gguf", seed=1, context_length=2048)
+    with serve_directory(tmp_path) as (base_url, _stats):
+        settings.LLMGW_SOURCE_ALLOWED_HOSTS = [urlsplit(base_url).netloc]
+        yield f"{base_url}/tiny.gguf"
+
+
+def test_it_reserves_the_larger_of_declared_and_estimated() -> None:
+    facts = FileFacts(weights_bytes=100 * MIB, kv_bytes_per_token=1024, trained_context=8192)
+    # No context_length: the engine's default of 2048 per slot. 8 slots + the prompt cache.
+    wide = footprint({"name": "cpu", "memory_gb": 0.1, "slots": 8}, facts, context_length=None)
+    assert wide.estimate is not None
+    assert wide.estimate.total_bytes == 100 * MIB + 9 * 2048 * 1024
+    assert wide.memory_gb == pytest.approx(118 / 1024)
+    assert wide.note().startswith("profile cpu reserves 118.00 MB (weights 100.00 MB + KV cache")
+    roomy = footprint({"name": "cpu", "memory_gb": 4, "slots": 8}, facts, context_length=4096)
+    assert roomy.memory_gb == 4 and roomy.note() == ""
+    unknown = footprint(
+        {"name": "cpu", "memory_gb": 0.1}, "the source did not answer", context_length=None
+    )
+    assert unknown.memory_gb == 0.1 and unknown.estimate is None
+
+
+def test_a_node_takes_the_1_slot_replica_and_refuses_the_8_slot_one(
+    fleet: Any, tiny_url: str
+) -> None:
+    # 1 slot: 0.7 MB weights + 2 x 512 KiB (its slot and the prompt cache), about 0.0016 GB.
+    # 8 slots: 0.7 MB + 9 x 512 KiB, about 0.0049 GB. Both declare 0.001 GB, which would fit
+    # twice over on this node; with their KV caches only the 1-slot one does.
+    fleet.node("n1", memory_gb=0.003)
+    fleet.add("solo", source=tiny_url, profiles=[{"name": "one", "memory_gb": 0.001, "slots": 1}])
+    fleet.add("wide", source=tiny_url, profiles=[{"name": "eight", "memory_gb": 0.001, "slots": 8}])
+
+    report = reconcile_pass()
+
+    [solo] = Replica.objects.filter(model_name="solo")
+    size = ModelFile.objects.get().weights_bytes
+    assert size is not None
+    assert solo.memory_gb * 1024**3 == pytest.approx(size + 2 * 2048 * KV_PER_TOKEN)
+    assert not Replica.objects.filter(model_name="wide").exists()
+    [unplaced] = report.unplaced
+    assert unplaced.model == "wide"
+    assert unplaced.reason.startswith("no node has 0.00")
+    assert "GB memory free for profile eight; the largest free is 0.001" in unplaced.reason
+    assert "KV cache 4.00 MB for 8 slots x 2048 tokens" in unplaced.reason
+    assert unplaced.reason.endswith(
+        "more than its memory_gb 0.001; fewer slots or a shorter context_length need less)"
+    )
+
+
+def test_profiles_are_tried_in_order_with_their_kv_caches(fleet: Any, tiny_url: str) -> None:
+    fleet.node("n1", memory_gb=0.003)
+    profiles = [
+        {"name": "eight", "memory_gb": 0.001, "slots": 8},
+        {"name": "one", "memory_gb": 0.001, "slots": 1},
+    ]
+    fleet.add("chat", source=tiny_url, profiles=profiles)
+    reconcile_pass()
+    assert [(r.profile, r.slots) for r in Replica.objects.all()] == [("one", 1)]
+
+
+def test_an_unread_header_falls_back_to_the_declared_memory_and_is_asked_again(
+    fleet: Any, api: Any
+) -> None:
+    fleet.node("n1", memory_gb=1)
+    fleet.add(
+        "far",
+        source="http://127.0.0.1:9/tiny.gguf",
+        profiles=[{"name": "cpu", "memory_gb": 0.5, "slots": 8}],
+    )
+    reconcile_pass()
+    [replica] = Replica.objects.all()
+    assert replica.memory_gb == 0.5
+    [row] = ModelFile.objects.all()
+    assert row.error and row.weights_bytes is None
+    facts = known_facts(Model.objects.all())
+    assert isinstance(facts["far"], str)
+
+    plan = api("bob").get("/api/v1/models/far/plan").json()
+    assert plan["estimate"] is None
+    [warning] = plan["warnings"]
+    assert warning.startswith("memory not estimated: ")
+    assert warning.endswith(
+        "until it is, placement reserves what each profile declares (cpu 0.5 GB)"
+    )
+
+
+def test_plan_shows_what_placement_reserves(api: Any, tiny_url: str) -> None:
+    from tests.factories import definition as make
+
+    body = make(
+        name="est", source=tiny_url, profiles=[{"name": "cpu", "memory_gb": 0.001, "slots": 4}]
+    )
+    plan = api("bob").post("/api/v1/plan", body, format="json").json()
+    estimate = plan["estimate"]
+    assert estimate["slots"] == 4 and estimate["context_length"] == 2048
+    assert estimate["kv_cache_bytes"] == 4 * 2048 * KV_PER_TOKEN
+    assert estimate["reserved_gb"] == estimate["total_gb"] > 0.001
+    [warning] = plan["warnings"]
+    assert warning.startswith("profile cpu declares 0.001 GB, below the estimated")
+    assert warning.endswith("placement reserves the estimate")
