@@ -296,6 +296,9 @@ class EngineNumbersOut(serializers.Serializer):
     waiting = serializers.IntegerField(help_text="requests waiting for a free slot")
     predicted_tokens = serializers.IntegerField(help_text="tokens generated since it started")
     prompt_tokens = serializers.IntegerField(help_text="prompt tokens since it started")
+    prompt_tokens_cached = serializers.IntegerField(
+        help_text="of those, the ones its prompt cache served (no prefill)"
+    )
     prompt_cache_hit_ratio = serializers.FloatField(
         allow_null=True, help_text="share of prompt tokens served from its prompt cache"
     )

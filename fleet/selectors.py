@@ -118,6 +118,7 @@ def engine_numbers(replica: Replica) -> dict[str, Any] | None:
         "waiting": int(numbers.get("requests_deferred", 0)),
         "predicted_tokens": int(numbers.get("predicted_tokens", 0)),
         "prompt_tokens": int(prompt),
+        "prompt_tokens_cached": int(numbers.get("prompt_tokens_cached", 0)),
         "prompt_cache_hit_ratio": (
             round(numbers.get("prompt_tokens_cached", 0) / prompt, 3) if prompt else None
         ),

@@ -724,7 +724,7 @@ async def _metrics(scope: Scope, send: Send) -> None:
         return
     from .metrics import exposition
 
-    text, content_type = await asyncio.to_thread(exposition)
+    text, content_type = await asyncio.to_thread(exposition, state.get().engines)
     await _answer(send, 200, text, [(b"content-type", content_type.encode())])
 
 

@@ -87,7 +87,7 @@ class SharedLoad:
                 continue
             if pid == self.pid:
                 continue
-            if not _alive(pid) and pid not in self._others:
+            if not process_alive(pid) and pid not in self._others:
                 _drop(path)
                 continue
             seen.add(pid)
@@ -131,7 +131,8 @@ def _drop(path: Path) -> None:
         path.unlink()
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` still exists (one of another user counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

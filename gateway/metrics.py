@@ -17,10 +17,15 @@ import glob
 import os
 import re
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import conf
+from .load import process_alive
+
+if TYPE_CHECKING:
+    from .state import EngineFigures
 
 # Seconds, from a tiny model's few milliseconds to a long generation.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -115,19 +120,77 @@ def _create(folder: str | None) -> Metrics:
 _LIVE_FILE = re.compile(r"gauge_live\w*?_(\d+)\.db$")
 
 
-def exposition() -> tuple[bytes, str]:
-    """The text a scrape gets, and its content type."""
+def exposition(engines: Sequence[EngineFigures] = ()) -> tuple[bytes, str]:
+    """The text a scrape gets, and its content type: the gateway's own numbers, then what each
+    serving replica's engine last reported (``engines``, from the routing snapshot)."""
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
     current = metrics()
     if current.folder is None:
-        return generate_latest(current.registry), CONTENT_TYPE_LATEST
-    from prometheus_client import multiprocess
+        text = generate_latest(current.registry)
+    else:
+        from prometheus_client import multiprocess
 
-    _forget_dead_processes(current.folder)
-    registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry, path=current.folder)
-    return generate_latest(registry), CONTENT_TYPE_LATEST
+        _forget_dead_processes(current.folder)
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=current.folder)
+        text = generate_latest(registry)
+    return text + engine_exposition(engines), CONTENT_TYPE_LATEST
+
+
+# The engines' numbers, as every gateway process reads them from the database (the heartbeat
+# carries them there): not counted by this process, so not kept in prometheus_client's files,
+# where several processes would add them up. (name, type, help, key in fleet's engine numbers)
+ENGINE_METRICS = (
+    (
+        "llmgw_engine_tokens_per_second",
+        "gauge",
+        "Tokens the replica's engine generated per second over its last few seconds.",
+        "tokens_per_second",
+    ),
+    ("llmgw_engine_slots", "gauge", "Requests the engine computes at once.", "slots"),
+    ("llmgw_engine_slots_busy", "gauge", "Slots computing a request now.", "busy_slots"),
+    ("llmgw_engine_requests_waiting", "gauge", "Requests waiting for a free slot.", "waiting"),
+    (
+        "llmgw_engine_predicted_tokens_total",
+        "counter",
+        "Tokens the engine generated since it started.",
+        "predicted_tokens",
+    ),
+    (
+        "llmgw_engine_prompt_tokens_total",
+        "counter",
+        "Prompt tokens the engine was sent since it started.",
+        "prompt_tokens",
+    ),
+    (
+        "llmgw_engine_prompt_tokens_cached_total",
+        "counter",
+        "Of those, the ones its prompt cache served without computing them again.",
+        "prompt_tokens_cached",
+    ),
+)
+
+
+def engine_exposition(engines: Sequence[EngineFigures]) -> bytes:
+    """Prometheus text for the engines' numbers, labelled by model, replica and node."""
+    lines = []
+    for name, kind, text, key in ENGINE_METRICS:
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+        for engine in engines:
+            value = engine.numbers.get(key)
+            if value is None:
+                continue
+            labels = (
+                f'model="{_label(engine.model)}",node="{_label(engine.node)}",'
+                f'replica="{_label(engine.replica)}"'
+            )
+            lines.append(f"{name}{{{labels}}} {float(value)!r}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def _forget_dead_processes(folder: str) -> None:
@@ -142,18 +205,8 @@ def _forget_dead_processes(folder: str) -> None:
         if match is None:
             continue
         pid = int(match.group(1))
-        if not _alive(pid):
+        if not process_alive(pid):
             multiprocess.mark_process_dead(pid, folder)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def reset_for_tests() -> None:

@@ -56,11 +56,21 @@ class Snapshot:
     replicas: dict[str, list[Candidate]]
     keys: dict[str, KeyState]  # by hash
     unplaceable: dict[str, str]  # on-demand model -> why it fits on no node
+    # What each serving replica's engine last reported of itself (fleet.selectors), for /metrics.
+    engines: tuple[EngineFigures, ...] = ()
     read_at: float = field(default_factory=time.monotonic)
 
 
+@dataclass(frozen=True)
+class EngineFigures:
+    model: str
+    replica: str
+    node: str
+    numbers: dict[str, Any]
+
+
 def read_snapshot() -> Snapshot:
-    """Everything routing needs, in four queries."""
+    """Everything routing and /metrics need, in six queries."""
     from .models import GatewayKey
 
     catalog = read_catalog()
@@ -76,7 +86,38 @@ def read_snapshot() -> Snapshot:
         replicas=replicas,
         keys=keys,
         unplaceable=_unplaceable(catalog),
+        engines=_engines(),
     )
+
+
+def _engines() -> tuple[EngineFigures, ...]:
+    """The serving replicas' engine numbers, fresh ones only (fleet.selectors.engine_numbers)."""
+    from fleet.models import Replica
+    from fleet.selectors import engine_numbers
+
+    figures = []
+    for replica in (
+        Replica.objects.filter(withdrawn_at__isnull=True, state=Replica.READY, model__isnull=False)
+        .exclude(engine_metrics_at__isnull=True)
+        .select_related("node")
+        .only(
+            "id",
+            "model_name",
+            "state",
+            "withdrawn_at",
+            "slots",
+            "engine_metrics",
+            "engine_metrics_at",
+            "node__name",
+        )
+        .order_by("model_name", "id")
+    ):
+        numbers = engine_numbers(replica)
+        if numbers is not None:
+            figures.append(
+                EngineFigures(replica.model_name, str(replica.pk), replica.node.name, numbers)
+            )
+    return tuple(figures)
 
 
 def _unplaceable(catalog: Catalog) -> dict[str, str]:

@@ -268,6 +268,7 @@ def test_a_heartbeat_keeps_each_replicas_engine_numbers(api: Any, fleet: Any) ->
         "waiting": 1,
         "predicted_tokens": 640,
         "prompt_tokens": 400,
+        "prompt_tokens_cached": 100,
         "prompt_cache_hit_ratio": 0.25,
         "reported_at": replica.engine_metrics_at.isoformat(),
     }

@@ -334,3 +334,35 @@ def test_metrics_add_up_across_the_web_workers(system: System, client: Any) -> N
     for _ in range(10):
         chat(client, "chat-sql")
     assert total() == before + 10
+
+
+def test_the_engines_own_numbers_reach_metrics(system: System, client: Any) -> None:
+    import requests
+
+    labels = r'\{model="long",node="node-[ab]",replica="[0-9a-f-]+"\}'
+
+    def figure(text: str, name: str) -> float | None:
+        found = re.search(rf"{name}{labels} (\S+)", text)
+        return float(found.group(1)) if found else None
+
+    # The same conversation twice: the second prompt comes from the engine's prompt cache.
+    for _ in range(2):
+        chat(client, "long")
+
+    def reported() -> str | None:
+        text = requests.get(f"{system.url}/metrics", timeout=10).text
+        cached = figure(text, "llmgw_engine_prompt_tokens_cached_total")
+        return text if cached else None
+
+    # The agent reads its engines every 5 s and the heartbeat carries them; the gateway reads
+    # the database at least every 5 s.
+    text = wait_for(reported, timeout=40, interval=1, what="long's engine numbers in /metrics")
+    assert figure(text, "llmgw_engine_slots") == 1
+    assert figure(text, "llmgw_engine_slots_busy") == 0
+    assert figure(text, "llmgw_engine_requests_waiting") == 0
+    assert (figure(text, "llmgw_engine_predicted_tokens_total") or 0) >= 2
+    assert (figure(text, "llmgw_engine_prompt_tokens_total") or 0) > (
+        figure(text, "llmgw_engine_prompt_tokens_cached_total") or 0
+    )
+    assert figure(text, "llmgw_engine_tokens_per_second") is not None
+    assert "# TYPE llmgw_engine_prompt_tokens_cached_total counter" in text
