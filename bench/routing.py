@@ -1,17 +1,20 @@
 """Prefix-cache-aware routing against least-loaded routing, on two real llama-server replicas.
 
-Two llama-server processes (4 slots each, one thread each) serve a generated ~52 MB model, so that
-a prompt's prefill takes real time. The gateway runs as the run command starts it (uvicorn, 2
-workers) with two models on the same two engines: one routed by prefix (the default), one
-least-loaded. The workload is 8 conversations of 10 turns sent at once, each turn after the
-last one's answer, every conversation starting with the same ~1,500-token system prompt; each
-turn is streamed and asks for 8 tokens, so time to first token is mostly prefill. The two
-routings run in alternating rounds, each round with a system prompt of its own (so neither finds
-the other's prompts in the engines' caches).
+Two llama-server processes (4 slots each, one thread each, started as the node starts them,
+RAM prompt cache included) serve a generated ~52 MB model, so that a prompt's prefill takes
+real time. The gateway runs as the run command starts it (uvicorn, 2 workers) with two models
+on the same two engines: one routed by prefix (the default), one least-loaded. The workload is
+8 conversations of 10 turns sent at once, each turn after the last one's answer, every
+conversation starting with the same ~1,500-token system prompt; each user turn brings ~200
+tokens of its own (pasted material), so a conversation's history grows to ~3,500 tokens as
+real ones do; each turn is streamed and asks for 8 tokens, so time to first token is mostly
+prefill. The two routings run in alternating rounds, each round with a system prompt of its
+own (so neither finds the other's prompts in the engines' caches).
 
-Printed: time to first token p50/p95, turns per second, and each replica's share of the turns
-(from the engines' own token counters), with issue 14's targets: TTFT p50 at least 2x better with
-prefix routing, no replica above 65% of the requests.
+Printed: time to first token p50/p95, turns per second, each replica's share of the turns (from
+the engines' own token counters) and the prompt tokens the engines computed and took from their
+caches, with issue 14's targets: TTFT p50 at least 2x better with prefix routing, no replica
+above 65% of the requests.
 
 Run: make bench, or .venv/bin/python bench/routing.py [--rounds N]
 """
@@ -43,13 +46,18 @@ from bench.gateway import (  # noqa: E402
     wait_http,
 )
 from llmgw.engine import EngineSettings, engine_command, find_engine  # noqa: E402
+from llmgw.ggufheader import estimate_memory_bytes, read_header_from_file  # noqa: E402
 from llmgw.tinygguf import LARGE, write_tiny_model  # noqa: E402
 
 CONVERSATIONS = 8
 TURNS = 10
 ANSWER_TOKENS = 8
+SYSTEM_TOKENS = 1500
+USER_TURN_TOKENS = 200  # 10 turns add ~2,300 tokens (with answers) to the 1,500 shared ones
+# Tokens per word of WORDS in the generated model's vocabulary: measured at start (tokens_per_word).
+TOKENS_PER_WORD = {"ratio": 1.0}
 SLOTS = 4
-CONTEXT = 4096
+CONTEXT = 5120  # per slot: a conversation reaches ~3,900 tokens by its last turn
 ROUTINGS = {"prefix": "bench-prefix", "least_loaded": "bench-least"}
 WORDS = [
     "the",
@@ -81,9 +89,36 @@ WORDS = [
 ]
 
 
-def system_prompt(seed: int, words: int = 1500) -> str:
+def words_for(tokens: int) -> int:
+    return max(1, round(tokens / TOKENS_PER_WORD["ratio"]))
+
+
+def tokens_per_word(port: int) -> float:
+    """How many tokens the engine makes of a WORDS word, on average (a sample of 1,000)."""
+    rng = random.Random(0)
+    sample = " ".join(rng.choice(WORDS) for _ in range(1000))
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/tokenize",
+        data=json.dumps({"content": sample}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return len(json.loads(response.read())["tokens"]) / 1000
+
+
+def system_prompt(seed: int) -> str:
     rng = random.Random(seed)
+    words = words_for(SYSTEM_TOKENS)
     return f"round {seed}: " + " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def user_turn(seed: int, conversation: int, number: int) -> str:
+    """What a user sends in one turn: a question with a few hundred tokens of material pasted
+    in (a document, code, an earlier answer), so that a conversation's history grows as real
+    ones do, and recomputing it where it is not cached costs what it costs in production."""
+    rng = random.Random(f"{seed}/{conversation}/{number}")
+    material = " ".join(rng.choice(WORDS) for _ in range(words_for(USER_TURN_TOKENS)))
+    return f"question {number} of conversation {conversation}: {material}"
 
 
 def prepare(folder: Path, ports: list[int]) -> tuple[dict[str, str], str]:
@@ -106,12 +141,29 @@ print(key_create(actor=actor, name="bench")[1])
     return env, prepare_database(script, env)
 
 
-def predicted_tokens(port: int) -> float:
+ENGINE_COUNTERS = {
+    "llamacpp:tokens_predicted_total": "predicted",
+    "llamacpp:prompt_tokens_total": "computed",  # prompt tokens prefilled (not from a cache)
+    "llamacpp:prompt_tokens_cached_total": "cached",
+}
+
+
+def engine_counters(port: int) -> dict[str, float]:
+    """The engine's own counters: tokens generated, prompt tokens computed and from its cache."""
+    found = dict.fromkeys(ENGINE_COUNTERS.values(), 0.0)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         for line in response.read().decode().splitlines():
-            if line.startswith("llamacpp:tokens_predicted_total"):
-                return float(line.split()[-1])
-    return 0.0
+            name = line.split(" ")[0]
+            if name in ENGINE_COUNTERS:
+                found[ENGINE_COUNTERS[name]] = float(line.split()[-1])
+    return found
+
+
+def prompt_cache_mib(model_path: Path, context: int) -> int:
+    """The RAM prompt cache the node gives an engine: one slot's KV cache (llmgw/node.py)."""
+    header = read_header_from_file(model_path, require_tensors=False)
+    one_slot = estimate_memory_bytes(header, file_size=0, context_length=context).prompt_cache_bytes
+    return max(1, -(-one_slot // (1 << 20)))
 
 
 async def turn(url: str, key: str, model: str, messages: list[dict[str, str]]) -> tuple[float, str]:
@@ -160,9 +212,7 @@ async def workload(url: str, key: str, model: str, seed: int) -> tuple[list[floa
     async def conversation(index: int) -> None:
         messages = [{"role": "system", "content": system}]
         for number in range(TURNS):
-            messages.append(
-                {"role": "user", "content": f"question {number} of conversation {index}"}
-            )
+            messages.append({"role": "user", "content": user_turn(seed, index, number)})
             first, answer = await turn(url, key, model, messages)
             firsts.append(first)
             messages.append({"role": "assistant", "content": answer or "yes"})
@@ -196,10 +246,13 @@ def main() -> int:
                 context_length=CONTEXT,
                 slots=SLOTS,
                 threads=1,
+                # As the node starts it (both routings alike): one slot's worth of RAM cache.
+                prompt_cache_mib=prompt_cache_mib(model_path, CONTEXT),
             )
             processes.start(f"engine-{index}", engine_command(settings, executable))
         for port in ports:
             wait_http(f"http://127.0.0.1:{port}/health", "llama-server")
+        TOKENS_PER_WORD["ratio"] = tokens_per_word(ports[0])
         env, key = prepare(folder, ports)
         gateway_port = free_port()
         processes.start(
@@ -222,24 +275,31 @@ def main() -> int:
         url = f"http://127.0.0.1:{gateway_port}"
         wait_http(f"{url}/v1/models", "the gateway", headers={"Authorization": f"Bearer {key}"})
         results: dict[str, dict[str, list[float]]] = {
-            r: {"firsts": [], "walls": [], "shares": []} for r in ROUTINGS
+            r: {"firsts": [], "walls": [], "shares": [], "computed": [], "cached": []}
+            for r in ROUTINGS
         }
         seed = 0
         for _ in range(args.rounds):
             for routing, model in ROUTINGS.items():
                 seed += 1
-                before = [predicted_tokens(p) for p in ports]
+                before = [engine_counters(p) for p in ports]
                 firsts, wall = asyncio.run(workload(url, key, model, seed))
-                after = [predicted_tokens(p) for p in ports]
-                served = [b - a for a, b in zip(before, after, strict=True)]
+                after = [engine_counters(p) for p in ports]
+                delta = [{k: b[k] - a[k] for k in a} for a, b in zip(before, after, strict=True)]
+                served = [d["predicted"] for d in delta]
+                computed = sum(d["computed"] for d in delta)
+                cached = sum(d["cached"] for d in delta)
                 results[routing]["firsts"] += firsts
                 results[routing]["walls"].append(wall)
                 results[routing]["shares"].append(max(served) / max(sum(served), 1))
+                results[routing]["computed"].append(computed)
+                results[routing]["cached"].append(cached)
                 print(
                     f"  round {seed}: {routing:12s} TTFT p50 "
                     f"{statistics.median(firsts) * 1000:7.1f} ms, wall {wall:6.1f} s, "
                     f"replicas {served[0] / max(sum(served), 1):.0%} / "
-                    f"{served[1] / max(sum(served), 1):.0%}"
+                    f"{served[1] / max(sum(served), 1):.0%}, prompt tokens computed "
+                    f"{computed:,.0f}, from the engines' caches {cached:,.0f}"
                 )
     finally:
         processes.stop_all()
@@ -247,11 +307,12 @@ def main() -> int:
     turns = CONVERSATIONS * TURNS
     print(
         f"\n  {CONVERSATIONS} conversations x {TURNS} turns at once, ~1,500-token shared system "
-        f"prompt, {ANSWER_TOKENS} tokens per answer, 2 replicas x {SLOTS} slots, {args.rounds} "
+        f"prompt, ~{USER_TURN_TOKENS} tokens per user turn, {ANSWER_TOKENS} tokens per answer, 2 replicas x {SLOTS} slots, {args.rounds} "
         "rounds each, alternating"
     )
     print(
-        f"  {'routing':14s} {'TTFT p50':>10s} {'TTFT p95':>10s} {'turns/s':>9s} {'busiest replica':>16s}"
+        f"  {'routing':14s} {'TTFT p50':>10s} {'TTFT p95':>10s} {'turns/s':>9s} "
+        f"{'busiest replica':>16s} {'prefilled/round':>16s} {'cached/round':>13s}"
     )
     p50 = {}
     for routing, figures in results.items():
@@ -261,7 +322,8 @@ def main() -> int:
         rate = turns / statistics.median(figures["walls"])
         print(
             f"  {routing:14s} {p50[routing] * 1000:8.1f}ms {p95 * 1000:8.1f}ms {rate:9.2f} "
-            f"{max(figures['shares']):>15.0%}"
+            f"{max(figures['shares']):>15.0%} {statistics.mean(figures['computed']):>16,.0f} "
+            f"{statistics.mean(figures['cached']):>13,.0f}"
         )
     gain = p50["least_loaded"] / max(p50["prefix"], 1e-9)
     busiest = max(results["prefix"]["shares"])
