@@ -8,7 +8,7 @@ from typing import Any
 
 from llmgw.client import Client
 
-from .output import print_json, table
+from .output import table, table_wanted
 
 
 def add_audit(sub: Any) -> None:
@@ -26,11 +26,7 @@ def cmd_audit(client: Client, args: argparse.Namespace) -> None:
         "audit", model=args.model, actor=args.actor, action=args.action, limit=args.limit
     )
     entries = page["entries"]
-    if args.json:
-        print_json(entries)
-        return
-    if not entries:
-        print("No audit entries match.")
+    if not table_wanted(args, entries, "No audit entries match."):
         return
     rows = []
     for e in entries:

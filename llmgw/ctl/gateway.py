@@ -8,7 +8,7 @@ from typing import Any
 
 from llmgw.client import Client
 
-from .output import print_json, table
+from .output import print_json, table, table_wanted
 
 KEYS_HELP = """\
 Applications send OpenAI-style requests to the gateway at LLMGW_URL/v1 with a
@@ -31,11 +31,9 @@ def add_keys(sub: Any) -> None:
 
 def cmd_keys(client: Client, args: argparse.Namespace) -> None:
     keys = client.get("keys")
-    if args.json:
-        print_json(keys)
-        return
-    if not keys:
-        print("No gateway keys yet. Create one with: llmgw ctl key create NAME")
+    if not table_wanted(
+        args, keys, "No gateway keys yet. Create one with: llmgw ctl key create NAME"
+    ):
         return
     rows = [
         [
@@ -136,13 +134,11 @@ def cmd_usage(client: Client, args: argparse.Namespace) -> None:
         model=args.model,
         since=args.since.isoformat() if args.since else None,
     )
-    if args.json:
-        print_json(rows)
-        return
-    if not rows:
-        print(
-            "No usage recorded for those keys and models yet (the gateway writes it every few seconds)."
-        )
+    if not table_wanted(
+        args,
+        rows,
+        "No usage recorded for those keys and models yet (the gateway writes it every few seconds).",
+    ):
         return
     days = [
         [

@@ -12,7 +12,7 @@ from typing import Any
 from llmgw.client import Client, CtlError
 from llmgw.units import format_bytes
 
-from .output import print_json, scaling_text, table
+from .output import print_json, scaling_text, table, table_wanted
 
 SCALING_HELP = """\
 The replica count is --min. --max is a ceiling, not a target: a model with a
@@ -71,11 +71,9 @@ def add_models(sub: Any) -> None:
 
 def cmd_models(client: Client, args: argparse.Namespace) -> None:
     models = client.get("models")
-    if args.json:
-        print_json(models)
-        return
-    if not models:
-        print("No models yet. Add one with: llmgw ctl model add -f model.yaml")
+    if not table_wanted(
+        args, models, "No models yet. Add one with: llmgw ctl model add -f model.yaml"
+    ):
         return
     rows = [
         [

@@ -7,7 +7,7 @@ from typing import Any
 
 from llmgw.client import Client
 
-from .output import print_json, table
+from .output import table, table_wanted
 
 
 def add_nodes(sub: Any) -> None:
@@ -20,11 +20,7 @@ def add_nodes(sub: Any) -> None:
 
 def cmd_nodes(client: Client, args: argparse.Namespace) -> None:
     nodes = client.get("nodes")
-    if args.json:
-        print_json(nodes)
-        return
-    if not nodes:
-        print("No nodes yet. Add one with: llmgw ctl node add NAME")
+    if not table_wanted(args, nodes, "No nodes yet. Add one with: llmgw ctl node add NAME"):
         return
 
     def figures(r: dict[str, Any]) -> str:

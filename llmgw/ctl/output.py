@@ -12,6 +12,19 @@ def print_json(data: Any) -> None:
     sys.stdout.write("\n")
 
 
+def table_wanted(args: Any, items: list[Any], none: str) -> bool:
+    """Whether a list command goes on to print its table. Not with --json: the items are
+    printed as the API gave them. Not when there are none: ``none`` is printed instead,
+    which says how to make one."""
+    if args.json:
+        print_json(items)
+        return False
+    if not items:
+        print(none)
+        return False
+    return True
+
+
 def table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = [

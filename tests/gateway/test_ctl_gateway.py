@@ -13,8 +13,8 @@ import pytest
 import requests
 
 from gateway.models import GatewayKey
-from llmgw.cli import main
 from tests.gateway.conftest import GatewayServer
+from tests.support.ctl import Ctl, ctl_as
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.smoke]
 
@@ -28,17 +28,8 @@ def front(live_server: Any, settings: Any) -> Iterator[GatewayServer]:
 
 
 @pytest.fixture
-def ctl(front: GatewayServer, tokens: dict[str, str], capsys: Any, monkeypatch: Any) -> Any:
-    """ctl("alice", "keys") runs `llmgw ctl keys` as alice; returns (exit code, stdout, stderr)."""
-    monkeypatch.setenv("LLMGW_URL", front.url)
-
-    def run(user: str, *argv: str) -> tuple[int, str, str]:
-        monkeypatch.setenv("LLMGW_TOKEN", tokens[user])
-        code = main(["ctl", *argv])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
+def ctl(front: GatewayServer, tokens: dict[str, str], capsys: Any, monkeypatch: Any) -> Ctl:
+    return ctl_as(front.url, tokens, capsys, monkeypatch)
 
 
 def test_a_key_is_printed_once_and_opens_the_gateway(ctl: Any, front: GatewayServer) -> None:

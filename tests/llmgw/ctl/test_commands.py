@@ -14,22 +14,14 @@ import yaml
 from catalog.models import AuditEntry, Model
 from llmgw.cli import main
 from tests.factories import definition
+from tests.support.ctl import Ctl, ctl_as
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.smoke]
 
 
 @pytest.fixture
-def ctl(live_server: Any, tokens: dict[str, str], capsys: Any, monkeypatch: Any) -> Any:
-    """ctl("alice", "models") runs `llmgw ctl models` as alice; returns (exit code, stdout, stderr)."""
-    monkeypatch.setenv("LLMGW_URL", live_server.url)
-
-    def run(user: str, *argv: str) -> tuple[int, str, str]:
-        monkeypatch.setenv("LLMGW_TOKEN", tokens[user])
-        code = main(["ctl", *argv])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
+def ctl(live_server: Any, tokens: dict[str, str], capsys: Any, monkeypatch: Any) -> Ctl:
+    return ctl_as(live_server.url, tokens, capsys, monkeypatch)
 
 
 @pytest.fixture
