@@ -581,7 +581,7 @@ def main() -> int:
                 wait_http(f"http://127.0.0.1:{port}/health", "the fake upstream")
             upstream = f"http://127.0.0.1:{upstream_port}"
             env, key = prepare_gateway(folder, upstream_port, second_port)
-            from catalog.management.commands.llmgw_run import gateway_command
+            from llmgw_site.management.commands.llmgw_run import gateway_command
 
             gateway_port = free_port()
             processes.start(

@@ -5,8 +5,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -30,6 +32,7 @@ from .definitions import (
     normalize,
 )
 from .errors import Problem, invalid
+from .models import Model
 from .sources import human_size
 
 # -- what the API answers: output serializers, the one source of both shape and schema --------
@@ -210,12 +213,21 @@ def validated(serializer_class: type[serializers.Serializer], data: Any) -> dict
     return dict(serializer.validated_data)
 
 
-def _view(model: Any) -> dict[str, Any]:
-    from fleet.selectors import model_status
+class ModelAnswerAPI(APIView):
+    """An endpoint that answers with models (ModelOut).
 
-    return out(
-        ModelOut, selectors.model_view(model, current_config(), model_status([model])[model.pk])
-    )
+    A model's answer also holds what the apps above the catalog know of it: its replicas
+    (fleet) and its latest rollout (registry). `describe` turns models into their answers; it
+    is given where the URLs are routed (llmgw_site/urls.py, which sees every app), so the
+    catalog imports none of them.
+    """
+
+    describe: Callable[[list[Model]], list[dict[str, Any]]] | None = None
+
+    def answer(self, model: Model) -> Any:
+        if self.describe is None:
+            raise ImproperlyConfigured(f"{type(self).__name__} is routed without describe=")
+        return out(ModelOut, self.describe([model])[0])
 
 
 DEFINITION_BODY = {
@@ -224,18 +236,12 @@ DEFINITION_BODY = {
 }
 
 
-class ModelsAPI(APIView):
+class ModelsAPI(ModelAnswerAPI):
     @extend_schema(summary="List the models", responses=answers({200: ModelOut(many=True)}))
     def get(self, request: Request) -> Response:
-        from fleet.selectors import model_status
-        from registry import selectors as registry_selectors
-
-        config = current_config()
-        models = list(selectors.model_queryset())
-        status = model_status(models)
-        rollouts = registry_selectors.latest_rollouts(models)
-        views = [selectors.model_view(m, config, status[m.pk], rollouts.get(m.pk)) for m in models]
-        return Response(out(ModelOut, views, many=True))
+        if self.describe is None:
+            raise ImproperlyConfigured("ModelsAPI is routed without describe=")
+        return Response(out(ModelOut, self.describe(list(selectors.model_queryset())), many=True))
 
     @extend_schema(
         summary="Add a model (its definition as JSON or YAML)",
@@ -250,16 +256,16 @@ class ModelsAPI(APIView):
         model = services.model_add(
             actor=actor_of(request), definition=definition, source_check=source_check
         )
-        body = _view(model)
+        body = self.answer(model)
         if model.source_size is not None:
             body["source_size_text"] = human_size(model.source_size)
         return Response(body, status=status.HTTP_201_CREATED)
 
 
-class ModelAPI(APIView):
+class ModelAPI(ModelAnswerAPI):
     @extend_schema(summary="One model", responses=answers({200: ModelOut}, 404))
     def get(self, request: Request, name: str) -> Response:
-        return Response(_view(services.get_model(name)))
+        return Response(self.answer(services.get_model(name)))
 
     @extend_schema(summary="Remove a runtime model", responses=answers({204: None}, 403, 404, 409))
     def delete(self, request: Request, name: str) -> Response:
@@ -285,7 +291,7 @@ class ScaleInput(StrictSerializer):
     )
 
 
-class ScaleAPI(APIView):
+class ScaleAPI(ModelAnswerAPI):
     @extend_schema(
         summary="Set a runtime model's replica count",
         request=ScaleInput,
@@ -300,7 +306,7 @@ class ScaleAPI(APIView):
             max_replicas=data.get("max"),
             idle_timeout=data.get("idle_timeout"),
         )
-        return Response(_view(model))
+        return Response(self.answer(model))
 
 
 class ResourcesInput(StrictSerializer):
@@ -319,7 +325,7 @@ class ResourcesInput(StrictSerializer):
     )
 
 
-class ResourcesAPI(APIView):
+class ResourcesAPI(ModelAnswerAPI):
     @extend_schema(
         summary="Set what a replica reserves",
         request=ResourcesInput,
@@ -334,7 +340,7 @@ class ResourcesAPI(APIView):
             cores=data.get("cores"),
             profile=data.get("profile"),
         )
-        return Response(_view(model))
+        return Response(self.answer(model))
 
 
 class ClassInput(StrictSerializer):
@@ -354,7 +360,7 @@ class ClassInput(StrictSerializer):
         }
 
 
-class ClassAPI(APIView):
+class ClassAPI(ModelAnswerAPI):
     @extend_schema(
         summary="Set a model's class",
         request=ClassInput,
@@ -363,14 +369,14 @@ class ClassAPI(APIView):
     def post(self, request: Request, name: str) -> Response:
         data = validated(ClassInput, request.data)
         model = services.model_set_class(actor=actor_of(request), name=name, klass=data["class"])
-        return Response(_view(model))
+        return Response(self.answer(model))
 
 
 class OwnerInput(StrictSerializer):
     owner = serializers.CharField(max_length=150, help_text="the username of the new owner")
 
 
-class OwnerAPI(APIView):
+class OwnerAPI(ModelAnswerAPI):
     @extend_schema(
         summary="Hand a model over to another user",
         request=OwnerInput,
@@ -379,7 +385,7 @@ class OwnerAPI(APIView):
     def post(self, request: Request, name: str) -> Response:
         data = validated(OwnerInput, request.data)
         model = services.model_set_owner(actor=actor_of(request), name=name, username=data["owner"])
-        return Response(_view(model))
+        return Response(self.answer(model))
 
 
 class AdaptersInput(StrictSerializer):

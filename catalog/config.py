@@ -1,23 +1,19 @@
-"""server.yaml: cluster settings and the declared models.
+"""server.yaml: cluster settings and the declared models, read and validated.
 
-The file is read on every start of web, worker and beat. Declared models are
-created, updated and (when gone from the file) removed to match it; a file that
-does not validate stops the start with a message naming the file, the entry and
-the field, because running on a half-understood configuration is worse than
-not running.
+The file is read on every start of web, worker and beat (llmgw_site.startup applies it).
+A file that does not validate stops the start with a message naming the file, the entry
+and the field, because running on a half-understood configuration is worse than not
+running.
 """
 
 from __future__ import annotations
 
-import logging
-import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import connections
 from rest_framework import serializers
 
 from .definitions import (
@@ -37,8 +33,6 @@ from .outbound import (
     parse_target,
 )
 from .yamltext import YAMLSyntaxError, line_for, load_with_lines
-
-log = logging.getLogger("catalog.config")
 
 
 class ConfigError(Exception):
@@ -222,31 +216,3 @@ def load_config(path: Path | None = None) -> ClusterConfig:
 def current_config() -> ClusterConfig:
     """This process's configuration, read once (every process reads the file at its start)."""
     return load_config()
-
-
-def apply_config_on_start(process: str, *, exit_code: int = 2) -> None:
-    """Read server.yaml and bring the declared models in line; stop the process if it is wrong.
-
-    The process stops with `exit_code` after printing the problem (file, entry, field,
-    line) on stderr, never a traceback.
-    """
-    from .services import config_apply
-
-    current_config.cache_clear()
-    try:
-        config = current_config()
-        result = config_apply(config)
-    except ConfigError as exc:
-        print(f"llmgw {process}: cannot start: {exc}", file=sys.stderr)
-        raise SystemExit(exit_code) from None
-    except CatalogError as exc:
-        print(f"llmgw {process}: cannot start: {config.path}: {exc.message}", file=sys.stderr)
-        raise SystemExit(exit_code) from None
-    finally:
-        # Celery forks its pool and beat after this runs: a SQLite connection
-        # carried across fork fails with "disk I/O error", so none is kept.
-        for connection in connections.all(initialized_only=True):
-            if not connection.in_atomic_block:
-                connection.close()
-    if any(result.values()):
-        log.info("%s: applied %s: %s", process, config.path, result)

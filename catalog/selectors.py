@@ -30,18 +30,14 @@ def model_view(
     model: Model,
     config: ClusterConfig,
     status: dict[str, int] | None = None,
-    rollout: Any = False,
+    rollout: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One model as the API shows it: its definition, what is in force, its replicas and revisions.
 
-    `rollout` is the model's latest rollout when the caller loaded it (None: it has none);
-    left out, it is looked up.
+    `status` (ready, replicas, desired) comes from the fleet and `rollout`, the latest update or
+    rollback as registry.selectors.rollout_view shows it, from the registry: the answer with all
+    of them is registry.selectors.model_answers.
     """
-    from registry.models import Rollout
-    from registry.selectors import rollout_view
-
-    if rollout is False:
-        rollout = Rollout.objects.filter(model=model).first()
     view = {
         "name": model.name,
         "kind": "declared" if model.declared else "runtime",
@@ -66,7 +62,7 @@ def model_view(
             if model.previous
             else None
         ),
-        "rollout": rollout_view(rollout) if isinstance(rollout, Rollout) else None,
+        "rollout": rollout,
     }
     if status is not None:
         view.update(status)

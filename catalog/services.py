@@ -18,7 +18,7 @@ from django.db import transaction
 from .definitions import CLASSES, MAX_CORES, MAX_MEMORY_GB, MAX_REPLICAS, whole_if_possible
 from .errors import CatalogError, Problem, conflict, forbidden, invalid, not_found
 from .models import AuditEntry, CatalogVersion, Model
-from .signals import catalog_changed
+from .signals import catalog_changed, model_added
 from .validation import catalog_problems
 
 if TYPE_CHECKING:
@@ -217,10 +217,8 @@ def model_add(*, actor: Actor, definition: dict[str, Any], source_check: bool = 
         refuse_if_invalid(catalog, [definition["name"]])
         model = Model(name=definition["name"], owner=owner, declared=False, source_size=source_size)
         apply_definition(model, definition)
-        from registry.mirror import origin_for_source
-
-        model.origin = origin_for_source(model.source)
         model.save()
+        model_added.send(sender=Model, model=model)
         record_change(actor, model.name, "add", None, model.definition())
         announce(model.name)
     return model

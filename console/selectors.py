@@ -288,7 +288,9 @@ def model_rows(models: list[Model], user: Any) -> list[ModelRow]:
         desired = desired_count(model, now, config.default_idle_timeout)
         status = {"ready": ready, "replicas": sum(counts.values()), "desired": desired}
         rollout = rollouts.get(model.pk)
-        view = catalog_selectors.model_view(model, config, status, rollout)
+        view = catalog_selectors.model_view(
+            model, config, status, registry_selectors.rollout_view_or_none(rollout)
+        )
         fetch = fetches.get(rollout.fetch_id) if rollout and rollout.fetch_id else None
         rows.append(
             ModelRow(

@@ -18,9 +18,10 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 
 from accounts.services import token_user
-from catalog.auth import credential_of
 from catalog.mirror_credential import is_control_plane_token
 from fleet.services import authenticate_node
+
+from .auth import credential_of
 
 
 def mirror_reader(request: HttpRequest) -> str | None:

@@ -14,13 +14,13 @@ app.autodiscover_tasks()
 
 @worker_init.connect
 def _apply_config_on_worker_start(**_: object) -> None:
-    from catalog.config import apply_config_on_start
+    from .startup import apply_config_on_start
 
     apply_config_on_start("worker")
 
 
 @beat_init.connect
 def _apply_config_on_beat_start(**_: object) -> None:
-    from catalog.config import apply_config_on_start
+    from .startup import apply_config_on_start
 
     apply_config_on_start("beat")

@@ -78,6 +78,8 @@ INSTALLED_APPS = [
     "registry",
     "gateway",
     "console",
+    # The process-starting commands (llmgw_run) and start-up; no models.
+    "llmgw_site",
 ]
 
 MIDDLEWARE = [
@@ -160,18 +162,18 @@ LOGIN_REDIRECT_URL = "/"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "catalog.auth.TokenOrBearerAuthentication",
+        "llmgw_site.auth.TokenOrBearerAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PARSER_CLASSES": [
         # Both hold bodies to DATA_UPLOAD_MAX_MEMORY_SIZE and parsed documents to the
         # bounds of catalog.yamltext (aliases, depth, digits, duplicate keys).
-        "catalog.parsers.JSONParser",
-        "catalog.parsers.YAMLParser",
+        "llmgw_site.parsers.JSONParser",
+        "llmgw_site.parsers.YAMLParser",
     ],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "EXCEPTION_HANDLER": "catalog.api_errors.exception_handler",
+    "EXCEPTION_HANDLER": "llmgw_site.api_errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
@@ -186,7 +188,7 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     # The schema describes tokens; console sessions work too, but are for the browser.
     "AUTHENTICATION_WHITELIST": [
-        "catalog.auth.TokenOrBearerAuthentication",
+        "llmgw_site.auth.TokenOrBearerAuthentication",
         "fleet.api.NodeTokenAuthentication",
     ],
     "ENUM_NAME_OVERRIDES": {

@@ -2,9 +2,11 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from catalog import api_errors
+from catalog.urls import model_urlpatterns
 from registry import mirror_files
+from registry.selectors import model_answers
 
+from . import api_errors
 from .access import mirror_access
 
 urlpatterns = [
@@ -12,6 +14,8 @@ urlpatterns = [
     path("api/v1/schema", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/v1/docs", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/", include("fleet.urls")),
+    # A model's answer holds its replicas and its latest rollout as well as its definition.
+    path("api/v1/", include(model_urlpatterns(describe=model_answers))),
     path("api/v1/", include("catalog.urls")),
     path("api/v1/", include("registry.urls")),
     path("", include("gateway.urls")),
@@ -21,4 +25,4 @@ urlpatterns = [
     path("", include("console.urls")),
 ]
 
-handler500 = "catalog.api_errors.server_error"
+handler500 = "llmgw_site.api_errors.server_error"

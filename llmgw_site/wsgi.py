@@ -15,7 +15,7 @@ if env_bool("LLMGW_WEB_BEHIND_GATEWAY", False):
 
     application = client_address_from_gateway(application)  # type: ignore[assignment]
 
-from catalog.config import apply_config_on_start  # noqa: E402  (needs Django set up)
+from llmgw_site.startup import apply_config_on_start  # noqa: E402  (needs Django set up)
 
 # 4 is gunicorn's "the application failed to load": its master then stops instead of
 # starting new workers that fail the same way forever. Other servers just see the exit.

@@ -5,3 +5,6 @@ class RegistryConfig(AppConfig):
     name = "registry"
     verbose_name = "Registry"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import receivers  # noqa: F401  (connects the catalog's model_added signal)

@@ -4,9 +4,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from catalog.config import current_config
 from catalog.models import Model
+from catalog.selectors import model_view
+from fleet.selectors import model_status
 
 from .models import Fetch, Rollout
+
+
+def model_answers(models: list[Model]) -> list[dict[str, Any]]:
+    """Each model as the API answers with it: the catalog's view of it, its replicas and its
+    latest rollout, in three queries whatever the number of models."""
+    config = current_config()
+    status = model_status(models)
+    rollouts = latest_rollouts(models)
+    return [
+        model_view(m, config, status[m.pk], rollout_view_or_none(rollouts.get(m.pk)))
+        for m in models
+    ]
 
 
 def latest_rollouts(models: list[Model]) -> dict[int, Rollout]:
@@ -41,6 +56,10 @@ def rollout_view(rollout: Rollout) -> dict[str, Any]:
         "started_at": rollout.created_at.isoformat(),
         "finished_at": rollout.finished_at.isoformat() if rollout.finished_at else None,
     }
+
+
+def rollout_view_or_none(rollout: Rollout | None) -> dict[str, Any] | None:
+    return rollout_view(rollout) if rollout is not None else None
 
 
 def fetch_view(fetch: Fetch) -> dict[str, Any]:

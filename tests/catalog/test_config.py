@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from catalog.config import ConfigError, apply_config_on_start, load_config, parse_config
+from catalog.config import ConfigError, load_config, parse_config
 from catalog.models import AuditEntry, Model
+from llmgw_site.startup import apply_config_on_start
 from tests.factories import definition
 
 pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
@@ -138,7 +139,7 @@ def test_a_bad_file_stops_a_real_worker_start(tmp_path: Path) -> None:
             sys.executable,
             "-c",
             "import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE','llmgw_site.settings'); "
-            "django.setup(); from catalog.config import apply_config_on_start; apply_config_on_start('worker')",
+            "django.setup(); from llmgw_site.startup import apply_config_on_start; apply_config_on_start('worker')",
         ],
         env=env,
         capture_output=True,

@@ -186,7 +186,7 @@ def test_whole_catalog_checks_apply_in_the_admin_too(admin_client: Client, fleet
 def test_a_declared_model_is_refused_with_the_services_message(
     admin_client: Client, users: Any, server_yaml: Any
 ) -> None:
-    from catalog.config import apply_config_on_start
+    from llmgw_site.startup import apply_config_on_start
 
     path = server_yaml({"models": [definition("decl-chat")]})
     apply_config_on_start("test")

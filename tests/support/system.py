@@ -196,7 +196,7 @@ class System:
         return self
 
     def start_gateway(self, workers: int = 2) -> None:
-        from catalog.management.commands.llmgw_run import gateway_command
+        from llmgw_site.management.commands.llmgw_run import gateway_command
 
         bin_dir = Path(sys.executable).parent
         self._spawn("gateway", gateway_command(bin_dir, "127.0.0.1", self.port, workers=workers))

@@ -53,7 +53,7 @@ def test_someone_who_may_not_act_sees_no_action_buttons(client_for: Any, running
 def test_a_declared_model_says_where_to_change_it(
     client_for: Any, users: Any, server_yaml: Any
 ) -> None:
-    from catalog.config import apply_config_on_start
+    from llmgw_site.startup import apply_config_on_start
 
     path = server_yaml({"models": [definition("decl-chat", owner="alice")]})
     apply_config_on_start("test")

@@ -103,7 +103,7 @@ def test_scale_prints_what_is_in_force(ctl: Any, model_file: Any) -> None:
 
 
 def test_scale_of_a_declared_model_says_to_edit_the_file(ctl: Any, server_yaml: Any) -> None:
-    from catalog.config import apply_config_on_start
+    from llmgw_site.startup import apply_config_on_start
 
     path = server_yaml({"models": [definition("declared-one")]})
     apply_config_on_start("web")

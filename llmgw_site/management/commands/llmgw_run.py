@@ -74,7 +74,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        from catalog.config import apply_config_on_start
+        from llmgw_site.startup import apply_config_on_start
 
         call_command("migrate", verbosity=0)
         # Before anything reads the configuration (the demo model does) or starts: a bad

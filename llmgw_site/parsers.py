@@ -17,7 +17,7 @@ from django.core.exceptions import RequestDataTooBig
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import BaseParser
 
-from .yamltext import (
+from catalog.yamltext import (
     MAX_DIGITS,
     DocumentRefused,
     YAMLSyntaxError,

@@ -13,8 +13,8 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from .definitions import flatten_errors, path_text
-from .errors import CatalogError
+from catalog.definitions import flatten_errors, path_text
+from catalog.errors import CatalogError
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
