@@ -28,11 +28,11 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from . import services
-from .definitions import clean_definition
+from .definitions import clean_definition, load_definition_text
 from .errors import CatalogError, Problem, invalid
 from .models import AuditEntry, CatalogVersion, Model
 from .services import Actor
-from .yamltext import Path, YAMLSyntaxError, line_for, load_with_lines
+from .yamltext import Path, line_for
 
 ADMIN = "admin"
 # Parts of a definition that no service changes in place; the rest map to one service each.
@@ -48,22 +48,25 @@ def definition_text(model: Model) -> str:
 
 
 def _parse(text: str) -> tuple[dict[str, Any], dict[Path, int]]:
-    try:
-        data, lines = load_with_lines(text)
-    except YAMLSyntaxError as exc:
-        raise CatalogError(
-            f"The definition is not valid YAML: {exc}.",
-            code="parse_error",
-            problems=[Problem("", str(exc), exc.line)],
-        ) from None
+    data, lines = load_definition_text(text)
     return clean_definition(data, lines=lines), lines
 
 
-def apply_definition(
+def edit_model(
     actor: Actor, model: Model, wanted: dict[str, Any], lines: dict[Path, int], source_check: bool
 ) -> Model:
-    """Bring a model to the wanted definition, one service per kind of change."""
+    """Bring a model to the definition edited in the admin, one service per kind of change, or
+    refuse what no service changes in place (with the line it is on)."""
     current = clean_definition(model.definition())
+    _refuse_changes_not_made_in_place(current, wanted, lines)
+    with transaction.atomic():
+        _change_through_services(actor, model.name, current, wanted, source_check)
+    return Model.objects.select_related("owner").get(name=model.name)
+
+
+def _refuse_changes_not_made_in_place(
+    current: dict[str, Any], wanted: dict[str, Any], lines: dict[Path, int]
+) -> None:
     fixed = [key for key in FIXED if current.get(key) != wanted.get(key)]
     if fixed:
         raise invalid(
@@ -82,9 +85,7 @@ def apply_definition(
     reshaped = [
         index
         for index, profile in enumerate(wanted["profiles"])
-        if profile["name"] not in by_name
-        or {k: v for k, v in profile.items() if k not in ("memory_gb", "cores")}
-        != {k: v for k, v in by_name[profile["name"]].items() if k not in ("memory_gb", "cores")}
+        if profile["name"] not in by_name or _shape(profile) != _shape(by_name[profile["name"]])
     ]
     if reshaped or len(wanted["profiles"]) != len(current["profiles"]):
         index = reshaped[0] if reshaped else 0
@@ -109,41 +110,48 @@ def apply_definition(
             ]
         )
 
-    name = model.name
-    with transaction.atomic():
-        if wanted.get("owner") and wanted["owner"] != current.get("owner"):
-            services.model_set_owner(actor=actor, name=name, username=wanted["owner"])
-        if (wanted["class"] or "") != (current["class"] or ""):
-            services.model_set_class(actor=actor, name=name, klass=wanted["class"] or "default")
-        scale = ("min_replicas", "max_replicas", "idle_timeout")
-        if any(wanted[key] != current[key] for key in scale):
-            services.model_scale(
+
+def _shape(profile: dict[str, Any]) -> dict[str, Any]:
+    """What of a profile the admin does not change in place: all but memory_gb and cores."""
+    return {k: v for k, v in profile.items() if k not in ("memory_gb", "cores")}
+
+
+def _change_through_services(
+    actor: Actor, name: str, current: dict[str, Any], wanted: dict[str, Any], source_check: bool
+) -> None:
+    if wanted.get("owner") and wanted["owner"] != current.get("owner"):
+        services.model_set_owner(actor=actor, name=name, username=wanted["owner"])
+    if (wanted["class"] or "") != (current["class"] or ""):
+        services.model_set_class(actor=actor, name=name, klass=wanted["class"] or "default")
+    scale = ("min_replicas", "max_replicas", "idle_timeout")
+    if any(wanted[key] != current[key] for key in scale):
+        services.model_scale(
+            actor=actor,
+            name=name,
+            min_replicas=wanted["min_replicas"],
+            max_replicas=wanted["max_replicas"],
+            idle_timeout=wanted["idle_timeout"],
+        )
+    by_name = {p["name"]: p for p in current["profiles"]}
+    for profile in wanted["profiles"]:
+        before = by_name[profile["name"]]
+        if (profile["memory_gb"], profile["cores"]) != (before["memory_gb"], before["cores"]):
+            services.model_set_resources(
                 actor=actor,
                 name=name,
-                min_replicas=wanted["min_replicas"],
-                max_replicas=wanted["max_replicas"],
-                idle_timeout=wanted["idle_timeout"],
+                memory_gb=profile["memory_gb"],
+                cores=profile["cores"],
+                profile=profile["name"],
             )
-        for profile in wanted["profiles"]:
-            before = by_name[profile["name"]]
-            if (profile["memory_gb"], profile["cores"]) != (before["memory_gb"], before["cores"]):
-                services.model_set_resources(
-                    actor=actor,
-                    name=name,
-                    memory_gb=profile["memory_gb"],
-                    cores=profile["cores"],
-                    profile=profile["name"],
-                )
-        # Removed first, then added: an adapter whose entry changed is replaced.
-        had = {a["name"]: a for a in current["adapters"]}
-        want = {a["name"]: a for a in wanted["adapters"]}
-        remove = [n for n in had if want.get(n) != had[n]]
-        add = [a for a in wanted["adapters"] if had.get(a["name"]) != a]
-        if add or remove:
-            services.model_set_adapters(
-                actor=actor, name=name, add=add, remove=remove, source_check=source_check
-            )
-    return Model.objects.select_related("owner").get(name=name)
+    # Removed first, then added: an adapter whose entry changed is replaced.
+    had = {a["name"]: a for a in current["adapters"]}
+    want = {a["name"]: a for a in wanted["adapters"]}
+    remove = [n for n in had if want.get(n) != had[n]]
+    add = [a for a in wanted["adapters"] if had.get(a["name"]) != a]
+    if add or remove:
+        services.model_set_adapters(
+            actor=actor, name=name, add=add, remove=remove, source_check=source_check
+        )
 
 
 class ModelAdminForm(forms.ModelForm):
@@ -190,7 +198,7 @@ class ModelAdminForm(forms.ModelForm):
                     actor=actor, definition=wanted, source_check=not data["skip_source_check"]
                 )
             else:
-                self.instance = apply_definition(
+                self.instance = edit_model(
                     actor, self.instance, wanted, lines, not data["skip_source_check"]
                 )
         except CatalogError as error:
@@ -339,7 +347,7 @@ class ModelAdmin(admin.ModelAdmin):
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
-    """Rows that only the services and tasks write."""
+    """Rows that only the services, tasks, the reconciler and the agents' heartbeats write."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

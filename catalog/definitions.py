@@ -17,7 +17,7 @@ from rest_framework import serializers
 from .durations import DurationError, parse_duration
 from .errors import CatalogError, Problem, invalid
 from .outbound import URLRefused, parse_target
-from .yamltext import Path, line_for
+from .yamltext import Path, YAMLSyntaxError, line_for, load_with_lines
 
 # A name is part of URLs (/api/v1/models/NAME, /console/models/NAME) and of command lines:
 # it starts with a letter or digit, so that "." and ".." (which a URL path resolves away)
@@ -375,6 +375,20 @@ def path_text(path: Path) -> str:
     for part in path:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text
+
+
+def load_definition_text(text: str) -> tuple[Any, dict[Path, int]]:
+    """A definition written as YAML, with the line of each field. Text that is not YAML is
+    refused with the line of the fault, in the same words by the console, the admin and the
+    API (llmgw_site.parsers)."""
+    try:
+        return load_with_lines(text)
+    except YAMLSyntaxError as exc:
+        raise CatalogError(
+            f"The definition is not valid YAML: {exc}.",
+            code="parse_error",
+            problems=[Problem("", str(exc), exc.line)],
+        ) from None
 
 
 def clean_definition(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import models
+from django.db.models import Q
 
 from .durations import format_duration
 
@@ -15,6 +17,31 @@ CLASS_CHOICES = [
     ("standard", "standard"),
     ("opportunistic", "opportunistic"),
 ]
+
+
+# -- scaling in force: the rules, for a row or for its min and max alone ------------------------
+# The gateway reads min and max without loading models, and the console filters in SQL: they
+# use these, so that "on demand" and "parked" mean one thing everywhere.
+
+
+def max_in_force(min_replicas: int, max_replicas: int | None) -> int:
+    """max_replicas left out follows min_replicas."""
+    return min_replicas if max_replicas is None else max_replicas
+
+
+def is_on_demand(min_replicas: int, max_replicas: int | None) -> bool:
+    """min 0 and a max above it: started when asked for, stopped when idle."""
+    return min_replicas == 0 and max_in_force(min_replicas, max_replicas) > 0
+
+
+def is_parked(min_replicas: int, max_replicas: int | None) -> bool:
+    """min 0 max 0: kept in the catalog, deliberately not running."""
+    return min_replicas == 0 and max_in_force(min_replicas, max_replicas) == 0
+
+
+# The same two rules in SQL (max_replicas null follows min_replicas, 0 here).
+ON_DEMAND = Q(min_replicas=0, max_replicas__gt=0)
+PARKED = Q(min_replicas=0) & (Q(max_replicas=0) | Q(max_replicas__isnull=True))
 
 
 # A canary's states while its replica serves a share of the requests, or is on its way to.
@@ -116,17 +143,36 @@ class Model(models.Model):
 
     @property
     def effective_max(self) -> int:
-        """max_replicas left out follows min_replicas."""
-        return self.min_replicas if self.max_replicas is None else self.max_replicas
+        return max_in_force(self.min_replicas, self.max_replicas)
 
     @property
     def on_demand(self) -> bool:
-        return self.min_replicas == 0 and self.effective_max > 0
+        return is_on_demand(self.min_replicas, self.max_replicas)
 
     @property
     def parked(self) -> bool:
-        """min 0 max 0: kept in the catalog, deliberately not running."""
-        return self.min_replicas == 0 and self.effective_max == 0
+        return is_parked(self.min_replicas, self.max_replicas)
+
+    def desired_replicas(self, now: datetime, default_idle: int) -> int:
+        """The replica count the reconciler aims for now: min_replicas; for an on-demand model,
+        one while it was asked for within its idle timeout, else none. Every door that shows a
+        wanted count (API, plan, console, rollouts) asks this."""
+        if self.min_replicas > 0:
+            return self.min_replicas
+        if not self.on_demand or self.demand_at is None:
+            return 0
+        idle = self.idle_timeout_in_force(default_idle)
+        return 1 if now - self.demand_at < timedelta(seconds=idle) else 0
+
+    def may_be_changed_by(self, user: Any) -> bool:
+        """Its owner and staff may change a model (server.yaml and the system act as neither;
+        catalog.services.require_change_rights lets them, and says why to everyone else)."""
+        if user is None:
+            return False
+        return bool(
+            getattr(user, "is_staff", False)
+            or (self.owner_id is not None and self.owner_id == user.pk)
+        )
 
     @property
     def class_in_force(self) -> str:

@@ -90,9 +90,7 @@ def require_change_rights(actor: Actor, model: Model) -> None:
     """The owner or staff may change a model. Asked before anything else about the change (who
     the new owner is, whether a file exists), so that an outsider learns nothing from the answer
     and makes the control plane fetch nothing."""
-    if actor.door in ("config", "system") or actor.is_staff:
-        return
-    if actor.user is not None and model.owner_id == actor.user.pk:
+    if actor.door in ("config", "system") or model.may_be_changed_by(actor.user):
         return
     if model.owner is None:
         raise forbidden(f"{model.name} has no owner, so only a staff user may change it.")
@@ -122,13 +120,27 @@ def record_change(
     after: dict[str, Any] | None,
     note: str = "",
 ) -> AuditEntry:
+    entry = audit_entry(actor, model_name, action, before, after, note)
+    entry.save()
+    return entry
+
+
+def audit_entry(
+    actor: Actor,
+    model_name: str,
+    action: str,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+    note: str = "",
+) -> AuditEntry:
+    """The audit entry of a change, not yet saved (the reconciler saves a pass's in one query)."""
     changes: dict[str, list[Any]] = {}
     for key in dict.fromkeys([*(before or {}), *(after or {})]):
         old = (before or {}).get(key)
         new = (after or {}).get(key)
         if old != new:
             changes[key] = [old, new]
-    return AuditEntry.objects.create(
+    return AuditEntry(
         actor=actor.user,
         actor_name=actor.name,
         model_name=model_name,
@@ -146,6 +158,11 @@ def record_event(
 ) -> AuditEntry:
     """An audit entry for something that is not a change of definition (a preemption, a restart)."""
     return record_change(actor, model_name, action, None, details or None, note)
+
+
+def event_entry(actor: Actor, model_name: str, action: str, note: str) -> AuditEntry:
+    """record_event's entry, not yet saved."""
+    return audit_entry(actor, model_name, action, None, None, note)
 
 
 def announce(*names: str) -> None:

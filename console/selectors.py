@@ -21,9 +21,8 @@ from django.utils import timezone
 from catalog import selectors as catalog_selectors
 from catalog.config import current_config
 from catalog.durations import format_duration
-from catalog.models import CLASS_CHOICES, AuditEntry, Model
+from catalog.models import CLASS_CHOICES, ON_DEMAND, AuditEntry, Model
 from fleet.models import Replica
-from fleet.reconciler import desired_count
 from registry import selectors as registry_selectors
 from registry.models import Fetch, MirrorFile, Rollout
 
@@ -39,11 +38,6 @@ STATES = {
     "degraded": "degraded: some replicas ready, fewer than wanted",
     "not-running": "not running: no replica ready",
 }
-
-
-def can_change(user: Any, model: Model) -> bool:
-    """The services' rule, so that nobody is shown a button that would only be refused."""
-    return bool(user.is_staff or (model.owner_id is not None and model.owner_id == user.pk))
 
 
 def _unit(size: int) -> tuple[str, float]:
@@ -242,13 +236,12 @@ def filter_models(
     models = catalog_selectors.model_queryset()
     if owner:
         models = models.filter(owner__username=owner)
-    on_demand = Q(min_replicas=0, max_replicas__gt=0)
     if klass == "critical":
         models = models.filter(model_class="critical")
     elif klass == "opportunistic":
-        models = models.filter(Q(model_class="opportunistic") | (Q(model_class="") & on_demand))
+        models = models.filter(Q(model_class="opportunistic") | (Q(model_class="") & ON_DEMAND))
     elif klass == "standard":
-        models = models.filter(Q(model_class="standard") | (Q(model_class="") & ~on_demand))
+        models = models.filter(Q(model_class="standard") | (Q(model_class="") & ~ON_DEMAND))
     if search:
         models = models.filter(name__icontains=search)
     if state in STATES:
@@ -285,7 +278,7 @@ def model_rows(models: list[Model], user: Any) -> list[ModelRow]:
     for model in models:
         counts = placed.get(model.pk, Counter())
         ready = sum(n for (_, s), n in counts.items() if s == Replica.READY)
-        desired = desired_count(model, now, config.default_idle_timeout)
+        desired = model.desired_replicas(now, config.default_idle_timeout)
         status = {"ready": ready, "replicas": sum(counts.values()), "desired": desired}
         rollout = rollouts.get(model.pk)
         view = catalog_selectors.model_view(
@@ -297,7 +290,7 @@ def model_rows(models: list[Model], user: Any) -> list[ModelRow]:
                 view=view,
                 state=model_state(ready, desired),
                 placements=[(node, s, n) for (node, s), n in counts.items()],
-                can_change=can_change(user, model),
+                can_change=model.may_be_changed_by(user),
                 registry=Registry.of(view, fetch),
             )
         )

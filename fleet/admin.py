@@ -10,15 +10,11 @@ from django.db.models import Count, Q, QuerySet, Sum
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 
+from catalog.admin import ReadOnlyAdmin, admin_actor
 from catalog.errors import CatalogError
-from catalog.services import Actor
 
 from . import services
 from .models import Lease, Node, Replica
-
-
-def admin_actor(request: HttpRequest) -> Actor:
-    return Actor.for_user(request.user, "admin")
 
 
 class NodeAddForm(forms.ModelForm):
@@ -177,19 +173,6 @@ class NodeAdmin(admin.ModelAdmin):
 
 def _num(value: float) -> str:
     return f"{value:g}"
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Rows the reconciler and the agents' heartbeats write."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(Replica)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
@@ -16,6 +17,7 @@ from rest_framework.views import APIView
 
 from catalog import services as catalog_services
 from catalog.api import actor_of, answers, out, validated
+from catalog.config import current_config
 from catalog.definitions import (
     ModelDefinitionSerializer,
     StrictSerializer,
@@ -390,7 +392,8 @@ class PlanOut(serializers.Serializer):
 def _plan_view(model: Model, others: list[Model]) -> dict[str, Any]:
     # The header is read first, so that the plan reserves what placement will.
     facts = footprint.facts_for_plan(model)
-    plan = selectors.simulate([*others, model])
+    now = timezone.now()
+    plan = selectors.simulate([*others, model], now)
     starts = [{"node": s.node, "profile": s.profile} for s in plan.starts if s.model == model.name]
     preempted = [{"model": p.model, "node": p.node, "reason": p.reason} for p in plan.preemptions]
     unplaced = [
@@ -398,7 +401,8 @@ def _plan_view(model: Model, others: list[Model]) -> dict[str, Any]:
     ]
     result: dict[str, Any] = {
         "model": model.name,
-        "desired": model.min_replicas if model.min_replicas else (1 if model.on_demand else 0),
+        # The count the simulation placed: for an on-demand model nobody asked for lately, none.
+        "desired": model.desired_replicas(now, current_config().default_idle_timeout),
         "placements": starts,
         "preemptions": preempted,
         "unplaced": unplaced,

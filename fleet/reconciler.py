@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from catalog.config import current_config
 from catalog.models import AuditEntry, Model
-from catalog.services import SYSTEM
+from catalog.services import SYSTEM, event_entry
 
 from . import placement
 from .footprint import FileFacts, Footprint, known_facts, learn_facts, model_footprints
@@ -81,16 +81,6 @@ def reconcile_pass(*, now: datetime | None = None) -> PassReport:
 
 
 # -- what each model wants --------------------------------------------------------
-
-
-def desired_count(model: Model, now: datetime, default_idle: int) -> int:
-    """The replica count now: min; for an on-demand model one while asked for within its idle timeout."""
-    if model.min_replicas > 0:
-        return model.min_replicas
-    if not model.on_demand or model.demand_at is None:
-        return 0
-    idle = model.idle_timeout_in_force(default_idle)
-    return 1 if now - model.demand_at < timedelta(seconds=idle) else 0
 
 
 def _resources(replica: Replica) -> placement.Resources:
@@ -178,7 +168,7 @@ def _reconcile(now: datetime) -> PassReport:
     demands = []
     for model in models.values():
         mine = by_model.get(model.pk, [])
-        desired = desired_count(model, now, run.config.default_idle_timeout)
+        desired = model.desired_replicas(now, run.config.default_idle_timeout)
         planner_desired, mine = _replacement(run, model, mine, desired)
         demands.append(model_demand(model, planner_desired, facts[model.name]))
         by_model[model.pk] = mine
@@ -235,7 +225,7 @@ def _replacement(
                         f"the last on node {run.node_names[replica.node_id]}: {replica.message}"
                     )
                     _set(run, model, rollout_halted=reason)
-                    run.audit.append(_event(model.name, "rollout-halted", reason))
+                    run.audit.append(event_entry(SYSTEM, model.name, "rollout-halted", reason))
         else:
             kept.append(replica)
     mine = kept
@@ -298,20 +288,6 @@ def _set(run: _Pass, model: Model, **values: Any) -> None:
     run.dirty_models[model.pk] = model
 
 
-def _event(model_name: str, action: str, note: str) -> AuditEntry:
-    return AuditEntry(
-        actor=None,
-        actor_name=SYSTEM.name,
-        door=SYSTEM.door,
-        model_name=model_name,
-        action=action,
-        note=note,
-        changes={},
-        before=None,
-        after=None,
-    )
-
-
 def _apply(
     run: _Pass,
     plan: placement.Plan,
@@ -324,7 +300,9 @@ def _apply(
     for stop in plan.preemptions:
         run.withdraw_replica(active[stop.replica_id], stop.reason)
         run.audit.append(
-            _event(stop.model, "preempt", f"replica on {stop.node} stopped: {stop.reason}")
+            event_entry(
+                SYSTEM, stop.model, "preempt", f"replica on {stop.node} stopped: {stop.reason}"
+            )
         )
         run.report.preempted.append(stop.replica_id)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Count, Sum
@@ -14,7 +15,7 @@ from catalog.models import Model
 from . import placement
 from .footprint import known_facts
 from .models import Node, Replica
-from .reconciler import desired_count, model_demand, planner_node, planner_replica
+from .reconciler import model_demand, planner_node, planner_replica
 from .specs import current_keys
 
 
@@ -169,15 +170,15 @@ def model_status(models: list[Model]) -> dict[int, dict[str, int]]:
         m.pk: {
             "ready": ready.get(m.pk, 0),
             "replicas": running.get(m.pk, 0),
-            "desired": desired_count(m, now, default_idle),
+            "desired": m.desired_replicas(now, default_idle),
         }
         for m in models
     }
 
 
-def simulate(models: list[Model]) -> placement.Plan:
+def simulate(models: list[Model], now: datetime | None = None) -> placement.Plan:
     """What a pass would do with these models (changed or added ones included), writing nothing."""
-    now = timezone.now()
+    now = now or timezone.now()
     default_idle = current_config().default_idle_timeout
     nodes = list(Node.objects.all())
     node_names = {n.pk: n.name for n in nodes}
@@ -188,7 +189,9 @@ def simulate(models: list[Model]) -> placement.Plan:
         if r.model_id is None or r.model_id in known
     ]
     facts = known_facts(models)
-    demands = [model_demand(m, desired_count(m, now, default_idle), facts[m.name]) for m in models]
+    demands = [
+        model_demand(m, m.desired_replicas(now, default_idle), facts[m.name]) for m in models
+    ]
     return placement.plan_placement(
         [planner_node(n) for n in nodes], demands, [planner_replica(r, node_names) for r in active]
     )
@@ -198,7 +201,7 @@ def model_target(model: Model) -> dict[str, Any]:
     """What the reconciler aims for with one model, and why any wanted replica is not placed."""
     now = timezone.now()
     config = current_config()
-    desired = desired_count(model, now, config.default_idle_timeout)
+    desired = model.desired_replicas(now, config.default_idle_timeout)
     keys = current_keys(model)
     node_names = dict(Node.objects.values_list("pk", "name"))
     replicas = list(Replica.objects.filter(model=model).order_by("created_at"))

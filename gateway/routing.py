@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from catalog.models import CanaryRouting, Model, canary_routing
+from catalog.models import CanaryRouting, Model, canary_routing, is_on_demand, is_parked
 from fleet.models import Replica
 from fleet.specs import replica_revision
 from llmgw.engine import lora_request
@@ -80,13 +80,12 @@ def read_catalog() -> Catalog:
         "canary",
     )
     for row in rows:
-        maximum = row["min_replicas"] if row["max_replicas"] is None else row["max_replicas"]
         model = Entry(
             name=row["name"],
             model=row["name"],
             adapter=False,
-            on_demand=row["min_replicas"] == 0 and maximum > 0,
-            parked=row["min_replicas"] == 0 and maximum == 0,
+            on_demand=is_on_demand(row["min_replicas"], row["max_replicas"]),
+            parked=is_parked(row["min_replicas"], row["max_replicas"]),
             fallbacks=tuple(row["fallbacks"] or ()),
             idle_timeout=row["idle_timeout"],
             owner=row["owner__username"],

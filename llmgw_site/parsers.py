@@ -17,12 +17,12 @@ from django.core.exceptions import RequestDataTooBig
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import BaseParser
 
+from catalog.definitions import load_definition_text
+from catalog.errors import CatalogError
 from catalog.yamltext import (
     MAX_DIGITS,
     DocumentRefused,
-    YAMLSyntaxError,
     check_document,
-    load_with_lines,
 )
 
 
@@ -68,10 +68,10 @@ class YAMLParser(BaseParser):
     def parse(self, stream, media_type=None, parser_context=None):
         text = _text(read_body(stream, parser_context), "YAML file")
         try:
-            data, lines = load_with_lines(text)
-        except YAMLSyntaxError as exc:
-            error = ParseError(f"The definition is not valid YAML: {exc}.")
-            error.line = exc.line  # type: ignore[attr-defined]
+            data, lines = load_definition_text(text)
+        except CatalogError as exc:
+            error = ParseError(exc.message)
+            error.line = exc.problems[0].line  # type: ignore[attr-defined]
             raise error from None
         if isinstance(data, dict):
             document = YAMLDocument(data)

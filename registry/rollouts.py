@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from catalog.config import current_config
 from catalog.errors import CatalogError, conflict
-from catalog.models import AuditEntry, Model
+from catalog.models import Model
 from catalog.services import (
     SYSTEM,
     Actor,
@@ -23,11 +23,11 @@ from catalog.services import (
     get_model,
     lock_catalog,
     record_change,
+    record_event,
     refuse_if_declared,
     require_change_rights,
 )
 from fleet.models import Replica
-from fleet.reconciler import desired_count
 from fleet.specs import current_keys
 
 from .mirror import STALE_SECONDS, clean_mirror, file_url, parse_mirror_url
@@ -50,15 +50,20 @@ def _refuse_if_rolling(model: Model) -> None:
         )
 
 
+def _model_to_move(actor: Actor, name: str, what: str) -> Model:
+    """What an update and a rollback ask first, under the catalog lock: the model, the right to
+    change it, and that server.yaml does not declare its source."""
+    lock_catalog()
+    model = get_model(name)
+    require_change_rights(actor, model)
+    refuse_if_declared(model, f"{what} made here would revert then (its source is in the file)")
+    return model
+
+
 def start_update(*, actor: Actor, name: str) -> Rollout:
     """Fetch the newer files beside the old ones; the swap and the replacement follow by themselves."""
     with transaction.atomic():
-        lock_catalog()
-        model = get_model(name)
-        require_change_rights(actor, model)
-        refuse_if_declared(
-            model, "an update made here would revert then (its source is in the file)"
-        )
+        model = _model_to_move(actor, name, "an update")
         _refuse_if_rolling(model)
         if not model.origin:
             raise CatalogError(
@@ -117,12 +122,7 @@ def start_update(*, actor: Actor, name: str) -> Rollout:
 def start_rollback(*, actor: Actor, name: str) -> Rollout:
     """Go back to the previous files (kept in the mirror); an update under way is stopped."""
     with transaction.atomic():
-        lock_catalog()
-        model = get_model(name)
-        require_change_rights(actor, model)
-        refuse_if_declared(
-            model, "a rollback made here would revert then (its source is in the file)"
-        )
+        model = _model_to_move(actor, name, "a rollback")
         if not model.previous:
             raise CatalogError(
                 f"{model.name} has no previous weights to go back to: it was never updated.",
@@ -264,7 +264,7 @@ def _advance_rolling(rollout: Rollout) -> None:
         r for r in active if r.spec_key == keys.get(r.profile) and r.state == Replica.READY
     ]
     stale = [r for r in active if r.spec_key != keys.get(r.profile)]
-    desired = desired_count(model, timezone.now(), current_config().default_idle_timeout)
+    desired = model.desired_replicas(timezone.now(), current_config().default_idle_timeout)
     total = max(desired, len(fresh_ready))
     if not stale and len(fresh_ready) >= desired:
         Rollout.objects.filter(pk=rollout.pk).update(replaced=total, total=total)
@@ -287,14 +287,6 @@ def _finish(rollout: Rollout, state: str, message: str) -> None:
         )
         if not updated:
             return
-        AuditEntry.objects.create(
-            actor=None,
-            actor_name=SYSTEM.name,
-            door=SYSTEM.door,
-            model_name=rollout.model.name,
-            action=f"{rollout.kind}-{state}",
-            note=message,
-            changes={},
-        )
+        record_event(SYSTEM, rollout.model.name, f"{rollout.kind}-{state}", message)
     if state == Rollout.DONE:
         clean_mirror()

@@ -27,7 +27,14 @@ from catalog.services import (
     refuse_if_invalid,
 )
 
-from .hub import Registry, RegistryError, UnknownBranch, UnknownRepository, match_files
+from .hub import (
+    Registry,
+    RegistryError,
+    RegistryFile,
+    UnknownBranch,
+    UnknownRepository,
+    match_files,
+)
 from .mirror import file_url, origin_for_source
 from .models import Fetch
 from .queue import queue_on_commit
@@ -56,6 +63,44 @@ def serve_start(
     max_replicas: int | None = None,
 ) -> Fetch:
     """Start fetching one GGUF file of a repository into the mirror; the model is added when it is in."""
+    commit, weights = _one_gguf_file(repo, pattern, branch)
+    definition = _serve_definition(
+        repo,
+        branch,
+        commit,
+        weights,
+        name=name,
+        memory_gb=memory_gb,
+        cores=cores,
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+    )
+    with transaction.atomic():
+        lock_catalog()
+        if Model.objects.filter(name=definition["name"]).exists():
+            raise conflict(
+                f"A model named {definition['name']} already exists; choose another name.",
+                code="name_taken",
+            )
+        catalog = catalog_snapshot()
+        catalog[definition["name"]] = definition
+        refuse_if_invalid(catalog, [definition["name"]])
+        fetch = Fetch.objects.create(
+            repo=repo,
+            branch=branch,
+            commit=commit,
+            files=[weights.as_dict()],
+            bytes_total=weights.size,
+            serve_definition=definition,
+            requested_by=actor.user,
+            door=actor.door,
+        )
+        queue_on_commit("registry.tasks.run_fetch", fetch.pk)
+    return fetch
+
+
+def _one_gguf_file(repo: str, pattern: str, branch: str) -> tuple[str, RegistryFile]:
+    """The branch's head commit and the one GGUF file of it that `pattern` names."""
     registry = Registry()
     try:
         commit = registry.branch_head(repo, branch)
@@ -91,9 +136,24 @@ def serve_start(
             "narrow the file pattern.",
             code="ambiguous",
         )
-    weights = matches[0]
+    return commit, matches[0]
+
+
+def _serve_definition(
+    repo: str,
+    branch: str,
+    commit: str,
+    weights: RegistryFile,
+    *,
+    name: str | None,
+    memory_gb: float | None,
+    cores: float | None,
+    min_replicas: int,
+    max_replicas: int | None,
+) -> dict[str, Any]:
+    """The definition of the model a serve adds, its source the file's place in the mirror."""
     size_gib = weights.size / 2**30
-    definition = clean_definition(
+    return clean_definition(
         {
             "name": name or _default_name(weights.path),
             "source": file_url(repo, commit, weights.path),
@@ -112,28 +172,6 @@ def serve_start(
             ],
         }
     )
-    with transaction.atomic():
-        lock_catalog()
-        if Model.objects.filter(name=definition["name"]).exists():
-            raise conflict(
-                f"A model named {definition['name']} already exists; choose another name.",
-                code="name_taken",
-            )
-        catalog = catalog_snapshot()
-        catalog[definition["name"]] = definition
-        refuse_if_invalid(catalog, [definition["name"]])
-        fetch = Fetch.objects.create(
-            repo=repo,
-            branch=branch,
-            commit=commit,
-            files=[weights.as_dict()],
-            bytes_total=weights.size,
-            serve_definition=definition,
-            requested_by=actor.user,
-            door=actor.door,
-        )
-        queue_on_commit("registry.tasks.run_fetch", fetch.pk)
-    return fetch
 
 
 def finish_serve(fetch: Fetch) -> None:

@@ -17,9 +17,9 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from catalog import services
 from catalog.config import current_config
-from catalog.definitions import clean_definition
+from catalog.definitions import clean_definition, load_definition_text
 from catalog.errors import CatalogError, Problem
-from catalog.yamltext import YAMLSyntaxError, line_for, load_with_lines
+from catalog.yamltext import line_for
 from console import forms
 from console import selectors as console_selectors
 from registry import updates
@@ -53,14 +53,7 @@ def add_model(request: HtmxHttpRequest) -> HttpResponse:
         lines: dict[Any, int] = {}
         name = ""
         try:
-            try:
-                data, lines = load_with_lines(text)
-            except YAMLSyntaxError as exc:
-                raise CatalogError(
-                    f"The definition is not valid YAML: {exc}.",
-                    code="parse_error",
-                    problems=[Problem("", str(exc), exc.line)],
-                ) from None
+            data, lines = load_definition_text(text)
             if isinstance(data, dict) and isinstance(data.get("name"), str):
                 name = data["name"]
             definition = clean_definition(data, lines=lines)

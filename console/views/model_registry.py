@@ -111,7 +111,7 @@ def model_check(request: HtmxHttpRequest, name: str) -> HttpResponse:
     owner and staff, and the answer is about that model.
     """
     model = get_model(name)
-    if not console_selectors.can_change(request.user, model):
+    if not model.may_be_changed_by(request.user):
         every = format_duration(current_config().update_check)
         owner = model.owner.username if model.owner else "nobody"
         error = forbidden(

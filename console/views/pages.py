@@ -16,7 +16,8 @@ from django.utils.cache import patch_vary_headers
 from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
-from catalog import selectors as catalog_selectors
+from catalog import services
+from catalog.errors import CatalogError
 from catalog.models import Model
 from catalog.services import Actor
 
@@ -74,10 +75,11 @@ def render_partials(
 
 
 def get_model(name: str) -> Model:
+    """The model, or the console's 404 page with the services' words (and their did-you-mean)."""
     try:
-        return catalog_selectors.model_queryset().get(name=name)
-    except Model.DoesNotExist:
-        raise Http404(f"There is no model named {name!r}.") from None
+        return services.get_model(name)
+    except CatalogError as error:
+        raise Http404(error.message) from None
 
 
 def filters_of(request: HttpRequest, **parameters: str) -> dict[str, str]:

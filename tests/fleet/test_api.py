@@ -173,6 +173,26 @@ def test_plan_shows_placements_and_preemptions_without_changing_anything(api: An
     assert api("bob").get("/api/v1/models/filler/plan").json()["placements"][0]["node"] == "node-a"
 
 
+def test_plan_wants_what_the_reconciler_wants_of_an_on_demand_model(api: Any) -> None:
+    """The plan's wanted count is the model's desired count, the one the reconciler and the
+    model's answer use: none for an on-demand model nobody asked for, one once asked for."""
+    _node_with_capacity(api, "node-a", 8)
+    _add(api, "alice", name="lazy", min_replicas=0, max_replicas=2)
+    idle = api("bob").get("/api/v1/models/lazy/plan").json()
+    assert (idle["desired"], idle["placements"]) == (0, [])
+    assert idle["desired"] == api("bob").get("/api/v1/models/lazy").json()["desired"]
+
+    api("alice").post("/api/v1/models/lazy/demand")
+    asked = api("bob").get("/api/v1/models/lazy/plan").json()
+    assert (asked["desired"], asked["placements"]) == (1, [{"node": "node-a", "profile": "cpu"}])
+
+    from tests.factories import definition as make
+
+    body = make(name="new-lazy", min_replicas=0, max_replicas=1)
+    fresh = api("bob").post("/api/v1/plan", body, format="json").json()
+    assert (fresh["desired"], fresh["placements"]) == (0, [])
+
+
 def test_restart_bumps_the_generation_and_is_audited(api: Any) -> None:
     _add(api, "alice", name="chat")
     assert api("bob").post("/api/v1/models/chat/restart").status_code == 403

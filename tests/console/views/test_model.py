@@ -40,6 +40,21 @@ def test_an_unknown_model_is_404(client_for: Any, users: Any) -> None:
     assert client_for("alice").get("/models/nope/").status_code == 404
 
 
+def test_an_unknown_model_is_refused_in_the_services_words(running: Any) -> None:
+    from django.http import Http404
+
+    from catalog.errors import CatalogError
+    from catalog.services import get_model as service_get_model
+    from console.views.pages import get_model
+
+    with pytest.raises(Http404) as console_refusal:
+        get_model("tiny-caht")
+    with pytest.raises(CatalogError) as service_refusal:
+        service_get_model("tiny-caht")
+    assert str(console_refusal.value) == service_refusal.value.message
+    assert "did you mean tiny-chat?" in str(console_refusal.value)
+
+
 def test_someone_who_may_not_act_sees_no_action_buttons(client_for: Any, running: Any) -> None:
     html = client_for("carol").get("/models/tiny-chat/").content.decode()
     for form in ("scale-form", "resources-form", "class-form", "owner-form", "adapters-form"):
