@@ -89,26 +89,14 @@ def _refuse_changes_not_made_in_place(
     ]
     if reshaped or len(wanted["profiles"]) != len(current["profiles"]):
         index = reshaped[0] if reshaped else 0
-        raise invalid(
-            [
-                Problem(
-                    "profiles",
-                    "only memory_gb and cores of the existing profiles can be changed here; to add, "
-                    "remove, rename or give GPUs to a profile, remove the model and add it again",
-                    line_for(lines, ("profiles", index)),
-                )
-            ]
+        problem = (
+            "only memory_gb and cores of the existing profiles can be changed here; to add, "
+            "remove, rename or give GPUs to a profile, remove the model and add it again"
         )
+        raise invalid([Problem("profiles", problem, line_for(lines, ("profiles", index)))])
     if current.get("owner") and not wanted.get("owner"):
-        raise invalid(
-            [
-                Problem(
-                    "owner",
-                    "a model keeps an owner here: name the user to hand it to",
-                    line_for(lines, ("owner",)),
-                )
-            ]
-        )
+        problem = "a model keeps an owner here: name the user to hand it to"
+        raise invalid([Problem("owner", problem, line_for(lines, ("owner",)))])
 
 
 def _shape(profile: dict[str, Any]) -> dict[str, Any]:

@@ -213,15 +213,12 @@ def validated(serializer_class: type[serializers.Serializer], data: Any) -> dict
     return dict(serializer.validated_data)
 
 
+# An endpoint that answers with models (ModelOut). A model's answer also holds what the apps
+# above the catalog know of it: its replicas (fleet) and its latest rollout (registry).
+# `describe` turns models into their answers; it is given where the URLs are routed
+# (llmgw_site/urls.py, which sees every app), so the catalog imports none of them. (A comment,
+# not a docstring: the schema would show a docstring as every operation's description.)
 class ModelAnswerAPI(APIView):
-    """An endpoint that answers with models (ModelOut).
-
-    A model's answer also holds what the apps above the catalog know of it: its replicas
-    (fleet) and its latest rollout (registry). `describe` turns models into their answers; it
-    is given where the URLs are routed (llmgw_site/urls.py, which sees every app), so the
-    catalog imports none of them.
-    """
-
     describe: Callable[[list[Model]], list[dict[str, Any]]] | None = None
 
     def answer(self, model: Model) -> Any:

@@ -120,7 +120,7 @@ def record_change(
     after: dict[str, Any] | None,
     note: str = "",
 ) -> AuditEntry:
-    entry = audit_entry(actor, model_name, action, before, after, note)
+    entry = audit_entry(actor, model_name, action, note, before=before, after=after)
     entry.save()
     return entry
 
@@ -129,11 +129,13 @@ def audit_entry(
     actor: Actor,
     model_name: str,
     action: str,
-    before: dict[str, Any] | None,
-    after: dict[str, Any] | None,
     note: str = "",
+    *,
+    before: Any = None,
+    after: Any = None,
 ) -> AuditEntry:
-    """The audit entry of a change, not yet saved (the reconciler saves a pass's in one query)."""
+    """The audit entry of a change or an event, not yet saved: record_change and record_event
+    save one; the reconciler saves a pass's in one query."""
     changes: dict[str, list[Any]] = {}
     for key in dict.fromkeys([*(before or {}), *(after or {})]):
         old = (before or {}).get(key)
@@ -158,11 +160,6 @@ def record_event(
 ) -> AuditEntry:
     """An audit entry for something that is not a change of definition (a preemption, a restart)."""
     return record_change(actor, model_name, action, None, details or None, note)
-
-
-def event_entry(actor: Actor, model_name: str, action: str, note: str) -> AuditEntry:
-    """record_event's entry, not yet saved."""
-    return audit_entry(actor, model_name, action, None, None, note)
 
 
 def announce(*names: str) -> None:

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from catalog.config import current_config
 from catalog.models import AuditEntry, Model
-from catalog.services import SYSTEM, event_entry
+from catalog.services import SYSTEM, audit_entry
 
 from . import placement
 from .footprint import FileFacts, Footprint, known_facts, learn_facts, model_footprints
@@ -225,7 +225,7 @@ def _replacement(
                         f"the last on node {run.node_names[replica.node_id]}: {replica.message}"
                     )
                     _set(run, model, rollout_halted=reason)
-                    run.audit.append(event_entry(SYSTEM, model.name, "rollout-halted", reason))
+                    run.audit.append(audit_entry(SYSTEM, model.name, "rollout-halted", reason))
         else:
             kept.append(replica)
     mine = kept
@@ -300,7 +300,7 @@ def _apply(
     for stop in plan.preemptions:
         run.withdraw_replica(active[stop.replica_id], stop.reason)
         run.audit.append(
-            event_entry(
+            audit_entry(
                 SYSTEM, stop.model, "preempt", f"replica on {stop.node} stopped: {stop.reason}"
             )
         )

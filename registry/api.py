@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -21,6 +22,8 @@ from .models import Fetch, Rollout
 from .selectors import fetch_view, rollout_view, update_view
 
 
+# What a serve asks for; validated, its keys are serve_start's arguments (source=), so the API
+# and the console's form pass it on whole. (A comment: the schema shows the base's docstring.)
 class ServeInput(StrictSerializer):
     repo = serializers.RegexField(
         r"^[A-Za-z0-9._-]+/[A-Za-z0-9._-]+$",
@@ -30,10 +33,18 @@ class ServeInput(StrictSerializer):
         },
     )
     file = serializers.CharField(
-        required=False, default="*.gguf", max_length=500, help_text="a glob naming one GGUF file"
+        source="pattern",
+        required=False,
+        default="*.gguf",
+        max_length=500,
+        help_text="a glob naming one GGUF file",
     )
     revision = serializers.CharField(
-        required=False, default="main", max_length=200, help_text="the branch to follow"
+        source="branch",
+        required=False,
+        default="main",
+        max_length=200,
+        help_text="the branch to follow",
     )
     name = serializers.CharField(
         required=False, allow_null=True, max_length=100, help_text="the model's name"
@@ -44,9 +55,15 @@ class ServeInput(StrictSerializer):
     cores = serializers.FloatField(
         required=False, allow_null=True, min_value=0, max_value=MAX_CORES
     )
-    min = serializers.IntegerField(required=False, default=1, min_value=0, max_value=MAX_REPLICAS)
+    min = serializers.IntegerField(
+        source="min_replicas", required=False, default=1, min_value=0, max_value=MAX_REPLICAS
+    )
     max = serializers.IntegerField(
-        required=False, allow_null=True, min_value=0, max_value=MAX_REPLICAS
+        source="max_replicas",
+        required=False,
+        allow_null=True,
+        min_value=0,
+        max_value=MAX_REPLICAS,
     )
 
 
@@ -99,18 +116,7 @@ class ServeAPI(APIView):
         responses=answers({202: FetchOut}, 403, 404, 409, 502, body=True),
     )
     def post(self, request: Request) -> Response:
-        v = validated(ServeInput, request.data)
-        fetch = updates.serve_start(
-            actor=actor_of(request),
-            repo=v["repo"],
-            pattern=v["file"],
-            branch=v["revision"],
-            name=v.get("name"),
-            memory_gb=v.get("memory_gb"),
-            cores=v.get("cores"),
-            min_replicas=v["min"],
-            max_replicas=v.get("max"),
-        )
+        fetch = updates.serve_start(actor=actor_of(request), **validated(ServeInput, request.data))
         return Response(out(FetchOut, fetch_view(fetch)), status=status.HTTP_202_ACCEPTED)
 
 
@@ -159,26 +165,26 @@ class UpdatesCheckAPI(APIView):
         return Response(out(UpdatesCheckOut, body))
 
 
-class UpdateAPI(APIView):
-    @extend_schema(
-        summary="Move a model to the newer registry files, one replica at a time",
-        request=None,
-        responses=answers({202: RolloutOut}, 400, 403, 404, 409),
-    )
+# Update and rollback answer alike: the rollout they started (202), which the caller follows.
+class _StartRolloutAPI(APIView):
+    start: Callable[..., Rollout]
+
+    @extend_schema(request=None, responses=answers({202: RolloutOut}, 400, 403, 404, 409))
     def post(self, request: Request, name: str) -> Response:
-        rollout = rollouts.start_update(actor=actor_of(request), name=name)
+        rollout = type(self).start(actor=actor_of(request), name=name)
         return Response(out(RolloutOut, rollout_view(rollout)), status=status.HTTP_202_ACCEPTED)
 
 
-class RollbackAPI(APIView):
-    @extend_schema(
-        summary="Move a model back to its previous files",
-        request=None,
-        responses=answers({202: RolloutOut}, 400, 403, 404, 409),
-    )
-    def post(self, request: Request, name: str) -> Response:
-        rollout = rollouts.start_rollback(actor=actor_of(request), name=name)
-        return Response(out(RolloutOut, rollout_view(rollout)), status=status.HTTP_202_ACCEPTED)
+@extend_schema_view(
+    post=extend_schema(summary="Move a model to the newer registry files, one replica at a time")
+)
+class UpdateAPI(_StartRolloutAPI):
+    start = staticmethod(rollouts.start_update)
+
+
+@extend_schema_view(post=extend_schema(summary="Move a model back to its previous files"))
+class RollbackAPI(_StartRolloutAPI):
+    start = staticmethod(rollouts.start_rollback)
 
 
 class RolloutAPI(APIView):

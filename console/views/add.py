@@ -97,17 +97,7 @@ def serve_model(request: HtmxHttpRequest) -> HttpResponse:
     if form.is_valid():
         serve = form.cleaned_data["serve"]
         try:
-            fetch = updates.serve_start(
-                actor=actor(request),
-                repo=serve["repo"],
-                pattern=serve["file"],
-                branch=serve["revision"],
-                name=serve.get("name"),
-                memory_gb=serve.get("memory_gb"),
-                cores=serve.get("cores"),
-                min_replicas=serve["min"],
-                max_replicas=serve.get("max"),
-            )
+            fetch = updates.serve_start(actor=actor(request), **serve)
         except CatalogError as error:
             form.refuse(error)
             status = error.status

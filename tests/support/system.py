@@ -202,22 +202,12 @@ class System:
         self._spawn("gateway", gateway_command(bin_dir, "127.0.0.1", self.port, workers=workers))
 
     def start_worker(self) -> None:
+        from llmgw_site.management.commands.llmgw_run import worker_command
+
         bin_dir = Path(sys.executable).parent
         self._spawn(
             "worker",
-            [
-                str(bin_dir / "celery"),
-                "-A",
-                "llmgw_site",
-                "worker",
-                "-B",
-                "--loglevel",
-                "INFO",
-                "--concurrency",
-                "2",
-                "--schedule",
-                str(self.folder / "beat-schedule"),
-            ],
+            worker_command(bin_dir, self.folder / "beat-schedule"),
         )
 
     @property

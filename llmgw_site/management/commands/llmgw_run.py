@@ -27,6 +27,23 @@ from django.core.management.base import BaseCommand, CommandError
 from llmgw import demo, localhub
 
 
+def worker_command(bin_dir: Path, schedule: Path) -> list[str]:
+    """A Celery worker that also runs beat (-B), keeping beat's schedule in `schedule`."""
+    return [
+        str(bin_dir / "celery"),
+        "-A",
+        "llmgw_site",
+        "worker",
+        "-B",
+        "--loglevel",
+        "INFO",
+        "--concurrency",
+        "2",
+        "--schedule",
+        str(schedule),
+    ]
+
+
 def gateway_command(bin_dir: Path, host: str, port: int, *, workers: int) -> list[str]:
     """uvicorn serving the gateway's ASGI application (see gateway.asgi) with `workers` processes."""
     return [
@@ -113,19 +130,7 @@ class Command(BaseCommand):
                 "--access-logfile",
                 "-",
             ],
-            "worker": [
-                str(bin_dir / "celery"),
-                "-A",
-                "llmgw_site",
-                "worker",
-                "-B",
-                "--loglevel",
-                "INFO",
-                "--concurrency",
-                "2",
-                "--schedule",
-                str(settings.VAR_DIR / "celerybeat-schedule"),
-            ],
+            "worker": worker_command(bin_dir, settings.VAR_DIR / "celerybeat-schedule"),
         }
         if node_token_file:
             memory_gb = max(
