@@ -51,3 +51,4 @@ bench: setup
 	$(PY) bench/traffic.py
 	$(PY) bench/engine.py
 	$(PY) bench/routing.py
+	$(PY) bench/canary.py

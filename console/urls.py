@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from .views import add, audit, fetch, model, model_registry, models, nodes, usage
+from .views import add, audit, fetch, model, model_canary, model_registry, models, nodes, usage
 
 # Model names may hold ':' and '.', so they are matched as one path segment; "add"
 # sits outside /models/ so that no model name can shadow it.
@@ -29,6 +29,16 @@ urlpatterns = [
         "models/<str:name>/registry", model_registry.model_registry, name="console-model-registry"
     ),
     path("models/<str:name>/check", model_registry.model_check, name="console-model-check"),
+    path(
+        "models/<str:name>/canary/promote",
+        model_canary.canary_promote,
+        name="console-model-canary-promote",
+    ),
+    path(
+        "models/<str:name>/canary/abort",
+        model_canary.canary_abort,
+        name="console-model-canary-abort",
+    ),
     path("models/<str:name>/traffic", model.model_traffic, name="console-model-traffic"),
     path("nodes/", nodes.nodes_page, name="console-nodes"),
     path("nodes/<str:name>/cordon", nodes.node_cordon, name="console-node-cordon"),

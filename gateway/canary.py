@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
 
+from registry import canary as registry_canary
+
 from .models import TrafficMinute
 from .routing import Entry, Serve
 from .traffic import MINUTE, Figures
@@ -49,3 +51,24 @@ def revision_figures(names: Iterable[str], since: datetime) -> dict[str, Figures
     for revision, *values in rows:
         found.setdefault(revision, Figures()).add(dict(zip(fields, values, strict=True)))
     return found
+
+
+def check_canaries() -> None:
+    """Move every canary under way on (its window starts when its replica is ready), then judge
+    each watching one on the figures of its model's names (the model and its adapters) since its
+    window started."""
+    for model in registry_canary.active_canaries():
+        registry_canary.advance_canary(model)
+    for model in registry_canary.active_canaries():
+        canary = model.canary or {}
+        if canary.get("state") != "watching":
+            continue
+        names = [model.name, *(a["name"] for a in model.adapters)]
+        since = datetime.fromisoformat(canary["started_at"])
+        figures = {
+            revision: registry_canary.RevisionFigures(
+                requests=seen.requests, errors=seen.server_errors, seconds=seen.seconds
+            )
+            for revision, seen in revision_figures(names, since).items()
+        }
+        registry_canary.check_canary(model, figures)

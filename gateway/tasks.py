@@ -7,3 +7,11 @@ from . import traffic
 def fold_traffic() -> dict[str, int]:
     """Fold old minutes of traffic into hours and delete what is past keeping; idempotent."""
     return traffic.fold()
+
+
+@shared_task(ignore_result=True, soft_time_limit=50, time_limit=60)
+def check_canaries() -> None:
+    """One check of every canary update under way (LLMGW_CANARY_CHECK_SECONDS); idempotent."""
+    from .canary import check_canaries as check
+
+    check()

@@ -58,6 +58,10 @@ LLMGW_GATEWAY_WAIT = env_int("LLMGW_GATEWAY_WAIT", 60, minimum=0)
 LLMGW_GATEWAY_UPSTREAM_TIMEOUT = env_int("LLMGW_GATEWAY_UPSTREAM_TIMEOUT", 600, minimum=1)
 LLMGW_METRICS_DIR = env_str("LLMGW_METRICS_DIR", "") or None
 LLMGW_SOURCE_CHECK_TIMEOUT = env_int("LLMGW_SOURCE_CHECK_TIMEOUT", 10, minimum=1)
+# A canary update is checked this often (seconds), and decided on no fewer answers of its
+# new revision than this (fewer are noise).
+LLMGW_CANARY_CHECK_SECONDS = env_int("LLMGW_CANARY_CHECK_SECONDS", 15, minimum=1)
+LLMGW_CANARY_MIN_REQUESTS = env_int("LLMGW_CANARY_MIN_REQUESTS", 20, minimum=1)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -254,6 +258,10 @@ CELERY_BEAT_SCHEDULE = {
     # Minutes of traffic older than a day become hours; older than a week, nothing.
     "fold-traffic": {"task": "gateway.tasks.fold_traffic", "schedule": 600.0},
     "sample-capacity": {"task": "fleet.tasks.sample_capacity", "schedule": 60.0},
+    "check-canaries": {
+        "task": "gateway.tasks.check_canaries",
+        "schedule": float(LLMGW_CANARY_CHECK_SECONDS),
+    },
 }
 CELERY_TASK_ALWAYS_EAGER = env_bool("LLMGW_TASKS_EAGER", False)
 CELERY_TASK_TIME_LIMIT = 600

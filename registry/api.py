@@ -17,7 +17,8 @@ from catalog.errors import CatalogError
 from catalog.models import Model
 from catalog.services import get_model
 
-from . import rollouts, updates
+from . import canary, rollouts, updates
+from .canary_api import CanaryInput, canary_settings_from
 from .models import Fetch, Rollout
 from .selectors import fetch_view, rollout_view, update_view
 
@@ -175,11 +176,23 @@ class _StartRolloutAPI(APIView):
         return Response(out(RolloutOut, rollout_view(rollout)), status=status.HTTP_202_ACCEPTED)
 
 
-@extend_schema_view(
-    post=extend_schema(summary="Move a model to the newer registry files, one replica at a time")
-)
 class UpdateAPI(_StartRolloutAPI):
     start = staticmethod(rollouts.start_update)
+
+    @extend_schema(
+        summary="Move a model to the newer registry files, one replica at a time; with `canary`, "
+        "first one replica serving that percent of the requests, rolled back by itself when unhealthy",
+        request=CanaryInput,
+        responses=answers({202: RolloutOut}, 400, 403, 404, 409, body=True),
+    )
+    def post(self, request: Request, name: str) -> Response:
+        settings_ = canary_settings_from(request.data)
+        if settings_ is None:
+            return super().post(request, name)
+        rollout = canary.start_canary_update(
+            actor=actor_of(request), name=name, settings_=settings_
+        )
+        return Response(out(RolloutOut, rollout_view(rollout)), status=status.HTTP_202_ACCEPTED)
 
 
 @extend_schema_view(post=extend_schema(summary="Move a model back to its previous files"))

@@ -251,6 +251,8 @@ def _advance_fetching(rollout: Rollout) -> None:
 
 def _advance_rolling(rollout: Rollout) -> None:
     model = rollout.model
+    if model.canary_in_force is not None:
+        return  # a canary holds the replacement; registry.canary moves it on
     if model.rollout_halted:
         _finish(
             rollout,

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import api
+from . import api, canary_api
 
 # Model names may hold ':' and '.', so they are matched as a path segment.
 urlpatterns = [
@@ -11,4 +11,16 @@ urlpatterns = [
     path("fetches/<int:pk>", api.FetchAPI.as_view(), name="api-fetch"),
     path("updates", api.UpdatesAPI.as_view(), name="api-updates"),
     path("updates/check", api.UpdatesCheckAPI.as_view(), name="api-updates-check"),
+    path("canaries", canary_api.CanariesAPI.as_view(), name="api-canaries"),
+    path("models/<str:name>/canary", canary_api.CanaryAPI.as_view(), name="api-model-canary"),
+    path(
+        "models/<str:name>/canary/promote",
+        canary_api.CanaryPromoteAPI.as_view(),
+        name="api-model-canary-promote",
+    ),
+    path(
+        "models/<str:name>/canary/abort",
+        canary_api.CanaryAbortAPI.as_view(),
+        name="api-model-canary-abort",
+    ),
 ]

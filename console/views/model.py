@@ -27,6 +27,7 @@ from catalog.models import Model
 from console import forms
 from console import selectors as console_selectors
 from console import traffic as console_traffic
+from registry.canary import canary_view
 
 from .pages import (
     HtmxHttpRequest,
@@ -74,6 +75,7 @@ def model_context(
         "can_change": row.can_change,
         "config_path": current_config().path,
         "registry_details": console_selectors.registry_details(model),
+        "canary": canary_view(model),
         "traffic": console_traffic.model_traffic(model.name, console_traffic.window_named("hour")),
         # What the registry part says after a button in it: set by model_registry's views.
         "registry_done": "",

@@ -18,7 +18,8 @@ from catalog.errors import CatalogError, forbidden
 from catalog.models import Model
 from catalog.services import Actor
 from console import selectors as console_selectors
-from registry import rollouts, updates
+from console.canary_form import canary_from_form
+from registry import canary, rollouts, updates
 
 from .model import model_context
 from .pages import HtmxHttpRequest, actor, get_model, login_required, render_partials, wants_partial
@@ -73,18 +74,30 @@ def _registry_answer(
 
 def _registry_action(request: HtmxHttpRequest, name: str, what: str) -> HttpResponse:
     model = get_model(name)
-    start = rollouts.start_update if what == "update" else rollouts.start_rollback
     try:
-        rollout = start(actor=actor(request), name=model.name)
+        settings_ = canary_from_form(request.POST) if what == "update" else None
+        if settings_ is not None:
+            rollout = canary.start_canary_update(
+                actor=actor(request), name=model.name, settings_=settings_
+            )
+        else:
+            start = rollouts.start_update if what == "update" else rollouts.start_rollback
+            rollout = start(actor=actor(request), name=model.name)
     except CatalogError as error:
         return _registry_answer(request, model, error=error)
     before, after = rollout.from_commit[:7] or "?", rollout.to_commit[:7] or "?"
     done = (
-        f"Update of {model.name} started ({before} → {after}): the new files are fetched and "
-        "checked, then replicas are replaced one at a time."
-        if what == "update"
-        else f"Rollback of {model.name} started ({before} → {after}): replicas go back to the "
+        f"Rollback of {model.name} started ({before} → {after}): replicas go back to the "
         "previous files, one at a time."
+        if what == "rollback"
+        else f"Update of {model.name} started ({before} → {after}): the new files are fetched and "
+        "checked, then "
+        + (
+            f"a canary replica gets {settings_.percent}% of the requests for "
+            f"{format_duration(settings_.window_seconds)} before the others follow."
+            if settings_ is not None
+            else "replicas are replaced one at a time."
+        )
     )
     return _registry_answer(request, model, done=done)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from llmgw.client import Client, CtlError
 
-from . import audit, gateway, models, nodes, updates
+from . import audit, canary, gateway, models, nodes, updates
 
 
 def add_parser(subparsers: Any) -> None:
@@ -55,6 +55,7 @@ def _add_model(sub: Any) -> None:
         updates.add_model_updates,
         updates.add_model_update,
         updates.add_model_rollback,
+        canary.add_model_canary,
         models.add_model_show,
         models.add_model_remove,
         models.add_model_resources,

@@ -14,6 +14,7 @@ from typing import Any
 
 from llmgw.client import Client, CtlError
 
+from .canary import add_canary_flags, canary_body, describe
 from .output import print_json, scaling_text, table
 
 # How long a command waits without seeing anything move before it gives up and says
@@ -170,8 +171,13 @@ def cmd_model_updates(client: Client, args: argparse.Namespace) -> None:
             f"Asked the registry about {result['repositories']} repositories "
             f"({result['registry_requests']} requests)."
         )
+    under_way = [c for c in client.get("canaries")["canaries"] if c["active"]]
+    for canary in under_way:
+        print(describe(canary))
+        print()
     if not updates:
-        print("Every served model is on the newest files its registry branch has.")
+        if not under_way:
+            print("Every served model is on the newest files its registry branch has.")
         return
     rows = []
     for u in updates:
@@ -209,6 +215,7 @@ def add_model_update(msub: Any) -> None:
         "replica that keeps failing halts it; the old ones keep serving, and `model rollback` goes back.",
     )
     p.add_argument("name")
+    add_canary_flags(p)
     _add_rollout_wait(p)
     p.set_defaults(run=cmd_model_update)
 
@@ -223,7 +230,7 @@ def cmd_model_update(client: Client, args: argparse.Namespace) -> None:
                     f"the update of {args.name} ended {rollout['state']}: {rollout['message']}"
                 )
             return
-    _rollout(client, args, "update")
+    _rollout(client, args, "update", canary_body(args))
 
 
 def _current_rollout(client: Client, name: str, kind: str) -> dict[str, Any] | None:
@@ -264,12 +271,19 @@ def _add_rollout_wait(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _rollout(client: Client, args: argparse.Namespace, kind: str) -> None:
-    rollout = client.post(f"models/{args.name}/{kind}", None)
-    print(
-        f"{kind.capitalize()} of {args.name}: {rollout['from_commit'][:7] or '?'} -> {rollout['to_commit'][:7] or '?'}; "
-        "replicas are replaced one at a time, a ready one always serving."
-    )
+def _rollout(
+    client: Client, args: argparse.Namespace, kind: str, body: dict[str, Any] | None = None
+) -> None:
+    rollout = client.post(f"models/{args.name}/{kind}", body)
+    change = f"{kind.capitalize()} of {args.name}: {rollout['from_commit'][:7] or '?'} -> {rollout['to_commit'][:7] or '?'}"
+    if body and body.get("canary"):
+        print(
+            f"{change}; first a canary: one replica on the new files gets {body['canary']}% of the "
+            "requests, then the others are replaced one at a time when it is healthy, or it is "
+            "rolled back by itself when not."
+        )
+    else:
+        print(f"{change}; replicas are replaced one at a time, a ready one always serving.")
     if not args.wait:
         print(
             f"Follow it with: llmgw ctl model {kind} {args.name} --wait (or llmgw ctl model target {args.name})"
