@@ -76,7 +76,7 @@ class Traffic:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--check-seconds", type=int, default=5)
+    parser.add_argument("--check-seconds", type=int, default=15)
     parser.add_argument("--min-requests", type=int, default=20)
     args = parser.parse_args()
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
 
 from registry import canary as registry_canary
 
@@ -54,21 +55,28 @@ def revision_figures(names: Iterable[str], since: datetime) -> dict[str, Figures
 
 
 def check_canaries() -> None:
-    """Move every canary under way on (its window starts when its replica is ready), then judge
-    each watching one on the figures of its model's names (the model and its adapters) since its
-    window started."""
+    """Move every canary under way on (its window starts when its replica is ready, with what the
+    figures held then as its baseline), then judge each one that was watching already on the
+    figures of its model's names (the model and its adapters)."""
+    now = datetime.now(UTC)
+    started = set()
     for model in registry_canary.active_canaries():
-        registry_canary.advance_canary(model)
+        baseline = _figures(model, now) if (model.canary or {}).get("state") == "waiting" else None
+        if registry_canary.advance_canary(model, baseline=baseline, now=now):
+            started.add(model.pk)
     for model in registry_canary.active_canaries():
         canary = model.canary or {}
-        if canary.get("state") != "watching":
+        if canary.get("state") != "watching" or model.pk in started:
             continue
-        names = [model.name, *(a["name"] for a in model.adapters)]
         since = datetime.fromisoformat(canary["started_at"])
-        figures = {
-            revision: registry_canary.RevisionFigures(
-                requests=seen.requests, errors=seen.server_errors, seconds=seen.seconds
-            )
-            for revision, seen in revision_figures(names, since).items()
-        }
-        registry_canary.check_canary(model, figures)
+        registry_canary.check_canary(model, _figures(model, since))
+
+
+def _figures(model: Any, since: datetime) -> dict[str, registry_canary.RevisionFigures]:
+    names = [model.name, *(a["name"] for a in model.adapters)]
+    return {
+        revision: registry_canary.RevisionFigures(
+            requests=seen.requests, errors=seen.server_errors, seconds=seen.seconds
+        )
+        for revision, seen in revision_figures(names, since).items()
+    }

@@ -57,7 +57,9 @@ DEFAULT_WINDOW = "10m"
 DEFAULT_MAX_ERROR_RATE = 0.05
 DEFAULT_MAX_LATENCY_RATIO = 2.0
 MIN_WINDOW_SECONDS = 10
-MAX_WINDOW_SECONDS = 7 * 86400
+# The gateway keeps its figures per revision by the minute for a day (then folds them into
+# hours without revisions), so a window is at most that.
+MAX_WINDOW_SECONDS = 86400
 MAX_LATENCY_RATIO_LIMIT = 100.0
 # Answers faster than this count as this fast when latencies are compared: a ratio over a
 # near-zero figure (an engine answering from memory) says nothing.
@@ -291,16 +293,25 @@ def active_canaries() -> list[Model]:
     return [m for m in Model.objects.exclude(canary=None) if m.canary_in_force is not None]
 
 
-def advance_canary(model: Model, *, now: datetime | None = None) -> None:
+def advance_canary(
+    model: Model,
+    *,
+    baseline: dict[str, RevisionFigures] | None = None,
+    now: datetime | None = None,
+) -> bool:
     """Start the window once the canary replica is ready; end a canary whose rollout ended or
-    whose replica cannot start."""
+    whose replica cannot start. True when the window started now.
+
+    `baseline` is what the gateway's figures (from the minute of `now` on) held at the start:
+    the checks count what came after it, so requests before the window (and a canary of the
+    same revision tried a moment before) decide nothing."""
     now = now or timezone.now()
     canary = model.canary or {}
-    rollout = Rollout.objects.filter(pk=canary.get("rollout")).first()
+    rollout = _rollout_of(canary)
     if rollout is None or rollout.state not in Rollout.ACTIVE:
         why = rollout.message if rollout is not None else "its rollout is gone"
         _end(model.pk, "ended", f"the update ended before the canary was decided: {why}")
-        return
+        return False
     if model.rollout_halted:
         _roll_back(
             model.name,
@@ -308,26 +319,27 @@ def advance_canary(model: Model, *, now: datetime | None = None) -> None:
             f"the canary replica could not start: {model.rollout_halted}",
             figures=canary.get("figures"),
         )
-        return
+        return False
     if canary.get("state") != "waiting" or rollout.state != Rollout.ROLLING:
-        return
+        return False
     ready = Replica.objects.filter(
         model=model, state=Replica.READY, withdrawn_at__isnull=True
     ).values_list("spec", flat=True)
     if not any(replica_revision(spec) == canary["revision"] for spec in ready):
-        return
+        return False
     with transaction.atomic():
         lock_catalog()
         current = Model.objects.get(pk=model.pk)
         canary = current.canary or {}
         if canary.get("state") != "waiting":
-            return
+            return False
         ends = now + timedelta(seconds=canary["window_seconds"])
         canary = {
             **canary,
             "state": "watching",
             "started_at": now.isoformat(),
             "ends_at": ends.isoformat(),
+            "baseline": {rev: asdict(seen) for rev, seen in (baseline or {}).items()},
         }
         Model.objects.filter(pk=model.pk).update(canary=canary)
         Rollout.objects.filter(pk=rollout.pk).update(step=_step(canary))
@@ -337,6 +349,7 @@ def advance_canary(model: Model, *, now: datetime | None = None) -> None:
             f"the canary replica is ready: {canary['percent']}% of the requests go to "
             f"{canary['to_commit'][:7]} until {ends:%H:%M:%S} UTC",
         )
+    return True
 
 
 def check_canary(
@@ -347,15 +360,16 @@ def check_canary(
     now: datetime | None = None,
 ) -> Verdict | None:
     """One check of a watching canary against the gateway's figures per revision (from the
-    window's start); rolls it back or promotes it when that is decided. None when the canary
-    is not watching."""
+    minute the window started in; its baseline is taken off); rolls it back or promotes it when
+    that is decided. None when the canary is not watching."""
     now = now or timezone.now()
     canary = model.canary or {}
     if canary.get("state") != "watching":
         return None
     min_requests = settings.LLMGW_CANARY_MIN_REQUESTS if min_requests is None else min_requests
-    old = figures.get(canary["from_revision"], RevisionFigures())
-    new = figures.get(canary["revision"], RevisionFigures())
+    baseline = canary.get("baseline") or {}
+    old = _since(figures.get(canary["from_revision"]), baseline.get(canary["from_revision"]))
+    new = _since(figures.get(canary["revision"]), baseline.get(canary["revision"]))
     ends = datetime.fromisoformat(canary["ends_at"])
     verdict = judge(
         old,
@@ -387,6 +401,16 @@ def check_canary(
     elif verdict.outcome == "healthy":
         _promote(model.name, SYSTEM, verdict.reason, figures=seen)
     return verdict
+
+
+def _since(total: RevisionFigures | None, baseline: dict[str, Any] | None) -> RevisionFigures:
+    total = total or RevisionFigures()
+    before = RevisionFigures(**(baseline or {}))
+    return RevisionFigures(
+        requests=max(total.requests - before.requests, 0),
+        errors=max(total.errors - before.errors, 0),
+        seconds=max(total.seconds - before.seconds, 0.0),
+    )
 
 
 def describe_figures(figures: Any) -> str:
@@ -499,7 +523,7 @@ def _roll_back(name: str, actor: Actor, reason: str, *, figures: Any) -> None:
         canary = model.canary or {}
         if canary.get("state") not in CANARY_ACTIVE:
             return
-        rollout = Rollout.objects.filter(pk=canary.get("rollout")).first()
+        rollout = _rollout_of(canary)
         swapped = rollout is not None and rollout.state == Rollout.ROLLING
         if swapped and model.previous:
             restore = canary.get("restore") or {}
@@ -547,6 +571,13 @@ def _roll_back(name: str, actor: Actor, reason: str, *, figures: Any) -> None:
         announce(model.name)
 
 
+def _rollout_of(canary: dict[str, Any]) -> Rollout | None:
+    rollout_id = canary.get("rollout")
+    if not isinstance(rollout_id, int):
+        return None
+    return Rollout.objects.filter(pk=rollout_id).first()
+
+
 def _end(model_id: int, state: str, reason: str) -> None:
     with transaction.atomic():
         model = Model.objects.select_for_update().get(pk=model_id)
@@ -586,7 +617,7 @@ def canary_view(model: Model) -> dict[str, Any] | None:
         seen = RevisionFigures(**(figures.get(name) or {}))
         return {
             "requests": seen.requests,
-            "errors": seen.errors,
+            "server_errors": seen.errors,
             "error_rate": seen.error_rate,
             "mean_latency": seen.mean_latency,
         }

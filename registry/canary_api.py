@@ -19,7 +19,7 @@ from catalog.services import get_model
 from . import canary as service
 
 
-def _range(allowed: str) -> dict[str, str]:
+def _range(allowed: str) -> dict[str, Any]:
     return {"min_value": f"must be {allowed}", "max_value": f"must be {allowed}"}
 
 
@@ -92,7 +92,7 @@ def canary_settings_from(body: Any) -> service.CanarySettings | None:
 
 class RevisionFiguresOut(serializers.Serializer):
     requests = serializers.IntegerField()
-    errors = serializers.IntegerField(help_text="server errors (5xx)")
+    server_errors = serializers.IntegerField(help_text="answers 500-599")
     error_rate = serializers.FloatField()
     mean_latency = serializers.FloatField(allow_null=True, help_text="seconds")
 

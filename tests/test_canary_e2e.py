@@ -202,8 +202,20 @@ def test_a_healthy_canary_is_promoted_and_the_rollout_completes(world: dict[str,
     assert decided["new"]["requests"] >= MIN_REQUESTS and decided["old"]["requests"] > 0
 
 
+def ctl(system: System, capsys: Any, *argv: str) -> str:
+    import os
+
+    from llmgw.cli import main
+
+    os.environ["LLMGW_URL"], os.environ["LLMGW_TOKEN"] = system.url, system.token
+    code = main(["ctl", *argv])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
 def test_a_failing_canary_is_rolled_back_with_no_failure_on_the_old_revision(
-    world: dict[str, Any],
+    world: dict[str, Any], capsys: Any
 ) -> None:
     system, weights = world["system"], world["weights"]
     old, bad = sha(weights[2])[:12], sha(weights[3])[:12]
@@ -211,8 +223,11 @@ def test_a_failing_canary_is_rolled_back_with_no_failure_on_the_old_revision(
     world["registry"].commit(REPO, {"tiny-chat-q4.gguf": weights[3]}, message="broken")
     system.api("POST", "updates/check")
     with Traffic(system, world["key"]) as traffic:
-        system.api("POST", f"models/{NAME}/update", json={"canary": 30, "for": "5m"})
+        out = ctl(system, capsys, "model", "update", NAME, "--canary", "30", "--for", "5m")
+        assert "first a canary: one replica on the new files gets 30% of the requests" in out
         wait_for(lambda: canary(system)["state"] == "watching", timeout=180, what="the canary")
+        out = ctl(system, capsys, "model", "updates")
+        assert out.startswith(f"{NAME}: canary of ") and "REQUESTS" in out
         decided = wait_for(
             lambda: (c := canary(system))["state"] == "rolled back" and c,
             timeout=120,
@@ -226,7 +241,8 @@ def test_a_failing_canary_is_rolled_back_with_no_failure_on_the_old_revision(
     assert traffic.ok and set(traffic.ok) == {old}
     assert decided["decided_by"] == "system"
     assert decided["decision"].startswith("unhealthy: server errors on the new revision")
-    assert decided["new"]["errors"] >= MIN_REQUESTS * 0.05 and decided["old"]["errors"] == 0
+    assert decided["new"]["server_errors"] >= MIN_REQUESTS * 0.05
+    assert decided["old"]["server_errors"] == 0
     rollout = system.api("GET", f"models/{NAME}/rollout")
     assert rollout["state"] == "failed" and rollout["message"].startswith("canary rolled back")
     audit = system.api("GET", "audit", params={"model": NAME, "action": "canary-rollback"})

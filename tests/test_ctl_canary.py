@@ -77,7 +77,7 @@ def test_show_prints_the_state_and_both_revisions_figures(ctl: Any, chat: Model)
     code, out, _ = ctl("bob", "model", "canary", "show", "chat", "--json")
     assert json.loads(out)["new"] == {
         "requests": 20,
-        "errors": 1,
+        "server_errors": 1,
         "error_rate": 0.05,
         "mean_latency": 0.25,
     }
@@ -121,7 +121,7 @@ def test_abort_by_staff(ctl: Any, chat: Model) -> None:  # noqa: F811
     ("argv", "says"),
     [
         (["--canary", "0"], "canary: must be a whole percentage from 1 to 99"),
-        (["--canary", "10", "--for", "3s"], "--for must be between 10s and 7d (got '3s')"),
+        (["--canary", "10", "--for", "3s"], "--for must be between 10s and 1d (got '3s')"),
         (
             ["--canary", "10", "--max-error-rate", "1.5"],
             "max_error_rate: must be a fraction from 0 up to (not including) 1",

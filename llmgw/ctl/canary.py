@@ -136,7 +136,7 @@ def figures_table(view: dict[str, Any]) -> str:
                 f"  {side}",
                 commit[:7],
                 str(seen["requests"]),
-                f"{seen['errors']} ({seen['error_rate']:.1%})",
+                f"{seen['server_errors']} ({seen['error_rate']:.1%})",
                 latency,
             ]
         )

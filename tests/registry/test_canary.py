@@ -183,6 +183,25 @@ def test_errors_on_the_new_revision_roll_it_back_and_the_audit_holds_the_figures
     assert "new revision: 12 requests, 6 server errors" in entry.note
 
 
+def test_answers_from_before_the_window_decide_nothing(world: dict[str, Any]) -> None:
+    rollout = canary.start_canary_update(
+        actor=world["alice"], name=NAME, settings_=canary.canary_settings(percent=20)
+    )
+    mirror.run_fetch(rollout.fetch_id)
+    # Failures counted before the window starts (its replica serving before the control plane
+    # saw it ready, or a canary of the same revision a moment before) are its baseline.
+    answers(old=(40, 0, 0.2), new=(12, 12, 0.05))
+    settle(world["fleet"])
+    state = model().canary
+    assert state["state"] == "watching"
+    assert state["baseline"][state["revision"]] == {
+        "requests": 12,
+        "errors": 12,
+        "seconds": pytest.approx(0.6),
+    }
+    assert state["figures"]["new"] == {"requests": 0, "errors": 0, "seconds": 0.0}
+
+
 def test_too_few_requests_decide_nothing(world: dict[str, Any]) -> None:
     start(world)
     answers(old=(40, 0, 0.2), new=(9, 9, 0.05))
@@ -299,7 +318,7 @@ def test_promote_and_abort_by_hand_are_the_owners_or_staffs_and_audited(
         ({"canary": 10.5}, "canary"),
         ({"canary": True}, "canary"),
         ({"canary": 10, "for": "forever"}, "--for: 'forever' is not a duration"),
-        ({"canary": 10, "for": "2s"}, "--for must be between 10s and 7d (got '2s')"),
+        ({"canary": 10, "for": "2s"}, "--for must be between 10s and 1d (got '2s')"),
         ({"canary": 10, "max_error_rate": 1}, "--max-error-rate must be a fraction from 0 up to"),
         ({"canary": 10, "max_error_rate": 2}, "max_error_rate: must be a fraction from 0 up to"),
         ({"canary": 10, "max_error_rate": -1}, "max_error_rate"),
@@ -354,7 +373,7 @@ def test_the_api_starts_follows_and_promotes_a_canary(world: dict[str, Any], api
     assert [(c["model"], c["state"], c["active"]) for c in listed] == [(NAME, "watching", True)]
     assert listed[0]["old"] == {
         "requests": 30,
-        "errors": 0,
+        "server_errors": 0,
         "error_rate": 0.0,
         "mean_latency": pytest.approx(0.2),
     }
