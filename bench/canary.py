@@ -12,7 +12,7 @@ round (a rollback leaves it available).
 
 Printed beside issue 14's target: rolled back within 2 checks of the window's start.
 
-Run: make bench, or .venv/bin/python bench/canary.py [--rounds 3 --check-seconds 5]
+Run: make bench, or .venv/bin/python bench/canary.py [--rounds 3 --check-seconds 15]
 """
 
 from __future__ import annotations
