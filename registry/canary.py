@@ -326,6 +326,7 @@ def advance_canary(
         model=model, state=Replica.READY, withdrawn_at__isnull=True
     ).values_list("spec", flat=True)
     if not any(replica_revision(spec) == canary["revision"] for spec in ready):
+        Rollout.objects.filter(pk=rollout.pk, state=Rollout.ROLLING).update(step=_step(canary))
         return False
     with transaction.atomic():
         lock_catalog()
