@@ -28,7 +28,7 @@ from catalog.services import SYSTEM, audit_entry
 from . import placement
 from .footprint import FileFacts, Footprint, known_facts, learn_facts, model_footprints
 from .models import Lease, Node, Replica
-from .specs import current_keys, replica_spec, spec_key
+from .specs import current_keys, replica_revision, replica_spec, spec_key
 
 log = logging.getLogger("llmgw.reconciler")
 
@@ -239,7 +239,12 @@ def _replacement(
         return min(desired, len(mine)), mine
     if not stale:
         return desired, mine
-    if fresh and model.canary_in_force is not None:
+    canary = model.canary_in_force
+    if (
+        fresh
+        and canary is not None
+        and all(replica_revision(r.spec) == canary.revision for r in fresh)
+    ):
         # A canary update: one replica of the new revision serves beside the old ones, which
         # stay, until it is promoted (the replacement goes on from here) or rolled back (then
         # it is the out-of-date one, and leaves).
