@@ -22,7 +22,7 @@ from fleet.specs import current_keys, replica_revision
 from gateway.canary import check_canaries
 from gateway.traffic import TrafficBook
 from llmgw.tinygguf import write_tiny_model
-from registry import canary, mirror
+from registry import canary, fetches
 from registry.models import Rollout
 from registry.rollouts import advance_rollouts
 from registry.updates import check_updates, serve_start
@@ -61,7 +61,7 @@ def world(
         fleet.node("a", memory_gb=8)
         fleet.node("b", memory_gb=8)
         fetch = serve_start(actor=alice, repo=REPO, min_replicas=2)
-        mirror.run_fetch(fetch.pk)
+        fetches.run_fetch(fetch.pk)
         settle(fleet)
         registry.commit(REPO, {"tiny-chat-q4.gguf": weights[2]})
         check_updates()
@@ -83,7 +83,7 @@ def start(world: dict[str, Any], percent: int = 20, **options: Any) -> Rollout:
         name=NAME,
         settings_=canary.canary_settings(percent=percent, **options),
     )
-    mirror.run_fetch(rollout.fetch_id)
+    fetches.run_fetch(rollout.fetch_id)
     settle(world["fleet"])
     return rollout
 
@@ -187,7 +187,7 @@ def test_answers_from_before_the_window_decide_nothing(world: dict[str, Any]) ->
     rollout = canary.start_canary_update(
         actor=world["alice"], name=NAME, settings_=canary.canary_settings(percent=20)
     )
-    mirror.run_fetch(rollout.fetch_id)
+    fetches.run_fetch(rollout.fetch_id)
     # Failures counted before the window starts (its replica serving before the control plane
     # saw it ready, or a canary of the same revision a moment before) are its baseline.
     answers(old=(40, 0, 0.2), new=(12, 12, 0.05))
@@ -247,7 +247,7 @@ def test_a_canary_replica_that_cannot_start_is_rolled_back(world: dict[str, Any]
     rollout = canary.start_canary_update(
         actor=world["alice"], name=NAME, settings_=canary.canary_settings(percent=20)
     )
-    mirror.run_fetch(rollout.fetch_id)
+    fetches.run_fetch(rollout.fetch_id)
     advance_rollouts()
     fleet = world["fleet"]
     old = {str(r.pk) for r in Replica.objects.filter(model=model())}
@@ -365,7 +365,7 @@ def test_the_api_starts_follows_and_promotes_a_canary(world: dict[str, Any], api
         3.0,
         "alice",
     )
-    mirror.run_fetch(Rollout.objects.get().fetch_id)
+    fetches.run_fetch(Rollout.objects.get().fetch_id)
     settle(world["fleet"])
     answers(old=(30, 0, 0.2), new=(5, 0, 0.2))
     check_canaries()
