@@ -35,7 +35,7 @@ from django.utils import timezone
 
 from catalog.durations import DurationError, format_duration, parse_duration
 from catalog.errors import CatalogError, Problem, conflict
-from catalog.models import CANARY_ACTIVE, AuditEntry, Model
+from catalog.models import CANARY_ACTIVE, Model
 from catalog.services import (
     SYSTEM,
     Actor,
@@ -43,6 +43,7 @@ from catalog.services import (
     get_model,
     lock_catalog,
     record_change,
+    record_event,
     require_change_rights,
 )
 from fleet.models import Replica
@@ -344,7 +345,8 @@ def advance_canary(
         }
         Model.objects.filter(pk=model.pk).update(canary=canary)
         Rollout.objects.filter(pk=rollout.pk).update(step=_step(canary))
-        _event(
+        record_event(
+            SYSTEM,
             current.name,
             "canary-start",
             f"the canary replica is ready: {canary['percent']}% of the requests go to "
@@ -588,19 +590,7 @@ def _end(model_id: int, state: str, reason: str) -> None:
         Model.objects.filter(pk=model_id).update(
             canary={**canary, "state": state, "decision": reason}
         )
-        _event(model.name, "canary-end", reason)
-
-
-def _event(model_name: str, action: str, note: str) -> None:
-    AuditEntry.objects.create(
-        actor=None,
-        actor_name=SYSTEM.name,
-        door=SYSTEM.door,
-        model_name=model_name,
-        action=action,
-        note=note,
-        changes={},
-    )
+        record_event(SYSTEM, model.name, "canary-end", reason)
 
 
 # -- reads --------------------------------------------------------------------------------

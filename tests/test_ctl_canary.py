@@ -10,33 +10,12 @@ from typing import Any
 import pytest
 
 from catalog.models import AuditEntry, Model
-from tests.factories import definition
+from tests.factories import canary_record, definition
 from tests.test_ctl import ctl  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.smoke]
 
-WATCHING = {
-    "state": "watching",
-    "rollout": None,
-    "percent": 20,
-    "revision": "bbbbbbbbbbbb",
-    "from_revision": "aaaaaaaaaaaa",
-    "from_commit": "a" * 40,
-    "to_commit": "b" * 40,
-    "window_seconds": 600,
-    "max_error_rate": 0.05,
-    "max_latency_ratio": 2.0,
-    "asked_by": "alice",
-    "started_at": "2026-12-03T00:10:00+00:00",
-    "ends_at": "2026-12-03T00:20:00+00:00",
-    "checks": 4,
-    "checked_at": "2026-12-03T00:11:00+00:00",
-    "figures": {
-        "old": {"requests": 80, "errors": 0, "seconds": 16.0},
-        "new": {"requests": 20, "errors": 1, "seconds": 5.0},
-    },
-    "verdict": "healthy so far: 1 server errors in 20 answers (5.0%)",
-}
+WATCHING = canary_record()
 
 
 @pytest.fixture
@@ -57,7 +36,7 @@ def test_show_prints_the_state_and_both_revisions_figures(ctl: Any, chat: Model)
     code, out, err = ctl("bob", "model", "canary", "show", "chat")
     assert code == 0, err
     lines = out.splitlines()
-    assert lines[0] == "chat: canary of bbbbbbb (from aaaaaaa), watching"
+    assert lines[0] == "chat: canary of e4f5a6b (from a1b2c3d), watching"
     assert lines[1] == "  20% of the requests for 10m (window 00:10:00 - 00:20:00 UTC), 4 checks"
     assert lines[2] == (
         "  rolled back when server errors exceed 5.0% or latency is 2 times the old revision's"
@@ -71,8 +50,8 @@ def test_show_prints_the_state_and_both_revisions_figures(ctl: Any, chat: Model)
         "MEAN",
         "LATENCY",
     ]
-    assert lines[4].split() == ["old", "aaaaaaa", "80", "0", "(0.0%)", "0.200", "s"]
-    assert lines[5].split() == ["new", "bbbbbbb", "20", "1", "(5.0%)", "0.250", "s"]
+    assert lines[4].split() == ["old", "a1b2c3d", "80", "0", "(0.0%)", "0.200", "s"]
+    assert lines[5].split() == ["new", "e4f5a6b", "20", "1", "(5.0%)", "0.250", "s"]
     assert lines[6] == "  last check: healthy so far: 1 server errors in 20 answers (5.0%)"
     code, out, _ = ctl("bob", "model", "canary", "show", "chat", "--json")
     assert json.loads(out)["new"] == {
@@ -86,7 +65,7 @@ def test_show_prints_the_state_and_both_revisions_figures(ctl: Any, chat: Model)
 def test_model_updates_shows_a_canary_under_way(ctl: Any, chat: Model) -> None:  # noqa: F811
     code, out, err = ctl("bob", "model", "updates")
     assert code == 0, err
-    assert out.startswith("chat: canary of bbbbbbb (from aaaaaaa), watching\n")
+    assert out.startswith("chat: canary of e4f5a6b (from a1b2c3d), watching\n")
     assert "Every served model is on the newest files" not in out
 
 
@@ -98,7 +77,7 @@ def test_promote_and_abort_are_the_owners_or_staffs(ctl: Any, chat: Model) -> No
 
     code, out, err = ctl("alice", "model", "canary", "promote", "chat")
     assert code == 0, err
-    assert out.splitlines()[0] == "chat: canary of bbbbbbb (from aaaaaaa), promoted"
+    assert out.splitlines()[0] == "chat: canary of e4f5a6b (from a1b2c3d), promoted"
     assert "  promoted by alice: promoted by alice" in out
     entry = AuditEntry.objects.get(action="canary-promote")
     assert (entry.actor_name, entry.door) == ("alice", "cli")

@@ -11,31 +11,11 @@ from catalog.models import AuditEntry, Model
 from registry.models import Rollout
 from tests.console.pages import HTMX, text_of
 from tests.console.test_registry import from_the_registry
+from tests.factories import canary_record
 
 pytestmark = [pytest.mark.django_db]
 
-WATCHING = {
-    "state": "watching",
-    "rollout": None,
-    "percent": 20,
-    "revision": "bbbbbbbbbbbb",
-    "from_revision": "aaaaaaaaaaaa",
-    "from_commit": "a1b2c3d" + "0" * 33,
-    "to_commit": "e4f5a6b" + "1" * 33,
-    "window_seconds": 600,
-    "max_error_rate": 0.05,
-    "max_latency_ratio": 2.0,
-    "asked_by": "alice",
-    "started_at": "2026-12-03T00:10:00+00:00",
-    "ends_at": "2026-12-03T00:20:00+00:00",
-    "checks": 4,
-    "checked_at": "2026-12-03T00:11:00+00:00",
-    "figures": {
-        "old": {"requests": 80, "errors": 0, "seconds": 16.0},
-        "new": {"requests": 20, "errors": 1, "seconds": 5.0},
-    },
-    "verdict": "healthy so far: 1 server errors in 20 answers (5.0%)",
-}
+WATCHING = canary_record()
 
 
 def test_the_update_dialog_offers_a_canary(client_for: Any, running: Any) -> None:
