@@ -11,7 +11,7 @@ import pytest
 
 from catalog.models import AuditEntry, Model
 from tests.factories import canary_record, definition
-from tests.test_ctl import ctl  # noqa: F401  (the fixture)
+from tests.llmgw.ctl.test_commands import ctl  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.smoke]
 

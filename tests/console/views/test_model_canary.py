@@ -10,7 +10,7 @@ import pytest
 from catalog.models import AuditEntry, Model
 from registry.models import Rollout
 from tests.console.pages import HTMX, text_of
-from tests.console.test_registry import from_the_registry
+from tests.console.views.test_model_registry import from_the_registry
 from tests.factories import canary_record
 
 pytestmark = [pytest.mark.django_db]
