@@ -91,20 +91,6 @@ def test_it_serves_people_with_a_token_or_a_session(
     assert by_token.get("/mirror/acme/tiny/abc123/w.gguf").status_code == 401
 
 
-def test_the_control_plane_sends_its_credential_to_its_own_mirror_only(settings: Any) -> None:
-    import requests
-
-    from catalog.mirror_credential import ControlPlaneAuth, is_control_plane_token
-
-    settings.LLMGW_PUBLIC_URL = "http://127.0.0.1:8000"
-    own = requests.Request("GET", "http://127.0.0.1:8000/mirror/a/b/c/w.gguf").prepare()
-    header = ControlPlaneAuth()(own).headers["Authorization"]
-    assert header.startswith("Bearer ") and is_control_plane_token(header.removeprefix("Bearer "))
-    elsewhere = requests.Request("GET", "http://127.0.0.1:9000/mirror/a/b/c/w.gguf").prepare()
-    assert "Authorization" not in ControlPlaneAuth()(elsewhere).headers
-    assert not is_control_plane_token("guess")
-
-
 def test_it_answers_nul_bytes_and_absurd_ranges_with_a_4xx(client: Any, mirror: Path) -> None:
     assert client.get("/mirror/acme/tiny/abc123/w%00.gguf").status_code == 404
     assert client.get("/mirror/acme/%00/abc123/w.gguf").status_code == 404
