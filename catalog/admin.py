@@ -37,6 +37,20 @@ from .yamltext import Path, line_for
 ADMIN = "admin"
 # Parts of a definition that no service changes in place; the rest map to one service each.
 FIXED = ("name", "source", "sha256", "description", "fallbacks", "context_length", "routing")
+# What a model's page shows as in force, beside its editable definition.
+IN_FORCE = (
+    "name",
+    "owner",
+    "class_shown",
+    "scaling",
+    "declared",
+    "generation",
+    "source",
+    "origin_commit",
+    "update_shown",
+    "rollout_halted",
+    "console_link",
+)
 
 
 def admin_actor(request: HttpRequest) -> Actor:
@@ -142,6 +156,22 @@ def _change_through_services(
         )
 
 
+class RemovedThroughServiceAdmin(admin.ModelAdmin):
+    """Rows a service removes (delete_model calls it): its refusal is shown, not a 500."""
+
+    def refused_removal_url(self, object_id: str) -> str:
+        raise NotImplementedError
+
+    def delete_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        try:
+            return super().delete_view(request, object_id, extra_context)
+        except CatalogError as error:
+            self.message_user(request, error.message, messages.ERROR)
+            return HttpResponseRedirect(self.refused_removal_url(object_id))
+
+
 class ModelAdminForm(forms.ModelForm):
     definition_yaml = forms.CharField(
         label="Definition (YAML)",
@@ -197,7 +227,7 @@ class ModelAdminForm(forms.ModelForm):
 
 
 @admin.register(Model)
-class ModelAdmin(admin.ModelAdmin):
+class ModelAdmin(RemovedThroughServiceAdmin):
     form = ModelAdminForm
     list_display = [
         "name",
@@ -214,40 +244,13 @@ class ModelAdmin(admin.ModelAdmin):
     list_select_related = ["owner"]
     list_per_page = 50
     actions = ["restart_models", "remove_models"]
-    readonly_fields = [
-        "name",
-        "owner",
-        "class_shown",
-        "scaling",
-        "declared",
-        "generation",
-        "source",
-        "origin_commit",
-        "update_shown",
-        "rollout_halted",
-        "console_link",
-        "created_at",
-        "updated_at",
-    ]
+    readonly_fields = [*IN_FORCE, "created_at", "updated_at"]
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         editing = [("Definition", {"fields": ["definition_yaml", "skip_source_check"]})]
         if obj is None:
             return editing
-        in_force = [
-            "name",
-            "owner",
-            "class_shown",
-            "scaling",
-            "declared",
-            "generation",
-            "source",
-            "origin_commit",
-            "update_shown",
-            "rollout_halted",
-            "console_link",
-            ("created_at", "updated_at"),
-        ]
+        in_force = [*IN_FORCE, ("created_at", "updated_at")]
         return [("In force", {"fields": in_force}), *editing]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
@@ -275,14 +278,8 @@ class ModelAdmin(admin.ModelAdmin):
     def delete_model(self, request: HttpRequest, obj: Model) -> None:
         services.model_remove(actor=admin_actor(request), name=obj.name)
 
-    def delete_view(
-        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
-    ) -> HttpResponse:
-        try:
-            return super().delete_view(request, object_id, extra_context)
-        except CatalogError as error:
-            self.message_user(request, error.message, messages.ERROR)
-            return HttpResponseRedirect(reverse("admin:catalog_model_change", args=[object_id]))
+    def refused_removal_url(self, object_id: str) -> str:
+        return reverse("admin:catalog_model_change", args=[object_id])
 
     @admin.action(description="Rolling restart of the selected models")
     def restart_models(self, request: HttpRequest, queryset: QuerySet[Model]) -> None:

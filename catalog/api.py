@@ -270,11 +270,13 @@ class ModelAPI(ModelAnswerAPI):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
+# Validated, the keys of ScaleInput and ResourcesInput are their service's arguments (source=).
 class ScaleInput(StrictSerializer):
     min = serializers.IntegerField(
-        min_value=0, max_value=MAX_REPLICAS, help_text="the replica count"
+        source="min_replicas", min_value=0, max_value=MAX_REPLICAS, help_text="the replica count"
     )
     max = serializers.IntegerField(
+        source="max_replicas",
         min_value=0,
         max_value=MAX_REPLICAS,
         required=False,
@@ -296,13 +298,7 @@ class ScaleAPI(ModelAnswerAPI):
     )
     def post(self, request: Request, name: str) -> Response:
         data = validated(ScaleInput, request.data)
-        model = services.model_scale(
-            actor=actor_of(request),
-            name=name,
-            min_replicas=data["min"],
-            max_replicas=data.get("max"),
-            idle_timeout=data.get("idle_timeout"),
-        )
+        model = services.model_scale(actor=actor_of(request), name=name, **data)
         return Response(self.answer(model))
 
 
@@ -330,13 +326,7 @@ class ResourcesAPI(ModelAnswerAPI):
     )
     def post(self, request: Request, name: str) -> Response:
         data = validated(ResourcesInput, request.data)
-        model = services.model_set_resources(
-            actor=actor_of(request),
-            name=name,
-            memory_gb=data["memory_gb"],
-            cores=data.get("cores"),
-            profile=data.get("profile"),
-        )
+        model = services.model_set_resources(actor=actor_of(request), name=name, **data)
         return Response(self.answer(model))
 
 

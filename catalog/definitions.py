@@ -188,6 +188,11 @@ class DurationField(serializers.Field):
         return format_duration(value)
 
 
+def _at_most(maximum: str) -> dict[str, Any]:
+    """The refusals of a number field that is at least 0 and at most `maximum` (with its unit)."""
+    return {"min_value": "must not be negative", "max_value": f"at most {maximum}"}
+
+
 class ProfileSerializer(StrictSerializer):
     name = serializers.CharField(max_length=50)
     memory_gb = serializers.FloatField(
@@ -202,22 +207,19 @@ class ProfileSerializer(StrictSerializer):
         min_value=0,
         max_value=MAX_CORES,
         default=0,
-        error_messages={"min_value": "must not be negative", "max_value": f"at most {MAX_CORES}"},
+        error_messages=_at_most(f"{MAX_CORES}"),
     )
     gpus = serializers.IntegerField(
         min_value=0,
         max_value=MAX_GPUS,
         default=0,
-        error_messages={"min_value": "must not be negative", "max_value": f"at most {MAX_GPUS}"},
+        error_messages=_at_most(f"{MAX_GPUS}"),
     )
     gpu_memory_gb = serializers.FloatField(
         min_value=0,
         max_value=MAX_MEMORY_GB,
         default=0,
-        error_messages={
-            "min_value": "must not be negative",
-            "max_value": f"at most {MAX_MEMORY_GB}",
-        },
+        error_messages=_at_most(f"{MAX_MEMORY_GB}"),
     )
 
     slots = serializers.IntegerField(
@@ -269,10 +271,7 @@ class ModelDefinitionSerializer(StrictSerializer):
         min_value=0,
         max_value=MAX_REPLICAS,
         default=1,
-        error_messages={
-            "min_value": "must not be negative",
-            "max_value": f"at most {MAX_REPLICAS} replicas",
-        },
+        error_messages=_at_most(f"{MAX_REPLICAS} replicas"),
     )
     max_replicas = serializers.IntegerField(
         min_value=0,
@@ -280,10 +279,7 @@ class ModelDefinitionSerializer(StrictSerializer):
         required=False,
         allow_null=True,
         default=None,
-        error_messages={
-            "min_value": "must not be negative",
-            "max_value": f"at most {MAX_REPLICAS} replicas",
-        },
+        error_messages=_at_most(f"{MAX_REPLICAS} replicas"),
     )
     idle_timeout = DurationField(required=False, default=0)
     fallbacks = serializers.ListField(

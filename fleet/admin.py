@@ -7,10 +7,10 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import Count, Q, QuerySet, Sum
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest
 from django.urls import reverse
 
-from catalog.admin import ReadOnlyAdmin, admin_actor
+from catalog.admin import ReadOnlyAdmin, RemovedThroughServiceAdmin, admin_actor
 from catalog.errors import CatalogError
 
 from . import services
@@ -47,7 +47,7 @@ ACTIVE = Q(replicas__withdrawn_at__isnull=True)
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
+class NodeAdmin(RemovedThroughServiceAdmin):
     list_display = [
         "name",
         "state",
@@ -124,14 +124,8 @@ class NodeAdmin(admin.ModelAdmin):
     def delete_model(self, request: HttpRequest, obj: Node) -> None:
         services.node_remove(actor=admin_actor(request), name=obj.name)
 
-    def delete_view(
-        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
-    ) -> HttpResponse:
-        try:
-            return super().delete_view(request, object_id, extra_context)
-        except CatalogError as error:
-            self.message_user(request, error.message, messages.ERROR)
-            return HttpResponseRedirect(reverse("admin:fleet_node_changelist"))
+    def refused_removal_url(self, object_id: str) -> str:
+        return reverse("admin:fleet_node_changelist")
 
     @admin.action(description="Cordon: keep their replicas, place nothing new there")
     def cordon(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
