@@ -46,28 +46,18 @@ class NodeAddForm(forms.ModelForm):
 ACTIVE = Q(replicas__withdrawn_at__isnull=True)
 
 
+# A node, as both its list row and its page begin.
+CAPACITY_SHOWN = ("name", "state", "address", "memory", "cores_shown", "gpus")
+
+
 @admin.register(Node)
 class NodeAdmin(RemovedThroughServiceAdmin):
-    list_display = [
-        "name",
-        "state",
-        "address",
-        "memory",
-        "cores_shown",
-        "gpus",
-        "replica_count",
-        "last_heartbeat",
-    ]
+    list_display = [*CAPACITY_SHOWN, "replica_count", "last_heartbeat"]
     list_filter = ["cordoned", "lost"]
     search_fields = ["name", "address"]
     actions = ["cordon", "uncordon"]
     readonly_fields = [
-        "name",
-        "state",
-        "address",
-        "memory",
-        "cores_shown",
-        "gpus",
+        *CAPACITY_SHOWN,
         "gpu_memory_gb",
         "replica_count",
         "cordoned",
