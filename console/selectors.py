@@ -245,8 +245,8 @@ def filter_models(
     if search:
         models = models.filter(name__icontains=search)
     if state in STATES:
-        # The wanted count is min_replicas, except for a model with min 0, which
-        # wants at most one: so one ready replica makes it ready (see STATES).
+        # model_state in SQL: with a replica ready, Model.desired_replicas is min_replicas, or
+        # at most one for a model with min 0, which one ready replica meets (see STATES).
         models = models.annotate(ready_now=Coalesce(_ready_count(), Value(0)))
         if state == "not-running":
             models = models.filter(ready_now=0)
