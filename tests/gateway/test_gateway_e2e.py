@@ -51,12 +51,7 @@ def system(tmp_path_factory: pytest.TempPathFactory, weights: str) -> Iterator[S
     running.env["LLMGW_METRICS_DIR"] = str(folder / "metrics")
     try:
         running.start()
-        running.add_node("node-a", memory_gb=4, cores=4)
-        running.add_node("node-b", memory_gb=4, cores=4)
-        wait_for(
-            lambda: all(n["state"] == "ready" for n in running.api("GET", "nodes")),
-            what="both agents' heartbeats",
-        )
+        running.add_ready_nodes(memory_gb=4, cores=4, names=("node-a", "node-b"))
         add = {
             "chat": {
                 "min_replicas": 2,

@@ -41,12 +41,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     system = System(folder / "system", config={"registry": {"endpoint": registry.endpoint}})
     try:
         system.start()
-        system.add_node("node-a", memory_gb=3, cores=2)
-        system.add_node("node-b", memory_gb=3, cores=2)
-        wait_for(
-            lambda: all(n["state"] == "ready" for n in system.api("GET", "nodes")),
-            what="both agents",
-        )
+        system.add_ready_nodes(memory_gb=3, cores=2, names=("node-a", "node-b"))
         yield {"system": system, "registry": registry, "folder": folder}
     except BaseException:
         print(system.log_tail())

@@ -227,6 +227,15 @@ class System:
             self.start_agent(name, token, memory_gb=memory_gb, cores=cores)
         return token
 
+    def add_ready_nodes(self, *, memory_gb: float, cores: int, names: tuple[str, ...]) -> None:
+        """Nodes alike, each with its agent, once every agent has sent its first heartbeat."""
+        for name in names:
+            self.add_node(name, memory_gb=memory_gb, cores=cores)
+        wait_for(
+            lambda: all(n["state"] == "ready" for n in self.api("GET", "nodes")),
+            what="every agent's first heartbeat",
+        )
+
     def start_agent(
         self, name: str, token: str, *, memory_gb: float, cores: int
     ) -> subprocess.Popen[bytes]:
