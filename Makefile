@@ -43,6 +43,7 @@ lint: setup
 bench: setup
 	$(PY) bench/catalog_list.py
 	$(PY) bench/console_models.py
+	$(PY) bench/placement.py
 	$(PY) bench/reconcile.py
 	$(PY) bench/update_check.py
 	$(PY) bench/mirror_fetch.py

@@ -21,19 +21,23 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 PLAIN = """
-import sys, time, requests
+import os, sys, time, requests
 url, out = sys.argv[1], sys.argv[2]
-with requests.get(url, stream=True, timeout=(10, 600)) as r, open(out, "wb") as f:
+token = os.environ.get("BENCH_TOKEN")
+headers = {"Authorization": f"Bearer {token}"} if token else {}
+with requests.get(url, stream=True, timeout=(10, 600), headers=headers) as r, open(out, "wb") as f:
     r.raise_for_status()
     for chunk in r.iter_content(1024 * 1024):
         f.write(chunk)
 """
 
 NODE = """
-import sys, threading
+import os, sys, threading
 from pathlib import Path
 from llmgw.node.cache import BlobCache
-cache = BlobCache(Path(sys.argv[2]), credentials=lambda url: {})
+# The mirror serves nodes only with their token, as the agent sends it.
+token = os.environ["BENCH_TOKEN"]
+cache = BlobCache(Path(sys.argv[2]), credentials=lambda url: {"Authorization": f"Bearer {token}"})
 cache.prepare()
 cache.fetch(sys.argv[1], sys.argv[3], label="weights", progress=lambda *a: None, cancelled=threading.Event())
 """
@@ -112,10 +116,18 @@ def main() -> None:
         rows.append(("registry -> mirror", plain_registry, mirror))
 
         mirror_url = f"{system.url}/mirror/bench/big/{commit}/big.gguf"
+        # The mirror answers nodes and logged-in people only: both sides read as a node does,
+        # the token in the environment (never in argv).
+        node_token = system.api("POST", "nodes", json={"name": "bench-node"})["token"]
+        as_node = {**os.environ, "BENCH_TOKEN": node_token}
         sha = system.api("GET", "models/big")["origin"]["files"][0]["sha256"]
-        plain_mirror = measured([python, "-c", PLAIN, mirror_url, str(folder / "plain-2")])
+        plain_mirror = measured(
+            [python, "-c", PLAIN, mirror_url, str(folder / "plain-2")], env=as_node
+        )
         (folder / "plain-2").unlink()
-        node = measured([python, "-c", NODE, mirror_url, str(folder / "node-cache"), sha])
+        node = measured(
+            [python, "-c", NODE, mirror_url, str(folder / "node-cache"), sha], env=as_node
+        )
         rows.append(("mirror -> node", plain_mirror, node))
 
         print(

@@ -4,7 +4,8 @@ Two llama-server processes (4 slots each, one thread each, started as the node s
 RAM prompt cache included) serve a generated ~52 MB model, so that a prompt's prefill takes
 real time. The gateway runs as the run command starts it (uvicorn, 2 workers) with two models
 on the same two engines: one routed by prefix (the default), one least-loaded. The workload is
-8 conversations of 10 turns sent at once, each turn after the last one's answer, every
+8 conversations of 10 turns sent at once, each turn after the last one's answer (back to back,
+and again with a 1-4 s pause before each turn, as a person reads and writes), every
 conversation starting with the same ~1,500-token system prompt; each user turn brings ~200
 tokens of its own (pasted material), so a conversation's history grows to ~3,500 tokens as
 real ones do; each turn is streamed and asks for 8 tokens, so time to first token is mostly
@@ -59,6 +60,15 @@ TOKENS_PER_WORD = {"ratio": 1.0}
 SLOTS = 4
 CONTEXT = 5120  # per slot: a conversation reaches ~3,900 tokens by its last turn
 ROUTINGS = {"prefix": "bench-prefix", "least_loaded": "bench-least"}
+# Two ways users send their turns. Back to back, each turn the moment the last answer ends, the
+# engine a conversation just left is the least busy when its next turn comes, so least-loaded
+# routing sends it back there by itself. With a pause between turns (a person reading the answer
+# and writing the next question), the next turn finds the engines as the other conversations
+# left them, as it is in production.
+WORKLOADS: dict[str, tuple[float, float] | None] = {
+    "back to back": None,
+    "1-4 s pauses": (1.0, 4.0),
+}
 WORDS = [
     "the",
     "model",
@@ -204,7 +214,17 @@ async def turn(url: str, key: str, model: str, messages: list[dict[str, str]]) -
     return (first if first is not None else time.monotonic() - started), "".join(text)
 
 
-async def workload(url: str, key: str, model: str, seed: int) -> tuple[list[float], float]:
+def pause(conversation: int, number: int, pauses: tuple[float, float] | None) -> float:
+    """Seconds the user takes before turn `number` (reading the answer, writing the next
+    question): the same for every round and routing, so that both see one schedule."""
+    if pauses is None or number == 0:
+        return 0.0
+    return random.Random(f"pause/{conversation}/{number}").uniform(*pauses)
+
+
+async def workload(
+    url: str, key: str, model: str, seed: int, pauses: tuple[float, float] | None
+) -> tuple[list[float], float]:
     """Every conversation at once, turn after turn: (times to first token, wall seconds)."""
     system = system_prompt(seed)
     firsts: list[float] = []
@@ -212,6 +232,7 @@ async def workload(url: str, key: str, model: str, seed: int) -> tuple[list[floa
     async def conversation(index: int) -> None:
         messages = [{"role": "system", "content": system}]
         for number in range(TURNS):
+            await asyncio.sleep(pause(index, number, pauses))
             messages.append({"role": "user", "content": user_turn(seed, index, number)})
             first, answer = await turn(url, key, model, messages)
             firsts.append(first)
@@ -274,64 +295,73 @@ def main() -> int:
         )
         url = f"http://127.0.0.1:{gateway_port}"
         wait_http(f"{url}/v1/models", "the gateway", headers={"Authorization": f"Bearer {key}"})
-        results: dict[str, dict[str, list[float]]] = {
-            r: {"firsts": [], "walls": [], "shares": [], "computed": [], "cached": []}
+        results: dict[tuple[str, str], dict[str, list[float]]] = {
+            (w, r): {"firsts": [], "walls": [], "shares": [], "computed": [], "cached": []}
+            for w in WORKLOADS
             for r in ROUTINGS
         }
         seed = 0
-        for _ in range(args.rounds):
-            for routing, model in ROUTINGS.items():
-                seed += 1
-                before = [engine_counters(p) for p in ports]
-                firsts, wall = asyncio.run(workload(url, key, model, seed))
-                after = [engine_counters(p) for p in ports]
-                delta = [{k: b[k] - a[k] for k in a} for a, b in zip(before, after, strict=True)]
-                served = [d["predicted"] for d in delta]
-                computed = sum(d["computed"] for d in delta)
-                cached = sum(d["cached"] for d in delta)
-                results[routing]["firsts"] += firsts
-                results[routing]["walls"].append(wall)
-                results[routing]["shares"].append(max(served) / max(sum(served), 1))
-                results[routing]["computed"].append(computed)
-                results[routing]["cached"].append(cached)
-                print(
-                    f"  round {seed}: {routing:12s} TTFT p50 "
-                    f"{statistics.median(firsts) * 1000:7.1f} ms, wall {wall:6.1f} s, "
-                    f"replicas {served[0] / max(sum(served), 1):.0%} / "
-                    f"{served[1] / max(sum(served), 1):.0%}, prompt tokens computed "
-                    f"{computed:,.0f}, from the engines' caches {cached:,.0f}"
-                )
+        for name, pauses in WORKLOADS.items():
+            for _ in range(args.rounds):
+                for routing, model in ROUTINGS.items():
+                    seed += 1
+                    before = [engine_counters(p) for p in ports]
+                    firsts, wall = asyncio.run(workload(url, key, model, seed, pauses))
+                    after = [engine_counters(p) for p in ports]
+                    delta = [
+                        {k: b[k] - a[k] for k in a} for a, b in zip(before, after, strict=True)
+                    ]
+                    served = [d["predicted"] for d in delta]
+                    computed = sum(d["computed"] for d in delta)
+                    cached = sum(d["cached"] for d in delta)
+                    figures = results[name, routing]
+                    figures["firsts"] += firsts
+                    figures["walls"].append(wall)
+                    figures["shares"].append(max(served) / max(sum(served), 1))
+                    figures["computed"].append(computed)
+                    figures["cached"].append(cached)
+                    print(
+                        f"  round {seed}: {name}, {routing:12s} TTFT p50 "
+                        f"{statistics.median(firsts) * 1000:7.1f} ms, wall {wall:6.1f} s, "
+                        f"replicas {served[0] / max(sum(served), 1):.0%} / "
+                        f"{served[1] / max(sum(served), 1):.0%}, prompt tokens computed "
+                        f"{computed:,.0f}, from the engines' caches {cached:,.0f}",
+                        flush=True,
+                    )
     finally:
         processes.stop_all()
 
     turns = CONVERSATIONS * TURNS
     print(
         f"\n  {CONVERSATIONS} conversations x {TURNS} turns at once, ~1,500-token shared system "
-        f"prompt, ~{USER_TURN_TOKENS} tokens per user turn, {ANSWER_TOKENS} tokens per answer, 2 replicas x {SLOTS} slots, {args.rounds} "
-        "rounds each, alternating"
+        f"prompt, ~{USER_TURN_TOKENS} tokens per user turn, {ANSWER_TOKENS} tokens per answer, "
+        f"2 replicas x {SLOTS} slots, {args.rounds} rounds each, alternating"
     )
     print(
-        f"  {'routing':14s} {'TTFT p50':>10s} {'TTFT p95':>10s} {'turns/s':>9s} "
+        f"  {'workload':14s} {'routing':14s} {'TTFT p50':>10s} {'TTFT p95':>10s} {'turns/s':>9s} "
         f"{'busiest replica':>16s} {'prefilled/round':>16s} {'cached/round':>13s}"
     )
-    p50 = {}
-    for routing, figures in results.items():
-        firsts = sorted(figures["firsts"])
-        p50[routing] = statistics.median(firsts)
-        p95 = firsts[int(0.95 * (len(firsts) - 1))]
-        rate = turns / statistics.median(figures["walls"])
+    for name in WORKLOADS:
+        p50 = {}
+        for routing in ROUTINGS:
+            figures = results[name, routing]
+            firsts = sorted(figures["firsts"])
+            p50[routing] = statistics.median(firsts)
+            p95 = firsts[int(0.95 * (len(firsts) - 1))]
+            rate = turns / statistics.median(figures["walls"])
+            print(
+                f"  {name:14s} {routing:14s} {p50[routing] * 1000:8.1f}ms {p95 * 1000:8.1f}ms "
+                f"{rate:9.2f} {max(figures['shares']):>15.0%} "
+                f"{statistics.mean(figures['computed']):>16,.0f} "
+                f"{statistics.mean(figures['cached']):>13,.0f}"
+            )
+        gain = p50["least_loaded"] / max(p50["prefix"], 1e-9)
+        busiest = max(results[name, "prefix"]["shares"])
         print(
-            f"  {routing:14s} {p50[routing] * 1000:8.1f}ms {p95 * 1000:8.1f}ms {rate:9.2f} "
-            f"{max(figures['shares']):>15.0%} {statistics.mean(figures['computed']):>16,.0f} "
-            f"{statistics.mean(figures['cached']):>13,.0f}"
+            f"  targets (issue 14), {name}: TTFT p50 >= 2x better with prefix routing: "
+            f"{gain:.2f}x ({'met' if gain >= 2 else 'NOT met'}); no replica above 65%: "
+            f"{busiest:.0%} ({'met' if busiest <= 0.65 else 'NOT met'})"
         )
-    gain = p50["least_loaded"] / max(p50["prefix"], 1e-9)
-    busiest = max(results["prefix"]["shares"])
-    print(
-        f"  targets (issue 14): TTFT p50 >= 2x better with prefix routing: {gain:.2f}x "
-        f"({'met' if gain >= 2 else 'NOT met'}); no replica above 65%: {busiest:.0%} "
-        f"({'met' if busiest <= 0.65 else 'NOT met'})"
-    )
     return 0
 
 

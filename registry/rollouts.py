@@ -123,6 +123,14 @@ def start_rollback(*, actor: Actor, name: str) -> Rollout:
     """Go back to the previous files (kept in the mirror); an update under way is stopped."""
     with transaction.atomic():
         model = _model_to_move(actor, name, "a rollback")
+        if model.canary_in_force is not None:
+            # Its rollout has not swapped for good: going back is the canary's abort, which
+            # also restores what a later rollback returns to.
+            raise conflict(
+                f"A canary of {model.name} is under way; to go back to the old revision abort it "
+                f"with `llmgw ctl model canary abort {model.name}` (the old replicas never stopped).",
+                code="canary_in_progress",
+            )
         if not model.previous:
             raise CatalogError(
                 f"{model.name} has no previous weights to go back to: it was never updated.",

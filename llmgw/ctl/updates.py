@@ -156,22 +156,26 @@ def add_model_updates(msub: Any) -> None:
         action="store_true",
         help="ask the registry now, instead of showing the last check",
     )
-    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print JSON: the updates, and the canaries under way with their figures",
+    )
     p.set_defaults(run=cmd_model_updates)
 
 
 def cmd_model_updates(client: Client, args: argparse.Namespace) -> None:
     result = client.post("updates/check", None) if args.check else client.get("updates")
     updates = result["updates"]
+    under_way = [c for c in client.get("canaries")["canaries"] if c["active"]]
     if args.json:
-        print_json(updates)
+        print_json({"updates": updates, "canaries": under_way})
         return
     if args.check:
         print(
             f"Asked the registry about {result['repositories']} repositories "
             f"({result['registry_requests']} requests)."
         )
-    under_way = [c for c in client.get("canaries")["canaries"] if c["active"]]
     for canary in under_way:
         print(describe(canary))
         print()

@@ -6,7 +6,6 @@ Pure functions over dataclasses: no Django, no database.
 from __future__ import annotations
 
 import random
-import time
 from collections import Counter
 from collections.abc import Sequence
 
@@ -29,12 +28,9 @@ from fleet.placement import (
     Unplaced,
     plan_placement,
 )
+from tests.support.placement import apply, big_fleet, res
 
 # --- helpers ---------------------------------------------------------------------------
-
-
-def res(memory: float = 0, cores: float = 0, gpus: int = 0, gpu_memory: float = 0) -> Resources:
-    return Resources(memory_gb=memory, cores=cores, gpus=gpus, gpu_memory_gb=gpu_memory)
 
 
 def minus(room: Resources, taken: Resources) -> Resources:
@@ -84,17 +80,6 @@ def model(
 
 def replica(id: str, model: str, node: str, memory: float = 8, profile: str = "cpu") -> Replica:
     return Replica(id, model, node, profile, res(memory))
-
-
-def apply(plan: Plan, replicas: Sequence[Replica], tag: str = "new") -> list[Replica]:
-    """The replicas after the plan is carried out."""
-    gone = {stop.replica_id for stop in plan.stops + plan.preemptions}
-    kept = [r for r in replicas if r.id not in gone]
-    started = [
-        Replica(f"{tag}-{i}", s.model, s.node, s.profile, s.resources)
-        for i, s in enumerate(plan.starts)
-    ]
-    return kept + started
 
 
 def where(plan: Plan) -> list[tuple[str, str]]:
@@ -525,7 +510,7 @@ def test_it_rejects_invalid_input(
 
 
 def test_the_plan_does_not_depend_on_input_order() -> None:
-    nodes, models, replicas = _big_fleet(seed=1, n_models=300, n_nodes=40)
+    nodes, models, replicas = big_fleet(seed=1, n_models=300, n_nodes=40)
     plan = plan_placement(nodes, models, replicas)
     rng = random.Random(2)
     for _ in range(3):
@@ -685,60 +670,6 @@ def test_planning_again_after_applying_the_plan_changes_nothing(fleet: Fleet) ->
 
 
 # --- scale -----------------------------------------------------------------------------
-
-
-def _big_fleet(
-    seed: int, n_models: int = 10_000, n_nodes: int = 1_000, memory_scale: float = 1.0
-) -> tuple[list[Node], list[ModelDemand], list[Replica]]:
-    """A fleet like production: 30% GPU nodes, models with a GPU and/or a CPU profile."""
-    rng = random.Random(seed)
-    nodes = []
-    for i in range(n_nodes):
-        if i % 10 < 3:
-            gpus = rng.choice([4, 8])
-            capacity = res(512, 96, gpus, 80 * gpus)
-        else:
-            capacity = res(rng.choice([128, 256, 512]) * memory_scale, rng.choice([32, 64, 96]))
-        nodes.append(Node(f"node-{i:04d}", capacity, rng.random() > 0.02))
-    models = []
-    for i in range(n_models):
-        memory = rng.choice([2, 4, 8, 16, 24, 48])
-        profiles = []
-        if rng.random() < 0.4:
-            profiles.append(Profile("gpu", res(memory / 2, 4, rng.choice([1, 1, 2]), memory)))
-        profiles.append(Profile("cpu", res(memory, rng.choice([0, 2, 4, 8]))))
-        desired = rng.choice([0, 1, 1, 2, 3])
-        models.append(
-            ModelDemand(
-                f"model-{i:05d}",
-                rng.choice(sorted(CLASS_RANK)),
-                rng.randint(0, desired),
-                desired,
-                tuple(profiles),
-            )
-        )
-    # Start from the fleet as the planner left it, then change a third of the catalog.
-    replicas = apply(plan_placement(nodes, models, []), [], "boot")
-    changed = []
-    for m in models:
-        if rng.random() < 0.3:
-            desired = rng.choice([0, 1, 2, 3, 4])
-            m = ModelDemand(
-                m.name, rng.choice(sorted(CLASS_RANK)), rng.randint(0, desired), desired, m.profiles
-            )
-        changed.append(m)
-    return nodes, changed, replicas
-
-
-def test_it_is_fast_at_10000_models_over_1000_nodes() -> None:
-    # Memory scaled down so the fleet is oversubscribed: the costly case, with hundreds
-    # of preemptions and thousands of unplaced replicas.
-    nodes, models, replicas = _big_fleet(seed=1, memory_scale=0.3)
-    started = time.perf_counter()
-    plan = plan_placement(nodes, models, replicas)
-    elapsed = time.perf_counter() - started
-    assert plan.preemptions and plan.unplaced and plan.starts and plan.stops
-    assert elapsed < 10, f"one plan took {elapsed:.1f}s"
 
 
 def test_start_and_stop_are_plain_values() -> None:

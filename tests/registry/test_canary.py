@@ -24,7 +24,7 @@ from gateway.traffic import TrafficBook
 from llmgw.tinygguf import write_tiny_model
 from registry import canary, fetches
 from registry.models import Rollout
-from registry.rollouts import advance_rollouts
+from registry.rollouts import advance_rollouts, start_rollback
 from registry.updates import check_updates, serve_start
 from tests.support.fleet import Fleet
 from tests.support.registry import LocalRegistry, available
@@ -304,6 +304,17 @@ def test_promote_and_abort_by_hand_are_the_owners_or_staffs_and_audited(
     assert (entry.actor_name, entry.door) == ("alice", "cli")
     settle(world["fleet"], passes=20)
     assert revisions() == ["current", "current"]
+
+
+def test_a_rollback_during_a_canary_is_refused_and_points_at_abort(world: dict[str, Any]) -> None:
+    start(world)
+    before = (model().source, model().previous, model().canary)
+    with pytest.raises(CatalogError) as refused:
+        start_rollback(actor=world["alice"], name=NAME)
+    assert refused.value.status == 409
+    assert "`llmgw ctl model canary abort tiny-chat-q4`" in refused.value.message
+    assert (model().source, model().previous, model().canary) == before
+    assert not Rollout.objects.filter(kind="rollback").exists()
 
 
 # -- the API ------------------------------------------------------------------------------

@@ -67,6 +67,16 @@ def test_model_updates_shows_a_canary_under_way(ctl: Any, chat: Model) -> None: 
     assert code == 0, err
     assert out.startswith("chat: canary of e4f5a6b (from a1b2c3d), watching\n")
     assert "Every served model is on the newest files" not in out
+    code, out, err = ctl("bob", "model", "updates", "--json")
+    assert code == 0, err
+    shown = json.loads(out)
+    assert shown["updates"] == []
+    [under_way] = shown["canaries"]
+    assert (under_way["model"], under_way["state"], under_way["new"]["requests"]) == (
+        "chat",
+        "watching",
+        20,
+    )
 
 
 def test_promote_and_abort_are_the_owners_or_staffs(ctl: Any, chat: Model) -> None:  # noqa: F811
