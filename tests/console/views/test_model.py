@@ -40,6 +40,17 @@ def test_an_unknown_model_is_404(client_for: Any, users: Any) -> None:
     assert client_for("alice").get("/models/nope/").status_code == 404
 
 
+def test_the_404_page_says_why_without_debug(client_for: Any, running: Any, settings: Any) -> None:
+    settings.DEBUG = False
+    response = client_for("alice").get("/models/tiny-caht/")
+    assert response.status_code == 404
+    text = response.content.decode()
+    assert "did you mean tiny-chat?" in text and "Log out alice" in text
+    response = client_for("alice").get("/no/such/page/")
+    assert response.status_code == 404
+    assert "Nothing is here at /no/such/page/." in response.content.decode()
+
+
 def test_an_unknown_model_is_refused_in_the_services_words(running: Any) -> None:
     from django.http import Http404
 
