@@ -47,6 +47,9 @@ RETRY_AFTER = timedelta(minutes=5)
 # are read by the next passes (their replicas reserve the declared memory meanwhile).
 READS_PER_PASS = 4
 READ_TIMEOUT_SECONDS = 5.0
+# A header read for a file no model uses (a `model plan` of a definition never added, a model
+# since removed or moved to other files) is forgotten after this long.
+FORGET_AFTER = timedelta(hours=1)
 
 
 @dataclass(frozen=True)
@@ -146,7 +149,11 @@ def model_footprints(model: Model, facts: FileFacts | str) -> list[Footprint]:
 
 def file_key(model: Model) -> str:
     """A model file is its source and, when known, its sha256 (a URL may serve new bytes)."""
-    return hashlib.sha256(f"{model.source}\0{model.sha256 or ''}".encode()).hexdigest()
+    return _key(model.source, model.sha256)
+
+
+def _key(source: str, sha256: str | None) -> str:
+    return hashlib.sha256(f"{source}\0{sha256 or ''}".encode()).hexdigest()
 
 
 NOT_READ = "its GGUF header has not been read yet"
@@ -184,6 +191,21 @@ def learn_facts(models: Iterable[Model], *, now: datetime | None = None) -> int:
     for model in due[:READS_PER_PASS]:
         read_facts(model, now=now)
     return min(len(due), READS_PER_PASS)
+
+
+def forget_unused(models: Iterable[Model], *, now: datetime | None = None) -> int:
+    """Drop what was read about files that no model uses now or would go back to (its previous
+    files), once older than FORGET_AFTER; the number dropped. Anyone may ask for a plan of any
+    definition, so without this the table would grow with every one."""
+    now = now or timezone.now()
+    kept = set()
+    for model in models:
+        kept.add(file_key(model))
+        previous = model.previous or {}
+        if previous.get("source"):
+            kept.add(_key(previous["source"], previous.get("sha256", "")))
+    stale = ModelFile.objects.filter(read_at__lt=now - FORGET_AFTER).exclude(key__in=kept)
+    return stale.delete()[0]
 
 
 def facts_for_plan(model: Model) -> FileFacts | str:

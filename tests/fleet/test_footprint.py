@@ -126,3 +126,36 @@ def test_plan_shows_what_placement_reserves(api: Any, tiny_url: str) -> None:
     [warning] = plan["warnings"]
     assert warning.startswith("profile cpu declares 0.001 GB, below the estimated")
     assert warning.endswith("placement reserves the estimate")
+
+
+def test_what_a_plan_read_is_forgotten_when_no_model_uses_it(
+    fleet: Any, api: Any, tiny_url: str
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from fleet.footprint import file_key
+    from tests.factories import definition as make
+
+    fleet.node("n1", memory_gb=1)
+    fleet.add("kept", source=tiny_url, profiles=[{"name": "cpu", "memory_gb": 0.5}])
+    Model.objects.filter(name="kept").update(
+        previous={"source": f"{tiny_url}?v=1", "sha256": "", "origin": None}
+    )
+    for source in (f"{tiny_url}?v=1", f"{tiny_url}?plan-only"):
+        body = make(name="est", source=source, profiles=[{"name": "cpu", "memory_gb": 0.5}])
+        assert api("bob").post("/api/v1/plan", body, format="json").status_code == 200
+    reconcile_pass()
+    assert ModelFile.objects.count() == 3  # the served file, its previous one and the plan's
+
+    reconcile_pass(now=timezone.now() + timedelta(minutes=30))
+    assert ModelFile.objects.count() == 3  # read lately: kept a while
+
+    reconcile_pass(now=timezone.now() + timedelta(hours=2))
+    kept = Model.objects.get(name="kept")
+    assert set(ModelFile.objects.values_list("source", flat=True)) == {
+        tiny_url,
+        f"{tiny_url}?v=1",
+    }
+    assert ModelFile.objects.filter(key=file_key(kept)).exists()
