@@ -3,10 +3,20 @@ model a `serve` adds, the rollout that swaps to them). This is what the worker r
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
+from django.db.models import Q
+from django.utils import timezone
+
 from . import mirror
 from .models import Fetch
+from .queue import queue_now
 from .rollouts import advance_rollouts
 from .updates import finish_serve
+
+# A `model serve` fetch that no worker has taken this long after it was queued is queued again.
+RESUME_AFTER_SECONDS = 30
+RESUMED_PER_PASS = 20
 
 
 def run_fetch(fetch_id: int) -> None:
@@ -17,3 +27,24 @@ def run_fetch(fetch_id: int) -> None:
     if fetch.serve_definition is not None:
         finish_serve(fetch)
     advance_rollouts()
+
+
+def resume_interrupted(*, now: datetime | None = None) -> list[int]:
+    """Queue again the `model serve` fetches that nobody runs: left queued (the message was lost:
+    the broker restarted, or an upgrade renamed the task) or running with their worker gone.
+    An update's fetch needs none of this: its rollout queues it again (rollouts.py). Each is
+    marked as queued now, so the next passes leave it alone for RESUME_AFTER_SECONDS; a worker
+    takes it at most once (mirror.claim_fetch). The ids queued."""
+    now = now or timezone.now()
+    due = now - timedelta(seconds=RESUME_AFTER_SECONDS)
+    stale = now - timedelta(seconds=mirror.STALE_SECONDS)
+    left = Q(state=Fetch.QUEUED) & (
+        Q(heartbeat_at__lt=due) | Q(heartbeat_at=None, created_at__lt=due)
+    )
+    orphaned = Q(state=Fetch.RUNNING) & (Q(heartbeat_at__lt=stale) | Q(heartbeat_at=None))
+    resumable = Fetch.objects.filter(left | orphaned, serve_definition__isnull=False)
+    ids = list(resumable.order_by("pk").values_list("pk", flat=True)[:RESUMED_PER_PASS])
+    resumable.filter(pk__in=ids).update(state=Fetch.QUEUED, heartbeat_at=now)
+    for fetch_id in ids:
+        queue_now("registry.tasks.run_fetch", fetch_id)
+    return ids

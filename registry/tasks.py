@@ -15,6 +15,7 @@ def run_fetch(fetch_id: int) -> None:
 @shared_task(ignore_result=True, soft_time_limit=60, time_limit=90)
 def advance_rollouts() -> None:
     rollouts.advance_rollouts()
+    fetches.resume_interrupted()
 
 
 @shared_task(ignore_result=True, soft_time_limit=600, time_limit=660)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+from celery import current_app
 
 from catalog.errors import CatalogError
 from catalog.models import AuditEntry, Model
@@ -110,6 +112,42 @@ def test_an_interrupted_fetch_is_claimed_again(registry: LocalRegistry, alice: A
     Fetch.objects.filter(pk=fetch.pk).update(heartbeat_at=timezone.now() - timedelta(minutes=5))
     fetches.run_fetch(fetch.pk)
     assert Fetch.objects.get(pk=fetch.pk).state == Fetch.DONE
+
+
+def test_a_serve_fetch_nobody_runs_is_queued_again(
+    registry: LocalRegistry, alice: Actor, settings: Any
+) -> None:
+    """Its message lost (a broker restart, a task renamed by an upgrade) or its worker gone, a
+    `model serve` would otherwise wait for ever: beat's pass queues it again."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    sent: list[tuple[str, tuple[Any, ...]]] = []
+    settings.LLMGW_KICK_RECONCILE = True
+    app = current_app._get_current_object()
+    original = app.send_task
+    app.send_task = lambda name, args=(), **_: sent.append((name, tuple(args)))
+    try:
+        lost = serve_start(actor=alice, repo=REPO)  # its message goes on commit: never here
+        now = timezone.now()
+        assert fetches.resume_interrupted(now=now) == []  # just queued: a worker may take it
+        later = now + timedelta(seconds=fetches.RESUME_AFTER_SECONDS + 1)
+        assert fetches.resume_interrupted(now=later) == [lost.pk]
+        assert sent == [("registry.tasks.run_fetch", (lost.pk,))]
+        assert fetches.resume_interrupted(now=later) == []  # once per RESUME_AFTER_SECONDS
+
+        assert mirror.claim_fetch(lost.pk)  # a worker takes it, and dies
+        Fetch.objects.filter(pk=lost.pk).update(heartbeat_at=now)
+        dead = now + timedelta(seconds=mirror.STALE_SECONDS + 1)
+        assert fetches.resume_interrupted(now=dead) == [lost.pk]
+        assert Fetch.objects.get(pk=lost.pk).state == Fetch.QUEUED
+    finally:
+        app.send_task = original
+    fetches.run_fetch(lost.pk)  # what the queued message does
+    assert Fetch.objects.get(pk=lost.pk).state == Fetch.DONE
+    assert fetches.resume_interrupted(now=dead + timedelta(hours=1)) == []
+    assert Model.objects.filter(name=lost.serve_definition["name"]).exists()
 
 
 def test_a_model_added_by_mirror_url_gets_its_origin_from_the_mirror_record(
