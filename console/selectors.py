@@ -450,21 +450,14 @@ def node_cards(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
         heartbeat = node["last_heartbeat"]
         bars = [
             {
-                "label": "Memory",
-                "unit": "GB",
-                "capacity": capacity["memory_gb"],
-                "reserved": reserved["memory_gb"],
-                "free": node["free"]["memory_gb"],
-                "percent": _percent(reserved["memory_gb"], capacity["memory_gb"]),
-            },
-            {
-                "label": "Cores",
-                "unit": "",
-                "capacity": capacity["cores"],
-                "reserved": reserved["cores"],
-                "free": node["free"]["cores"],
-                "percent": _percent(reserved["cores"], capacity["cores"]),
-            },
+                "label": label,
+                "unit": unit,
+                "capacity": capacity[field],
+                "reserved": reserved[field],
+                "free": node["free"][field],
+                "percent": _percent(reserved[field], capacity[field]),
+            }
+            for field, label, unit in (("memory_gb", "Memory", "GB"), ("cores", "Cores", ""))
         ]
         if capacity["gpus"]:
             bars.append(
