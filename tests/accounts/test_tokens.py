@@ -85,6 +85,8 @@ def test_the_admin_command_prints_the_password_and_a_token_the_first_time_only(
     again = capsys.readouterr().out
     assert password not in again and "LLMGW_TOKEN=" not in again
     assert "manage.py llmgw_token admin" in again
+    for printed in (first, again):  # where an OpenAI client's key comes from, both times
+        assert "api_key from `.venv/bin/llmgw ctl key create NAME`" in printed
     assert ApiToken.objects.count() == 1
     assert not list(tmp_path.iterdir())  # nothing written in plain text
 

@@ -16,6 +16,11 @@ from django.core.management.base import BaseCommand
 
 from accounts.services import token_create
 
+# The ctl token is not a gateway key: an OpenAI client needs one made for it.
+CLIENTS_LINE = (
+    "  OpenAI clients:    base_url {url}/v1, api_key from `.venv/bin/llmgw ctl key create NAME`\n"
+)
+
 
 class Command(BaseCommand):
     help = "Create (once) the admin user and an API token, printing them that once."
@@ -35,6 +40,7 @@ class Command(BaseCommand):
                 f"  API docs:          {url}/api/v1/docs\n"
                 f"  llmgw ctl:         LLMGW_TOKEN as printed at the first start; a new token: "
                 f"`manage.py llmgw_token {username}`\n"
+                f"{CLIENTS_LINE.format(url=url)}"
             )
             return
         given = os.environ.get("LLMGW_ADMIN_PASSWORD")
@@ -47,5 +53,6 @@ class Command(BaseCommand):
             f"  API docs:          {url}/api/v1/docs\n"
             f"  llmgw ctl:         export LLMGW_URL={url} LLMGW_TOKEN={token}\n"
             f"                     .venv/bin/llmgw ctl models\n"
+            f"{CLIENTS_LINE.format(url=url)}"
             f"  The password and the token are shown only now: keep them.\n"
         )
