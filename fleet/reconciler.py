@@ -26,14 +26,7 @@ from catalog.models import AuditEntry, Model
 from catalog.services import SYSTEM, audit_entry
 
 from . import placement
-from .footprint import (
-    FileFacts,
-    Footprint,
-    forget_unused,
-    known_facts,
-    learn_facts,
-    model_footprints,
-)
+from .footprint import FileFacts, Footprint, known_facts, learn_facts, model_footprints
 from .models import Lease, Node, Replica
 from .specs import current_keys, replica_revision, replica_spec, spec_key
 
@@ -80,9 +73,7 @@ def reconcile_pass(*, now: datetime | None = None) -> PassReport:
         return PassReport(skipped=True)
     try:
         # Before the transaction: a header read waits on HTTP, and a row lock should not.
-        models = list(Model.objects.all())
-        learn_facts(models, now=now)
-        forget_unused(models, now=now)
+        learn_facts(Model.objects.all(), now=now)
         with transaction.atomic():
             return _reconcile(now or timezone.now())
     finally:

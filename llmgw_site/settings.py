@@ -258,6 +258,8 @@ CELERY_BEAT_SCHEDULE = {
     # Minutes of traffic older than a day become hours; older than a week, nothing.
     "fold-traffic": {"task": "gateway.tasks.fold_traffic", "schedule": 600.0},
     "sample-capacity": {"task": "fleet.tasks.sample_capacity", "schedule": 60.0},
+    # GGUF header facts of files no model uses (plans of definitions never added).
+    "forget-unused-files": {"task": "fleet.tasks.forget_unused_files", "schedule": 600.0},
     "check-canaries": {
         "task": "gateway.tasks.check_canaries",
         "schedule": float(LLMGW_CANARY_CHECK_SECONDS),

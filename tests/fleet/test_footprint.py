@@ -135,7 +135,8 @@ def test_what_a_plan_read_is_forgotten_when_no_model_uses_it(
 
     from django.utils import timezone
 
-    from fleet.footprint import file_key
+    from fleet.footprint import file_key, forget_unused
+    from fleet.tasks import forget_unused_files
     from tests.factories import definition as make
 
     fleet.node("n1", memory_gb=1)
@@ -147,12 +148,13 @@ def test_what_a_plan_read_is_forgotten_when_no_model_uses_it(
         body = make(name="est", source=source, profiles=[{"name": "cpu", "memory_gb": 0.5}])
         assert api("bob").post("/api/v1/plan", body, format="json").status_code == 200
     reconcile_pass()
+    forget_unused_files()  # as beat runs it
     assert ModelFile.objects.count() == 3  # the served file, its previous one and the plan's
 
-    reconcile_pass(now=timezone.now() + timedelta(minutes=30))
+    forget_unused(Model.objects.all(), now=timezone.now() + timedelta(minutes=30))
     assert ModelFile.objects.count() == 3  # read lately: kept a while
 
-    reconcile_pass(now=timezone.now() + timedelta(hours=2))
+    forget_unused(Model.objects.all(), now=timezone.now() + timedelta(hours=2))
     kept = Model.objects.get(name="kept")
     assert set(ModelFile.objects.values_list("source", flat=True)) == {
         tiny_url,
