@@ -102,6 +102,30 @@ def test_the_run_command_fails_when_one_of_its_processes_stops(env: dict[str, st
     assert re.search(r"^gateway exited with code \d+; stopping the rest\.$", result.stderr, re.M)
 
 
+def test_stopping_a_child_takes_its_whole_process_group() -> None:
+    """A child that ignores SIGTERM is killed after its grace, and so is what it started
+    (as a celery worker's pool processes would be), not left holding the terminal."""
+    from llmgw_site.management.commands.llmgw_run import stop_child
+
+    script = 'trap "" TERM; sleep 300 & echo $!; wait'
+    child = subprocess.Popen(
+        ["sh", "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert child.stdout is not None
+    grandchild = int(child.stdout.readline())
+    stop_child(child, grace=1)  # type: ignore[arg-type]
+    assert child.returncode == -signal.SIGKILL
+    wait_for(lambda: not _alive(grandchild), timeout=10, what="the grandchild gone")
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for its (dead) parent's reaper."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 def test_a_500_is_logged_with_its_traceback_on_one_line(
     env: dict[str, str], tmp_path: Path
 ) -> None:

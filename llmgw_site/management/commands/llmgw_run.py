@@ -11,6 +11,7 @@ is interrupted, so nothing is left running behind it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -224,7 +225,11 @@ class Command(BaseCommand):
         demo.ensure_repo(hub)
         log = (hub.folder / "olah.log").open("ab")
         process = subprocess.Popen(
-            hub.command(), cwd=hub.folder, stdout=log, stderr=subprocess.STDOUT
+            hub.command(),
+            cwd=hub.folder,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: see stop_child
         )
         try:
             hub.wait_until_up(process)
@@ -283,7 +288,7 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, stop)
         failed: tuple[str, int] | None = None
         for name, command in commands.items():
-            children[name] = subprocess.Popen(command)
+            children[name] = subprocess.Popen(command, start_new_session=True)
             self.stdout.write(f"started {name} (pid {children[name].pid})")
         self.stdout.write(f"llmgw is running at {settings.LLMGW_PUBLIC_URL}/ — Ctrl-C stops it.")
         try:
@@ -300,13 +305,22 @@ class Command(BaseCommand):
         finally:
             # The node first, so that it stops its engines while the web still answers.
             for name in sorted(children, key=lambda n: n != "node"):
-                child = children[name]
-                if child.poll() is None:
-                    child.send_signal(signal.SIGTERM)
-                    try:
-                        child.wait(timeout=20)
-                    except subprocess.TimeoutExpired:
-                        child.kill()
+                stop_child(children[name])
         if failed is not None:
             # A process that stopped on its own is a failure, whatever its exit code said.
             raise SystemExit(failed[1] or 1)
+
+
+def stop_child(child: subprocess.Popen[bytes], grace: float = 20) -> None:
+    """SIGTERM, `grace` seconds to finish, then SIGKILL to whatever is left of its process group.
+
+    Each child leads a process group of its own (so Ctrl-C reaches only this command, which
+    stops them in order). A worker killed while it stops would leave its pool processes behind,
+    holding the terminal and the broker; the group goes with it."""
+    if child.poll() is None:
+        child.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=grace)
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone already
+        os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
