@@ -244,24 +244,66 @@ def model_remove(*, actor: Actor, name: str) -> None:
         model = get_model(name)
         require_change_rights(actor, model)
         refuse_if_declared(model, "removing it here would only last until then: it would come back")
-        dependents = sorted(
-            other
-            for other, fallbacks in Model.objects.exclude(pk=model.pk).values_list(
-                "name", "fallbacks"
-            )
-            if name in fallbacks
-        )
-        if dependents:
+        dependents = _falling_back_to([name])
+        declared = [d.name for d in dependents if d.declared]
+        if declared:
+            from .config import current_config
+
+            # Dropped here, the fallback would come back with server.yaml on the next start,
+            # which would then refuse the file for naming a model that does not exist.
+            path = current_config().path
             raise conflict(
-                f"{name} cannot be removed: {', '.join(dependents)} "
-                f"{'falls' if len(dependents) == 1 else 'fall'} back to it. "
-                f"Remove it from their fallbacks first.",
+                f"{name} cannot be removed: {', '.join(declared)} "
+                f"{'falls' if len(declared) == 1 else 'fall'} back to it and "
+                f"{'is' if len(declared) == 1 else 'are'} declared in {path}. "
+                f"Ask an administrator to take {name} out of those fallbacks in {path} first.",
                 code="fallback_target",
             )
         before = model.definition()
         model.delete()
         record_change(actor, name, "remove", before, None)
-        announce(name)
+        dropped = _drop_fallbacks(actor, dependents, [name], why=f"{actor.name} removed it")
+        announce(name, *dropped)
+
+
+def _falling_back_to(names: Iterable[str]) -> list[Model]:
+    """The other models that fall back to any of `names`."""
+    wanted = set(names)
+    # Fallbacks are a JSON list, which SQLite cannot search inside: the names are read,
+    # and only the models that name one of these are loaded whole.
+    pks = [
+        pk
+        for pk, name, fallbacks in Model.objects.values_list("pk", "name", "fallbacks")
+        if name not in wanted and wanted.intersection(fallbacks)
+    ]
+    return list(Model.objects.select_related("owner").filter(pk__in=pks))
+
+
+def _drop_fallbacks(
+    actor: Actor, dependents: list[Model], gone: list[str], *, why: str
+) -> list[str]:
+    """Take `gone` out of each dependent's fallbacks, audited as the actor who removed them.
+
+    Why not refuse instead: a fallback is the dependent owner's choice, and anyone may name
+    any model as one, so refusing would let any user make someone else's model unremovable.
+    The dependent keeps answering; only the stand-in is gone.
+    """
+    dropped = []
+    for dependent in dependents:
+        before = dependent.definition()
+        lost = [f for f in dependent.fallbacks if f in gone]
+        dependent.fallbacks = [f for f in dependent.fallbacks if f not in gone]
+        dependent.save(update_fields=["fallbacks", "updated_at"])
+        record_change(
+            actor,
+            dependent.name,
+            "fallback-dropped",
+            before,
+            dependent.definition(),
+            note=f"{dependent.name} no longer falls back to {', '.join(lost)}: {why}",
+        )
+        dropped.append(dependent.name)
+    return dropped
 
 
 # -- changes to one model -------------------------------------------------------
@@ -482,8 +524,18 @@ def config_apply(config: ClusterConfig) -> dict[str, list[str]]:
                 code="name_taken",
             )
         catalog = catalog_snapshot()
-        for gone in [n for n, m in existing.items() if m.declared and n not in wanted]:
-            catalog.pop(gone)
+        gone = [n for n, m in existing.items() if m.declared and n not in wanted]
+        for name in gone:
+            catalog.pop(name)
+        # A runtime model that fell back to a declared one gone from the file loses that
+        # fallback, as it does when its target is removed at runtime (a declared model that
+        # still names it is the file's own problem, and refused below).
+        stranded = [m for m in _falling_back_to(gone) if not m.declared]
+        for model in stranded:
+            catalog[model.name] = {
+                **catalog[model.name],
+                "fallbacks": [f for f in model.fallbacks if f not in gone],
+            }
         catalog.update(wanted)
         refuse_if_invalid(catalog, list(wanted))
 
@@ -499,6 +551,7 @@ def config_apply(config: ClusterConfig) -> dict[str, list[str]]:
                 )
                 model.delete()
                 result["removed"].append(name)
+        dropped = _drop_fallbacks(CONFIG, stranded, gone, why=f"gone from {config.path}")
         for name, definition in wanted.items():
             model = existing.get(name) or Model(name=name, declared=True)
             before = model.definition() if model.pk else None
@@ -517,7 +570,7 @@ def config_apply(config: ClusterConfig) -> dict[str, list[str]]:
                 note=f"from {config.path}",
             )
             result["updated" if before else "created"].append(name)
-        changed = [n for names in result.values() for n in names]
+        changed = [n for names in result.values() for n in names] + dropped
         if changed:
             announce(*changed)
     return result

@@ -304,19 +304,28 @@ def test_adapters_are_added_removed_and_replaced(api: Any) -> None:
     assert AuditEntry.objects.filter(action="adapters").count() == 3
 
 
-def test_remove_refuses_a_fallback_target(api: Any) -> None:
+def test_removing_a_model_drops_it_from_every_fallback(api: Any) -> None:
     add(api("alice"), name="small")
-    add(api("alice"), name="big", fallbacks=["small"])
-    response = api("alice").delete("/api/v1/models/small")
-    assert response.status_code == 409
-    assert (
-        response.json()["detail"]
-        == "small cannot be removed: big falls back to it. Remove it from their fallbacks first."
-    )
-    assert api("alice").delete("/api/v1/models/big").status_code == 204
+    add(api("alice"), name="medium")
+    add(api("alice"), name="big", fallbacks=["small", "medium"])
+    add(api("alice"), name="other", fallbacks=["small"])
     assert api("alice").delete("/api/v1/models/small").status_code == 204
-    assert Model.objects.count() == 0
-    assert AuditEntry.objects.filter(action="remove").count() == 2
+    assert Model.objects.get(name="big").fallbacks == ["medium"]
+    assert Model.objects.get(name="other").fallbacks == []
+    entries = AuditEntry.objects.filter(action="fallback-dropped").order_by("model_name")
+    assert [(e.model_name, e.note, e.changes) for e in entries] == [
+        (
+            "big",
+            "big no longer falls back to small: alice removed it",
+            {"fallbacks": [["small", "medium"], ["medium"]]},
+        ),
+        (
+            "other",
+            "other no longer falls back to small: alice removed it",
+            {"fallbacks": [["small"], None]},
+        ),
+    ]
+    assert AuditEntry.objects.filter(action="remove").count() == 1
 
 
 def test_audit_is_filtered_by_model_and_actor_and_paged(api: Any) -> None:

@@ -80,6 +80,77 @@ def test_an_outsider_is_refused_before_learning_a_model_is_declared(
     assert response.status_code == 409 and response.json()["code"] == "declared_model"
 
 
+def test_an_outsiders_fallback_does_not_keep_a_model_from_its_owner(
+    api: Any, alices_model: None
+) -> None:
+    response = api("bob").post(
+        NO_CHECK, definition(name="bobs-chat", fallbacks=["tiny-chat"]), format="json"
+    )
+    assert response.status_code == 201, response.json()
+    # Naming it as a fallback gives bob no say over alice's model: she changes it as before,
+    for path, body in (
+        ("scale", {"min": 0, "max": 0}),
+        ("class", {"class": "critical"}),
+        ("resources", {"memory_gb": 2}),
+    ):
+        response = api("alice").post(f"/api/v1/models/tiny-chat/{path}", body, format="json")
+        assert response.status_code == 200, (path, response.json())
+    # and removes it; bob's model loses the fallback, in the same change.
+    assert api("alice").delete("/api/v1/models/tiny-chat").status_code == 204
+    assert not Model.objects.filter(name="tiny-chat").exists()
+    assert Model.objects.get(name="bobs-chat").fallbacks == []
+    entry = AuditEntry.objects.get(action="fallback-dropped")
+    assert (entry.model_name, entry.actor_name, entry.door) == ("bobs-chat", "alice", "api")
+    assert entry.note == "bobs-chat no longer falls back to tiny-chat: alice removed it"
+    assert entry.changes == {"fallbacks": [["tiny-chat"], None]}
+    # Bob sees why his model changed in its audit.
+    audit = api("bob").get("/api/v1/audit", {"model": "bobs-chat"}).json()["entries"]
+    assert [e["action"] for e in audit] == ["fallback-dropped", "add"]
+
+
+def test_a_fallback_declared_in_server_yaml_is_the_operators_to_drop(
+    api: Any, alices_model: None, server_yaml: Any
+) -> None:
+    from catalog.config import current_config
+    from catalog.services import config_apply
+
+    path = server_yaml({"models": [definition(name="declared-chat", fallbacks=["tiny-chat"])]})
+    config_apply(current_config())
+    response = api("alice").delete("/api/v1/models/tiny-chat")
+    assert response.status_code == 409
+    assert response.json() == {
+        "detail": f"tiny-chat cannot be removed: declared-chat falls back to it and is declared "
+        f"in {path}. Ask an administrator to take tiny-chat out of those fallbacks in {path} "
+        "first.",
+        "code": "fallback_target",
+    }
+    assert Model.objects.get(name="declared-chat").fallbacks == ["tiny-chat"]
+    assert not AuditEntry.objects.filter(action__in=["remove", "fallback-dropped"]).exists()
+
+
+def test_a_declared_model_gone_from_server_yaml_leaves_no_fallback_behind(
+    api: Any, server_yaml: Any
+) -> None:
+    from catalog.config import current_config
+    from catalog.services import config_apply
+
+    server_yaml({"models": [definition(name="declared-chat")]})
+    config_apply(current_config())
+    response = api("bob").post(
+        NO_CHECK, definition(name="bobs-chat", fallbacks=["declared-chat"]), format="json"
+    )
+    assert response.status_code == 201, response.json()
+    path = server_yaml({"models": []})
+    assert config_apply(current_config())["removed"] == ["declared-chat"]
+    assert Model.objects.get(name="bobs-chat").fallbacks == []
+    entry = AuditEntry.objects.get(action="fallback-dropped")
+    assert (entry.model_name, entry.actor_name, entry.door) == ("bobs-chat", "config", "config")
+    assert entry.note == f"bobs-chat no longer falls back to declared-chat: gone from {path}"
+    # Bob's model is whole again: his own changes pass the catalog's checks.
+    response = api("bob").post("/api/v1/models/bobs-chat/scale", {"min": 2}, format="json")
+    assert response.status_code == 200, response.json()
+
+
 def test_only_the_owner_or_staff_ask_for_a_model_to_be_loaded(api: Any, alices_model: None) -> None:
     response = api("bob").post("/api/v1/models/tiny-chat/demand")
     assert response.status_code == 403
