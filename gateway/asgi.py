@@ -48,6 +48,7 @@ from catalog.config import ConfigError, current_config  # noqa: E402
 
 from . import canary, conf, errors, proxy, routing, traffic  # noqa: E402
 from .errors import Refusal  # noqa: E402
+from .forwarded import GATEWAY_SECRET_HEADER, gateway_secret  # noqa: E402
 from .load import SharedLoad  # noqa: E402
 from .metrics import metrics  # noqa: E402
 from .models import hash_key  # noqa: E402
@@ -72,8 +73,6 @@ FRESH_LOOK_SECONDS = 2 * POLL_SECONDS + 0.5
 # JSON bodies: a depth no OpenAI request comes near, and integers of sane size.
 MAX_DEPTH = 64
 MAX_INT_DIGITS = 40
-# A forwarded request body (console forms, API definitions, node heartbeats).
-FORWARD_BODY_LIMIT = 64 * 1024 * 1024
 
 _JSON = [(b"content-type", b"application/json")]
 
@@ -125,7 +124,9 @@ async def _lifespan(receive: Receive, send: Send) -> None:
 
 def start_process() -> None:
     """This process's state: the routing snapshot, its refresher, shared load, metrics."""
-    conf.wait_seconds(), conf.upstream_timeout(), conf.metrics_open()  # bad settings stop here
+    # Bad settings stop the gateway here, not at its first request.
+    conf.wait_seconds(), conf.upstream_timeout(), conf.metrics_open(), conf.body_seconds()
+    conf.max_head_bytes(), conf.max_headers(), conf.head_seconds(), conf.forward_memory_bytes()
     current_config()  # and a server.yaml that does not validate (ConfigError)
     routing.balancer = routing.Balancer(
         SharedLoad(settings.VAR_DIR / "gateway-load"),
@@ -260,11 +261,22 @@ class _Disconnected(Exception):
     pass
 
 
+class _Slow(Exception):
+    pass
+
+
 async def _read_body(receive: Receive, limit: int) -> bytes:
+    """The whole body, up to `limit` bytes (_TooBig past it); a client that pauses longer than
+    conf.body_seconds() between two pieces is _Slow."""
     chunks: list[bytes] = []
     size = 0
+    pause = conf.body_seconds()
     while True:
-        message = await receive()
+        try:
+            async with asyncio.timeout(pause):
+                message = await receive()
+        except TimeoutError:
+            raise _Slow() from None
         if message["type"] == "http.disconnect":
             raise _Disconnected()
         chunk = message.get("body", b"")
@@ -373,6 +385,9 @@ async def _relay(
     except _TooBig:
         await _refuse(send, errors.too_large(limit))
         return
+    except _Slow:
+        await _refuse(send, errors.too_slow(conf.body_seconds()))
+        return
     except _Disconnected:
         return
     body = parse_body(raw)
@@ -388,10 +403,9 @@ async def _relay(
     if entry is None:
         names = [e.name for e in snapshot.catalog.usable()]
         _count("unknown", "", endpoint, 404)
-        await _refuse(
-            send,
-            errors.unknown_model(name, routing.entry_names_closest_first(name, names), len(names)),
-        )
+        # Off the event loop: comparing names costs milliseconds on a large catalog.
+        closest = await asyncio.to_thread(routing.entry_names_closest_first, name, names)
+        await _refuse(send, errors.unknown_model(name, closest, len(names)))
         return
     stream = streams and body.get("stream") is True
     board = metrics()
@@ -741,6 +755,43 @@ _HOP_BY_HOP = {
     b"upgrade",
 }
 
+# Headers by which a client would say who it is or how it came: only the gateway tells the web
+# that, from the peer it saw (or a trusted proxy's word, see LLMGW_TRUSTED_PROXIES), so a
+# client's own are dropped. So is every name with an underscore: Django's WSGI environ cannot
+# tell X_Forwarded_For from X-Forwarded-For, and gunicorn takes a SCRIPT_NAME header as the
+# script prefix.
+_CLIENT_MAY_NOT_SAY = {
+    b"expect",  # the gateway has read the body already: the web must not answer 100 Continue
+    b"forwarded",
+    b"x-real-ip",
+    b"x-client-ip",
+    b"true-client-ip",
+    b"x-url-scheme",
+    b"front-end-https",
+    GATEWAY_SECRET_HEADER.lower().encode(),
+}
+
+
+def forwarded_headers(scope: Scope) -> list[tuple[str, str]]:
+    """The headers the web process gets: the client's, less hop-by-hop ones and any that say
+    who the client is, plus the gateway's own word on that."""
+    headers = [
+        (k.decode("latin-1"), v.decode("latin-1"))
+        for k, v in scope["headers"]
+        if k not in _HOP_BY_HOP
+        and k not in _CLIENT_MAY_NOT_SAY
+        and not k.startswith(b"x-forwarded-")
+        and b"_" not in k
+    ]
+    client = scope.get("client")
+    if client:
+        headers.append(("X-Forwarded-For", str(client[0])))
+    headers.append(("X-Forwarded-Proto", scope.get("scheme", "http")))
+    secret = gateway_secret()
+    if secret:
+        headers.append((GATEWAY_SECRET_HEADER, secret))
+    return headers
+
 
 class _Web:
     """Pooled connections to the web process."""
@@ -768,8 +819,55 @@ class _Web:
 _web = _Web()
 
 
+class _Budget:
+    """Bytes of request bodies for the web held in this process, all clients together: a body
+    is read whole before it is passed on (a slow client then never holds a web thread), so
+    this bounds what clients not yet known can pin."""
+
+    def __init__(self) -> None:
+        self.held = 0
+
+    def take(self, size: int) -> Callable[[], None] | None:
+        """Hold `size` bytes; None when there is no room. Returns what gives them back (once,
+        however often it is called)."""
+        if self.held + size > conf.forward_memory_bytes():
+            return None
+        self.held += size
+        metrics().forward_held.inc(size)
+        given = False
+
+        def give() -> None:
+            nonlocal given
+            if not given:
+                given = True
+                self.held -= size
+                metrics().forward_held.dec(size)
+
+        return give
+
+
+_forward_budget = _Budget()
+
+
+async def _read_forwarded_body(
+    scope: Scope, receive: Receive, send: Send, limit: int
+) -> bytes | None:
+    """The request's body, at most `limit` bytes; None when the client was answered instead
+    (413, 408) or went away."""
+    try:
+        return await _read_body(receive, limit)
+    except _TooBig:
+        await _refuse(send, errors.too_large(limit))
+    except _Slow:
+        await _refuse(send, errors.too_slow(conf.body_seconds()))
+    except _Disconnected:
+        pass
+    return None
+
+
 async def _forward(scope: Scope, receive: Receive, send: Send) -> None:
-    """Pass the request to the web process as it came, and its answer back as it comes."""
+    """Pass the request to the web process, its body read whole first (within the web's limit
+    and this process's budget), and its answer back as it comes."""
     target = conf.forward_to()
     if target is None:
         await _refuse(
@@ -781,22 +879,39 @@ async def _forward(scope: Scope, receive: Receive, send: Send) -> None:
             ),
         )
         return
+    limit = conf.max_body_bytes()  # what the web takes: more would only be refused there
+    declared = _header(scope, b"content-length")
+    if declared.isdigit() and int(declared) > limit:
+        await _refuse(send, errors.too_large(limit))
+        return
+    # Held from before the read until the web has the body: the declared length, or the
+    # limit when the body comes in chunks of unknown total.
+    if declared.isdigit():
+        held = int(declared)
+    else:
+        held = limit if _header(scope, b"transfer-encoding") else 0
+    give_back = _forward_budget.take(held)
+    if give_back is None:
+        await _refuse(send, errors.busy(1))
+        return
     try:
-        body = await _read_body(receive, FORWARD_BODY_LIMIT)
-    except _TooBig:
-        await _refuse(send, errors.too_large(FORWARD_BODY_LIMIT))
+        await _forward_held(scope, receive, send, target, limit, give_back)
+    finally:
+        give_back()
+
+
+async def _forward_held(
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    target: str,
+    limit: int,
+    give_back: Callable[[], None],
+) -> None:
+    body = await _read_forwarded_body(scope, receive, send, limit)
+    if body is None:
         return
-    except _Disconnected:
-        return
-    headers = [
-        (k.decode("latin-1"), v.decode("latin-1"))
-        for k, v in scope["headers"]
-        if k not in _HOP_BY_HOP and k not in (b"x-forwarded-for", b"x-forwarded-proto")
-    ]
-    client = scope.get("client")
-    if client:
-        headers.append(("X-Forwarded-For", str(client[0])))
-    headers.append(("X-Forwarded-Proto", scope.get("scheme", "http")))
+    headers = forwarded_headers(scope)
     url = target + scope.get("raw_path", scope["path"].encode()).decode("latin-1")
     if scope.get("query_string"):
         url += "?" + scope["query_string"].decode("latin-1")
@@ -809,6 +924,7 @@ async def _forward(scope: Scope, receive: Receive, send: Send) -> None:
             allow_redirects=False,
         )
     except (aiohttp.ClientError, OSError) as exc:
+        give_back()
         log.warning("gateway: the web process did not answer: %s", exc)
         await _refuse(
             send,
@@ -820,6 +936,7 @@ async def _forward(scope: Scope, receive: Receive, send: Send) -> None:
             ),
         )
         return
+    give_back()  # the web has the body: an answer streamed back holds none of it
     try:
         await send(
             {

@@ -23,7 +23,7 @@ def _number(name: str, default: float, *, minimum: float) -> float:
     try:
         value = float(raw)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise GatewaySettingError(f"{name}={raw!r} is not a number of seconds.") from None
+        raise GatewaySettingError(f"{name}={raw!r} is not a number.") from None
     if value < minimum:
         raise GatewaySettingError(f"{name}={raw!r} is below the smallest allowed value, {minimum}.")
     return value
@@ -82,3 +82,42 @@ def forward_to() -> str | None:
 
 def max_body_bytes() -> int:
     return int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 1024 * 1024)
+
+
+# -- what a connection may cost before anything is known about its client (gateway.protocol) --
+
+
+def max_head_bytes() -> int:
+    """A request's line and header fields, in bytes, together (431 above): nginx's default
+    buffers hold 32 KiB; an OpenAI client sends under 1 KiB."""
+    return int(_number("LLMGW_GATEWAY_MAX_HEAD_BYTES", 32 * 1024, minimum=1024))
+
+
+def max_headers() -> int:
+    """Header fields in one request (431 above), as Python's http.client allows."""
+    return int(_number("LLMGW_GATEWAY_MAX_HEADERS", 100, minimum=8))
+
+
+def head_seconds() -> float:
+    """How long a request's head may take to arrive whole (408 after)."""
+    return _number("LLMGW_GATEWAY_HEAD_TIMEOUT", 10, minimum=0.1)
+
+
+def body_seconds() -> float:
+    """How long a request body may pause between two of its pieces (408 after)."""
+    return _number("LLMGW_GATEWAY_BODY_TIMEOUT", 30, minimum=0.1)
+
+
+def forward_memory_bytes() -> int:
+    """Request bodies for the web process held by one gateway process at once, all clients
+    together: a body is held whole before it is passed on (so a slow client never holds a web
+    thread), and past this figure new ones wait for room, at most body_seconds(), then 503."""
+    return int(_number("LLMGW_GATEWAY_FORWARD_MEMORY", 64 * 1024 * 1024, minimum=1024 * 1024))
+
+
+def trusted_proxies() -> list[str]:
+    """Addresses (or networks) of proxies in front of the gateway whose X-Forwarded-For and
+    X-Forwarded-Proto are believed; none by default: the client is the peer the gateway sees."""
+    configured = getattr(settings, "LLMGW_TRUSTED_PROXIES", None)
+    raw = str(configured) if configured else os.environ.get("LLMGW_TRUSTED_PROXIES") or ""
+    return [part.strip() for part in raw.split(",") if part.strip()]

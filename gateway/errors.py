@@ -77,6 +77,26 @@ def too_large(limit: int) -> Refusal:
     )
 
 
+def too_slow(seconds: float) -> Refusal:
+    return openai_error(
+        408,
+        f"The request body stopped arriving for {seconds:g} seconds; send it whole, then wait.",
+        code="request_timeout",
+        headers={"Connection": "close"},
+    )
+
+
+def busy(seconds: int) -> Refusal:
+    return openai_error(
+        503,
+        "The gateway holds as many request bodies for the web process as it takes at once; "
+        f"try again in {seconds} seconds.",
+        code="gateway_busy",
+        kind="server_error",
+        headers={"Retry-After": str(seconds)},
+    )
+
+
 def wrong_method(path: str, method: str) -> Refusal:
     return openai_error(
         405,
@@ -84,6 +104,18 @@ def wrong_method(path: str, method: str) -> Refusal:
         code="method_not_allowed",
         headers={"Allow": method},
     )
+
+
+# How much of an unknown name a 404 repeats: a model's name is at most 100 characters, so
+# more says nothing, and a client's 1 MB name must not come back as a 2.8 MB answer.
+ECHOED_NAME = 120
+
+
+def shown_name(name: str) -> str:
+    """`name` as a message repeats it: quoted, and cut at ECHOED_NAME characters."""
+    if len(name) <= ECHOED_NAME:
+        return repr(name)
+    return f"{name[:ECHOED_NAME]!r}… ({len(name)} characters)"
 
 
 def unknown_model(name: str, names: list[str], total: int) -> Refusal:
@@ -98,7 +130,7 @@ def unknown_model(name: str, names: list[str], total: int) -> Refusal:
         listed = " The catalog has no models yet."
     return openai_error(
         404,
-        f"There is no model named {name!r}.{listed}",
+        f"There is no model named {shown_name(name)}.{listed}",
         code="model_not_found",
         param="model",
     )

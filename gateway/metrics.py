@@ -39,6 +39,8 @@ class Metrics:
     in_flight: Any
     fallbacks: Any
     retries: Any
+    refused: Any
+    forward_held: Any
     registry: Any  # single-process mode: where the metrics are; multiprocess: None
     folder: str | None
 
@@ -110,6 +112,21 @@ def _create(folder: str | None) -> Metrics:
             "llmgw_gateway_retries",
             "Requests sent again to another replica after the first one went away.",
             ["model"],
+            **where,
+        ),
+        refused=Counter(
+            "llmgw_gateway_refused",
+            "Requests the gateway's HTTP protocol refused before any application saw them, by "
+            "reason: head_too_large, too_many_headers, head_timeout (431, 431, 408), "
+            "odd_request_line, bad_request (400).",
+            ["reason"],
+            **where,
+        ),
+        forward_held=Gauge(
+            "llmgw_gateway_forward_body_bytes",
+            "Bytes of request bodies for the web process held now (bounded per process by "
+            "LLMGW_GATEWAY_FORWARD_MEMORY).",
+            multiprocess_mode="livesum",
             **where,
         ),
         registry=registry,

@@ -60,9 +60,10 @@ class GatewayServer:
             port=0,
             lifespan="on" if lifespan else "off",
             log_level="warning",
-            # uvicorn trusts X-Forwarded-For from 127.0.0.1 (a load balancer on the machine);
-            # the tests' clients are on 127.0.0.1 too and must count as clients.
+            # As the run command starts it (llmgw_run.gateway_command): no proxy trusted.
             proxy_headers=False,
+            http="gateway.protocol:GatewayProtocol",
+            ws="none",
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=asyncio.run, args=(self._serve(),), daemon=True)

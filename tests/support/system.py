@@ -164,28 +164,14 @@ class System:
         self.admin_password = re.search(r"password (\S+)\)", out).group(1)  # type: ignore[union-attr]
         bin_dir = Path(sys.executable).parent
         web_port = free_port()
-        self.env["LLMGW_GATEWAY_FORWARD_TO"] = f"http://127.0.0.1:{web_port}"
-        self.env["LLMGW_WEB_BEHIND_GATEWAY"] = "true"
-        self.start_gateway()
-        self._spawn(
-            "web",
-            [
-                str(bin_dir / "gunicorn"),
-                "llmgw_site.wsgi",
-                "--bind",
-                f"127.0.0.1:{web_port}",
-                "--workers",
-                "2",
-                "--threads",
-                "8",
-                "--timeout",
-                "120",
-                # Longer than clients keep idle connections (httpx: 5 s), so that a client
-                # never reuses a connection the server is closing at that moment.
-                "--keep-alive",
-                "75",
-            ],
+        from llmgw_site.management.commands.llmgw_run import (
+            behind_gateway_environment,
+            web_command,
         )
+
+        self.env.update(behind_gateway_environment(f"127.0.0.1:{web_port}"))
+        self.start_gateway()
+        self._spawn("web", web_command(bin_dir, f"127.0.0.1:{web_port}", timeout=120))
         if worker:
             self.start_worker()
         wait_for(

@@ -46,7 +46,14 @@ def worker_command(bin_dir: Path, schedule: Path) -> list[str]:
 
 
 def gateway_command(bin_dir: Path, host: str, port: int, *, workers: int) -> list[str]:
-    """uvicorn serving the gateway's ASGI application (see gateway.asgi) with `workers` processes."""
+    """uvicorn serving the gateway's ASGI application (see gateway.asgi) with `workers` processes,
+    on the protocol that bounds what a client may cost before it is known (gateway.protocol).
+
+    uvicorn believes X-Forwarded-For and X-Forwarded-Proto only from LLMGW_TRUSTED_PROXIES
+    (none by default): otherwise any client could name its own address."""
+    from gateway.conf import trusted_proxies
+
+    proxies = trusted_proxies()
     return [
         str(bin_dir / "uvicorn"),
         "gateway.asgi:application",
@@ -59,7 +66,10 @@ def gateway_command(bin_dir: Path, host: str, port: int, *, workers: int) -> lis
         "--loop",
         "uvloop",
         "--http",
-        "httptools",
+        "gateway.protocol:GatewayProtocol",
+        "--ws",
+        "none",
+        *(["--forwarded-allow-ips", ",".join(proxies)] if proxies else ["--no-proxy-headers"]),
         "--no-access-log",
         # Longer than clients keep idle connections (httpx: 5 s), so that a client never
         # reuses a connection the server is closing at that moment.
@@ -70,6 +80,43 @@ def gateway_command(bin_dir: Path, host: str, port: int, *, workers: int) -> lis
         "--timeout-graceful-shutdown",
         "30",
     ]
+
+
+def web_command(bin_dir: Path, bind: str, *, timeout: int) -> list[str]:
+    """gunicorn serving the web process on `bind` (127.0.0.1 only: the gateway is its front).
+
+    It takes no SCRIPT_NAME or PATH_INFO from any header (the gateway drops them anyway)."""
+    return [
+        str(bin_dir / "gunicorn"),
+        "llmgw_site.wsgi",
+        "--bind",
+        bind,
+        "--workers",
+        "2",
+        "--threads",
+        "8",
+        "--timeout",
+        str(timeout),
+        # Longer than clients keep idle connections (httpx: 5 s), so that a client never
+        # reuses a connection the server is closing at that moment.
+        "--keep-alive",
+        "75",
+        "--forwarder-headers",
+        "",
+    ]
+
+
+def behind_gateway_environment(web_bind: str) -> dict[str, str]:
+    """What the gateway and the web process need in their environment to work as one address:
+    where the web is, and the secret by which the web knows the gateway's word on who the
+    client is (gateway.forwarded), new at each start."""
+    import secrets
+
+    return {
+        "LLMGW_GATEWAY_FORWARD_TO": f"http://{web_bind}",
+        "LLMGW_WEB_BEHIND_GATEWAY": "true",
+        "LLMGW_GATEWAY_SECRET": secrets.token_urlsafe(32),
+    }
 
 
 def _free_port() -> int:
@@ -113,24 +160,7 @@ class Command(BaseCommand):
             "gateway": gateway_command(
                 bin_dir, parts.hostname or "127.0.0.1", parts.port or 8000, workers=2
             ),
-            "web": [
-                str(bin_dir / "gunicorn"),
-                "llmgw_site.wsgi",
-                "--bind",
-                web_bind,
-                "--workers",
-                "2",
-                "--threads",
-                "8",
-                "--timeout",
-                "300",
-                # Longer than clients keep idle connections (httpx: 5 s), so that a client
-                # never reuses a connection the server is closing at that moment.
-                "--keep-alive",
-                "75",
-                "--access-logfile",
-                "-",
-            ],
+            "web": [*web_command(bin_dir, web_bind, timeout=300), "--access-logfile", "-"],
             "worker": worker_command(bin_dir, settings.VAR_DIR / "celerybeat-schedule"),
         }
         if node_token_file:
@@ -162,8 +192,7 @@ class Command(BaseCommand):
         metrics.mkdir()
         shutil.rmtree(settings.VAR_DIR / "gateway-load", ignore_errors=True)
         os.environ["LLMGW_METRICS_DIR"] = str(metrics)
-        os.environ["LLMGW_GATEWAY_FORWARD_TO"] = f"http://{web_bind}"
-        os.environ["LLMGW_WEB_BEHIND_GATEWAY"] = "true"
+        os.environ.update(behind_gateway_environment(web_bind))
         self._metrics_token()
         self._supervise(commands, started)
 

@@ -1,0 +1,193 @@
+"""The public port before anything is known about a client: heads, request lines and bodies
+are bounded (gateway.protocol, gateway.asgi), and every refusal is a 4xx, never a 500."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gateway import protocol
+from tests.gateway.rawhttp import closed, connect, exchange, read_answer
+
+pytestmark = pytest.mark.smoke
+
+
+@pytest.fixture
+def limits(settings: Any) -> Iterator[Any]:
+    """Set the protocol's limits for one test (they are read once per process)."""
+
+    def set_limits(**values: Any) -> None:
+        for name, value in values.items():
+            setattr(settings, name, value)
+        protocol.limits.cache_clear()
+
+    protocol.limits.cache_clear()
+    yield set_limits
+    protocol.limits.cache_clear()
+
+
+def test_a_head_past_the_limit_is_a_431(gateway_server: Any, limits: Any) -> None:
+    limits(LLMGW_GATEWAY_MAX_HEAD_BYTES=4096)
+    status, body = exchange(
+        gateway_server.url,
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 5000 + b"\r\n\r\n",
+    )
+    assert status == 431
+    assert b"longer than 4096 bytes" in body
+    # Just under the limit is served as usual.
+    status, _ = exchange(
+        gateway_server.url,
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 3000 + b"\r\n\r\n",
+    )
+    assert status == 401
+
+
+def test_headers_without_end_are_cut_off(gateway_server: Any, limits: Any) -> None:
+    """A client that sends a header value forever is answered 431 and closed once the limit is
+    passed, not when it stops (a 160 MB header held a worker for tens of seconds)."""
+    limits(LLMGW_GATEWAY_MAX_HEAD_BYTES=32 * 1024)
+    sent = 0
+    with connect(gateway_server.url, timeout=5) as sock:
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Endless: ")
+        try:
+            while sent < 64 * 1024 * 1024:
+                sock.sendall(b"a" * 8192)
+                sent += 8192
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        else:
+            pytest.fail("64 MB of one header were taken")
+    # What the kernel's buffers held before the close reached the client, beyond the limit.
+    assert sent < 16 * 1024 * 1024
+
+
+def test_the_answer_to_an_endless_head_says_why(gateway_server: Any, limits: Any) -> None:
+    limits(LLMGW_GATEWAY_MAX_HEAD_BYTES=2048)
+    with connect(gateway_server.url) as sock:
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nX-Endless: " + b"a" * 4096)
+        status, body = read_answer(sock)
+    assert status == 431
+    assert b"2048 bytes" in body
+
+
+def test_too_many_header_fields_are_a_431(gateway_server: Any, limits: Any) -> None:
+    limits(LLMGW_GATEWAY_MAX_HEADERS=20)
+    fields = b"".join(b"X-H%d: 1\r\n" % i for i in range(21))
+    status, body = exchange(gateway_server.url, b"GET /v1/models HTTP/1.1\r\n" + fields + b"\r\n")
+    assert status == 431
+    assert b"more than 20 header fields" in body
+    fields = b"".join(b"X-H%d: 1\r\n" % i for i in range(20))
+    status, _ = exchange(gateway_server.url, b"GET /v1/models HTTP/1.1\r\n" + fields + b"\r\n")
+    assert status == 401
+
+
+def test_a_head_that_trickles_in_is_cut_off(gateway_server: Any, limits: Any) -> None:
+    limits(LLMGW_GATEWAY_HEAD_TIMEOUT=0.5)
+    with connect(gateway_server.url, timeout=5) as sock:
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\n")
+        started = time.monotonic()
+        status, body = read_answer(sock)
+        waited = time.monotonic() - started
+    assert status == 408
+    assert b"0.5 seconds" in body
+    assert waited < 4
+
+
+def test_a_connection_that_sends_nothing_is_closed(gateway_server: Any, limits: Any) -> None:
+    limits(LLMGW_GATEWAY_HEAD_TIMEOUT=0.5)
+    with connect(gateway_server.url, timeout=5) as sock:
+        assert closed(sock)
+
+
+def test_a_kept_alive_connection_serves_request_after_request(gateway_server: Any) -> None:
+    with connect(gateway_server.url) as sock:
+        for _ in range(3):
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            status, body = read_answer(sock)
+            assert status == 401
+            assert json.loads(body)["error"]["code"] == "missing_api_key"
+
+
+@pytest.mark.parametrize(
+    "request_line",
+    [
+        b"OPTIONS * HTTP/1.1",
+        b"GET http://example.com/v1/models HTTP/1.1",
+        b"CONNECT example.com:443 HTTP/1.1",
+        b"GET v1/models HTTP/1.1",
+        b"GET /v1/\xff HTTP/1.1",
+        b"GET /v1/models HTTP/9.9",
+        b"GET /v1/models",
+        b"HELLO",
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  # a TLS hello on the plain port
+    ],
+)
+def test_an_odd_request_line_is_a_400(
+    gateway_server: Any, settings: Any, request_line: bytes
+) -> None:
+    settings.LLMGW_GATEWAY_FORWARD_TO = "http://127.0.0.1:9"  # never reached
+    status, _ = exchange(gateway_server.url, request_line + b"\r\nHost: x\r\n\r\n")
+    assert status == 400
+
+
+def test_a_bad_header_line_is_a_400(gateway_server: Any) -> None:
+    status, _ = exchange(gateway_server.url, b"GET /v1/models HTTP/1.1\r\nno colon here\r\n\r\n")
+    assert status == 400
+
+
+def test_a_body_that_stops_arriving_is_a_408(
+    gw: Any, keys: dict[str, str], catalog: Any, limits: Any
+) -> None:
+    limits(LLMGW_GATEWAY_BODY_TIMEOUT=0.5)
+    gw.get("/v1/models")  # the state read once, so the key is known
+    with connect(gw.url, timeout=5) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+            b"Authorization: Bearer " + keys["alice"].encode() + b'\r\n\r\n{"model": '
+        )
+        status, body = read_answer(sock)
+    assert status == 408
+    assert json.loads(body)["error"]["code"] == "request_timeout"
+
+
+def test_an_unknown_name_is_echoed_cut_short(gw: Any, catalog: Any) -> None:
+    catalog.add("chat-small")
+    name = "m" * 1_000_000
+    response = gw.post("/v1/chat/completions", {"model": name, "messages": []})
+    assert response.status_code == 404
+    message = response.json()["error"]["message"]
+    assert len(response.content) < 2000
+    assert "(1000000 characters)" in message
+    assert "chat-small" in message
+
+
+def test_a_raw_socket_flood_of_odd_requests_gets_no_5xx(gateway_server: Any) -> None:
+    """Junk after pipelined requests on one connection: the connection may be closed at once,
+    and each answer, if any, is a 4xx."""
+    with connect(gateway_server.url, timeout=5) as sock:
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\n\r\n" * 3 + b"OPTIONS * HTTP/1.1\r\n\r\n")
+        answers = []
+        while True:
+            try:
+                status, _ = read_answer(sock)
+            except (TimeoutError, ConnectionResetError):
+                break
+            if status == 0:
+                break
+            answers.append(status)
+    assert all(400 <= status < 500 for status in answers), answers
+
+
+def test_pipelined_requests_are_answered_in_turn(gateway_server: Any) -> None:
+    with connect(gateway_server.url, timeout=5) as sock:
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
+        received = b""
+        while received.count(b"HTTP/1.1 ") < 3:
+            chunk = sock.recv(65536)
+            assert chunk, received
+            received += chunk
+    assert received.count(b"HTTP/1.1 401 ") == 3
