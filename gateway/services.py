@@ -9,12 +9,15 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from typing import Any
 
+from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
 from catalog import services as catalog_services
-from catalog.errors import CatalogError, forbidden
+from catalog.errors import CatalogError, conflict, forbidden
 from catalog.services import Actor
 
 from .models import GatewayKey, hash_key
@@ -40,10 +43,30 @@ def key_create(*, actor: Actor, name: str) -> tuple[GatewayKey, str]:
             code="invalid",
         )
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
-    key = GatewayKey.objects.create(
-        name=name, owner=actor.user, prefix=secret[:SHOWN_CHARS], key_hash=hash_key(secret)
-    )
+    with transaction.atomic():
+        # The owner's row is locked while the keys are counted, so two creates at once
+        # cannot both see room for one more.
+        get_user_model().objects.select_for_update().filter(pk=actor.user.pk).first()
+        refuse_past_key_limit(actor.user)
+        key = GatewayKey.objects.create(
+            name=name, owner=actor.user, prefix=secret[:SHOWN_CHARS], key_hash=hash_key(secret)
+        )
     return key, secret
+
+
+def refuse_past_key_limit(user: Any) -> None:
+    """Every gateway process holds every active key in memory: one user's keys are bounded."""
+    limit = settings.LLMGW_MAX_KEYS_PER_USER
+    active = GatewayKey.objects.filter(owner=user, revoked_at__isnull=True).count()
+    if active >= limit:
+        raise conflict(
+            f"You have {active} active gateway {'key' if active == 1 else 'keys'}, and one user "
+            f"may hold at most {limit}. "
+            "Revoke the keys you no longer use (`llmgw ctl keys` lists them, "
+            "`llmgw ctl key revoke ID` revokes one), or ask the operator to raise "
+            "LLMGW_MAX_KEYS_PER_USER.",
+            code="too_many_keys",
+        )
 
 
 def key_revoke(*, actor: Actor, key_id: int) -> GatewayKey:

@@ -62,6 +62,9 @@ LLMGW_SOURCE_CHECK_TIMEOUT = env_int("LLMGW_SOURCE_CHECK_TIMEOUT", 10, minimum=1
 # new revision than this (fewer are noise).
 LLMGW_CANARY_CHECK_SECONDS = env_int("LLMGW_CANARY_CHECK_SECONDS", 15, minimum=1)
 LLMGW_CANARY_MIN_REQUESTS = env_int("LLMGW_CANARY_MIN_REQUESTS", 20, minimum=1)
+# Active gateway keys one user may hold (staff too; revoked keys do not count): every gateway
+# process keeps every key in memory, so one user must not be able to make that list unbounded.
+LLMGW_MAX_KEYS_PER_USER = env_int("LLMGW_MAX_KEYS_PER_USER", 100, minimum=1)
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import pytest
+from django.db import OperationalError, connection
 
+from catalog.errors import CatalogError
 from catalog.services import Actor
 from gateway.models import GatewayKey, hash_key
 from gateway.services import key_create, key_revoke
@@ -66,6 +70,69 @@ def test_the_owner_and_staff_can_revoke(api: Any, users: dict[str, Any]) -> None
     assert again.status_code == 200
     assert again.json()["revoked_by"] == "alice"
     assert again.json()["revoked_at"] == first.json()["revoked_at"]
+
+
+def test_a_user_holds_at_most_the_configured_number_of_active_keys(api: Any, settings: Any) -> None:
+    settings.LLMGW_MAX_KEYS_PER_USER = 2
+    first, _ = (
+        api("alice").post("/api/v1/keys", {"name": f"app {n}"}, format="json").json()["id"]
+        for n in range(2)
+    )
+    response = api("alice").post("/api/v1/keys", {"name": "one too many"}, format="json")
+    assert response.status_code == 409
+    assert response.json() == {
+        "detail": "You have 2 active gateway keys, and one user may hold at most 2. Revoke the "
+        "keys you no longer use (`llmgw ctl keys` lists them, `llmgw ctl key revoke ID` revokes "
+        "one), or ask the operator to raise LLMGW_MAX_KEYS_PER_USER.",
+        "code": "too_many_keys",
+    }
+    assert GatewayKey.objects.filter(owner__username="alice").count() == 2
+    # The limit is each user's own, staff's too.
+    assert api("bob").post("/api/v1/keys", {"name": "b"}, format="json").status_code == 201
+    for n in range(2):
+        assert (
+            api("staff").post("/api/v1/keys", {"name": f"s{n}"}, format="json").status_code == 201
+        )
+    assert api("staff").post("/api/v1/keys", {"name": "s2"}, format="json").status_code == 409
+    # A revoked key no longer counts.
+    assert api("alice").post(f"/api/v1/keys/{first}/revoke").status_code == 200
+    assert api("alice").post("/api/v1/keys", {"name": "again"}, format="json").status_code == 201
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_creates_at_once_cannot_both_pass_the_limit(
+    users: dict[str, Any], settings: Any
+) -> None:
+    settings.LLMGW_MAX_KEYS_PER_USER = 1
+    start = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def create(n: int) -> None:
+        start.wait()
+        try:
+            for _ in range(200):
+                try:
+                    key_create(actor=Actor.for_user(users["alice"], "api"), name=f"racer {n}")
+                    outcomes.append("created")
+                    return
+                except CatalogError as exc:
+                    outcomes.append(exc.code)
+                    return
+                except OperationalError as exc:
+                    # SQLite's in-memory test database says "table is locked" at once where a
+                    # database file waits its timeout for the other writer: wait here instead.
+                    assert "locked" in str(exc)
+                    time.sleep(0.01)
+        finally:
+            connection.close()
+
+    racers = [threading.Thread(target=create, args=(n,)) for n in range(2)]
+    for racer in racers:
+        racer.start()
+    for racer in racers:
+        racer.join(timeout=30)
+    assert sorted(outcomes) == ["created", "too_many_keys"]
+    assert GatewayKey.objects.filter(owner=users["alice"]).count() == 1
 
 
 def test_the_keys_api_needs_a_user_not_a_gateway_key(client: Any, keys: dict[str, str]) -> None:
