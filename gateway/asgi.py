@@ -30,7 +30,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextvars import ContextVar
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import django
@@ -66,6 +66,7 @@ Send = Callable[[Message], Awaitable[None]]
 MODEL_HEADER = "X-LLMGW-Model"
 # The weights that answered (fleet.specs.weights_revision): old or new during a canary update.
 REVISION_HEADER = "X-LLMGW-Revision"
+REQUEST_ID_HEADER = "X-Request-ID"
 # How often a request waiting for a replica looks at the (in-memory) state again.
 WAIT_POLL_SECONDS = 0.1
 # How long a request for something unknown waits for the state to be looked at again.
@@ -355,6 +356,8 @@ class _Request:
     as it goes: its key, when it started, its tokens. Lives in the request's own task."""
 
     started: float
+    # Sent back as X-Request-ID and named in the gateway's log lines about the request.
+    request_id: str = field(default_factory=lambda: os.urandom(8).hex())
     key_id: int | None = None
     prompt: int = 0
     completion: int = 0
@@ -518,12 +521,25 @@ async def _route_and_send(
         metrics().retries.labels(entry.name).inc()
     _answered_by(answer.candidate, decision)
 
+    books = _request.get()
+    request_id = books.request_id if books is not None else ""
     model_header = (MODEL_HEADER.lower().encode(), decision.model.encode())
     revision_header = (REVISION_HEADER.lower().encode(), answer.candidate.revision.encode())
+    id_header = (REQUEST_ID_HEADER.lower().encode(), request_id.encode())
     if not answer.streaming:
         routing.balancer.release(answer.candidate)
         assert answer.body is not None
         body_out = answer.body
+        if answer.status >= 500:
+            # What the client was not told (the engine's words may name its files): the log.
+            log.warning(
+                "gateway: request %s for %s: the replica %s answered %d: %r",
+                request_id,
+                entry.name,
+                answer.candidate.id,
+                answer.status,
+                answer.body[:500],
+            )
         if answer.status == 200:
             _tokens(decision.model, *proxy.usage_of(answer.body))
             if rename is not None:
@@ -533,7 +549,12 @@ async def _route_and_send(
             send,
             answer.status,
             body_out,
-            [(b"content-type", answer.content_type.encode()), model_header, revision_header],
+            [
+                (b"content-type", answer.content_type.encode()),
+                model_header,
+                revision_header,
+                id_header,
+            ],
         )
         return
 
@@ -548,6 +569,7 @@ async def _route_and_send(
                     (b"content-type", answer.content_type.encode()),
                     model_header,
                     revision_header,
+                    id_header,
                     (b"cache-control", b"no-cache"),
                     # A proxy in front must not hold chunks back either.
                     (b"x-accel-buffering", b"no"),

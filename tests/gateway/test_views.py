@@ -300,12 +300,20 @@ def test_a_replica_failing_without_a_retry_gets_502(
     assert response.json()["error"]["code"] == "replica_unreachable"
 
 
-def test_an_engine_error_is_passed_on(gw: Any, catalog: Any, engine: FakeEngine) -> None:
+def test_an_engine_error_is_passed_on_and_logged_with_the_request_id(
+    gw: Any, catalog: Any, engine: FakeEngine, caplog: Any
+) -> None:
     catalog.add("chat")
     catalog.replica("chat", engine)
     engine.mode = "error"
-    response = gw.post("/v1/completions", {"model": "chat", "prompt": "a"})
+    with caplog.at_level("WARNING", logger="llmgw.gateway"):
+        response = gw.post("/v1/completions", {"model": "chat", "prompt": "a"})
     assert response.status_code == 500 and response.json() == {"detail": "the engine fell over"}
+    request_id = response.headers["X-Request-ID"]
+    assert len(request_id) == 16
+    logged = [r.getMessage() for r in caplog.records if request_id in r.getMessage()]
+    assert len(logged) == 1
+    assert "answered 500" in logged[0] and "the engine fell over" in logged[0]
 
 
 def test_withdrawn_and_failed_replicas_get_nothing(
