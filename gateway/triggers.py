@@ -9,6 +9,22 @@ different replicas would then deadlock on it).
 Only changes that routing sees fire them: a heartbeat that writes a replica's
 message or a node's last heartbeat does not, nor a model's idle clock.
 
+Keys carry a second set of triggers (from migration 0005), so that a gateway
+process reads only the keys that changed since its last read:
+
+- a key's `changed_at` is set by the database, to its own clock, when the key
+  is added, when its hash or revocation changes, and, for all of a user's keys,
+  when the user's is_active changes: a deactivated user's gateway keys stop as
+  their API token and console login do, whichever door deactivated them (the
+  admin and a shell write the row directly, where a Django signal could be
+  missed). That change of changed_at is what notifies the gateway;
+- a deleted key (keys are deleted with their owner) leaves its hash in
+  gateway.DeletedGatewayKey.
+
+Why the database's clock, and the time of the write rather than of the commit:
+see gateway.state.key_horizon, which says up to when a process has read
+everything.
+
 On SQLite, a later migration that alters one of these tables rebuilds it and
 loses its triggers, so they are (re)made after every migrate, not only by the
 migration that introduced them.
@@ -41,12 +57,25 @@ WATCHED: list[tuple[str, list[str]]] = [
         ["state", "port", "withdrawn_at", "model_id", "model_name", "node_id", "spec"],
     ),
     ("fleet_node", ["address", "memory_gb", "cores", "gpus", "gpu_memory_gb", "cordoned", "lost"]),
-    ("gateway_gatewaykey", ["key_hash", "revoked_at"]),
+    # changed_at moves with what a key opens, its owner's is_active included (below).
+    ("gateway_gatewaykey", ["key_hash", "revoked_at", "changed_at"]),
 ]
 # A node's first heartbeat makes it schedulable: watched as "became set", not every beat.
 SET_OR_CLEARED = {"fleet_node": ["last_heartbeat"]}
 
 _SQLITE_BUMP = "UPDATE gateway_routingversion SET version = version + 1 WHERE id = 1;"
+
+# The key columns whose change a gateway process must read again. changed_at itself is among
+# them so that a stale copy of the row saved whole (Django's save() writes every field) cannot
+# move it back in time.
+KEY_COLUMNS = ["key_hash", "revoked_at", "changed_at"]
+# The user column that decides whether a user's keys open anything.
+OWNER_COLUMNS = ["is_active"]
+# The clock the key triggers write: to the microsecond on both databases (SQLite's %f has
+# milliseconds; the zeros keep its text in the same form as Django's, so the two compare).
+SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f', 'now') || '000'"
+PG_NOW = "clock_timestamp()"
+_KEY_TABLES = ("gateway_gatewaykey", "gateway_deletedgatewaykey", "auth_user")
 
 
 def _changed(table: str, columns: list[str], distinct: str) -> str:
@@ -61,13 +90,22 @@ def ensure(connection: Any) -> None:
     if "gateway_routingversion" not in tables:
         return  # before this app's migration: it will call this itself
     with connection.cursor() as cursor:
+        # A column a later migration adds (a key's changed_at) is watched from that migration on.
+        present = {
+            table: {c.name for c in connection.introspection.get_table_description(cursor, table)}
+            for table, _ in WATCHED
+            if table in tables
+        }
+        watched = [
+            (table, [c for c in columns if c in present[table]])
+            for table, columns in WATCHED
+            if table in tables
+        ]
         if connection.vendor == "sqlite":
             cursor.execute(
                 "INSERT OR IGNORE INTO gateway_routingversion (id, version) VALUES (1, 0)"
             )
-            for table, columns in WATCHED:
-                if table not in tables:
-                    continue
+            for table, columns in watched:
                 for event in ("INSERT", "DELETE"):
                     cursor.execute(
                         f"CREATE TRIGGER IF NOT EXISTS llmgw_routing_{table}_{event.lower()} "
@@ -77,6 +115,8 @@ def ensure(connection: Any) -> None:
                     f"CREATE TRIGGER IF NOT EXISTS llmgw_routing_{table}_update AFTER UPDATE "
                     f"ON {table} WHEN {_changed(table, columns, 'IS NOT')} BEGIN {_SQLITE_BUMP} END"
                 )
+            if all(t in tables for t in _KEY_TABLES):
+                _sqlite_key_triggers(cursor)
         elif connection.vendor == "postgresql":
             cursor.execute(
                 "INSERT INTO gateway_routingversion (id, version) VALUES (1, 0) "
@@ -86,9 +126,7 @@ def ensure(connection: Any) -> None:
                 "CREATE OR REPLACE FUNCTION llmgw_routing_notify() RETURNS trigger AS $$ "
                 f"BEGIN PERFORM pg_notify('{CHANNEL}', ''); RETURN NULL; END $$ LANGUAGE plpgsql"
             )
-            for table, columns in WATCHED:
-                if table not in tables:
-                    continue
+            for table, columns in watched:
                 cursor.execute(
                     f"CREATE OR REPLACE TRIGGER llmgw_routing_{table}_insert_delete "
                     f"AFTER INSERT OR DELETE ON {table} "
@@ -100,9 +138,97 @@ def ensure(connection: Any) -> None:
                     f"WHEN ({_changed(table, columns, 'IS DISTINCT FROM')}) "
                     "EXECUTE FUNCTION llmgw_routing_notify()"
                 )
+            if all(t in tables for t in _KEY_TABLES):
+                _postgresql_key_triggers(cursor)
+
+
+def _distinct(columns: list[str], operator: str) -> str:
+    return " OR ".join(f"OLD.{c} {operator} NEW.{c}" for c in columns)
+
+
+def _sqlite_key_triggers(cursor: Any) -> None:
+    # SQLite cannot change NEW in a BEFORE trigger: the row is updated again after. With
+    # recursive triggers off (SQLite's default), that second update fires nothing.
+    stamp = f"UPDATE gateway_gatewaykey SET changed_at = {SQLITE_NOW} WHERE id = NEW.id;"
+    cursor.execute(
+        "CREATE TRIGGER IF NOT EXISTS llmgw_keys_insert AFTER INSERT ON gateway_gatewaykey "
+        f"BEGIN {stamp} END"
+    )
+    cursor.execute(
+        "CREATE TRIGGER IF NOT EXISTS llmgw_keys_update AFTER UPDATE ON gateway_gatewaykey "
+        f"WHEN {_distinct(KEY_COLUMNS, 'IS NOT')} BEGIN {stamp} END"
+    )
+    cursor.execute(
+        "CREATE TRIGGER IF NOT EXISTS llmgw_keys_delete AFTER DELETE ON gateway_gatewaykey "
+        "BEGIN INSERT INTO gateway_deletedgatewaykey (key_hash, deleted_at) "
+        f"VALUES (OLD.key_hash, {SQLITE_NOW}); END"
+    )
+    cursor.execute(
+        "CREATE TRIGGER IF NOT EXISTS llmgw_keys_owner AFTER UPDATE ON auth_user "
+        f"WHEN {_distinct(OWNER_COLUMNS, 'IS NOT')} BEGIN UPDATE gateway_gatewaykey "
+        f"SET changed_at = {SQLITE_NOW} WHERE owner_id = NEW.id; END"
+    )
+
+
+def _postgresql_key_triggers(cursor: Any) -> None:
+    cursor.execute(
+        "CREATE OR REPLACE FUNCTION llmgw_keys_stamp() RETURNS trigger AS $$ "
+        f"BEGIN NEW.changed_at := {PG_NOW}; RETURN NEW; END $$ LANGUAGE plpgsql"
+    )
+    cursor.execute(
+        "CREATE OR REPLACE TRIGGER llmgw_keys_insert BEFORE INSERT ON gateway_gatewaykey "
+        "FOR EACH ROW EXECUTE FUNCTION llmgw_keys_stamp()"
+    )
+    cursor.execute(
+        "CREATE OR REPLACE TRIGGER llmgw_keys_update BEFORE UPDATE ON gateway_gatewaykey "
+        f"FOR EACH ROW WHEN ({_distinct(KEY_COLUMNS, 'IS DISTINCT FROM')}) "
+        "EXECUTE FUNCTION llmgw_keys_stamp()"
+    )
+    # One statement deleting a user's thousand keys writes their hashes in one insert.
+    cursor.execute(
+        "CREATE OR REPLACE FUNCTION llmgw_keys_deleted() RETURNS trigger AS $$ "
+        "BEGIN INSERT INTO gateway_deletedgatewaykey (key_hash, deleted_at) "
+        f"SELECT key_hash, {PG_NOW} FROM gone; RETURN NULL; END $$ LANGUAGE plpgsql"
+    )
+    cursor.execute(
+        "CREATE OR REPLACE TRIGGER llmgw_keys_delete AFTER DELETE ON gateway_gatewaykey "
+        "REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION llmgw_keys_deleted()"
+    )
+    cursor.execute(
+        "CREATE OR REPLACE FUNCTION llmgw_keys_owner() RETURNS trigger AS $$ "
+        f"BEGIN UPDATE gateway_gatewaykey SET changed_at = {PG_NOW} WHERE owner_id = NEW.id; "
+        "RETURN NULL; END $$ LANGUAGE plpgsql"
+    )
+    cursor.execute(
+        "CREATE OR REPLACE TRIGGER llmgw_keys_owner AFTER UPDATE ON auth_user "
+        f"FOR EACH ROW WHEN ({_distinct(OWNER_COLUMNS, 'IS DISTINCT FROM')}) "
+        "EXECUTE FUNCTION llmgw_keys_owner()"
+    )
+
+
+_KEY_TRIGGERS = [
+    ("llmgw_keys_insert", "gateway_gatewaykey"),
+    ("llmgw_keys_update", "gateway_gatewaykey"),
+    ("llmgw_keys_delete", "gateway_gatewaykey"),
+    ("llmgw_keys_owner", "auth_user"),
+]
+
+
+def drop_key_triggers(connection: Any) -> None:
+    """Undo migration 0005's part: the key triggers."""
+    with connection.cursor() as cursor:
+        for name, table in _KEY_TRIGGERS:
+            if connection.vendor == "sqlite":
+                cursor.execute(f"DROP TRIGGER IF EXISTS {name}")
+            elif connection.vendor == "postgresql":
+                cursor.execute(f"DROP TRIGGER IF EXISTS {name} ON {table}")
+        if connection.vendor == "postgresql":
+            for function in ("llmgw_keys_stamp", "llmgw_keys_deleted", "llmgw_keys_owner"):
+                cursor.execute(f"DROP FUNCTION IF EXISTS {function}()")
 
 
 def drop(connection: Any) -> None:
+    drop_key_triggers(connection)
     with connection.cursor() as cursor:
         for table, _ in WATCHED:
             if connection.vendor == "sqlite":
