@@ -212,3 +212,43 @@ def engine() -> Iterator[FakeEngine]:
 def other_engine() -> Iterator[FakeEngine]:
     with fake_engine() as running:
         yield running
+
+
+@pytest.fixture
+def echo() -> Iterator[str]:
+    """A web process stand-in that answers with the request line and headers it got."""
+    import json
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            length = int(self.headers.get("content-length") or 0)
+            received = self.rfile.read(length) if length else b""
+            body = json.dumps(
+                {"path": self.path, "headers": headers, "body_bytes": len(received)}
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Set-Cookie", "a=1")
+            self.send_header("Set-Cookie", "b=2")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def __getattr__(self, name: str) -> Any:
+            # Any method: do_POST, do_OPTIONS, do_PROPFIND…
+            if name.startswith("do_"):
+                return self.do_GET
+            raise AttributeError(name)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
