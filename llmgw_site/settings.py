@@ -7,15 +7,21 @@ DATABASE_URL and REDIS_URL.
 
 from __future__ import annotations
 
+import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
 
 from .env import database_from_url, env_bool, env_int, env_list, env_str
+from .private_files import OWNER_ONLY_UMASK, kept_secret, owner_only_folder
+
+# Every process reads these settings first (web, gateway, worker, beat, the run command and the
+# processes it starts inherit it): what any of them creates is owner-only, whatever umask the
+# shell had. See llmgw_site.private_files.
+os.umask(OWNER_ONLY_UMASK)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(env_str("LLMGW_VAR_DIR", str(BASE_DIR / "var"))).resolve()
-VAR_DIR.mkdir(parents=True, exist_ok=True)
+VAR_DIR = owner_only_folder(Path(env_str("LLMGW_VAR_DIR", str(BASE_DIR / "var"))).resolve())
 
 
 def _secret_key() -> str:
@@ -24,11 +30,7 @@ def _secret_key() -> str:
         return configured
     # One key per installation, kept beside the data, so sessions survive a
     # restart without anyone having to invent a key for a local run.
-    path = VAR_DIR / "secret-key"
-    if not path.exists():
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
-    return path.read_text().strip()
+    return kept_secret(VAR_DIR / "secret-key", lambda: secrets.token_urlsafe(50))
 
 
 SECRET_KEY = _secret_key()
@@ -105,19 +107,26 @@ MIDDLEWARE = [
 ]
 
 # Login throttling (console and admin logins, the only password logins; the API takes tokens,
-# 24 random bytes, which cannot be guessed). Failures are counted per username *and*
-# address together, in the database, so every web process sees them (SQLite or PostgreSQL).
-# Counting per username alone would let anyone lock a colleague out; per address alone would
-# lock out a whole office behind one NAT for one person's typos.
+# 24 random bytes, which cannot be guessed). Failures are counted per username and, apart,
+# per client address, in the database, so every web process sees them (SQLite or PostgreSQL);
+# either count at the limit refuses password logins. llmgw_site.login_throttle says why, and
+# what a lockout by others leaves working (API tokens, sessions already logged in).
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
 AXES_FAILURE_LIMIT = env_int("LLMGW_LOGIN_FAILURE_LIMIT", 5, minimum=1)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("LLMGW_LOGIN_LOCKOUT_MINUTES", 15, minimum=1))
-AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
-AXES_RESET_ON_SUCCESS = True
-AXES_LOCKOUT_TEMPLATE = "console/locked.html"
+AXES_LOCKOUT_PARAMETERS = ["ip_address", "username"]
+# The address is the peer the web process saw, never a header the client wrote.
+AXES_CLIENT_IP_CALLABLE = "llmgw_site.login_throttle.client_address"
+# The right password clears its own account's failures (login_throttle.forget_own_failures):
+# axes' reset would clear the address's count too, which an attacker's own account could do.
+AXES_RESET_ON_SUCCESS = False
+# A login tried while locked out (the right password too) neither counts nor restarts the
+# cool-off, so a user trying again does not prolong their own lockout.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_LOCKOUT_CALLABLE = "llmgw_site.login_throttle.lockout_response"
 # Failed attempts are what is worth keeping; a row per successful login is not.
 AXES_DISABLE_ACCESS_LOG = True
 
@@ -211,9 +220,11 @@ if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
 else:
-    _broker_dir = VAR_DIR / "broker"
+    # Owner-only like var/: a task's message names what it acts on, and the folders may predate
+    # the umask set above.
+    _broker_dir = owner_only_folder(VAR_DIR / "broker")
     for _sub in ("queue", "processed", "control"):
-        (_broker_dir / _sub).mkdir(parents=True, exist_ok=True)
+        owner_only_folder(_broker_dir / _sub)
     from .broker import ALIAS as _BROKER_ALIAS
 
     # kombu's filesystem transport, writing each message whole (see llmgw_site.broker).

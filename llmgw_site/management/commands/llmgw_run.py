@@ -203,11 +203,12 @@ class Command(BaseCommand):
             return
         import secrets
 
+        from llmgw_site.private_files import kept_secret
+
         token_file = settings.VAR_DIR / "metrics-token"
-        if not token_file.exists():
-            token_file.write_text(secrets.token_urlsafe(32) + "\n")
-            token_file.chmod(0o600)
-        os.environ["LLMGW_METRICS_TOKEN"] = token_file.read_text().strip()
+        os.environ["LLMGW_METRICS_TOKEN"] = kept_secret(
+            token_file, lambda: secrets.token_urlsafe(32)
+        )
         self.stdout.write(
             f"  Prometheus:        {settings.LLMGW_PUBLIC_URL}/metrics with the bearer token in "
             f"{token_file} (authorization: credentials_file in a scrape config)"
@@ -219,18 +220,18 @@ class Command(BaseCommand):
         from catalog.services import Actor
         from fleet.models import Node
         from fleet.services import node_add
+        from llmgw_site.private_files import FILE_MODE, restrict, write_secret
 
         token_file = settings.VAR_DIR / "local-node-token"
         if token_file.exists() and Node.objects.filter(name="local").exists():
+            restrict(token_file, FILE_MODE)  # left readable by others by an earlier version
             return token_file
         Node.objects.filter(name="local").delete()
         from django.contrib.auth import get_user_model
 
         admin = get_user_model().objects.filter(is_superuser=True).order_by("pk").first()
         _, token = node_add(actor=Actor.for_user(admin, "system"), name="local")
-        token_file.touch(mode=0o600)
-        token_file.chmod(0o600)
-        token_file.write_text(token + "\n")
+        write_secret(token_file, token + "\n")
         return token_file
 
     def _demo_registry(self) -> subprocess.Popen[bytes] | None:
