@@ -1,0 +1,632 @@
+"""What the engine would answer with a 500, refused by the gateway with a 400 first.
+
+llama-server answers a client's mistake with a server error in many places: a number JSON
+cannot hold (`1e400` parses as infinity), a string with a lone UTF-16 surrogate (`"\\ud800"`
+in JSON is no character, and its JSON parser stops there), a role or a message field that is not
+a string, a content part it cannot take (image or audio parts without a multimodal projector,
+which no replica of ours loads), a `tools` entry without a name, an `input` nested too deep.
+A 500 from the engine is wrong for the client (their mistake reads as ours), and it counts as
+a server error of the replica's revision, which a canary update is judged by. So every body
+for /v1/chat/completions, /v1/completions and /v1/embeddings is checked here, after the JSON is
+parsed and before anything is sent, against what OpenAI documents (types and ranges) and what
+the engine can take. tests/gateway/test_validate.py lists the bodies the engine answered with a
+500 before this check.
+
+It runs on every request, so it is one plain pass: a walk over every value (finite numbers,
+valid strings), then the endpoint's fields by a table. Only when the walk finds something is
+the body walked again to name where. The walk is bounded by the body itself: the gateway takes
+at most LLMGW_GATEWAY_MAX_BODY bytes and 64 levels of nesting (gateway.asgi.parse_body), and
+every value costs at least one byte of it.
+
+Fields the table does not name pass unchecked (the engine has many of its own, which it checks
+itself); only their numbers and strings are walked.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+from . import errors
+from .errors import Refusal
+
+# The roles OpenAI documents ("function" is its deprecated one, still taken); llama-server
+# passes any string to the chat template, and templates differ in what they do with others.
+ROLES = ("system", "user", "assistant", "tool", "developer", "function")
+_ROLES = frozenset(ROLES)
+# What llama-server takes as content parts of a text model. It also knows image_url,
+# input_audio, input_video and video_url, but answers them with a 500 unless it was started with
+# a multimodal projector (--mmproj), which the fleet never passes.
+PART_TYPES = ("text",)
+MEDIA_PART_TYPES = ("image_url", "input_audio", "input_video", "video_url", "file")
+MAX_STOP = 4
+# llama-server's own values (common_reasoning_format_from_name); any other is a 500.
+REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
+INT32_MAX = 2**31 - 1
+INT64 = 2**63
+# How much of a client's own text a refusal repeats.
+SHOWN_CHARS = 40
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")
+
+
+class _Bad(Exception):
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+def refusal(endpoint: str, body: dict[str, Any]) -> Refusal | None:
+    """None when the engine can take this body for `endpoint` ("chat", "completions",
+    "embeddings"); otherwise the 400 that says what is wrong, with `param` naming the field."""
+    try:
+        if not _sound(body):
+            _locate_unsound(body)
+        check = _ENDPOINTS.get(endpoint)
+        if check is not None:
+            check(body)
+    except _Bad as bad:
+        return errors.bad_request(bad.message, param=bad.param)
+    return None
+
+
+# -- every value: finite numbers, valid strings ------------------------------------------------
+
+
+def _sound(body: dict[str, Any]) -> bool:
+    """Whether every number in the body is finite and every string (keys too) valid Unicode.
+    The fast pass: no paths kept, and a container's strings and numbers are looked at where
+    they stand rather than pushed on the stack (most of a body is strings in objects)."""
+    isfinite = math.isfinite
+    surrogate = _SURROGATE.search
+    pending: list[Any] = [body]
+    pop, push = pending.pop, pending.append
+    while pending:
+        container = pop()
+        if type(container) is dict:
+            for key in container:
+                # isascii() reads a flag CPython keeps: most strings cost nothing more.
+                if not key.isascii() and surrogate(key):
+                    return False
+            values = container.values()
+        else:
+            values = container
+        for item in values:
+            kind = type(item)
+            if kind is str:
+                if not item.isascii() and surrogate(item):
+                    return False
+            elif kind is dict or kind is list:
+                push(item)
+            elif kind is float and not isfinite(item):
+                return False
+    return True
+
+
+def _locate_unsound(body: dict[str, Any]) -> None:
+    """Raise _Bad for the first value _sound() objects to, naming where it is."""
+    # Depth first, in the body's own order, so the first problem in it is the one named.
+    pending: list[tuple[Any, str]] = [(body, "")]
+    while pending:
+        item, path = pending.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                raise _Bad(_surrogate_message(path or "the body"), path)
+        elif isinstance(item, dict):
+            for key in item:
+                if _SURROGATE.search(key):
+                    where = f"a key in {path}" if path else "a key of the body"
+                    raise _Bad(_surrogate_message(where), path or _shown(key))
+            pending.extend((value, _join(path, key)) for key, value in reversed(item.items()))
+        elif isinstance(item, list):
+            pending.extend(
+                (item[index], f"{path}[{index}]") for index in range(len(item) - 1, -1, -1)
+            )
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise _Bad(
+                f"{path} is a number beyond what the engine can read (it parses as "
+                f"{'infinity' if item > 0 else '-infinity'}); send an ordinary finite number.",
+                path,
+            )
+
+
+def _surrogate_message(where: str) -> str:
+    return (
+        f"{where} has a lone UTF-16 surrogate (an escape from \\ud800 to \\udfff without its "
+        "pair), which is no character; send valid Unicode text (an escaped character beyond "
+        "U+FFFF is a pair: high \\ud800-\\udbff, then low \\udc00-\\udfff)."
+    )
+
+
+def _join(path: str, key: str) -> str:
+    part = key if _IDENTIFIER.match(key) else _shown(key)
+    if not path:
+        return part
+    return f"{path}.{part}" if _IDENTIFIER.match(key) else f"{path}[{part}]"
+
+
+def _shown(value: Any) -> str:
+    text = ascii(value) if isinstance(value, str) else repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+
+
+# -- fields by type and range ----------------------------------------------------------------
+
+
+def _what(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f"the string {_shown(value)}"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "a list" if value else "an empty list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_integer(value: Any) -> bool:
+    # JSON does not tell 4 from 4.0; a whole number written either way is one.
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+
+
+def _number(low: float, high: float, meaning: str) -> Callable[[str, Any], None]:
+    def check(name: str, value: Any) -> None:
+        if not _is_number(value) or not low <= value <= high:
+            raise _Bad(
+                f"{name} must be a number from {low:g} to {high:g} ({meaning}); got "
+                f"{_what(value)}. Omit it for the default.",
+                name,
+            )
+
+    return check
+
+
+def _integer(low: int, high: int, meaning: str) -> Callable[[str, Any], None]:
+    def check(name: str, value: Any) -> None:
+        if not _is_integer(value) or not low <= value <= high:
+            raise _Bad(
+                f"{name} must be a whole number from {low:,} to {high:,} ({meaning}); got "
+                f"{_what(value)}. Omit it for the default.",
+                name,
+            )
+
+    return check
+
+
+def _boolean(meaning: str) -> Callable[[str, Any], None]:
+    def check(name: str, value: Any) -> None:
+        if not isinstance(value, bool):
+            raise _Bad(f"{name} must be true or false ({meaning}); got {_what(value)}.", name)
+
+    return check
+
+
+def _string(meaning: str) -> Callable[[str, Any], None]:
+    def check(name: str, value: Any) -> None:
+        if not isinstance(value, str):
+            raise _Bad(f"{name} must be a string ({meaning}); got {_what(value)}.", name)
+
+    return check
+
+
+def _choice(choices: tuple[str, ...], meaning: str) -> Callable[[str, Any], None]:
+    def check(name: str, value: Any) -> None:
+        if not isinstance(value, str) or value not in choices:
+            raise _Bad(
+                f"{name} must be one of {', '.join(repr(c) for c in choices)} ({meaning}); got "
+                f"{_what(value)}.",
+                name,
+            )
+
+    return check
+
+
+def _stop(name: str, value: Any) -> None:
+    if isinstance(value, str):
+        return
+    if (
+        isinstance(value, list)
+        and len(value) <= MAX_STOP
+        and all(isinstance(s, str) for s in value)
+    ):
+        return
+    raise _Bad(
+        f"{name} must be a string or a list of at most {MAX_STOP} strings (where the answer "
+        f"stops); got {_what(value) if not isinstance(value, list) else _list_what(value)}.",
+        name,
+    )
+
+
+def _list_what(value: list[Any]) -> str:
+    if len(value) > MAX_STOP:
+        return f"a list of {len(value)}"
+    wrong = next(s for s in value if not isinstance(s, str))
+    return f"a list holding {_what(wrong)}"
+
+
+def _logit_bias(name: str, value: Any) -> None:
+    if not isinstance(value, dict):
+        raise _Bad(
+            f"{name} must be an object mapping token ids to a bias from -100 to 100, like "
+            f'{{"50256": -100}}; got {_what(value)}.',
+            name,
+        )
+    for token, bias in value.items():
+        if not token.isdigit():
+            raise _Bad(
+                f"{name} maps token ids to biases: {_shown(token)} is not a token id (a whole "
+                "number written as a string).",
+                f"{name}[{_shown(token)}]",
+            )
+        if not _is_number(bias) or not -100 <= bias <= 100:
+            raise _Bad(
+                f"{name}[{_shown(token)}] must be a number from -100 to 100; got {_what(bias)}.",
+                f"{name}[{_shown(token)}]",
+            )
+
+
+def _stream_options(name: str, value: Any) -> None:
+    if not isinstance(value, dict):
+        raise _Bad(
+            f'{name} must be an object, like {{"include_usage": true}}; got {_what(value)}.', name
+        )
+    if "include_usage" in value and not isinstance(value["include_usage"], bool):
+        raise _Bad(
+            f"{name}.include_usage must be true or false; got {_what(value['include_usage'])}.",
+            f"{name}.include_usage",
+        )
+
+
+_SAMPLING: dict[str, Callable[[str, Any], None]] = {
+    "temperature": _number(0, 2, "higher is more random"),
+    "top_p": _number(0, 1, "the share of probability mass sampled from"),
+    "n": _integer(1, 128, "how many answers to generate"),
+    "max_tokens": _integer(1, INT32_MAX, "the most tokens the answer may have"),
+    "presence_penalty": _number(-2, 2, "positive values favour new topics"),
+    "frequency_penalty": _number(-2, 2, "positive values discourage repeats"),
+    "seed": _integer(-INT64, INT64 - 1, "for repeatable sampling"),
+    "stop": _stop,
+    "stream": _boolean("whether to send the answer as it is generated"),
+    "stream_options": _stream_options,
+    "logit_bias": _logit_bias,
+    "user": _string("an id of your end user"),
+}
+
+_CHAT_FIELDS: dict[str, Callable[[str, Any], None]] = {
+    **_SAMPLING,
+    "max_completion_tokens": _integer(1, INT32_MAX, "the most tokens the answer may have"),
+    "logprobs": _boolean("whether to return the answer's token log probabilities"),
+    "top_logprobs": _integer(0, 20, "how many likely tokens to list at each position"),
+    "parallel_tool_calls": _boolean("whether the model may call several tools at once"),
+    "reasoning_format": _choice(REASONING_FORMATS, "how the engine returns reasoning"),
+}
+
+_COMPLETION_FIELDS: dict[str, Callable[[str, Any], None]] = {
+    **_SAMPLING,
+    "logprobs": _integer(0, 5, "how many likely tokens to list at each position"),
+    "echo": _boolean("whether to repeat the prompt in the answer"),
+    "best_of": _integer(1, 20, "how many answers to generate server-side"),
+    "suffix": _string("the text that comes after the completion"),
+}
+
+_EMBEDDING_FIELDS: dict[str, Callable[[str, Any], None]] = {
+    "encoding_format": _choice(("float", "base64"), "how the vectors are written"),
+    "dimensions": _integer(1, INT32_MAX, "the length of the vectors"),
+    "user": _string("an id of your end user"),
+}
+
+
+def _fields(body: dict[str, Any], table: dict[str, Callable[[str, Any], None]]) -> None:
+    # Walk the table, not the body: a body of a thousand unknown keys costs nothing here.
+    for name, check in table.items():
+        value = body.get(name)
+        if value is not None:  # null means "the default", as OpenAI takes it
+            check(name, value)
+
+
+# -- /v1/chat/completions --------------------------------------------------------------------
+
+
+def _chat(body: dict[str, Any]) -> None:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        got = "nothing" if messages is None else _what(messages)
+        raise _Bad(
+            "messages must be a non-empty list of messages, like "
+            f'[{{"role": "user", "content": "Hello"}}]; got {got}.',
+            "messages",
+        )
+    roles = _ROLES
+    for index, message in enumerate(messages):
+        # The usual message, {"role": "user", "content": "..."} or with text parts, passes at
+        # a glance; the rest is looked at field by field.
+        if type(message) is dict and len(message) == 2:
+            role = message.get("role")
+            content = message.get("content")
+            if (
+                type(role) is str
+                and role in roles
+                and (type(content) is str or (type(content) is list and _plain_parts(content)))
+            ):
+                continue
+        _message(message, f"messages[{index}]")
+    _fields(body, _CHAT_FIELDS)
+    if body.get("tools") is not None:
+        _tools(body["tools"])
+    if body.get("tool_choice") is not None:
+        _tool_choice(body["tool_choice"])
+    if body.get("response_format") is not None:
+        _response_format(body["response_format"])
+    if body.get("json_schema") is not None and body.get("grammar"):
+        raise _Bad(
+            "Send either json_schema or grammar, not both: each constrains the whole answer.",
+            "grammar",
+        )
+
+
+def _plain_parts(parts: list[Any]) -> bool:
+    for part in parts:
+        if (
+            type(part) is not dict
+            or part.get("type") != "text"
+            or type(part.get("text")) is not str
+        ):
+            return False
+    return True
+
+
+def _message(message: Any, where: str) -> None:
+    if not isinstance(message, dict):
+        raise _Bad(
+            f'{where} must be an object with a role and content, like {{"role": "user", '
+            f'"content": "Hello"}}; got {_what(message)}.',
+            where,
+        )
+    role = message.get("role")
+    if not isinstance(role, str) or role not in ROLES:
+        got = "no role" if "role" not in message else _what(role)
+        raise _Bad(
+            f"{where}.role must be one of {', '.join(ROLES)}; got {got}.",
+            f"{where}.role",
+        )
+    tool_calls = message.get("tool_calls")
+    if "content" not in message or message["content"] is None:
+        # Only an assistant's turn may be all tool calls.
+        if role != "assistant" or not tool_calls:
+            raise _Bad(
+                f"{where} ({role}) needs content: a string, or a list of text parts like "
+                '[{"type": "text", "text": "Hello"}]'
+                + (
+                    " (an assistant message may instead have tool_calls)."
+                    if role == "assistant"
+                    else "."
+                ),
+                f"{where}.content",
+            )
+    else:
+        _content(message["content"], f"{where}.content")
+    for field in ("name", "tool_call_id", "reasoning_content"):
+        if field in message and not isinstance(message[field], str):
+            raise _Bad(
+                f"{where}.{field} must be a string; got {_what(message[field])}. Omit it if "
+                "there is none.",
+                f"{where}.{field}",
+            )
+    if tool_calls is not None:
+        if role != "assistant":
+            raise _Bad(
+                f"{where}.tool_calls belongs to assistant messages only (this one is {role}).",
+                f"{where}.tool_calls",
+            )
+        _tool_calls(tool_calls, f"{where}.tool_calls")
+
+
+def _content(content: Any, where: str) -> None:
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise _Bad(
+            f'{where} must be a string or a list of text parts like [{{"type": "text", "text": '
+            f'"Hello"}}]; got {_what(content)}.',
+            where,
+        )
+    for index, part in enumerate(content):
+        at = f"{where}[{index}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in PART_TYPES:
+            if not isinstance(part.get("text"), str):
+                got = "no text" if "text" not in part else _what(part["text"])
+                raise _Bad(f"{at}.text must be a string; got {got}.", f"{at}.text")
+        elif kind in MEDIA_PART_TYPES:
+            raise _Bad(
+                f"{at} is a part of type {kind}, and this model takes text only (its engine has no "
+                "image or audio encoder). Send the content as text parts or a string, or ask "
+                "for a model that takes images.",
+                f"{at}.type",
+            )
+        else:
+            got = _what(part) if not isinstance(part, dict) else f"type {_what(kind)}"
+            raise _Bad(
+                f'{at} must be a text part like {{"type": "text", "text": "Hello"}}; got {got}.',
+                f"{at}.type" if isinstance(part, dict) else at,
+            )
+
+
+def _tool_calls(tool_calls: Any, where: str) -> None:
+    example = '[{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]'
+    if not isinstance(tool_calls, list):
+        raise _Bad(f"{where} must be a list like {example}; got {_what(tool_calls)}.", where)
+    for index, call in enumerate(tool_calls):
+        at = f"{where}[{index}]"
+        if not isinstance(call, dict) or call.get("type") != "function":
+            raise _Bad(f"{at} must be a function call, as in {example}.", f"{at}.type")
+        function = call.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise _Bad(
+                f"{at}.function must be an object with a string name and the arguments, as in "
+                f"{example}.",
+                f"{at}.function",
+            )
+        arguments = function.get("arguments")
+        if not isinstance(arguments, str | dict):
+            raise _Bad(
+                f"{at}.function.arguments must be the call's arguments as a JSON string, like "
+                f'"{{}}"; got {"nothing" if "arguments" not in function else _what(arguments)}.',
+                f"{at}.function.arguments",
+            )
+        if "id" in call and not isinstance(call["id"], str):
+            raise _Bad(f"{at}.id must be a string; got {_what(call['id'])}.", f"{at}.id")
+
+
+def _tools(tools: Any) -> None:
+    example = '[{"type": "function", "function": {"name": "f", "parameters": {...}}}]'
+    if not isinstance(tools, list):
+        raise _Bad(f"tools must be a list like {example}; got {_what(tools)}.", "tools")
+    for index, tool in enumerate(tools):
+        at = f"tools[{index}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise _Bad(
+                f'{at} must be a function tool (type "function"), as in {example}.',
+                f"{at}.type",
+            )
+        function = tool.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise _Bad(
+                f"{at}.function must be an object with a string name, as in {example}.",
+                f"{at}.function",
+            )
+        for field, kind, what in (
+            ("description", str, "a string"),
+            ("parameters", dict, "a JSON Schema object"),
+        ):
+            value = function.get(field)
+            if value is not None and not isinstance(value, kind):
+                raise _Bad(
+                    f"{at}.function.{field} must be {what}; got {_what(value)}.",
+                    f"{at}.function.{field}",
+                )
+
+
+def _tool_choice(choice: Any) -> None:
+    if isinstance(choice, str) and choice in ("none", "auto", "required"):
+        return
+    if (
+        isinstance(choice, dict)
+        and choice.get("type") == "function"
+        and isinstance(choice.get("function"), dict)
+        and isinstance(choice["function"].get("name"), str)
+    ):
+        return
+    raise _Bad(
+        'tool_choice must be "none", "auto", "required" or {"type": "function", "function": '
+        f'{{"name": "f"}}}}; got {_what(choice)}.',
+        "tool_choice",
+    )
+
+
+def _response_format(value: Any) -> None:
+    kinds = ("text", "json_object", "json_schema")
+    if not isinstance(value, dict) or value.get("type") not in kinds:
+        raise _Bad(
+            'response_format must be {"type": "text"}, {"type": "json_object"} or '
+            '{"type": "json_schema", "json_schema": {"name": "...", "schema": {...}}}; got '
+            f"{_what(value) if not isinstance(value, dict) else 'type ' + _what(value.get('type'))}.",
+            "response_format" if not isinstance(value, dict) else "response_format.type",
+        )
+    if value["type"] == "json_schema":
+        wrapper = value.get("json_schema")
+        if not isinstance(wrapper, dict) or not isinstance(wrapper.get("schema", {}), dict):
+            raise _Bad(
+                'response_format.json_schema must be an object like {"name": "...", "schema": '
+                "{...}} whose schema is a JSON Schema object.",
+                "response_format.json_schema",
+            )
+
+
+# -- /v1/completions and /v1/embeddings ----------------------------------------------------
+
+
+def _completions(body: dict[str, Any]) -> None:
+    _text_or_tokens(body, "prompt")
+    _fields(body, _COMPLETION_FIELDS)
+
+
+def _embeddings(body: dict[str, Any]) -> None:
+    _text_or_tokens(body, "input")
+    _fields(body, _EMBEDDING_FIELDS)
+
+
+def _text_or_tokens(body: dict[str, Any], name: str) -> None:
+    """A string, a list of strings, a list of token ids, or a list of lists of token ids: the
+    four shapes OpenAI documents for `prompt` and `input` (the engine answers others, a list
+    nested deeper among them, with a 500)."""
+    value = body.get(name)
+    shapes = (
+        "a string, a list of strings, a list of token ids or a list of lists of token ids, like "
+        '"Hello" or [[1, 2, 3]]'
+    )
+    if isinstance(value, str):
+        return
+    if not isinstance(value, list) or not value:
+        got = "nothing" if name not in body else _what(value)
+        raise _Bad(f"{name} must be {shapes}; got {got}.", name)
+    first = value[0]
+    if isinstance(first, str):
+        for index, item in enumerate(value):
+            if not isinstance(item, str):
+                raise _Bad(
+                    f"{name} is a list of strings, so {name}[{index}] must be one too; got "
+                    f"{_what(item)}.",
+                    f"{name}[{index}]",
+                )
+    elif isinstance(first, list):
+        for index, item in enumerate(value):
+            if not isinstance(item, list) or not item:
+                raise _Bad(
+                    f"{name} is a list of token lists, so {name}[{index}] must be a non-empty "
+                    f"list of token ids; got {_what(item)}.",
+                    f"{name}[{index}]",
+                )
+            _tokens(item, f"{name}[{index}]")
+    elif type(first) is int:
+        _tokens(value, name)
+    else:
+        raise _Bad(f"{name} must be {shapes}; got a list holding {_what(first)}.", f"{name}[0]")
+
+
+def _tokens(tokens: list[Any], where: str) -> None:
+    for index, token in enumerate(tokens):
+        if type(token) is not int or token < 0:
+            why = (
+                f" {where} is read as token ids because its first item is one; send text as a "
+                "string or a list of strings."
+                if index
+                else ""
+            )
+            raise _Bad(
+                f"{where}[{index}] must be a token id (a whole number from 0); got "
+                f"{_what(token)}.{why}",
+                f"{where}[{index}]",
+            )
+
+
+_ENDPOINTS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "chat": _chat,
+    "completions": _completions,
+    "embeddings": _embeddings,
+}
