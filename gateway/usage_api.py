@@ -33,6 +33,8 @@ USAGE_COLUMNS = (
     "completion_tokens",
 )
 
+FORMATS = ("json", "csv")
+
 USAGE_LIST = inline_serializer(
     "KeyUsageList",
     {
@@ -50,6 +52,24 @@ USAGE_LIST = inline_serializer(
 )
 
 
+# A cell starting with one of these is a formula to a spreadsheet (OWASP's list: = + - @, and
+# tab and carriage return, which some strip before looking).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_cell(value: Any) -> Any:
+    """`value` as a spreadsheet shows it and never runs it: text that would start a formula gets
+    a leading single quote (OWASP's rule for CSV injection).
+
+    Key names are chosen by any user and usernames may start with + - @, so a key named
+    =HYPERLINK(...) ran in the spreadsheet of whichever staff member opened the export.
+    Numbers are written as they are: they are ours, and never negative.
+    """
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 class CSVRenderer(BaseRenderer):
     media_type = "text/csv"
     format = "csv"
@@ -60,9 +80,11 @@ class CSVRenderer(BaseRenderer):
         if isinstance(data, list):
             writer = csv.DictWriter(out, fieldnames=USAGE_COLUMNS, extrasaction="ignore")
             writer.writeheader()
-            writer.writerows(data)
+            writer.writerows({k: spreadsheet_cell(v) for k, v in row.items()} for row in data)
         else:  # a refusal: its message, so a spreadsheet shows why
-            out.write(f"error\n{(data or {}).get('detail', '')}\n")
+            rows = csv.writer(out)
+            rows.writerow(["error"])
+            rows.writerow([spreadsheet_cell((data or {}).get("detail", ""))])
         return out.getvalue().encode()
 
 
@@ -80,13 +102,30 @@ class UsageQuery(serializers.Serializer):
 class UsageAPI(APIView):
     renderer_classes = [JSONRenderer, CSVRenderer]
 
+    def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
+        # DRF answers a ?format= it has no renderer for with 404 and takes an empty one as
+        # left out; the schema's enum says json or csv, so anything else is a 400 that says so.
+        # (`force` is DRF choosing a renderer for an error answer: never refused.)
+        wanted = request.query_params.get("format")
+        if not force and wanted is not None and wanted not in FORMATS:
+            shown = wanted if len(wanted) <= 40 else wanted[:40] + "…"
+            raise serializers.ValidationError(
+                {
+                    "format": [
+                        f"{shown!r} is not a format of this endpoint: use format=json or "
+                        "format=csv (a spreadsheet), or leave it out for JSON"
+                    ]
+                }
+            )
+        return super().perform_content_negotiation(request, force)
+
     @extend_schema(
         summary="Requests and tokens per day, key and model (your keys; staff: everyone's)",
         parameters=[
             UsageQuery,
-            OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "csv"], required=False),
+            OpenApiParameter("format", OpenApiTypes.STR, enum=list(FORMATS), required=False),
         ],
-        responses=answers({200: USAGE_LIST}, 400, 404),  # 404: a format it does not have
+        responses=answers({200: USAGE_LIST}, 400),
     )
     def get(self, request: Request) -> Response:
         # A plain dict: an empty value (since=) is then refused, not taken as left out.

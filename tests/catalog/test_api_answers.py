@@ -119,4 +119,4 @@ def test_usage_is_filtered_by_key(api: Any) -> None:
     assert api("alice").get("/api/v1/usage?key=99999999999999999999").status_code == 400
     assert api("alice").get("/api/v1/usage?since=").status_code == 400
     unknown = api("alice").get("/api/v1/usage?format=xml")
-    assert unknown.status_code == 404 and unknown.json()["code"] == "not_found"
+    assert unknown.status_code == 400 and unknown.json()["code"] == "invalid"
