@@ -49,6 +49,7 @@ bench: setup
 	$(PY) bench/mirror_fetch.py
 	$(PY) bench/gateway.py --quick
 	$(PY) bench/gateway_frameworks.py
+	$(PY) bench/front_door.py
 	$(PY) bench/traffic.py
 	$(PY) bench/engine.py
 	$(PY) bench/routing.py
