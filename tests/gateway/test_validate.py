@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import timeit
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from gateway.asgi import parse_body
 from gateway.validate import refusal
+from llmgw.engine import find_engine
 
 pytestmark = pytest.mark.smoke
 
@@ -320,3 +325,67 @@ def test_a_body_of_a_thousand_messages_is_checked_in_well_under_a_millisecond() 
     best = min(timeit.repeat(lambda: refusal("chat", body), number=20, repeat=5)) / 20
     # About 0.27 ms on a shared 2-core machine; the bound leaves room for a busy one.
     assert best < 0.002, f"{best * 1000:.2f} ms"
+
+
+# -- through a real gateway to a real engine ---------------------------------------------------
+
+PATHS = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+}
+
+
+def as_sent(body: dict[str, Any]) -> bytes:
+    """The body as a client writes it: infinities as 1e400 (which JSON parsers read as
+    infinity), lone surrogates as \\udXXX escapes."""
+    return json.dumps(body).replace("-Infinity", "-1e400").replace("Infinity", "1e400").encode()
+
+
+@pytest.fixture
+def engine_url(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    from llmgw.tinygguf import write_tiny_model
+    from tests.support.engine import running_engine
+
+    write_tiny_model(tmp_path / "tiny.gguf", seed=1)
+    log = tmp_path / "engine.log"
+    with running_engine(tmp_path / "tiny.gguf", alias="tiny-chat", log=log) as url:
+        yield url, log
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(
+    find_engine() is None, reason="llama-server is not built (make setup builds it)"
+)
+def test_through_the_gateway_each_body_the_engine_failed_on_is_a_400_that_never_reaches_it(
+    gw: Any, catalog: Any, engine_url: tuple[str, Path]
+) -> None:
+    url, log = engine_url
+    catalog.add("tiny-chat")
+    catalog.replica("tiny-chat", int(url.rsplit(":", 1)[1]))
+    headers = {"Content-Type": "application/json"}
+    for endpoint, what, body, param in ENGINE_500:
+        sent = as_sent(body)
+        # Today's engine still fails on it: the table above is the truth, not a memory.
+        straight = requests.post(url + PATHS[endpoint], data=sent, headers=headers, timeout=30)
+        assert straight.status_code == 500, (what, straight.status_code, straight.text[:200])
+
+        answer = gw.post(PATHS[endpoint], sent)
+        assert answer.status_code == 400, (what, answer.text[:300])
+        error = answer.json()["error"]
+        assert (error["code"], error["param"]) == ("invalid_request", param), what
+        assert "x-llmgw-revision" not in answer.headers, what  # no replica answered
+    # And an ordinary request still goes through to the engine.
+    fine = gw.post(PATHS["chat"], chat())
+    assert fine.status_code == 200, fine.text[:300]
+    assert fine.headers["x-llmgw-model"] == "tiny-chat"
+
+    # The engine logs each request it fails on (a moment later): one line for each body sent
+    # to it straight, none for those sent through the gateway.
+    def failures() -> int:
+        return log.read_text(errors="replace").count("got exception")
+
+    deadline = time.monotonic() + 5
+    while failures() < len(ENGINE_500) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert failures() == len(ENGINE_500)
