@@ -46,7 +46,7 @@ from yarl import URL  # noqa: E402
 
 from catalog.config import ConfigError, current_config  # noqa: E402
 
-from . import canary, conf, errors, proxy, routing, traffic  # noqa: E402
+from . import canary, conf, errors, proxy, routing, traffic, validate  # noqa: E402
 from .errors import Refusal  # noqa: E402
 from .forwarded import GATEWAY_SECRET_HEADER, gateway_secret  # noqa: E402
 from .load import SharedLoad  # noqa: E402
@@ -396,6 +396,12 @@ async def _relay(
     body = parse_body(raw)
     if isinstance(body, Refusal):
         await _refuse(send, body)
+        return
+    # What the engine would answer with a 500 (counted against the replica's revision, which
+    # decides a canary) is the client's mistake: a 400 here, before any replica is chosen.
+    problem = validate.refusal(endpoint, body)
+    if problem is not None:
+        await _refuse(send, problem)
         return
     name = body["model"]
     snapshot = state.get()

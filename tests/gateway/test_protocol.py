@@ -157,7 +157,9 @@ def test_a_body_that_stops_arriving_is_a_408(
 def test_an_unknown_name_is_echoed_cut_short(gw: Any, catalog: Any) -> None:
     catalog.add("chat-small")
     name = "m" * 1_000_000
-    response = gw.post("/v1/chat/completions", {"model": name, "messages": []})
+    response = gw.post(
+        "/v1/chat/completions", {"model": name, "messages": [{"role": "user", "content": "hi"}]}
+    )
     assert response.status_code == 404
     message = response.json()["error"]["message"]
     assert len(response.content) < 2000
