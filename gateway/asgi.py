@@ -128,6 +128,7 @@ def start_process() -> None:
     # Bad settings stop the gateway here, not at its first request.
     conf.wait_seconds(), conf.upstream_timeout(), conf.metrics_open(), conf.body_seconds()
     conf.max_head_bytes(), conf.max_headers(), conf.head_seconds(), conf.forward_memory_bytes()
+    conf.max_connections()
     current_config()  # and a server.yaml that does not validate (ConfigError)
     routing.balancer = routing.Balancer(
         SharedLoad(settings.VAR_DIR / "gateway-load"),

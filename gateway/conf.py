@@ -103,6 +103,11 @@ def head_seconds() -> float:
     return _number("LLMGW_GATEWAY_HEAD_TIMEOUT", 10, minimum=0.1)
 
 
+def max_connections() -> int:
+    """Connections one gateway process keeps open at once; one more is closed unread."""
+    return int(_number("LLMGW_GATEWAY_MAX_CONNECTIONS", 4096, minimum=16))
+
+
 def body_seconds() -> float:
     """How long a request body may pause between two of its pieces (408 after)."""
     return _number("LLMGW_GATEWAY_BODY_TIMEOUT", 30, minimum=0.1)

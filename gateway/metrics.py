@@ -118,7 +118,7 @@ def _create(folder: str | None) -> Metrics:
             "llmgw_gateway_refused",
             "Requests the gateway's HTTP protocol refused before any application saw them, by "
             "reason: head_too_large, too_many_headers, head_timeout (431, 431, 408), "
-            "odd_request_line, bad_request (400).",
+            "odd_request_line, bad_request (400), too_many_connections (closed unread).",
             ["reason"],
             **where,
         ),

@@ -20,6 +20,9 @@ What uvicorn's own protocol leaves open, and what this one does about it:
   the application may have looked at them (an Authorization sent as a trailer was honoured by the
   web process). Trailer fields are dropped here (the gateway and the web use none); their bytes
   count against the head limit, so an endless trailer is cut off like an endless head.
+- **Connections.** At most `max_connections` open at once per process; one past it is closed
+  before anything is read from it. With the head limit, this bounds what clients not yet known
+  can pin: at most max_connections times (max_head_bytes + one 256 KiB read) per process.
 - **Odd request lines.** Only origin-form targets (`/path?query`) are served: `OPTIONS *`, an
   absolute URL or an authority is a 400 from here, as is anything the parser rejects.
 
@@ -47,6 +50,7 @@ class Limits:
     max_head_bytes: int
     max_headers: int
     head_seconds: float
+    max_connections: int
 
 
 @functools.cache
@@ -57,6 +61,7 @@ def limits() -> Limits:
         max_head_bytes=conf.max_head_bytes(),
         max_headers=conf.max_headers(),
         head_seconds=conf.head_seconds(),
+        max_connections=conf.max_connections(),
     )
 
 
@@ -79,6 +84,10 @@ class GatewayProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if len(self.connections) > self._limits.max_connections:
+            metrics().refused.labels("too_many_connections").inc()
+            transport.close()
+            return
         self._start_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -103,6 +103,24 @@ def test_a_connection_that_sends_nothing_is_closed(gateway_server: Any, limits: 
         assert closed(sock)
 
 
+def test_connections_past_the_limit_are_closed_unread(gateway_server: Any, limits: Any) -> None:
+    limits(LLMGW_GATEWAY_MAX_CONNECTIONS=16)
+    held = [connect(gateway_server.url) for _ in range(16)]
+    try:
+        for sock in held[:1]:
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert read_answer(sock)[0] == 401
+        extra = connect(gateway_server.url, timeout=5)
+        with extra:
+            assert closed(extra)
+    finally:
+        for sock in held:
+            sock.close()
+    time.sleep(0.2)  # the server notices the closes
+    status, _ = exchange(gateway_server.url, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == 401
+
+
 def test_a_kept_alive_connection_serves_request_after_request(gateway_server: Any) -> None:
     with connect(gateway_server.url) as sock:
         for _ in range(3):
