@@ -3,14 +3,19 @@
 A request reads nothing from the database: the catalog, the replicas in routing,
 the gateway keys (their hashes) and which on-demand models fit on no node are a
 `Snapshot` held here, replaced whole when something changed. A thread of its own
-in each process (`Refresher`) learns of changes from the database itself (see
-gateway.triggers): on PostgreSQL by LISTEN, delivered when the change commits; on
-SQLite by reading one version number every POLL_SECONDS. It reads everything
-again then, and every SAFETY_SECONDS anyway, in case a notification was lost
-(a dropped connection). A revoked key stops working, and a withdrawn replica
-gets no new request, within about POLL_SECONDS plus one read (tens of
-milliseconds on PostgreSQL) — well inside the drain that keeps a withdrawn
-replica running (fleet.services.DRAIN_SECONDS).
+in each process (`GatewayState._run`) learns of changes from the database itself
+(see gateway.triggers): on PostgreSQL by LISTEN, delivered when the change
+commits; on SQLite by reading one version number every POLL_SECONDS. It reads
+the catalog and replicas again then, and every SAFETY_SECONDS anyway, in case a
+notification was lost (a dropped connection).
+
+Keys are the exception: there may be millions, so they are read once whole and
+then only those changed since the last read (`Keys`), kept in one table per
+process that every Snapshot shares rather than copies. A revoked key, a key of a
+deactivated or deleted user, stops working, and a withdrawn replica gets no new
+request, within about POLL_SECONDS plus one read (tens of milliseconds on
+PostgreSQL, whatever the number of keys) — well inside the drain that keeps a
+withdrawn replica running (fleet.services.DRAIN_SECONDS).
 
 The writes a request implies are made by the same thread, off the request's
 path: an on-demand model's idle clock (and waking it), and a key's last use.
@@ -25,7 +30,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import close_old_connections, connection
@@ -42,6 +49,15 @@ POLL_SECONDS = 0.05
 SAFETY_SECONDS = 5.0
 # A key's last use is written at most this often per key and process.
 LAST_USED_SECONDS = 60.0
+# How long a deleted key's hash is kept (gateway.DeletedGatewayKey). A process that has not
+# read keys for nearly as long (its database away for a day) reads them all again instead.
+DELETED_KEEP = timedelta(days=1)
+DELETED_PRUNE_SECONDS = 600.0
+# Keys changed this little before the last read's horizon are read again: it covers the
+# database's clock stepping back and the instants between the steps of key_horizon.
+KEY_MARGIN = timedelta(seconds=1)
+# An hour of the database's clock and this process's apart is allowed for.
+_KEYS_STALE_SECONDS = (DELETED_KEEP - timedelta(hours=1)).total_seconds()
 
 
 @dataclass(frozen=True)
@@ -50,11 +66,207 @@ class KeyState:
     active: bool
 
 
+class Keys(Mapping[str, KeyState]):
+    """The gateway keys of active users, by their hash (hex), read incrementally.
+
+    The first read takes every key; each later one (`refresh`) only the keys whose
+    `changed_at` (set by the database, gateway.triggers) is at or after the last read's
+    horizon, and the hashes deleted since (gateway.DeletedGatewayKey). A refresh therefore
+    costs what changed, not how many keys there are. The table is changed in place, by the
+    refresher alone (under a lock), while requests look keys up (one dict lookup each, atomic
+    for Python); every Snapshot refers to it, so a change does not copy a million entries.
+
+    Held: a key whose owner is active, revoked or not (a revoked one is refused saying so).
+    A key of an inactive owner is dropped: it is refused as unknown.
+
+    Memory, the bound: one dict entry per key, its sha256 as 32 raw bytes (72 bytes
+    allocated, against 113 for the hex text) and one int for its id and whether it opens
+    (32 bytes), about 45 bytes of dict slot: about 150 bytes a key, 150 MB at 1 M keys
+    (bench/gateway_keys.py measures it), with a second table during a full read only (the
+    first, and one after the database was away for most of DELETED_KEEP).
+    """
+
+    def __init__(self, codes: dict[bytes, int] | None = None) -> None:
+        # digest -> id << 1 | opens: one small int per key rather than an object.
+        self._codes: dict[bytes, int] = codes if codes is not None else {}
+        self._lock = threading.Lock()
+        # Read next: keys changed (and hashes deleted) at or after these, in the database's
+        # own form of a time (None: all of them).
+        self._keys_since: Any = None
+        self._deleted_since: Any = None
+        self._pruned_at = float("-inf")
+        # monotonic time of the last read that succeeded (a full one or a refresh)
+        self.read_at = float("-inf")
+        # What the last read took, for the bench and for /metrics: rows read, seconds.
+        self.last_rows = 0
+        self.last_seconds = 0.0
+        self.full_reads = 0
+
+    # -- lookups, on the request's path ----------------------------------------------------
+
+    def get(self, digest: str, default: Any = None) -> Any:
+        try:
+            code = self._codes.get(bytes.fromhex(digest))
+        except (ValueError, TypeError):
+            return default
+        if code is None:
+            return default
+        return KeyState(id=code >> 1, active=bool(code & 1))
+
+    def __getitem__(self, digest: str) -> KeyState:
+        key = self.get(digest)
+        if key is None:
+            raise KeyError(digest)
+        return key
+
+    def __len__(self) -> int:
+        return len(self._codes)
+
+    def __iter__(self) -> Iterator[str]:
+        # list() copies the keys at once (under the GIL), so a refresh cannot change the
+        # table while this iterates.
+        return (digest.hex() for digest in list(self._codes))
+
+    # -- reads, by the refresher -------------------------------------------------------------
+
+    @classmethod
+    def read(cls) -> Keys:
+        keys = cls()
+        keys.refresh()
+        return keys
+
+    def refresh(self) -> None:
+        """Read what changed since the last read (everything the first time)."""
+        with self._lock:
+            started = time.perf_counter()
+            stale = time.monotonic() - self.read_at > _KEYS_STALE_SECONDS
+            if stale and self.read_at != float("-inf"):
+                log.warning("gateway: keys not read for %s; reading them all again", DELETED_KEEP)
+            keys_horizon, deleted_horizon = key_horizon()
+            if stale:
+                codes: dict[bytes, int] = {}
+                rows = _read_keys(codes, since=None)
+                self._codes = codes  # one assignment: lookups see the old table or the new
+                self.full_reads += 1
+            else:
+                rows = _read_keys(self._codes, since=self._keys_since)
+                rows += _read_deleted(self._codes, since=self._deleted_since)
+            self._keys_since, self._deleted_since = keys_horizon, deleted_horizon
+            self.read_at = time.monotonic()
+            self.last_rows = rows
+            self.last_seconds = time.perf_counter() - started
+        if time.monotonic() - self._pruned_at >= DELETED_PRUNE_SECONDS:
+            self._pruned_at = time.monotonic()
+            _prune_deleted()
+
+
+def key_horizon() -> tuple[Any, Any]:
+    """The times from which the next read must take keys changed and hashes deleted.
+
+    Taken before this read. Every key row not yet committed now, and every one written
+    later, must have its time at or after the horizon, so that the next read, from there,
+    finds it; committed ones this read finds itself.
+
+    SQLite writes one transaction at a time: a row not committed yet is written after every
+    committed one, so the horizon is the latest time already in the table.
+
+    PostgreSQL commits concurrent transactions in any order: a row stamped a second ago may
+    be committed after one stamped now. Its transaction has been open since before it wrote
+    the row, and has a transaction id since writing anything, so the horizon is the start of
+    the oldest open transaction that has written something (pg_stat_activity), or the
+    database's clock before that look if there is none. This needs the gateway's database
+    user to see the writers' sessions there (the same user, or one in pg_read_all_stats); a
+    transaction writing keys for longer than KEY_MARGIN unseen by it could be missed.
+    A transaction left open keeps the horizon back: each read then takes again every key
+    changed since it began (a cost, not an error).
+
+    Both are moved back by KEY_MARGIN, so a few keys are read twice, which is harmless.
+    """
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT clock_timestamp()")
+            (now,) = cursor.fetchone()
+            cursor.execute(
+                "SELECT min(xact_start) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND backend_type = 'client backend' AND backend_xid IS NOT NULL "
+                "AND pid <> pg_backend_pid()"
+            )
+            (oldest,) = cursor.fetchone()
+            horizon = min(now, oldest) if oldest is not None else now
+            return horizon - KEY_MARGIN, horizon - KEY_MARGIN
+        back = f"'-{KEY_MARGIN.total_seconds():g} seconds'"
+        # (With parameters, even none, so that %% is read as %.)
+        cursor.execute(
+            f"SELECT strftime('%%Y-%%m-%%d %%H:%%M:%%f', max(changed_at), {back}) "
+            "FROM gateway_gatewaykey",
+            [],
+        )
+        (keys,) = cursor.fetchone()
+        cursor.execute(
+            f"SELECT strftime('%%Y-%%m-%%d %%H:%%M:%%f', max(deleted_at), {back}) "
+            "FROM gateway_deletedgatewaykey",
+            [],
+        )
+        (deleted,) = cursor.fetchone()
+        return keys, deleted
+
+
+_KEY_ROWS = (
+    "SELECT k.key_hash, k.id, k.revoked_at IS NULL, u.is_active "
+    "FROM gateway_gatewaykey k JOIN auth_user u ON u.id = k.owner_id"
+)
+_CHUNK_ROWS = 10_000
+
+
+def _read_keys(codes: dict[bytes, int], *, since: Any) -> int:
+    """Apply the keys changed since `since` (all when None) to `codes`; the rows read."""
+    if since is None:
+        sql, params = f"{_KEY_ROWS} WHERE u.is_active", []
+    else:
+        sql, params = f"{_KEY_ROWS} WHERE k.changed_at >= %s", [since]
+    rows = 0
+    # A server-side cursor on PostgreSQL: a million rows come a chunk at a time, not at once.
+    with connection.chunked_cursor() as cursor:
+        cursor.execute(sql, params)
+        while chunk := cursor.fetchmany(_CHUNK_ROWS):
+            rows += len(chunk)
+            for key_hash, key_id, opens, owner_active in chunk:
+                digest = bytes.fromhex(key_hash)
+                if owner_active:
+                    codes[digest] = key_id << 1 | bool(opens)
+                else:
+                    codes.pop(digest, None)
+    return rows
+
+
+def _read_deleted(codes: dict[bytes, int], *, since: Any) -> int:
+    sql = "SELECT key_hash FROM gateway_deletedgatewaykey"
+    params: list[Any] = []
+    if since is not None:
+        sql, params = f"{sql} WHERE deleted_at >= %s", [since]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        found = cursor.fetchall()
+    for (key_hash,) in found:
+        codes.pop(bytes.fromhex(key_hash), None)
+    return len(found)
+
+
+def _prune_deleted() -> None:
+    """Forget deleted keys' hashes older than DELETED_KEEP: every process has read them."""
+    from django.utils import timezone
+
+    from .models import DeletedGatewayKey
+
+    DeletedGatewayKey.objects.filter(deleted_at__lt=timezone.now() - DELETED_KEEP).delete()
+
+
 @dataclass(frozen=True)
 class Snapshot:
     catalog: Catalog
     replicas: dict[str, list[Candidate]]
-    keys: dict[str, KeyState]  # by hash
+    # Shared by every snapshot of a process and changed in place by its refresher (see Keys).
+    keys: Keys
     unplaceable: dict[str, str]  # on-demand model -> why it fits on no node
     # What each serving replica's engine last reported of itself (fleet.selectors), for /metrics.
     engines: tuple[EngineFigures, ...] = ()
@@ -69,18 +281,15 @@ class EngineFigures:
     numbers: dict[str, Any]
 
 
-def read_snapshot() -> Snapshot:
-    """Everything routing and /metrics need, in six queries."""
-    from .models import GatewayKey
-
+def read_snapshot(keys: Keys | None = None) -> Snapshot:
+    """Everything routing and /metrics need, in a few queries; `keys` are refreshed in place
+    (only what changed), or read whole when not given."""
     catalog = read_catalog()
     replicas = read_replicas()
-    keys = {
-        key_hash: KeyState(id=key_id, active=revoked_at is None)
-        for key_hash, key_id, revoked_at in GatewayKey.objects.order_by().values_list(
-            "key_hash", "id", "revoked_at"
-        )
-    }
+    if keys is None:
+        keys = Keys.read()
+    else:
+        keys.refresh()
     return Snapshot(
         catalog=catalog,
         replicas=replicas,
@@ -192,7 +401,11 @@ class GatewayState:
         self.looked_at: float | None = None
         self._demand: dict[str, tuple[Entry, bool]] = {}
         self._used: set[int] = set()
+        # key id -> when its last use was written; entries older than LAST_USED_SECONDS are
+        # dropped once a LAST_USED_SECONDS, so this holds the keys used in the last two minutes
+        # at most, not every key ever used.
         self._used_written: dict[int, float] = {}
+        self._used_pruned_at = time.monotonic()
 
     # -- reads, on the request's path ---------------------------------------------------
 
@@ -243,6 +456,13 @@ class GatewayState:
             services.keys_used(due)
             for key_id in due:
                 self._used_written[key_id] = now
+        if now - self._used_pruned_at >= LAST_USED_SECONDS:
+            self._used_pruned_at = now
+            self._used_written = {
+                key_id: at
+                for key_id, at in self._used_written.items()
+                if now - at < LAST_USED_SECONDS
+            }
         if traffic.book.due():
             try:
                 traffic.book.flush()
@@ -253,7 +473,8 @@ class GatewayState:
     # -- the refresher ------------------------------------------------------------------
 
     def reload(self) -> Snapshot:
-        snapshot = read_snapshot()
+        previous = self._snapshot
+        snapshot = read_snapshot(previous.keys if previous is not None else None)
         self._snapshot = snapshot
         return snapshot
 

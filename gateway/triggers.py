@@ -19,7 +19,7 @@ process reads only the keys that changed since its last read:
   admin and a shell write the row directly, where a Django signal could be
   missed). That change of changed_at is what notifies the gateway;
 - a deleted key (keys are deleted with their owner) leaves its hash in
-  gateway.DeletedGatewayKey.
+  gateway.DeletedGatewayKey, and so does a key's old hash when its hash changes.
 
 Why the database's clock, and the time of the write rather than of the commit:
 see gateway.state.key_horizon, which says up to when a process has read
@@ -150,13 +150,18 @@ def _sqlite_key_triggers(cursor: Any) -> None:
     # SQLite cannot change NEW in a BEFORE trigger: the row is updated again after. With
     # recursive triggers off (SQLite's default), that second update fires nothing.
     stamp = f"UPDATE gateway_gatewaykey SET changed_at = {SQLITE_NOW} WHERE id = NEW.id;"
+    # A key whose hash changed no longer opens anything by its old hash: that hash is gone.
+    old_hash_gone = (
+        "INSERT INTO gateway_deletedgatewaykey (key_hash, deleted_at) "
+        f"SELECT OLD.key_hash, {SQLITE_NOW} WHERE OLD.key_hash IS NOT NEW.key_hash;"
+    )
     cursor.execute(
         "CREATE TRIGGER IF NOT EXISTS llmgw_keys_insert AFTER INSERT ON gateway_gatewaykey "
         f"BEGIN {stamp} END"
     )
     cursor.execute(
         "CREATE TRIGGER IF NOT EXISTS llmgw_keys_update AFTER UPDATE ON gateway_gatewaykey "
-        f"WHEN {_distinct(KEY_COLUMNS, 'IS NOT')} BEGIN {stamp} END"
+        f"WHEN {_distinct(KEY_COLUMNS, 'IS NOT')} BEGIN {stamp} {old_hash_gone} END"
     )
     cursor.execute(
         "CREATE TRIGGER IF NOT EXISTS llmgw_keys_delete AFTER DELETE ON gateway_gatewaykey "
@@ -171,9 +176,14 @@ def _sqlite_key_triggers(cursor: Any) -> None:
 
 
 def _postgresql_key_triggers(cursor: Any) -> None:
+    # A key whose hash changed no longer opens anything by its old hash: that hash is gone.
     cursor.execute(
         "CREATE OR REPLACE FUNCTION llmgw_keys_stamp() RETURNS trigger AS $$ "
-        f"BEGIN NEW.changed_at := {PG_NOW}; RETURN NEW; END $$ LANGUAGE plpgsql"
+        f"BEGIN NEW.changed_at := {PG_NOW}; "
+        "IF TG_OP = 'UPDATE' AND OLD.key_hash IS DISTINCT FROM NEW.key_hash THEN "
+        "INSERT INTO gateway_deletedgatewaykey (key_hash, deleted_at) "
+        f"VALUES (OLD.key_hash, {PG_NOW}); END IF; "
+        "RETURN NEW; END $$ LANGUAGE plpgsql"
     )
     cursor.execute(
         "CREATE OR REPLACE TRIGGER llmgw_keys_insert BEFORE INSERT ON gateway_gatewaykey "

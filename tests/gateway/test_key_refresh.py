@@ -1,0 +1,204 @@
+"""What a gateway process holds of the keys, and how it keeps up: a deactivated or deleted user's
+keys stop within a second, and a refresh reads only the keys that changed (gateway.state.Keys)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import requests
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.utils import timezone
+
+from catalog.services import Actor
+from gateway import state as gateway_state
+from gateway.models import DeletedGatewayKey, GatewayKey, hash_key
+from gateway.services import key_create, key_revoke
+from gateway.state import Keys, state
+from tests.gateway.conftest import GatewayServer
+
+pytestmark = pytest.mark.smoke
+
+STOPS_WITHIN = 1.0
+
+
+def create_key(user: Any, name: str = "app") -> str:
+    return key_create(actor=Actor.for_user(user, "api"), name=name)[1]
+
+
+def digest(secret: str) -> str:
+    return hash_key(secret)
+
+
+# -- a running gateway, refreshed by its own thread -----------------------------------------
+
+
+@pytest.fixture
+def front(transactional_db: Any) -> Iterator[GatewayServer]:
+    running = GatewayServer(lifespan=True)
+    yield running
+    running.stop()
+
+
+def status(front: GatewayServer, secret: str) -> int:
+    response = requests.get(
+        f"{front.url}/v1/models", headers={"Authorization": f"Bearer {secret}"}, timeout=10
+    )
+    return response.status_code
+
+
+def seconds_until(front: GatewayServer, secret: str, wanted: int, limit: float = 5.0) -> float:
+    """How long after now the key's answer became `wanted` (or the limit, if it never did)."""
+    started = time.monotonic()
+    while time.monotonic() - started < limit:
+        if status(front, secret) == wanted:
+            return time.monotonic() - started
+        time.sleep(0.02)
+    return limit
+
+
+def test_a_deactivated_users_keys_stop_within_a_second(
+    front: GatewayServer, users: dict[str, Any]
+) -> None:
+    alice = users["alice"]
+    secret = create_key(alice)
+    others = create_key(users["bob"])
+    assert status(front, secret) == 200
+
+    # As the admin or a shell does it: the row saved, no service involved.
+    alice.is_active = False
+    alice.save(update_fields=["is_active"])
+    assert seconds_until(front, secret, 401) < STOPS_WITHIN
+    assert status(front, others) == 200  # only hers
+
+    # Back again: her keys open again, as promptly.
+    get_user_model().objects.filter(pk=alice.pk).update(is_active=True)
+    assert seconds_until(front, secret, 200) < STOPS_WITHIN
+
+
+def test_a_deleted_users_keys_stop_within_a_second(
+    front: GatewayServer, users: dict[str, Any]
+) -> None:
+    secret = create_key(users["carol"])
+    assert status(front, secret) == 200
+    users["carol"].delete()  # the keys go with her
+    assert seconds_until(front, secret, 401) < STOPS_WITHIN
+
+
+def test_a_revoked_key_stops_within_a_second(front: GatewayServer, users: dict[str, Any]) -> None:
+    secret = create_key(users["alice"])
+    assert status(front, secret) == 200
+    key_revoke(
+        actor=Actor.for_user(users["alice"], "api"),
+        key_id=GatewayKey.objects.get(key_hash=digest(secret)).pk,
+    )
+    assert seconds_until(front, secret, 401) < STOPS_WITHIN
+
+
+# -- the key table itself ---------------------------------------------------------------------
+
+
+def test_the_snapshot_holds_only_keys_of_active_users(users: dict[str, Any]) -> None:
+    alice, bob = create_key(users["alice"]), create_key(users["bob"])
+    users["bob"].is_active = False
+    users["bob"].save()
+    keys = Keys.read()
+    assert keys[digest(alice)].active
+    assert digest(bob) not in keys
+    assert len(keys) == 1
+
+
+def test_a_refresh_reads_only_the_keys_that_changed(
+    users: dict[str, Any], monkeypatch: Any
+) -> None:
+    # No margin: the rows read are exactly those changed since the last read's horizon.
+    monkeypatch.setattr(gateway_state, "KEY_MARGIN", timedelta(0))
+    secrets = [create_key(users["alice"], f"app {n}") for n in range(40)]
+    first = state.reload()
+    assert len(first.keys) == 40 and first.keys.last_rows == 40
+
+    key_revoke(
+        actor=Actor.for_user(users["alice"], "api"),
+        key_id=GatewayKey.objects.get(key_hash=digest(secrets[7])).pk,
+    )
+    second = state.reload()
+    # The same table, changed in place: a change does not copy every key.
+    assert second.keys is first.keys
+    assert not second.keys[digest(secrets[7])].active
+    assert second.keys[digest(secrets[8])].active
+    # The revoked key, and at most the last ones added in the same instant as the horizon.
+    assert second.keys.last_rows <= 3
+
+    fresh = create_key(users["bob"])
+    third = state.reload()
+    assert third.keys[digest(fresh)].active and third.keys.last_rows <= 3
+    assert third.keys.full_reads == 1
+
+
+def test_deleted_keys_and_old_hashes_stop_opening(users: dict[str, Any]) -> None:
+    alice, bob = create_key(users["alice"]), create_key(users["bob"])
+    keys = Keys.read()
+    users["bob"].delete()
+    key = GatewayKey.objects.get(key_hash=digest(alice))
+    key.key_hash = digest("llmgw-a-new-secret")
+    key.save()
+    keys.refresh()
+    assert digest(bob) not in keys
+    assert digest(alice) not in keys
+    assert keys[digest("llmgw-a-new-secret")].id == key.pk
+    assert set(DeletedGatewayKey.objects.values_list("key_hash", flat=True)) == {
+        digest(bob),
+        digest(alice),
+    }
+
+
+def test_deleted_hashes_are_forgotten_after_a_day_and_a_process_that_long_away_reads_all(
+    users: dict[str, Any],
+) -> None:
+    secret = create_key(users["alice"])
+    now = timezone.now()
+    DeletedGatewayKey.objects.create(key_hash="a" * 64, deleted_at=now - timedelta(days=2))
+    DeletedGatewayKey.objects.create(key_hash="b" * 64, deleted_at=now - timedelta(hours=2))
+    keys = Keys.read()
+    assert set(DeletedGatewayKey.objects.values_list("key_hash", flat=True)) == {"b" * 64}
+
+    keys.read_at = time.monotonic() - timedelta(days=1).total_seconds()
+    keys.refresh()
+    assert keys.full_reads == 2 and digest(secret) in keys
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="SQLite writes one transaction at a time"
+)
+@pytest.mark.django_db(transaction=True)
+def test_a_change_committed_after_a_later_one_is_not_missed(
+    users: dict[str, Any], monkeypatch: Any
+) -> None:
+    """A key revoked in a transaction that commits after others that began later is still read:
+    the horizon waits for the oldest open transaction that wrote (gateway.state.key_horizon)."""
+    import psycopg
+
+    monkeypatch.setattr(gateway_state, "KEY_MARGIN", timedelta(0))
+    slow, quick = create_key(users["alice"], "slow"), create_key(users["alice"], "quick")
+    keys = Keys.read()
+
+    params = connection.get_connection_params()
+    for name in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(name, None)
+    with psycopg.connect(**params) as other:
+        other.execute(
+            "UPDATE gateway_gatewaykey SET revoked_at = now() WHERE key_hash = %s", [digest(slow)]
+        )
+        time.sleep(0.1)
+        GatewayKey.objects.filter(key_hash=digest(quick)).update(revoked_at=timezone.now())
+        keys.refresh()
+        assert not keys[digest(quick)].active
+        assert keys[digest(slow)].active  # not committed yet
+        other.commit()
+    time.sleep(0.1)
+    keys.refresh()
+    assert not keys[digest(slow)].active
