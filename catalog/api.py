@@ -314,7 +314,12 @@ class ResourcesInput(StrictSerializer):
         help_text="CPU cores reserved; the engine's threads; 0 reserves none",
     )
     profile = serializers.CharField(
-        required=False, allow_null=True, help_text="one profile; every profile when left out"
+        required=False,
+        allow_null=True,
+        help_text="one profile; every profile when left out",
+        error_messages={
+            "blank": "name one of the model's profiles, or leave profile out for every profile"
+        },
     )
 
 
@@ -360,7 +365,11 @@ class ClassAPI(ModelAnswerAPI):
 
 
 class OwnerInput(StrictSerializer):
-    owner = serializers.CharField(max_length=150, help_text="the username of the new owner")
+    owner = serializers.CharField(
+        max_length=150,
+        help_text="the username of the new owner",
+        error_messages={"blank": "give the username of the new owner"},
+    )
 
 
 class OwnerAPI(ModelAnswerAPI):
@@ -377,7 +386,13 @@ class OwnerAPI(ModelAnswerAPI):
 
 class AdaptersInput(StrictSerializer):
     add = AdapterSerializer(many=True, required=False, default=list)
-    remove = serializers.ListField(child=serializers.CharField(), required=False, default=list)
+    remove = serializers.ListField(
+        child=serializers.CharField(
+            error_messages={"blank": "give the name of the adapter to remove"}
+        ),
+        required=False,
+        default=list,
+    )
 
 
 class AdapterOut(serializers.Serializer):

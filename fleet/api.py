@@ -159,7 +159,12 @@ class HeartbeatAPI(APIView):
 
 
 class NodeAddInput(StrictSerializer):
-    name = serializers.CharField(max_length=100)
+    name = serializers.CharField(
+        max_length=100,
+        error_messages={
+            "blank": "give the node a name, like gpu-1: letters, digits, '.', '_', '-' and ':'"
+        },
+    )
 
 
 class ResourcesOut(serializers.Serializer):

@@ -38,7 +38,11 @@ class NewKeyOut(KeyOut):
 
 class KeyCreateInput(StrictSerializer):
     name = serializers.CharField(
-        max_length=KEY_NAME_MAX, help_text="what the key is for, say the application using it"
+        max_length=KEY_NAME_MAX,
+        help_text="what the key is for, say the application using it",
+        error_messages={
+            "blank": "give the key a name that says what it is for, say the application using it"
+        },
     )
 
 

@@ -202,6 +202,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Request bodies get components of their own (ModelDefinitionRequest beside ModelDefinition),
+    # so that a required name can say minLength: 1 where it is sent; an answer's text may be
+    # empty where its serializer allows it.
+    "COMPONENT_SPLIT_REQUEST": True,
     # The schema describes tokens; console sessions work too, but are for the browser.
     "AUTHENTICATION_WHITELIST": [
         "llmgw_site.auth.TokenOrBearerAuthentication",

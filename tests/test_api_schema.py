@@ -86,3 +86,90 @@ def test_schemathesis_finds_nothing(
             timeout=900,
         )
     assert result.returncode == 0, result.stdout[-30000:] + result.stderr[-5000:]
+
+
+# Text a request may leave empty on purpose: a node reports no address while it has none, a
+# replica's message and digest may be empty, a description is optional prose.
+MAY_BE_EMPTY = {
+    ("HeartbeatInputRequest", "address"),
+    ("ReplicaReportInputRequest", "message"),
+    ("ReplicaReportInputRequest", "sha256"),
+    ("ModelDefinitionRequest", "description"),
+}
+
+
+@pytest.mark.django_db
+def test_every_name_a_request_sends_is_at_least_one_character(api: Any) -> None:
+    import yaml
+
+    schema = yaml.safe_load(api("alice").get("/api/v1/schema").content)
+    texts = {}
+    for component, body in schema["components"]["schemas"].items():
+        for field, property in body.get("properties", {}).items():
+            if property.get("type") == "array":
+                property = property.get("items", {})
+            if property.get("type") == "string" and "enum" not in property:
+                texts[component, field] = property
+    assert ("ModelDefinitionRequest", "name") in texts
+    open_ended = [
+        where
+        for where, property in texts.items()
+        if where[0].endswith("Request")
+        and where not in MAY_BE_EMPTY
+        and property.get("format") != "uuid"
+        and property.get("minLength", 0) < 1
+    ]
+    assert open_ended == []
+    # Answers keep their own components: a text an answer may leave empty is not promised.
+    assert "minLength" not in texts["KeyOut", "name"]
+
+
+EMPTY_NAMES = [
+    (
+        "/api/v1/keys",
+        {"name": ""},
+        "name",
+        "give the key a name that says what it is for, say the application using it",
+    ),
+    (
+        "/api/v1/nodes",
+        {"name": ""},
+        "name",
+        "give the node a name, like gpu-1: letters, digits, '.', '_', '-' and ':'",
+    ),
+    (
+        "/api/v1/models/schema-chat/owner",
+        {"owner": ""},
+        "owner",
+        "give the username of the new owner",
+    ),
+    (
+        "/api/v1/models/schema-chat/resources",
+        {"memory_gb": 1, "profile": ""},
+        "profile",
+        "name one of the model's profiles, or leave profile out for every profile",
+    ),
+    (
+        "/api/v1/models/schema-chat/adapters",
+        {"remove": [""]},
+        "remove[0]",
+        "give the name of the adapter to remove",
+    ),
+    ("/api/v1/models", {"name": "", "source": "http://mirror.example/w.gguf"}, "name", None),
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("path", "body", "field", "message"), EMPTY_NAMES)
+def test_an_empty_name_is_refused_saying_what_to_send(
+    api: Any, path: str, body: dict[str, Any], field: str, message: str | None
+) -> None:
+    from catalog.models import AuditEntry
+
+    response = api("staff").post(path, body, format="json")
+    assert response.status_code == 400, response.content
+    problems = {p["field"]: p["message"] for p in response.json()["problems"]}
+    assert field in problems
+    if message is not None:
+        assert problems[field] == message
+    assert not AuditEntry.objects.exists()  # nothing was changed
