@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+from collections import OrderedDict
 
 
 class OneLineFormatter(logging.Formatter):
@@ -34,3 +36,43 @@ class OneLineFormatter(logging.Formatter):
         record.message = record.getMessage()
         record.asctime = self.formatTime(record, self.datefmt)
         return record
+
+
+class OncePerSource(logging.Filter):
+    """Lets through the first record of each client address, as a WARNING without a traceback.
+
+    For django.security.DisallowedHost: Django logs every request with a foreign Host header at
+    ERROR with a full traceback, so anyone could fill the log (and hide what matters in it) by
+    sending a wrong Host, and scanners do it all day. One line per address says it happened,
+    and where from; the traceback says nothing more (the cause is always the header).
+
+    Memory is bounded: the last `capacity` addresses are remembered (a repeat counts as recent),
+    per process; an address forgotten to make room is logged once more if it comes back. At
+    1024 addresses of at most 45 characters, that is well under a megabyte.
+    """
+
+    def __init__(self, capacity: int = 1024) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        # Web workers may run requests on several threads.
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        request = getattr(record, "request", None)
+        source = str(getattr(request, "META", {}).get("REMOTE_ADDR") or "an unknown address")
+        with self._lock:
+            if source in self._seen:
+                self._seen.move_to_end(source)
+                return False
+            self._seen[source] = None
+            if len(self._seen) > self.capacity:
+                self._seen.popitem(last=False)
+        record.msg = (
+            f"{record.getMessage()} (from {source}; its further requests with a foreign Host "
+            "are not logged)"
+        )
+        record.args = ()
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.exc_info, record.exc_text = None, None
+        return True

@@ -296,11 +296,15 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"one_line": {"()": "llmgw_site.logformat.OneLineFormatter"}},
+    "filters": {"once_per_source": {"()": "llmgw_site.logformat.OncePerSource", "capacity": 1024}},
     "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "one_line"}},
     "root": {"handlers": ["stderr"], "level": "WARNING"},
     "loggers": {
         # 4xx answers are the asker's mistake and are in the access log; 5xx are ours.
         "django.request": {"level": "ERROR"},
+        # A request with a foreign Host header: once per client address, at WARNING, without
+        # the traceback Django adds (see OncePerSource).
+        "django.security.DisallowedHost": {"filters": ["once_per_source"]},
         **{
             name: {"level": _LOG_LEVEL}
             for name in ("llmgw", "catalog", "fleet", "gateway", "console")

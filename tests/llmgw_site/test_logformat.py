@@ -1,0 +1,88 @@
+"""Log lines: a foreign Host header is logged once per client address, at WARNING, without a
+traceback, and remembering addresses takes bounded memory."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from llmgw_site.logformat import OncePerSource, OneLineFormatter
+
+DISALLOWED_HOST = "django.security.DisallowedHost"
+
+
+def fresh_address() -> str:
+    # The filter lives as long as the test process: each test uses addresses no other has sent.
+    return f"2001:db8::{uuid.uuid4().hex[:4]}:{uuid.uuid4().hex[:4]}"
+
+
+def foreign_host_records(caplog: Any) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == DISALLOWED_HOST]
+
+
+@pytest.mark.django_db
+def test_a_foreign_host_is_logged_once_per_address_as_a_warning(caplog: Any) -> None:
+    first, second = fresh_address(), fresh_address()
+    with caplog.at_level(logging.INFO):
+        answers = [
+            Client().get("/login/", HTTP_HOST="evil.example", REMOTE_ADDR=address).status_code
+            for address in (first, first, first, second, first)
+        ]
+    assert answers == [400] * 5
+    records = foreign_host_records(caplog)
+    assert [(r.levelname, r.exc_info) for r in records] == [("WARNING", None)] * 2
+    assert records[0].getMessage() == (
+        "Invalid HTTP_HOST header: 'evil.example'. You may need to add 'evil.example' to "
+        f"ALLOWED_HOSTS. (from {first}; its further requests with a foreign Host are not logged)"
+    )
+    assert f"(from {second};" in records[1].getMessage()
+    line = OneLineFormatter().format(records[0])
+    assert "WARNING django.security.DisallowedHost" in line
+    assert "traceback=" not in line and "Traceback" not in line
+    assert 'status=400 method=GET path="/login/"' in line
+
+
+@pytest.mark.django_db
+def test_other_hosts_and_errors_are_logged_as_before(caplog: Any) -> None:
+    with caplog.at_level(logging.INFO):
+        assert Client().get("/login/", REMOTE_ADDR=fresh_address()).status_code == 200
+    assert foreign_host_records(caplog) == []
+
+
+def record_from(address: str) -> logging.LogRecord:
+    record = logging.LogRecord(DISALLOWED_HOST, logging.ERROR, __file__, 1, "Invalid", (), None)
+    record.request = type("Request", (), {"META": {"REMOTE_ADDR": address}})()
+    return record
+
+
+def test_memory_is_bounded_by_the_capacity() -> None:
+    once = OncePerSource(capacity=3)
+    passed = [once.filter(record_from(f"10.0.0.{n}")) for n in range(1000)]
+    assert all(passed)
+    assert len(once._seen) == 3
+    # The oldest is forgotten to make room, and logged once more when it comes back.
+    assert once.filter(record_from("10.0.0.0")) is True
+    assert once.filter(record_from("10.0.0.999")) is False
+
+
+def test_a_repeating_address_stays_remembered() -> None:
+    once = OncePerSource(capacity=2)
+    assert once.filter(record_from("10.0.0.1"))
+    assert once.filter(record_from("10.0.0.2"))
+    assert not once.filter(record_from("10.0.0.1"))  # now the most recent
+    assert once.filter(record_from("10.0.0.3"))  # forgets 10.0.0.2, not 10.0.0.1
+    assert not once.filter(record_from("10.0.0.1"))
+    assert once.filter(record_from("10.0.0.2"))
+
+
+def test_a_record_without_a_request_is_counted_as_one_unknown_source() -> None:
+    once = OncePerSource()
+    bare = logging.LogRecord(DISALLOWED_HOST, logging.ERROR, __file__, 1, "Invalid", (), None)
+    assert once.filter(bare)
+    assert "(from an unknown address;" in bare.getMessage()
+    again = logging.LogRecord(DISALLOWED_HOST, logging.ERROR, __file__, 1, "Invalid", (), None)
+    assert not once.filter(again)
