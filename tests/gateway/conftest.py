@@ -49,23 +49,23 @@ class GatewayServer:
     """The gateway's ASGI application under uvicorn in a thread. With `lifespan`, it starts as
     a worker process does: its state read, and refreshed by its own thread on notifications."""
 
-    def __init__(self, *, lifespan: bool = False) -> None:
+    def __init__(self, *, lifespan: bool = False, **config: Any) -> None:
         import uvicorn
 
         from gateway.asgi import application
 
-        config = uvicorn.Config(
-            application,
-            host="127.0.0.1",
-            port=0,
-            lifespan="on" if lifespan else "off",
-            log_level="warning",
+        settings = {
+            "host": "127.0.0.1",
+            "port": 0,
+            "lifespan": "on" if lifespan else "off",
+            "log_level": "warning",
             # As the run command starts it (llmgw_run.gateway_command): no proxy trusted.
-            proxy_headers=False,
-            http="gateway.protocol:GatewayProtocol",
-            ws="none",
-        )
-        self.server = uvicorn.Server(config)
+            "proxy_headers": False,
+            "http": "gateway.protocol:GatewayProtocol",
+            "ws": "none",
+            **config,
+        }
+        self.server = uvicorn.Server(uvicorn.Config(application, **settings))
         self.thread = threading.Thread(target=asyncio.run, args=(self._serve(),), daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 10

@@ -216,3 +216,46 @@ def test_without_a_web_process_only_the_gateway_answers(gateway_server: Any, set
     response = requests.get(f"{gateway_server.url}/console/", timeout=10)
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "unknown_url"
+
+
+def test_the_gateway_trusts_no_proxy_unless_told(monkeypatch: Any) -> None:
+    from pathlib import Path
+
+    from llmgw_site.management.commands.llmgw_run import gateway_command
+
+    monkeypatch.delenv("LLMGW_TRUSTED_PROXIES", raising=False)
+    argv = gateway_command(Path("/bin"), "127.0.0.1", 8000, workers=2)
+    assert "--no-proxy-headers" in argv and "--forwarded-allow-ips" not in argv
+    monkeypatch.setenv("LLMGW_TRUSTED_PROXIES", "10.0.0.5, 10.0.1.0/24")
+    argv = gateway_command(Path("/bin"), "127.0.0.1", 8000, workers=2)
+    assert "--no-proxy-headers" not in argv
+    assert argv[argv.index("--forwarded-allow-ips") + 1] == "10.0.0.5,10.0.1.0/24"
+
+
+@pytest.mark.parametrize(
+    ("trusted", "seen_as"),
+    [
+        pytest.param("10.9.9.9", "127.0.0.1", id="the client is no trusted proxy"),
+        pytest.param("127.0.0.1", "203.0.113.7", id="a trusted proxy's word is taken"),
+    ],
+)
+def test_only_a_trusted_proxy_names_the_client(
+    echo: str, settings: Any, monkeypatch: Any, trusted: str, seen_as: str
+) -> None:
+    import requests
+
+    from gateway import asgi
+    from tests.gateway.conftest import GatewayServer
+
+    settings.LLMGW_GATEWAY_FORWARD_TO = echo
+    # The connections to the web belong to one event loop: this server makes its own.
+    monkeypatch.setattr(asgi._web, "_session", None)
+    server = GatewayServer(proxy_headers=True, forwarded_allow_ips=trusted)
+    try:
+        response = requests.get(
+            f"{server.url}/login/", headers={"X-Forwarded-For": "203.0.113.7"}, timeout=10
+        )
+    finally:
+        server.stop()
+    assert response.status_code == 200, (response.status_code, response.text)
+    assert response.json()["headers"]["x-forwarded-for"] == seen_as
