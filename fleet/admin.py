@@ -18,10 +18,20 @@ from .models import Lease, Node, Replica
 
 
 class NodeAddForm(forms.ModelForm):
-    """Only the name: the agent reports the rest. The token is made by node_add and shown once."""
+    """The name, and the networks it may report besides the one it connects from: the agent
+    reports the rest. The token is made by node_add and shown once."""
 
     request: HttpRequest  # set per request by NodeAdmin.get_form
     token: str = ""
+    address_allow_text = forms.CharField(
+        label="Address allow-list",
+        required=False,
+        help_text=(
+            "networks (CIDR) or addresses, comma-separated, the node may report as its engines' "
+            "address besides the one it connects from: for a node behind NAT or with several "
+            "interfaces. Leave empty for most nodes."
+        ),
+    )
 
     class Meta:
         model = Node
@@ -36,10 +46,17 @@ class NodeAddForm(forms.ModelForm):
             return data
         try:
             self.instance, self.token = services.node_add(
-                actor=admin_actor(self.request), name=data["name"]
+                actor=admin_actor(self.request),
+                name=data["name"],
+                address_allow=[
+                    item.strip()
+                    for item in (data.get("address_allow_text") or "").split(",")
+                    if item.strip()
+                ],
             )
         except CatalogError as error:
-            self.add_error("name", error.message)
+            field = "address_allow_text" if error.code == "address_allow_invalid" else "name"
+            self.add_error(field, error.message)
         return data
 
 
@@ -55,10 +72,16 @@ class NodeAdmin(RemovedThroughServiceAdmin):
     list_display = [*CAPACITY_SHOWN, "replica_count", "last_heartbeat"]
     list_filter = ["cordoned", "lost"]
     search_fields = ["name", "address"]
-    actions = ["cordon", "uncordon"]
+    actions = ["cordon", "uncordon", "accept_capacity"]
     readonly_fields = [
         *CAPACITY_SHOWN,
         "gpu_memory_gb",
+        "capacity_notes_shown",
+        "reported_capacity",
+        "registered_capacity",
+        "address_allow",
+        "port_first",
+        "port_last",
         "replica_count",
         "cordoned",
         "lost",
@@ -87,7 +110,7 @@ class NodeAdmin(RemovedThroughServiceAdmin):
         return type(form.__name__, (form,), {"request": request})
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        return ["name"] if obj is None else self.readonly_fields
+        return ["name", "address_allow_text"] if obj is None else self.readonly_fields
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return [] if obj is None else self.readonly_fields
@@ -137,6 +160,27 @@ class NodeAdmin(RemovedThroughServiceAdmin):
         if done:
             word = "Cordoned" if cordoned else "Uncordoned"
             self.message_user(request, f"{word}: {', '.join(done)}.", messages.SUCCESS)
+
+    @admin.action(description="Accept capacity: believe the memory, cores and GPUs they report")
+    def accept_capacity(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        done = []
+        for name in queryset.values_list("name", flat=True):
+            try:
+                services.node_accept_capacity(actor=admin_actor(request), name=name)
+            except CatalogError as error:
+                self.message_user(request, error.message, messages.ERROR)
+            else:
+                done.append(name)
+        if done:
+            self.message_user(
+                request,
+                f"Placement now counts on what they report: {', '.join(done)}.",
+                messages.SUCCESS,
+            )
+
+    @admin.display(description="capacity not believed")
+    def capacity_notes_shown(self, obj: Node) -> str:
+        return " ".join(obj.capacity_notes()) or "-"
 
     @admin.display(description="state")
     def state(self, obj: Node) -> str:

@@ -109,9 +109,26 @@ class ReplicaReportInput(TypedSerializer):
         return value
 
 
+class PortRangeInput(TypedSerializer):
+    first = serializers.IntegerField(min_value=1, max_value=65535)
+    last = serializers.IntegerField(min_value=1, max_value=65535)
+
+
 class HeartbeatInput(TypedSerializer):
     capacity = CapacityInput()
-    address = serializers.CharField(required=False, allow_blank=True, max_length=255)
+    address = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=255,
+        help_text=(
+            "where its engines listen: the address it connects from, one staff allowed for it, "
+            "or 0.0.0.0 (or none) for the address it connects from"
+        ),
+    )
+    port_range = PortRangeInput(
+        required=False,
+        help_text="the ports its engines listen on (llmgw node --port-range); 41000-41999 if absent",
+    )
     agent = serializers.DictField(required=False)
     replicas = ReplicaReportInput(many=True, required=False, default=list, max_length=10000)  # type: ignore[call-arg]
 
@@ -133,6 +150,10 @@ class HeartbeatOut(serializers.Serializer):
             "revisions of the node's models"
         ),
     )
+    warnings = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="what of its report the control plane does not believe, and what to do",
+    )
 
 
 class HeartbeatAPI(APIView):
@@ -150,12 +171,22 @@ class HeartbeatAPI(APIView):
         node = request.user
         assert isinstance(node, Node)  # IsNode let only nodes through
         answer = services.node_heartbeat(
-            node=node, report=dict(data.validated_data), interval=HEARTBEAT_SECONDS
+            node=node,
+            report=dict(data.validated_data),
+            interval=HEARTBEAT_SECONDS,
+            # The peer the web saw; behind the gateway, the gateway's own peer (gateway.forwarded).
+            peer=request.META.get("REMOTE_ADDR") or "",
         )
         return Response(out(HeartbeatOut, answer))
 
 
 # -- nodes, for people --------------------------------------------------------------
+
+
+ADDRESS_ALLOW_HELP = (
+    "networks (CIDR, or single addresses) the node may report as its engines' address besides "
+    "the one it connects from: for a node behind NAT or with several interfaces"
+)
 
 
 class NodeAddInput(StrictSerializer):
@@ -165,6 +196,19 @@ class NodeAddInput(StrictSerializer):
             "blank": "give the node a name, like gpu-1: letters, digits, '.', '_', '-' and ':'"
         },
     )
+    address_allow = serializers.ListField(
+        child=serializers.CharField(max_length=64),
+        required=False,
+        default=list,
+        max_length=32,
+        help_text=ADDRESS_ALLOW_HELP,
+    )
+
+
+class NodeSetInput(StrictSerializer):
+    address_allow = serializers.ListField(
+        child=serializers.CharField(max_length=64), max_length=32, help_text=ADDRESS_ALLOW_HELP
+    )
 
 
 class ResourcesOut(serializers.Serializer):
@@ -172,6 +216,11 @@ class ResourcesOut(serializers.Serializer):
     cores = serializers.FloatField()
     gpus = serializers.IntegerField()
     gpu_memory_gb = serializers.FloatField()
+
+
+class PortRangeOut(serializers.Serializer):
+    first = serializers.IntegerField()
+    last = serializers.IntegerField()
 
 
 class NodeOut(serializers.Serializer):
@@ -187,6 +236,21 @@ class NodeOut(serializers.Serializer):
         child=serializers.CharField(), help_text="the models of its replicas"
     )
     last_heartbeat = serializers.DateTimeField(allow_null=True)
+    address_allow = serializers.ListField(
+        child=serializers.CharField(),
+        allow_null=True,
+        help_text=ADDRESS_ALLOW_HELP + "; shown to staff only",
+    )
+    port_range = PortRangeOut(
+        allow_null=True, help_text="the ports its engines may listen on; shown to staff only"
+    )
+    reported = ResourcesOut(
+        allow_null=True,
+        help_text="what its agent last reported; capacity is what of it is believed",
+    )
+    warnings = serializers.ListField(
+        child=serializers.CharField(), help_text="reported figures not believed, and why"
+    )
 
 
 class NewNodeOut(serializers.Serializer):
@@ -216,12 +280,31 @@ class NodesAPI(APIView):
     )
     def post(self, request: Request) -> Response:
         data = validated(NodeAddInput, request.data)
-        node, token = services.node_add(actor=actor_of(request), name=data["name"])
+        node, token = services.node_add(
+            actor=actor_of(request), name=data["name"], address_allow=data["address_allow"]
+        )
         body = out(NewNodeOut, {"name": node.name, "token": token})
         return Response(body, status=status.HTTP_201_CREATED)
 
 
+def _node_view(name: str) -> dict[str, Any]:
+    (view,) = selectors.nodes_view(addresses=True, name=name)
+    return view
+
+
 class NodeAPI(APIView):
+    @extend_schema(
+        summary="Change a node (staff): the networks it may report as its engines' address",
+        request=NodeSetInput,
+        responses=answers({200: NodeOut}, 403, 404, body=True),
+    )
+    def patch(self, request: Request, name: str) -> Response:
+        data = validated(NodeSetInput, request.data)
+        node = services.node_set(
+            actor=actor_of(request), name=name, address_allow=data["address_allow"]
+        )
+        return Response(out(NodeOut, _node_view(node.name)))
+
     @extend_schema(
         summary="Remove a node (staff); its replicas are placed elsewhere",
         responses=answers({204: None}, 403, 404),
@@ -247,6 +330,17 @@ class NodeCordonAPI(APIView):
 
 class NodeUncordonAPI(NodeCordonAPI):
     cordon = False
+
+
+class NodeAcceptCapacityAPI(APIView):
+    @extend_schema(
+        summary="Believe the capacity a node reports (staff), above what it first registered",
+        request=None,
+        responses=answers({200: NodeOut}, 403, 404, 409),
+    )
+    def post(self, request: Request, name: str) -> Response:
+        node = services.node_accept_capacity(actor=actor_of(request), name=name)
+        return Response(out(NodeOut, _node_view(node.name)))
 
 
 # -- models at runtime --------------------------------------------------------------

@@ -8,6 +8,10 @@ import uuid
 from django.db import models
 from django.utils import timezone
 
+from llmgw.node.config import DEFAULT_PORT_RANGE
+
+from .trust import Capacity, believed
+
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
@@ -19,11 +23,42 @@ class Node(models.Model):
     name = models.CharField(max_length=100, unique=True)
     # Only the hash is kept: the token is shown once, when the node is added.
     token_hash = models.CharField(max_length=64, unique=True)
-    address = models.CharField(max_length=255, default="127.0.0.1")
+    address = models.CharField(
+        max_length=255,
+        default="127.0.0.1",
+        help_text="where its engines listen: the address it connects from, or one staff allowed",
+    )
+    address_allow = models.JSONField(
+        default=list,
+        blank=True,
+        help_text=(
+            "networks (CIDR) the node may report as its engines' address besides the one it "
+            "connects from, for a node behind NAT or with several interfaces; set by staff, "
+            "checked on its next heartbeat"
+        ),
+    )
+    port_first = models.PositiveIntegerField(
+        default=DEFAULT_PORT_RANGE[0], help_text="the first port its engines may listen on"
+    )
+    port_last = models.PositiveIntegerField(
+        default=DEFAULT_PORT_RANGE[1], help_text="the last port its engines may listen on"
+    )
+    # What placement counts on: the capacity believed of the node (fleet.trust.believed).
     memory_gb = models.FloatField(default=0)
     cores = models.FloatField(default=0)
     gpus = models.PositiveIntegerField(default=0)
     gpu_memory_gb = models.FloatField(default=0)
+    registered_capacity = models.JSONField(
+        null=True,
+        blank=True,
+        help_text=(
+            "the capacity it first reported (or staff last accepted): reports above it are "
+            "believed only up to it"
+        ),
+    )
+    reported_capacity = models.JSONField(
+        default=dict, blank=True, help_text="the capacity its agent last reported"
+    )
     cordoned = models.BooleanField(default=False)
     lost = models.BooleanField(default=False)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
@@ -47,6 +82,18 @@ class Node(models.Model):
     @property
     def schedulable(self) -> bool:
         return not self.cordoned and not self.lost and self.last_heartbeat is not None
+
+    def capacity_notes(self) -> list[str]:
+        """A sentence for each figure the node reports and is not believed (fleet.trust)."""
+        if not self.reported_capacity or self.registered_capacity is None:
+            return []
+        reported = Capacity.from_json(self.reported_capacity)
+        _, notes = believed(reported, Capacity.from_json(self.registered_capacity))
+        return [
+            f"Node {self.name} {note}: `llmgw ctl node accept-capacity {self.name}` believes "
+            "what it reports."
+            for note in notes
+        ]
 
 
 class Replica(models.Model):

@@ -23,10 +23,10 @@ def _num(value: float) -> float | int:
     return int(value) if float(value).is_integer() else round(value, 2)
 
 
-def nodes_view(*, addresses: bool) -> list[dict[str, Any]]:
-    """Every node with what is reserved and free. A node's network address is shown only when
-    `addresses` (to staff): it says where engines listen, which the gateway needs and people
-    who only use models do not."""
+def nodes_view(*, addresses: bool, name: str | None = None) -> list[dict[str, Any]]:
+    """Every node (or the one named) with what is reserved and free. A node's network address,
+    allow-list and ports are shown only when `addresses` (to staff): they say where engines
+    listen, which the gateway needs and people who only use models do not."""
     reserved = {
         row["node_id"]: row
         for row in Replica.objects.filter(withdrawn_at__isnull=True)
@@ -45,7 +45,8 @@ def nodes_view(*, addresses: bool) -> list[dict[str, Any]]:
     ):
         names[node_id].append(model_name)
     views = []
-    for node in Node.objects.all():
+    nodes = Node.objects.all() if name is None else Node.objects.filter(name=name)
+    for node in nodes:
         used: Any = reserved.get(node.pk, {})
         memory, cores = used.get("memory") or 0, used.get("cores") or 0
         gpus, gpu_memory = used.get("gpus") or 0, used.get("gpu_memory") or 0
@@ -74,6 +75,12 @@ def nodes_view(*, addresses: bool) -> list[dict[str, Any]]:
                 },
                 "replicas": sorted(names.get(node.pk, [])),
                 "last_heartbeat": node.last_heartbeat.isoformat() if node.last_heartbeat else None,
+                "address_allow": list(node.address_allow) if addresses else None,
+                "port_range": (
+                    {"first": node.port_first, "last": node.port_last} if addresses else None
+                ),
+                "reported": node.reported_capacity or None,
+                "warnings": node.capacity_notes(),
             }
         )
     return views

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 import secrets
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from catalog.errors import CatalogError, conflict, forbidden
 from catalog.services import Actor
 
+from . import trust
 from .models import Node, Replica, hash_token
 from .signals import fleet_changed
+
+log = logging.getLogger("llmgw.fleet")
 
 # A withdrawn replica that was serving stays on its node this long, so that
 # requests already sent to it can finish before the engine stops.
@@ -36,9 +42,26 @@ def _get_node(name: str) -> Node:
         ) from None
 
 
-def node_add(*, actor: Actor, name: str) -> tuple[Node, str]:
-    """Register a node; returns it and its token, which is shown only this once."""
+def _address_allow(entries: list[str]) -> list[str]:
+    try:
+        return trust.parse_networks(entries)
+    except ValueError as error:
+        raise CatalogError(
+            f"The address allow-list was refused: {error}. List the networks (CIDR) or "
+            "addresses the node may report as its engines' address, comma-separated.",
+            code="address_allow_invalid",
+        ) from None
+
+
+def node_add(
+    *, actor: Actor, name: str, address_allow: list[str] | None = None
+) -> tuple[Node, str]:
+    """Register a node; returns it and its token, which is shown only this once.
+
+    `address_allow`: networks the node may report as its engines' address besides the one it
+    connects from (fleet.trust, rule 1)."""
     _require_staff(actor, "add nodes")
+    networks = _address_allow(address_allow or [])
     from catalog.definitions import NAME_PATTERN
 
     if not name or len(name) > NODE_NAME_MAX or not NAME_PATTERN.fullmatch(name):
@@ -54,8 +77,42 @@ def node_add(*, actor: Actor, name: str) -> tuple[Node, str]:
                 f"A node named {name} already exists; remove it first to issue a new token.",
                 code="name_taken",
             )
-        node = Node.objects.create(name=name, token_hash=hash_token(token))
+        node = Node.objects.create(name=name, token_hash=hash_token(token), address_allow=networks)
     return node, token
+
+
+def node_set(*, actor: Actor, name: str, address_allow: list[str]) -> Node:
+    """Replace the networks a node may report as its engines' address; its next heartbeat is
+    checked against them (an address it reports now and no longer may is refused then)."""
+    _require_staff(actor, "change nodes")
+    networks = _address_allow(address_allow)
+    with transaction.atomic():
+        node = _get_node(name)
+        node.address_allow = networks
+        node.save(update_fields=["address_allow"])
+    return node
+
+
+def node_accept_capacity(*, actor: Actor, name: str) -> Node:
+    """Believe the capacity a node last reported, as if it had first registered with it: what
+    staff do after giving a machine more memory, cores or GPUs (fleet.trust, rule 3)."""
+    _require_staff(actor, "accept a node's capacity")
+    with transaction.atomic():
+        node = _get_node(name)
+        if not node.reported_capacity:
+            raise conflict(
+                f"Node {name} has not reported its capacity yet; start its agent first.",
+                code="nothing_reported",
+            )
+        reported = trust.Capacity.from_json(node.reported_capacity)
+        node.registered_capacity = reported.as_json()
+        node.memory_gb, node.cores = reported.memory_gb, reported.cores
+        node.gpus, node.gpu_memory_gb = reported.gpus, reported.gpu_memory_gb
+        node.save(
+            update_fields=["registered_capacity", "memory_gb", "cores", "gpus", "gpu_memory_gb"]
+        )
+        transaction.on_commit(lambda: fleet_changed.send(sender=Node))
+    return node
 
 
 def node_remove(*, actor: Actor, name: str) -> None:
@@ -100,17 +157,77 @@ def replica_order(replica: Replica) -> dict[str, Any]:
 REPORTED_STATES = {Replica.FETCHING, Replica.STARTING, Replica.READY, Replica.FAILED}
 
 
-def node_heartbeat(*, node: Node, report: dict[str, Any], interval: int) -> dict[str, Any]:
-    """Record what the node reports; answer with everything it should run (level-triggered)."""
+def _untrusted(error: trust.Untrusted) -> CatalogError:
+    # An address the node may not claim is a matter of rights; the other refusals are bad input.
+    status = 403 if error.code.startswith("address") else 400
+    return CatalogError(error.message, code=error.code, status=status)
+
+
+def _limits() -> trust.Capacity:
+    return trust.Capacity(
+        memory_gb=settings.LLMGW_NODE_MAX_MEMORY_GB,
+        cores=settings.LLMGW_NODE_MAX_CORES,
+        gpus=settings.LLMGW_NODE_MAX_GPUS,
+        gpu_memory_gb=settings.LLMGW_NODE_MAX_GPU_MEMORY_GB,
+    )
+
+
+def _own_ports(address: str) -> set[int]:
+    """Ports of the control plane on the node's machine, which no replica may claim: a replica
+    "on" the gateway's own port would have the gateway send requests to itself."""
+    ip = trust.parse_ip(address)
+    if ip is None or not ip.is_loopback:
+        return set()
+    public = urlsplit(settings.LLMGW_PUBLIC_URL)
+    return {public.port or (443 if public.scheme == "https" else 80)}
+
+
+def node_heartbeat(
+    *, node: Node, report: dict[str, Any], interval: int, peer: str | None = None
+) -> dict[str, Any]:
+    """Record what the node reports; answer with everything it should run (level-triggered).
+
+    `peer` is the address the heartbeat came from; the reported address is checked against it
+    (fleet.trust). None for callers inside the control plane, which have no connection: their
+    report's address is taken as given. A report that is not believed is refused whole
+    (CatalogError) and changes nothing.
+    """
     now = timezone.now()
     settled = False  # a replica became ready or failed: the reconciler should look now
+    offered = trust.Capacity.from_json(report["capacity"])
+    try:
+        if peer is None:
+            address = report.get("address") or node.address
+        else:
+            address = trust.engine_address(
+                reported=report.get("address") or "",
+                peer=peer,
+                allowed=list(node.address_allow or []),
+                node=node.name,
+            )
+        first_port, last_port = trust.port_range(
+            declared=report.get("port_range"),
+            bounds=(settings.LLMGW_NODE_PORT_MIN, settings.LLMGW_NODE_PORT_MAX),
+        )
+        trust.check_limits(offered, _limits())
+    except trust.Untrusted as error:
+        raise _untrusted(error) from None
+    registered = (
+        trust.Capacity.from_json(node.registered_capacity)
+        if node.registered_capacity is not None
+        else offered
+    )
+    capacity, _ = trust.believed(offered, registered)
+    ports = _Ports(first_port, last_port, _own_ports(address))
     with transaction.atomic():
-        capacity = report["capacity"]
-        node.memory_gb = capacity["memory_gb"]
-        node.cores = capacity["cores"]
-        node.gpus = capacity["gpus"]
-        node.gpu_memory_gb = capacity["gpu_memory_gb"]
-        node.address = report.get("address") or node.address
+        node.memory_gb = capacity.memory_gb
+        node.cores = capacity.cores
+        node.gpus = capacity.gpus
+        node.gpu_memory_gb = capacity.gpu_memory_gb
+        node.registered_capacity = registered.as_json()
+        node.reported_capacity = offered.as_json()
+        node.address = address
+        node.port_first, node.port_last = first_port, last_port
         node.agent = report.get("agent") or {}
         node.last_heartbeat = now
         came_back = node.lost
@@ -131,7 +248,7 @@ def node_heartbeat(*, node: Node, report: dict[str, Any], interval: int) -> dict
             elif seen is None:
                 gone.append(replica.pk)  # withdrawn and stopped: nothing left to track
                 continue
-            if seen is not None and _update_replica(replica, seen, now):
+            if seen is not None and _update_replica(replica, seen, now, ports):
                 changed.append(replica)
                 settled = settled or replica.state in (Replica.READY, Replica.FAILED)
         if changed:
@@ -157,6 +274,7 @@ def node_heartbeat(*, node: Node, report: dict[str, Any], interval: int) -> dict
         "heartbeat_interval": interval,
         "replicas": [replica_order(r) for r in wanted],
         "keep": _previous_revisions({r.model_id for r in wanted if r.model_id is not None}),
+        "warnings": node.capacity_notes(),
     }
 
 
@@ -177,10 +295,33 @@ def _previous_revisions(model_ids: set[int]) -> list[dict[str, Any]]:
     ]
 
 
-def _update_replica(replica: Replica, seen: dict[str, Any], now: Any) -> bool:
+class _Ports:
+    """The ports a node's replicas may be reported on (fleet.trust, rule 2)."""
+
+    def __init__(self, first: int, last: int, reserved: set[int]) -> None:
+        self.first, self.last, self.reserved = first, last, reserved
+
+    def problem(self, port: int | None) -> str | None:
+        if port is None:
+            return None
+        return trust.replica_port_problem(
+            port, first=self.first, last=self.last, reserved=self.reserved
+        )
+
+
+def _update_replica(replica: Replica, seen: dict[str, Any], now: Any, ports: _Ports) -> bool:
     state = seen["state"]
     if state not in REPORTED_STATES:
         return False
+    problem = ports.problem(seen.get("port"))
+    if problem is not None:
+        # Failed rather than left as reported: the gateway routes to ready replicas, and a
+        # failed one is withdrawn and replaced by the reconciler, as any engine that cannot
+        # serve. Its port is forgotten, so that nothing ever sends a request there.
+        if replica.state != Replica.FAILED or replica.message != problem:
+            log.warning("replica %s of %s: %s", replica.pk, replica.model_name, problem)
+        seen = {**seen, "state": Replica.FAILED, "port": None, "message": problem}
+        state = Replica.FAILED
     before = (replica.state, replica.message, replica.port, replica.weights_sha256)
     if state != replica.state:
         replica.state_changed_at = now

@@ -64,6 +64,16 @@ LLMGW_SOURCE_CHECK_TIMEOUT = env_int("LLMGW_SOURCE_CHECK_TIMEOUT", 10, minimum=1
 # new revision than this (fewer are noise).
 LLMGW_CANARY_CHECK_SECONDS = env_int("LLMGW_CANARY_CHECK_SECONDS", 15, minimum=1)
 LLMGW_CANARY_MIN_REQUESTS = env_int("LLMGW_CANARY_MIN_REQUESTS", 20, minimum=1)
+# The most one node may report (fleet.trust): a heartbeat above any of these is refused whole.
+# GPU memory is per GPU. Raise them for bigger machines; they only stop typos and lies.
+LLMGW_NODE_MAX_MEMORY_GB = env_int("LLMGW_NODE_MAX_MEMORY_GB", 4096, minimum=1)
+LLMGW_NODE_MAX_CORES = env_int("LLMGW_NODE_MAX_CORES", 1024, minimum=1)
+LLMGW_NODE_MAX_GPUS = env_int("LLMGW_NODE_MAX_GPUS", 64, minimum=0)
+LLMGW_NODE_MAX_GPU_MEMORY_GB = env_int("LLMGW_NODE_MAX_GPU_MEMORY_GB", 1024, minimum=0)
+# The ports nodes may declare for their engines (llmgw node --port-range): below 1024 are the
+# machine's own services (ssh, http); narrow them to what your agents use.
+LLMGW_NODE_PORT_MIN = env_int("LLMGW_NODE_PORT_MIN", 1024, minimum=1)
+LLMGW_NODE_PORT_MAX = env_int("LLMGW_NODE_PORT_MAX", 65535, minimum=1)
 # Active gateway keys one user may hold (staff too; revoked keys do not count): every gateway
 # process keeps every key in memory, so one user must not be able to make that list unbounded.
 LLMGW_MAX_KEYS_PER_USER = env_int("LLMGW_MAX_KEYS_PER_USER", 100, minimum=1)

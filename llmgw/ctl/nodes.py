@@ -45,14 +45,33 @@ def cmd_nodes(client: Client, args: argparse.Namespace) -> None:
             ["NAME", "STATE", "CAPACITY", "RESERVED", "FREE", "REPLICAS", "LAST HEARTBEAT (UTC)"],
         )
     )
+    # Capacity a node reports and is not believed: CAPACITY above is what placement counts on.
+    for warning in (w for n in nodes for w in n.get("warnings") or []):
+        print(warning)
 
 
 def add_node(sub: Any) -> None:
-    node = sub.add_parser("node", help="add, remove, cordon and uncordon nodes (staff)")
+    node = sub.add_parser("node", help="add, change, remove, cordon and uncordon nodes (staff)")
     nsub = node.add_subparsers(dest="node_command", required=True, metavar="COMMAND")
     p = nsub.add_parser("add", help="register a node and print its token (shown only once)")
     p.add_argument("name")
+    _address_allow_option(p, required=False)
     p.set_defaults(run=cmd_node_add)
+    p = nsub.add_parser("set", help="change the networks a node may report as its engines' address")
+    p.add_argument("name")
+    _address_allow_option(p, required=True)
+    p.set_defaults(run=cmd_node_set)
+    p = nsub.add_parser(
+        "accept-capacity",
+        help="believe the memory, cores and GPUs a node reports, above what it first registered",
+        description=(
+            "A node is believed up to the capacity it first reported; after giving its machine "
+            "more, restart its agent with the new figures and accept them with this. The "
+            "figures now in force are printed."
+        ),
+    )
+    p.add_argument("name")
+    p.set_defaults(run=cmd_node_accept_capacity)
     p = nsub.add_parser("remove", help="forget a node; its replicas are placed elsewhere")
     p.add_argument("name")
     p.set_defaults(run=cmd_node_remove)
@@ -65,11 +84,64 @@ def add_node(sub: Any) -> None:
         p.set_defaults(run=cmd_node_cordon)
 
 
+def _address_allow_option(parser: Any, *, required: bool) -> None:
+    parser.add_argument(
+        "--address-allow",
+        metavar="CIDR[,CIDR]",
+        required=required,
+        type=_networks,
+        default=[],
+        help=(
+            "networks (or addresses) the node may report as its engines' address besides the "
+            "one it connects from: for a node behind NAT, or whose engines listen on another "
+            "interface than the one it reaches the control plane from"
+            + ("; '' clears the list" if required else "")
+        ),
+    )
+
+
+def _networks(text: str) -> list[str]:
+    # Checked by the control plane, which says what is wrong with an entry.
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _allowed_words(node: dict[str, Any]) -> str:
+    allowed = node.get("address_allow") or []
+    return ", ".join(allowed) if allowed else "only the address it connects from"
+
+
 def cmd_node_add(client: Client, args: argparse.Namespace) -> None:
-    node = client.post("nodes", {"name": args.name})
+    body: dict[str, Any] = {"name": args.name}
+    if args.address_allow:
+        body["address_allow"] = args.address_allow
+    node = client.post("nodes", body)
     print(f"Node {node['name']} added. Its token is shown only now:\n\n  {node['token']}\n")
-    print("Run the agent on that machine with:")
-    print(f"  llmgw node --server {client.url} --token {node['token']} --memory GB --cores N")
+    if args.address_allow:
+        print(
+            f"It may report its engines at: {', '.join(args.address_allow)}, or where it connects from."
+        )
+    print(
+        "Run the agent on that machine with the token in its environment (not on its command line):"
+    )
+    print(
+        f"  LLMGW_NODE_TOKEN={node['token']} llmgw node --server {client.url} "
+        "--memory GB --cores N --address ITS_IP"
+    )
+
+
+def cmd_node_set(client: Client, args: argparse.Namespace) -> None:
+    node = client.request("PATCH", f"nodes/{args.name}", json={"address_allow": args.address_allow})
+    print(f"Node {node['name']} may report its engines at: {_allowed_words(node)}.")
+    print("Its next heartbeat is checked against this.")
+
+
+def cmd_node_accept_capacity(client: Client, args: argparse.Namespace) -> None:
+    node = client.post(f"nodes/{args.name}/accept-capacity", None)
+    capacity = node["capacity"]
+    text = f"{capacity['memory_gb']:g} GB, {capacity['cores']:g} cores"
+    if capacity["gpus"]:
+        text += f", {capacity['gpus']} GPUs of {capacity['gpu_memory_gb']:g} GB"
+    print(f"Node {node['name']}: placement now counts on {text}, as it reports.")
 
 
 def cmd_node_remove(client: Client, args: argparse.Namespace) -> None:

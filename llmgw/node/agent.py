@@ -57,6 +57,7 @@ class Agent:
         self.node_name: str | None = None
         self._last_problem: str | None = None
         self._connected = False
+        self._warnings: tuple[str, ...] = ()
         self.exit_signal: str | None = None
         self._lock_file: TextIO | None = None
         self.session = requests.Session()
@@ -172,6 +173,11 @@ class Agent:
                 "gpu_memory_gb": self.config.gpu_memory_gb,
             },
             "address": self.config.address,
+            # The control plane routes only to replicas on these ports (fleet.trust).
+            "port_range": {
+                "first": self.config.port_range[0],
+                "last": self.config.port_range[1],
+            },
             "agent": {
                 "version": _agent_version(),
                 "pid": os.getpid(),
@@ -221,6 +227,7 @@ class Agent:
             )
             return
         self._recovered(response)
+        self._warn(response)
         if answer.interval is not None and answer.interval != self.interval:
             log.info("heartbeating every %g s, as the control plane asks", answer.interval)
             self.interval = answer.interval
@@ -233,6 +240,19 @@ class Agent:
         if text != self._last_problem:
             log.warning("%s", text)
             self._last_problem = text
+
+    def _warn(self, response: requests.Response) -> None:
+        """What the control plane does not believe of this node's report (capacity above what
+        it registered with): said once, and again when it changes."""
+        with contextlib.suppress(ValueError, AttributeError):
+            warnings = response.json().get("warnings") or []
+            if not isinstance(warnings, list):
+                return
+            current = tuple(str(w)[:1000] for w in warnings[:10])
+            if current != self._warnings:
+                for warning in current:
+                    log.warning("the control plane says: %s", warning)
+                self._warnings = current
 
     def _recovered(self, response: requests.Response) -> None:
         with contextlib.suppress(ValueError, AttributeError):

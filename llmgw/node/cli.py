@@ -113,7 +113,10 @@ def _add_engine_options(group: Any) -> None:
         default="127.0.0.1",
         help=(
             "the address the gateway reaches this machine's engines at; engines listen on it "
-            "(default 127.0.0.1, which only works when everything runs on one machine)"
+            "(default 127.0.0.1, which only works when everything runs on one machine). The "
+            "control plane takes only the address this agent connects from, or one staff allowed "
+            "for the node (llmgw ctl node set NAME --address-allow); 0.0.0.0 listens everywhere "
+            "and is reached where the agent connects from"
         ),
     )
     group.add_argument(
@@ -121,7 +124,10 @@ def _add_engine_options(group: Any) -> None:
         type=_port_range,
         default=DEFAULT_PORT_RANGE,
         metavar="A-B",
-        help="ports the engines may listen on (default {}-{})".format(*DEFAULT_PORT_RANGE),
+        help=(
+            "ports the engines may listen on (default {}-{}); sent to the control plane, which "
+            "routes to no replica outside them".format(*DEFAULT_PORT_RANGE)
+        ),
     )
     group.add_argument(
         "--ready-timeout",

@@ -52,7 +52,13 @@ def test_a_heartbeat_reports_capacity_and_gets_what_to_run(api: Any) -> None:
     token = api("staff").post("/api/v1/nodes", {"name": "n1"}, format="json").json()["token"]
     response = node_client(token).post("/api/v1/node/heartbeat", BEAT, format="json")
     assert response.status_code == 200
-    assert response.json() == {"node": "n1", "heartbeat_interval": 2, "replicas": [], "keep": []}
+    assert response.json() == {
+        "node": "n1",
+        "heartbeat_interval": 2,
+        "replicas": [],
+        "keep": [],
+        "warnings": [],
+    }
     view = api("alice").get("/api/v1/nodes").json()[0]
     assert (
         view["state"] == "ready"
