@@ -77,6 +77,9 @@ LLMGW_NODE_PORT_MAX = env_int("LLMGW_NODE_PORT_MAX", 65535, minimum=1)
 # Active gateway keys one user may hold (staff too; revoked keys do not count): every gateway
 # process keeps every key in memory, so one user must not be able to make that list unbounded.
 LLMGW_MAX_KEYS_PER_USER = env_int("LLMGW_MAX_KEYS_PER_USER", 100, minimum=1)
+# Mirror space (GB, of 1024**3 bytes) a plain user's `model serve` may take: the files their
+# serves hold in the mirror plus those being fetched. 0: only staff may serve. Staff: no quota.
+LLMGW_SERVE_QUOTA_GB = env_int("LLMGW_SERVE_QUOTA_GB", 50, minimum=0)
 
 INSTALLED_APPS = [
     "django.contrib.admin",

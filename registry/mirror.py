@@ -8,6 +8,7 @@ fetch never leaves a file that looks complete.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -277,12 +278,23 @@ def record_change(fetch: Fetch, entry: dict[str, Any], url: str) -> None:
 def referenced_files() -> set[tuple[str, str, str]]:
     """Files a model, a model's previous revision, or a fetch or rollout under way still refers to."""
     keep: set[tuple[str, str, str]] = set()
-    for source, previous in Model.objects.values_list("source", "previous"):
+    names = set()
+    for name, source, previous in Model.objects.values_list("name", "source", "previous"):
+        names.add(name)
         for url in (source, (previous or {}).get("source")):
             parsed = parse_mirror_url(url) if url else None
             if parsed:
                 keep.add(parsed)
-    for fetch in Fetch.objects.filter(state__in=[Fetch.QUEUED, Fetch.RUNNING]):
+    # A serve's fetch is done a moment before its model is added (registry.fetches.run_fetch):
+    # the files of one that finished lately, its model not there, are kept as though the fetch
+    # were still under way.
+    lately = timezone.now() - timedelta(minutes=10)
+    for fetch in Fetch.objects.filter(
+        Q(state__in=[Fetch.QUEUED, Fetch.RUNNING])
+        | Q(state=Fetch.DONE, serve_definition__isnull=False, finished_at__gte=lately)
+    ):
+        if fetch.state == Fetch.DONE and (fetch.serve_definition or {}).get("name") in names:
+            continue
         keep.update((fetch.repo, fetch.commit, f["path"]) for f in fetch.files)
     for rollout in Rollout.objects.filter(state__in=Rollout.ACTIVE):
         for url in (rollout.from_source, rollout.to_source):
@@ -306,5 +318,7 @@ def clean_mirror() -> list[str]:
             record.delete()
     for folder in sorted(root().glob("*/*/*"), key=lambda p: len(p.parts), reverse=True):
         if folder.is_dir() and not any(folder.rglob("*")):
-            folder.rmdir()
+            # Another cleaning may have removed it, or a fetch put a file in it, meanwhile.
+            with contextlib.suppress(OSError):
+                folder.rmdir()
     return removed

@@ -33,6 +33,7 @@ from fleet.specs import current_keys
 from .mirror import STALE_SECONDS, clean_mirror, file_url, parse_mirror_url
 from .models import Fetch, Rollout
 from .queue import queue_now, queue_on_commit
+from .quota import file_key, refuse_past_serve_quota
 
 log = logging.getLogger("registry.rollouts")
 
@@ -83,6 +84,12 @@ def start_update(*, actor: Actor, name: str) -> Rollout:
         files = [changed.get(f["path"], f) for f in model.origin["files"]]
         in_mirror = parse_mirror_url(model.source)
         weights_path = in_mirror[2] if in_mirror else files[0]["path"]
+        # The old files stay for a rollback, so the changed ones are new bytes in the mirror.
+        refuse_past_serve_quota(
+            actor,
+            f"update {model.name}",
+            {file_key(repo, new_commit, f): f["size"] for f in changed.values()},
+        )
         fetch = Fetch.objects.create(
             repo=repo,
             branch=model.origin.get("branch", "main"),

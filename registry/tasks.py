@@ -3,7 +3,7 @@ queued by name (registry.queue), so nothing imports this module but the worker."
 
 from celery import shared_task
 
-from . import fetches, rollouts, updates
+from . import fetches, mirror, rollouts, updates
 
 
 @shared_task(ignore_result=True, soft_time_limit=3600, time_limit=3700)
@@ -22,3 +22,9 @@ def advance_rollouts() -> None:
 def check_updates() -> None:
     """Ask the registry whether served models have newer files (mirror.update_check)."""
     updates.check_updates()
+
+
+@shared_task(ignore_result=True, soft_time_limit=600, time_limit=660)
+def clean_mirror() -> None:
+    """Delete the mirror's files nothing refers to (queued when a model is removed)."""
+    mirror.clean_mirror()

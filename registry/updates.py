@@ -38,6 +38,7 @@ from .hub import (
 from .mirror import file_url, origin_for_source
 from .models import Fetch
 from .queue import queue_on_commit
+from .quota import file_key, refuse_past_serve_quota
 
 log = logging.getLogger("registry.updates")
 
@@ -85,6 +86,9 @@ def serve_start(
         catalog = catalog_snapshot()
         catalog[definition["name"]] = definition
         refuse_if_invalid(catalog, [definition["name"]])
+        refuse_past_serve_quota(
+            actor, f"serve {repo}", {file_key(repo, commit, weights.as_dict()): weights.size}
+        )
         fetch = Fetch.objects.create(
             repo=repo,
             branch=branch,
