@@ -316,17 +316,21 @@ def test_a_rolling_restart_asks_first_then_bumps_the_generation(
 
 def test_remove_and_its_refusal(client_for: Any, running: Any, fleet: Any) -> None:
     fleet.add("leaning", fallbacks=["tiny-chat"], min_replicas=0, max_replicas=0)
+    response = client_for("carol").post("/models/tiny-chat/remove", headers=HTMX)
+    assert response.status_code == 403
+    assert "tiny-chat belongs to alice; only they or a staff user may change it." in text_of(
+        response
+    )
+    assert Model.objects.filter(name="tiny-chat").exists()
     client = client_for("alice")
-    response = client.post("/models/tiny-chat/remove", headers=HTMX)
-    assert response.status_code == 409
-    assert "tiny-chat cannot be removed: leaning falls back to it." in text_of(response)
-    response = client.post("/models/leaning/remove", headers=HTMX)
-    assert response["HX-Redirect"] == "/"
-    assert not Model.objects.filter(name="leaning").exists()
+    # Another model's fallback does not keep a model from its owner: it is dropped, audited.
     response = client.post("/models/tiny-chat/remove")
     assert response.status_code == 302
     assert "tiny-chat was removed from the catalog" in text_of(client.get("/"))
-    assert AuditEntry.objects.filter(action="remove", door="console").count() == 2
+    assert Model.objects.get(name="leaning").fallbacks == []
+    assert AuditEntry.objects.filter(action="remove", door="console").count() == 1
+    dropped = AuditEntry.objects.get(action="fallback-dropped")
+    assert (dropped.door, dropped.actor_name) == ("console", "alice")
 
 
 def test_changes_need_post(client_for: Any, running: Any) -> None:
