@@ -58,7 +58,7 @@ class KeysAPI(APIView):
     @extend_schema(
         summary="Create a gateway key for yourself; the answer holds the key, shown only once",
         request=KeyCreateInput,
-        responses=answers({201: NewKeyOut}, body=True),
+        responses=answers({201: NewKeyOut}, 409, body=True),
     )
     def post(self, request: Request) -> Response:
         data = validated(KeyCreateInput, request.data)
