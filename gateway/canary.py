@@ -8,7 +8,9 @@ refused because of the split. Fallbacks are not split (they serve another model)
 
 Every answer is counted under the revision of the replica that gave it (gateway.traffic), so the
 check (registry.canary, run by gateway.tasks.check_canaries) compares the two revisions on the
-same requests the clients saw.
+same requests the clients saw; while the canary runs they are also counted per key
+(registry.models.CanaryKeyMinute), so that a key whose requests fail on both revisions alike
+cannot pass its failures off as the new revision's (registry.canary.judge).
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+from django.db.models import Sum
+
 from registry import canary as registry_canary
+from registry.models import CanaryKeyMinute
 
 from .models import TrafficMinute
 from .routing import Entry, Serve
@@ -54,6 +59,35 @@ def revision_figures(names: Iterable[str], since: datetime) -> dict[str, Figures
     return found
 
 
+def key_figures(
+    names: Iterable[str], revisions: Iterable[str], since: datetime
+) -> dict[int, dict[str, registry_canary.RevisionFigures]]:
+    """What the gateway processes answered each key for these names on these revisions, from
+    the minute of `since` on; one query, summed in the database (a row per key and revision)."""
+    epoch = int(since.timestamp())
+    start = datetime.fromtimestamp(epoch - epoch % MINUTE, UTC)
+    rows = (
+        CanaryKeyMinute.objects.filter(
+            model__in=list(names), revision__in=list(revisions), start__gte=start
+        )
+        .values("key_id", "revision")
+        .annotate(
+            total_requests=Sum("requests"),
+            total_errors=Sum("server_errors"),
+            total_seconds=Sum("seconds"),
+        )
+        .order_by()
+    )
+    found: dict[int, dict[str, registry_canary.RevisionFigures]] = {}
+    for row in rows:
+        found.setdefault(row["key_id"], {})[row["revision"]] = registry_canary.RevisionFigures(
+            requests=row["total_requests"] or 0,
+            errors=row["total_errors"] or 0,
+            seconds=row["total_seconds"] or 0.0,
+        )
+    return found
+
+
 def check_canaries() -> None:
     """Move every canary under way on (its window starts when its replica is ready, with what the
     figures held then as its baseline), then judge each one that was watching already on the
@@ -69,11 +103,18 @@ def check_canaries() -> None:
         if canary.get("state") != "watching" or model.pk in started:
             continue
         since = datetime.fromisoformat(canary["started_at"])
-        registry_canary.check_canary(model, _figures(model, since))
+        names = _names(model)
+        keys = key_figures(names, (canary["from_revision"], canary["revision"]), since)
+        registry_canary.check_canary(model, _figures(model, since), keys=keys)
+
+
+def _names(model: Any) -> list[str]:
+    """The names the gateway counts a model's answers under: the model and its adapters."""
+    return [model.name, *(a["name"] for a in model.adapters)]
 
 
 def _figures(model: Any, since: datetime) -> dict[str, registry_canary.RevisionFigures]:
-    names = [model.name, *(a["name"] for a in model.adapters)]
+    names = _names(model)
     return {
         revision: registry_canary.RevisionFigures(
             requests=seen.requests, errors=seen.server_errors, seconds=seen.seconds

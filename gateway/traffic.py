@@ -6,6 +6,13 @@ writes only rows of its own (`writer`) with the absolute totals it holds, so pro
 race on a counter and a write that is repeated changes nothing. Minutes older than a day are
 folded into hours by a beat task, and hours older than TRAFFIC_KEEP_DAYS are deleted, so the
 table stays bounded whatever the traffic.
+
+While a model has a canary update under way, the book also keeps its answers per key and
+revision (requests, server errors, seconds; registry.models.CanaryKeyMinute), so that the check
+can tell errors that follow a key's requests from errors that follow the new revision
+(registry.canary.judge). In memory that is keys x 2 revisions x the minutes not yet final (two)
+per model under a canary; in the database, keys x 2 revisions x the minutes of the window, per
+writer, deleted by fold() a day later.
 """
 
 from __future__ import annotations
@@ -23,8 +30,13 @@ from typing import Any
 
 from django.db import transaction
 
+from registry.models import CanaryKeyMinute
+
 from .models import GatewayKey, KeyUsageDay, TrafficMinute
 
+# Canary key minutes are kept as long as the longest canary window (registry.canary's
+# MAX_WINDOW_SECONDS), then deleted by fold().
+CANARY_KEYS_KEEP = timedelta(days=1, minutes=2)
 # Upper bounds (seconds) of the latency histogram kept per minute; the last one is open.
 LATENCY_BOUNDS: tuple[float, ...] = (
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, math.inf,
@@ -110,6 +122,9 @@ class TrafficBook:
         self._days: dict[tuple[int, str, date], list[int]] = {}
         self._dirty_minutes: set[tuple[str, str, int]] = set()
         self._dirty_days: set[tuple[int, str, date]] = set()
+        # (model, revision, key id, minute) -> [requests, server errors, seconds]
+        self._canary_keys: dict[tuple[str, str, int, int], list[float]] = {}
+        self._dirty_canary_keys: set[tuple[str, str, int, int]] = set()
         self._flushed_at = 0.0
 
     def record(
@@ -123,10 +138,22 @@ class TrafficBook:
         completion: int = 0,
         at: float | None = None,
         revision: str = "",
+        canary: bool = False,
     ) -> None:
+        """Count one answered request. `canary`: the model has a canary update under way, so
+        the answer is also counted per key and revision (for the canary's check)."""
         at = time.time() if at is None else at
         minute = (model, revision, int(at // MINUTE) * MINUTE)
         with self._lock:
+            if canary and revision and key_id is not None:
+                by_key = (model, revision, key_id, minute[2])
+                counts = self._canary_keys.get(by_key)
+                if counts is None:
+                    counts = self._canary_keys[by_key] = [0, 0, 0.0]
+                counts[0] += 1
+                counts[1] += status >= 500
+                counts[2] += seconds
+                self._dirty_canary_keys.add(by_key)
             figures = self._minutes.get(minute)
             if figures is None:
                 figures = self._minutes[minute] = Figures()
@@ -153,24 +180,52 @@ class TrafficBook:
         with self._lock:
             minutes = {key: self._minutes[key].copy() for key in self._dirty_minutes}
             days = {key: list(self._days[key]) for key in self._dirty_days}
+            canary_keys = {key: list(self._canary_keys[key]) for key in self._dirty_canary_keys}
             self._dirty_minutes.clear()
             self._dirty_days.clear()
+            self._dirty_canary_keys.clear()
             # Requests land in the minute they end in: a minute two back is final here.
             oldest = int(wall // MINUTE) * MINUTE - MINUTE
             for minute in [k for k in self._minutes if k[2] < oldest]:
                 del self._minutes[minute]
+            for by_key in [k for k in self._canary_keys if k[3] < oldest]:
+                del self._canary_keys[by_key]
             today = datetime.fromtimestamp(wall, UTC).date()
             for day in [k for k in self._days if k[2] < today - timedelta(days=1)]:
                 del self._days[day]
         try:
-            written = self._write(minutes, days)
+            written = self._write(minutes, days) + self._write_canary_keys(canary_keys)
         except BaseException:
             # Written next time: the figures are absolute, so nothing is counted twice.
             with self._lock:
                 self._dirty_minutes.update(k for k in minutes if k in self._minutes)
                 self._dirty_days.update(k for k in days if k in self._days)
+                self._dirty_canary_keys.update(k for k in canary_keys if k in self._canary_keys)
             raise
         return written
+
+    def _write_canary_keys(self, canary_keys: dict[tuple[str, str, int, int], list[float]]) -> int:
+        rows = [
+            CanaryKeyMinute(
+                model=model,
+                revision=revision,
+                key_id=key_id,
+                start=datetime.fromtimestamp(start, UTC),
+                writer=self.writer,
+                requests=int(requests),
+                server_errors=int(errors),
+                seconds=seconds,
+            )
+            for (model, revision, key_id, start), (requests, errors, seconds) in canary_keys.items()
+        ]
+        if rows:
+            CanaryKeyMinute.objects.bulk_create(
+                rows,
+                update_conflicts=True,
+                unique_fields=["model", "revision", "key_id", "start", "writer"],
+                update_fields=["requests", "server_errors", "seconds"],
+            )
+        return len(rows)
 
     def _write(
         self,
@@ -275,7 +330,14 @@ def fold(now: datetime | None = None) -> dict[str, int]:
         usage_expired = KeyUsageDay.objects.filter(
             day__lt=(now - timedelta(days=KEY_USAGE_KEEP_DAYS)).date()
         ).delete()[0]
-    return {"folded": len(old), "hours": len(hours), "expired": expired + usage_expired}
+        canary_expired = CanaryKeyMinute.objects.filter(start__lt=now - CANARY_KEYS_KEEP).delete()[
+            0
+        ]
+    return {
+        "folded": len(old),
+        "hours": len(hours),
+        "expired": expired + usage_expired + canary_expired,
+    }
 
 
 # -- reads --------------------------------------------------------------------------------

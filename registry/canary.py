@@ -158,9 +158,100 @@ class RevisionFigures:
 
 
 @dataclass(frozen=True)
+class KeyFigures:
+    """What the gateway answered one key on each revision since the window started."""
+
+    old: RevisionFigures
+    new: RevisionFigures
+
+
+# A key's own figures on the old revision are its baseline once the old revision has answered
+# this many of its requests; below that, the old revision's rate over every key stands in.
+KEY_BASELINE_REQUESTS = 5
+# A key's errors on the new revision count only beyond its baseline plus this many standard
+# deviations of chance: checks run every 15 s for the whole window, and a key whose requests
+# fail half the time on both revisions must not roll a canary back by luck of the split.
+CHANCE_MARGIN = 3.0
+
+
+@dataclass(frozen=True)
+class Excess:
+    """The new revision's server errors that the keys' own baselines do not explain."""
+
+    errors: float
+    keys_sending: int  # keys the new revision answered
+    keys_with_excess: int
+    # Of those, keys with a baseline of their own: one of them alone is evidence.
+    baselined_with_excess: int
+    # The old revision's mean latency for the new revision's mix of keys.
+    expected_latency: float | None
+
+    @property
+    def decisive(self) -> bool:
+        """Whether the excess may decide: it comes from a key whose own old-revision figures
+        show the difference, or from two keys or more, or from the only key sending."""
+        return (
+            self.baselined_with_excess >= 1
+            or self.keys_with_excess >= 2
+            or (self.keys_sending == 1 and self.keys_with_excess == 1)
+        )
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "sending": self.keys_sending,
+            "with_excess": self.keys_with_excess,
+            "excess_errors": round(self.errors, 2),
+        }
+
+
+def excess(keys: dict[int, KeyFigures], old_total: RevisionFigures) -> Excess:
+    """Each key's server errors on the new revision beyond what the same key saw on the old one
+    (with CHANCE_MARGIN for chance), summed; see judge."""
+    pooled = old_total.error_rate if old_total.requests >= KEY_BASELINE_REQUESTS else 0.0
+    pooled_latency = old_total.mean_latency
+    total = 0.0
+    sending = with_excess = baselined_with_excess = 0
+    weighted_latency = 0.0
+    weighted_requests = 0
+    for seen in keys.values():
+        new, old = seen.new, seen.old
+        if new.requests == 0:
+            continue
+        sending += 1
+        baselined = old.requests >= KEY_BASELINE_REQUESTS
+        if baselined:
+            rate, compared_with = old.error_rate, old.requests
+        else:
+            rate, compared_with = pooled, old_total.requests
+        expected = new.requests * rate
+        # The spread of (errors - expected) when both sides fail at `rate`: binomial on the new
+        # side plus the old side's estimate of the rate, scaled to the new side's requests.
+        spread = math.sqrt(
+            new.requests * rate * (1 - rate) * (1 + new.requests / max(compared_with, 1))
+        )
+        beyond = new.errors - expected - CHANCE_MARGIN * spread
+        if beyond > 0:
+            total += beyond
+            with_excess += 1
+            baselined_with_excess += baselined
+        latency = old.mean_latency if baselined else pooled_latency
+        if latency is not None:
+            weighted_latency += latency * new.requests
+            weighted_requests += new.requests
+    return Excess(
+        errors=total,
+        keys_sending=sending,
+        keys_with_excess=with_excess,
+        baselined_with_excess=baselined_with_excess,
+        expected_latency=weighted_latency / weighted_requests if weighted_requests else None,
+    )
+
+
+@dataclass(frozen=True)
 class Verdict:
     outcome: str  # healthy | unhealthy | undecided
     reason: str
+    excess: Excess | None = None
 
 
 def judge(
@@ -170,17 +261,38 @@ def judge(
     *,
     min_requests: int,
     window_over: bool,
+    keys: dict[int, KeyFigures] | None = None,
 ) -> Verdict:
     """Is the new revision healthy, judged against the old one?
 
     1. Until the new revision has answered `min_requests` requests nothing is decided: a few
        requests are noise (one error in three is not a 33% error rate). A window that ends
        before then waits for them.
-    2. Its server-error rate above the limit, and above the old revision's, is unhealthy (when
-       the old revision fails as often, the cause is elsewhere: the engine host, the load).
+    2. Server errors, judged per gateway key (`keys`, the figures of each key on each
+       revision) so that no key can swing the decision beyond its share of the traffic:
+       - The split is random per request, so an error caused by the request itself (a body the
+         engine cannot take) falls on both revisions alike. A key's errors on the new revision
+         therefore count only beyond what the same key saw on the old one: its old-revision
+         error rate times its new-revision requests, plus CHANCE_MARGIN standard deviations of
+         chance. A key that fails alike on both revisions is no evidence against the canary.
+       - A key whose requests the old revision answered fewer than KEY_BASELINE_REQUESTS times
+         is compared with the old revision's rate over all keys instead (none when the old
+         revision answered nothing, as when the canary took the place of a model's only
+         replica). Such a key's excess alone decides nothing while other keys are sending:
+         it must come with another key's excess, or be the only key sending.
+       - A key's excess is at most its own requests to the new revision, so no key counts for
+         more than its share of the traffic.
+       The summed excess, as a share of the new revision's answers, above `max_error_rate` is
+       unhealthy.
+       Without per-key figures (an older gateway), the new revision's server-error rate above
+       the limit, and above the old revision's, is unhealthy (when the old revision fails as
+       often, the cause is elsewhere: the engine host, the load).
     3. Its mean latency more than `max_latency_ratio` times the old revision's is unhealthy,
-       once both have answered `min_requests` requests (latencies below LATENCY_FLOOR_SECONDS
-       count as that, so a ratio over a near-zero figure decides nothing).
+       once both have answered `min_requests` requests. With per-key figures the old
+       revision's latency is taken for the new revision's mix of keys (each key's own old mean,
+       weighted by its new requests), so one key's slow requests weigh alike on both sides.
+       Latencies below LATENCY_FLOOR_SECONDS count as that, so a ratio over a near-zero figure
+       decides nothing.
     4. Otherwise: healthy when the window is over, undecided before.
     """
     if new.requests < min_requests:
@@ -194,7 +306,20 @@ def judge(
             f"the new revision has answered {new.requests} of the {min_requests} requests a "
             f"decision needs; {waiting}",
         )
-    if new.error_rate > settings_.max_error_rate and new.error_rate > old.error_rate:
+    beyond = excess(keys, old) if keys else None
+    if beyond is not None:
+        rate = beyond.errors / new.requests
+        if rate > settings_.max_error_rate and beyond.decisive:
+            return Verdict(
+                "unhealthy",
+                f"server errors on the new revision beyond what each key saw on the old one: "
+                f"{beyond.errors:.0f} of {new.requests} ({rate:.1%}), from "
+                f"{beyond.keys_with_excess} of {beyond.keys_sending} keys, above the limit of "
+                f"{settings_.max_error_rate:.1%} (all server errors: new {new.errors} of "
+                f"{new.requests}, old {old.errors} of {old.requests})",
+                beyond,
+            )
+    elif new.error_rate > settings_.max_error_rate and new.error_rate > old.error_rate:
         return Verdict(
             "unhealthy",
             f"server errors on the new revision: {new.errors} of {new.requests} "
@@ -203,8 +328,12 @@ def judge(
         )
     latency_note = ""
     if old.requests >= min_requests:
+        expected = beyond.expected_latency if beyond is not None else None
         new_latency = max(new.mean_latency or 0.0, LATENCY_FLOOR_SECONDS)
-        old_latency = max(old.mean_latency or 0.0, LATENCY_FLOOR_SECONDS)
+        old_latency = max(
+            expected if expected is not None else (old.mean_latency or 0.0),
+            LATENCY_FLOOR_SECONDS,
+        )
         ratio = new_latency / old_latency
         if ratio > settings_.max_latency_ratio:
             return Verdict(
@@ -212,6 +341,7 @@ def judge(
                 f"the new revision answers {ratio:.1f} times slower than the old one on average "
                 f"({new_latency:.3f} s against {old_latency:.3f} s), above the limit of "
                 f"{settings_.max_latency_ratio:g}",
+                beyond,
             )
         latency_note = f", {ratio:.2f} times the old revision's latency"
     else:
@@ -222,9 +352,14 @@ def judge(
     summary = (
         f"{new.errors} server errors in {new.requests} answers ({new.error_rate:.1%}){latency_note}"
     )
+    if beyond is not None and new.errors:
+        summary += (
+            f"; {beyond.errors:.0f} of them beyond what each key saw on the old revision "
+            f"({beyond.keys_with_excess} of {beyond.keys_sending} keys)"
+        )
     if window_over:
-        return Verdict("healthy", f"healthy through the window: {summary}")
-    return Verdict("undecided", f"healthy so far: {summary}")
+        return Verdict("healthy", f"healthy through the window: {summary}", beyond)
+    return Verdict("undecided", f"healthy so far: {summary}", beyond)
 
 
 # -- starting -----------------------------------------------------------------------------
@@ -359,12 +494,19 @@ def check_canary(
     model: Model,
     figures: dict[str, RevisionFigures],
     *,
+    keys: dict[int, dict[str, RevisionFigures]] | None = None,
     min_requests: int | None = None,
     now: datetime | None = None,
 ) -> Verdict | None:
     """One check of a watching canary against the gateway's figures per revision (from the
     minute the window started in; its baseline is taken off); rolls it back or promotes it when
-    that is decided. None when the canary is not watching."""
+    that is decided. None when the canary is not watching.
+
+    `keys` holds each gateway key's figures per revision (registry.models.CanaryKeyMinute),
+    from the minute the window started in: judge weighs errors per key with them. They carry no
+    baseline of their own (that would be a row per key in the canary's record), so up to a
+    minute of answers from before the window may count in them; they only ever compare a key's
+    two revisions with each other, which such answers leave fair."""
     now = now or timezone.now()
     canary = model.canary or {}
     if canary.get("state") != "watching":
@@ -374,14 +516,24 @@ def check_canary(
     old = _since(figures.get(canary["from_revision"]), baseline.get(canary["from_revision"]))
     new = _since(figures.get(canary["revision"]), baseline.get(canary["revision"]))
     ends = datetime.fromisoformat(canary["ends_at"])
+    per_key = {
+        key: KeyFigures(
+            old=sides.get(canary["from_revision"]) or RevisionFigures(),
+            new=sides.get(canary["revision"]) or RevisionFigures(),
+        )
+        for key, sides in (keys or {}).items()
+    }
     verdict = judge(
         old,
         new,
         stored_settings(canary),
         min_requests=min_requests,
         window_over=now >= ends,
+        keys=per_key or None,
     )
-    seen = {"old": asdict(old), "new": asdict(new), "at": now.isoformat()}
+    seen: dict[str, Any] = {"old": asdict(old), "new": asdict(new), "at": now.isoformat()}
+    if verdict.excess is not None:
+        seen["keys"] = verdict.excess.summary()
     with transaction.atomic():
         lock_catalog()
         current = Model.objects.get(pk=model.pk)
@@ -427,6 +579,12 @@ def describe_figures(figures: Any) -> str:
         parts.append(
             f"{side} revision: {seen.requests} requests, {seen.errors} server errors, "
             f"mean latency {latency}"
+        )
+    keys = figures.get("keys")
+    if isinstance(keys, dict):
+        parts.append(
+            f"{keys.get('excess_errors', 0):g} server errors beyond what each key saw on the old "
+            f"revision, from {keys.get('with_excess', 0)} of {keys.get('sending', 0)} keys"
         )
     return "; ".join(parts) + "."
 
@@ -632,6 +790,9 @@ def canary_view(model: Model) -> dict[str, Any] | None:
         "checked_at": canary.get("checked_at"),
         "old": side("old"),
         "new": side("new"),
+        # Judged per key (see judge): how many keys the new revision answered, how many of
+        # them failed there beyond their own old-revision rate, and those excess errors.
+        "keys": figures.get("keys") or {"sending": 0, "with_excess": 0, "excess_errors": 0},
         "verdict": canary.get("verdict", ""),
         "decided_by": canary.get("decided_by", ""),
         "decision": canary.get("decision", ""),

@@ -111,3 +111,43 @@ class Rollout(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} of {self.model_id} ({self.state})"
+
+
+class CanaryKeyMinute(models.Model):
+    """What one gateway process answered one key for one model and revision in one minute, kept
+    only while the model has a canary update under way (registry.canary.judge reads it).
+
+    The gateway's own traffic table (gateway.models.TrafficMinute) has no key: one key whose
+    requests fail on both revisions alike (a body the engine cannot take) would read as the new
+    revision's errors. Per key, the check can tell errors that follow the request from errors
+    that follow the revision. Each process writes its own rows with the absolute totals it
+    holds, as for TrafficMinute. Bounded: keys sending x 2 revisions x the minutes of the window
+    (at most a day, MAX_WINDOW_SECONDS) x writers, per model under a canary; gateway.traffic.fold
+    deletes rows older than a day.
+    """
+
+    model = models.CharField(max_length=200)
+    revision = models.CharField(max_length=40)
+    # The gateway key's id, not a foreign key: the registry sits below the gateway (whose
+    # GatewayKey it is), and a deleted key's figures still count for the canary it took part in.
+    key_id = models.BigIntegerField()
+    start = models.DateTimeField(help_text="the minute the figures are for, UTC")
+    writer = models.CharField(max_length=40)
+    requests = models.PositiveIntegerField(default=0)
+    server_errors = models.PositiveIntegerField(default=0, help_text="answers 500-599")
+    seconds = models.FloatField(default=0, help_text="time spent answering, summed")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["model", "revision", "key_id", "start", "writer"],
+                name="canary_key_minute_once",
+            )
+        ]
+        indexes = [models.Index(fields=["model", "start"])]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.model}@{self.revision} key {self.key_id} at {self.start:%Y-%m-%d %H:%M}: "
+            f"{self.requests} requests"
+        )

@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 
 from catalog.models import CanaryRouting, canary_routing
-from gateway.canary import revision_figures, share
+from gateway.canary import key_figures, revision_figures, share
 from gateway.routing import Candidate, Serve, read_catalog, read_replicas
-from gateway.traffic import TrafficBook
+from gateway.traffic import TrafficBook, fold
+from registry.canary import CanarySettings, KeyFigures, RevisionFigures, Verdict, judge
+from registry.models import CanaryKeyMinute
 from tests.gateway.test_routing import entry
 
 pytestmark = pytest.mark.smoke
@@ -123,3 +125,136 @@ def test_figures_are_kept_and_read_per_revision() -> None:
     assert (found["old"].requests, found["old"].server_errors) == (3, 0)
     assert (found["new"].requests, found["new"].server_errors) == (2, 1)
     assert found["new"].seconds == pytest.approx(0.41)
+
+
+# -- no key can swing the decision (registry.canary.judge with per-key figures) ----------------
+
+LIMITS = CanarySettings(percent=20, window_seconds=600, max_error_rate=0.05, max_latency_ratio=2.0)
+
+
+def side(requests: int, errors: int = 0, seconds: float = 0.2) -> RevisionFigures:
+    return RevisionFigures(requests=requests, errors=errors, seconds=requests * seconds)
+
+
+def judged(keys: dict[int, KeyFigures], *, over: bool = False) -> Verdict:
+    old, new = RevisionFigures(), RevisionFigures()
+    for seen in keys.values():
+        old = RevisionFigures(
+            old.requests + seen.old.requests,
+            old.errors + seen.old.errors,
+            old.seconds + seen.old.seconds,
+        )
+        new = RevisionFigures(
+            new.requests + seen.new.requests,
+            new.errors + seen.new.errors,
+            new.seconds + seen.new.seconds,
+        )
+    return judge(old, new, LIMITS, min_requests=20, window_over=over, keys=keys)
+
+
+# Three keys whose requests both revisions answer well, 20% of them on the new revision.
+HEALTHY = {key: KeyFigures(old=side(40), new=side(10)) for key in (1, 2, 3)}
+# The attack: one key that does not own the model sends 187 requests the engine fails on,
+# whichever revision answers them (149 land on the old revision, 38 on the new).
+ATTACKER = 9
+FAILS_ON_BOTH = KeyFigures(old=side(149, 149), new=side(38, 38))
+
+
+def test_one_key_failing_alike_on_both_revisions_is_no_evidence_against_the_canary() -> None:
+    keys = {**HEALTHY, ATTACKER: FAILS_ON_BOTH}
+    # Without keys, the same figures roll the canary back: 38 errors in 68 answers (55.9%)
+    # against 149 in 269 (55.4%). Which side is ahead is the luck of the split at each check.
+    old = RevisionFigures(269, 149, 269 * 0.2)
+    new = RevisionFigures(68, 38, 68 * 0.2)
+    assert judge(old, new, LIMITS, min_requests=20, window_over=False).outcome == "unhealthy"
+
+    found = judged(keys, over=True)
+    assert found.outcome == "healthy"
+    assert found.excess is not None
+    assert found.excess.summary() == {"sending": 4, "with_excess": 0, "excess_errors": 0}
+    assert "0 of them beyond what each key saw on the old revision (0 of 4 keys)" in found.reason
+
+
+def test_a_key_failing_half_the_time_on_both_does_not_win_by_the_luck_of_the_split() -> None:
+    # 50% on both; the new side drew 25 failures of 37 where 18.5 were expected.
+    keys = {**HEALTHY, ATTACKER: KeyFigures(old=side(150, 75), new=side(37, 25))}
+    assert judged(keys).outcome == "undecided"
+
+
+def test_errors_only_on_the_new_revision_from_several_keys_are_unhealthy() -> None:
+    keys = {key: KeyFigures(old=side(40), new=side(10, 3)) for key in (1, 2, 3)}
+    found = judged(keys)
+    assert found.outcome == "unhealthy"
+    assert found.reason.startswith(
+        "server errors on the new revision beyond what each key saw on the old one: 9 of 30 "
+        "(30.0%), from 3 of 3 keys, above the limit of 5.0%"
+    )
+
+
+def test_errors_only_on_the_new_revision_from_the_only_key_are_unhealthy() -> None:
+    assert judged({ATTACKER: KeyFigures(old=side(150), new=side(37, 37))}).outcome == "unhealthy"
+
+
+def test_errors_on_the_new_revision_for_one_keys_requests_only_are_unhealthy() -> None:
+    # That key's own old-revision figures show the difference: the revision, not the request.
+    keys = {**HEALTHY, ATTACKER: KeyFigures(old=side(150), new=side(37, 37))}
+    assert judged(keys).outcome == "unhealthy"
+
+
+def test_without_an_old_revision_one_key_alone_decides_nothing_while_others_send() -> None:
+    # The canary took the place of the model's only replica: the old revision answers nothing.
+    keys = {key: KeyFigures(old=side(0), new=side(30)) for key in (1, 2, 3)}
+    keys[ATTACKER] = KeyFigures(old=side(0), new=side(187, 187))
+    assert judged(keys).outcome == "undecided"
+    # The same failures from two keys, or from the only key sending, decide.
+    keys[1] = KeyFigures(old=side(0), new=side(30, 30))
+    assert judged(keys).outcome == "unhealthy"
+    assert judged({ATTACKER: keys[ATTACKER]}).outcome == "unhealthy"
+
+
+def test_one_keys_slow_requests_weigh_alike_on_both_revisions() -> None:
+    # The split sent more of one key's slow requests to the new revision this time.
+    keys = {
+        1: KeyFigures(old=side(200, seconds=0.1), new=side(20, seconds=0.1)),
+        ATTACKER: KeyFigures(old=side(10, seconds=5.0), new=side(30, seconds=5.0)),
+    }
+    old = RevisionFigures(210, 0, 200 * 0.1 + 10 * 5.0)
+    new = RevisionFigures(50, 0, 20 * 0.1 + 30 * 5.0)
+    assert judge(old, new, LIMITS, min_requests=20, window_over=False).outcome == "unhealthy"
+    assert judged(keys).outcome == "undecided"
+    # A new revision slower for every key is still too slow.
+    slower = {key: KeyFigures(old=seen.old, new=side(seen.new.requests, seconds=seen.new.mean_latency * 3)) for key, seen in keys.items()}  # type: ignore[operator]  # fmt: skip
+    assert judged(slower).outcome == "unhealthy"
+
+
+@pytest.mark.django_db
+def test_the_book_keeps_figures_per_key_only_for_a_model_under_a_canary() -> None:
+    book = TrafficBook("w1")
+    at = NOW.timestamp()
+    for status in (200, 500, 500):
+        book.record(model="chat", key_id=7, status=status, seconds=0.5, at=at, revision="new", canary=True)  # fmt: skip
+    book.record(model="chat", key_id=7, status=200, seconds=0.25, at=at, revision="old", canary=True)  # fmt: skip
+    book.record(model="chat", key_id=8, status=500, seconds=0.1, at=at, revision="old", canary=True)  # fmt: skip
+    # No canary, no key or no replica: nothing per key.
+    book.record(model="plain", key_id=7, status=500, seconds=0.1, at=at, revision="old")
+    book.record(model="chat", key_id=None, status=500, seconds=0.1, at=at, revision="old", canary=True)  # fmt: skip
+    book.record(model="chat", key_id=7, status=503, seconds=0.0, at=at, canary=True)
+    book.flush(now=at)
+    assert CanaryKeyMinute.objects.count() == 3
+    book.record(model="chat", key_id=7, status=200, seconds=0.5, at=at, revision="new", canary=True)  # fmt: skip
+    book.flush(now=at)  # totals again, not increments
+    assert CanaryKeyMinute.objects.count() == 3
+
+    found = key_figures(["chat"], ["old", "new"], NOW - timedelta(seconds=10))
+    assert found == {
+        7: {
+            "new": RevisionFigures(requests=4, errors=2, seconds=pytest.approx(2.0)),
+            "old": RevisionFigures(requests=1, errors=0, seconds=0.25),
+        },
+        8: {"old": RevisionFigures(requests=1, errors=1, seconds=pytest.approx(0.1))},
+    }
+    # Over: the book forgets them, and fold deletes them a day later.
+    book.flush(now=at + 3 * 60)
+    assert book._canary_keys == {}
+    fold(now=NOW + timedelta(days=1, minutes=5))
+    assert CanaryKeyMinute.objects.count() == 0

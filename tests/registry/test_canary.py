@@ -407,3 +407,85 @@ def test_a_model_without_a_canary_says_how_to_start_one(world: dict[str, Any], a
         "tiny-chat-q4 --canary PERCENT`."
     )
     assert api("alice").post("/api/v1/models/nope/canary/abort").status_code == 404
+
+
+# -- no key can swing another owner's canary ------------------------------------------------
+
+
+def key_of(world: dict[str, Any], user: str) -> int:
+    from gateway.models import GatewayKey
+    from gateway.services import key_create
+
+    key_create(actor=Actor.for_user(world["users"][user], "api"), name=f"{user}'s app")
+    return int(GatewayKey.objects.filter(owner=world["users"][user]).latest("pk").pk)
+
+
+def answers_by_key(sent: dict[int, tuple[tuple[int, int], tuple[int, int]]]) -> None:
+    """The gateway's figures as its traffic book writes them while the canary runs:
+    per key, ((requests, server errors) on the old revision, the same on the new)."""
+    state = model().canary or {}
+    book = TrafficBook("gw-1")
+    for key_id, sides in sent.items():
+        for revision, (requests, errors) in zip(
+            (state["from_revision"], state["revision"]), sides, strict=True
+        ):
+            for index in range(requests):
+                book.record(
+                    model=NAME,
+                    key_id=key_id,
+                    status=500 if index < errors else 200,
+                    seconds=0.2,
+                    revision=revision,
+                    canary=True,
+                )
+    book.flush()
+
+
+def test_one_key_failing_on_both_revisions_does_not_roll_back_another_owners_canary(
+    world: dict[str, Any],
+) -> None:
+    start(world)
+    healthy = {key_of(world, user): ((40, 0), (10, 0)) for user in ("alice", "carol", "staff")}
+    # bob owns nothing here: 187 requests the engine fails on, whichever revision answers.
+    bob = key_of(world, "bob")
+    answers_by_key({**healthy, bob: ((149, 149), (38, 38))})
+    check_canaries()
+    state = model().canary
+    assert state["state"] == "watching", state.get("decision")
+    assert state["figures"]["new"] == {"requests": 68, "errors": 38, "seconds": pytest.approx(13.6)}
+    assert state["figures"]["keys"] == {"sending": 4, "with_excess": 0, "excess_errors": 0}
+    assert (
+        "0 of them beyond what each key saw on the old revision (0 of 4 keys)" in (state["verdict"])
+    )
+    view = canary.canary_view(model())
+    assert view is not None and view["keys"]["sending"] == 4
+    assert view["new"]["server_errors"] == 38  # the shape shown before, unchanged
+
+
+def test_a_new_revision_failing_for_several_keys_is_still_rolled_back(
+    world: dict[str, Any],
+) -> None:
+    start(world)
+    keys = {key_of(world, user): ((40, 0), (10, 4)) for user in ("alice", "carol", "bob")}
+    answers_by_key(keys)
+    check_canaries()
+    current = model()
+    assert current.canary["state"] == "rolled back"
+    assert current.canary["decision"].startswith(
+        "unhealthy: server errors on the new revision beyond what each key saw on the old one: "
+        "12 of 30 (40.0%), from 3 of 3 keys"
+    )
+    entry = AuditEntry.objects.filter(model_name=NAME, action="canary-rollback").get()
+    assert entry.before["figures"]["keys"] == {"sending": 3, "with_excess": 3, "excess_errors": 12}
+    assert "12 server errors beyond what each key saw on the old revision, from 3 of 3 keys" in (
+        entry.note
+    )
+
+
+def test_a_new_revision_failing_for_its_only_client_is_still_rolled_back(
+    world: dict[str, Any],
+) -> None:
+    start(world)
+    answers_by_key({key_of(world, "bob"): ((149, 0), (38, 38))})
+    check_canaries()
+    assert model().canary["state"] == "rolled back"
