@@ -48,6 +48,7 @@ bench: setup
 	$(PY) bench/update_check.py
 	$(PY) bench/mirror_fetch.py
 	$(PY) bench/gateway.py --quick
+	$(PY) bench/gateway_keys.py
 	$(PY) bench/gateway_frameworks.py
 	$(PY) bench/front_door.py
 	$(PY) bench/traffic.py
