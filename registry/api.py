@@ -23,14 +23,27 @@ from .models import Fetch, Rollout
 from .selectors import fetch_view, rollout_view, update_view
 
 
+def validate_repo_id(value: str) -> None:
+    if "--" in value or ".." in value or value.endswith(".git"):
+        raise serializers.ValidationError(
+            "a repository name cannot hold '--' or '..' nor end in '.git'; write it as the "
+            "registry shows it, like Qwen/Qwen2.5-0.5B-Instruct-GGUF"
+        )
+
+
 # What a serve asks for; validated, its keys are serve_start's arguments (source=), so the API
 # and the console's form pass it on whole. (A comment: the schema shows the base's docstring.)
 class ServeInput(StrictSerializer):
+    # The registry client's own rule for a repository id (huggingface_hub's validate_repo_id):
+    # what it refuses never reaches a registry, and was answered as the registry's failure (502).
     repo = serializers.RegexField(
-        r"^[A-Za-z0-9._-]+/[A-Za-z0-9._-]+$",
+        r"^[A-Za-z0-9_]([A-Za-z0-9._-]{0,94}[A-Za-z0-9_])?/[A-Za-z0-9_]([A-Za-z0-9._-]{0,94}[A-Za-z0-9_])?$",
         max_length=200,
+        validators=[validate_repo_id],
         error_messages={
-            "invalid": "a repository is ORG/NAME, like Qwen/Qwen2.5-0.5B-Instruct-GGUF"
+            "invalid": "a repository is ORG/NAME, like Qwen/Qwen2.5-0.5B-Instruct-GGUF: each part "
+            "1 to 96 letters, digits, '.', '_' and '-', starting and ending with a letter, digit "
+            "or '_'"
         },
     )
     file = serializers.CharField(

@@ -173,3 +173,24 @@ def test_an_empty_name_is_refused_saying_what_to_send(
     if message is not None:
         assert problems[field] == message
     assert not AuditEntry.objects.exists()  # nothing was changed
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "repo",
+    ["acme/" + "x" * 97, "acme/-tiny", "acme/tiny.", "acme/ti--ny", "acme/ti..ny", "a/b.git"],
+)
+def test_a_repository_the_registry_client_refuses_is_the_askers_mistake(
+    api: Any, repo: str, server_yaml: Any
+) -> None:
+    # Found by schemathesis: huggingface_hub refuses these ids before asking the registry, and
+    # that refusal was answered as the registry's failure, 502.
+    from registry.models import Fetch
+
+    server_yaml({"registry": {"endpoint": "http://127.0.0.1:9"}})  # never asked
+    response = api("staff").post("/api/v1/serve", {"repo": repo}, format="json")
+    assert response.status_code == 400, response.content
+    [problem] = response.json()["problems"]
+    assert problem["field"] == "repo"
+    assert "like Qwen/Qwen2.5-0.5B-Instruct-GGUF" in problem["message"]
+    assert not Fetch.objects.exists()
