@@ -41,6 +41,8 @@ class Metrics:
     retries: Any
     refused: Any
     forward_held: Any
+    keys_held: Any
+    key_refresh: Any
     registry: Any  # single-process mode: where the metrics are; multiprocess: None
     folder: str | None
 
@@ -127,6 +129,19 @@ def _create(folder: str | None) -> Metrics:
             "Bytes of request bodies for the web process held now (bounded per process by "
             "LLMGW_GATEWAY_FORWARD_MEMORY).",
             multiprocess_mode="livesum",
+            **where,
+        ),
+        keys_held=Gauge(
+            "llmgw_gateway_keys_held",
+            "Gateway keys of active users held in memory by a gateway process (about 140 bytes "
+            "each; every process holds them all, capped by LLMGW_MAX_KEYS_PER_USER per user).",
+            multiprocess_mode="livemax",
+            **where,
+        ),
+        key_refresh=Histogram(
+            "llmgw_gateway_key_refresh_seconds",
+            "How long one read of the keys changed since the last read took.",
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),
             **where,
         ),
         registry=registry,

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import close_old_connections, connection
 
 from . import traffic, triggers
+from .metrics import metrics
 from .routing import Candidate, Catalog, Entry, read_catalog, read_replicas
 
 if TYPE_CHECKING:
@@ -478,6 +479,9 @@ class GatewayState:
         previous = self._snapshot
         snapshot = read_snapshot(previous.keys if previous is not None else None)
         self._snapshot = snapshot
+        board = metrics()
+        board.keys_held.set(len(snapshot.keys))
+        board.key_refresh.observe(snapshot.keys.last_seconds)
         return snapshot
 
     def start(self) -> None:
