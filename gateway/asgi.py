@@ -363,6 +363,8 @@ class _Request:
     prompt: int = 0
     completion: int = 0
     revision: str = ""  # of the replica that answered (none for a fallback's answer)
+    # The model has a canary under way: its figures are kept per key too (registry.canary).
+    canary: bool = False
 
 
 _request: ContextVar[_Request | None] = ContextVar("llmgw_request", default=None)
@@ -417,6 +419,9 @@ async def _relay(
         closest = await asyncio.to_thread(routing.entry_names_closest_first, name, names)
         await _refuse(send, errors.unknown_model(name, closest, len(names)))
         return
+    books = _request.get()
+    if books is not None:
+        books.canary = entry.canary is not None
     stream = streams and body.get("stream") is True
     board = metrics()
     board.in_flight.labels(entry.name).inc()
@@ -698,6 +703,7 @@ def _count(name: str, answered_by: str, endpoint: str, status: int) -> None:
             prompt=books.prompt,
             completion=books.completion,
             revision=books.revision,
+            canary=books.canary,
         )
 
 

@@ -97,6 +97,16 @@ class RevisionFiguresOut(serializers.Serializer):
     mean_latency = serializers.FloatField(allow_null=True, help_text="seconds")
 
 
+class CanaryKeysOut(serializers.Serializer):
+    sending = serializers.IntegerField(help_text="keys the new revision answered")
+    with_excess = serializers.IntegerField(
+        help_text="keys that saw more server errors on the new revision than on the old"
+    )
+    excess_errors = serializers.FloatField(
+        help_text="the new revision's server errors beyond each key's own rate on the old one"
+    )
+
+
 class CanaryOut(serializers.Serializer):
     model = serializers.CharField()
     state = serializers.ChoiceField(
@@ -121,6 +131,9 @@ class CanaryOut(serializers.Serializer):
     checked_at = serializers.DateTimeField(allow_null=True)
     old = RevisionFiguresOut(help_text="the old revision's figures since the window started")
     new = RevisionFiguresOut(help_text="the new revision's figures since the window started")
+    keys = CanaryKeysOut(
+        help_text="the server errors judged per gateway key (no key counts beyond its share)"
+    )
     verdict = serializers.CharField(allow_blank=True, help_text="what the last check found")
     decided_by = serializers.CharField(allow_blank=True)
     decision = serializers.CharField(allow_blank=True)
