@@ -4,9 +4,13 @@ llama.cpp server on tiny generated models, all as processes on 127.0.0.1, driven
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -250,3 +254,61 @@ def test_a_lower_class_is_preempted_for_a_critical_model(
         and audit[0]["actor"] == "system"
         and "vip" in audit[0]["note"]
     )
+
+
+def _address_of_this_machine() -> str | None:
+    """An address of this machine other than loopback: the one its default route leaves from."""
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # UDP: nothing is sent, only the route is looked up
+        address = str(probe.getsockname()[0])
+        return None if ipaddress.ip_address(address).is_loopback else address
+    return None
+
+
+def test_an_agent_naming_another_address_is_refused_until_staff_allow_it(
+    system: System, ctl: Any, tmp_path: Path
+) -> None:
+    """A real agent whose engines would listen on this machine's outward address, while it
+    reaches the control plane over loopback: the control plane sees 127.0.0.1 and refuses that
+    address until staff allow it for the node."""
+    address = _address_of_this_machine()
+    if address is None:
+        pytest.skip("this machine has no address but loopback")
+    token = system.api("POST", "nodes", json={"name": "node-c"})["token"]
+    # Cordoned, so that nothing is placed on it and the other tests' nodes stay as they were.
+    ctl("node", "cordon", "node-c")
+    log = tmp_path / "node-c.log"
+    argv = [
+        *(sys.executable, "-m", "llmgw", "node", "--server", system.url),
+        *("--memory", "1", "--cores", "1", "--address", address),
+        *("--cache", str(tmp_path / "cache"), "--heartbeat-interval", "1"),
+    ]
+    with log.open("ab") as output:
+        agent = subprocess.Popen(
+            argv,
+            env={**system.env, "LLMGW_NODE_TOKEN": token},
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+
+    def node_c() -> dict[str, Any]:
+        return next(n for n in system.api("GET", "nodes") if n["name"] == "node-c")
+
+    try:
+        wait_for(
+            lambda: "refused the heartbeat (HTTP 403)" in log.read_text(),
+            what=f"the agent to log its refusal (log: {log})",
+        )
+        assert (
+            f"This node reports its engines at {address}, but it connects from 127.0.0.1"
+            in log.read_text()
+        )
+        assert node_c()["state"] == "waiting for its agent"
+
+        ctl("node", "set", "node-c", "--address-allow", address)
+        wait_for(lambda: node_c()["state"] == "cordoned", what="node-c's heartbeat to be taken")
+        assert node_c()["address"] == address
+    finally:
+        agent.terminate()
+        agent.wait(timeout=20)
+        ctl("node", "remove", "node-c")
