@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
 HERE, THERE = "10.0.0.5", "10.0.0.9"
 
 
-def log_in(path: str, username: str, password: str, address: str = HERE, **headers: str) -> Any:
+def log_in(path: str, username: str, password: str, address: str = HERE, **headers: Any) -> Any:
     return Client().post(
         path, {"username": username, "password": password}, REMOTE_ADDR=address, **headers
     )
