@@ -85,7 +85,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         system.api("POST", "serve", json={"repo": REPO, "min": 2, "memory_gb": 1})
         wait_for(lambda: on(system, sha(weights[1])), timeout=180, what="two replicas on w1")
         key = system.api("POST", "keys", json={"name": "canary-e2e"})["key"]
-        yield {"system": system, "registry": registry, "weights": weights, "key": key}
+        attacker = system.api("POST", "keys", json={"name": "someone-else"})["key"]
+        yield {
+            "system": system,
+            "registry": registry,
+            "weights": weights,
+            "key": key,
+            "attacker": attacker,
+        }
     except BaseException:
         print(system.log_tail())
         raise
@@ -157,6 +164,34 @@ class Traffic:
             thread.join(timeout=90)
 
 
+ATTACK_BODIES = [
+    b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1e400}',
+    b'{"model": "%s", "messages": [{"role": "user", "content": "\\ud800"}]}',
+    b'{"model": "%s", "messages": [{"role": 7, "content": "hi"}]}',
+    b'{"model": "%s", "messages": [{"role": "user", "content": [{"type": "image_url", '
+    b'"image_url": {"url": "data:image/png;base64,AAAA"}}]}]}',
+]
+
+
+def attack(system: System, key: str, count: int) -> list[int]:
+    """`count` requests the engine would fail on, as one key sends them; their statuses."""
+    import requests
+
+    statuses = []
+    with requests.Session() as session:
+        for number in range(count):
+            body = ATTACK_BODIES[number % len(ATTACK_BODIES)].replace(b"%s", NAME.encode())
+            answer = session.post(
+                f"{system.url}/v1/chat/completions",
+                data=body,
+                headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+                timeout=30,
+            )
+            statuses.append(answer.status_code)
+            assert "x-llmgw-revision" not in answer.headers  # no replica saw it
+    return statuses
+
+
 def canary(system: System) -> dict[str, Any]:
     return system.api("GET", f"models/{NAME}/canary")
 
@@ -181,6 +216,11 @@ def test_a_healthy_canary_is_promoted_and_the_rollout_completes(world: dict[str,
             timeout=180,
             what="the canary replica ready",
         )
+        # Another key sends what the engine answered with a 500 before the gateway checked
+        # bodies (issue 19: 187 such requests rolled a healthy canary back in 15 s): each is
+        # now the client's 400, and none counts against either revision.
+        attacks = attack(system, world["attacker"], 187)
+        assert set(attacks) == {400}, attacks
         # One replica on the new weights beside both old ones, which all serve.
         assert len(live(system)) == 3 and old_ids <= {r["id"] for r in live(system)}
         # A model served before any update knows its file by where it is (its revision is a
