@@ -19,13 +19,21 @@ import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import conf
 from .load import process_alive
 
-if TYPE_CHECKING:
-    from .state import EngineFigures
+
+@dataclass(frozen=True)
+class EngineFigures:
+    """What one serving replica's engine last reported of itself (gateway.state reads them)."""
+
+    model: str
+    replica: str
+    node: str
+    numbers: dict[str, Any]
+
 
 # Seconds, from a tiny model's few milliseconds to a long generation.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

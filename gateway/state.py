@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import close_old_connections, connection
 
 from . import traffic, triggers
-from .metrics import metrics
+from .metrics import EngineFigures, metrics
 from .routing import Candidate, Catalog, Entry, read_catalog, read_replicas
 
 if TYPE_CHECKING:
@@ -274,14 +274,6 @@ class Snapshot:
     # What each serving replica's engine last reported of itself (fleet.selectors), for /metrics.
     engines: tuple[EngineFigures, ...] = ()
     read_at: float = field(default_factory=time.monotonic)
-
-
-@dataclass(frozen=True)
-class EngineFigures:
-    model: str
-    replica: str
-    node: str
-    numbers: dict[str, Any]
 
 
 def read_snapshot(keys: Keys | None = None) -> Snapshot:
