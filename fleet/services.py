@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import socket
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -172,6 +173,20 @@ def _limits() -> trust.Capacity:
     )
 
 
+def _on_this_machine(ip: trust.IPAddress) -> bool:
+    """Whether `ip` is an address of this machine: a socket binds to it only then (nothing is
+    sent anywhere)."""
+    if ip.is_loopback:
+        return True
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.bind((str(ip), 0))
+    except OSError:
+        return False
+    return True
+
+
 def _own_ports(address: str) -> set[int]:
     """Ports of the control plane on the node's machine, which no replica may claim: a replica
     "on" the gateway's own port would have the gateway send requests to itself."""
@@ -204,6 +219,7 @@ def node_heartbeat(
                 peer=peer,
                 allowed=list(node.address_allow or []),
                 node=node.name,
+                on_this_machine=_on_this_machine,
             )
         first_port, last_port = trust.port_range(
             declared=report.get("port_range"),
@@ -212,10 +228,9 @@ def node_heartbeat(
         trust.check_limits(offered, _limits())
     except trust.Untrusted as error:
         raise _untrusted(error) from None
+    first_report = node.registered_capacity is None
     registered = (
-        trust.Capacity.from_json(node.registered_capacity)
-        if node.registered_capacity is not None
-        else offered
+        offered if first_report else trust.Capacity.from_json(node.registered_capacity or {})
     )
     capacity, _ = trust.believed(offered, registered)
     ports = _Ports(first_port, last_port, _own_ports(address))
@@ -232,7 +247,19 @@ def node_heartbeat(
         node.last_heartbeat = now
         came_back = node.lost
         node.lost = False
-        node.save()
+        # Only what the heartbeat reports: staff may have cordoned the node, changed its
+        # allow-list or accepted its capacity since it was read, and that must not be undone.
+        written = ["memory_gb", "cores", "gpus", "gpu_memory_gb", "reported_capacity"]
+        written += ["address", "port_first", "port_last", "agent", "last_heartbeat", "lost"]
+        if first_report:
+            written.append("registered_capacity")
+        if not Node.objects.filter(pk=node.pk).update(**{f: getattr(node, f) for f in written}):
+            raise CatalogError(
+                f"Node {node.name} was removed; register it again and restart its agent with "
+                "the new token.",
+                code="not_found",
+                status=404,
+            )
 
         reported = {r["id"]: r for r in report.get("replicas", [])}
         changed, gone, wanted = [], [], []

@@ -8,8 +8,10 @@ draw replicas onto capacity that does not exist. The rules, checked on every hea
 1. Address. The engines are at the address the node connects from, or at an address staff
    allowed for it (a node behind NAT, or with one interface for the control plane and another
    for the gateway). A node that reports no address, or the unspecified one (0.0.0.0, ::),
-   is reached where it connects from. Both ends on loopback is one machine, whichever loopback
-   address each names. Anything else is refused whole.
+   is reached where it connects from. A loopback address is taken from a node that connects
+   from an address of the control plane's own machine (loopback, or that machine's own address
+   when it reaches the control plane by its public name), which assumes, as the run command
+   does, that the gateway runs on that machine too. Anything else is refused whole.
 2. Ports. The node declares the range its engines listen on (its agent's --port-range; agents
    that declare none have the agent's default); the range must lie within the operator's bounds,
    and a replica reported on a port outside it, or on the control plane's own port of the same
@@ -23,6 +25,7 @@ Pure functions, so that the rules can be read, and tested, apart from the databa
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -77,11 +80,20 @@ def parse_networks(entries: list[str]) -> list[str]:
     return networks
 
 
-def engine_address(*, reported: str, peer: str, allowed: list[str], node: str) -> str:
+def engine_address(
+    *,
+    reported: str,
+    peer: str,
+    allowed: list[str],
+    node: str,
+    on_this_machine: Callable[[IPAddress], bool] = lambda ip: ip.is_loopback,
+) -> str:
     """Where the gateway reaches the node's engines; Untrusted if the report is not believed.
 
     `peer` is the address the heartbeat came from (REMOTE_ADDR), `allowed` the networks staff
-    registered for the node.
+    registered for the node. `on_this_machine` says whether a peer is an address of the control
+    plane's own machine: a node there that reaches the control plane by its public name
+    connects from that address, and its loopback engines are as local as the gateway's.
     """
     seen = parse_ip(peer)
     if not reported.strip():
@@ -108,7 +120,9 @@ def engine_address(*, reported: str, peer: str, allowed: list[str], node: str) -
                 code="address_unknown",
             )
         return str(seen)
-    if seen is not None and (claimed == seen or (claimed.is_loopback and seen.is_loopback)):
+    if seen is not None and claimed == seen:
+        return str(claimed)
+    if seen is not None and claimed.is_loopback and on_this_machine(seen):
         return str(claimed)
     if any(claimed in ipaddress.ip_network(network) for network in allowed):
         return str(claimed)

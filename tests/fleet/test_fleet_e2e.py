@@ -4,11 +4,9 @@ llama.cpp server on tiny generated models, all as processes on 127.0.0.1, driven
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -256,24 +254,13 @@ def test_a_lower_class_is_preempted_for_a_critical_model(
     )
 
 
-def _address_of_this_machine() -> str | None:
-    """An address of this machine other than loopback: the one its default route leaves from."""
-    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect(("192.0.2.1", 9))  # UDP: nothing is sent, only the route is looked up
-        address = str(probe.getsockname()[0])
-        return None if ipaddress.ip_address(address).is_loopback else address
-    return None
-
-
 def test_an_agent_naming_another_address_is_refused_until_staff_allow_it(
-    system: System, ctl: Any, tmp_path: Path
+    system: System, ctl: Any, tmp_path: Path, outward_address: str
 ) -> None:
     """A real agent whose engines would listen on this machine's outward address, while it
     reaches the control plane over loopback: the control plane sees 127.0.0.1 and refuses that
     address until staff allow it for the node."""
-    address = _address_of_this_machine()
-    if address is None:
-        pytest.skip("this machine has no address but loopback")
+    address = outward_address
     token = system.api("POST", "nodes", json={"name": "node-c"})["token"]
     # Cordoned, so that nothing is placed on it and the other tests' nodes stay as they were.
     ctl("node", "cordon", "node-c")

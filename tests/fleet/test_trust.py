@@ -113,6 +113,16 @@ def test_a_node_reporting_the_address_it_connects_from_is_believed(
     assert Node.objects.get().address == reported
 
 
+def test_a_node_on_the_control_planes_machine_may_name_loopback_from_its_outward_address(
+    api: Any, outward_address: str
+) -> None:
+    """The run command's local node reaches the control plane at LLMGW_PUBLIC_URL; when that is
+    the machine's public name, the node connects from the machine's own address."""
+    token = add_node(api)
+    assert beat(token, peer=outward_address, address="127.0.0.1").status_code == 200
+    assert Node.objects.get().address == "127.0.0.1"
+
+
 def test_staff_allow_a_node_behind_nat_its_inner_address(api: Any) -> None:
     token = add_node(api, address_allow=["192.168.7.0/24", "10.9.9.9"])
     assert staff_view(api)["address_allow"] == ["192.168.7.0/24", "10.9.9.9/32"]
@@ -336,6 +346,44 @@ def test_accepting_the_capacity_of_a_node_that_never_reported_is_refused(api: An
     assert response.json()["detail"] == (
         "Node n1 has not reported its capacity yet; start its agent first."
     )
+
+
+# -- what a heartbeat writes ---------------------------------------------------------------------
+
+
+def test_a_heartbeat_does_not_undo_what_staff_did_since_it_was_read(api: Any) -> None:
+    """A heartbeat writes what its node reports, not the rest of the row it read at the start:
+    a cordon, an allow-list or an accepted capacity in between stays."""
+    from fleet.services import node_heartbeat
+
+    token = add_node(api)
+    beat_capacity(token, memory_gb=8, cores=4)
+    beat_capacity(token, memory_gb=16, cores=4)
+    stale = Node.objects.get()
+    api("staff").post("/api/v1/nodes/n1/cordon")
+    api("staff").patch("/api/v1/nodes/n1", {"address_allow": ["10.0.0.0/8"]}, format="json")
+    api("staff").post("/api/v1/nodes/n1/accept-capacity")
+    report = {"capacity": {"memory_gb": 16, "cores": 4, "gpus": 0, "gpu_memory_gb": 0}}
+    node_heartbeat(node=stale, report=report, interval=2, peer="127.0.0.1")
+    node = Node.objects.get()
+    assert node.cordoned and node.address_allow == ["10.0.0.0/8"]
+    assert (node.registered_capacity or {}).get("memory_gb") == 16
+
+
+def test_a_heartbeat_of_a_node_removed_meanwhile_is_a_404_and_brings_nothing_back(
+    api: Any,
+) -> None:
+    from catalog.errors import CatalogError
+    from fleet.services import node_heartbeat
+
+    token = add_node(api)
+    beat(token)
+    stale = Node.objects.get()
+    api("staff").delete("/api/v1/nodes/n1")
+    report = {"capacity": {"memory_gb": 8, "cores": 4, "gpus": 0, "gpu_memory_gb": 0}}
+    with pytest.raises(CatalogError) as refused:
+        node_heartbeat(node=stale, report=report, interval=2, peer="127.0.0.1")
+    assert refused.value.status == 404 and not Node.objects.exists()
 
 
 # -- the rules themselves ------------------------------------------------------------------------
