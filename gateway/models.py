@@ -6,12 +6,24 @@ import hashlib
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
+from rest_framework import serializers
 
 # How stale last_used_at may get (see gateway.state.LAST_USED_SECONDS): a key used
 # a thousand times a second must not cost a thousand writes a second.
 LAST_USED_RESOLUTION = timedelta(seconds=60)
+
+
+def validate_team_name(value: str) -> None:
+    """The catalog's name rules, as a model validator (a team's name is part of URLs and commands)."""
+    from catalog.definitions import validate_name
+
+    try:
+        validate_name(value)
+    except serializers.ValidationError as refusal:
+        raise ValidationError(" ".join(str(d) for d in refusal.detail)) from refusal
 
 
 def hash_key(secret: str) -> str:
@@ -19,7 +31,78 @@ def hash_key(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-class GatewayKey(models.Model):
+class LimitFields(models.Model):
+    """What a key, or a team over all its keys together, may use. None (blank) is no limit.
+
+    The gateway enforces them (gateway.asgi) from what it holds in memory; a change reaches it
+    through the database's triggers (gateway.triggers), as a revocation does.
+    """
+
+    rpm = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="requests per minute; blank for no limit"
+    )
+    tpm = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        help_text=(
+            "tokens per minute: prompt + completion tokens as the engine reports them; a stream "
+            "counts when it ends. Blank for no limit"
+        ),
+    )
+    max_parallel = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="requests in flight at once; blank for no limit"
+    )
+    tokens_per_day = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        help_text="prompt + completion tokens per day (UTC, from midnight); blank for no limit",
+    )
+    tokens_per_month = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        help_text=(
+            "prompt + completion tokens per calendar month (UTC, from the 1st); blank for no limit"
+        ),
+    )
+    weight = models.FloatField(
+        default=1.0,
+        help_text=(
+            "its share of a model's slots when requests queue for them (fair queueing): a weight "
+            "of 2 gets twice the slots of a weight of 1"
+        ),
+    )
+
+    # Last: from here on, in this class body, `models` is this field, not django.db.models.
+    models = models.JSONField(
+        default=list,
+        blank=True,
+        help_text=(
+            "names or globs (fnmatch: *, ?, [...]) of the models and adapters it may use; "
+            "empty for every model"
+        ),
+    )
+
+    class Meta:
+        abstract = True
+
+
+class Team(LimitFields):
+    """Users who share a fleet's limits: a team's limits count all its keys together."""
+
+    name = models.CharField(max_length=100, unique=True, validators=[validate_team_name])
+    members = models.ManyToManyField(
+        settings.AUTH_USER_MODEL, related_name="llmgw_teams", blank=True
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class GatewayKey(LimitFields):
     """One application's key to the gateway.
 
     Only the hash and a short prefix are kept: the key itself is shown once,
@@ -47,8 +130,19 @@ class GatewayKey(models.Model):
     last_used_at = models.DateTimeField(
         null=True, blank=True, help_text=f"to within {LAST_USED_RESOLUTION.seconds}s"
     )
+    team = models.ForeignKey(
+        Team,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="keys",
+        help_text="whose limits it also counts against, over all the team's keys together",
+    )
+    expires_at = models.DateTimeField(
+        null=True, blank=True, help_text="after this the key opens nothing; blank for never"
+    )
     # Set by the database itself (gateway.triggers), whatever wrote the row: when the key was
-    # added, its hash or revocation changed, or its owner was deactivated or reactivated. Each
+    # added, its hash, revocation, limits, team or expiry changed, or its owner was deactivated or reactivated. Each
     # gateway process reads only the keys changed since its last read, by this index, rather
     # than every key on every change (1.2 M keys took 5.9 s a read).
     changed_at = models.DateTimeField(default=timezone.now, db_index=True, editable=False)

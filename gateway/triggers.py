@@ -9,11 +9,14 @@ different replicas would then deadlock on it).
 Only changes that routing sees fire them: a heartbeat that writes a replica's
 message or a node's last heartbeat does not, nor a model's idle clock.
 
+Teams (their limits, and their members table) are watched as the routed tables
+are: the gateway reads every team again when one changes.
+
 Keys carry a second set of triggers (from migration 0005), so that a gateway
 process reads only the keys that changed since its last read:
 
 - a key's `changed_at` is set by the database, to its own clock, when the key
-  is added, when its hash or revocation changes, and, for all of a user's keys,
+  is added, when its hash, revocation, limits, team or expiry change, and, for all of a user's keys,
   when the user's is_active changes: a deactivated user's gateway keys stop as
   their API token and console login do, whichever door deactivated them (the
   admin and a shell write the row directly, where a Django signal could be
@@ -59,6 +62,21 @@ WATCHED: list[tuple[str, list[str]]] = [
     ("fleet_node", ["address", "memory_gb", "cores", "gpus", "gpu_memory_gb", "cordoned", "lost"]),
     # changed_at moves with what a key opens, its owner's is_active included (below).
     ("gateway_gatewaykey", ["key_hash", "revoked_at", "changed_at"]),
+    # A team's limits count all its keys together: the gateway reads teams whole (few rows).
+    (
+        "gateway_team",
+        [
+            "name",
+            "rpm",
+            "tpm",
+            "max_parallel",
+            "tokens_per_day",
+            "tokens_per_month",
+            "models",
+            "weight",
+        ],
+    ),
+    ("gateway_team_members", ["team_id", "user_id"]),
 ]
 # A node's first heartbeat makes it schedulable: watched as "became set", not every beat.
 SET_OR_CLEARED = {"fleet_node": ["last_heartbeat"]}
@@ -68,7 +86,11 @@ _SQLITE_BUMP = "UPDATE gateway_routingversion SET version = version + 1 WHERE id
 # The key columns whose change a gateway process must read again. changed_at itself is among
 # them so that a stale copy of the row saved whole (Django's save() writes every field) cannot
 # move it back in time.
-KEY_COLUMNS = ["key_hash", "revoked_at", "changed_at"]
+# What a key may use, and until when (gateway.models.LimitFields, its team and expiry), is read
+# again as a revocation is.
+LIMIT_COLUMNS = ["rpm", "tpm", "max_parallel", "tokens_per_day", "tokens_per_month", "models"]
+LIMIT_COLUMNS += ["weight", "team_id", "expires_at"]
+KEY_COLUMNS = ["key_hash", "revoked_at", "changed_at", *LIMIT_COLUMNS]
 # The user column that decides whether a user's keys open anything.
 OWNER_COLUMNS = ["is_active"]
 # The clock the key triggers write: to the microsecond on both databases (SQLite's %f has
@@ -116,7 +138,7 @@ def ensure(connection: Any) -> None:
                     f"ON {table} WHEN {_changed(table, columns, 'IS NOT')} BEGIN {_SQLITE_BUMP} END"
                 )
             if all(t in tables for t in _KEY_TABLES):
-                _sqlite_key_triggers(cursor)
+                _sqlite_key_triggers(cursor, _key_columns(present))
         elif connection.vendor == "postgresql":
             cursor.execute(
                 "INSERT INTO gateway_routingversion (id, version) VALUES (1, 0) "
@@ -139,14 +161,20 @@ def ensure(connection: Any) -> None:
                     "EXECUTE FUNCTION llmgw_routing_notify()"
                 )
             if all(t in tables for t in _KEY_TABLES):
-                _postgresql_key_triggers(cursor)
+                _postgresql_key_triggers(cursor, _key_columns(present))
+
+
+def _key_columns(present: dict[str, set[str]]) -> list[str]:
+    # Migration 0005 makes the key triggers before 0006 adds the limit columns: each migration
+    # watches the columns there are by then, and 0006 makes them again.
+    return [c for c in KEY_COLUMNS if c in present["gateway_gatewaykey"]]
 
 
 def _distinct(columns: list[str], operator: str) -> str:
     return " OR ".join(f"OLD.{c} {operator} NEW.{c}" for c in columns)
 
 
-def _sqlite_key_triggers(cursor: Any) -> None:
+def _sqlite_key_triggers(cursor: Any, key_columns: list[str]) -> None:
     # SQLite cannot change NEW in a BEFORE trigger: the row is updated again after. With
     # recursive triggers off (SQLite's default), that second update fires nothing.
     stamp = f"UPDATE gateway_gatewaykey SET changed_at = {SQLITE_NOW} WHERE id = NEW.id;"
@@ -161,7 +189,7 @@ def _sqlite_key_triggers(cursor: Any) -> None:
     )
     cursor.execute(
         "CREATE TRIGGER IF NOT EXISTS llmgw_keys_update AFTER UPDATE ON gateway_gatewaykey "
-        f"WHEN {_distinct(KEY_COLUMNS, 'IS NOT')} BEGIN {stamp} {old_hash_gone} END"
+        f"WHEN {_distinct(key_columns, 'IS NOT')} BEGIN {stamp} {old_hash_gone} END"
     )
     cursor.execute(
         "CREATE TRIGGER IF NOT EXISTS llmgw_keys_delete AFTER DELETE ON gateway_gatewaykey "
@@ -175,7 +203,7 @@ def _sqlite_key_triggers(cursor: Any) -> None:
     )
 
 
-def _postgresql_key_triggers(cursor: Any) -> None:
+def _postgresql_key_triggers(cursor: Any, key_columns: list[str]) -> None:
     # A key whose hash changed no longer opens anything by its old hash: that hash is gone.
     cursor.execute(
         "CREATE OR REPLACE FUNCTION llmgw_keys_stamp() RETURNS trigger AS $$ "
@@ -191,7 +219,7 @@ def _postgresql_key_triggers(cursor: Any) -> None:
     )
     cursor.execute(
         "CREATE OR REPLACE TRIGGER llmgw_keys_update BEFORE UPDATE ON gateway_gatewaykey "
-        f"FOR EACH ROW WHEN ({_distinct(KEY_COLUMNS, 'IS DISTINCT FROM')}) "
+        f"FOR EACH ROW WHEN ({_distinct(key_columns, 'IS DISTINCT FROM')}) "
         "EXECUTE FUNCTION llmgw_keys_stamp()"
     )
     # One statement deleting a user's thousand keys writes their hashes in one insert.
