@@ -1,10 +1,13 @@
-"""Gateway keys in the REST API under /api/v1/keys, for the console and `llmgw ctl`.
+"""Gateway keys and teams in the REST API under /api/v1/keys and /api/v1/teams, for `llmgw ctl`.
 
-Any user creates keys of their own and sees and revokes their own; staff see
-and revoke everyone's.
+Any user creates keys of their own and sees, limits and revokes their own;
+staff see, limit and revoke everyone's. Staff add teams and set their limits
+and members; a user sees the teams they are in. (gateway.services has the rules.)
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
@@ -20,6 +23,27 @@ from . import selectors, services
 from .services import KEY_NAME_MAX
 
 
+class LimitsOut(serializers.Serializer):
+    rpm = serializers.IntegerField(allow_null=True, help_text="requests per minute; null: none")
+    tpm = serializers.IntegerField(
+        allow_null=True,
+        help_text="tokens (prompt + completion) per minute, a stream counting when it ends",
+    )
+    max_parallel = serializers.IntegerField(allow_null=True, help_text="requests in flight")
+    tokens_per_day = serializers.IntegerField(allow_null=True, help_text="UTC days")
+    tokens_per_month = serializers.IntegerField(allow_null=True, help_text="UTC calendar months")
+    models = serializers.ListField(
+        child=serializers.CharField(), help_text="names or globs it may use; [] for every model"
+    )
+    weight = serializers.FloatField(help_text="its share of a model's slots when requests queue")
+
+
+class UsageOut(serializers.Serializer):
+    requests_today = serializers.IntegerField(help_text="UTC day, as last written (seconds ago)")
+    tokens_today = serializers.IntegerField(help_text="against tokens_per_day")
+    tokens_this_month = serializers.IntegerField(help_text="against tokens_per_month")
+
+
 class KeyOut(serializers.Serializer):
     id = serializers.IntegerField()
     name = serializers.CharField()
@@ -30,13 +54,67 @@ class KeyOut(serializers.Serializer):
     last_used_at = serializers.DateTimeField(allow_null=True, help_text="to within a minute")
     revoked_at = serializers.DateTimeField(allow_null=True)
     revoked_by = serializers.CharField(allow_null=True)
+    team = serializers.CharField(allow_null=True, help_text="whose limits it also counts against")
+    expires_at = serializers.DateTimeField(allow_null=True, help_text="null: never")
+    expired = serializers.BooleanField(help_text="past expires_at: it opens nothing")
+    limits = LimitsOut()
+    usage = UsageOut()
 
 
 class NewKeyOut(KeyOut):
     key = serializers.CharField(help_text="the key itself: shown only in this answer")
 
 
-class KeyCreateInput(StrictSerializer):
+def _counter_field(help_text: str) -> serializers.IntegerField:
+    return serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=0,
+        max_value=services.MAX_COUNTER,
+        help_text=f"{help_text}; 0 or null lifts the limit",
+    )
+
+
+class LimitsInput(StrictSerializer):
+    """The settings a key and a team share; a field not sent is left as it is."""
+
+    rpm = _counter_field("requests per minute")
+    tpm = _counter_field("prompt + completion tokens per minute")
+    max_parallel = _counter_field("requests in flight at once")
+    tokens_per_day = _counter_field("tokens per UTC day")
+    tokens_per_month = _counter_field("tokens per UTC calendar month")
+    models = serializers.ListField(
+        child=serializers.CharField(max_length=200),
+        required=False,
+        max_length=services.MAX_MODEL_PATTERNS,
+        help_text="names or globs (llama-*) of the models and adapters it may use; [] for all",
+    )
+    weight = serializers.FloatField(
+        required=False,
+        help_text=f"its share when requests queue for a model's slots, above 0, at most "
+        f"{services.MAX_WEIGHT:g}",
+    )
+
+
+class KeyLimitsInput(LimitsInput):
+    team = serializers.CharField(
+        required=False,
+        allow_null=True,
+        allow_blank=True,
+        max_length=200,
+        help_text="a team you are a member of; null or empty takes the key out of its team",
+    )
+    expires = serializers.CharField(
+        required=False,
+        allow_null=True,
+        allow_blank=True,
+        max_length=100,
+        help_text="a duration from now (30d), a date (00:00 UTC that day) or an ISO 8601 time; "
+        "null or none: never",
+    )
+
+
+class KeyCreateInput(KeyLimitsInput):
     name = serializers.CharField(
         max_length=KEY_NAME_MAX,
         help_text="what the key is for, say the application using it",
@@ -53,16 +131,17 @@ class KeysAPI(APIView):
     )
     def get(self, request: Request) -> Response:
         keys = selectors.keys_visible_to(actor_of(request))
-        return Response(out(KeyOut, [selectors.key_view(k) for k in keys], many=True))
+        return Response(out(KeyOut, selectors.key_views(keys), many=True))
 
     @extend_schema(
         summary="Create a gateway key for yourself; the answer holds the key, shown only once",
         request=KeyCreateInput,
-        responses=answers({201: NewKeyOut}, 409, body=True),
+        responses=answers({201: NewKeyOut}, 404, 409, body=True),
     )
     def post(self, request: Request) -> Response:
         data = validated(KeyCreateInput, request.data)
-        key, secret = services.key_create(actor=actor_of(request), name=data["name"])
+        name = data.pop("name")
+        key, secret = services.key_create(actor=actor_of(request), name=name, limits=data)
         body = out(NewKeyOut, {**selectors.key_view(key), "key": secret})
         return Response(body, status=status.HTTP_201_CREATED)
 
@@ -74,11 +153,139 @@ class KeyRevokeAPI(APIView):
         responses=answers({200: KeyOut}, 404),
     )
     def post(self, request: Request, key_id: int) -> Response:
-        if key_id >= 2**62:  # no such key: a database integer could not even hold the id
-            raise CatalogError(
-                f"There is no gateway key {key_id} of yours; `llmgw ctl keys` lists them.",
-                code="not_found",
-                status=404,
-            )
+        refuse_past_ids(key_id)
         key = services.key_revoke(actor=actor_of(request), key_id=key_id)
         return Response(out(KeyOut, selectors.key_view(key)))
+
+
+def refuse_past_ids(key_id: int) -> None:
+    if key_id >= 2**62:  # no such key: a database integer could not even hold the id
+        raise CatalogError(
+            f"There is no gateway key {key_id} of yours; `llmgw ctl keys` lists them.",
+            code="not_found",
+            status=404,
+        )
+
+
+class KeyLimitsAPI(APIView):
+    @extend_schema(
+        summary="Change a key's limits, models, weight, team or expiry (its owner or staff)",
+        description="Fields not sent stay as they are. A key's limits are at most its team's.",
+        request=KeyLimitsInput,
+        responses=answers({200: KeyOut}, 404, body=True),
+    )
+    def patch(self, request: Request, key_id: int) -> Response:
+        refuse_past_ids(key_id)
+        changes = validated(KeyLimitsInput, request.data)
+        key = services.key_set_limits(actor=actor_of(request), key_id=key_id, changes=changes)
+        return Response(out(KeyOut, selectors.key_view(key)))
+
+
+# -- teams ----------------------------------------------------------------------------------
+
+
+class TeamOut(serializers.Serializer):
+    name = serializers.CharField()
+    members = serializers.ListField(child=serializers.CharField(), help_text="usernames")
+    keys = serializers.IntegerField(help_text="active keys in the team")
+    created_at = serializers.DateTimeField()
+    limits = LimitsOut(help_text="over all the team's keys together")
+    usage = UsageOut(help_text="all the team's keys together")
+
+
+class TeamCreateInput(LimitsInput):
+    name = serializers.CharField(max_length=200, help_text="the catalog's name rules")
+    members = serializers.ListField(
+        child=serializers.CharField(max_length=150), required=False, help_text="usernames"
+    )
+
+
+class TeamMembersInput(StrictSerializer):
+    add = serializers.ListField(
+        child=serializers.CharField(max_length=150), required=False, help_text="usernames"
+    )
+    remove = serializers.ListField(
+        child=serializers.CharField(max_length=150), required=False, help_text="usernames"
+    )
+
+
+class TeamRemovedOut(serializers.Serializer):
+    name = serializers.CharField()
+    keys = serializers.IntegerField(help_text="its keys, which stay, without a team")
+
+
+def _team_answer(request: Request, name: str) -> Any:
+    team = selectors.team_visible_to(actor_of(request), name)
+    if team is None:
+        raise CatalogError(
+            f"There is no team named {name[:100]!r} of yours; `llmgw ctl teams` lists them.",
+            code="not_found",
+            status=404,
+        )
+    return out(TeamOut, selectors.team_view(team))
+
+
+class TeamsAPI(APIView):
+    @extend_schema(
+        summary="Teams: yours (staff: every team), with their limits and usage",
+        responses=answers({200: TeamOut(many=True)}),
+    )
+    def get(self, request: Request) -> Response:
+        teams = selectors.teams_visible_to(actor_of(request))
+        return Response(out(TeamOut, selectors.team_views(teams), many=True))
+
+    @extend_schema(
+        summary="Add a team (staff), with its limits and first members",
+        request=TeamCreateInput,
+        responses=answers({201: TeamOut}, 403, 409, body=True),
+    )
+    def post(self, request: Request) -> Response:
+        data = validated(TeamCreateInput, request.data)
+        name, members = data.pop("name"), data.pop("members", [])
+        team = services.team_add(actor=actor_of(request), name=name, limits=data, members=members)
+        return Response(_team_answer(request, team.name), status=status.HTTP_201_CREATED)
+
+
+class TeamAPI(APIView):
+    @extend_schema(
+        summary="One team, its limits and what its keys used against them",
+        responses=answers({200: TeamOut}, 404),
+    )
+    def get(self, request: Request, name: str) -> Response:
+        return Response(_team_answer(request, name))
+
+    @extend_schema(
+        summary="Change a team's limits (staff); fields not sent stay as they are",
+        request=LimitsInput,
+        responses=answers({200: TeamOut}, 403, 404, body=True),
+    )
+    def patch(self, request: Request, name: str) -> Response:
+        changes = validated(LimitsInput, request.data)
+        team = services.team_set_limits(actor=actor_of(request), name=name, changes=changes)
+        return Response(_team_answer(request, team.name))
+
+    @extend_schema(
+        summary="Remove a team (staff); its keys stay, without the team's limits",
+        request=None,
+        responses=answers({200: TeamRemovedOut}, 403, 404),
+    )
+    def delete(self, request: Request, name: str) -> Response:
+        keys = services.team_remove(actor=actor_of(request), name=name)
+        return Response(out(TeamRemovedOut, {"name": name, "keys": keys}))
+
+
+class TeamMembersAPI(APIView):
+    @extend_schema(
+        summary="Add and remove a team's members (staff)",
+        request=TeamMembersInput,
+        responses=answers({200: TeamOut}, 403, 404, body=True),
+    )
+    def post(self, request: Request, name: str) -> Response:
+        data = validated(TeamMembersInput, request.data)
+        team = services.team_members(
+            actor=actor_of(request),
+            name=name,
+            add=data.get("add", []),
+            remove=data.get("remove", []),
+        )
+        return Response(_team_answer(request, team.name))

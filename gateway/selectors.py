@@ -1,26 +1,32 @@
-"""Reads of gateway keys and their usage, shaped for the API, the console and the CLI."""
+"""Reads of gateway keys, teams and their usage, shaped for the API, the console and the CLI."""
 
 from __future__ import annotations
 
-from datetime import date
+from collections.abc import Iterable
+from datetime import UTC, date, datetime
 from typing import Any
 
-from django.db.models import QuerySet, Sum
+from django.db.models import Count, F, Q, QuerySet, Sum
+from django.utils import timezone
 
 from catalog.services import Actor
 
-from .models import GatewayKey, KeyUsageDay
+from .models import GatewayKey, KeyUsageDay, Team
+from .services import limits_of
 
 
 def keys_visible_to(actor: Actor) -> QuerySet[GatewayKey]:
     """A user sees their own keys; staff see everyone's."""
-    keys = GatewayKey.objects.select_related("owner", "revoked_by").order_by("-created_at", "-id")
+    keys = GatewayKey.objects.select_related("owner", "revoked_by", "team").order_by(
+        "-created_at", "-id"
+    )
     if actor.is_staff:
         return keys
     return keys.filter(owner=actor.user)
 
 
-def key_view(key: GatewayKey) -> dict[str, Any]:
+def key_view(key: GatewayKey, usage: dict[str, int] | None = None) -> dict[str, Any]:
+    """A key as every door shows it; `usage` as usage_now gives it (read here when not given)."""
     return {
         "id": key.pk,
         "name": key.name,
@@ -31,7 +37,100 @@ def key_view(key: GatewayKey) -> dict[str, Any]:
         "last_used_at": key.last_used_at.isoformat() if key.last_used_at else None,
         "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,
         "revoked_by": key.revoked_by.get_username() if key.revoked_by else None,
+        "team": key.team.name if key.team else None,
+        "expires_at": key.expires_at.isoformat() if key.expires_at else None,
+        "expired": bool(key.expires_at and key.expires_at <= timezone.now()),
+        "limits": limits_of(key),
+        "usage": usage if usage is not None else usage_now([key.pk])[key.pk],
     }
+
+
+def key_views(keys: Iterable[GatewayKey]) -> list[dict[str, Any]]:
+    """Many keys, their usage read in one query."""
+    keys = list(keys)
+    usage = usage_now([k.pk for k in keys])
+    return [key_view(k, usage[k.pk]) for k in keys]
+
+
+def _today() -> date:
+    return datetime.now(UTC).date()
+
+
+def usage_now(key_ids: list[int]) -> dict[int, dict[str, int]]:
+    """What each key used today and this month (UTC), as the traffic book has written it (every
+    few seconds): the figures the daily and monthly token budgets count. Per-minute figures are
+    not kept per key, so rpm and tpm have none here."""
+    return _usage_by("key_id", key_ids)
+
+
+USAGE_FIGURES = ("requests_today", "tokens_today", "tokens_this_month")
+
+
+def _usage_by(group: str, ids: list[int]) -> dict[int, dict[str, int]]:
+    today = _today()
+    tokens = F("prompt_tokens") + F("completion_tokens")
+    rows = (
+        KeyUsageDay.objects.filter(**{f"{group}__in": ids}, day__gte=today.replace(day=1))
+        .values(group)
+        .annotate(
+            requests_today=Sum("requests", filter=Q(day=today)),
+            tokens_today=Sum(tokens, filter=Q(day=today)),
+            tokens_this_month=Sum(tokens),
+        )
+        .order_by()
+    )
+    usage = {one: dict.fromkeys(USAGE_FIGURES, 0) for one in ids}
+    for row in rows:
+        figures: dict[str, Any] = dict(row)
+        usage[figures[group]] = {name: figures[name] or 0 for name in USAGE_FIGURES}
+    return usage
+
+
+# -- teams ------------------------------------------------------------------------------
+
+
+def teams_visible_to(actor: Actor) -> QuerySet[Team]:
+    """Staff see every team; a user sees the teams they are a member of."""
+    teams = (
+        Team.objects.prefetch_related("members")
+        .annotate(key_count=Count("keys", filter=Q(keys__revoked_at__isnull=True)))
+        .order_by("name")
+    )
+    if actor.is_staff:
+        return teams
+    return teams.filter(members=actor.user)
+
+
+def team_visible_to(actor: Actor, name: str) -> Team | None:
+    return teams_visible_to(actor).filter(name=name).first()
+
+
+def team_view(team: Team, usage: dict[str, int] | None = None) -> dict[str, Any]:
+    """A team as every door shows it: its limits, members, active keys and their usage together."""
+    if usage is None:
+        usage = team_usage([team.pk])[team.pk]
+    keys = getattr(team, "key_count", None)
+    if keys is None:
+        keys = team.keys.filter(revoked_at__isnull=True).count()
+    return {
+        "name": team.name,
+        "members": sorted(u.get_username() for u in team.members.all()),
+        "keys": keys,
+        "created_at": team.created_at.isoformat(),
+        "limits": limits_of(team),
+        "usage": usage,
+    }
+
+
+def team_views(teams: Iterable[Team]) -> list[dict[str, Any]]:
+    teams = list(teams)
+    usage = team_usage([t.pk for t in teams])
+    return [team_view(t, usage[t.pk]) for t in teams]
+
+
+def team_usage(team_ids: list[int]) -> dict[int, dict[str, int]]:
+    """What each team's keys (revoked ones too: what they used still counts) used together."""
+    return _usage_by("key__team_id", team_ids)
 
 
 def key_usage(

@@ -1,26 +1,43 @@
-"""Writes for gateway keys: create, revoke, and the record of a key's use.
+"""Writes for gateway keys and teams: create, limits, revoke, members, and the record of a key's use.
 
-The API, the CLI (through the API) and the admin's revoke action all call
-these, so they cannot disagree about who may do what.
+The API, the CLI (through the API), the admin and the console all call these,
+so they cannot disagree about who may do what. Who may set what:
+
+- any user creates keys of their own, and sets their own keys' limits, team
+  and expiry; staff do the same for everyone's keys;
+- only staff add and remove teams and set a team's limits and members;
+- a key's limits may be at most its team's (a key limit above the team's would
+  never take effect, and lets nobody past the team's), and its weight at most
+  its team's (or the default, 1, without a team): an owner may lower what they
+  use, never raise it past what staff gave. A user puts a key only into a team
+  they are a member of.
+
+Every change of a key's limits and of a team is in the audit, with who made it.
 """
 
 from __future__ import annotations
 
+import re
 import secrets
 import threading
 import time
+from collections.abc import Iterable, Mapping
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
+from rest_framework import serializers
 
 from catalog import services as catalog_services
-from catalog.errors import CatalogError, conflict, forbidden
-from catalog.services import Actor
+from catalog.definitions import MAX_NAME, validate_name
+from catalog.durations import DurationError, parse_duration
+from catalog.errors import CatalogError, Problem, conflict, forbidden, invalid
+from catalog.services import Actor, record_change, record_event
 
-from .models import GatewayKey, hash_key
+from .models import GatewayKey, Team, hash_key
 from .routing import Entry
 
 KEY_PREFIX = "llmgw-"
@@ -31,8 +48,196 @@ SHOWN_CHARS = len(KEY_PREFIX) + 6
 KEY_NAME_MAX = 100
 
 
-def key_create(*, actor: Actor, name: str) -> tuple[GatewayKey, str]:
-    """A new key owned by the actor; returns it and the key itself, which is shown only this once."""
+# -- limits: one reading of what each door was given -------------------------------------
+
+# The counters of gateway.models.LimitFields, in the order every door shows them.
+COUNTERS = ["rpm", "tpm", "max_parallel", "tokens_per_day", "tokens_per_month"]
+# What key_set_limits and team_set_limits take; a name missing from a change is left as it is.
+KEY_SETTINGS = [*COUNTERS, "models", "weight", "team", "expires"]
+TEAM_SETTINGS = [*COUNTERS, "models", "weight"]
+# The database holds a signed 64-bit integer.
+MAX_COUNTER = 2**63 - 1
+MAX_WEIGHT = 1000.0
+MAX_MODEL_PATTERNS = 100
+# A model's or adapter's name, with fnmatch's *, ? and [...] among its characters.
+MODEL_PATTERN = re.compile(r"^[A-Za-z0-9._:*?\[\]!-]+$")
+# Words that lift a limit, as the CLI and forms write them.
+NO_LIMIT = ("", "none", "0")
+
+
+def _counter(name: str, raw: Any, problems: list[Problem]) -> int | None:
+    """A counter as any door gives it: a whole number; 0, none or nothing lifts the limit."""
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() in NO_LIMIT):
+        return None
+    if isinstance(raw, str) and raw.strip().isdigit():
+        raw = int(raw.strip())
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0 or raw > MAX_COUNTER:
+        problems.append(
+            Problem(name, f"is a whole number from 1 up, or 0 or none for no limit, not {raw!r}")
+        )
+        return None
+    return raw or None
+
+
+def _model_patterns(raw: Any, problems: list[Problem]) -> list[str]:
+    """Names or fnmatch globs of models and adapters; [] (or none) is every model."""
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() in NO_LIMIT):
+        return []
+    if isinstance(raw, str):
+        raw = raw.split(",")
+    if not isinstance(raw, list | tuple):
+        problems.append(Problem("models", "is a list of model names or globs, like llama-*"))
+        return []
+    patterns: list[str] = []
+    for item in raw:
+        pattern = item.strip() if isinstance(item, str) else item
+        if not isinstance(pattern, str) or not pattern:
+            problems.append(Problem("models", "holds names or globs, not empty entries"))
+        elif len(pattern) > MAX_NAME or not MODEL_PATTERN.fullmatch(pattern):
+            problems.append(
+                Problem(
+                    "models",
+                    f"{pattern[:40]!r} is not a model name or glob: use a model's or adapter's "
+                    "name, with * for any characters (like llama-* or *:support)",
+                )
+            )
+        elif pattern not in patterns:
+            patterns.append(pattern)
+    if len(patterns) > MAX_MODEL_PATTERNS:
+        problems.append(Problem("models", f"holds at most {MAX_MODEL_PATTERNS} names or globs"))
+    return patterns
+
+
+def _weight(raw: Any, problems: list[Problem]) -> float:
+    try:
+        weight = float(raw)
+    except (TypeError, ValueError):
+        weight = float("nan")
+    if isinstance(raw, bool) or not (0 < weight <= MAX_WEIGHT):
+        problems.append(
+            Problem("weight", f"is a number above 0 and at most {MAX_WEIGHT:g}, not {raw!r}")
+        )
+        return 1.0
+    return weight
+
+
+def parse_expiry(raw: Any, *, now: datetime | None = None) -> datetime | None:
+    """When a key stops working: a duration from now (30d, 12h), a date (00:00 UTC that day) or
+    a date and time; none (or nothing) for never. Raises ValueError saying what was wrong."""
+    now = now or timezone.now()
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none", "never")):
+        return None
+    when: datetime | None = None
+    if isinstance(raw, datetime):
+        when = raw
+    elif isinstance(raw, date):
+        when = datetime(raw.year, raw.month, raw.day)
+    elif isinstance(raw, str):
+        text = raw.strip()
+        try:
+            seconds = parse_duration(text)
+        except DurationError:
+            seconds = None
+        if seconds:
+            return now + timedelta(seconds=seconds)
+        try:
+            when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            when = None
+    if when is None:
+        raise ValueError(
+            f"{str(raw)[:40]!r} is not an expiry: give a duration from now like 30d or 12h, "
+            "a date like 2027-01-31 (00:00 UTC that day) or a date and time in ISO 8601, "
+            "or none for never"
+        )
+    if timezone.is_naive(when):
+        when = when.replace(tzinfo=UTC)
+    if when <= now:
+        raise ValueError(
+            f"{when:%Y-%m-%d %H:%M} UTC is already past: give a time to come, or a duration "
+            "like 30d"
+        )
+    return when
+
+
+def _expiry(raw: Any, problems: list[Problem]) -> datetime | None:
+    try:
+        return parse_expiry(raw)
+    except ValueError as refusal:
+        problems.append(Problem("expires", str(refusal)))
+        return None
+
+
+def _read_settings(changes: Mapping[str, Any], allowed: list[str], what: str) -> dict[str, Any]:
+    """The settings a change gives, read as their fields hold them; refuses all of it at once."""
+    problems = [
+        Problem(name, f"is not a setting here; the settings are {', '.join(allowed)}")
+        for name in changes
+        if name not in allowed
+    ]
+    wanted: dict[str, Any] = {}
+    for name, raw in changes.items():
+        if name in COUNTERS:
+            wanted[name] = _counter(name, raw, problems)
+        elif name == "models":
+            wanted[name] = _model_patterns(raw, problems)
+        elif name == "weight":
+            wanted[name] = _weight(raw, problems)
+        elif name == "expires":
+            wanted["expires_at"] = _expiry(raw, problems)
+        elif name == "team":
+            wanted[name] = raw.strip() if isinstance(raw, str) else raw
+    if problems:
+        raise invalid(problems, what=what)
+    return wanted
+
+
+def limits_of(holder: GatewayKey | Team) -> dict[str, Any]:
+    """A key's or team's limits as every door shows them (None: no limit)."""
+    return {
+        **{name: getattr(holder, name) for name in COUNTERS},
+        "models": list(holder.models),
+        "weight": holder.weight,
+    }
+
+
+def _key_record(key: GatewayKey) -> dict[str, Any]:
+    """What the audit keeps of a key's settings."""
+    return {
+        "name": key.name,
+        "owner": key.owner.get_username(),
+        "team": key.team.name if key.team else None,
+        "expires_at": key.expires_at.isoformat() if key.expires_at else None,
+        **limits_of(key),
+    }
+
+
+def _key_subject(key: GatewayKey) -> str:
+    # The audit's subject column (AuditEntry.model_name) names what changed.
+    return f"key:{key.pk}"
+
+
+def _team_subject(name: str) -> str:
+    return f"team:{name}"[:100]  # the audit's subject column holds 100 characters
+
+
+# -- keys -------------------------------------------------------------------------------
+
+
+def key_create(
+    *,
+    actor: Actor,
+    name: str,
+    team: str | None = None,
+    models: Any = None,
+    limits: Mapping[str, Any] | None = None,
+    expires: Any = None,
+    weight: Any = None,
+) -> tuple[GatewayKey, str]:
+    """A new key owned by the actor; returns it and the key itself, which is shown only this once.
+
+    `limits` holds any of COUNTERS; `team`, `models`, `expires` and `weight` as key_set_limits
+    takes them. Nothing is made when any of them is refused."""
     if actor.user is None:
         raise forbidden("Only a user can own a gateway key; log in first.")
     name = (name or "").strip()
@@ -42,15 +247,22 @@ def key_create(*, actor: Actor, name: str) -> tuple[GatewayKey, str]:
             "(say, the application that will use it).",
             code="invalid",
         )
+    changes: dict[str, Any] = dict(limits or {})
+    given = {"team": team, "models": models, "expires": expires, "weight": weight}
+    changes.update({k: v for k, v in given.items() if v is not None})
+    wanted = _read_settings(changes, KEY_SETTINGS, what="The key")
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
     with transaction.atomic():
         # The owner's row is locked while the keys are counted, so two creates at once
         # cannot both see room for one more.
         get_user_model().objects.select_for_update().filter(pk=actor.user.pk).first()
         refuse_past_key_limit(actor.user)
-        key = GatewayKey.objects.create(
+        key = GatewayKey(
             name=name, owner=actor.user, prefix=secret[:SHOWN_CHARS], key_hash=hash_key(secret)
         )
+        _apply_key_settings(actor, key, wanted, what="The key")
+        key.save()
+        record_change(actor, _key_subject(key), "key-create", None, _key_record(key))
     return key, secret
 
 
@@ -81,7 +293,83 @@ def key_revoke(*, actor: Actor, key_id: int) -> GatewayKey:
             key.revoked_at = timezone.now()
             key.revoked_by = actor.user
             key.save(update_fields=["revoked_at", "revoked_by"])
+            record_event(actor, _key_subject(key), "key-revoke", f"{key.prefix}… ({key.name})")
     return key
+
+
+def key_set_limits(*, actor: Actor, key_id: int, changes: Mapping[str, Any]) -> GatewayKey:
+    """Change a key's limits, models, weight, team or expiry (its owner or staff).
+
+    `changes` holds any of KEY_SETTINGS; what it does not name stays. A counter of 0 or none
+    lifts that limit, models [] allows every model, a team of none takes the key out of its
+    team, expires none makes it never expire. All or nothing: one refused setting changes none.
+    """
+    wanted = _read_settings(changes, KEY_SETTINGS, what="The change")
+    with transaction.atomic():
+        key = _key_for_change(actor, key_id)
+        before = _key_record(key)
+        _apply_key_settings(actor, key, wanted, what="The change")
+        after = _key_record(key)
+        if after != before:
+            key.save()
+            record_change(actor, _key_subject(key), "key-limits", before, after)
+    return key
+
+
+def _apply_key_settings(
+    actor: Actor, key: GatewayKey, wanted: dict[str, Any], *, what: str
+) -> None:
+    """Set what `wanted` holds on the key, within its team's limits (see the module's rules)."""
+    wanted_names = set(wanted)
+    for name, value in wanted.items():
+        if name == "team":
+            key.team = _team_for_key(actor, key, value)
+        else:
+            setattr(key, name, value)
+    problems: list[Problem] = []
+    team = key.team
+    # Only what this change touches is held to the team's figures: a team lowered since stays
+    # the ceiling in force, and the key's other settings can still be changed.
+    moved = "team" in wanted_names
+    for name in [c for c in COUNTERS if moved or c in wanted_names]:
+        mine, theirs = getattr(key, name), getattr(team, name, None)
+        # A key without a figure of its own is held to the team's: that is not above it.
+        if theirs is not None and mine is not None and mine > theirs:
+            problems.append(
+                Problem(
+                    name,
+                    f"{mine:,} is above the team {team}'s {theirs:,}; a key's limit is at most "
+                    "its team's (ask staff to raise the team's)",
+                )
+            )
+    ceiling = team.weight if team is not None else 1.0
+    if key.weight > ceiling and not actor.is_staff and (moved or "weight" in wanted_names):
+        whose = f"the team {team}'s" if team is not None else "the default"
+        problems.append(
+            Problem(
+                "weight",
+                f"{key.weight:g} is above {whose} {ceiling:g}; only staff give a key a larger "
+                "share",
+            )
+        )
+    if problems:
+        raise invalid(problems, what=what)
+
+
+def _team_for_key(actor: Actor, key: GatewayKey, name: Any) -> Team | None:
+    if name is None or (isinstance(name, str) and name.lower() in ("", "none")):
+        return None
+    team = Team.objects.filter(name=name).first()
+    owner = key.owner if key.owner_id else actor.user
+    if team is None or (not actor.is_staff and not team.members.filter(pk=owner.pk).exists()):
+        # As with keys, a team one is not in is reported as missing.
+        raise CatalogError(
+            f"There is no team {str(name)[:100]!r} that {owner.get_username()} is a member of; "
+            "`llmgw ctl teams` lists yours, and staff add members.",
+            code="not_found",
+            status=404,
+        )
+    return team
 
 
 def _key_for_change(actor: Actor, key_id: int) -> GatewayKey:
@@ -96,6 +384,157 @@ def _key_for_change(actor: Actor, key_id: int) -> GatewayKey:
             status=404,
         )
     return key
+
+
+# -- teams ------------------------------------------------------------------------------
+
+
+def _staff_only(actor: Actor, what: str) -> None:
+    if not actor.is_staff:
+        raise forbidden(f"Only staff {what}; ask an administrator.")
+
+
+def _team_record(team: Team) -> dict[str, Any]:
+    return {"name": team.name, **limits_of(team)}
+
+
+def _team_named(name: str, *, lock: bool = False) -> Team:
+    teams = Team.objects.select_for_update() if lock else Team.objects.all()
+    team = teams.filter(name=name).first()
+    if team is None:
+        raise CatalogError(
+            f"There is no team named {str(name)[:100]!r}; `llmgw ctl teams` lists them.",
+            code="not_found",
+            status=404,
+        )
+    return team
+
+
+def _team_name(name: Any) -> str:
+    """A team's name follows the catalog's name rules: it is part of URLs and commands."""
+    name = name.strip() if isinstance(name, str) else ""
+    try:
+        if not name:
+            raise serializers.ValidationError("give the team a name, like research or support")
+        validate_name(name)
+    except serializers.ValidationError as refusal:
+        detail = refusal.detail if isinstance(refusal.detail, list) else [refusal.detail]
+        raise invalid([Problem("name", str(d)) for d in detail], what="The team") from None
+    return name
+
+
+def team_add(
+    *,
+    actor: Actor,
+    name: str,
+    limits: Mapping[str, Any] | None = None,
+    members: Iterable[str] = (),
+) -> Team:
+    """A new team (staff), with its limits (any of TEAM_SETTINGS) and first members."""
+    _staff_only(actor, "add teams")
+    name = _team_name(name)
+    wanted = _read_settings(dict(limits or {}), TEAM_SETTINGS, what="The team")
+    with transaction.atomic():
+        if Team.objects.filter(name=name).exists():
+            raise conflict(
+                f"There is already a team named {name!r}; `llmgw ctl team limits {name}` "
+                "changes its limits.",
+                code="exists",
+            )
+        team = Team(name=name, **wanted)
+        try:
+            with transaction.atomic():
+                team.save()
+        except IntegrityError:  # the same name added at the same moment
+            raise conflict(f"There is already a team named {name!r}.", code="exists") from None
+        added = _users_named(list(members))
+        team.members.add(*added)
+        record_change(
+            actor,
+            _team_subject(name),
+            "team-add",
+            None,
+            {**_team_record(team), "members": sorted(u.get_username() for u in added)},
+        )
+    return team
+
+
+def team_set_limits(*, actor: Actor, name: str, changes: Mapping[str, Any]) -> Team:
+    """Change a team's limits (staff). Its keys' own limits stay as they are: each request is
+    held to the key's and the team's, whichever is lower."""
+    _staff_only(actor, "set a team's limits")
+    wanted = _read_settings(changes, TEAM_SETTINGS, what="The change")
+    with transaction.atomic():
+        team = _team_named(name, lock=True)
+        before = _team_record(team)
+        for field, value in wanted.items():
+            setattr(team, field, value)
+        after = _team_record(team)
+        if after != before:
+            team.save()
+            record_change(actor, _team_subject(team.name), "team-limits", before, after)
+    return team
+
+
+def team_members(
+    *, actor: Actor, name: str, add: Iterable[str] = (), remove: Iterable[str] = ()
+) -> Team:
+    """Add and remove a team's members (staff). A member removed keeps their keys in the team
+    (still held to its limits) until the key's owner or staff moves them."""
+    _staff_only(actor, "change a team's members")
+    add, remove = list(add), list(remove)
+    both = sorted(set(add) & set(remove))
+    if both:
+        raise invalid(
+            [Problem("members", f"{', '.join(both)} is both added and removed; say which")],
+            what="The change",
+        )
+    with transaction.atomic():
+        team = _team_named(name, lock=True)
+        joining, leaving = _users_named(add), _users_named(remove)
+        before = sorted(team.members.values_list("username", flat=True))
+        team.members.add(*joining)
+        team.members.remove(*leaving)
+        after = sorted(team.members.values_list("username", flat=True))
+        if after != before:
+            record_change(
+                actor,
+                _team_subject(team.name),
+                "team-members",
+                {"members": before},
+                {"members": after},
+            )
+    return team
+
+
+def team_remove(*, actor: Actor, name: str) -> int:
+    """Remove a team (staff); its keys stay, without a team's limits. Returns how many keys."""
+    _staff_only(actor, "remove teams")
+    with transaction.atomic():
+        team = _team_named(name, lock=True)
+        keys = team.keys.count()
+        record_change(
+            actor,
+            _team_subject(team.name),
+            "team-remove",
+            _team_record(team),
+            None,
+            note=f"{keys} key(s) left without a team",
+        )
+        team.delete()
+    return keys
+
+
+def _users_named(names: list[str]) -> list[Any]:
+    names = [n.strip() for n in names if isinstance(n, str) and n.strip()]
+    found = list(get_user_model().objects.filter(username__in=names))
+    missing = sorted(set(names) - {u.get_username() for u in found})
+    if missing:
+        raise invalid(
+            [Problem("members", f"there is no user named {n[:150]!r}") for n in missing],
+            what="The change",
+        )
+    return found
 
 
 def keys_used(key_ids: list[int]) -> None:

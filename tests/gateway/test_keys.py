@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
 
 import pytest
 from django.db import OperationalError, connection
+from django.utils import timezone
 
 from catalog.errors import CatalogError
+from catalog.models import AuditEntry
 from catalog.services import Actor
 from gateway.models import GatewayKey, hash_key
-from gateway.services import key_create, key_revoke
+from gateway.services import key_create, key_revoke, team_add
 from tests.gateway.conftest import Gateway
 
 pytestmark = pytest.mark.smoke
@@ -227,3 +230,198 @@ def test_the_admin_lists_keys_read_only_and_revokes_them(
     assert "1 key(s) revoked" in response.content.decode()
     key.refresh_from_db()
     assert key.revoked_at is not None and key.revoked_by == admin
+
+
+# -- limits, team and expiry ------------------------------------------------------------------
+
+
+def test_a_key_is_created_with_its_limits_and_lists_them_with_its_usage(
+    api: Any, users: dict[str, Any]
+) -> None:
+    from datetime import UTC, datetime
+
+    from gateway.models import KeyUsageDay
+
+    response = api("alice").post(
+        "/api/v1/keys",
+        {
+            "name": "bot",
+            "rpm": 60,
+            "tokens_per_day": 100000,
+            "models": ["llama-*"],
+            "expires": "30d",
+        },
+        format="json",
+    )
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["limits"] == {
+        "rpm": 60,
+        "tpm": None,
+        "max_parallel": None,
+        "tokens_per_day": 100000,
+        "tokens_per_month": None,
+        "models": ["llama-*"],
+        "weight": 1.0,
+    }
+    assert body["team"] is None and body["expired"] is False
+    assert body["expires_at"] > timezone.now().isoformat()
+    today = datetime.now(UTC).date()
+    KeyUsageDay.objects.create(
+        key_id=body["id"],
+        model="m",
+        day=today,
+        writer="a",
+        requests=3,
+        prompt_tokens=10,
+        completion_tokens=5,
+    )
+    KeyUsageDay.objects.create(
+        key_id=body["id"],
+        model="m",
+        day=today,
+        writer="b",
+        requests=1,
+        prompt_tokens=1,
+        completion_tokens=1,
+    )
+    listed = api("alice").get("/api/v1/keys").json()[0]
+    assert listed["usage"]["requests_today"] == 4
+    assert listed["usage"]["tokens_today"] == 17
+    assert listed["usage"]["tokens_this_month"] >= 17
+
+
+def test_the_owner_sets_and_lifts_limits_and_it_is_audited(api: Any, users: dict[str, Any]) -> None:
+    key = key_create(actor=Actor.for_user(users["alice"], "api"), name="a", limits={"rpm": 10})[0]
+    response = api("alice").patch(
+        f"/api/v1/keys/{key.pk}/limits", {"rpm": 0, "tpm": 5000, "weight": 0.5}, format="json"
+    )
+    assert response.status_code == 200, response.json()
+    limits = response.json()["limits"]
+    assert limits["rpm"] is None and limits["tpm"] == 5000 and limits["weight"] == 0.5
+    entry = AuditEntry.objects.get(action="key-limits")
+    assert entry.model_name == f"key:{key.pk}" and entry.actor_name == "alice"
+    assert entry.changes["rpm"] == [10, None] and entry.changes["tpm"] == [None, 5000]
+
+
+def test_someone_elses_key_limits_are_not_found(api: Any, users: dict[str, Any]) -> None:
+    key = key_create(actor=Actor.for_user(users["alice"], "api"), name="a")[0]
+    response = api("carol").patch(f"/api/v1/keys/{key.pk}/limits", {"rpm": 1}, format="json")
+    assert response.status_code == 404
+    assert (
+        api("staff")
+        .patch(f"/api/v1/keys/{key.pk}/limits", {"rpm": 1}, format="json")
+        .json()["limits"]["rpm"]
+        == 1
+    )
+
+
+def test_a_keys_limit_above_its_teams_is_refused_saying_the_teams_figure(
+    api: Any, users: dict[str, Any]
+) -> None:
+    staff = Actor.for_user(users["staff"], "api")
+    team_add(actor=staff, name="research", limits={"rpm": 100}, members=["alice"])
+    key = key_create(actor=Actor.for_user(users["alice"], "api"), name="a", team="research")[0]
+    response = api("alice").patch(f"/api/v1/keys/{key.pk}/limits", {"rpm": 500}, format="json")
+    assert response.status_code == 400
+    assert response.json()["detail"] == (
+        "The change was refused, nothing was changed: rpm: 500 is above the team "
+        "research's 100; a key's limit is at most its team's (ask staff to raise the team's)."
+    )
+    key.refresh_from_db()
+    assert key.rpm is None
+    assert (
+        api("alice").patch(f"/api/v1/keys/{key.pk}/limits", {"rpm": 50}, format="json").status_code
+        == 200
+    )
+
+
+def test_an_owner_cannot_raise_a_keys_weight_and_staff_can(api: Any, users: dict[str, Any]) -> None:
+    key = key_create(actor=Actor.for_user(users["alice"], "api"), name="a")[0]
+    refused = api("alice").patch(f"/api/v1/keys/{key.pk}/limits", {"weight": 4}, format="json")
+    assert refused.status_code == 400
+    assert (
+        "weight: 4 is above the default 1; only staff give a key a larger share"
+        in (refused.json()["detail"])
+    )
+    done = api("staff").patch(f"/api/v1/keys/{key.pk}/limits", {"weight": 4}, format="json")
+    assert done.json()["limits"]["weight"] == 4.0
+
+
+def test_a_key_goes_only_into_a_team_its_owner_is_in(api: Any, users: dict[str, Any]) -> None:
+    team_add(actor=Actor.for_user(users["staff"], "api"), name="research", members=["bob"])
+    response = api("alice").post("/api/v1/keys", {"name": "a", "team": "research"}, format="json")
+    assert response.status_code == 404
+    assert response.json()["detail"] == (
+        "There is no team 'research' that alice is a member of; `llmgw ctl teams` lists yours, "
+        "and staff add members."
+    )
+    assert not GatewayKey.objects.exists()  # nothing half-made
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        ({"rpm": -1}, "rpm"),
+        ({"weight": 0}, "weight"),
+        ({"weight": 1001}, "weight"),
+        ({"models": ["llama 3"]}, "models"),
+        ({"models": [""]}, "models"),
+        ({"expires": "yesterday"}, "expires"),
+        ({"expires": "2020-01-01"}, "expires"),
+        ({"team": "x" * 300}, "team"),
+        ({"colour": "red"}, ""),
+    ],
+)
+def test_bad_limits_are_refused_and_change_nothing(
+    api: Any, users: dict[str, Any], changes: dict[str, Any], problem: str
+) -> None:
+    key = key_create(actor=Actor.for_user(users["alice"], "api"), name="a", limits={"rpm": 7})[0]
+    response = api("alice").patch(
+        f"/api/v1/keys/{key.pk}/limits", {**changes, "tpm": 9}, format="json"
+    )
+    assert 400 <= response.status_code < 500, response.content
+    assert response.json()["code"] in ("invalid", "not_found")
+    if problem:
+        assert problem in json.dumps(response.json())
+    key.refresh_from_db()
+    assert (key.rpm, key.tpm) == (7, None)
+
+
+def test_an_expiry_is_a_duration_or_a_date_and_none_lifts_it(users: dict[str, Any]) -> None:
+    from datetime import timedelta
+
+    from gateway.services import key_set_limits, parse_expiry
+
+    now = timezone.now()
+    assert parse_expiry("12h", now=now) == now + timedelta(hours=12)
+    assert parse_expiry("2999-01-31", now=now).isoformat() == "2999-01-31T00:00:00+00:00"
+    assert parse_expiry("none", now=now) is None
+    with pytest.raises(ValueError, match="already past"):
+        parse_expiry("2001-01-01T10:00:00Z", now=now)
+    alice = Actor.for_user(users["alice"], "cli")
+    key = key_create(actor=alice, name="a", expires="1d")[0]
+    assert key.expires_at is not None
+    assert (
+        key_set_limits(actor=alice, key_id=key.pk, changes={"expires": "none"}).expires_at is None
+    )
+
+
+def test_limits_read_the_same_from_every_door(users: dict[str, Any]) -> None:
+    from gateway.services import key_set_limits
+
+    alice = Actor.for_user(users["alice"], "cli")
+    key = key_create(actor=alice, name="a")[0]
+    # As the CLI and the console's forms send them: text, 0 and none lift.
+    key = key_set_limits(
+        actor=alice,
+        key_id=key.pk,
+        changes={"rpm": "30", "tpm": "none", "max_parallel": "0", "models": "a, b*"},
+    )
+    assert (key.rpm, key.tpm, key.max_parallel, key.models) == (30, None, None, ["a", "b*"])
+    with pytest.raises(CatalogError) as refused:
+        key_set_limits(actor=alice, key_id=key.pk, changes={"rpm": "lots"})
+    assert str(refused.value) == (
+        "The change was refused, nothing was changed: rpm: is a whole number from 1 up, or 0 or "
+        "none for no limit, not 'lots'."
+    )
