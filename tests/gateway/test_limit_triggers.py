@@ -1,0 +1,137 @@
+"""A change of a key's limits, team or expiry, of a team, or of a team's members reaches a running
+gateway process through the database's own notification (gateway.triggers), whichever door wrote
+it: here a plain UPDATE, as the admin or a shell makes one."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from catalog.services import Actor
+from gateway import state as gateway_state
+from gateway import triggers
+from gateway.models import GatewayKey, LimitFields, Team, hash_key
+from gateway.services import key_create
+from gateway.state import state
+from tests.gateway.conftest import GatewayServer
+
+pytestmark = pytest.mark.smoke
+
+WITHIN = 1.0
+
+
+@pytest.fixture
+def front(transactional_db: Any, monkeypatch: Any) -> Iterator[GatewayServer]:
+    # Only a notification makes the process read again: its read every SAFETY_SECONDS anyway
+    # would otherwise hide a trigger that does not fire.
+    monkeypatch.setattr(gateway_state, "SAFETY_SECONDS", 3600.0)
+    running = GatewayServer(lifespan=True)
+    yield running
+    running.stop()
+
+
+def soon(check: Callable[[], bool]) -> bool:
+    started = time.monotonic()
+    while time.monotonic() - started < WITHIN:
+        if check():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def held(secret: str) -> Any:
+    """The limits the running process holds for this key (None: it has none)."""
+    return state.get().keys.get(hash_key(secret)).limits
+
+
+def test_every_limit_field_is_watched_by_a_trigger() -> None:
+    # The twin of LimitFields in SQL: a field added there and not here would not reach the gateway.
+    columns = [f.column for f in LimitFields._meta.local_fields]
+    assert set(columns) <= set(triggers.LIMIT_COLUMNS)
+    assert {"team_id", "expires_at"} <= set(triggers.KEY_COLUMNS)
+    watched = dict(triggers.WATCHED)
+    assert {f.column for f in Team._meta.concrete_fields} - {"id", "created_at"} <= set(
+        watched["gateway_team"]
+    )
+    assert watched["gateway_team_members"] == ["team_id", "user_id"]
+
+
+def test_a_change_of_a_keys_limits_team_or_expiry_reaches_the_gateway(
+    front: GatewayServer, users: dict[str, Any]
+) -> None:
+    team = Team.objects.create(name="research")
+    key, secret = key_create(actor=Actor.for_user(users["alice"], "api"), name="app")
+    assert soon(lambda: state.get().keys.get(hash_key(secret)) is not None)
+    assert held(secret) is None  # a key without limits costs the gateway nothing more
+
+    expires = timezone.now() + timedelta(days=3)
+    changes: list[tuple[str, Any, Callable[[Any], bool]]] = [
+        ("rpm", 5, lambda h: h.rpm == 5),
+        ("tpm", 600, lambda h: h.tpm == 600),
+        ("max_parallel", 2, lambda h: h.max_parallel == 2),
+        ("tokens_per_day", 7000, lambda h: h.tokens_per_day == 7000),
+        ("tokens_per_month", 80000, lambda h: h.tokens_per_month == 80000),
+        ("models", ["llama-*"], lambda h: h.models == ("llama-*",)),
+        ("weight", 3.0, lambda h: h.weight == 3.0),
+        ("team_id", team.pk, lambda h: h.team_id == team.pk),
+        ("expires_at", expires, lambda h: h.expires_at == pytest.approx(expires.timestamp())),
+    ]
+    for field, value, arrived in changes:
+        stamped = GatewayKey.objects.get(pk=key.pk).changed_at
+        GatewayKey.objects.filter(pk=key.pk).update(**{field: value})
+        assert GatewayKey.objects.get(pk=key.pk).changed_at > stamped, field
+        assert soon(lambda arrived=arrived: held(secret) is not None and arrived(held(secret))), (
+            f"{field} did not reach the gateway within {WITHIN}s"
+        )
+
+    # Lifted again, the key goes back to costing nothing.
+    GatewayKey.objects.filter(pk=key.pk).update(
+        rpm=None,
+        tpm=None,
+        max_parallel=None,
+        tokens_per_day=None,
+        tokens_per_month=None,
+        models=[],
+        weight=1.0,
+        team=None,
+        expires_at=None,
+    )
+    assert soon(lambda: held(secret) is None)
+
+
+def test_a_change_of_a_team_or_its_members_reaches_the_gateway(
+    front: GatewayServer, users: dict[str, Any]
+) -> None:
+    team = Team.objects.create(name="research")
+    assert soon(lambda: team.pk in state.get().teams)
+    for field, value in [
+        ("rpm", 50),
+        ("tpm", 9000),
+        ("max_parallel", 4),
+        ("tokens_per_day", 10**6),
+        ("tokens_per_month", 10**7),
+        ("weight", 2.5),
+    ]:
+        Team.objects.filter(pk=team.pk).update(**{field: value})
+        assert soon(
+            lambda field=field, value=value: getattr(state.get().teams[team.pk], field) == value
+        ), f"a team's {field} did not reach the gateway within {WITHIN}s"
+    Team.objects.filter(pk=team.pk).update(models=["a*", "b"])
+    assert soon(lambda: state.get().teams[team.pk].models == ("a*", "b"))
+
+    # Members: the process reads again (a new snapshot) on each change of the members table.
+    for change in (
+        lambda: team.members.add(users["alice"]),
+        lambda: team.members.remove(users["alice"]),
+    ):
+        before = state.get()
+        change()
+        assert soon(lambda before=before: state.get() is not before)
+
+    Team.objects.filter(pk=team.pk).delete()
+    assert soon(lambda: team.pk not in state.get().teams)
