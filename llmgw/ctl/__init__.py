@@ -15,7 +15,7 @@ from typing import Any
 
 from llmgw.client import Client, CtlError
 
-from . import audit, canary, gateway, models, nodes, updates
+from . import audit, canary, gateway, models, nodes, teams, updates
 
 
 def add_parser(subparsers: Any) -> None:
@@ -39,6 +39,8 @@ def add_parser(subparsers: Any) -> None:
         gateway.add_keys,
         gateway.add_key,
         gateway.add_usage,
+        teams.add_teams,
+        teams.add_team,
         _add_model,
     ):
         add_command(sub)

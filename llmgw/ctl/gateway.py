@@ -8,6 +8,7 @@ from typing import Any
 
 from llmgw.client import Client
 
+from .limits import add_limit_flags, limit_lines, limits_body
 from .output import print_json, table, table_wanted
 
 KEYS_HELP = """\
@@ -65,8 +66,20 @@ def add_key(sub: Any) -> None:
         "The key works at once; keep it as you would a password.",
     )
     p.add_argument("name")
+    add_limit_flags(p, key=True)
     p.add_argument("--json", action="store_true", help="print JSON (the key included)")
     p.set_defaults(run=cmd_key_create)
+    p = ksub.add_parser(
+        "limits",
+        help="change a key's limits, models, weight, team or expiry",
+        description="Your own keys, or anyone's for staff; a flag not given leaves that setting "
+        "as it is, and 0 or none lifts a limit. A key's limits are at most its team's; only "
+        "staff raise a key's weight. The gateway holds them within a second.",
+    )
+    p.add_argument("id", type=_key_id, help="the key's ID, as `llmgw ctl keys` lists it")
+    add_limit_flags(p, key=True)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=cmd_key_limits)
     p = ksub.add_parser(
         "revoke",
         help="revoke a key: requests with it are refused from now on",
@@ -78,7 +91,7 @@ def add_key(sub: Any) -> None:
 
 
 def cmd_key_create(client: Client, args: argparse.Namespace) -> None:
-    key = client.post("keys", {"name": args.name})
+    key = client.post("keys", {"name": args.name, **limits_body(args)})
     if args.json:
         print_json(key)
         return
@@ -86,9 +99,34 @@ def cmd_key_create(client: Client, args: argparse.Namespace) -> None:
         f"Gateway key {key['id']} ({key['name']}) created for {key['owner']}. It is shown only now:"
     )
     print(f"\n  {key['key']}\n")
+    if _has_settings(key):
+        print(*_settings_lines(key), sep="\n")
     print("Use it with any OpenAI client:")
     print(f"  base_url={client.url}/v1  api_key={key['key']}")
     print(f"Revoke it with: llmgw ctl key revoke {key['id']}")
+
+
+def cmd_key_limits(client: Client, args: argparse.Namespace) -> None:
+    key = client.request("PATCH", f"keys/{args.id}/limits", json=limits_body(args))
+    if args.json:
+        print_json(key)
+        return
+    print(f"Gateway key {key['id']} ({key['prefix']}…, {key['name']}, owned by {key['owner']}):")
+    print(*_settings_lines(key), sep="\n")
+    print("The gateway holds these within a second.")
+
+
+def _has_settings(key: dict[str, Any]) -> bool:
+    limits = key["limits"]
+    counted = any(limits[f] is not None for f in limits if f not in ("models", "weight"))
+    return bool(counted or limits["models"] or limits["weight"] != 1 or key["team"])
+
+
+def _settings_lines(key: dict[str, Any]) -> list[str]:
+    """What is in force for a key: its team, expiry and limits (with today's use)."""
+    team = key["team"] or "none"
+    expires = f"{_when(key['expires_at'])} UTC" if key["expires_at"] else "never"
+    return [f"  {'team':<17} {team}", f"  {'expires':<17} {expires}", *limit_lines(key)]
 
 
 def cmd_key_revoke(client: Client, args: argparse.Namespace) -> None:

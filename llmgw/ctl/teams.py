@@ -1,0 +1,159 @@
+"""`llmgw ctl teams` and `team`: the teams that share a fleet's limits, their members and usage."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from llmgw.client import Client, CtlError
+
+from .limits import add_limit_flags, limit_lines, limits_body, limits_summary
+from .output import print_json, table, table_wanted
+
+TEAMS_HELP = """\
+A team groups users whose keys share limits: a team's limits count all its keys
+together, and each key's own limits (at most the team's) count that key alone.
+Staff add teams and set their limits and members; a user sees the teams they
+are in, and puts their keys into them (llmgw ctl key limits ID --team TEAM)."""
+
+
+def add_teams(sub: Any) -> None:
+    p = sub.add_parser(
+        "teams",
+        help="the teams: yours (staff: every team), with their limits",
+        description=TEAMS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=cmd_teams)
+
+
+def cmd_teams(client: Client, args: argparse.Namespace) -> None:
+    teams = client.get("teams")
+    none = "No teams yet. Staff add one with: llmgw ctl team add NAME [--rpm N ...]"
+    if not table_wanted(args, teams, none):
+        return
+    rows = [
+        [
+            t["name"],
+            str(len(t["members"])),
+            str(t["keys"]),
+            f"{t['usage']['tokens_today']:,}",
+            limits_summary(t["limits"]),
+        ]
+        for t in teams
+    ]
+    print(table(rows, ["NAME", "MEMBERS", "KEYS", "TOKENS TODAY", "LIMITS"]))
+
+
+def add_team(sub: Any) -> None:
+    team = sub.add_parser(
+        "team",
+        help="add teams, set their limits and members (staff), show one",
+        description=TEAMS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    tsub = team.add_subparsers(dest="team_command", required=True, metavar="COMMAND")
+    p = tsub.add_parser(
+        "add",
+        help="add a team (staff)",
+        description="NAME follows the catalog's name rules (letters, digits, '.', '_', '-', ':').",
+    )
+    p.add_argument("name")
+    add_limit_flags(p, key=False)
+    p.add_argument(
+        "--member", action="append", default=[], metavar="USER", help="a member (repeatable)"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=cmd_team_add)
+
+    p = tsub.add_parser(
+        "limits",
+        help="change a team's limits (staff)",
+        description="A flag not given leaves that limit as it is; 0 or none lifts it. The "
+        "gateway holds them within a second.",
+    )
+    p.add_argument("name")
+    add_limit_flags(p, key=False)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=cmd_team_limits)
+
+    p = tsub.add_parser(
+        "members",
+        help="add and remove a team's members (staff)",
+        description="A member removed keeps their keys in the team, held to its limits, until "
+        "they or staff move them (llmgw ctl key limits ID --team none).",
+    )
+    p.add_argument("name")
+    p.add_argument("--add", action="append", default=[], metavar="USER", help="repeatable")
+    p.add_argument("--remove", action="append", default=[], metavar="USER", help="repeatable")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=cmd_team_members)
+
+    p = tsub.add_parser("show", help="a team's limits, members and usage against each limit")
+    p.add_argument("name")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=cmd_team_show)
+
+    p = tsub.add_parser(
+        "remove",
+        help="remove a team (staff); its keys stay, without the team's limits",
+    )
+    p.add_argument("name")
+    p.set_defaults(run=cmd_team_remove)
+
+
+def cmd_team_add(client: Client, args: argparse.Namespace) -> None:
+    body = {"name": args.name, **limits_body(args)}
+    if args.member:
+        body["members"] = _users(args.member)
+    _print_team(client.post("teams", body), args, f"Team {args.name} added:")
+
+
+def cmd_team_limits(client: Client, args: argparse.Namespace) -> None:
+    team = client.request("PATCH", f"teams/{args.name}", json=limits_body(args))
+    _print_team(
+        team, args, f"Team {team['name']} now:", then="The gateway holds these within a second."
+    )
+
+
+def cmd_team_members(client: Client, args: argparse.Namespace) -> None:
+    if not args.add and not args.remove:
+        raise CtlError("say whom: --add USER or --remove USER (each may be repeated)")
+    team = client.post(
+        f"teams/{args.name}/members", {"add": _users(args.add), "remove": _users(args.remove)}
+    )
+    if args.json:
+        print_json(team)
+        return
+    members = ", ".join(team["members"]) or "none"
+    print(f"Team {team['name']} has {len(team['members'])} member(s): {members}.")
+
+
+def cmd_team_show(client: Client, args: argparse.Namespace) -> None:
+    team = client.get(f"teams/{args.name}")
+    _print_team(team, args, f"Team {team['name']}:")
+
+
+def cmd_team_remove(client: Client, args: argparse.Namespace) -> None:
+    gone = client.delete(f"teams/{args.name}")
+    print(
+        f"Team {gone['name']} removed; its {gone['keys']} key(s) stay, without the team's limits."
+    )
+
+
+def _print_team(team: dict[str, Any], args: argparse.Namespace, title: str, then: str = "") -> None:
+    if args.json:
+        print_json(team)
+        return
+    print(title)
+    print(f"  {'members':<17} {', '.join(team['members']) or 'none'}")
+    print(f"  {'keys':<17} {team['keys']} active")
+    print(*limit_lines(team), sep="\n")
+    if then:
+        print(then)
+
+
+def _users(names: list[str]) -> list[str]:
+    # --add alice,bob reads as two users, as --add alice --add bob does.
+    return [n.strip() for name in names for n in name.split(",") if n.strip()]
