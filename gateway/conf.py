@@ -126,3 +126,31 @@ def trusted_proxies() -> list[str]:
     configured = getattr(settings, "LLMGW_TRUSTED_PROXIES", None)
     raw = str(configured) if configured else os.environ.get("LLMGW_TRUSTED_PROXIES") or ""
     return [part.strip() for part in raw.split(",") if part.strip()]
+
+
+# -- fair queueing when a model's slots are all busy (gateway.fairqueue) --
+
+
+def fair_queue_on() -> bool:
+    """Whether a request waits in the gateway, in fair order between keys, when every slot of its
+    model is busy (the default); off sends it on at once, to wait in the engine's own
+    first-come queue, where one key's flood holds up every other key."""
+    configured = getattr(settings, "LLMGW_FAIR_QUEUE", None)
+    raw = configured if configured is not None else os.environ.get("LLMGW_FAIR_QUEUE")
+    if raw is None or raw == "":
+        return True
+    return _flag("LLMGW_FAIR_QUEUE")
+
+
+def queue_timeout() -> float:
+    """Seconds a request may wait in the gateway's queue for a free slot (then 503 with
+    Retry-After). Counted from when it starts waiting, apart from LLMGW_GATEWAY_WAIT (a replica
+    being started) and the upstream timeout (an engine's silence once the request is sent)."""
+    return _number("LLMGW_QUEUE_TIMEOUT", 60, minimum=0)
+
+
+def queue_max() -> int:
+    """Requests that may wait for a free slot of one model on this machine, all gateway processes
+    together (one more gets 429 at once); 0: none waits, a request finding every slot busy gets
+    429."""
+    return int(_number("LLMGW_QUEUE_MAX", 1000, minimum=0))

@@ -1,0 +1,801 @@
+"""Fair queueing: when every slot of a model is busy, requests wait here, and each freed slot goes
+to the next one in weighted-fair order between keys.
+
+Without it a request that finds every slot busy is sent on anyway and waits in the engine's own
+first-come queue: one key holding 32 streams makes another key's single request wait behind all
+of them. Here it waits in the gateway instead, and a freed slot goes to the waiter that is
+furthest behind its fair share, whichever key sent the most.
+
+The order (start-time fair queueing). Requests are grouped into flows: a key's, or its team's
+when the key has a team (the team's keys then share one weight, the team's). Each request gets
+a start tag S and a finish tag F = S + 1/weight, where
+
+    S = max(V, the largest F among its flow's requests waiting or in service),
+    V = the largest S among the model's requests in service (the one granted last), or the
+        smallest S among its waiting ones if that is smaller (a grant made out of order) or
+        none is in service; with neither, 0 (nothing to be fair about any more).
+
+A freed slot goes to the waiting request with the smallest (S, arrival time, process id): a
+total order, so an equal tag (a tag collision) is broken the same way by every process. A flow
+that sends one request at a time starts at V, at the head of the queue (level with it at
+worst), so it waits for at most one request of each other backlogged flow: a key sending 500
+requests delays a key sending one by at most one freed slot, less than one answer's time. A flow's requests in service count
+in its F, so a key that keeps N streams going gets its share, not N slots. Between backlogged
+flows, slots go in proportion to their weights.
+
+Free slot: a candidate replica whose requests in flight, counted over every gateway process of
+the machine (gateway.load, through the balancer), plus the grants made here whose request has
+not yet been counted there, are fewer than its slots.
+
+Across the machine's gateway processes. Each process writes its own waiting and in-service
+requests (model, flow, S, F, arrival, state) into a memory-mapped file of its own under one
+folder (one writer per file, no lock, as gateway.load does), with a count of its waiters per
+model-hash bucket so that the others skip a scan when it has none. A process hands a freed slot
+to its own head only when that head is first in the order over every process's waiters. When
+it is not, the waiter that is first (on another process) gets GRACE_SECONDS to take the slot;
+after that, whoever is there takes it: no slot idles longer than the grace while requests wait
+(work-conserving). A request that finds a free slot and nobody waiting anywhere is let through
+at once, without a scan.
+
+Bounds. A request waits at most LLMGW_QUEUE_TIMEOUT seconds (then QueueTimeout: 503 with
+Retry-After), and at most LLMGW_QUEUE_MAX requests wait per model on the machine (the next gets
+QueueFull: 429); two processes admitting at the same instant may overshoot by one each. A
+process's file holds ENTRIES requests (waiting or in service; 48 bytes each, 393 KiB a file);
+past that, a request that must wait is refused with 429 too, and one that finds a free slot
+goes through uncounted (fairness suffers a little, nothing fails). A client that hangs up leaves
+the queue at once: cancelling the wait (or `hangup` returning) removes it, and a slot granted to
+it in that instant is passed on.
+
+Failure modes. A process that dies leaves its file behind; the others ignore it and delete it
+when they see its pid gone (at most RESCAN_SECONDS later), and its waiters died with it, so
+nothing is lost that had not already failed. A process whose waiters have not written its
+heartbeat for STALE_SECONDS (hung, or its pid reused by another program) is not waited for. A
+reader can see an entry half written (the writer is mid-way); at worst one grant goes out of
+order, never twice and never to nobody. Requests are tagged as if they cost the same: a key
+that sends long generations gets more compute per turn than one that sends short ones.
+
+Only this machine's gateway processes are seen: each machine queues its own share, which the
+load balancer in front spreads evenly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import heapq
+import itertools
+import math
+import mmap
+import os
+import struct
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from . import conf, errors
+from .load import process_alive
+from .routing import Balancer, Candidate
+
+# How long the first waiter, on another process, has to take a freed slot before this
+# process's own head takes it: longer than that process's poll and a loaded event loop's
+# usual lag, short beside an answer (a slot idles at most this long per grant).
+GRACE_SECONDS = 0.05
+# How often a process with waiters looks for slots freed by the other processes (its own
+# frees wake it at once).
+POLL_SECONDS = 0.01
+# How often the folder is listed again for processes that started or stopped.
+RESCAN_SECONDS = 1.0
+# A process whose waiters have not written its heartbeat for this long is not waited for.
+STALE_SECONDS = 1.0
+# Requests, waiting or in service, one process's file holds.
+ENTRIES = 8192
+# Buckets of the per-model count of waiters each file keeps, so a reader skips a scan.
+BUCKETS = 1024
+# The smallest weight taken: a weight of 0 would give a flow an infinite finish tag.
+MIN_WEIGHT = 0.01
+# Bounds of the Retry-After sent with a refusal.
+RETRY_AFTER_MIN, RETRY_AFTER_MAX = 1, 60
+
+_MAGIC = 0x31_71_66_77_67_6D_6C_6C  # "llmgwfq1"
+_HEADER = struct.Struct("<qdq")  # magic, heartbeat (time.monotonic()), entries in use (high water)
+_HEADER_BYTES = 64
+_BUCKET = struct.Struct("<q")
+_ENTRY = struct.Struct("<qqddqq")  # model hash, flow hash, start, finish, arrival ns, state
+_STATE_OFFSET = 40
+_BUCKETS_AT = _HEADER_BYTES
+_ENTRIES_AT = _BUCKETS_AT + BUCKETS * _BUCKET.size
+FILE_BYTES = _ENTRIES_AT + ENTRIES * _ENTRY.size
+
+FREE, WAITING, SERVED = 0, 1, 2
+
+
+def name_hash(*parts: str) -> int:
+    """A stable 64-bit hash (never 0, which marks a free entry) of a model or a flow."""
+    digest = hashlib.blake2b("\0".join(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True) or 1
+
+
+def flow_of(key_id: int | None, team_id: int | None) -> str:
+    """Whose share a request counts against: its key's, or its team's when the key has one."""
+    return f"team:{team_id}" if team_id is not None else f"key:{key_id}"
+
+
+# -- refusals -----------------------------------------------------------------------------
+
+
+class QueueFull(Exception):
+    """As many requests wait for the model as the queue holds: 429."""
+
+    def __init__(self, model: str, waiting: int, limit: int, retry_after: int, why: str) -> None:
+        super().__init__(f"{model}: {waiting} waiting, limit {limit}")
+        self.model, self.waiting, self.limit = model, waiting, limit
+        self.retry_after, self.why = retry_after, why
+
+    def refusal(self) -> errors.Refusal:
+        return errors.openai_error(
+            429,
+            f"Every slot of {self.model} is busy and {self.why}. Try again shortly; the "
+            "Retry-After header says when. More replicas of the model take more at once.",
+            code="queue_full",
+            kind="rate_limit_exceeded",
+            headers={"Retry-After": str(self.retry_after)},
+        )
+
+
+class QueueTimeout(Exception):
+    """The request waited as long as it may: 503."""
+
+    def __init__(self, model: str, waited: float, retry_after: int) -> None:
+        super().__init__(f"{model}: waited {waited:.1f}s")
+        self.model, self.waited, self.retry_after = model, waited, retry_after
+
+    def refusal(self) -> errors.Refusal:
+        return errors.openai_error(
+            503,
+            f"Every slot of {self.model} stayed busy for the {self.waited:.0f} seconds a request "
+            "may wait in the gateway's queue (LLMGW_QUEUE_TIMEOUT). Try again; the Retry-After "
+            "header says when.",
+            code="queue_timeout",
+            kind="server_error",
+            headers={"Retry-After": str(self.retry_after)},
+        )
+
+
+class ClientGone(Exception):
+    """The client hung up while its request waited; nothing is left to answer."""
+
+
+async def client_gone(receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+    """Returns when an ASGI client has hung up (for `turn(hangup=...)`, once the body is read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+# -- the shared board ---------------------------------------------------------------------
+
+
+@dataclass
+class _Scan:
+    """What every process's board says about one model (and one flow of it)."""
+
+    waiting: int = 0
+    least_waiting_start: float = math.inf
+    most_served_start: float = -math.inf
+    flow_finish: float = -math.inf
+
+    @property
+    def virtual_time(self) -> float:
+        """Where a flow that has nothing waiting or in service starts: level with the request
+        served last (granted in order, so the first waiter's S is no smaller; when a grant went
+        out of order, the first waiter's, so that nobody jumps behind the whole queue)."""
+        if self.waiting and self.most_served_start > -math.inf:
+            return min(self.least_waiting_start, self.most_served_start)
+        if self.waiting:
+            return self.least_waiting_start
+        return max(0.0, self.most_served_start)
+
+
+class _Board:
+    """This process's waiting and in-service requests, written where the other processes of the
+    machine read them (a bytearray of its own when there is no folder)."""
+
+    def __init__(self, folder: Path | None, pid: int) -> None:
+        self.folder = folder
+        self.pid = pid
+        self._file: Path | None = None
+        self._map: mmap.mmap | None = None
+        self._buffer: Any = bytearray(FILE_BYTES)
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            self._file = folder / f"queue-{pid}"
+            with self._file.open("wb") as out:
+                out.truncate(FILE_BYTES)
+            handle = os.open(self._file, os.O_RDWR)
+            try:
+                self._map = mmap.mmap(handle, FILE_BYTES)
+            finally:
+                os.close(handle)
+            self._buffer = self._map
+        self._spare: list[int] = []  # freed entries below the high water, reused first
+        self._used = 0
+        self._heartbeat = time.monotonic()
+        _HEADER.pack_into(self._buffer, 0, _MAGIC, self._heartbeat, 0)
+        self._others: dict[int, mmap.mmap] = {}
+        self._scanned_at = -RESCAN_SECONDS
+
+    # writing (this process only)
+
+    def beat(self, now: float) -> None:
+        self._heartbeat = now
+        _HEADER.pack_into(self._buffer, 0, _MAGIC, now, self._used)
+
+    def add(
+        self, model: int, flow: int, start: float, finish: float, order: int, state: int
+    ) -> int | None:
+        """Write an entry; its index, or None when the file is full."""
+        if self._spare:
+            index = heapq.heappop(self._spare)
+        elif self._used < ENTRIES:
+            index = self._used
+        else:
+            return None
+        # Everything but the state first: a reader takes an entry by its state.
+        at = _ENTRIES_AT + index * _ENTRY.size
+        _ENTRY.pack_into(self._buffer, at, model, flow, start, finish, order, FREE)
+        if state == WAITING:
+            self._bucket_add(model, 1)
+        _BUCKET.pack_into(self._buffer, at + _STATE_OFFSET, state)
+        if index >= self._used:
+            self._used = index + 1
+        self.beat(time.monotonic())
+        return index
+
+    def serve(self, index: int, model: int) -> None:
+        _BUCKET.pack_into(self._buffer, _ENTRIES_AT + index * _ENTRY.size + _STATE_OFFSET, SERVED)
+        self._bucket_add(model, -1)
+
+    def remove(self, index: int, model: int) -> None:
+        at = _ENTRIES_AT + index * _ENTRY.size + _STATE_OFFSET
+        (state,) = _BUCKET.unpack_from(self._buffer, at)
+        _BUCKET.pack_into(self._buffer, at, FREE)
+        if state == WAITING:
+            self._bucket_add(model, -1)
+        heapq.heappush(self._spare, index)
+        if index == self._used - 1:
+            # Readers scan up to the high water: bring it down over the free entries on top.
+            while self._used and self._state(self._used - 1) == FREE:
+                self._used -= 1
+            self._spare = [i for i in self._spare if i < self._used]
+            heapq.heapify(self._spare)
+        _HEADER.pack_into(self._buffer, 0, _MAGIC, self._heartbeat, self._used)
+
+    def _state(self, index: int) -> int:
+        at = _ENTRIES_AT + index * _ENTRY.size + _STATE_OFFSET
+        return int(_BUCKET.unpack_from(self._buffer, at)[0])
+
+    def _bucket_add(self, model: int, delta: int) -> None:
+        at = _BUCKETS_AT + (model % BUCKETS) * _BUCKET.size
+        (count,) = _BUCKET.unpack_from(self._buffer, at)
+        _BUCKET.pack_into(self._buffer, at, max(0, count + delta))
+
+    # reading (every process's board, this one's included)
+
+    def _boards(self, now: float) -> list[tuple[int, Any, bool]]:
+        """(pid, buffer, whether its waiters count) for this process and every live other."""
+        if self.folder is not None and now - self._scanned_at >= RESCAN_SECONDS:
+            self._rescan(now)
+        boards: list[tuple[int, Any, bool]] = [(self.pid, self._buffer, True)]
+        for pid, buffer in self._others.items():
+            magic, heartbeat, _ = _HEADER.unpack_from(buffer, 0)
+            if magic == _MAGIC:
+                boards.append((pid, buffer, now - heartbeat <= STALE_SECONDS))
+        return boards
+
+    @staticmethod
+    def _entries(buffer: Any) -> Any:
+        (used,) = struct.unpack_from("<q", buffer, 16)
+        used = max(0, min(int(used), ENTRIES))
+        return _ENTRY.iter_unpack(buffer[_ENTRIES_AT : _ENTRIES_AT + used * _ENTRY.size])
+
+    @staticmethod
+    def _has_waiters(buffer: Any, model: int) -> bool:
+        return bool(_BUCKET.unpack_from(buffer, _BUCKETS_AT + (model % BUCKETS) * _BUCKET.size)[0])
+
+    def others_waiting(self, model: int, now: float) -> bool:
+        """Whether another process has requests waiting for the model (or a model that shares
+        its bucket: then the caller takes the slower way, which is exact)."""
+        return any(
+            counts and self._has_waiters(buffer, model)
+            for pid, buffer, counts in self._boards(now)
+            if pid != self.pid
+        )
+
+    def scan(self, model: int, flow: int, now: float) -> _Scan:
+        found = _Scan()
+        for _, buffer, counts in self._boards(now):
+            for m, f, start, finish, _, state in self._entries(buffer):
+                if m != model or state == FREE:
+                    continue
+                if state == WAITING:
+                    if not counts:
+                        continue
+                    found.waiting += 1
+                    found.least_waiting_start = min(found.least_waiting_start, start)
+                elif state == SERVED:
+                    found.most_served_start = max(found.most_served_start, start)
+                if f == flow:
+                    found.flow_finish = max(found.flow_finish, finish)
+        return found
+
+    def others_first(self, model: int, now: float) -> tuple[float, int, int] | None:
+        """The first waiter for the model on another process: (start, arrival, pid)."""
+        first: tuple[float, int, int] | None = None
+        for pid, buffer, counts in self._boards(now):
+            if pid == self.pid or not counts or not self._has_waiters(buffer, model):
+                continue
+            for m, _, start, _, order, state in self._entries(buffer):
+                if m == model and state == WAITING:
+                    mark = (start, order, pid)
+                    if first is None or mark < first:
+                        first = mark
+        return first
+
+    def _rescan(self, now: float) -> None:
+        self._scanned_at = now
+        assert self.folder is not None
+        seen: set[int] = set()
+        for path in self.folder.glob("queue-*"):
+            try:
+                pid = int(path.name.removeprefix("queue-"))
+            except ValueError:
+                continue
+            if pid == self.pid:
+                continue
+            if not process_alive(pid):
+                # Its waiters died with it: nothing to wait for, nothing to hand on.
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                continue
+            seen.add(pid)
+            if pid not in self._others:
+                opened = _open_for_reading(path)
+                if opened is not None:
+                    self._others[pid] = opened
+        for pid in [p for p in self._others if p not in seen]:
+            self._others.pop(pid).close()
+
+    def close(self) -> None:
+        for buffer in self._others.values():
+            buffer.close()
+        self._others.clear()
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+            self._buffer = bytearray(FILE_BYTES)
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.unlink()
+            self._file = None
+
+
+def _open_for_reading(path: Path) -> mmap.mmap | None:
+    try:
+        handle = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        if os.fstat(handle).st_size < FILE_BYTES:
+            return None  # still being created
+        return mmap.mmap(handle, FILE_BYTES, prot=mmap.PROT_READ)
+    finally:
+        os.close(handle)
+
+
+# -- the queue ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Granted:
+    """A request's turn: `replica` had the free slot handed to it (the balancer, choosing at
+    once, picks it or another with a slot free); `waited` is the seconds spent queued."""
+
+    replica: Candidate | None
+    waited: float
+    queued: bool
+
+
+@dataclass(eq=False)
+class _Waiter:
+    model: str
+    model_hash: int
+    flow_hash: int
+    start: float
+    finish: float
+    order: int
+    candidates: tuple[Candidate, ...]
+    balancer: Balancer
+    future: asyncio.Future[Candidate]
+    index: int | None = None
+
+
+@dataclass(eq=False)
+class _ModelQueue:
+    """One model's waiters in this process, in fair order, and its dispatcher."""
+
+    name: str
+    hash: int
+    heap: list[tuple[float, int, int, _Waiter]] = field(default_factory=list)
+    waiting: int = 0
+    virtual_time: float = 0.0
+    flows: dict[int, tuple[int, float]] = field(default_factory=dict)  # flow: (entries, finish)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    free_since: float | None = None
+    # Seconds between two grants, smoothed: what a refusal's Retry-After is estimated from.
+    grant_interval: float = 1.0
+    granted_at: float | None = None
+
+
+class FairQueue:
+    """The waiting room of one gateway process, in step with the others of the machine."""
+
+    def __init__(
+        self,
+        folder: Path | None,
+        *,
+        pid: int | None = None,
+        grace: float = GRACE_SECONDS,
+        poll: float = POLL_SECONDS,
+    ) -> None:
+        self.board = _Board(folder, pid if pid is not None else os.getpid())
+        self.grace = grace
+        self.poll = poll
+        self._models: dict[str, _ModelQueue] = {}
+        self._reserved: dict[str, int] = {}  # replica id: grants not yet counted in flight
+        self._sequence = itertools.count()
+        # For /metrics: (model, waiting in this process) when that changes; (model, seconds
+        # queued, outcome) for every request that asked for a turn, outcome one of "served",
+        # "timeout", "full", "gone".
+        self.on_depth: Callable[[str, int], None] | None = None
+        self.on_wait: Callable[[str, float, str], None] | None = None
+
+    def turn(
+        self,
+        *,
+        model: str,
+        key_id: int | None,
+        weight: float = 1.0,
+        team_id: int | None = None,
+        candidates: Sequence[Candidate],
+        balancer: Balancer,
+        hangup: Callable[[], Awaitable[Any]] | None = None,
+        timeout: float | None = None,
+        limit: int | None = None,
+    ) -> _Turn:
+        """``async with queue.turn(...) as granted:`` returns when one of `candidates` has a free
+        slot and this request is next in fair order; the request is counted as in service until
+        the block ends. `weight` is its flow's: the team's when `team_id` is given. Raises
+        QueueFull, QueueTimeout, or ClientGone when `hangup` returns first. The balancer must
+        choose the replica before anything else is awaited in the block."""
+        return _Turn(
+            self,
+            model=model,
+            flow=flow_of(key_id, team_id),
+            weight=max(MIN_WEIGHT, float(weight)),
+            candidates=tuple(candidates),
+            balancer=balancer,
+            hangup=hangup,
+            timeout=conf.queue_timeout() if timeout is None else timeout,
+            limit=conf.queue_max() if limit is None else limit,
+        )
+
+    # figures
+
+    def depths(self) -> dict[str, int]:
+        """Requests waiting in this process, per model (summed over processes: the machine's)."""
+        return {name: q.waiting for name, q in self._models.items() if q.waiting}
+
+    def depth(self, model: str) -> int:
+        """Requests waiting for `model` on this machine, every process's."""
+        model_hash = name_hash(model)
+        return self.board.scan(model_hash, 0, time.monotonic()).waiting
+
+    def close(self) -> None:
+        for q in self._models.values():
+            if q.task is not None:
+                q.task.cancel()
+        self.board.close()
+
+    # the way in
+
+    async def _enter(self, ticket: _Turn) -> tuple[_Waiter, Granted]:
+        arrived = time.monotonic()
+        q = self._queue(ticket.model)
+        flow_hash = name_hash(ticket.model, ticket.flow)
+        candidates = ticket.candidates
+        free = self._free(candidates, ticket.balancer, arrived)
+        if free is not None and not q.waiting and not self.board.others_waiting(q.hash, arrived):
+            # Nobody waits anywhere: straight through, tagged from what this process knows.
+            start = max(q.virtual_time, q.flows.get(flow_hash, (0, -math.inf))[1])
+            waiter = self._waiter(q, ticket, flow_hash, start, time.monotonic_ns())
+            waiter.index = self.board.add(
+                q.hash, flow_hash, start, waiter.finish, waiter.order, SERVED
+            )
+            self._count_flow(q, waiter, 1)
+            q.virtual_time = max(q.virtual_time, start)
+            self._observe(ticket.model, 0.0, "served")
+            return waiter, Granted(free, 0.0, queued=False)
+
+        found = self.board.scan(q.hash, flow_hash, arrived)
+        local_finish = q.flows.get(flow_hash, (0, -math.inf))[1]
+        if found.waiting >= ticket.limit:
+            self._observe(ticket.model, 0.0, "full")
+            raise QueueFull(
+                ticket.model,
+                found.waiting,
+                ticket.limit,
+                self._retry_after(q, found.waiting),
+                f"{found.waiting} requests already wait for it on this machine, as many as its "
+                f"queue holds (LLMGW_QUEUE_MAX={ticket.limit})",
+            )
+        start = max(found.virtual_time, found.flow_finish, local_finish)
+        waiter = self._waiter(q, ticket, flow_hash, start, time.monotonic_ns())
+        waiter.index = self.board.add(
+            q.hash, flow_hash, start, waiter.finish, waiter.order, WAITING
+        )
+        if waiter.index is None:
+            self._observe(ticket.model, 0.0, "full")
+            raise QueueFull(
+                ticket.model,
+                found.waiting,
+                ticket.limit,
+                self._retry_after(q, found.waiting),
+                f"this gateway process holds as many requests as it can track ({ENTRIES})",
+            )
+        self._count_flow(q, waiter, 1)
+        heapq.heappush(q.heap, (waiter.start, waiter.order, next(self._sequence), waiter))
+        q.waiting += 1
+        self._depth_changed(q)
+        self._start_dispatch(q)
+        try:
+            granted = await self._granted(waiter, ticket, arrived)
+        except BaseException as exc:
+            outcome = "timeout" if isinstance(exc, TimeoutError) else "gone"
+            self._abandon(q, waiter)
+            self._observe(ticket.model, time.monotonic() - arrived, outcome)
+            if isinstance(exc, TimeoutError):
+                raise QueueTimeout(
+                    ticket.model, ticket.timeout, self._retry_after(q, q.waiting)
+                ) from None
+            raise
+        self._unreserve(granted)
+        waited = time.monotonic() - arrived
+        self._observe(ticket.model, waited, "served")
+        return waiter, Granted(granted, waited, queued=True)
+
+    async def _granted(self, waiter: _Waiter, ticket: _Turn, arrived: float) -> Candidate:
+        async with asyncio.timeout(ticket.timeout):
+            if ticket.hangup is None:
+                return await waiter.future
+            gone = asyncio.ensure_future(ticket.hangup())
+            try:
+                await asyncio.wait({waiter.future, gone}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+            if waiter.future.done() and not waiter.future.cancelled():
+                return waiter.future.result()
+            raise ClientGone()
+
+    def _abandon(self, q: _ModelQueue, waiter: _Waiter) -> None:
+        """The waiter leaves without being served: out of the queue now, and a slot granted to
+        it in that instant is passed on."""
+        if waiter.future.done() and not waiter.future.cancelled():
+            self._unreserve(waiter.future.result())
+        else:
+            waiter.future.cancel()
+            q.waiting -= 1
+            # Left in the heap, skipped when it comes up: removing from the middle costs O(n).
+            self._depth_changed(q)
+        self._leave(q, waiter)
+
+    def _leave(self, q: _ModelQueue, waiter: _Waiter) -> None:
+        if waiter.index is not None:
+            self.board.remove(waiter.index, q.hash)
+            waiter.index = None
+            self._count_flow(q, waiter, -1)
+        q.wake.set()
+
+    # the way out
+
+    def _exit(self, waiter: _Waiter) -> None:
+        q = self._models.get(waiter.model)
+        if q is not None:
+            self._leave(q, waiter)
+
+    # the dispatcher: one task per model with waiters in this process
+
+    def _start_dispatch(self, q: _ModelQueue) -> None:
+        q.wake.set()
+        if q.task is None or q.task.done():
+            q.task = asyncio.get_running_loop().create_task(self._dispatch(q))
+
+    async def _dispatch(self, q: _ModelQueue) -> None:
+        while q.waiting:
+            q.wake.clear()
+            now = time.monotonic()
+            self.board.beat(now)
+            self.grant(q, now)
+            if not q.waiting:
+                break
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.poll):
+                    await q.wake.wait()
+        q.free_since = None
+
+    def grant(self, q: _ModelQueue, now: float) -> None:
+        """Hand the free slots to this process's waiters while it is their turn."""
+        while q.waiting:
+            while q.heap and q.heap[0][3].future.done():
+                heapq.heappop(q.heap)  # left (hung up, timed out) while it waited
+            if not q.heap:
+                return
+            head = q.heap[0][3]
+            free = self._free(head.candidates, head.balancer, now)
+            chosen = head
+            if free is None:
+                # The head's replicas are all busy (an adapter's, a canary's share): a waiter
+                # further back whose replicas have a slot free takes it, so none idles.
+                chosen, free = self._first_that_fits(q, now)
+                if free is None:
+                    q.free_since = None
+                    return
+            elif not self._my_turn(q, head, now):
+                return
+            self._hand_over(q, chosen, free, now)
+
+    def _my_turn(self, q: _ModelQueue, head: _Waiter, now: float) -> bool:
+        first = self.board.others_first(q.hash, now)
+        if first is None or (head.start, head.order, self.board.pid) < first:
+            return True
+        # The first waiter is on another process: its turn, for GRACE_SECONDS.
+        if q.free_since is None:
+            q.free_since = now
+        return now - q.free_since >= self.grace
+
+    def _first_that_fits(self, q: _ModelQueue, now: float) -> tuple[_Waiter, Candidate | None]:
+        seen: dict[tuple[Candidate, ...], Candidate | None] = {}
+        for _, _, _, waiter in sorted(q.heap)[:64]:
+            if waiter.future.done():
+                continue
+            if waiter.candidates not in seen:
+                seen[waiter.candidates] = self._free(waiter.candidates, waiter.balancer, now)
+            free = seen[waiter.candidates]
+            if free is not None:
+                return waiter, free
+        return q.heap[0][3], None
+
+    def _hand_over(self, q: _ModelQueue, waiter: _Waiter, replica: Candidate, now: float) -> None:
+        # Its place in the heap is skipped when it comes up (its future is done).
+        q.waiting -= 1
+        q.free_since = None
+        q.virtual_time = max(q.virtual_time, waiter.start)
+        if q.granted_at is not None:
+            q.grant_interval = 0.8 * q.grant_interval + 0.2 * max(0.001, now - q.granted_at)
+        q.granted_at = now
+        if waiter.index is not None:
+            self.board.serve(waiter.index, q.hash)
+        # Counted as busy until the request's own task has had the balancer choose.
+        self._reserved[replica.id] = self._reserved.get(replica.id, 0) + 1
+        waiter.future.set_result(replica)
+        self._depth_changed(q)
+
+    # small parts
+
+    def _queue(self, model: str) -> _ModelQueue:
+        q = self._models.get(model)
+        if q is None:
+            q = self._models[model] = _ModelQueue(model, name_hash(model))
+        return q
+
+    def _waiter(
+        self, q: _ModelQueue, ticket: _Turn, flow_hash: int, start: float, order: int
+    ) -> _Waiter:
+        return _Waiter(
+            model=ticket.model,
+            model_hash=q.hash,
+            flow_hash=flow_hash,
+            start=start,
+            finish=start + 1.0 / ticket.weight,
+            order=order,
+            candidates=ticket.candidates,
+            balancer=ticket.balancer,
+            future=asyncio.get_running_loop().create_future(),
+        )
+
+    def _free(
+        self, candidates: Sequence[Candidate], balancer: Balancer, now: float
+    ) -> Candidate | None:
+        """The candidate with the most slots free, counting grants not yet sent; None if none."""
+        best: Candidate | None = None
+        best_busy = 0
+        for candidate in candidates:
+            busy = (
+                balancer.load.total(candidate.id, now)
+                + self._reserved.get(candidate.id, 0)
+                - candidate.slots
+            )
+            if busy < best_busy:
+                best, best_busy = candidate, busy
+        return best
+
+    def _unreserve(self, replica: Candidate) -> None:
+        left = self._reserved.get(replica.id, 0) - 1
+        if left > 0:
+            self._reserved[replica.id] = left
+        else:
+            self._reserved.pop(replica.id, None)
+
+    def _count_flow(self, q: _ModelQueue, waiter: _Waiter, delta: int) -> None:
+        entries, finish = q.flows.get(waiter.flow_hash, (0, -math.inf))
+        entries += delta
+        if entries > 0:
+            q.flows[waiter.flow_hash] = (entries, max(finish, waiter.finish))
+        else:
+            q.flows.pop(waiter.flow_hash, None)
+
+    def _retry_after(self, q: _ModelQueue, ahead: int) -> int:
+        seconds = math.ceil(max(1, ahead) * q.grant_interval)
+        return max(RETRY_AFTER_MIN, min(RETRY_AFTER_MAX, seconds))
+
+    def _depth_changed(self, q: _ModelQueue) -> None:
+        if self.on_depth is not None:
+            self.on_depth(q.name, q.waiting)
+
+    def _observe(self, model: str, seconds: float, outcome: str) -> None:
+        if self.on_wait is not None:
+            self.on_wait(model, seconds, outcome)
+
+
+class _Turn:
+    """One request's place in the queue, from asking for a turn to the end of its answer."""
+
+    def __init__(
+        self,
+        queue: FairQueue,
+        *,
+        model: str,
+        flow: str,
+        weight: float,
+        candidates: tuple[Candidate, ...],
+        balancer: Balancer,
+        hangup: Callable[[], Awaitable[Any]] | None,
+        timeout: float,
+        limit: int,
+    ) -> None:
+        self.queue = queue
+        self.model, self.flow, self.weight = model, flow, weight
+        self.candidates, self.balancer, self.hangup = candidates, balancer, hangup
+        self.timeout, self.limit = timeout, limit
+        self._waiter: _Waiter | None = None
+
+    async def __aenter__(self) -> Granted:
+        self._waiter, granted = await self.queue._enter(self)
+        return granted
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if self._waiter is not None:
+            self.queue._exit(self._waiter)
+            self._waiter = None
+
+
+# This process's queue; the gateway makes it in its lifespan, on var/gateway-queue.
+fair_queue = FairQueue(None)

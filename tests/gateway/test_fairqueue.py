@@ -1,0 +1,504 @@
+"""Fair queueing (gateway.fairqueue): the order between keys, across a machine's gateway
+processes, work conservation, the bounds and leaving the queue.
+
+A model here has one replica; the tests keep its slots busy so that requests queue, then free
+one slot at a time and read the order in which the requests were granted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway import conf
+from gateway.fairqueue import (
+    WAITING,
+    ClientGone,
+    FairQueue,
+    QueueFull,
+    QueueTimeout,
+    name_hash,
+)
+from gateway.load import SharedLoad
+from gateway.routing import Balancer, Candidate
+
+REPLICA = Candidate(id="r1", model="m", state="ready", address="127.0.0.1", port=1, slots=1)
+NO_SUCH_PID = 2**22 + 12345
+
+
+async def until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("the condition did not come true in time")
+        await asyncio.sleep(0.001)
+
+
+class Room:
+    """Requests that each hold the slot they are granted until the test lets it go."""
+
+    def __init__(
+        self,
+        queue: FairQueue,
+        balancer: Balancer,
+        replica: Candidate = REPLICA,
+        *,
+        shared_with: Room | None = None,
+    ) -> None:
+        self.queue, self.balancer, self.replica = queue, balancer, replica
+        # Rooms of two processes' queues note their grants in one list.
+        self.order: list[str] = shared_with.order if shared_with else []
+        self.holding: list[asyncio.Event] = shared_with.holding if shared_with else []
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def send(self, label: str, **ask: Any) -> None:
+        """Queue one request (it is in the queue when this returns)."""
+        ask.setdefault("key_id", hash(label) % 1000)
+        self.tasks.append(asyncio.create_task(self._request(label, ask)))
+        await asyncio.sleep(0)
+
+    async def _request(self, label: str, ask: dict[str, Any]) -> None:
+        ask = {"timeout": 30, "limit": 10_000, **ask}
+        async with self.queue.turn(
+            model="m", candidates=[self.replica], balancer=self.balancer, **ask
+        ):
+            chosen = self.balancer.choose([self.replica], "m")
+            self.order.append(label)
+            held = asyncio.Event()
+            self.holding.append(held)
+            await held.wait()
+            self.balancer.release(chosen)
+
+    async def serve(self, count: int) -> list[str]:
+        """Free the slot `count` times, one request after another."""
+        start = len(self.order)
+        for granted in range(start, start + count):
+            if granted == 0:
+                self.balancer.load.add(self.replica.id, -1)  # the slot the test held
+            else:
+                self.holding[granted - 1].set()
+            await self._granted(granted + 1)
+        return self.order[start:]
+
+    async def _granted(self, count: int) -> None:
+        await until(lambda: len(self.order) >= count)
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+def busy_balancer(load: SharedLoad | None = None) -> Balancer:
+    balancer = Balancer(load)
+    balancer.load.add(REPLICA.id, 1)  # every slot busy: requests queue
+    return balancer
+
+
+# -- the order ------------------------------------------------------------------------------
+
+
+def test_it_lets_a_request_through_at_once_when_a_slot_is_free() -> None:
+    async def main() -> None:
+        queue = FairQueue(None)
+        balancer = Balancer()
+        async with queue.turn(
+            model="m", key_id=1, candidates=[REPLICA], balancer=balancer, timeout=1, limit=10
+        ) as granted:
+            assert granted.replica == REPLICA
+            assert not granted.queued
+            assert granted.waited == 0
+            assert queue.depths() == {}
+
+    asyncio.run(main())
+
+
+def test_it_serves_a_key_of_one_within_one_answer_of_a_key_of_500() -> None:
+    async def main() -> None:
+        room = Room(FairQueue(None, poll=0.005), busy_balancer())
+        for _ in range(500):
+            await room.send("flood", key_id=1)
+        await room.send("victim", key_id=2)
+        assert room.queue.depths() == {"m": 501}
+        assert await room.serve(2) == ["flood", "victim"]
+        await room.close()
+        assert room.queue.depths() == {}
+        assert room.queue.depth("m") == 0
+
+    asyncio.run(main())
+
+
+def test_it_takes_turns_between_two_keys_of_equal_weight() -> None:
+    async def main() -> None:
+        room = Room(FairQueue(None, poll=0.005), busy_balancer())
+        for _ in range(20):
+            await room.send("a", key_id=1)
+        for _ in range(5):
+            await room.send("b", key_id=2)
+        assert await room.serve(10) == ["a", "b"] * 5
+        await room.close()
+
+    asyncio.run(main())
+
+
+def test_it_shares_slots_by_weight() -> None:
+    async def main() -> None:
+        room = Room(FairQueue(None, poll=0.005), busy_balancer())
+        for _ in range(30):
+            await room.send("light", key_id=1, weight=1)
+            await room.send("heavy", key_id=2, weight=2)
+        served = Counter(await room.serve(30))
+        assert abs(served["heavy"] - 20) <= 1 and abs(served["light"] - 10) <= 1, served
+        await room.close()
+
+    asyncio.run(main())
+
+
+def test_it_gives_a_teams_keys_one_share_between_them() -> None:
+    async def main() -> None:
+        room = Room(FairQueue(None, poll=0.005), busy_balancer())
+        for _ in range(15):
+            await room.send("team", key_id=1, team_id=7)
+            await room.send("team", key_id=2, team_id=7)
+            await room.send("alone", key_id=3)
+        served = Counter(await room.serve(20))
+        assert abs(served["team"] - 10) <= 1 and abs(served["alone"] - 10) <= 1, served
+        await room.close()
+
+    asyncio.run(main())
+
+
+def test_it_counts_a_keys_requests_in_service_against_its_share() -> None:
+    """A key that already has two requests in service comes after one that has none."""
+
+    async def main() -> None:
+        replica = Candidate(id="r4", model="m", state="ready", address="h", port=1, slots=3)
+        balancer = Balancer()
+        room = Room(FairQueue(None, poll=0.005), balancer, replica)
+        await room.send("busy")
+        await room.send("busy")
+        await room.send("other")  # three slots: all three go through at once
+        await until(lambda: len(room.order) == 3)
+        await room.send("busy")
+        await room.send("idle", key_id=99)
+        room.holding[2].set()  # "other" ends: one slot free, two waiting
+        await until(lambda: len(room.order) == 4)
+        assert room.order[3] == "idle"
+        await room.close()
+
+    asyncio.run(main())
+
+
+# -- across processes -----------------------------------------------------------------------
+
+
+def test_it_orders_the_waiters_of_two_processes_as_one_queue(tmp_path: Path) -> None:
+    async def main() -> None:
+        flood_side = FairQueue(tmp_path / "queue", pid=os.getppid(), grace=0.5, poll=0.005)
+        victim_side = FairQueue(tmp_path / "queue", grace=0.5, poll=0.005)
+        victim = Room(victim_side, busy_balancer(SharedLoad(tmp_path / "load")))
+        flood_load = SharedLoad(tmp_path / "load", pid=os.getppid())
+        flood = Room(flood_side, Balancer(flood_load), shared_with=victim)
+        for _ in range(5):
+            await flood.send("flood", key_id=1)
+        await victim.send("victim", key_id=2)
+        assert victim_side.depth("m") == flood_side.depth("m") == 6  # the machine's queue
+        assert await victim.serve(3) == ["flood", "victim", "flood"]
+        for room in (flood, victim):
+            await room.close()
+        for side in (flood_side, victim_side):
+            side.close()
+        flood_load.close()
+
+    asyncio.run(main())
+
+
+def test_it_hands_a_slot_on_after_the_grace_when_the_first_waiter_does_not_take_it(
+    tmp_path: Path,
+) -> None:
+    """Work-conserving: a process whose first waiter cannot take the slot (its loop is stuck)
+    holds it for the grace only."""
+
+    async def main() -> None:
+        stuck = FairQueue(tmp_path / "queue", pid=os.getppid(), grace=0.2, poll=0.005)
+        stuck.grant = lambda q, now: None  # type: ignore[method-assign]
+        here = FairQueue(tmp_path / "queue", grace=0.2, poll=0.005)
+        balancer = busy_balancer(SharedLoad(tmp_path / "load"))
+        first = Room(stuck, balancer)
+        second = Room(here, balancer)
+        await first.send("first", key_id=1)
+        await second.send("second", key_id=2)
+        freed = time.monotonic()
+        balancer.load.add(REPLICA.id, -1)
+        await until(lambda: second.order == ["second"])
+        waited = time.monotonic() - freed
+        assert 0.2 <= waited < 1.0, waited
+        for room in (first, second):
+            await room.close()
+
+    asyncio.run(main())
+
+
+def test_it_ignores_the_waiters_of_a_dead_process(tmp_path: Path) -> None:
+    async def main() -> None:
+        dead = FairQueue(tmp_path / "queue", pid=NO_SUCH_PID)
+        dead.board.add(name_hash("m"), name_hash("m", "key:1"), 0.0, 1.0, 0, WAITING)
+        here = FairQueue(tmp_path / "queue")
+        async with here.turn(
+            model="m", key_id=2, candidates=[REPLICA], balancer=Balancer(), timeout=1, limit=10
+        ) as granted:
+            assert not granted.queued
+        assert not (tmp_path / "queue" / f"queue-{NO_SUCH_PID}").exists()
+
+    asyncio.run(main())
+
+
+def test_it_ignores_the_waiters_of_a_process_that_stopped_beating(tmp_path: Path) -> None:
+    async def main() -> None:
+        hung = FairQueue(tmp_path / "queue", pid=os.getppid())
+        hung.board.add(name_hash("m"), name_hash("m", "key:1"), 0.0, 1.0, 0, WAITING)
+        hung.board.beat(time.monotonic() - 60)
+        here = FairQueue(tmp_path / "queue")
+        async with here.turn(
+            model="m", key_id=2, candidates=[REPLICA], balancer=Balancer(), timeout=1, limit=10
+        ) as granted:
+            assert not granted.queued
+        hung.close()
+        here.close()
+
+    asyncio.run(main())
+
+
+def _flood_process(folder: str, ready: Any, grants: Any) -> None:
+    async def main() -> None:
+        balancer = Balancer(SharedLoad(Path(folder) / "load"))
+        queue = FairQueue(Path(folder) / "queue", grace=0.3, poll=0.005)
+
+        async def one() -> None:
+            async with queue.turn(
+                model="m", key_id=1, candidates=[REPLICA], balancer=balancer, timeout=20, limit=99
+            ):
+                chosen = balancer.choose([REPLICA], "m")
+                grants.put(("flood", time.monotonic()))
+                await asyncio.sleep(0.3)
+                balancer.release(chosen)
+
+        tasks = []
+        for _ in range(4):
+            tasks.append(asyncio.create_task(one()))
+            await asyncio.sleep(0)
+        await until(lambda: queue.depths().get("m") == 4)
+        ready.set()
+        await asyncio.gather(*tasks)
+        queue.close()
+        balancer.load.close()
+
+    asyncio.run(main())
+
+
+def test_it_is_fair_between_two_real_processes(tmp_path: Path) -> None:
+    """A flood of 4 on another process, then a key of one here: the one is second at most."""
+    balancer = busy_balancer(SharedLoad(tmp_path / "load"))
+    queue = FairQueue(tmp_path / "queue", grace=0.3, poll=0.005)
+    context = multiprocessing.get_context("fork")
+    ready, grants = context.Event(), context.Queue()
+    flood = context.Process(target=_flood_process, args=(str(tmp_path), ready, grants))
+    flood.start()
+    try:
+        assert ready.wait(20)
+
+        async def main() -> float:
+            async with queue.turn(
+                model="m", key_id=2, candidates=[REPLICA], balancer=balancer, timeout=20, limit=99
+            ) as granted:
+                assert granted.queued
+                chosen = balancer.choose([REPLICA], "m")
+                at = time.monotonic()
+                await asyncio.sleep(0.3)
+                balancer.release(chosen)
+                return at
+
+        async def wait_and_free() -> float:
+            waiting = asyncio.create_task(main())
+            await until(lambda: queue.depth("m") == 5)
+            balancer.load.add(REPLICA.id, -1)  # the slot the test held
+            return await waiting
+
+        victim_at = asyncio.run(wait_and_free())
+        flood.join(20)
+        assert flood.exitcode == 0
+        floods = sorted(grants.get(timeout=1)[1] for _ in range(4))
+        place = sum(1 for at in floods if at < victim_at)
+        assert place <= 1, (place, floods, victim_at)
+    finally:
+        if flood.is_alive():
+            flood.kill()
+        queue.close()
+        balancer.load.close()
+
+
+# -- the bounds -----------------------------------------------------------------------------
+
+
+def test_it_answers_503_with_retry_after_when_the_wait_is_over() -> None:
+    async def main() -> None:
+        queue = FairQueue(None, poll=0.005)
+        with pytest.raises(QueueTimeout) as raised:
+            async with queue.turn(
+                model="m",
+                key_id=1,
+                candidates=[REPLICA],
+                balancer=busy_balancer(),
+                timeout=0.1,
+                limit=10,
+            ):
+                pytest.fail("granted while every slot was busy")
+        refusal = raised.value.refusal()
+        assert refusal.status == 503
+        assert int(refusal.headers["Retry-After"]) >= 1
+        assert refusal.json()["error"] == {
+            "message": "Every slot of m stayed busy for the 0 seconds a request may wait in the "
+            "gateway's queue (LLMGW_QUEUE_TIMEOUT). Try again; the Retry-After header says when.",
+            "type": "server_error",
+            "param": None,
+            "code": "queue_timeout",
+        }
+        assert queue.depths() == {}
+        assert queue.depth("m") == 0
+
+    asyncio.run(main())
+
+
+def test_it_answers_429_when_the_queue_is_full() -> None:
+    async def main() -> None:
+        room = Room(FairQueue(None, poll=0.005), busy_balancer())
+        await room.send("a", limit=2)
+        await room.send("b", limit=2)
+        with pytest.raises(QueueFull) as raised:
+            async with room.queue.turn(
+                model="m", key_id=3, candidates=[REPLICA], balancer=room.balancer, limit=2
+            ):
+                pytest.fail("queued past the limit")
+        refusal = raised.value.refusal()
+        assert refusal.status == 429
+        assert refusal.headers["Retry-After"] == "2"
+        assert json.loads(refusal.body())["error"] == {
+            "message": "Every slot of m is busy and 2 requests already wait for it on this "
+            "machine, as many as its queue holds (LLMGW_QUEUE_MAX=2). Try again shortly; the "
+            "Retry-After header says when. More replicas of the model take more at once.",
+            "type": "rate_limit_exceeded",
+            "param": None,
+            "code": "queue_full",
+        }
+        assert room.queue.depths() == {"m": 2}
+        await room.close()
+
+    asyncio.run(main())
+
+
+def test_it_reads_its_bounds_from_the_settings(settings: Any) -> None:
+    settings.LLMGW_QUEUE_TIMEOUT = 0.05
+    settings.LLMGW_QUEUE_MAX = 0
+
+    async def main() -> None:
+        with pytest.raises(QueueFull):
+            async with FairQueue(None).turn(
+                model="m", key_id=1, candidates=[REPLICA], balancer=busy_balancer()
+            ):
+                pass
+
+    asyncio.run(main())
+    assert conf.queue_timeout() == 0.05
+    assert conf.fair_queue_on() is True
+    settings.LLMGW_FAIR_QUEUE = "off"
+    assert conf.fair_queue_on() is False
+    settings.LLMGW_QUEUE_MAX = "lots"
+    with pytest.raises(conf.GatewaySettingError, match="'lots' is not a number"):
+        conf.queue_max()
+
+
+def test_a_request_whose_wait_is_cancelled_leaves_the_queue_at_once() -> None:
+    async def main() -> None:
+        room = Room(FairQueue(None, poll=0.005), busy_balancer())
+        await room.send("gone", key_id=1)
+        await room.send("stays", key_id=2)
+        assert room.queue.depth("m") == 2
+        room.tasks[0].cancel()
+        await asyncio.sleep(0)
+        assert room.queue.depths() == {"m": 1}
+        assert room.queue.depth("m") == 1
+        assert await room.serve(1) == ["stays"]
+        await room.close()
+
+    asyncio.run(main())
+
+
+def test_a_client_that_hangs_up_leaves_the_queue_at_once() -> None:
+    async def main() -> None:
+        queue = FairQueue(None, poll=0.005)
+        hung_up = asyncio.Event()
+        waits: list[float] = []
+        queue.on_wait = lambda model, seconds, outcome: waits.append(outcome == "gone")
+
+        async def ask() -> None:
+            async with queue.turn(
+                model="m",
+                key_id=1,
+                candidates=[REPLICA],
+                balancer=busy_balancer(),
+                hangup=hung_up.wait,
+                timeout=30,
+                limit=10,
+            ):
+                pytest.fail("granted while every slot was busy")
+
+        task = asyncio.create_task(ask())
+        await until(lambda: queue.depths() == {"m": 1})
+        hung_up.set()
+        with pytest.raises(ClientGone):
+            await asyncio.wait_for(task, 1)
+        assert queue.depths() == {}
+        assert queue.depth("m") == 0
+        assert waits == [True]
+
+    asyncio.run(main())
+
+
+def test_a_slot_granted_as_the_wait_is_cancelled_goes_to_the_next() -> None:
+    async def main() -> None:
+        room = Room(FairQueue(None, poll=0.005), busy_balancer())
+        await room.send("first", key_id=1)
+        await room.send("second", key_id=2)
+        room.balancer.load.add(REPLICA.id, -1)
+        room.queue.grant(room.queue._models["m"], time.monotonic())  # granted, not yet resumed
+        room.tasks[0].cancel()
+        await until(lambda: room.order == ["second"])
+        await room.close()
+
+    asyncio.run(main())
+
+
+def test_it_reports_depth_and_queue_time() -> None:
+    async def main() -> None:
+        room = Room(FairQueue(None, poll=0.005), busy_balancer())
+        depths: list[int] = []
+        waits: list[tuple[str, str]] = []
+        room.queue.on_depth = lambda model, depth: depths.append(depth)
+        room.queue.on_wait = lambda model, seconds, outcome: waits.append((model, outcome))
+        await room.send("a", key_id=1)
+        await room.send("b", key_id=2)
+        await room.serve(2)
+        assert depths == [1, 2, 1, 0]
+        assert waits == [("m", "served"), ("m", "served")]
+        await room.close()
+
+    asyncio.run(main())
