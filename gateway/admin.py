@@ -1,25 +1,280 @@
-"""Gateway keys in the admin: read-only (keys are made by their owners), plus a revoke action."""
+"""Gateway keys and teams in the admin, changed through the same services as every other door.
+
+Keys are made by their owners (the key is shown once, to whoever creates it), so the admin
+does not add them; it changes a key's limits, team and expiry, and revokes keys. Teams are
+added, limited, given members and removed here. As in catalog.admin, the services are called
+from the form's clean(), so that a refusal (a key limit above its team's, an unknown user) is
+shown on the form rather than becoming a server error, and the audit says "admin" and who.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import widgets
+from django.contrib.auth import get_user_model
+from django.db import transaction
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
 
+from catalog.errors import CatalogError
 from catalog.services import Actor
 
 from . import services
-from .models import GatewayKey
+from .models import GatewayKey, Team
+
+ADMIN = "admin"
+
+
+def admin_actor(request: HttpRequest) -> Actor:
+    return Actor.for_user(request.user, ADMIN)
+
+
+def _counter_field(label: str, help_text: str) -> forms.IntegerField:
+    return forms.IntegerField(
+        label=label,
+        required=False,
+        min_value=0,
+        max_value=services.MAX_COUNTER,
+        help_text=f"{help_text}; blank or 0 for no limit",
+    )
+
+
+class LimitsForm(forms.ModelForm):
+    """The limits a key and a team share, as plain fields: the services write them, not the form."""
+
+    rpm = _counter_field("Requests per minute", "requests per minute")
+    tpm = _counter_field(
+        "Tokens per minute",
+        "prompt + completion tokens per minute, as the engine reports them; a stream counts "
+        "when it ends",
+    )
+    max_parallel = _counter_field("Requests in flight", "requests in flight at once")
+    tokens_per_day = _counter_field("Tokens per day", "prompt + completion tokens per UTC day")
+    tokens_per_month = _counter_field(
+        "Tokens per month", "prompt + completion tokens per UTC calendar month"
+    )
+    models = forms.CharField(
+        label="Models",
+        required=False,
+        help_text="names or globs of the models and adapters it may use, comma-separated "
+        "(llama-*, qwen:support); blank for every model",
+    )
+    weight = forms.FloatField(
+        label="Weight",
+        initial=1.0,
+        help_text="its share of a model's slots when requests queue for them (default 1)",
+    )
+
+    SETTINGS = [*services.COUNTERS, "models", "weight"]
+    # Set per request by the ModelAdmin's get_form: the services need to know who acts.
+    request: HttpRequest
+
+    class Meta:
+        fields: list[str] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk and not self.is_bound:
+            for name, value in services.limits_of(self.instance).items():
+                self.initial[name] = ", ".join(value) if name == "models" else value
+
+    def changes(self) -> dict[str, Any]:
+        """The settings the form changed, as the services take them."""
+        return {
+            name: self.cleaned_data[name] for name in self.SETTINGS if name in self.changed_data
+        }
+
+    def clean(self) -> dict[str, Any] | None:
+        data = super().clean() or {}
+        if self.errors:
+            return data
+        try:
+            # A refusal of a later step undoes the earlier ones: nothing half-written.
+            with transaction.atomic():
+                self.instance = self.apply(admin_actor(self.request))
+        except CatalogError as error:
+            self.add_error(None, error.message)
+            for problem in error.problems:
+                field = problem.field if problem.field in self.fields else None
+                self.add_error(field, str(problem))
+        return data
+
+    def apply(self, actor: Actor) -> Any:
+        raise NotImplementedError
+
+
+class TeamForm(LimitsForm):
+    name = forms.CharField(
+        max_length=100, help_text="letters, digits, '.', '_', '-' and ':', as a model's name"
+    )
+    members = forms.ModelMultipleChoiceField(
+        queryset=get_user_model().objects.order_by("username"),
+        required=False,
+        widget=widgets.FilteredSelectMultiple("members", is_stacked=False),
+    )
+
+    class Meta:
+        model = Team
+        fields: list[str] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            # A team's name is part of URLs and commands: it is not changed in place.
+            self.fields["name"].disabled = True
+            if not self.is_bound:
+                self.initial["name"] = self.instance.name
+                self.initial["members"] = list(self.instance.members.all())
+
+    def apply(self, actor: Actor) -> Team:
+        members = [u.get_username() for u in self.cleaned_data["members"]]
+        if self.instance.pk is None:
+            return services.team_add(
+                actor=actor,
+                name=self.cleaned_data["name"],
+                limits=self.changes(),
+                members=members,
+            )
+        team = services.team_set_limits(
+            actor=actor, name=self.instance.name, changes=self.changes()
+        )
+        had = {u.get_username() for u in self.instance.members.all()}
+        return services.team_members(
+            actor=actor,
+            name=team.name,
+            add=sorted(set(members) - had),
+            remove=sorted(had - set(members)),
+        )
+
+
+class KeyForm(LimitsForm):
+    team = forms.ModelChoiceField(
+        queryset=Team.objects.order_by("name"),
+        required=False,
+        help_text="whose limits it also counts against, over all the team's keys together",
+    )
+    expires_at = forms.SplitDateTimeField(
+        label="Expires at",
+        required=False,
+        help_text="after this (UTC) the key opens nothing; blank for never",
+        widget=widgets.AdminSplitDateTime,
+    )
+
+    SETTINGS = [*LimitsForm.SETTINGS, "team", "expires_at"]
+
+    class Meta:
+        model = GatewayKey
+        fields: list[str] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk and not self.is_bound:
+            self.initial["team"] = self.instance.team
+            self.initial["expires_at"] = self.instance.expires_at
+
+    def changes(self) -> dict[str, Any]:
+        changes = super().changes()
+        if "team" in changes:
+            changes["team"] = changes["team"].name if changes["team"] else None
+        if "expires_at" in changes:
+            changes["expires"] = changes.pop("expires_at")
+        return changes
+
+    def apply(self, actor: Actor) -> GatewayKey:
+        return services.key_set_limits(actor=actor, key_id=self.instance.pk, changes=self.changes())
+
+
+class ThroughServicesAdmin(admin.ModelAdmin):
+    """The form made the change (its clean()); saving it again would bypass the services."""
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        form = super().get_form(request, obj, change, **kwargs)
+        # A subclass per request: the class attribute must not be shared between requests.
+        return type(form.__name__, (form,), {"request": request})
+
+    def get_actions(self, request: HttpRequest) -> Any:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # it would bypass the services and the audit
+        return actions
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        """Nothing to save: the form's clean() made the change through the services."""
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        """Nothing related is edited here."""
+
+
+@admin.register(Team)
+class TeamAdmin(ThroughServicesAdmin):
+    form = TeamForm
+    list_display = ["name", "member_count", "limits_shown", "created_at"]
+    search_fields = ["name", "members__username"]
+    fieldsets = [
+        (None, {"fields": ["name", "members"]}),
+        (
+            "Limits, over all the team's keys together",
+            {"fields": [*services.COUNTERS, "models", "weight"]},
+        ),
+    ]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Team]:
+        return super().get_queryset(request).prefetch_related("members")
+
+    @admin.display(description="members")
+    def member_count(self, obj: Team) -> int:
+        return len(obj.members.all())
+
+    @admin.display(description="limits")
+    def limits_shown(self, obj: Team) -> str:
+        return limits_text(obj)
+
+    def delete_model(self, request: HttpRequest, obj: Team) -> None:
+        keys = services.team_remove(actor=admin_actor(request), name=obj.name)
+        self.message_user(request, f"Its {keys} key(s) stay, without the team's limits.")
+
+    def delete_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        try:
+            return super().delete_view(request, object_id, extra_context)
+        except CatalogError as error:
+            self.message_user(request, error.message, messages.ERROR)
+            return HttpResponseRedirect(reverse("admin:gateway_team_changelist"))
+
+
+def limits_text(holder: GatewayKey | Team) -> str:
+    limits = services.limits_of(holder)
+    parts = [f"{name} {limits[name]:,}" for name in services.COUNTERS if limits[name] is not None]
+    if limits["models"]:
+        parts.append("models " + ", ".join(limits["models"]))
+    if limits["weight"] != 1:
+        parts.append(f"weight {limits['weight']:g}")
+    return "; ".join(parts) or "none"
 
 
 @admin.register(GatewayKey)
-class GatewayKeyAdmin(admin.ModelAdmin):
-    list_display = ["prefix", "name", "owner", "created_at", "last_used_at", "revoked_at"]
-    list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
+class GatewayKeyAdmin(ThroughServicesAdmin):
+    form = KeyForm
+    list_display = [
+        "prefix",
+        "name",
+        "owner",
+        "team",
+        "limits_shown",
+        "expires_at",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    ]
+    list_filter = [("revoked_at", admin.EmptyFieldListFilter), "team"]
     search_fields = ["name", "prefix", "owner__username"]
-    list_select_related = ["owner"]
+    list_select_related = ["owner", "team"]
     readonly_fields = [
         "name",
         "owner",
@@ -29,21 +284,41 @@ class GatewayKeyAdmin(admin.ModelAdmin):
         "revoked_at",
         "revoked_by",
     ]
-    exclude = ["key_hash"]
+    fieldsets = [
+        (
+            None,
+            {
+                "fields": [
+                    "name",
+                    "owner",
+                    "prefix",
+                    "created_at",
+                    "last_used_at",
+                    "revoked_at",
+                    "revoked_by",
+                ]
+            },
+        ),
+        (
+            "Limits, team and expiry",
+            {"fields": ["team", "expires_at", *services.COUNTERS, "models", "weight"]},
+        ),
+    ]
     actions = ["revoke"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # a key is shown once, to whoever creates it: the owner, in the console or CLI
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # revoked keys stay, so that who had which key is still known
 
+    @admin.display(description="limits")
+    def limits_shown(self, obj: GatewayKey) -> str:
+        return limits_text(obj)
+
     @admin.action(description="Revoke the selected keys")
     def revoke(self, request: HttpRequest, queryset: QuerySet[GatewayKey]) -> None:
-        actor = Actor.for_user(request.user, "admin")
+        actor = admin_actor(request)
         revoked = 0
         for key in queryset.filter(revoked_at__isnull=True):
             services.key_revoke(actor=actor, key_id=key.pk)

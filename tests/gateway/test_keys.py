@@ -211,7 +211,7 @@ def test_last_use_is_written_at_most_once_a_minute(gw: Any) -> None:
 # -- the admin ----------------------------------------------------------------------------
 
 
-def test_the_admin_lists_keys_read_only_and_revokes_them(
+def test_the_admin_lists_keys_adds_none_and_revokes_them(
     client: Any, users: dict[str, Any]
 ) -> None:
     from django.contrib.auth import get_user_model
@@ -425,3 +425,47 @@ def test_limits_read_the_same_from_every_door(users: dict[str, Any]) -> None:
         "The change was refused, nothing was changed: rpm: is a whole number from 1 up, or 0 or "
         "none for no limit, not 'lots'."
     )
+
+
+def _key_form(key: GatewayKey, **fields: Any) -> dict[str, Any]:
+    """The admin's key form as it comes, with `fields` changed."""
+    form: dict[str, Any] = {
+        "team": key.team_id or "",
+        "expires_at_0": "",
+        "expires_at_1": "",
+        "rpm": key.rpm or "",
+        "tpm": key.tpm or "",
+        "max_parallel": key.max_parallel or "",
+        "tokens_per_day": key.tokens_per_day or "",
+        "tokens_per_month": key.tokens_per_month or "",
+        "models": ", ".join(key.models),
+        "weight": key.weight,
+    }
+    return {**form, **fields}
+
+
+def test_the_admin_changes_a_keys_limits_through_the_service(
+    client: Any, users: dict[str, Any]
+) -> None:
+    from django.contrib.auth import get_user_model
+
+    root = get_user_model().objects.create_superuser("root", password="root-password-1")
+    team = team_add(actor=Actor.for_user(root, "admin"), name="research", limits={"tpm": 1000})
+    key = key_create(actor=Actor.for_user(users["alice"], "api"), name="a")[0]
+    client.force_login(root)
+    url = f"/admin/gateway/gatewaykey/{key.pk}/change/"
+    assert client.get(url).status_code == 200
+
+    refused = client.post(url, _key_form(key, team=team.pk, tpm=5000))
+    assert refused.status_code == 200
+    assert "tpm: 5,000 is above the team research&#x27;s 1,000" in refused.content.decode()
+    key.refresh_from_db()
+    assert (key.team_id, key.tpm) == (None, None)
+
+    done = client.post(url, _key_form(key, team=team.pk, tpm=500, models="llama-*, qwen"))
+    assert done.status_code == 302
+    key.refresh_from_db()
+    assert (key.team_id, key.tpm, key.models) == (team.pk, 500, ["llama-*", "qwen"])
+    entry = AuditEntry.objects.get(action="key-limits")
+    assert (entry.actor_name, entry.door) == ("root", "admin")
+    assert set(entry.changes) == {"team", "tpm", "models"}

@@ -162,3 +162,35 @@ def test_a_teams_usage_is_its_keys_together(api: Any, users: dict[str, Any]) -> 
     team = api("alice").get("/api/v1/teams/research").json()
     assert team["keys"] == 2
     assert team["usage"]["requests_today"] == 4 and team["usage"]["tokens_today"] == 14
+
+
+# -- the admin ----------------------------------------------------------------------------
+
+
+def test_the_admin_adds_a_team_and_changes_its_members_through_the_services(
+    client: Any, users: dict[str, Any]
+) -> None:
+    from django.contrib.auth import get_user_model
+
+    root = get_user_model().objects.create_superuser("root", password="root-password-1")
+    client.force_login(root)
+    assert client.get("/admin/gateway/team/add/").status_code == 200
+    form = {"name": "research", "members": [users["alice"].pk], "rpm": "100", "weight": "1"}
+    assert client.post("/admin/gateway/team/add/", form).status_code == 302
+    team = Team.objects.get()
+    assert team.rpm == 100 and [u.username for u in team.members.all()] == ["alice"]
+    assert AuditEntry.objects.get(action="team-add").door == "admin"
+
+    url = f"/admin/gateway/team/{team.pk}/change/"
+    form = {"name": "research", "members": [users["bob"].pk], "rpm": "", "weight": "0"}
+    refused = client.post(url, form)
+    assert refused.status_code == 200
+    assert "weight: is a number above 0 and at most 1000, not 0.0" in refused.content.decode()
+    assert [u.username for u in team.members.all()] == ["alice"]  # nothing half-written
+
+    form["weight"] = "2"
+    assert client.post(url, form).status_code == 302
+    team.refresh_from_db()
+    assert (team.rpm, team.weight) == (None, 2.0)
+    assert [u.username for u in team.members.all()] == ["bob"]
+    assert client.get("/admin/gateway/team/").status_code == 200
