@@ -1,7 +1,18 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from .views import add, audit, fetch, model, model_canary, model_registry, models, nodes, usage
+from .views import (
+    add,
+    audit,
+    fetch,
+    keys,
+    model,
+    model_canary,
+    model_registry,
+    models,
+    nodes,
+    usage,
+)
 
 # Model names may hold ':' and '.', so they are matched as one path segment; "add"
 # sits outside /models/ so that no model name can shadow it.
@@ -45,4 +56,8 @@ urlpatterns = [
     path("nodes/<str:name>/uncordon", nodes.node_uncordon, name="console-node-uncordon"),
     path("audit/", audit.audit_page, name="console-audit"),
     path("usage/", usage.usage_page, name="console-usage"),
+    path("keys/", keys.keys_page, name="console-keys"),
+    path("keys/create", keys.key_create, name="console-key-create"),
+    path("keys/<int:key_id>/limits", keys.key_limits, name="console-key-limits"),
+    path("keys/<int:key_id>/revoke", keys.key_revoke, name="console-key-revoke"),
 ]

@@ -1,0 +1,193 @@
+"""The Keys page: a user's own gateway keys (staff: everyone's), made, limited and revoked here.
+
+A new key is shown once, in the answer to its creation, and kept nowhere in clear (not in the
+session's messages either, which a cookie may hold).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.http import HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from catalog.errors import CatalogError
+from catalog.services import Actor
+from console.key_forms import KeyCreateForm, KeyLimitsForm
+from gateway import selectors, services
+from gateway.models import GatewayKey
+
+from .pages import HtmxHttpRequest, actor, login_required, render_page, wants_partial
+
+# What each budget is counted against (gateway.selectors.usage_now's figures).
+BUDGETS = [
+    ("tokens_per_day", "tokens_today", "Tokens today"),
+    ("tokens_per_month", "tokens_this_month", "Tokens this month"),
+]
+
+
+@require_GET
+@login_required
+def keys_page(request: HtmxHttpRequest) -> HttpResponse:
+    who = actor(request)
+    return render_page(
+        request, "console/keys.html", "keys-body", _page(who, KeyCreateForm(teams=_teams(who)))
+    )
+
+
+@require_POST
+@login_required
+def key_create(request: HtmxHttpRequest) -> HttpResponse:
+    who = actor(request)
+    form = KeyCreateForm(request.POST, teams=_teams(who))
+    if not form.is_valid():
+        return render_page(request, "console/keys.html", "keys-body", _page(who, form), 400)
+    changes = form.changes()
+    try:
+        key, secret = services.key_create(actor=who, name=form.cleaned_data["name"], limits=changes)
+    except CatalogError as error:
+        form.refuse(error)
+        return render_page(
+            request, "console/keys.html", "keys-body", _page(who, form), error.status
+        )
+    context = _page(who, KeyCreateForm(teams=_teams(who)))
+    context["created"] = {"id": key.pk, "name": key.name, "secret": secret}
+    return render_page(request, "console/keys.html", "keys-body", context, 201)
+
+
+@require_POST
+@login_required
+def key_limits(request: HtmxHttpRequest, key_id: int) -> HttpResponse:
+    who = actor(request)
+    view = _visible(who, key_id)
+    if view is None:
+        return _missing(request, who, key_id)
+    form = KeyLimitsForm(request.POST, teams=_teams(who), view=view)
+    done = ""
+    status = 200
+    if not form.is_valid():
+        status = 400
+    else:
+        try:
+            services.key_set_limits(actor=who, key_id=key_id, changes=form.changes())
+        except CatalogError as refusal:
+            form.refuse(refusal)
+            status = refusal.status
+        else:
+            done = "Limits in force now; the gateway holds them within a second."
+    refused = form if status != 200 else None
+    return _card_answer(request, who, key_id, form=refused, done=done, status=status)
+
+
+@require_POST
+@login_required
+def key_revoke(request: HtmxHttpRequest, key_id: int) -> HttpResponse:
+    who = actor(request)
+    try:
+        key = services.key_revoke(actor=who, key_id=key_id)
+    except CatalogError:
+        return _missing(request, who, key_id)
+    done = f"{key.prefix}… ({key.name}) is revoked: requests with it get 401."
+    return _card_answer(request, who, key_id, done=done)
+
+
+# -- the page's parts ---------------------------------------------------------------------
+
+
+def _teams(who: Actor) -> list[str]:
+    """The teams a key may be put in here: the user's own (staff: every team)."""
+    return [team.name for team in selectors.teams_visible_to(who)]
+
+
+def _page(who: Actor, create_form: KeyCreateForm) -> dict[str, Any]:
+    teams = _teams(who)
+    views = selectors.key_views(selectors.keys_visible_to(who))
+    return {
+        "cards": [_card(view, KeyLimitsForm(teams=teams, view=view)) for view in views],
+        "create_form": create_form,
+        "staff": who.is_staff,
+    }
+
+
+def _card(view: dict[str, Any], form: KeyLimitsForm) -> dict[str, Any]:
+    limits, usage = view["limits"], view["usage"]
+    budgets = []
+    for limit, used, label in BUDGETS:
+        figure = limits[limit]
+        percent = min(100, round(100 * usage[used] / figure)) if figure else 0
+        budgets.append(
+            {
+                "label": label,
+                "limit": figure,
+                "used_text": f"{usage[used]:,}",
+                "limit_text": f"{figure:,}" if figure else "",
+                "percent": percent,
+            }
+        )
+    state = "expired" if view["expired"] and view["state"] == "active" else view["state"]
+    rates = [
+        (
+            KeyLimitsForm.base_fields[name].label,
+            "no limit" if limits[name] is None else f"{limits[name]:,}",
+        )
+        for name in ("rpm", "tpm", "max_parallel")
+    ]
+    return {
+        "view": view,
+        "state": state,
+        "budgets": budgets,
+        "rates": rates,
+        "requests_today": f"{usage['requests_today']:,}",
+        "weight": f"{limits['weight']:g}",
+        "expires": _minute(view["expires_at"]),
+        "last_used": _minute(view["last_used_at"]) + " UTC" if view["last_used_at"] else "",
+        "form": form,
+    }
+
+
+def _minute(when: str | None) -> str:
+    """An ISO time from a view, to the minute, as the console shows times (UTC)."""
+    return when[:16].replace("T", " ") if when else ""
+
+
+def _visible(who: Actor, key_id: int) -> dict[str, Any] | None:
+    key = selectors.keys_visible_to(who).filter(pk=key_id).first() if key_id < 2**62 else None
+    return selectors.key_view(key) if isinstance(key, GatewayKey) else None
+
+
+def _card_answer(
+    request: HtmxHttpRequest,
+    who: Actor,
+    key_id: int,
+    *,
+    form: KeyLimitsForm | None = None,
+    done: str = "",
+    status: int = 200,
+) -> HttpResponse:
+    """htmx gets the key's card back with what happened in it; a plain form post, the page."""
+    view = _visible(who, key_id)
+    assert view is not None  # it was just changed by someone allowed to see it
+    if not wants_partial(request):
+        if status == 200:
+            messages.success(request, done)
+            return HttpResponseRedirect(reverse("console-keys"))
+        context = _page(who, KeyCreateForm(teams=_teams(who)))
+        context["cards"] = [
+            _card(c["view"], form) if c["view"]["id"] == key_id and form else c
+            for c in context["cards"]
+        ]
+        return render(request, "console/keys.html", context, status=status)
+    card = _card(view, form or KeyLimitsForm(teams=_teams(who), view=view))
+    context = {"card": card, "done": done, "staff": who.is_staff}
+    return render(request, "console/keys.html#key-card", context, status=status)
+
+
+def _missing(request: HtmxHttpRequest, who: Actor, key_id: int) -> HttpResponse:
+    # Someone else's key is reported as missing, as the API does.
+    message = f"There is no gateway key {key_id} of yours; the Keys page lists them."
+    context = _page(who, KeyCreateForm(teams=_teams(who)))
+    context["refusal"] = message
+    return render(request, "console/keys.html", context, status=404)
