@@ -55,3 +55,4 @@ bench: setup
 	$(PY) bench/engine.py
 	$(PY) bench/routing.py
 	$(PY) bench/canary.py
+	$(PY) bench/fairness.py
