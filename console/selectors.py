@@ -16,6 +16,7 @@ from django.contrib.auth import get_user_model
 from django.core.paginator import Page, Paginator
 from django.db.models import Count, F, IntegerField, Max, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
+from django.urls import reverse
 from django.utils import timezone
 
 from catalog import selectors as catalog_selectors
@@ -23,6 +24,7 @@ from catalog.config import current_config
 from catalog.durations import format_duration
 from catalog.models import CLASS_CHOICES, ON_DEMAND, AuditEntry, Model
 from fleet.models import Replica
+from gateway.services import KEY_SUBJECT, TEAM_SUBJECT
 from registry import selectors as registry_selectors
 from registry.models import Fetch, MirrorFile, Rollout
 
@@ -507,5 +509,16 @@ def audit_rows(entries: list[AuditEntry]) -> list[dict[str, Any]]:
         view["change_list"] = [
             (key, _shown(old), _shown(new)) for key, (old, new) in (entry.changes or {}).items()
         ]
+        view["link"] = _subject_link(entry.model_name)
         rows.append(view)
     return rows
+
+
+def _subject_link(subject: str) -> str:
+    """Where an audit entry's subject is shown: a model's page, or the Keys page for a gateway
+    key ("key #ID"); a team ("team NAME") has no page of its own."""
+    if subject.startswith(KEY_SUBJECT):
+        return f"{reverse('console-keys')}#key-{subject.removeprefix(KEY_SUBJECT)}"
+    if subject.startswith(TEAM_SUBJECT):
+        return ""
+    return reverse("console-model", args=[subject])

@@ -100,14 +100,12 @@ class KeyLimitsInput(LimitsInput):
     team = serializers.CharField(
         required=False,
         allow_null=True,
-        allow_blank=True,
         max_length=200,
-        help_text="a team you are a member of; null or empty takes the key out of its team",
+        help_text="a team you are a member of; null or none takes the key out of its team",
     )
     expires = serializers.CharField(
         required=False,
         allow_null=True,
-        allow_blank=True,
         max_length=100,
         help_text="a duration from now (30d), a date (00:00 UTC that day) or an ISO 8601 time; "
         "null or none: never",

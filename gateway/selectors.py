@@ -12,7 +12,7 @@ from django.utils import timezone
 from catalog.services import Actor
 
 from .models import GatewayKey, KeyUsageDay, Team
-from .services import limits_of
+from .services import could_be_team, limits_of
 
 
 def keys_visible_to(actor: Actor) -> QuerySet[GatewayKey]:
@@ -102,6 +102,8 @@ def teams_visible_to(actor: Actor) -> QuerySet[Team]:
 
 
 def team_visible_to(actor: Actor, name: str) -> Team | None:
+    if not could_be_team(name):
+        return None
     return teams_visible_to(actor).filter(name=name).first()
 
 

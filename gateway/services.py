@@ -32,7 +32,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from catalog import services as catalog_services
-from catalog.definitions import MAX_NAME, validate_name
+from catalog.definitions import MAX_NAME, NAME_PATTERN, validate_name
 from catalog.durations import DurationError, parse_duration
 from catalog.errors import CatalogError, Problem, conflict, forbidden, invalid
 from catalog.services import Actor, record_change, record_event
@@ -61,6 +61,8 @@ MAX_WEIGHT = 1000.0
 MAX_MODEL_PATTERNS = 100
 # A model's or adapter's name, with fnmatch's *, ? and [...] among its characters.
 MODEL_PATTERN = re.compile(r"^[A-Za-z0-9._:*?\[\]!-]+$")
+# What Django's username validator allows.
+USERNAME = re.compile(r"^[\w.@+-]{1,150}$")
 # Words that lift a limit, as the CLI and forms write them.
 NO_LIMIT = ("", "none", "0")
 
@@ -212,13 +214,18 @@ def _key_record(key: GatewayKey) -> dict[str, Any]:
     }
 
 
+# The audit's subject column (AuditEntry.model_name) names what changed. With a space, which no
+# model's name holds, a key's or team's entries cannot be taken for a model's.
+KEY_SUBJECT = "key #"
+TEAM_SUBJECT = "team "
+
+
 def _key_subject(key: GatewayKey) -> str:
-    # The audit's subject column (AuditEntry.model_name) names what changed.
-    return f"key:{key.pk}"
+    return f"{KEY_SUBJECT}{key.pk}"
 
 
 def _team_subject(name: str) -> str:
-    return f"team:{name}"[:100]  # the audit's subject column holds 100 characters
+    return f"{TEAM_SUBJECT}{name}"[:100]  # the audit's subject column holds 100 characters
 
 
 # -- keys -------------------------------------------------------------------------------
@@ -359,7 +366,7 @@ def _apply_key_settings(
 def _team_for_key(actor: Actor, key: GatewayKey, name: Any) -> Team | None:
     if name is None or (isinstance(name, str) and name.lower() in ("", "none")):
         return None
-    team = Team.objects.filter(name=name).first()
+    team = Team.objects.filter(name=name).first() if could_be_team(name) else None
     owner = key.owner if key.owner_id else actor.user
     if team is None or (not actor.is_staff and not team.members.filter(pk=owner.pk).exists()):
         # As with keys, a team one is not in is reported as missing.
@@ -398,9 +405,15 @@ def _team_record(team: Team) -> dict[str, Any]:
     return {"name": team.name, **limits_of(team)}
 
 
+def could_be_team(name: object) -> bool:
+    """Whether `name` could name a team at all. Anything else is not looked up: text a database
+    cannot hold (a NUL) would fail the query instead of finding nothing."""
+    return isinstance(name, str) and len(name) <= MAX_NAME and bool(NAME_PATTERN.fullmatch(name))
+
+
 def _team_named(name: str, *, lock: bool = False) -> Team:
     teams = Team.objects.select_for_update() if lock else Team.objects.all()
-    team = teams.filter(name=name).first()
+    team = teams.filter(name=name).first() if could_be_team(name) else None
     if team is None:
         raise CatalogError(
             f"There is no team named {str(name)[:100]!r}; `llmgw ctl teams` lists them.",
@@ -527,7 +540,9 @@ def team_remove(*, actor: Actor, name: str) -> int:
 
 def _users_named(names: list[str]) -> list[Any]:
     names = [n.strip() for n in names if isinstance(n, str) and n.strip()]
-    found = list(get_user_model().objects.filter(username__in=names))
+    # Only names a user could have are looked up (see could_be_team); the rest are missing.
+    possible = [n for n in names if USERNAME.fullmatch(n)]
+    found = list(get_user_model().objects.filter(username__in=possible))
     missing = sorted(set(names) - {u.get_username() for u in found})
     if missing:
         raise invalid(

@@ -300,7 +300,7 @@ def test_the_owner_sets_and_lifts_limits_and_it_is_audited(api: Any, users: dict
     limits = response.json()["limits"]
     assert limits["rpm"] is None and limits["tpm"] == 5000 and limits["weight"] == 0.5
     entry = AuditEntry.objects.get(action="key-limits")
-    assert entry.model_name == f"key:{key.pk}" and entry.actor_name == "alice"
+    assert entry.model_name == f"key #{key.pk}" and entry.actor_name == "alice"
     assert entry.changes["rpm"] == [10, None] and entry.changes["tpm"] == [None, 5000]
 
 

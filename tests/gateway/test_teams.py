@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
+from catalog.errors import CatalogError
 from catalog.models import AuditEntry
 from catalog.services import Actor
 from gateway.models import GatewayKey, Team
-from gateway.services import key_create, team_add
+from gateway.services import key_create, team_add, team_members
 
 pytestmark = pytest.mark.smoke
 
@@ -34,7 +35,7 @@ def test_staff_add_a_team_with_limits_and_members(api: Any, users: dict[str, Any
     assert body["limits"]["tpm"] == 20000 and body["limits"]["rpm"] is None
     assert body["usage"] == {"requests_today": 0, "tokens_today": 0, "tokens_this_month": 0}
     entry = AuditEntry.objects.get(action="team-add")
-    assert entry.model_name == "team:research" and entry.actor_name == "staff"
+    assert entry.model_name == "team research" and entry.actor_name == "staff"
     assert entry.after["members"] == ["alice", "bob"]
 
 
@@ -194,3 +195,22 @@ def test_the_admin_adds_a_team_and_changes_its_members_through_the_services(
     assert (team.rpm, team.weight) == (None, 2.0)
     assert [u.username for u in team.members.all()] == ["bob"]
     assert client.get("/admin/gateway/team/").status_code == 200
+
+
+def test_names_no_team_or_user_could_have_are_not_looked_up(
+    api: Any, users: dict[str, Any]
+) -> None:
+    # A NUL cannot be held by PostgreSQL's text: a query with one fails rather than finding none.
+    staff_adds(users)
+    assert api("staff").get("/api/v1/teams/a%00b").status_code == 404
+    response = api("staff").post(
+        "/api/v1/teams/research/members", {"add": ["a\x00b"]}, format="json"
+    )
+    assert response.status_code == 400
+    # And whatever door hands the service such a name:
+    with pytest.raises(CatalogError, match="there is no user named 'a\\\\x00b'"):
+        team_members(actor=Actor.for_user(users["staff"], "cli"), name="research", add=["a\x00b"])
+    response = api("alice").post("/api/v1/keys", {"name": "k", "team": "re\x00"}, format="json")
+    assert response.status_code == 400
+    with pytest.raises(CatalogError, match="There is no team 're\\\\x00'"):
+        key_create(actor=Actor.for_user(users["alice"], "cli"), name="k", team="re\x00")

@@ -161,3 +161,13 @@ def test_revoking_answers_the_card_without_its_forms(
 def test_the_page_needs_a_login(client: Any) -> None:
     response = client.get("/keys/")
     assert response.status_code == 302 and "/login/" in response["Location"]
+
+
+def test_the_audit_links_a_keys_entries_to_the_keys_page(
+    client_for: Any, users: dict[str, Any]
+) -> None:
+    key = make_key(users)
+    team_add(actor=Actor.for_user(users["staff"], "api"), name="research")
+    html = client_for("staff").get("/audit/").content.decode()
+    assert f'<a href="/keys/#key-{key.pk}">key #{key.pk}</a>' in html
+    assert "<td>team research</td>" in html  # a team has no page to link to
