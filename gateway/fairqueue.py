@@ -446,6 +446,15 @@ class _ModelQueue:
     # Seconds between two grants, smoothed: what a refusal's Retry-After is estimated from.
     grant_interval: float = 1.0
     granted_at: float | None = None
+    # Waiters per candidate set: with one set (the usual case) only the head can be served.
+    sets: dict[tuple[Candidate, ...], int] = field(default_factory=dict)
+
+    def forget_set(self, candidates: tuple[Candidate, ...]) -> None:
+        left = self.sets.get(candidates, 0) - 1
+        if left > 0:
+            self.sets[candidates] = left
+        else:
+            self.sets.pop(candidates, None)
 
 
 class FairQueue:
@@ -532,7 +541,8 @@ class FairQueue:
             waiter.index = self.board.add(
                 q.hash, flow_hash, start, waiter.finish, waiter.order, SERVED
             )
-            self._count_flow(q, waiter, 1)
+            if waiter.index is not None:
+                self._count_flow(q, waiter, 1)
             q.virtual_time = max(q.virtual_time, start)
             self._observe(ticket.model, 0.0, "served")
             return waiter, Granted(free, 0.0, queued=False)
@@ -566,6 +576,7 @@ class FairQueue:
         self._count_flow(q, waiter, 1)
         heapq.heappush(q.heap, (waiter.start, waiter.order, next(self._sequence), waiter))
         q.waiting += 1
+        q.sets[waiter.candidates] = q.sets.get(waiter.candidates, 0) + 1
         self._depth_changed(q)
         self._start_dispatch(q)
         try:
@@ -605,6 +616,7 @@ class FairQueue:
         else:
             waiter.future.cancel()
             q.waiting -= 1
+            q.forget_set(waiter.candidates)
             # Left in the heap, skipped when it comes up: removing from the middle costs O(n).
             self._depth_changed(q)
         self._leave(q, waiter)
@@ -653,14 +665,14 @@ class FairQueue:
             head = q.heap[0][3]
             free = self._free(head.candidates, head.balancer, now)
             chosen = head
-            if free is None:
+            if free is None and len(q.sets) > 1:
                 # The head's replicas are all busy (an adapter's, a canary's share): a waiter
                 # further back whose replicas have a slot free takes it, so none idles.
                 chosen, free = self._first_that_fits(q, now)
-                if free is None:
-                    q.free_since = None
-                    return
-            elif not self._my_turn(q, head, now):
+            if free is None:
+                q.free_since = None
+                return
+            if chosen is head and not self._my_turn(q, head, now):
                 return
             self._hand_over(q, chosen, free, now)
 
@@ -675,7 +687,7 @@ class FairQueue:
 
     def _first_that_fits(self, q: _ModelQueue, now: float) -> tuple[_Waiter, Candidate | None]:
         seen: dict[tuple[Candidate, ...], Candidate | None] = {}
-        for _, _, _, waiter in sorted(q.heap)[:64]:
+        for _, _, _, waiter in heapq.nsmallest(64, q.heap):
             if waiter.future.done():
                 continue
             if waiter.candidates not in seen:
@@ -688,6 +700,7 @@ class FairQueue:
     def _hand_over(self, q: _ModelQueue, waiter: _Waiter, replica: Candidate, now: float) -> None:
         # Its place in the heap is skipped when it comes up (its future is done).
         q.waiting -= 1
+        q.forget_set(waiter.candidates)
         q.free_since = None
         q.virtual_time = max(q.virtual_time, waiter.start)
         if q.granted_at is not None:

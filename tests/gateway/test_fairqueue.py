@@ -198,6 +198,26 @@ def test_it_counts_a_keys_requests_in_service_against_its_share() -> None:
     asyncio.run(main())
 
 
+def test_a_waiter_whose_replicas_have_a_free_slot_is_not_held_back_by_the_head() -> None:
+    """An adapter's waiter at the head, its one replica busy; the base model's replica frees."""
+
+    async def main() -> None:
+        adapter = Candidate(id="ra", model="m", state="ready", address="h", port=2, slots=1)
+        balancer = busy_balancer()
+        balancer.load.add(adapter.id, 1)
+        queue = FairQueue(None, poll=0.005)
+        room = Room(queue, balancer, adapter)
+        base = Room(queue, balancer, shared_with=room)
+        await room.send("adapter", key_id=1)
+        await base.send("base", key_id=2)
+        balancer.load.add(REPLICA.id, -1)
+        await until(lambda: room.order == ["base"])
+        await room.close()
+        await base.close()
+
+    asyncio.run(main())
+
+
 # -- across processes -----------------------------------------------------------------------
 
 
