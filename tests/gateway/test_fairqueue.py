@@ -26,6 +26,7 @@ from gateway.fairqueue import (
     FairQueue,
     QueueFull,
     QueueTimeout,
+    client_gone,
     name_hash,
 )
 from gateway.load import SharedLoad
@@ -491,6 +492,20 @@ def test_a_client_that_hangs_up_leaves_the_queue_at_once() -> None:
         assert waits == [True]
 
     asyncio.run(main())
+
+
+def test_client_gone_returns_when_the_asgi_client_disconnects() -> None:
+    sent: list[dict[str, Any]] = [
+        {"type": "http.request", "body": b""},
+        {"type": "http.disconnect"},
+    ]
+    messages = iter(sent)
+
+    async def receive() -> dict[str, Any]:
+        return next(messages)
+
+    asyncio.run(asyncio.wait_for(client_gone(receive), 1))
+    assert next(messages, None) is None
 
 
 def test_a_slot_granted_as_the_wait_is_cancelled_goes_to_the_next() -> None:
