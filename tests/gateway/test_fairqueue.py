@@ -262,7 +262,7 @@ def test_it_hands_a_slot_on_after_the_grace_when_the_first_waiter_does_not_take_
         balancer.load.add(REPLICA.id, -1)
         await until(lambda: second.order == ["second"])
         waited = time.monotonic() - freed
-        assert 0.2 <= waited < 1.0, waited
+        assert 0.2 <= waited < 2.0, waited
         for room in (first, second):
             await room.close()
 
@@ -302,7 +302,7 @@ def test_it_ignores_the_waiters_of_a_process_that_stopped_beating(tmp_path: Path
 def _flood_process(folder: str, ready: Any, grants: Any) -> None:
     async def main() -> None:
         balancer = Balancer(SharedLoad(Path(folder) / "load"))
-        queue = FairQueue(Path(folder) / "queue", grace=0.3, poll=0.005)
+        queue = FairQueue(Path(folder) / "queue", grace=1.0, poll=0.005)
 
         async def one() -> None:
             async with queue.turn(
@@ -329,7 +329,7 @@ def _flood_process(folder: str, ready: Any, grants: Any) -> None:
 def test_it_is_fair_between_two_real_processes(tmp_path: Path) -> None:
     """A flood of 4 on another process, then a key of one here: the one is second at most."""
     balancer = busy_balancer(SharedLoad(tmp_path / "load"))
-    queue = FairQueue(tmp_path / "queue", grace=0.3, poll=0.005)
+    queue = FairQueue(tmp_path / "queue", grace=1.0, poll=0.005)
     context = multiprocessing.get_context("fork")
     ready, grants = context.Event(), context.Queue()
     flood = context.Process(target=_flood_process, args=(str(tmp_path), ready, grants))
