@@ -450,7 +450,7 @@ def start_litellm(processes: Processes, folder: Path, engine_port: int) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", type=int, metavar="PORT", help=argparse.SUPPRESS)
-    parser.add_argument("--victims", type=int, default=6, help="victim requests per phase")
+    parser.add_argument("--victims", type=int, default=10, help="victim requests per phase")
     parser.add_argument("--quick", action="store_true", help="4 victim requests per phase")
     parser.add_argument("--no-litellm", action="store_true", help="measure without LiteLLM")
     args = parser.parse_args()
