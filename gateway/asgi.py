@@ -31,6 +31,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import django
@@ -46,7 +47,7 @@ from yarl import URL  # noqa: E402
 
 from catalog.config import ConfigError, current_config  # noqa: E402
 
-from . import canary, conf, errors, proxy, routing, traffic, validate  # noqa: E402
+from . import canary, conf, errors, limits, proxy, routing, traffic, validate  # noqa: E402
 from .errors import Refusal  # noqa: E402
 from .forwarded import GATEWAY_SECRET_HEADER, gateway_secret  # noqa: E402
 from .load import SharedLoad  # noqa: E402
@@ -54,7 +55,7 @@ from .metrics import metrics  # noqa: E402
 from .models import hash_key  # noqa: E402
 from .prefix import PrefixTable, block_hashes, prompt_text  # noqa: E402
 from .services import KEY_PREFIX  # noqa: E402
-from .state import POLL_SECONDS, Snapshot, state  # noqa: E402
+from .state import POLL_SECONDS, KeyState, Snapshot, state  # noqa: E402
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -134,6 +135,11 @@ def start_process() -> None:
         SharedLoad(settings.VAR_DIR / "gateway-load"),
         PrefixTable(settings.VAR_DIR / "gateway-prefix"),
     )
+    if limits.counters is not None:
+        limits.counters.close()
+    limits.counters = limits.SharedCounters(
+        settings.VAR_DIR / "gateway-limits", writer=traffic.book.writer
+    )
     metrics()
     try:
         state.reload()
@@ -152,6 +158,9 @@ def stop_process() -> None:
         connection.close()
     routing.balancer.load.close()
     routing.balancer.prefixes.close()
+    if limits.counters is not None:
+        # After the flush: until its file goes, the others count this process's tokens by it.
+        limits.counters.close()
 
 
 # -- answers ------------------------------------------------------------------------------
@@ -160,11 +169,16 @@ def stop_process() -> None:
 async def _answer(
     send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
+    books = _request.get()
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [*(headers or _JSON), (b"content-length", str(len(body)).encode())],
+            "headers": [
+                *(headers or _JSON),
+                *(books.limit_headers if books is not None else ()),
+                (b"content-length", str(len(body)).encode()),
+            ],
         }
     )
     await send({"type": "http.response.body", "body": body})
@@ -202,8 +216,9 @@ async def _fresh_look(since: float) -> Snapshot:
     return state.get()
 
 
-async def _key_refusal(scope: Scope, arrived: float) -> Refusal | None:
-    """None when the request carries an active gateway key; else the 401 to answer with."""
+async def _key_refusal(scope: Scope, arrived: float) -> KeyState | Refusal:
+    """The request's gateway key when it is active (and not expired); else the 401 to answer
+    with."""
     scheme, _, secret = _header(scope, b"authorization").partition(" ")
     secret = secret.strip()
     if scheme.lower() != "bearer" or not secret:
@@ -217,11 +232,29 @@ async def _key_refusal(scope: Scope, arrived: float) -> Refusal | None:
         key = (await _fresh_look(arrived)).keys.get(digest)
     if key is None or not key.active:
         return errors.invalid_key(revoked=key is not None)
+    expires_at = key.limits.expires_at if key.limits is not None else None
+    if expires_at is not None and time.time() >= expires_at:
+        metrics().limited.labels("expired", "key").inc()
+        return errors.expired_key(_utc(expires_at))
     state.key_used(key.id)
     books = _request.get()
     if books is not None:
         books.key_id = key.id
-    return None
+    return key
+
+
+def _utc(moment: float) -> str:
+    return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _allows(key: KeyState, snapshot: Snapshot, name: str) -> bool:
+    """Whether the key (and its team) may ask for the model or adapter `name`."""
+    if key.limits is None:
+        return True
+    if not key.limits.allows(name):
+        return False
+    team = snapshot.teams.get(key.limits.team_id) if key.limits.team_id is not None else None
+    return team is None or team.allows(name)
 
 
 # -- /v1/models ---------------------------------------------------------------------------
@@ -232,11 +265,11 @@ async def _models(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["method"] != "GET":
         await _refuse(send, errors.wrong_method("/v1/models", "GET"))
         return
-    refusal = await _key_refusal(scope, arrived)
-    if refusal is not None:
-        await _refuse(send, refusal)
+    key = await _key_refusal(scope, arrived)
+    if isinstance(key, Refusal):
+        await _refuse(send, key)
         return
-    catalog = state.get().catalog
+    snapshot = state.get()
     data = [
         {
             "id": entry.name,
@@ -247,7 +280,9 @@ async def _models(scope: Scope, receive: Receive, send: Send) -> None:
             "root": entry.model,
             "parent": entry.model if entry.adapter else None,
         }
-        for entry in sorted(catalog.usable(), key=lambda e: e.name)
+        for entry in sorted(snapshot.catalog.usable(), key=lambda e: e.name)
+        # A key limited to some models sees only those.
+        if key.limits is None or _allows(key, snapshot, entry.name)
     ]
     await _answer(send, 200, json.dumps({"object": "list", "data": data}).encode())
 
@@ -365,6 +400,8 @@ class _Request:
     revision: str = ""  # of the replica that answered (none for a fallback's answer)
     # The model has a canary under way: its figures are kept per key too (registry.canary).
     canary: bool = False
+    # A limited key's x-ratelimit-* headers, which every answer to the request carries.
+    limit_headers: tuple[tuple[bytes, bytes], ...] = ()
 
 
 _request: ContextVar[_Request | None] = ContextVar("llmgw_request", default=None)
@@ -378,9 +415,9 @@ async def _relay(
     if scope["method"] != "POST":
         await _refuse(send, errors.wrong_method(path, "POST"))
         return
-    refusal = await _key_refusal(scope, started)
-    if refusal is not None:
-        await _refuse(send, refusal)
+    key = await _key_refusal(scope, started)
+    if isinstance(key, Refusal):
+        await _refuse(send, key)
         return
     limit = conf.max_body_bytes()
     declared = _header(scope, b"content-length")
@@ -409,11 +446,17 @@ async def _relay(
     name = body["model"]
     snapshot = state.get()
     entry = snapshot.catalog.entries.get(name)
+    # A model the key may not use is answered as one that does not exist, the same way (the
+    # same wait, the same body listing only what the key may use): no hint that it does.
+    if entry is not None and key.limits is not None and not _allows(key, snapshot, name):
+        entry = None
     if entry is None:
         snapshot = await _fresh_look(started)  # perhaps added a moment ago
         entry = snapshot.catalog.entries.get(name)
+        if entry is not None and key.limits is not None and not _allows(key, snapshot, name):
+            entry = None
     if entry is None:
-        names = [e.name for e in snapshot.catalog.usable()]
+        names = [e.name for e in snapshot.catalog.usable() if _allows(key, snapshot, e.name)]
         _count("unknown", "", endpoint, 404)
         # Off the event loop: comparing names costs milliseconds on a large catalog.
         closest = await asyncio.to_thread(routing.entry_names_closest_first, name, names)
@@ -422,14 +465,62 @@ async def _relay(
     books = _request.get()
     if books is not None:
         books.canary = entry.canary is not None
+    admission = None
+    if key.limits is not None:
+        admitted = _admit(key, snapshot)
+        if isinstance(admitted, Refusal):
+            _count(entry.name, "", endpoint, admitted.status)
+            await _refuse(send, admitted)
+            return
+        admission = admitted
     stream = streams and body.get("stream") is True
     board = metrics()
     board.in_flight.labels(entry.name).inc()
     try:
         await _route_and_send(send, receive, entry, body, raw, path, endpoint, stream, started)
     finally:
+        if admission is not None:
+            # However the request ended (answered, refused, client gone, engine broken).
+            _release(admission)
         board.in_flight.labels(entry.name).dec()
         board.latency.labels(entry.name, endpoint).observe(time.monotonic() - started)
+
+
+def _admit(key: KeyState, snapshot: Snapshot) -> limits.Admission | Refusal | None:
+    """Count the request against its key's and team's limits, or the refusal of the first
+    limit it would pass; None when nothing of theirs is counted."""
+    assert key.limits is not None
+    team_id = key.limits.team_id
+    team = snapshot.teams.get(team_id) if team_id is not None else None
+    if not key.limits.counted and (team is None or not team.counted):
+        return None
+    counters = limits.shared_counters()
+    counters.set_writer(traffic.book.writer)
+    decided = counters.admit(key.id, key.limits, team, snapshot.budgets)
+    board = metrics()
+    board.limit_slots_held.set(counters.held())
+    if isinstance(decided, limits.Refused):
+        board.limited.labels(decided.limit, decided.subject).inc()
+        if decided.limit == "slots":
+            return errors.limits_full(decided.figure)
+        return errors.limited(
+            decided.limit,
+            team=decided.team if decided.subject == "team" else None,
+            figure=decided.figure,
+            used=decided.used,
+            retry_after=decided.retry_after,
+            resets_at=_utc(time.time() + decided.retry_after),
+            headers=dict(decided.headers),
+        )
+    books = _request.get()
+    if books is not None:
+        books.limit_headers = tuple((k.encode(), v.encode()) for k, v in decided.headers)
+    return decided
+
+
+def _release(admission: limits.Admission) -> None:
+    books = _request.get()
+    admission.release(books.prompt + books.completion if books is not None else 0)
 
 
 async def _route_and_send(
@@ -585,6 +676,7 @@ async def _route_and_send(
                     (b"cache-control", b"no-cache"),
                     # A proxy in front must not hold chunks back either.
                     (b"x-accel-buffering", b"no"),
+                    *(books.limit_headers if books is not None else ()),
                 ],
             }
         )

@@ -65,6 +65,98 @@ def invalid_key(revoked: bool) -> Refusal:
     )
 
 
+def expired_key(expired_at: str) -> Refusal:
+    return openai_error(
+        401,
+        f"This API key expired at {expired_at}, so it opens nothing any more. Ask its owner or "
+        "staff to extend it (`llmgw ctl key limits ID --expires ...`), or create a new one with "
+        "`llmgw ctl key create NAME`.",
+        code="expired_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+# What each limit is called in a refusal, and what kind of 429 it is (OpenAI's codes and types:
+# a rate is `rate_limit_exceeded` of type requests or tokens, a spent budget
+# `insufficient_quota`).
+_LIMITS = {
+    "rpm": ("{figure:,} requests per minute", "rate_limit_exceeded", "requests"),
+    "tpm": ("{figure:,} tokens per minute", "rate_limit_exceeded", "tokens"),
+    "max_parallel": ("{figure:,} requests in flight at once", "rate_limit_exceeded", "requests"),
+    "tokens_per_day": (
+        "{figure:,} tokens per day (UTC)",
+        "insufficient_quota",
+        "insufficient_quota",
+    ),
+    "tokens_per_month": (
+        "{figure:,} tokens per month (UTC)",
+        "insufficient_quota",
+        "insufficient_quota",
+    ),
+}
+
+
+def limited(
+    limit: str,
+    *,
+    team: str | None,
+    figure: int,
+    used: int,
+    retry_after: float,
+    resets_at: str,
+    headers: dict[str, str],
+) -> Refusal:
+    """429 for a key's or team's limit: which one, its figure, what is used and when it frees."""
+    what, code, kind = _LIMITS[limit]
+    whose = "This key's" if team is None else f"Its team {team!r}'s"
+    seconds = max(1, int(retry_after + 0.999))
+    figure_text = what.format(figure=figure)
+    if limit == "max_parallel":
+        message = (
+            f"{whose} limit of {figure_text} is reached ({used:,} in flight); send the next "
+            "one when one of them ends."
+        )
+    elif code == "insufficient_quota":
+        message = (
+            f"{whose} budget of {figure_text} is spent ({used:,} used); it resets at "
+            f"{resets_at}, in {_span(seconds)}. Ask staff to raise it (`llmgw ctl key limits`, "
+            "`llmgw ctl team limits`) to go on sooner."
+        )
+    else:
+        window = "requests in the last minute" if limit == "rpm" else "tokens in the last minute"
+        message = (
+            f"{whose} limit of {figure_text} is reached ({used:,} {window}); try again in "
+            f"{_span(seconds)}."
+        )
+    return openai_error(
+        429,
+        message,
+        code=code,
+        kind=kind,
+        headers={**headers, "Retry-After": str(seconds)},
+    )
+
+
+def _span(seconds: int) -> str:
+    if seconds < 120:
+        return f"{seconds}s"
+    minutes = seconds // 60
+    if minutes < 120:
+        return f"{minutes} minutes"
+    return f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def limits_full(slots: int) -> Refusal:
+    return openai_error(
+        503,
+        f"This gateway process counts limits for {slots:,} keys and teams at once, and all are "
+        "in use; try again in a second (slots free as keys go idle).",
+        code="limits_full",
+        kind="server_error",
+        headers={"Retry-After": "1"},
+    )
+
+
 def bad_request(message: str, *, param: str | None = None) -> Refusal:
     return openai_error(400, message, code="invalid_request", param=param)
 

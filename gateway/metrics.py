@@ -51,6 +51,9 @@ class Metrics:
     forward_held: Any
     keys_held: Any
     key_refresh: Any
+    limited: Any
+    keys_limited: Any
+    limit_slots_held: Any
     registry: Any  # single-process mode: where the metrics are; multiprocess: None
     folder: str | None
 
@@ -150,6 +153,29 @@ def _create(folder: str | None) -> Metrics:
             "llmgw_gateway_key_refresh_seconds",
             "How long one read of the keys changed since the last read took.",
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),
+            **where,
+        ),
+        limited=Counter(
+            "llmgw_gateway_limited",
+            "Requests refused by a key's or team's limit (subject: key or team), by limit: rpm, "
+            "tpm, max_parallel (429 rate_limit_exceeded), tokens_per_day, tokens_per_month (429 "
+            "insufficient_quota), expired (401), slots (503: this process's limit counters are "
+            "all held, see llmgw_gateway_limit_slots_held).",
+            ["limit", "subject"],
+            **where,
+        ),
+        keys_limited=Gauge(
+            "llmgw_gateway_keys_limited",
+            "Gateway keys with limits, a team, an expiry or a weight, held in memory beside the "
+            "keys themselves (a few hundred bytes each).",
+            multiprocess_mode="livemax",
+            **where,
+        ),
+        limit_slots_held=Gauge(
+            "llmgw_gateway_limit_slots_held",
+            "Keys and teams with limits this process counts in its shared-memory file (at most "
+            "gateway.limits.SLOTS each; a slot is given up when idle a minute and unused this month).",
+            multiprocess_mode="livemax",
             **where,
         ),
         registry=registry,

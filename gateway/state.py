@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import close_old_connections, connection
 
-from . import traffic, triggers
+from . import limits, traffic, triggers
+from .limits import Budgets, Limits, limits_of, no_budgets
 from .metrics import EngineFigures, metrics
 from .routing import Candidate, Catalog, Entry, read_catalog, read_replicas
 
@@ -61,10 +62,22 @@ KEY_MARGIN = timedelta(seconds=1)
 _KEYS_STALE_SECONDS = (DELETED_KEEP - timedelta(hours=1)).total_seconds()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class KeyState:
     id: int
     active: bool
+    # Its limits, team and expiry: None for a key with none of them (most), which then costs
+    # a request nothing more.
+    limits: Limits | None = None
+
+    @property
+    def team_id(self) -> int | None:
+        return None if self.limits is None else self.limits.team_id
+
+    @property
+    def expires_at(self) -> float | None:
+        """Unix time after which the key opens nothing (None: never)."""
+        return None if self.limits is None else self.limits.expires_at
 
 
 class Keys(Mapping[str, KeyState]):
@@ -81,15 +94,25 @@ class Keys(Mapping[str, KeyState]):
     A key of an inactive owner is dropped: it is refused as unknown.
 
     Memory, the bound: one dict entry per key, its sha256 as 32 raw bytes (72 bytes
-    allocated, against 113 for the hex text) and one int for its id and whether it opens
-    (32 bytes), about 45 bytes of dict slot: about 150 bytes a key, 150 MB at 1 M keys
-    (bench/gateway_keys.py measures it), with a second table during a full read only (the
-    first, and one after the database was away for most of DELETED_KEEP).
+    allocated, against 113 for the hex text) and one int for its id, whether it opens and
+    whether it has limits (32 bytes), about 45 bytes of dict slot: about 150 bytes a key,
+    150 MB at 1 M keys (bench/gateway_keys.py measures it), with a second table during a full
+    read only (the first, and one after the database was away for most of DELETED_KEEP).
+
+    Keys with any limit, a team, an expiry or a weight other than 1 are also in a second,
+    sparse table (key id -> gateway.limits.Limits, about 500 bytes each, a few more for its
+    model globs; `limited` counts them, llmgw_gateway_keys_limited shows it), read by the
+    same changed_at read: a key without them costs nothing more.
     """
 
     def __init__(self, codes: dict[bytes, int] | None = None) -> None:
-        # digest -> id << 1 | opens: one small int per key rather than an object.
-        self._codes: dict[bytes, int] = codes if codes is not None else {}
+        # digest -> id << 2 | limited << 1 | opens: one small int per key rather than an
+        # object; and the limits of the keys that have any, by id. One tuple, replaced whole
+        # by a full read, so a lookup never pairs one read's codes with another's limits.
+        self._tables: tuple[dict[bytes, int], dict[int, Limits]] = (
+            codes if codes is not None else {},
+            {},
+        )
         self._lock = threading.Lock()
         # Read next: keys changed (and hashes deleted) at or after these, in the database's
         # own form of a time (None: all of them).
@@ -105,14 +128,30 @@ class Keys(Mapping[str, KeyState]):
 
     # -- lookups, on the request's path ----------------------------------------------------
 
+    @property
+    def _codes(self) -> dict[bytes, int]:
+        return self._tables[0]
+
+    @property
+    def limited(self) -> int:
+        """How many keys have limits, a team, an expiry or a weight (the sparse table)."""
+        return len(self._tables[1])
+
+    def budgeted(self) -> bool:
+        """Whether any key has a token budget (else budgets need not be read)."""
+        return any(limits.budgeted for limits in list(self._tables[1].values()))
+
     def get(self, digest: str, default: Any = None) -> Any:
+        codes, limited = self._tables
         try:
-            code = self._codes.get(bytes.fromhex(digest))
+            code = codes.get(bytes.fromhex(digest))
         except (ValueError, TypeError):
             return default
         if code is None:
             return default
-        return KeyState(id=code >> 1, active=bool(code & 1))
+        if code & 2:
+            return KeyState(id=code >> 2, active=bool(code & 1), limits=limited.get(code >> 2))
+        return KeyState(id=code >> 2, active=bool(code & 1))
 
     def __getitem__(self, digest: str) -> KeyState:
         key = self.get(digest)
@@ -145,13 +184,13 @@ class Keys(Mapping[str, KeyState]):
                 log.warning("gateway: keys not read for %s; reading them all again", DELETED_KEEP)
             keys_horizon, deleted_horizon = key_horizon()
             if stale:
-                codes: dict[bytes, int] = {}
-                rows = _read_keys(codes, since=None)
-                self._codes = codes  # one assignment: lookups see the old table or the new
+                tables: tuple[dict[bytes, int], dict[int, Limits]] = ({}, {})
+                rows = _read_keys(*tables, since=None)
+                self._tables = tables  # one assignment: lookups see the old tables or the new
                 self.full_reads += 1
             else:
-                rows = _read_keys(self._codes, since=self._keys_since)
-                rows += _read_deleted(self._codes, since=self._deleted_since)
+                rows = _read_keys(*self._tables, since=self._keys_since)
+                rows += _read_deleted(*self._tables, since=self._deleted_since)
             self._keys_since, self._deleted_since = keys_horizon, deleted_horizon
             self.read_at = time.monotonic()
             self.last_rows = rows
@@ -213,14 +252,18 @@ def key_horizon() -> tuple[Any, Any]:
 
 
 _KEY_ROWS = (
-    "SELECT k.key_hash, k.id, k.revoked_at IS NULL, u.is_active "
+    "SELECT k.key_hash, k.id, k.revoked_at IS NULL, u.is_active, k.team_id, k.expires_at, "
+    "k.rpm, k.tpm, k.max_parallel, k.tokens_per_day, k.tokens_per_month, k.models, k.weight "
     "FROM gateway_gatewaykey k JOIN auth_user u ON u.id = k.owner_id"
 )
+# How each database hands back a JSON list nobody filled in.
+_NO_MODELS: tuple[Any, ...] = (None, "[]", [])
 _CHUNK_ROWS = 10_000
 
 
-def _read_keys(codes: dict[bytes, int], *, since: Any) -> int:
-    """Apply the keys changed since `since` (all when None) to `codes`; the rows read."""
+def _read_keys(codes: dict[bytes, int], limited: dict[int, Limits], *, since: Any) -> int:
+    """Apply the keys changed since `since` (all when None) to `codes` and `limited`; the
+    rows read."""
     if since is None:
         sql, params = f"{_KEY_ROWS} WHERE u.is_active", []
     else:
@@ -233,16 +276,43 @@ def _read_keys(codes: dict[bytes, int], *, since: Any) -> int:
         cursor.execute(sql, params)
         while chunk := cursor.fetchmany(_CHUNK_ROWS):
             rows += len(chunk)
-            for key_hash, key_id, opens, owner_active in chunk:
+            for key_hash, key_id, opens, owner_active, team_id, expires_at, *rest in chunk:
                 digest = bytes.fromhex(key_hash)
-                if owner_active:
-                    codes[digest] = key_id << 1 | bool(opens)
-                else:
+                if not owner_active:
                     codes.pop(digest, None)
+                    limited.pop(key_id, None)
+                    continue
+                rpm, tpm, parallel, per_day, per_month, models, weight = rest
+                if (
+                    team_id is None
+                    and expires_at is None
+                    and rpm is None
+                    and tpm is None
+                    and parallel is None
+                    and per_day is None
+                    and per_month is None
+                    and models in _NO_MODELS
+                    and (weight is None or weight == 1)
+                ):
+                    codes[digest] = key_id << 2 | bool(opens)
+                    limited.pop(key_id, None)
+                    continue
+                limited[key_id] = limits_of(
+                    rpm=rpm,
+                    tpm=tpm,
+                    max_parallel=parallel,
+                    tokens_per_day=per_day,
+                    tokens_per_month=per_month,
+                    models=models,
+                    weight=weight,
+                    team_id=team_id,
+                    expires_at=expires_at,
+                )
+                codes[digest] = key_id << 2 | 2 | bool(opens)
     return rows
 
 
-def _read_deleted(codes: dict[bytes, int], *, since: Any) -> int:
+def _read_deleted(codes: dict[bytes, int], limited: dict[int, Limits], *, since: Any) -> int:
     sql = "SELECT key_hash FROM gateway_deletedgatewaykey"
     params: list[Any] = []
     if since is not None:
@@ -251,7 +321,9 @@ def _read_deleted(codes: dict[bytes, int], *, since: Any) -> int:
         cursor.execute(sql, params)
         found = cursor.fetchall()
     for (key_hash,) in found:
-        codes.pop(bytes.fromhex(key_hash), None)
+        code = codes.pop(bytes.fromhex(key_hash), None)
+        if code is not None:
+            limited.pop(code >> 2, None)
     return len(found)
 
 
@@ -273,6 +345,10 @@ class Snapshot:
     unplaceable: dict[str, str]  # on-demand model -> why it fits on no node
     # What each serving replica's engine last reported of itself (fleet.selectors), for /metrics.
     engines: tuple[EngineFigures, ...] = ()
+    # Every team's limits, by id (few rows: read whole when one changes), and the tokens the
+    # database held this month for keys and teams with a budget (gateway.limits.Budgets).
+    teams: dict[int, Limits] = field(default_factory=dict)
+    budgets: Budgets = field(default_factory=no_budgets)
     read_at: float = field(default_factory=time.monotonic)
 
 
@@ -285,13 +361,50 @@ def read_snapshot(keys: Keys | None = None) -> Snapshot:
         keys = Keys.read()
     else:
         keys.refresh()
+    teams = read_teams()
+    budgets = no_budgets()
+    if keys.budgeted() or any(team.budgeted for team in teams.values()):
+        counters = limits.counters
+        budgets = limits.read_budgets(counters.writers() if counters is not None else ())
     return Snapshot(
         catalog=catalog,
         replicas=replicas,
         keys=keys,
         unplaceable=_unplaceable(catalog),
         engines=_engines(),
+        teams=teams,
+        budgets=budgets,
     )
+
+
+def read_teams() -> dict[int, Limits]:
+    """Every team's limits, by id."""
+    from .models import Team
+
+    return {
+        row["id"]: limits_of(
+            rpm=row["rpm"],
+            tpm=row["tpm"],
+            max_parallel=row["max_parallel"],
+            tokens_per_day=row["tokens_per_day"],
+            tokens_per_month=row["tokens_per_month"],
+            models=row["models"],
+            weight=row["weight"],
+            team_id=row["id"],
+            name=row["name"],
+        )
+        for row in Team.objects.order_by().values(
+            "id",
+            "name",
+            "rpm",
+            "tpm",
+            "max_parallel",
+            "tokens_per_day",
+            "tokens_per_month",
+            "models",
+            "weight",
+        )
+    }
 
 
 def _engines() -> tuple[EngineFigures, ...]:
@@ -473,6 +586,7 @@ class GatewayState:
         self._snapshot = snapshot
         board = metrics()
         board.keys_held.set(len(snapshot.keys))
+        board.keys_limited.set(snapshot.keys.limited)
         board.key_refresh.observe(snapshot.keys.last_seconds)
         return snapshot
 

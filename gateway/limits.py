@@ -1,0 +1,745 @@
+"""Per-key and per-team limits, counted across every gateway process of this machine.
+
+What a key or team may use (gateway.models.LimitFields) is held in memory (gateway.state);
+this module counts what is used against it and decides, for one request, before any replica
+is chosen: in the order checked, the key's then its team's requests in flight, requests per
+minute, tokens per minute, tokens today and tokens this month (UTC).
+
+Counting. Each gateway process writes its counts into a memory-mapped file of its own under
+VAR_DIR/gateway-limits (one writer per file, as gateway.load does), and a check adds up every
+live process's file. A check and the count it admits are made under one lock (flock on a file
+in the folder, held for microseconds), so two processes cannot both admit the last request a
+limit allows: the limits are exact across the processes of one machine. A process that dies
+takes its file with it (dropped by the next process that looks): what it had in flight stops
+counting at once, as the requests did.
+
+- Requests in flight: one counter per key and team, up on admission, down when the request
+  ends however it ends (asgi's `finally`).
+- Requests and tokens per minute: 13 buckets of 5 s. A request counts in the bucket it was
+  admitted in, its tokens (prompt + completion, as the engine reported them; a stream's when
+  it ends) in the bucket it ended in, and a bucket counts until 65 s after it began: never
+  more than the limit in any 60 s, and what was used stops counting 60 to 65 s later (the
+  reset the headers give). Tokens are known only when a request ends, so a request is
+  admitted while the tokens counted are below the limit, and may take it over by its own.
+- Tokens today and this month: see `Budgets`.
+
+Bound: SLOTS keys and teams per process file (32,768; 360 bytes each, 11.8 MB of file, of
+which only the pages used take memory). A key or team takes a slot (open addressing from a
+hash of its id, at most PROBE places from its home, tagged with its id, so two keys never
+share a count) when it is first used, and gives it up to another only when the slot is idle:
+nothing in flight, nothing in the last minute's buckets and nothing counted this month (a
+budget counts what the process counted since it started). So the bound is on limited keys
+and teams used this month per process; the slots held are in
+`llmgw_gateway_limit_slots_held`. A key that finds no slot is refused with 503 (`limits_full`,
+counted in `llmgw_gateway_limited_total{limit="slots"}`): refusing is the only answer that
+keeps every limit true.
+
+Keys without limits, a team or an expiry are not counted here at all, and cost nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import mmap
+import os
+import re
+import time
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from fnmatch import translate
+from pathlib import Path
+from typing import Any
+
+from .load import process_alive
+
+SLOTS = 32_768
+PROBE = 64
+BUCKET_SECONDS = 5
+BUCKETS = 13  # 65 s: a bucket counts until 60 s after its last instant
+# int64 fields of a slot
+TAG, IN_FLIGHT, DAY, DAY_TOKENS, MONTH, MONTH_TOKENS = range(6)
+STAMPS = 6
+REQUESTS = STAMPS + BUCKETS
+TOKENS = REQUESTS + BUCKETS
+WIDTH = TOKENS + BUCKETS
+FILE_BYTES = (SLOTS + 1) * WIDTH * 8  # the first slot's place holds the header
+HEADER = WIDTH  # slot indexes are offset by one slot: the header comes first
+WRITER_BYTES = 64
+RESCAN_SECONDS = 1.0
+
+
+# -- what a key or team may use ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A key's or a team's limits, as the gateway holds them (None: no limit)."""
+
+    rpm: int | None = None
+    tpm: int | None = None
+    max_parallel: int | None = None
+    tokens_per_day: int | None = None
+    tokens_per_month: int | None = None
+    models: tuple[str, ...] = ()
+    weight: float = 1.0
+    # A key's: its team and when it expires (unix time); a team's: its id and name.
+    team_id: int | None = None
+    expires_at: float | None = None
+    name: str = ""
+    _pattern: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def counted(self) -> bool:
+        """Whether any of its limits needs counting."""
+        return (
+            self.rpm is not None
+            or self.tpm is not None
+            or self.max_parallel is not None
+            or self.tokens_per_day is not None
+            or self.tokens_per_month is not None
+        )
+
+    @property
+    def budgeted(self) -> bool:
+        return self.tokens_per_day is not None or self.tokens_per_month is not None
+
+    def allows(self, model: str) -> bool:
+        """Whether a request may ask for `model` (a model or adapter name)."""
+        return self._pattern is None or self._pattern.match(model) is not None
+
+
+def limits_of(
+    *,
+    rpm: int | None,
+    tpm: int | None,
+    max_parallel: int | None,
+    tokens_per_day: int | None,
+    tokens_per_month: int | None,
+    models: Any,
+    weight: float | None,
+    team_id: int | None = None,
+    expires_at: Any = None,
+    name: str = "",
+) -> Limits:
+    """Limits from a row's columns, as either database returns them."""
+    if isinstance(models, str):
+        import json
+
+        models = json.loads(models or "[]")
+    names = tuple(str(m) for m in (models or ()) if isinstance(m, str))
+    # One pattern for every glob: fnmatch's own rules, case-sensitive as model names are.
+    pattern = re.compile("|".join(translate(n) for n in names)) if names else None
+    return Limits(
+        rpm=rpm,
+        tpm=tpm,
+        max_parallel=max_parallel,
+        tokens_per_day=tokens_per_day,
+        tokens_per_month=tokens_per_month,
+        models=names,
+        weight=1.0 if weight is None else float(weight),
+        team_id=team_id,
+        expires_at=_unix(expires_at),
+        name=name,
+        _pattern=pattern,
+    )
+
+
+def _unix(moment: Any) -> float | None:
+    if moment is None:
+        return None
+    if isinstance(moment, str):  # SQLite, read by a plain cursor: UTC without a zone
+        moment = datetime.fromisoformat(moment)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return float(moment.timestamp())
+
+
+def key_tag(key_id: int) -> int:
+    return key_id << 1
+
+
+def team_tag(team_id: int) -> int:
+    return team_id << 1 | 1
+
+
+# -- budgets ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Base:
+    """One key's or team's tokens in the database (KeyUsageDay) when the snapshot was read:
+    all writers', and of those, each local live writer's own."""
+
+    day: int = 0
+    month: int = 0
+    by_writer: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Tokens used today and this month (UTC), for keys and teams with a budget.
+
+    The traffic book (gateway.traffic) of every gateway process writes each key's tokens per
+    model and day as its own rows (`writer`), with the absolute totals it holds, every few
+    seconds. A budget counts every writer once:
+
+    - a writer that is a live gateway process of this machine counts by what it holds now in
+      its limits file (its tokens since it started, the same figures its book writes), and not
+      by its rows: the base leaves out its rows as they were at the read, so whatever it
+      flushes after the read is not counted twice, and whatever it has not flushed is counted;
+    - every other writer (another machine's process, a process gone) counts by its rows as the
+      database held them at the read (`read_budgets`, with the snapshot: at least every 5 s).
+
+    So a restart loses nothing the book wrote: a process's rows outlive it. What a process
+    counted after its last flush is lost if it is killed (as its traffic figures are; a stop
+    flushes first), and another machine's use is seen up to a snapshot read and a flush late.
+    A team's use is that of the keys in it now.
+    """
+
+    day: date
+    month: date  # its first day
+    by_subject: dict[int, Base]
+
+    def used(self, tag: int, local: dict[str, tuple[int, int]], today: date) -> tuple[int, int]:
+        """Tokens today and this month: the base, plus what each local live writer (its
+        tokens today and this month, `local`) counted beyond its rows in the base."""
+        base = self.by_subject.get(tag, _NO_BASE)
+        same_month = today.replace(day=1) == self.month
+        day = base.day if today == self.day else 0
+        month = base.month if same_month else 0
+        for writer, (mine_day, mine_month) in local.items():
+            written_day, written_month = base.by_writer.get(writer, (0, 0))
+            day += max(0, mine_day - (written_day if today == self.day else 0))
+            month += max(0, mine_month - (written_month if same_month else 0))
+        return day, month
+
+
+_NO_BASE = Base()
+
+
+def no_budgets() -> Budgets:
+    today = datetime.now(UTC).date()
+    return Budgets(day=today, month=today.replace(day=1), by_subject={})
+
+
+def read_budgets(local_writers: Iterable[str]) -> Budgets:
+    """What the database holds of this month's tokens, for keys with a budget and keys of
+    teams with one (see Budgets), in one query."""
+    from django.db.models import Case, CharField, F, IntegerField, Q, Sum, Value, When
+
+    from .models import KeyUsageDay
+
+    today = datetime.now(UTC).date()
+    month = today.replace(day=1)
+    writers = sorted(set(local_writers))
+    local: Any = (
+        Case(
+            When(writer__in=writers, then=F("writer")), default=Value(""), output_field=CharField()
+        )
+        if writers
+        else Value("", output_field=CharField())
+    )
+    rows = (
+        KeyUsageDay.objects.order_by()
+        .filter(day__gte=month)
+        .filter(
+            Q(key__tokens_per_day__isnull=False)
+            | Q(key__tokens_per_month__isnull=False)
+            | Q(key__team__tokens_per_day__isnull=False)
+            | Q(key__team__tokens_per_month__isnull=False)
+        )
+        .annotate(
+            local=local,
+            today=Case(
+                When(day=today, then=Value(1)), default=Value(0), output_field=IntegerField()
+            ),
+        )
+        .values_list("key_id", "key__team_id", "local", "today")
+        .annotate(tokens=Sum(F("prompt_tokens") + F("completion_tokens")))
+    )
+    totals: dict[int, list[int]] = {}
+    mine: dict[int, dict[str, list[int]]] = {}
+    for key_id, team_id, writer, is_today, tokens in rows:
+        tokens = int(tokens or 0)
+        for tag in (key_tag(key_id), *(() if team_id is None else (team_tag(team_id),))):
+            total = totals.setdefault(tag, [0, 0])
+            total[1] += tokens
+            total[0] += tokens if is_today else 0
+            if writer:
+                own = mine.setdefault(tag, {}).setdefault(writer, [0, 0])
+                own[1] += tokens
+                own[0] += tokens if is_today else 0
+    return Budgets(
+        day=today,
+        month=month,
+        by_subject={
+            tag: Base(
+                day=day,
+                month=month_tokens,
+                by_writer={w: (d, m) for w, (d, m) in mine.get(tag, {}).items()},
+            )
+            for tag, (day, month_tokens) in totals.items()
+        },
+    )
+
+
+# -- the decision ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Why a request is refused: which limit, whose, its figure and when it frees."""
+
+    limit: str  # rpm | tpm | max_parallel | tokens_per_day | tokens_per_month | slots
+    subject: str  # "key" | "team"
+    team: str  # the team's name, for a team's limit
+    figure: int
+    used: int
+    retry_after: float  # seconds
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(slots=True)
+class Admission:
+    """A request let through: what it holds (its in-flight counts) and what its answers say."""
+
+    slots: tuple[tuple[int, int], ...]  # (tag, own slot) of the key and its team
+    headers: tuple[tuple[str, str], ...]
+    # The counters it was counted in: given back there, even if this process's counters were
+    # replaced meanwhile (tests do).
+    counters: SharedCounters | None = None
+    released: bool = False
+
+    def release(self, tokens: int) -> None:
+        if self.counters is not None:
+            self.counters.release(self, tokens)
+
+
+def reset_text(seconds: float) -> str:
+    """A reset as OpenAI writes it in x-ratelimit-reset-*: 20ms, 1s, 6m0s."""
+    if seconds < 1:
+        return f"{max(0, int(seconds * 1000))}ms"
+    whole = int(seconds + 0.999)
+    if whole < 60:
+        return f"{whole}s"
+    minutes, rest = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes}m{rest}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes}m{rest}s"
+
+
+def _month_index(day: date) -> int:
+    return day.year * 12 + day.month
+
+
+def _next_midnight(now: float) -> float:
+    today = datetime.fromtimestamp(now, UTC).date()
+    return datetime.combine(today + timedelta(days=1), datetime.min.time(), UTC).timestamp()
+
+
+def _next_month(now: float) -> float:
+    today = datetime.fromtimestamp(now, UTC).date()
+    first = date(today.year + today.month // 12, today.month % 12 + 1, 1)
+    return datetime.combine(first, datetime.min.time(), UTC).timestamp()
+
+
+@dataclass(slots=True)
+class _Use:
+    in_flight: int
+    requests: list[int]  # by bucket age: 0 = the current bucket
+    tokens: list[int]
+    local: dict[str, tuple[int, int]]  # writer -> (tokens today, this month), live ones
+
+
+class SharedCounters:
+    """This process's counts, in a file the other processes of this machine read, and the
+    decision that reads them all (see the module's docstring)."""
+
+    def __init__(self, folder: Path, *, pid: int | None = None, writer: str = "") -> None:
+        self.folder = folder
+        self.pid = pid if pid is not None else os.getpid()
+        folder.mkdir(parents=True, exist_ok=True)
+        self._lock_handle = os.open(folder / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        self._file = folder / f"limits-{self.pid}"
+        with self._file.open("wb") as out:
+            out.truncate(FILE_BYTES)
+        handle = os.open(self._file, os.O_RDWR)
+        try:
+            self._map = mmap.mmap(handle, FILE_BYTES)
+        finally:
+            os.close(handle)
+        self._mine = memoryview(self._map).cast("q")
+        self._writer = ""
+        self.set_writer(writer)
+        self._slots: dict[int, int] = {}  # tag -> own slot
+        self._others: dict[int, tuple[mmap.mmap, memoryview, str]] = {}
+        self._scanned_at = float("-inf")
+        self._folder_mtime = -1
+        self.closed = False
+
+    # -- this process's file ---------------------------------------------------------------
+
+    def set_writer(self, writer: str) -> None:
+        """The traffic book's writer name whose rows this process's tokens are (Budgets)."""
+        if writer == self._writer:
+            return
+        raw = writer.encode()[:WRITER_BYTES]
+        self._map[8 : 8 + WRITER_BYTES] = raw.ljust(WRITER_BYTES, b"\0")
+        self._mine[0] = len(raw)
+        self._writer = writer
+
+    def held(self) -> int:
+        """Slots this process holds (for llmgw_gateway_limit_slots_held)."""
+        return len(self._slots)
+
+    def _own_slot(self, tag: int, bucket: int, month: int) -> int | None:
+        slot = self._slots.get(tag)
+        if slot is not None:
+            return slot
+        view = self._mine
+        home = zlib.crc32(tag.to_bytes(8, "little")) % SLOTS
+        reusable = None
+        for step in range(PROBE):
+            slot = (home + step) % SLOTS
+            base = HEADER + slot * WIDTH
+            held_by = view[base + TAG]
+            if held_by == 0:
+                break
+            if reusable is None and _idle(view, base, bucket, month):
+                reusable = slot
+        else:
+            slot = None
+        if reusable is not None:
+            slot = reusable
+        if slot is None:
+            return None
+        base = HEADER + slot * WIDTH
+        previous = view[base + TAG]
+        if previous:
+            self._slots.pop(previous, None)
+        # Zeroed before it is tagged: a reader that sees the new tag sees no old counts.
+        for index in range(1, WIDTH):
+            view[base + index] = 0
+        view[base + TAG] = tag
+        self._slots[tag] = slot
+        return slot
+
+    # -- everyone's files ------------------------------------------------------------------
+
+    def _rescan(self, now: float) -> None:
+        try:
+            mtime = os.stat(self.folder).st_mtime_ns
+        except OSError:
+            return
+        if mtime == self._folder_mtime and now - self._scanned_at < RESCAN_SECONDS:
+            return
+        self._folder_mtime, self._scanned_at = mtime, now
+        seen: set[int] = set()
+        for path in self.folder.glob("limits-*"):
+            try:
+                pid = int(path.name.removeprefix("limits-"))
+            except ValueError:
+                continue
+            if pid == self.pid:
+                continue
+            if not process_alive(pid):
+                if pid in self._others:
+                    _close(*self._others.pop(pid)[:2])
+                _drop(path)
+                continue
+            seen.add(pid)
+            if pid not in self._others:
+                opened = _open_for_reading(path)
+                if opened is not None:
+                    self._others[pid] = opened
+        for pid in [p for p in self._others if p not in seen]:
+            _close(*self._others.pop(pid)[:2])
+
+    def _views(self) -> Iterable[tuple[memoryview, str]]:
+        yield self._mine, self._writer
+        for _, view, writer in self._others.values():
+            yield view, writer
+
+    def _use(self, tag: int, bucket: int, day: int, month: int) -> _Use:
+        use = _Use(0, [0] * BUCKETS, [0] * BUCKETS, {})
+        home = zlib.crc32(tag.to_bytes(8, "little")) % SLOTS
+        for view, writer in self._views():
+            base = _find(view, tag, home)
+            if base is None:
+                continue
+            use.in_flight += view[base + IN_FLIGHT]
+            for index in range(BUCKETS):
+                age = bucket - view[base + STAMPS + index]
+                if 0 <= age < BUCKETS:
+                    use.requests[age] += view[base + REQUESTS + index]
+                    use.tokens[age] += view[base + TOKENS + index]
+            if writer:
+                day_tokens = view[base + DAY_TOKENS] if view[base + DAY] == day else 0
+                month_tokens = view[base + MONTH_TOKENS] if view[base + MONTH] == month else 0
+                had = use.local.get(writer, (0, 0))
+                use.local[writer] = (had[0] + day_tokens, had[1] + month_tokens)
+        return use
+
+    def writers(self) -> list[str]:
+        """The traffic-book writers of this machine's live gateway processes (from any thread)."""
+        names = [self._writer] if self._writer else []
+        for path in self.folder.glob("limits-*"):
+            try:
+                pid = int(path.name.removeprefix("limits-"))
+            except ValueError:
+                continue
+            if pid == self.pid or not process_alive(pid):
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                with path.open("rb") as handle:
+                    head = handle.read(8 + WRITER_BYTES)
+                length = int.from_bytes(head[:8], "little")
+                if 0 < length <= WRITER_BYTES:
+                    names.append(head[8 : 8 + length].decode())
+        return names
+
+    # -- the decision ----------------------------------------------------------------------
+
+    def admit(
+        self,
+        key_id: int,
+        key: Limits,
+        team: Limits | None,
+        budgets: Budgets,
+        now: float | None = None,
+    ) -> Admission | Refused:
+        """Let one request through (counting it) or say which limit refuses it."""
+        now = time.time() if now is None else now
+        bucket = int(now // BUCKET_SECONDS)
+        today = datetime.fromtimestamp(now, UTC).date()
+        day, month = today.toordinal(), _month_index(today)
+        subjects: list[tuple[int, Limits, str]] = []
+        if key.counted:
+            subjects.append((key_tag(key_id), key, "key"))
+        if team is not None and team.counted and key.team_id is not None:
+            subjects.append((team_tag(key.team_id), team, "team"))
+        headers: dict[str, tuple[int, int, float]] = {}
+        fcntl.flock(self._lock_handle, fcntl.LOCK_EX)
+        try:
+            self._rescan(time.monotonic())
+            slots = []
+            for tag, limits, whose in subjects:
+                use = self._use(tag, bucket, day, month)
+                refused = _refusal(limits, whose, use, budgets, tag, today, now, headers)
+                if refused is not None:
+                    return refused
+                slot = self._own_slot(tag, bucket, month)
+                if slot is None:
+                    return Refused("slots", whose, limits.name, SLOTS, SLOTS, 1.0)
+                slots.append((tag, slot))
+            for _, slot in slots:
+                base = HEADER + slot * WIDTH
+                self._mine[base + IN_FLIGHT] += 1
+                self._add(base, REQUESTS, bucket, 1)
+        finally:
+            fcntl.flock(self._lock_handle, fcntl.LOCK_UN)
+        return Admission(tuple(slots), _headers(headers), self)
+
+    def release(self, admission: Admission, tokens: int, now: float | None = None) -> None:
+        """The request ended (however): it is no longer in flight, and its tokens count.
+
+        Only this process writes its file, and only lower (in flight) or what a check is
+        already allowed to lag by (tokens), so no lock is taken."""
+        if admission.released or self.closed:
+            return
+        admission.released = True
+        now = time.time() if now is None else now
+        bucket = int(now // BUCKET_SECONDS)
+        today = datetime.fromtimestamp(now, UTC).date()
+        day, month = today.toordinal(), _month_index(today)
+        view = self._mine
+        for tag, slot in admission.slots:
+            base = HEADER + slot * WIDTH
+            if view[base + TAG] != tag:
+                continue
+            view[base + IN_FLIGHT] = max(0, view[base + IN_FLIGHT] - 1)
+            if tokens:
+                self._add(base, TOKENS, bucket, tokens)
+                if view[base + DAY] != day:
+                    view[base + DAY_TOKENS] = 0
+                    view[base + DAY] = day
+                view[base + DAY_TOKENS] += tokens
+                if view[base + MONTH] != month:
+                    view[base + MONTH_TOKENS] = 0
+                    view[base + MONTH] = month
+                view[base + MONTH_TOKENS] += tokens
+
+    def _add(self, base: int, column: int, bucket: int, amount: int) -> None:
+        view = self._mine
+        index = bucket % BUCKETS
+        if view[base + STAMPS + index] != bucket:
+            # The bucket held a minute-old count: start it over.
+            view[base + REQUESTS + index] = 0
+            view[base + TOKENS + index] = 0
+            view[base + STAMPS + index] = bucket
+        view[base + column + index] += amount
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for view_map, view, _ in self._others.values():
+            _close(view_map, view)
+        self._others.clear()
+        self._mine.release()
+        self._map.close()
+        _drop(self._file)
+        os.close(self._lock_handle)
+
+
+def _idle(view: memoryview, base: int, bucket: int, month: int) -> bool:
+    if view[base + IN_FLIGHT]:
+        return False
+    if view[base + MONTH] == month and view[base + MONTH_TOKENS]:
+        return False
+    return all(bucket - view[base + STAMPS + i] >= BUCKETS for i in range(BUCKETS))
+
+
+def _find(view: memoryview, tag: int, home: int) -> int | None:
+    """Where `tag` is counted in a file (its offset), or None."""
+    for step in range(PROBE):
+        base = HEADER + ((home + step) % SLOTS) * WIDTH
+        held_by = view[base + TAG]
+        if held_by == tag:
+            return base
+        if held_by == 0:
+            return None
+    return None
+
+
+def _refusal(
+    limits: Limits,
+    whose: str,
+    use: _Use,
+    budgets: Budgets,
+    tag: int,
+    today: date,
+    now: float,
+    headers: dict[str, tuple[int, int, float]],
+) -> Refused | None:
+    team = limits.name if whose == "team" else ""
+    into_bucket = now % BUCKET_SECONDS
+
+    def frees_in(by_age: list[int], enough: int) -> float:
+        """Seconds until `enough` of what the window counts has left it."""
+        left = 0
+        for age in range(BUCKETS - 1, -1, -1):
+            left += by_age[age]
+            if left >= enough:
+                return (BUCKETS - age) * BUCKET_SECONDS - into_bucket
+        return BUCKETS * BUCKET_SECONDS - into_bucket
+
+    if limits.max_parallel is not None and use.in_flight >= limits.max_parallel:
+        return Refused("max_parallel", whose, team, limits.max_parallel, use.in_flight, 1.0)
+    if limits.rpm is not None:
+        used = sum(use.requests)
+        if used >= limits.rpm:
+            wait = frees_in(use.requests, used - limits.rpm + 1)
+            shown = ((limits.rpm, 0, wait),)
+            return Refused(
+                "rpm", whose, team, limits.rpm, used, wait, _headers({"requests": shown[0]})
+            )
+        reset = frees_in(use.requests, 1) if used else 0.0
+        _tighter(headers, "requests", (limits.rpm, limits.rpm - used - 1, reset))
+    if limits.tpm is not None:
+        used = sum(use.tokens)
+        if used >= limits.tpm:
+            wait = frees_in(use.tokens, used - limits.tpm + 1)
+            return Refused(
+                "tpm",
+                whose,
+                team,
+                limits.tpm,
+                used,
+                wait,
+                _headers({"tokens": (limits.tpm, 0, wait)}),
+            )
+        reset = frees_in(use.tokens, 1) if used else 0.0
+        _tighter(headers, "tokens", (limits.tpm, limits.tpm - used, reset))
+    if limits.budgeted:
+        day_used, month_used = budgets.used(tag, use.local, today)
+        if limits.tokens_per_day is not None and day_used >= limits.tokens_per_day:
+            return Refused(
+                "tokens_per_day", whose, team, limits.tokens_per_day, day_used,
+                _next_midnight(now) - now,
+            )  # fmt: skip
+        if limits.tokens_per_month is not None and month_used >= limits.tokens_per_month:
+            return Refused(
+                "tokens_per_month", whose, team, limits.tokens_per_month, month_used,
+                _next_month(now) - now,
+            )  # fmt: skip
+    return None
+
+
+def _tighter(
+    headers: dict[str, tuple[int, int, float]], kind: str, figures: tuple[int, int, float]
+) -> None:
+    """The key's and the team's limits both apply: the headers show the one nearer its end."""
+    held = headers.get(kind)
+    if held is None or figures[1] < held[1]:
+        headers[kind] = figures
+
+
+def _headers(figures: dict[str, tuple[int, int, float]]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for kind in ("requests", "tokens"):
+        if kind in figures:
+            limit, remaining, reset = figures[kind]
+            out += [
+                (f"x-ratelimit-limit-{kind}", str(limit)),
+                (f"x-ratelimit-remaining-{kind}", str(max(0, remaining))),
+                (f"x-ratelimit-reset-{kind}", reset_text(reset)),
+            ]
+    return tuple(out)
+
+
+def _open_for_reading(path: Path) -> tuple[mmap.mmap, memoryview, str] | None:
+    try:
+        handle = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        if os.fstat(handle).st_size < FILE_BYTES:
+            return None  # still being created
+        view_map = mmap.mmap(handle, FILE_BYTES, prot=mmap.PROT_READ)
+    finally:
+        os.close(handle)
+    view = memoryview(view_map).cast("q")
+    length = view[0]
+    writer = view_map[8 : 8 + length].decode(errors="replace") if 0 < length <= 64 else ""
+    return view_map, view, writer
+
+
+def _close(view_map: mmap.mmap, view: memoryview) -> None:
+    view.release()
+    view_map.close()
+
+
+def _drop(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
+# This process's counters: made by the gateway's start (gateway.asgi.start_process), or on
+# first use in a process started otherwise (tests).
+counters: SharedCounters | None = None
+
+
+def shared_counters() -> SharedCounters:
+    global counters
+    if counters is None or counters.closed:
+        from django.conf import settings
+
+        from . import traffic
+
+        counters = SharedCounters(settings.VAR_DIR / "gateway-limits", writer=traffic.book.writer)
+    return counters

@@ -1,0 +1,508 @@
+"""Keys' and teams' limits through the real gateway: rates, in flight, budgets, expiry, models."""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from gateway import limits
+from gateway.limits import Limits, SharedCounters, limits_of
+from gateway.models import GatewayKey, KeyUsageDay, Team, hash_key
+from tests.gateway.fake_engine import FakeEngine
+
+ASK = {"model": "chat", "prompt": "hi"}  # the fake engine answers it with 3 + 5 tokens
+
+
+@pytest.fixture(autouse=True)
+def counters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SharedCounters]:
+    """Fresh limit counters for each test, in a folder of its own (as one gateway process)."""
+    mine = SharedCounters(tmp_path / "gateway-limits", writer="test")
+    monkeypatch.setattr(limits, "counters", mine)
+    yield mine
+    mine.close()
+
+
+@pytest.fixture
+def chat(catalog: Any, engine: FakeEngine) -> FakeEngine:
+    catalog.add("chat")
+    catalog.replica("chat", engine)
+    return engine
+
+
+def limit(secret: str, **fields: Any) -> GatewayKey:
+    """Set a key's limits as a row (the services that set them are tested on their own)."""
+    GatewayKey.objects.filter(key_hash=hash_key(secret)).update(**fields)
+    return GatewayKey.objects.get(key_hash=hash_key(secret))
+
+
+def in_flight(counters: SharedCounters, key: GatewayKey) -> int:
+    use = counters._use(limits.key_tag(key.pk), int(time.time() // 5), 0, 0)
+    return use.in_flight
+
+
+# -- rates ------------------------------------------------------------------------------------
+
+
+def test_it_refuses_past_a_keys_requests_per_minute_as_openai_does(
+    gw: Any, keys: dict[str, str], chat: FakeEngine
+) -> None:
+    limit(keys["alice"], rpm=2)
+    first = gw.post("/v1/completions", ASK)
+    second = gw.post("/v1/completions", ASK)
+    assert (first.status_code, second.status_code) == (200, 200)
+    assert first.headers["x-ratelimit-limit-requests"] == "2"
+    assert first.headers["x-ratelimit-remaining-requests"] == "1"
+    assert second.headers["x-ratelimit-remaining-requests"] == "0"
+    assert second.headers["x-ratelimit-reset-requests"].endswith("s")
+
+    refused = gw.post("/v1/completions", ASK)
+    assert refused.status_code == 429
+    error = refused.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == (
+        "requests",
+        "rate_limit_exceeded",
+        None,
+    )
+    wait = int(refused.headers["Retry-After"])
+    assert 55 <= wait <= 65
+    assert error["message"] == (
+        "This key's limit of 2 requests per minute is reached (2 requests in the last minute); "
+        f"try again in {wait}s."
+    )
+    assert refused.headers["x-ratelimit-limit-requests"] == "2"
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+    assert len(chat.requests) == 2  # the third reached no replica
+
+
+def test_an_unlimited_keys_answers_are_unchanged(
+    gw: Any, keys: dict[str, str], chat: FakeEngine
+) -> None:
+    limit(keys["alice"], rpm=1)
+    for _ in range(3):
+        answer = gw.post("/v1/completions", ASK, key=keys["bob"])
+        assert answer.status_code == 200
+        assert not [h for h in answer.headers if h.lower().startswith("x-ratelimit")]
+
+
+def test_a_teams_requests_per_minute_count_all_its_keys_together(
+    gw: Any, keys: dict[str, str], chat: FakeEngine
+) -> None:
+    team = Team.objects.create(name="ml", rpm=3)
+    limit(keys["alice"], team=team)
+    limit(keys["bob"], team=team)
+    statuses = [
+        gw.post("/v1/completions", ASK, key=keys[name]).status_code
+        for name in ("alice", "bob", "alice")
+    ]
+    assert statuses == [200, 200, 200]
+    refused = gw.post("/v1/completions", ASK, key=keys["bob"])
+    assert refused.status_code == 429
+    assert refused.json()["error"]["message"].startswith(
+        "Its team 'ml''s limit of 3 requests per minute is reached (3 requests in the last minute)"
+    )
+    assert gw.post("/v1/completions", ASK, key=keys["carol"]).status_code == 200
+
+
+def test_it_refuses_past_a_keys_tokens_per_minute(
+    gw: Any, keys: dict[str, str], chat: FakeEngine
+) -> None:
+    limit(keys["alice"], tpm=10)
+    first = gw.post("/v1/completions", ASK)
+    assert first.status_code == 200
+    assert first.headers["x-ratelimit-limit-tokens"] == "10"
+    assert first.headers["x-ratelimit-remaining-tokens"] == "10"  # nothing counted before it
+    # 8 tokens counted: below 10, so one more goes (and takes it over by its own 8).
+    second = gw.post("/v1/completions", ASK)
+    assert second.status_code == 200
+    assert second.headers["x-ratelimit-remaining-tokens"] == "2"
+    refused = gw.post("/v1/completions", ASK)
+    assert refused.status_code == 429
+    error = refused.json()["error"]
+    assert (error["type"], error["code"]) == ("tokens", "rate_limit_exceeded")
+    assert (
+        "This key's limit of 10 tokens per minute is reached (16 tokens in the last minute)"
+        in (error["message"])
+    )
+    assert refused.headers["x-ratelimit-remaining-tokens"] == "0"
+
+
+# -- in flight --------------------------------------------------------------------------------
+
+
+def test_requests_in_flight_are_limited_and_given_back_when_the_answer_ends(
+    gw: Any, keys: dict[str, str], chat: FakeEngine, counters: SharedCounters
+) -> None:
+    key = limit(keys["alice"], max_parallel=1)
+    chat.delay, chat.events = 0.2, 5
+    streaming = gw.post("/v1/completions", {**ASK, "stream": True}, stream=True)
+    assert streaming.status_code == 200
+    refused = gw.post("/v1/completions", ASK)
+    assert refused.status_code == 429
+    assert refused.json()["error"]["message"] == (
+        "This key's limit of 1 requests in flight at once is reached (1 in flight); send the "
+        "next one when one of them ends."
+    )
+    assert refused.headers["Retry-After"] == "1"
+    assert b"[DONE]" in b"".join(streaming.iter_content(chunk_size=None))
+    _wait_until(lambda: in_flight(counters, key) == 0)
+    assert gw.post("/v1/completions", ASK).status_code == 200
+
+
+@pytest.mark.parametrize("ending", ["client gone", "engine error", "engine reset", "no replica"])
+def test_in_flight_is_given_back_however_the_request_ends(
+    ending: str,
+    gw: Any,
+    keys: dict[str, str],
+    catalog: Any,
+    chat: FakeEngine,
+    counters: SharedCounters,
+) -> None:
+    key = limit(keys["alice"], max_parallel=1)
+    if ending == "client gone":
+        chat.delay, chat.events = 0.3, 20
+        streaming = gw.post("/v1/completions", {**ASK, "stream": True}, stream=True)
+        assert streaming.status_code == 200
+        # Held: a generator dropped would close the connection itself.
+        chunks = streaming.iter_content(chunk_size=None)
+        next(chunks)
+        assert in_flight(counters, key) == 1
+        streaming.close()
+    elif ending == "engine error":
+        chat.mode = "error"
+        assert gw.post("/v1/completions", ASK).status_code == 500
+    elif ending == "engine reset":
+        chat.mode = "reset"
+        assert gw.post("/v1/completions", ASK).status_code == 502
+    else:
+        catalog.add("idle")
+        assert gw.post("/v1/completions", {**ASK, "model": "idle"}).status_code == 503
+    _wait_until(lambda: in_flight(counters, key) == 0)
+    chat.mode = "ok"
+    chat.delay = 0
+    assert gw.post("/v1/completions", ASK).status_code == 200
+
+
+def _wait_until(condition: Any, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the in-flight count was not given back"
+        time.sleep(0.02)
+
+
+# -- budgets ----------------------------------------------------------------------------------
+
+
+def test_a_daily_budget_counts_the_database_and_what_was_counted_since_once(
+    gw: Any, keys: dict[str, str], chat: FakeEngine
+) -> None:
+    key = limit(keys["alice"], tokens_per_day=20)
+    today = datetime.now(UTC).date()
+    # Another gateway process (or this one's life before a restart) wrote 15 tokens today,
+    # and 1,000 yesterday, which do not count.
+    KeyUsageDay.objects.create(
+        key=key, model="chat", day=today, writer="elsewhere", prompt_tokens=10, completion_tokens=5
+    )
+    KeyUsageDay.objects.create(
+        key=key,
+        model="chat",
+        day=today - timedelta(days=1),
+        writer="elsewhere",
+        completion_tokens=1000,
+    )
+    assert gw.post("/v1/completions", ASK).status_code == 200  # 15 < 20; now 23
+    refused = gw.post("/v1/completions", ASK)
+    assert refused.status_code == 429
+    error = refused.json()["error"]
+    assert (error["type"], error["code"]) == ("insufficient_quota", "insufficient_quota")
+    assert error["message"].startswith(
+        "This key's budget of 20 tokens per day (UTC) is spent (23 used); it resets at "
+    )
+    assert "00:00:00 UTC, in " in error["message"]
+    # This process's book has written its own 8 tokens meanwhile (gw.post flushes it): read
+    # again, they count once, by what this process holds, not again by its row.
+    assert KeyUsageDay.objects.filter(writer="test").get().completion_tokens == 5
+    again = gw.post("/v1/completions", ASK)
+    assert "(23 used)" in again.json()["error"]["message"]
+
+
+def test_a_monthly_budget_survives_a_restart_through_the_database(
+    gw: Any, keys: dict[str, str], chat: FakeEngine, tmp_path: Path, monkeypatch: Any
+) -> None:
+    key = limit(keys["alice"], tokens_per_month=30)
+    first_of_month = datetime.now(UTC).date().replace(day=1)
+    KeyUsageDay.objects.create(
+        key=key, model="chat", day=first_of_month, writer="old", completion_tokens=20
+    )
+    assert gw.post("/v1/completions", ASK).status_code == 200  # 20 < 30; now 28, written
+    # A restart: this process's counts are gone, its book's row stays; a new book writes anew.
+    from gateway import traffic
+
+    monkeypatch.setattr(traffic, "book", traffic.TrafficBook("next"))
+    monkeypatch.setattr(limits, "counters", SharedCounters(tmp_path / "after", writer="next"))
+    assert gw.post("/v1/completions", ASK).status_code == 200  # 28 < 30; now 36
+    refused = gw.post("/v1/completions", ASK)
+    assert refused.status_code == 429
+    assert refused.json()["error"]["message"].startswith(
+        "This key's budget of 30 tokens per month (UTC) is spent (36 used); it resets at "
+    )
+    limits.counters.close()  # type: ignore[union-attr]
+
+
+def test_a_teams_budget_counts_its_keys_together(
+    gw: Any, keys: dict[str, str], chat: FakeEngine
+) -> None:
+    team = Team.objects.create(name="ml", tokens_per_day=10)
+    limit(keys["alice"], team=team)
+    bob = limit(keys["bob"], team=team)
+    KeyUsageDay.objects.create(
+        key=bob, model="chat", day=datetime.now(UTC).date(), writer="w", completion_tokens=12
+    )
+    refused = gw.post("/v1/completions", ASK)
+    assert refused.status_code == 429
+    assert refused.json()["error"]["message"].startswith(
+        "Its team 'ml''s budget of 10 tokens per day (UTC) is spent (12 used)"
+    )
+
+
+# -- expiry and models ------------------------------------------------------------------------
+
+
+def test_an_expired_key_gets_401_saying_when(
+    gw: Any, keys: dict[str, str], chat: FakeEngine
+) -> None:
+    expired = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    limit(keys["alice"], expires_at=expired)
+    answer = gw.post("/v1/completions", ASK)
+    assert answer.status_code == 401
+    error = answer.json()["error"]
+    assert error["code"] == "expired_api_key"
+    assert error["message"].startswith(
+        "This API key expired at 2026-01-02 03:04:05 UTC, so it opens nothing any more."
+    )
+    assert gw.get("/v1/models").status_code == 401
+    limit(keys["alice"], expires_at=datetime.now(UTC) + timedelta(hours=1))
+    assert gw.post("/v1/completions", ASK).status_code == 200
+
+
+def test_a_key_limited_to_some_models_sees_only_those_and_others_do_not_exist(
+    gw: Any, keys: dict[str, str], catalog: Any, engine: FakeEngine
+) -> None:
+    from catalog.models import Model
+
+    for name in ("chat-a", "chat-b", "secret"):
+        catalog.add(name)
+        catalog.replica(name, engine)
+    team = Team.objects.create(name="ml", models=["chat-*", "secret"])
+    limit(keys["alice"], models=["chat-?", "sec*"], team=team)
+    Team.objects.filter(pk=team.pk).update(models=["chat-a", "secret"])
+    listed = [m["id"] for m in gw.get("/v1/models").json()["data"]]
+    assert listed == ["chat-a", "secret"]
+    assert gw.post("/v1/completions", {**ASK, "model": "chat-a"}).status_code == 200
+
+    hidden = gw.post("/v1/completions", {**ASK, "model": "chat-b"})
+    Model.objects.filter(name="chat-b").delete()
+    unknown = gw.post("/v1/completions", {**ASK, "model": "chat-b"})
+    assert hidden.status_code == unknown.status_code == 404
+    assert hidden.content == unknown.content
+    assert "chat-b" not in hidden.json()["error"]["message"].split("closest first")[-1]
+    assert {k: v for k, v in hidden.headers.items() if k != "Date" and k != "X-Request-ID"} == {
+        k: v for k, v in unknown.headers.items() if k != "Date" and k != "X-Request-ID"
+    }
+
+
+# -- clients ----------------------------------------------------------------------------------
+
+
+def test_the_openai_client_sees_rate_limit_error(
+    gw: Any, keys: dict[str, str], chat: FakeEngine
+) -> None:
+    import openai
+
+    limit(keys["alice"], rpm=1)
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=keys["alice"], max_retries=0)
+    from gateway.state import state
+
+    state.reload()
+    usage = client.completions.create(model="chat", prompt="hi").usage
+    assert usage is not None and usage.total_tokens == 8
+    with pytest.raises(openai.RateLimitError) as raised:
+        client.completions.create(model="chat", prompt="hi")
+    assert raised.value.status_code == 429
+    assert raised.value.code == "rate_limit_exceeded"
+    assert int(raised.value.response.headers["retry-after"]) >= 55
+
+
+# -- the counters themselves ------------------------------------------------------------------
+
+
+def test_two_processes_files_count_together_and_a_dead_ones_are_dropped(tmp_path: Path) -> None:
+    folder = tmp_path / "gateway-limits"
+    key = limits_of(
+        rpm=3, tpm=None, max_parallel=2, tokens_per_day=None, tokens_per_month=None,
+        models=[], weight=1,
+    )  # fmt: skip
+    budgets = limits.no_budgets()
+    mine = SharedCounters(folder, writer="a")
+    # Another live process of this machine: the test's parent stands in for it.
+    other = SharedCounters(folder, pid=os.getppid(), writer="b")
+    try:
+        held = other.admit(7, key, None, budgets)
+        assert isinstance(held, limits.Admission)
+        own = mine.admit(7, key, None, budgets)
+        assert isinstance(own, limits.Admission)
+        refused = mine.admit(7, key, None, budgets)
+        assert isinstance(refused, limits.Refused)
+        assert (refused.limit, refused.used) == ("max_parallel", 2)
+        other.release(held, 40)
+        mine.release(own, 0)
+        assert isinstance(mine.admit(7, key, None, budgets), limits.Admission)
+        refused = mine.admit(7, key, None, budgets)
+        assert isinstance(refused, limits.Refused)
+        assert (refused.limit, refused.used) == ("rpm", 3)
+        assert sorted(mine.writers()) == ["a", "b"]
+    finally:
+        other.close()
+    # A process gone takes its file, and its counts, with it.
+    dead = SharedCounters(folder, pid=_dead_pid(), writer="c")
+    assert dead.admit(8, key, None, budgets) is not None
+    mine._scanned_at = float("-inf")
+    assert mine.writers() == ["a"]
+    mine.close()
+
+
+def _dead_pid() -> int:
+    import subprocess
+
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_a_budget_counts_each_writer_once() -> None:
+    today = datetime.now(UTC).date()
+    budgets = limits.Budgets(
+        day=today,
+        month=today.replace(day=1),
+        by_subject={2: limits.Base(day=50, month=80, by_writer={"here": (10, 20)})},
+    )
+    # "here" (a live local process) holds 14 today, 24 this month: 4 more than its rows.
+    assert budgets.used(2, {"here": (14, 24)}, today) == (54, 84)
+    # A local process started after the read has no rows in the base.
+    assert budgets.used(2, {"here": (14, 24), "new": (3, 3)}, today) == (57, 87)
+    # A new day: yesterday's figures are not today's.
+    assert budgets.used(2, {}, today + timedelta(days=1))[0] == 0
+
+
+def test_limits_read_both_databases_forms() -> None:
+    read = limits_of(
+        rpm=None, tpm=None, max_parallel=None, tokens_per_day=None, tokens_per_month=None,
+        models='["chat-*", "x"]', weight=None, expires_at="2026-01-02 03:04:05.000000",
+    )  # fmt: skip
+    assert read.allows("chat-a") and read.allows("x") and not read.allows("xy")
+    assert not read.allows("other")
+    assert read.expires_at == datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC).timestamp()
+    assert Limits().allows("anything")
+    assert limits.reset_text(0.25) == "250ms"
+    assert limits.reset_text(61) == "1m1s"
+
+
+# -- two gateway worker processes -------------------------------------------------------------
+
+_SETUP = """
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from catalog.definitions import clean_definition
+from catalog.models import Model
+from catalog.services import Actor, model_add
+from fleet.models import Node, Replica, hash_token
+from gateway.models import GatewayKey
+from gateway.services import key_create
+from tests.factories import definition
+
+user = get_user_model().objects.create_user("alice", password="alice-password-1")
+actor = Actor.for_user(user, "api")
+model_add(actor=actor, definition=clean_definition(definition("chat")), source_check=False)
+node = Node.objects.create(name="node-a", token_hash=hash_token("node-a"), address="127.0.0.1",
+                           memory_gb=16, cores=8, last_heartbeat=timezone.now())
+Replica.objects.create(model=Model.objects.get(name="chat"), model_name="chat", node=node,
+                       profile="cpu", spec={"adapters": []}, spec_key="k", state=Replica.READY,
+                       port=PORT)
+key, secret = key_create(actor=actor, name="app")
+GatewayKey.objects.filter(pk=key.pk).update(rpm=RPM)
+print("KEY=" + secret + "=" + str(key.pk))
+"""
+
+
+def test_rpm_holds_across_two_gateway_processes_of_one_machine(
+    tmp_path: Path, engine: FakeEngine
+) -> None:
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.support.system import System, wait_for
+
+    system = System(tmp_path / "system")
+    try:
+        system.manage("migrate", "--verbosity", "0")
+        printed = system.manage(
+            "shell", "-c", _SETUP.replace("PORT", str(engine.port)).replace("RPM", "10")
+        )
+        secret, key_id = printed.split("KEY=")[1].strip().rsplit("=", 1)
+        # Two gateway processes of one machine, as uvicorn's workers are (the same folder for
+        # their shared counts, the same database), on two ports so that the test decides which
+        # takes each request rather than the kernel.
+        from llmgw_site.management.commands.llmgw_run import gateway_command
+        from tests.support.system import free_port
+
+        bin_dir = Path(sys.executable).parent
+        urls = []
+        for index in range(2):
+            port = free_port()
+            system._spawn(
+                f"gateway-{index}", gateway_command(bin_dir, "127.0.0.1", port, workers=1)
+            )
+            urls.append(f"http://127.0.0.1:{port}")
+        headers = {"Authorization": f"Bearer {secret}"}
+        for url in urls:
+
+            def answers(url: str = url) -> bool:
+                return requests.get(f"{url}/v1/models", headers=headers, timeout=2).ok
+
+            wait_for(answers, timeout=60, what=f"the gateway process on {url}")
+
+        def ask(index: int) -> int:
+            return requests.post(
+                f"{urls[index % 2]}/v1/completions", json=ASK, headers=headers, timeout=30
+            ).status_code
+
+        with ThreadPoolExecutor(8) as pool:
+            statuses = list(pool.map(ask, range(40)))
+        assert statuses.count(200) + statuses.count(429) == 40
+        assert statuses.count(200) == 10, statuses
+        # Each process admitted some of them: the limit held across the two, not within one.
+        folder = tmp_path / "system" / "var" / "gateway-limits"
+        files = sorted(folder.glob("limits-*"))
+        assert len(files) == 2
+        counted = []
+        for path in files:
+            reader = limits._open_for_reading(path)
+            assert reader is not None
+            view_map, view, _ = reader
+            tag = limits.key_tag(int(key_id))
+            base = limits._find(view, tag, zlib.crc32(tag.to_bytes(8, "little")) % limits.SLOTS)
+            counted.append(
+                0 if base is None else sum(view[base + limits.REQUESTS + i] for i in range(13))
+            )
+            limits._close(view_map, view)
+        assert sum(counted) == 10
+        assert all(counted), f"one process took every request: {counted}"
+    finally:
+        system.close()
