@@ -260,6 +260,26 @@ def _list_what(value: list[Any]) -> str:
 
 
 def _logit_bias(name: str, value: Any) -> None:
+    """OpenAI's object of token ids to biases, or llama-server's own list of [token, bias]
+    pairs (a token id or a piece of text; false for never), which its clients send."""
+    if isinstance(value, list):
+        for number, pair in enumerate(value):
+            where = f"{name}[{number}]"
+            if (
+                not isinstance(pair, list)
+                or len(pair) != 2
+                or not (
+                    (_is_integer(pair[0]) and pair[0] >= 0)
+                    or (isinstance(pair[0], str) and pair[0])
+                )
+            ):
+                raise _Bad(
+                    f"{where} must be a pair [token, bias]: a token id (or a piece of text) and "
+                    f"a bias from -100 to 100, or false for never; got {_what(pair)}.",
+                    where,
+                )
+            _bias(where, pair[1])
+        return
     if not isinstance(value, dict):
         raise _Bad(
             f"{name} must be an object mapping token ids to a bias from -100 to 100, like "
@@ -273,11 +293,17 @@ def _logit_bias(name: str, value: Any) -> None:
                 "number written as a string).",
                 f"{name}[{_shown(token)}]",
             )
-        if not _is_number(bias) or not -100 <= bias <= 100:
-            raise _Bad(
-                f"{name}[{_shown(token)}] must be a number from -100 to 100; got {_what(bias)}.",
-                f"{name}[{_shown(token)}]",
-            )
+        _bias(f"{name}[{_shown(token)}]", bias)
+
+
+def _bias(where: str, bias: Any) -> None:
+    if bias is False:
+        return  # llama-server's "never"
+    if not _is_number(bias) or not -100 <= bias <= 100:
+        raise _Bad(
+            f"{where} must be a number from -100 to 100 (or false for never); got {_what(bias)}.",
+            where,
+        )
 
 
 def _stream_options(name: str, value: Any) -> None:

@@ -59,6 +59,10 @@ class OncePerSource(logging.Filter):
         self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "llmgw_source_noted", False):
+            # Passed by another such filter already (logging configured twice in one process
+            # adds a second filter to the logger): its word stands.
+            return True
         request = getattr(record, "request", None)
         source = str(getattr(request, "META", {}).get("REMOTE_ADDR") or "an unknown address")
         with self._lock:
@@ -75,4 +79,5 @@ class OncePerSource(logging.Filter):
         record.args = ()
         record.levelno, record.levelname = logging.WARNING, "WARNING"
         record.exc_info, record.exc_text = None, None
+        record.llmgw_source_noted = True
         return True

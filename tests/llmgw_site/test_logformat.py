@@ -86,3 +86,11 @@ def test_a_record_without_a_request_is_counted_as_one_unknown_source() -> None:
     assert "(from an unknown address;" in bare.getMessage()
     again = logging.LogRecord(DISALLOWED_HOST, logging.ERROR, __file__, 1, "Invalid", (), None)
     assert not once.filter(again)
+
+
+def test_two_such_filters_note_the_source_once() -> None:
+    """Logging configured twice in one process gives the logger a second filter."""
+    first, second = OncePerSource(), OncePerSource()
+    record = record_from("192.0.2.9")
+    assert first.filter(record) and second.filter(record)
+    assert record.getMessage().count("(from 192.0.2.9;") == 1
