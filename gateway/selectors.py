@@ -66,23 +66,32 @@ def usage_now(key_ids: list[int]) -> dict[int, dict[str, int]]:
 USAGE_FIGURES = ("requests_today", "tokens_today", "tokens_this_month")
 
 
+# Ids asked about in one query: SQLite takes at most 32,766 parameters (older builds 999), and
+# staff may list every key there is.
+USAGE_CHUNK = 500
+
+
 def _usage_by(group: str, ids: list[int]) -> dict[int, dict[str, int]]:
     today = _today()
     tokens = F("prompt_tokens") + F("completion_tokens")
-    rows = (
-        KeyUsageDay.objects.filter(**{f"{group}__in": ids}, day__gte=today.replace(day=1))
-        .values(group)
-        .annotate(
-            requests_today=Sum("requests", filter=Q(day=today)),
-            tokens_today=Sum(tokens, filter=Q(day=today)),
-            tokens_this_month=Sum(tokens),
-        )
-        .order_by()
-    )
     usage = {one: dict.fromkeys(USAGE_FIGURES, 0) for one in ids}
-    for row in rows:
-        figures: dict[str, Any] = dict(row)
-        usage[figures[group]] = {name: figures[name] or 0 for name in USAGE_FIGURES}
+    for start in range(0, len(ids), USAGE_CHUNK):
+        rows = (
+            KeyUsageDay.objects.filter(
+                **{f"{group}__in": ids[start : start + USAGE_CHUNK]},
+                day__gte=today.replace(day=1),
+            )
+            .values(group)
+            .annotate(
+                requests_today=Sum("requests", filter=Q(day=today)),
+                tokens_today=Sum(tokens, filter=Q(day=today)),
+                tokens_this_month=Sum(tokens),
+            )
+            .order_by()
+        )
+        for row in rows:
+            figures: dict[str, Any] = dict(row)
+            usage[figures[group]] = {name: figures[name] or 0 for name in USAGE_FIGURES}
     return usage
 
 

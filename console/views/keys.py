@@ -16,12 +16,14 @@ from django.views.decorators.http import require_GET, require_POST
 
 from catalog.errors import CatalogError
 from catalog.services import Actor
+from console import selectors as console_selectors
 from console.key_forms import KeyCreateForm, KeyLimitsForm
 from gateway import selectors, services
 from gateway.models import GatewayKey
 
 from .pages import HtmxHttpRequest, actor, login_required, render_page, wants_partial
 
+KEYS_PER_PAGE = 25
 # What each budget is counted against (gateway.selectors.usage_now's figures).
 BUDGETS = [
     ("tokens_per_day", "tokens_today", "Tokens today"),
@@ -34,7 +36,10 @@ BUDGETS = [
 def keys_page(request: HtmxHttpRequest) -> HttpResponse:
     who = actor(request)
     return render_page(
-        request, "console/keys.html", "keys-body", _page(who, KeyCreateForm(teams=_teams(who)))
+        request,
+        "console/keys.html",
+        "keys-body",
+        _page(request, who, KeyCreateForm(teams=_teams(who))),
     )
 
 
@@ -44,16 +49,18 @@ def key_create(request: HtmxHttpRequest) -> HttpResponse:
     who = actor(request)
     form = KeyCreateForm(request.POST, teams=_teams(who))
     if not form.is_valid():
-        return render_page(request, "console/keys.html", "keys-body", _page(who, form), 400)
+        return render_page(
+            request, "console/keys.html", "keys-body", _page(request, who, form), 400
+        )
     changes = form.changes()
     try:
         key, secret = services.key_create(actor=who, name=form.cleaned_data["name"], limits=changes)
     except CatalogError as error:
         form.refuse(error)
         return render_page(
-            request, "console/keys.html", "keys-body", _page(who, form), error.status
+            request, "console/keys.html", "keys-body", _page(request, who, form), error.status
         )
-    context = _page(who, KeyCreateForm(teams=_teams(who)))
+    context = _page(request, who, KeyCreateForm(teams=_teams(who)))
     context["created"] = {"id": key.pk, "name": key.name, "secret": secret}
     return render_page(request, "console/keys.html", "keys-body", context, 201)
 
@@ -102,13 +109,18 @@ def _teams(who: Actor) -> list[str]:
     return [team.name for team in selectors.teams_visible_to(who)]
 
 
-def _page(who: Actor, create_form: KeyCreateForm) -> dict[str, Any]:
+def _page(request: HtmxHttpRequest, who: Actor, create_form: KeyCreateForm) -> dict[str, Any]:
     teams = _teams(who)
-    views = selectors.key_views(selectors.keys_visible_to(who))
+    # A page at a time: staff see every user's keys, and there may be a great many.
+    page = console_selectors.page_of(
+        selectors.keys_visible_to(who), request.GET.get("page"), KEYS_PER_PAGE
+    )
+    views = selectors.key_views(page.object_list)
     return {
         "cards": [_card(view, KeyLimitsForm(teams=teams, view=view)) for view in views],
         "create_form": create_form,
         "staff": who.is_staff,
+        "page": page,
     }
 
 
@@ -174,11 +186,11 @@ def _card_answer(
         if status == 200:
             messages.success(request, done)
             return HttpResponseRedirect(reverse("console-keys"))
-        context = _page(who, KeyCreateForm(teams=_teams(who)))
-        context["cards"] = [
-            _card(c["view"], form) if c["view"]["id"] == key_id and form else c
-            for c in context["cards"]
-        ]
+        # The page, the refused form in the key's card (on top, as the key may be on another page).
+        context = _page(request, who, KeyCreateForm(teams=_teams(who)))
+        others = [c for c in context["cards"] if c["view"]["id"] != key_id]
+        context["cards"] = [_card(view, form or KeyLimitsForm(teams=_teams(who), view=view))]
+        context["cards"] += others
         return render(request, "console/keys.html", context, status=status)
     card = _card(view, form or KeyLimitsForm(teams=_teams(who), view=view))
     context = {"card": card, "done": done, "staff": who.is_staff}
@@ -188,6 +200,6 @@ def _card_answer(
 def _missing(request: HtmxHttpRequest, who: Actor, key_id: int) -> HttpResponse:
     # Someone else's key is reported as missing, as the API does.
     message = f"There is no gateway key {key_id} of yours; the Keys page lists them."
-    context = _page(who, KeyCreateForm(teams=_teams(who)))
+    context = _page(request, who, KeyCreateForm(teams=_teams(who)))
     context["refusal"] = message
     return render(request, "console/keys.html", context, status=404)

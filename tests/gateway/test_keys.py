@@ -469,3 +469,24 @@ def test_the_admin_changes_a_keys_limits_through_the_service(
     entry = AuditEntry.objects.get(action="key-limits")
     assert (entry.actor_name, entry.door) == ("root", "admin")
     assert set(entry.changes) == {"team", "tpm", "models"}
+
+
+def test_usage_is_read_for_any_number_of_keys(
+    api: Any, users: dict[str, Any], settings: Any, monkeypatch: Any
+) -> None:
+    from datetime import UTC, datetime
+
+    from gateway import selectors
+    from gateway.models import KeyUsageDay
+
+    # A few ids a query, as a great many are asked in chunks (SQLite bounds a query's parameters).
+    monkeypatch.setattr(selectors, "USAGE_CHUNK", 2)
+    settings.LLMGW_MAX_KEYS_PER_USER = 10
+    today = datetime.now(UTC).date()
+    for n in range(5):
+        key = key_create(actor=Actor.for_user(users["alice"], "api"), name=f"k{n}")[0]
+        KeyUsageDay.objects.create(
+            key=key, model="m", day=today, requests=n, prompt_tokens=n, completion_tokens=0
+        )
+    listed = api("staff").get("/api/v1/keys").json()
+    assert sorted(k["usage"]["requests_today"] for k in listed) == [0, 1, 2, 3, 4]

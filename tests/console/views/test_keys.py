@@ -171,3 +171,26 @@ def test_the_audit_links_a_keys_entries_to_the_keys_page(
     html = client_for("staff").get("/audit/").content.decode()
     assert f'<a href="/keys/#key-{key.pk}">key #{key.pk}</a>' in html
     assert "<td>team research</td>" in html  # a team has no page to link to
+
+
+def test_keys_come_a_page_at_a_time(client_for: Any, users: dict[str, Any], settings: Any) -> None:
+    from console.views import keys
+
+    settings.LLMGW_MAX_KEYS_PER_USER = 100
+    made = [make_key(users) for _ in range(keys.KEYS_PER_PAGE + 2)]
+    first = client_for("alice").get("/keys/")
+    assert text_of(first).count("Set limits") == keys.KEYS_PER_PAGE * 2  # summary and button
+    assert f"Page 1 of 2 · {len(made)} in all" in text_of(first)
+    second = client_for("alice").get("/keys/?page=2")
+    assert f'id="key-{made[0].pk}"' in second.content.decode()
+
+
+def test_a_refused_change_without_htmx_answers_the_page_with_the_form(
+    client_for: Any, users: dict[str, Any]
+) -> None:
+    key = make_key(users)
+    response = client_for("alice").post(f"/keys/{key.pk}/limits", {"weight": "9"})
+    assert response.status_code == 400
+    text = text_of(response)
+    assert "9 is above the default 1; only staff give a key a larger share" in text
+    assert text.count("alice's app") == 1
