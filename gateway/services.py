@@ -65,20 +65,31 @@ MODEL_PATTERN = re.compile(r"^[A-Za-z0-9._:*?\[\]!-]+$")
 USERNAME = re.compile(r"^[\w.@+-]{1,150}$")
 # Words that lift a limit, as the CLI and forms write them.
 NO_LIMIT = ("", "none", "0")
+WHOLE = re.compile(r"[0-9]{1,19}")
 
 
 def _counter(name: str, raw: Any, problems: list[Problem]) -> int | None:
     """A counter as any door gives it: a whole number; 0, none or nothing lifts the limit."""
     if raw is None or (isinstance(raw, str) and raw.strip().lower() in NO_LIMIT):
         return None
-    if isinstance(raw, str) and raw.strip().isdigit():
+    # ASCII digits only, and no more than a 64-bit integer has: int() takes "²" for a digit,
+    # and refuses more than 4,300 digits with an error of its own.
+    if isinstance(raw, str) and WHOLE.fullmatch(raw.strip()):
         raw = int(raw.strip())
     if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0 or raw > MAX_COUNTER:
         problems.append(
-            Problem(name, f"is a whole number from 1 up, or 0 or none for no limit, not {raw!r}")
+            Problem(
+                name, f"is a whole number from 1 up, or 0 or none for no limit, not {_shown(raw)}"
+            )
         )
         return None
     return raw or None
+
+
+def _shown(raw: Any) -> str:
+    """What was given, short enough for a refusal's sentence."""
+    text = repr(raw)
+    return text if len(text) <= 40 else f"{text[:30]}…({len(text)} characters)"
 
 
 def _model_patterns(raw: Any, problems: list[Problem]) -> list[str]:
@@ -117,7 +128,7 @@ def _weight(raw: Any, problems: list[Problem]) -> float:
         weight = float("nan")
     if isinstance(raw, bool) or not (0 < weight <= MAX_WEIGHT):
         problems.append(
-            Problem("weight", f"is a number above 0 and at most {MAX_WEIGHT:g}, not {raw!r}")
+            Problem("weight", f"is a number above 0 and at most {MAX_WEIGHT:g}, not {_shown(raw)}")
         )
         return 1.0
     return weight
@@ -127,7 +138,7 @@ def parse_expiry(raw: Any, *, now: datetime | None = None) -> datetime | None:
     """When a key stops working: a duration from now (30d, 12h), a date (00:00 UTC that day) or
     a date and time; none (or nothing) for never. Raises ValueError saying what was wrong."""
     now = now or timezone.now()
-    if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none", "never")):
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none", "never", "0")):
         return None
     when: datetime | None = None
     if isinstance(raw, datetime):
@@ -152,8 +163,7 @@ def parse_expiry(raw: Any, *, now: datetime | None = None) -> datetime | None:
             "a date like 2027-01-31 (00:00 UTC that day) or a date and time in ISO 8601, "
             "or none for never"
         )
-    if timezone.is_naive(when):
-        when = when.replace(tzinfo=UTC)
+    when = when.replace(tzinfo=UTC) if timezone.is_naive(when) else when.astimezone(UTC)
     if when <= now:
         raise ValueError(
             f"{when:%Y-%m-%d %H:%M} UTC is already past: give a time to come, or a duration "

@@ -363,6 +363,7 @@ def test_a_key_goes_only_into_a_team_its_owner_is_in(api: Any, users: dict[str, 
     ("changes", "problem"),
     [
         ({"rpm": -1}, "rpm"),
+        ({"rpm": 2**63}, "rpm"),
         ({"weight": 0}, "weight"),
         ({"weight": 1001}, "weight"),
         ({"models": ["llama 3"]}, "models"),
@@ -397,6 +398,9 @@ def test_an_expiry_is_a_duration_or_a_date_and_none_lifts_it(users: dict[str, An
     assert parse_expiry("12h", now=now) == now + timedelta(hours=12)
     assert parse_expiry("2999-01-31", now=now).isoformat() == "2999-01-31T00:00:00+00:00"
     assert parse_expiry("none", now=now) is None
+    assert parse_expiry("2999-01-01T02:00:00+02:00", now=now).isoformat() == (
+        "2999-01-01T00:00:00+00:00"
+    )
     with pytest.raises(ValueError, match="already past"):
         parse_expiry("2001-01-01T10:00:00Z", now=now)
     alice = Actor.for_user(users["alice"], "cli")
@@ -425,6 +429,10 @@ def test_limits_read_the_same_from_every_door(users: dict[str, Any]) -> None:
         "The change was refused, nothing was changed: rpm: is a whole number from 1 up, or 0 or "
         "none for no limit, not 'lots'."
     )
+    # Text int() would take, or fail on with an error of its own, is refused the same way.
+    for text in ("²", "9" * 5000, "1e3", "-5"):
+        with pytest.raises(CatalogError, match="rpm: is a whole number from 1 up"):
+            key_set_limits(actor=alice, key_id=key.pk, changes={"rpm": text})
 
 
 def _key_form(key: GatewayKey, **fields: Any) -> dict[str, Any]:
