@@ -38,7 +38,8 @@ def add_limit_flags(parser: Any, *, key: bool) -> None:
         "--weight",
         type=float,
         metavar="W",
-        help="its share of a model's slots when requests queue for them (default 1)",
+        help="its share of a model's slots when requests queue for them (default 1)"
+        + ("; only staff set a key's above 1, or above its team's" if key else ""),
     )
     if key:
         parser.add_argument(
