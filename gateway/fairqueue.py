@@ -3,7 +3,7 @@ to the next one in weighted-fair order between keys.
 
 Without it a request that finds every slot busy is sent on anyway and waits in the engine's own
 first-come queue: one key holding 32 streams makes another key's single request wait behind all
-of them (8.3x its latency alone, bench/fairness.py). Here it waits in the gateway instead, and a
+of them (about 8x its latency alone, bench/fairness.py). Here it waits in the gateway instead, and a
 freed slot goes to the waiter that is furthest behind its fair share, whichever key sent most.
 
 The order (start-time fair queueing). Requests are grouped into flows: a key's, or its team's
@@ -78,7 +78,7 @@ import mmap
 import os
 import struct
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -177,7 +177,7 @@ class ClientGone(Exception):
     """The client hung up while its request waited; nothing is left to answer."""
 
 
-async def client_gone(receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+async def client_gone(receive: Callable[[], Awaitable[Mapping[str, Any]]]) -> None:
     """Returns when an ASGI client has hung up (for `turn(hangup=...)`, once the body is read)."""
     while (await receive())["type"] != "http.disconnect":
         pass
