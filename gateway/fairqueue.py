@@ -403,6 +403,32 @@ def _open_for_reading(path: Path) -> mmap.mmap | None:
         os.close(handle)
 
 
+def waiting_on_machine(folder: Path, models: Sequence[str]) -> dict[str, int]:
+    """Requests waiting per model in every live gateway process's queue under `folder`, read
+    without a board of one's own (for a process that queues nothing: the web's model page)."""
+    hashes = {name_hash(model): model for model in models}
+    counts = dict.fromkeys(models, 0)
+    now = time.monotonic()
+    for path in folder.glob("queue-*"):
+        try:
+            pid = int(path.name.removeprefix("queue-"))
+        except ValueError:
+            continue
+        buffer = _open_for_reading(path) if process_alive(pid) else None
+        if buffer is None:
+            continue
+        try:
+            magic, heartbeat, _ = _HEADER.unpack_from(buffer, 0)
+            if magic != _MAGIC or now - heartbeat > STALE_SECONDS:
+                continue
+            for model_hash, _, _, _, _, state in _Board._entries(buffer):
+                if state == WAITING and model_hash in hashes:
+                    counts[hashes[model_hash]] += 1
+        finally:
+            buffer.close()
+    return counts
+
+
 # -- the queue ----------------------------------------------------------------------------
 
 

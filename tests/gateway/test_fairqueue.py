@@ -28,6 +28,7 @@ from gateway.fairqueue import (
     QueueTimeout,
     client_gone,
     name_hash,
+    waiting_on_machine,
 )
 from gateway.load import SharedLoad
 from gateway.routing import Balancer, Candidate
@@ -239,6 +240,21 @@ def test_it_orders_the_waiters_of_two_processes_as_one_queue(tmp_path: Path) -> 
         for side in (flood_side, victim_side):
             side.close()
         flood_load.close()
+
+    asyncio.run(main())
+
+
+def test_another_process_reads_the_machines_queue_without_a_board(tmp_path: Path) -> None:
+    async def main() -> None:
+        queue = FairQueue(tmp_path / "queue", poll=0.005)
+        room = Room(queue, busy_balancer())
+        await room.send("a", key_id=1)
+        await room.send("b", key_id=2)
+        counts = waiting_on_machine(tmp_path / "queue", ["m", "other"])
+        assert counts == {"m": 2, "other": 0}
+        assert sorted(p.name for p in (tmp_path / "queue").iterdir()) == [f"queue-{os.getpid()}"]
+        await room.close()
+        queue.close()
 
     asyncio.run(main())
 
