@@ -67,7 +67,10 @@ TOKENS = REQUESTS + BUCKETS
 WIDTH = TOKENS + BUCKETS
 FILE_BYTES = (SLOTS + 1) * WIDTH * 8  # the first slot's place holds the header
 HEADER = WIDTH  # slot indexes are offset by one slot: the header comes first
+# The header: int64 0 the writer's name's length, bytes 8-72 the name, int64 10 when the
+# writing process started (a file whose pid now names another process is a dead one's).
 WRITER_BYTES = 64
+STARTED = 10
 RESCAN_SECONDS = 1.0
 
 
@@ -373,6 +376,7 @@ class SharedCounters:
         finally:
             os.close(handle)
         self._mine = memoryview(self._map).cast("q")
+        self._mine[STARTED] = process_started(self.pid)
         self._writer = ""
         self.set_writer(writer)
         self._slots: dict[int, int] = {}  # tag -> own slot
@@ -446,7 +450,7 @@ class SharedCounters:
                 continue
             if pid == self.pid:
                 continue
-            if not process_alive(pid):
+            if not _writer_alive(path, pid):
                 if pid in self._others:
                     _close(*self._others.pop(pid)[:2])
                 _drop(path)
@@ -492,7 +496,7 @@ class SharedCounters:
                 pid = int(path.name.removeprefix("limits-"))
             except ValueError:
                 continue
-            if pid == self.pid or not process_alive(pid):
+            if pid == self.pid or not _writer_alive(path, pid):
                 continue
             with contextlib.suppress(OSError, ValueError):
                 with path.open("rb") as handle:
@@ -700,6 +704,32 @@ def _headers(figures: dict[str, tuple[int, int, float]]) -> tuple[tuple[str, str
                 (f"x-ratelimit-reset-{kind}", reset_text(reset)),
             ]
     return tuple(out)
+
+
+def process_started(pid: int) -> int:
+    """When process `pid` started, in clock ticks since boot (Linux); 0 where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return int(fields[19])  # the 22nd field; the first two are before the ")"
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _writer_alive(path: Path, pid: int) -> bool:
+    """Whether the process that wrote `path` still runs: its pid exists and, where the file
+    says when its writer started, that is when the process with that pid started (a pid
+    taken again by another process would otherwise keep a crashed gateway's requests in
+    flight for ever)."""
+    if not process_alive(pid):
+        return False
+    try:
+        with path.open("rb") as handle:
+            handle.seek(STARTED * 8)
+            started = int.from_bytes(handle.read(8), "little")
+    except OSError:
+        return False
+    return started == 0 or started == process_started(pid)
 
 
 def _open_for_reading(path: Path) -> tuple[mmap.mmap, memoryview, str] | None:

@@ -80,6 +80,10 @@ def test_it_refuses_past_a_keys_requests_per_minute_as_openai_does(
     assert refused.headers["x-ratelimit-limit-requests"] == "2"
     assert refused.headers["x-ratelimit-remaining-requests"] == "0"
     assert len(chat.requests) == 2  # the third reached no replica
+    scraped = gw.get("/metrics").text
+    assert 'llmgw_gateway_limited_total{limit="rpm",subject="key"} 1.0' in scraped
+    assert "llmgw_gateway_limit_slots_held 1.0" in scraped
+    assert "llmgw_gateway_keys_limited" in scraped
 
 
 def test_an_unlimited_keys_answers_are_unchanged(
@@ -370,12 +374,20 @@ def test_two_processes_files_count_together_and_a_dead_ones_are_dropped(tmp_path
         assert sorted(mine.writers()) == ["a", "b"]
     finally:
         other.close()
-    # A process gone takes its file, and its counts, with it.
+    # A process gone takes its file, and its counts, with it; so does one whose pid now names
+    # another process (its start time differs).
     dead = SharedCounters(folder, pid=_dead_pid(), writer="c")
-    assert dead.admit(8, key, None, budgets) is not None
+    assert isinstance(dead.admit(8, key, None, budgets), limits.Admission)
+    reused = SharedCounters(folder, pid=os.getppid(), writer="d")
+    assert isinstance(reused.admit(8, key, None, budgets), limits.Admission)
+    reused._mine[limits.STARTED] += 1
     mine._scanned_at = float("-inf")
     assert mine.writers() == ["a"]
-    mine.close()
+    assert isinstance(mine.admit(8, key, None, budgets), limits.Admission)
+    assert isinstance(mine.admit(8, key, None, budgets), limits.Admission)  # only its own count
+    assert sorted(p.name for p in folder.glob("limits-*")) == [f"limits-{os.getpid()}"]
+    for counters in (dead, reused, mine):
+        counters.close()
 
 
 def _dead_pid() -> int:

@@ -88,3 +88,49 @@ def test_the_snapshot_holds_what_a_request_needs(
     assert snapshot.keys[hash_key(keys["alice"])].active
     assert set(snapshot.unplaceable) == {"huge"}
     assert "its profiles need cpu: 99 GB, 1 cores" in snapshot.unplaceable["huge"]
+
+
+def test_keys_with_limits_are_held_apart_and_follow_each_change(
+    keys: dict[str, str], users: dict[str, Any]
+) -> None:
+    from datetime import UTC, datetime
+
+    from gateway.models import Team, hash_key
+    from gateway.state import Keys, read_teams
+
+    alice, bob = hash_key(keys["alice"]), hash_key(keys["bob"])
+    team = Team.objects.create(name="ml", rpm=100, models=["chat-*"])
+    GatewayKey.objects.filter(key_hash=alice).update(
+        rpm=5, team=team, expires_at=datetime(2030, 1, 1, tzinfo=UTC), models=["chat"]
+    )
+    held = Keys.read()
+    assert held[bob].limits is None  # no limits: nothing more is held for it
+    limited = held[alice]
+    assert limited.limits is not None and limited.limits.rpm == 5
+    assert (limited.team_id, limited.expires_at) == (
+        team.pk,
+        datetime(2030, 1, 1, tzinfo=UTC).timestamp(),
+    )
+    assert limited.limits.allows("chat") and not limited.limits.allows("chat-a")
+    assert held.limited == 1
+    teams = read_teams()
+    assert teams[team.pk].rpm == 100 and teams[team.pk].name == "ml"
+    assert teams[team.pk].allows("chat-a")
+
+    # Lifted: the key leaves the sparse table at the next refresh; a weight alone keeps it there.
+    GatewayKey.objects.filter(key_hash=alice).update(
+        rpm=None, team=None, expires_at=None, models=[], weight=2
+    )
+    held.refresh()
+    assert held[alice].limits is not None and held[alice].limits.weight == 2
+    GatewayKey.objects.filter(key_hash=alice).update(weight=1)
+    held.refresh()
+    assert held[alice].limits is None and held.limited == 0
+
+    # A deleted key (its owner deleted) leaves both tables.
+    GatewayKey.objects.filter(key_hash=bob).update(tpm=10)
+    held.refresh()
+    assert held.limited == 1
+    users["bob"].delete()
+    held.refresh()
+    assert bob not in held and held.limited == 0
