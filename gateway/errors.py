@@ -108,9 +108,11 @@ def limited(
 ) -> Refusal:
     """429 for a key's or team's limit: which one, its figure, what is used and when it frees."""
     what, code, kind = _LIMITS[limit]
-    whose = "This key's" if team is None else f"Its team {team!r}'s"
+    whose = "This key's" if team is None else f"Its team {team}'s"
     seconds = max(1, int(retry_after + 0.999))
     figure_text = what.format(figure=figure)
+    if figure == 1:
+        figure_text = figure_text.replace("requests", "request").replace("tokens", "token")
     if limit == "max_parallel":
         message = (
             f"{whose} limit of {figure_text} is reached ({used:,} in flight); send the next "

@@ -110,7 +110,7 @@ def test_a_teams_requests_per_minute_count_all_its_keys_together(
     refused = gw.post("/v1/completions", ASK, key=keys["bob"])
     assert refused.status_code == 429
     assert refused.json()["error"]["message"].startswith(
-        "Its team 'ml''s limit of 3 requests per minute is reached (3 requests in the last minute)"
+        "Its team ml's limit of 3 requests per minute is reached (3 requests in the last minute)"
     )
     assert gw.post("/v1/completions", ASK, key=keys["carol"]).status_code == 200
 
@@ -151,7 +151,7 @@ def test_requests_in_flight_are_limited_and_given_back_when_the_answer_ends(
     refused = gw.post("/v1/completions", ASK)
     assert refused.status_code == 429
     assert refused.json()["error"]["message"] == (
-        "This key's limit of 1 requests in flight at once is reached (1 in flight); send the "
+        "This key's limit of 1 request in flight at once is reached (1 in flight); send the "
         "next one when one of them ends."
     )
     assert refused.headers["Retry-After"] == "1"
@@ -272,7 +272,7 @@ def test_a_teams_budget_counts_its_keys_together(
     refused = gw.post("/v1/completions", ASK)
     assert refused.status_code == 429
     assert refused.json()["error"]["message"].startswith(
-        "Its team 'ml''s budget of 10 tokens per day (UTC) is spent (12 used)"
+        "Its team ml's budget of 10 tokens per day (UTC) is spent (12 used)"
     )
 
 
