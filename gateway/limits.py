@@ -759,17 +759,25 @@ def _drop(path: Path) -> None:
         path.unlink()
 
 
-# This process's counters: made by the gateway's start (gateway.asgi.start_process), or on
-# first use in a process started otherwise (tests).
+# This process's counters: made by the gateway's start (gateway.asgi.start_process), in
+# VAR_DIR/gateway-limits, shared with the machine's other gateway processes.
 counters: SharedCounters | None = None
 
 
 def shared_counters() -> SharedCounters:
+    """This process's counters. A process that did not start as a gateway (a test serving the
+    application in a thread) counts in a folder of its own: sharing VAR_DIR's with unrelated
+    processes, whose keys have the same ids in other databases, would count their requests
+    as its own."""
     global counters
     if counters is None or counters.closed:
-        from django.conf import settings
+        import atexit
+        import shutil
+        import tempfile
 
         from . import traffic
 
-        counters = SharedCounters(settings.VAR_DIR / "gateway-limits", writer=traffic.book.writer)
+        folder = Path(tempfile.mkdtemp(prefix="llmgw-limits-"))
+        counters = SharedCounters(folder, writer=traffic.book.writer)
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
     return counters

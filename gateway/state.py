@@ -17,6 +17,11 @@ request, within about POLL_SECONDS plus one read (tens of milliseconds on
 PostgreSQL, whatever the number of keys) — well inside the drain that keeps a
 withdrawn replica running (fleet.services.DRAIN_SECONDS).
 
+Limits (gateway.limits) come the same way: a key's with the key (a second, sparse
+table holds them for the keys that have any), every team's whole with the catalog
+(a team's change notifies as a model's does), and, where any key or team has a
+token budget, the tokens the database holds this month (gateway.limits.Budgets).
+
 The writes a request implies are made by the same thread, off the request's
 path: an on-demand model's idle clock (and waking it), and a key's last use.
 
