@@ -214,3 +214,17 @@ def test_names_no_team_or_user_could_have_are_not_looked_up(
     assert response.status_code == 400
     with pytest.raises(CatalogError, match="There is no team 're\\\\x00'"):
         key_create(actor=Actor.for_user(users["alice"], "cli"), name="k", team="re\x00")
+
+
+def test_the_admin_removes_a_team_through_the_service(client: Any, users: dict[str, Any]) -> None:
+    from django.contrib.auth import get_user_model
+
+    root = get_user_model().objects.create_superuser("root", password="root-password-1")
+    team = staff_adds(users)
+    key_create(actor=Actor.for_user(users["alice"], "api"), name="a", team="research")
+    client.force_login(root)
+    response = client.post(f"/admin/gateway/team/{team.pk}/delete/", {"post": "yes"}, follow=True)
+    assert "Its 1 key(s) stay, without the team&#x27;s limits." in response.content.decode()
+    assert not Team.objects.exists() and GatewayKey.objects.get().team is None
+    entry = AuditEntry.objects.get(action="team-remove")
+    assert (entry.actor_name, entry.door) == ("root", "admin")
