@@ -652,7 +652,8 @@ def _refusal(
             return Refused(
                 "rpm", whose, team, limits.rpm, used, wait, _headers({"requests": shown[0]})
             )
-        reset = frees_in(use.requests, 1) if used else 0.0
+        # As OpenAI means it: until the window is back to empty, this request included.
+        reset = BUCKETS * BUCKET_SECONDS - into_bucket
         _tighter(headers, "requests", (limits.rpm, limits.rpm - used - 1, reset))
     if limits.tpm is not None:
         used = sum(use.tokens)
@@ -667,7 +668,8 @@ def _refusal(
                 wait,
                 _headers({"tokens": (limits.tpm, 0, wait)}),
             )
-        reset = frees_in(use.tokens, 1) if used else 0.0
+        # Until the newest tokens counted have left the window (this request's come later).
+        reset = frees_in(use.tokens, used) if used else 0.0
         _tighter(headers, "tokens", (limits.tpm, limits.tpm - used, reset))
     if limits.budgeted:
         day_used, month_used = budgets.used(tag, use.local, today)
