@@ -176,7 +176,7 @@ async def _answer(
             "status": status,
             "headers": [
                 *(headers or _JSON),
-                *(books.limit_headers if books is not None else ()),
+                *(_limit_headers(books) if books is not None else ()),
                 (b"content-length", str(len(body)).encode()),
             ],
         }
@@ -240,6 +240,8 @@ async def _key_refusal(scope: Scope, arrived: float) -> KeyState | Refusal:
     books = _request.get()
     if books is not None:
         books.key_id = key.id
+        if key.limits is not None:
+            books.unchecked = key
     return key
 
 
@@ -400,8 +402,10 @@ class _Request:
     revision: str = ""  # of the replica that answered (none for a fallback's answer)
     # The model has a canary under way: its figures are kept per key too (registry.canary).
     canary: bool = False
-    # A limited key's x-ratelimit-* headers, which every answer to the request carries.
+    # A limited key's x-ratelimit-* headers, which every answer to the request carries; and
+    # the key, while its limits are not checked yet (its answer then says where they stand).
     limit_headers: tuple[tuple[bytes, bytes], ...] = ()
+    unchecked: KeyState | None = None
 
 
 _request: ContextVar[_Request | None] = ContextVar("llmgw_request", default=None)
@@ -490,6 +494,9 @@ def _admit(key: KeyState, snapshot: Snapshot) -> limits.Admission | Refusal | No
     """Count the request against its key's and team's limits, or the refusal of the first
     limit it would pass; None when nothing of theirs is counted."""
     assert key.limits is not None
+    books = _request.get()
+    if books is not None:
+        books.unchecked = None  # the answer's headers are the decision's from here on
     team_id = key.limits.team_id
     team = snapshot.teams.get(team_id) if team_id is not None else None
     if not key.limits.counted and (team is None or not team.counted):
@@ -512,10 +519,22 @@ def _admit(key: KeyState, snapshot: Snapshot) -> limits.Admission | Refusal | No
             resets_at=_utc(time.time() + decided.retry_after),
             headers=dict(decided.headers),
         )
-    books = _request.get()
     if books is not None:
         books.limit_headers = tuple((k.encode(), v.encode()) for k, v in decided.headers)
     return decided
+
+
+def _limit_headers(books: _Request) -> tuple[tuple[bytes, bytes], ...]:
+    """The x-ratelimit-* headers of the request's answer: the admission's, or, for an answer
+    before its limits were checked (a bad body, an unknown model), where they stand now."""
+    key = books.unchecked
+    if key is None or key.limits is None:
+        return books.limit_headers
+    books.unchecked = None
+    team_id = key.limits.team_id
+    team = state.get().teams.get(team_id) if team_id is not None else None
+    found = limits.shared_counters().peek(key.id, key.limits, team)
+    return tuple((k.encode(), v.encode()) for k, v in found)
 
 
 def _release(admission: limits.Admission) -> None:

@@ -548,6 +548,31 @@ class SharedCounters:
             fcntl.flock(self._lock_handle, fcntl.LOCK_UN)
         return Admission(tuple(slots), _headers(headers), self)
 
+    def peek(
+        self, key_id: int, key: Limits, team: Limits | None, now: float | None = None
+    ) -> tuple[tuple[str, str], ...]:
+        """The x-ratelimit-* headers for a request that counted nothing (refused before its
+        limits were checked: a bad body, an unknown model). Reads only, without the lock."""
+        now = time.time() if now is None else now
+        bucket = int(now // BUCKET_SECONDS)
+        into_bucket = now % BUCKET_SECONDS
+        headers: dict[str, tuple[int, int, float]] = {}
+        self._rescan(time.monotonic())
+        for tag, limits in ((key_tag(key_id), key), (team_tag(key.team_id or 0), team)):
+            if limits is None or (limits.rpm is None and limits.tpm is None):
+                continue
+            use = self._use(tag, bucket, 0, 0)
+            for kind, limit, by_age in (
+                ("requests", limits.rpm, use.requests),
+                ("tokens", limits.tpm, use.tokens),
+            ):
+                if limit is None:
+                    continue
+                youngest = next((age for age in range(BUCKETS) if by_age[age]), None)
+                reset = 0.0 if youngest is None else (BUCKETS - youngest) * BUCKET_SECONDS
+                _tighter(headers, kind, (limit, limit - sum(by_age), max(0.0, reset - into_bucket)))
+        return _headers(headers)
+
     def release(self, admission: Admission, tokens: int, now: float | None = None) -> None:
         """The request ended (however): it is no longer in flight, and its tokens count.
 

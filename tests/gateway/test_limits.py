@@ -80,6 +80,14 @@ def test_it_refuses_past_a_keys_requests_per_minute_as_openai_does(
     assert refused.headers["x-ratelimit-limit-requests"] == "2"
     assert refused.headers["x-ratelimit-remaining-requests"] == "0"
     assert len(chat.requests) == 2  # the third reached no replica
+    # Answers before the limits are checked say where they stand too.
+    for answer in (
+        gw.post("/v1/completions", "not json"),
+        gw.post("/v1/completions", {**ASK, "model": "nosuch"}),
+    ):
+        assert answer.status_code in (400, 404)
+        assert answer.headers["x-ratelimit-limit-requests"] == "2"
+        assert answer.headers["x-ratelimit-remaining-requests"] == "0"
     scraped = gw.get("/metrics").text
     assert 'llmgw_gateway_limited_total{limit="rpm",subject="key"} 1.0' in scraped
     assert "llmgw_gateway_limit_slots_held 1.0" in scraped
