@@ -105,9 +105,9 @@ class Keys(Mapping[str, KeyState]):
     read only (the first, and one after the database was away for most of DELETED_KEEP).
 
     Keys with any limit, a team, an expiry or a weight other than 1 are also in a second,
-    sparse table (key id -> gateway.limits.Limits, about 500 bytes each, a few more for its
-    model globs; `limited` counts them, llmgw_gateway_keys_limited shows it), read by the
-    same changed_at read: a key without them costs nothing more.
+    sparse table (key id -> gateway.limits.Limits: about 240 bytes each, 350 with two model
+    globs, measured; `limited` counts them, llmgw_gateway_keys_limited shows it), read by
+    the same changed_at read: a key without them costs nothing more.
     """
 
     def __init__(self, codes: dict[bytes, int] | None = None) -> None:
