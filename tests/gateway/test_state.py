@@ -122,7 +122,8 @@ def test_keys_with_limits_are_held_apart_and_follow_each_change(
         rpm=None, team=None, expires_at=None, models=[], weight=2
     )
     held.refresh()
-    assert held[alice].limits is not None and held[alice].limits.weight == 2
+    weighted = held[alice].limits
+    assert weighted is not None and weighted.weight == 2
     GatewayKey.objects.filter(key_hash=alice).update(weight=1)
     held.refresh()
     assert held[alice].limits is None and held.limited == 0
