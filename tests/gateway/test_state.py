@@ -49,7 +49,8 @@ def test_changes_routing_sees_move_the_version_and_heartbeats_do_not(
 
     Replica.objects.filter(pk=replica.pk).update(withdrawn_at=timezone.now())
     assert moved()
-    GatewayKey.objects.filter(pk=GatewayKey.objects.first().pk).update(revoked_at=timezone.now())
+    first_key = GatewayKey.objects.order_by("id")[0]
+    GatewayKey.objects.filter(pk=first_key.pk).update(revoked_at=timezone.now())
     assert moved()
     Model.objects.filter(name="chat").update(fallbacks=["other"])
     assert moved()
@@ -58,7 +59,7 @@ def test_changes_routing_sees_move_the_version_and_heartbeats_do_not(
     Node.objects.filter(pk=catalog.node.pk).update(cordoned=True)
     assert moved()
     # A user's is_active decides what their keys open: it moves it through their keys.
-    owner = GatewayKey.objects.first().owner
+    owner = first_key.owner
     owner.is_active = False
     owner.save()
     assert moved()
