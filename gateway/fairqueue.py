@@ -377,6 +377,8 @@ class _Board:
             self._others.pop(pid).close()
 
     def close(self) -> None:
+        # What runs after this writes to memory of its own and reads nobody's.
+        self.folder = None
         for buffer in self._others.values():
             buffer.close()
         self._others.clear()
@@ -547,9 +549,8 @@ class FairQueue:
         return self.board.scan(model_hash, 0, time.monotonic()).waiting
 
     def close(self) -> None:
-        for q in self._models.values():
-            if q.task is not None:
-                q.task.cancel()
+        """Take this process's board away (at its stop, from any thread: no task is touched;
+        requests still waiting end with the process)."""
         self.board.close()
 
     # the way in
