@@ -47,7 +47,17 @@ from yarl import URL  # noqa: E402
 
 from catalog.config import ConfigError, current_config  # noqa: E402
 
-from . import canary, conf, errors, limits, proxy, routing, traffic, validate  # noqa: E402
+from . import (  # noqa: E402
+    canary,
+    conf,
+    errors,
+    fairqueue,
+    limits,
+    proxy,
+    routing,
+    traffic,
+    validate,
+)
 from .errors import Refusal  # noqa: E402
 from .forwarded import GATEWAY_SECRET_HEADER, gateway_secret  # noqa: E402
 from .load import SharedLoad  # noqa: E402
@@ -129,7 +139,7 @@ def start_process() -> None:
     # Bad settings stop the gateway here, not at its first request.
     conf.wait_seconds(), conf.upstream_timeout(), conf.metrics_open(), conf.body_seconds()
     conf.max_head_bytes(), conf.max_headers(), conf.head_seconds(), conf.forward_memory_bytes()
-    conf.max_connections()
+    conf.max_connections(), conf.queue_timeout(), conf.queue_max(), conf.fair_queue_on()
     current_config()  # and a server.yaml that does not validate (ConfigError)
     routing.balancer = routing.Balancer(
         SharedLoad(settings.VAR_DIR / "gateway-load"),
@@ -140,12 +150,24 @@ def start_process() -> None:
     limits.counters = limits.SharedCounters(
         settings.VAR_DIR / "gateway-limits", writer=traffic.book.writer
     )
+    fairqueue.fair_queue.close()
+    fairqueue.fair_queue = fairqueue.FairQueue(settings.VAR_DIR / "gateway-queue")
+    fairqueue.fair_queue.on_depth = _queue_depth
+    fairqueue.fair_queue.on_wait = _queue_wait
     metrics()
     try:
         state.reload()
     finally:
         connection.close()  # this thread's: the refresher has its own
     state.start()
+
+
+def _queue_depth(model: str, depth: int) -> None:
+    metrics().queue_depth.labels(model).set(depth)
+
+
+def _queue_wait(model: str, seconds: float, outcome: str) -> None:
+    metrics().queue_seconds.labels(model, outcome).observe(seconds)
 
 
 def stop_process() -> None:
@@ -158,6 +180,7 @@ def stop_process() -> None:
         connection.close()
     routing.balancer.load.close()
     routing.balancer.prefixes.close()
+    fairqueue.fair_queue.close()
     if limits.counters is not None:
         # After the flush: until its file goes, the others count this process's tokens by it.
         limits.counters.close()
@@ -481,7 +504,7 @@ async def _relay(
     board = metrics()
     board.in_flight.labels(entry.name).inc()
     try:
-        await _route_and_send(send, receive, entry, body, raw, path, endpoint, stream, started)
+        await _route_and_send(send, receive, entry, body, raw, path, endpoint, stream, started, key)
     finally:
         if admission is not None:
             # However the request ended (answered, refused, client gone, engine broken).
@@ -552,6 +575,7 @@ async def _route_and_send(
     endpoint: str,
     stream: bool,
     started: float,
+    key: KeyState,
 ) -> None:
     deadline = started + conf.wait_seconds()
     snapshot = state.get()
@@ -617,99 +641,125 @@ async def _route_and_send(
     prefix: list[int] = []
     if target.routing == "prefix" and len(decision.candidates) > 1:
         prefix = block_hashes(prompt_text(body), decision.engine_name)
-    try:
-        answer = await proxy.send(
-            decision,
-            path,
-            payload,
-            stream=stream,
-            balancer=routing.balancer,
-            refresh=refresh,
-            prefix=prefix,
-        )
-    except proxy.ReplicaTimeout as exc:
-        _answered_by(exc.candidate, decision)
-        log.warning("gateway: %s for %s", exc, entry.name)
-        _count(entry.name, decision.model, endpoint, 504)
-        await _refuse(send, errors.timeout(decision.model, exc.seconds))
-        return
-    except proxy.ReplicaGone as exc:
-        _answered_by(exc.candidate, decision)
-        log.warning("gateway: %s for %s", exc, entry.name)
-        _count(entry.name, decision.model, endpoint, 502)
-        await _refuse(send, errors.unreachable(decision.model))
-        return
-    if answer.retried:
-        metrics().retries.labels(entry.name).inc()
-    _answered_by(answer.candidate, decision)
-
-    books = _request.get()
-    request_id = books.request_id if books is not None else ""
-    model_header = (MODEL_HEADER.lower().encode(), decision.model.encode())
-    revision_header = (REVISION_HEADER.lower().encode(), answer.candidate.revision.encode())
-    id_header = (REQUEST_ID_HEADER.lower().encode(), request_id.encode())
-    if not answer.streaming:
-        routing.balancer.release(answer.candidate)
-        assert answer.body is not None
-        body_out = answer.body
-        if answer.status >= 500:
-            # What the client was not told (the engine's words may name its files): the log.
-            log.warning(
-                "gateway: request %s for %s: the replica %s answered %d: %r",
-                request_id,
-                entry.name,
-                answer.candidate.id,
-                answer.status,
-                answer.body[:500],
+    # A team's keys share the team's weight (gateway.fairqueue).
+    team_id = key.team_id
+    team = snapshot.teams.get(team_id) if team_id is not None else None
+    weight = team.weight if team is not None else key.limits.weight if key.limits else 1.0
+    async with contextlib.AsyncExitStack() as held:
+        if conf.fair_queue_on():
+            try:
+                # Nothing is awaited between the turn and proxy.send's choice of a replica.
+                await held.enter_async_context(
+                    fairqueue.fair_queue.turn(
+                        model=decision.model,
+                        key_id=key.id,
+                        weight=weight,
+                        team_id=team_id,
+                        candidates=decision.candidates,
+                        balancer=routing.balancer,
+                        hangup=lambda: fairqueue.client_gone(receive),
+                    )
+                )
+            except (fairqueue.QueueFull, fairqueue.QueueTimeout) as exc:
+                refusal = exc.refusal()
+                _count(entry.name, decision.model, endpoint, refusal.status)
+                await _refuse(send, refusal)
+                return
+            except fairqueue.ClientGone:
+                return
+        try:
+            answer = await proxy.send(
+                decision,
+                path,
+                payload,
+                stream=stream,
+                balancer=routing.balancer,
+                refresh=refresh,
+                prefix=prefix,
             )
-        if answer.status == 200:
-            _tokens(decision.model, *proxy.usage_of(answer.body))
-            if rename is not None:
-                body_out = _renamed(body_out, *rename)
-        _count(entry.name, decision.model, endpoint, answer.status)
-        await _answer(
-            send,
-            answer.status,
-            body_out,
-            [
-                (b"content-type", answer.content_type.encode()),
-                model_header,
-                revision_header,
-                id_header,
-            ],
-        )
-        return
+        except proxy.ReplicaTimeout as exc:
+            _answered_by(exc.candidate, decision)
+            log.warning("gateway: %s for %s", exc, entry.name)
+            _count(entry.name, decision.model, endpoint, 504)
+            await _refuse(send, errors.timeout(decision.model, exc.seconds))
+            return
+        except proxy.ReplicaGone as exc:
+            _answered_by(exc.candidate, decision)
+            log.warning("gateway: %s for %s", exc, entry.name)
+            _count(entry.name, decision.model, endpoint, 502)
+            await _refuse(send, errors.unreachable(decision.model))
+            return
+        if answer.retried:
+            metrics().retries.labels(entry.name).inc()
+        _answered_by(answer.candidate, decision)
 
-    tally = proxy.StreamTally()
-    status = 200
-    try:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [
+        books = _request.get()
+        request_id = books.request_id if books is not None else ""
+        model_header = (MODEL_HEADER.lower().encode(), decision.model.encode())
+        revision_header = (REVISION_HEADER.lower().encode(), answer.candidate.revision.encode())
+        id_header = (REQUEST_ID_HEADER.lower().encode(), request_id.encode())
+        if not answer.streaming:
+            routing.balancer.release(answer.candidate)
+            assert answer.body is not None
+            body_out = answer.body
+            if answer.status >= 500:
+                # What the client was not told (the engine's words may name its files): the log.
+                log.warning(
+                    "gateway: request %s for %s: the replica %s answered %d: %r",
+                    request_id,
+                    entry.name,
+                    answer.candidate.id,
+                    answer.status,
+                    answer.body[:500],
+                )
+            if answer.status == 200:
+                _tokens(decision.model, *proxy.usage_of(answer.body))
+                if rename is not None:
+                    body_out = _renamed(body_out, *rename)
+            _count(entry.name, decision.model, endpoint, answer.status)
+            await _answer(
+                send,
+                answer.status,
+                body_out,
+                [
                     (b"content-type", answer.content_type.encode()),
                     model_header,
                     revision_header,
                     id_header,
-                    (b"cache-control", b"no-cache"),
-                    # A proxy in front must not hold chunks back either.
-                    (b"x-accel-buffering", b"no"),
-                    *(books.limit_headers if books is not None else ()),
                 ],
-            }
-        )
-        chunks = _chunks(answer, tally)
-        if rename is not None:
-            chunks = _renaming(chunks, *rename)
-        outcome = await _pump(chunks, send, receive, answer.close)
-        if outcome == "broken":
-            status = 502
-    finally:
-        answer.close()
-        routing.balancer.release(answer.candidate)
-        _tokens(decision.model, *tally.totals())
-        _count(entry.name, decision.model, endpoint, status)
+            )
+            return
+
+        tally = proxy.StreamTally()
+        status = 200
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", answer.content_type.encode()),
+                        model_header,
+                        revision_header,
+                        id_header,
+                        (b"cache-control", b"no-cache"),
+                        # A proxy in front must not hold chunks back either.
+                        (b"x-accel-buffering", b"no"),
+                        *(books.limit_headers if books is not None else ()),
+                    ],
+                }
+            )
+            chunks = _chunks(answer, tally)
+            if rename is not None:
+                chunks = _renaming(chunks, *rename)
+            outcome = await _pump(chunks, send, receive, answer.close)
+            if outcome == "broken":
+                status = 502
+        finally:
+            answer.close()
+            routing.balancer.release(answer.candidate)
+            _tokens(decision.model, *tally.totals())
+            _count(entry.name, decision.model, endpoint, status)
 
 
 async def _chunks(answer: proxy.Answer, tally: proxy.StreamTally) -> AsyncIterator[bytes]:

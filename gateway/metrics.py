@@ -54,6 +54,8 @@ class Metrics:
     limited: Any
     keys_limited: Any
     limit_slots_held: Any
+    queue_seconds: Any
+    queue_depth: Any
     registry: Any  # single-process mode: where the metrics are; multiprocess: None
     folder: str | None
 
@@ -133,6 +135,22 @@ def _create(folder: str | None) -> Metrics:
             "reason: head_too_large, too_many_headers, head_timeout (431, 431, 408), "
             "odd_request_line, bad_request (400), too_many_connections (closed unread).",
             ["reason"],
+            **where,
+        ),
+        queue_seconds=Histogram(
+            "llmgw_gateway_queue_seconds",
+            "Seconds a request waited in the gateway's fair queue for a free slot (0 when one was "
+            "free), by model and outcome: served, timeout (503), full (429), gone (hung up).",
+            ["model", "outcome"],
+            buckets=LATENCY_BUCKETS,
+            **where,
+        ),
+        queue_depth=Gauge(
+            "llmgw_gateway_queue_depth",
+            "Requests waiting in the gateway's fair queue for a free slot of the model, every "
+            "gateway process of the machine together.",
+            ["model"],
+            multiprocess_mode="livesum",
             **where,
         ),
         forward_held=Gauge(
