@@ -54,6 +54,11 @@ log = logging.getLogger("llmgw.gateway")
 
 POLL_SECONDS = 0.05
 SAFETY_SECONDS = 5.0
+# After a look that failed (the database away, a broken connection), the refresher starts over
+# (a new connection, a new watcher) this much later; requests are served from memory meanwhile.
+RETRY_SECONDS = 1.0
+# The refresher's thread, by name (tests tell its database connection from theirs by it).
+REFRESHER_THREAD = "llmgw-gateway-state"
 # A key's last use is written at most this often per key and process.
 LAST_USED_SECONDS = 60.0
 # How long a deleted key's hash is kept (gateway.DeletedGatewayKey). A process that has not
@@ -599,7 +604,7 @@ class GatewayState:
         if self._thread is not None:
             return
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="llmgw-gateway-state", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=REFRESHER_THREAD, daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -614,17 +619,21 @@ class GatewayState:
         watcher: _Watcher | None = None
         while not self._stop.is_set():
             try:
+                # looked_at is when a look began reading, not when it ended: a request for a key
+                # committed after the read began (and so perhaps not in it) must wait for the
+                # next look, not be refused on this one (gateway.asgi._fresh_look).
                 if watcher is None:
                     watcher = _watcher()
+                    began = time.monotonic()
                     self.reload()
-                    self.looked_at = time.monotonic()
+                    self.looked_at = began
                 changed = watcher.changed(POLL_SECONDS, self._wake)
                 self._wake.clear()
                 snapshot = self._snapshot
                 stale = snapshot is None or time.monotonic() - snapshot.read_at >= SAFETY_SECONDS
                 if changed or stale:
                     self.reload()
-                self.looked_at = time.monotonic()
+                self.looked_at = watcher.seen_from
                 self.flush()
             except Exception:
                 # The database is away, or a connection broke: keep serving from memory, and
@@ -635,13 +644,17 @@ class GatewayState:
                 watcher = None
                 close_old_connections()
                 connection.close()
-                self._stop.wait(1.0)
+                self._stop.wait(RETRY_SECONDS)
         if watcher is not None:
             watcher.close()
         connection.close()
 
 
 class _Watcher:
+    # Set by changed(): every change committed before this moment (monotonic) is in what it
+    # reported, so a reload after it holds them.
+    seen_from = float("-inf")
+
     def changed(self, timeout: float, wake: threading.Event) -> bool:
         raise NotImplementedError
 
@@ -670,6 +683,8 @@ class _VersionPoll(_Watcher):
 
     def changed(self, timeout: float, wake: threading.Event) -> bool:
         wake.wait(timeout)
+        # A change committed before the read bumped the version it reads.
+        self.seen_from = time.monotonic()
         version = self._read()
         if version == self.version:
             return False
@@ -691,6 +706,8 @@ class _Listen(_Watcher):
         self.conn.execute(f"LISTEN {triggers.CHANNEL}")
 
     def changed(self, timeout: float, wake: threading.Event) -> bool:
+        # A change committed before the wait notified by then; its notification is read in it.
+        self.seen_from = time.monotonic()
         got = False
         for _ in self.conn.notifies(timeout=timeout, stop_after=1):
             got = True

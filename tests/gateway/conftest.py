@@ -24,10 +24,38 @@ from tests.factories import definition
 from tests.gateway.fake_engine import FakeEngine, fake_engine
 
 
+def _refresher_reads_uncommitted(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """On SQLite's in-memory test database, the refresher thread's reads take no table locks.
+
+    That database is one shared cache for every connection of the test process, where a table
+    another connection is writing is "locked" at once (SQLITE_LOCKED: no busy timeout applies),
+    and a table it is reading cannot be written. A lifespan server's refresher reads through a
+    connection of its own, twenty times a second, while the test (and the live server, which
+    shares the test's connection) writes users and keys: either side then failed now and then,
+    the refresher waiting RETRY_SECONDS before its next look, longer than a request waits for
+    one, so a key created a moment ago got 401. A database file, as in production, makes each
+    side wait its timeout instead. Reading uncommitted rows is harmless here: the test commits
+    what it writes at once.
+    """
+    from gateway.state import REFRESHER_THREAD
+
+    if (
+        connection.vendor == "sqlite"
+        and connection.is_in_memory_db()
+        and threading.current_thread().name == REFRESHER_THREAD
+    ):
+        connection.connection.execute("PRAGMA read_uncommitted = 1")
+
+
 @pytest.fixture(autouse=True)
 def _fresh_gateway_state(settings: Any, monkeypatch: Any) -> Iterator[None]:
-    """Each test starts with no cached catalog, no remembered demand and fresh metrics."""
+    """Each test starts with no cached catalog, no remembered demand and fresh metrics; a
+    refresher thread (a lifespan server's) reads without locks on SQLite and, should a look
+    still fail (a write of its own meeting the test's), looks again at the next poll."""
+    from django.db.backends.signals import connection_created
+
     from gateway import metrics, routing, services, traffic
+    from gateway import state as gateway_state
     from gateway.state import state
 
     settings.LLMGW_GATEWAY_WAIT = 0
@@ -39,9 +67,12 @@ def _fresh_gateway_state(settings: Any, monkeypatch: Any) -> Iterator[None]:
     monkeypatch.setattr(state, "_used", set())
     monkeypatch.setattr(state, "_used_written", {})
     monkeypatch.setattr(traffic, "book", traffic.TrafficBook("test"))
+    monkeypatch.setattr(gateway_state, "RETRY_SECONDS", gateway_state.POLL_SECONDS)
     services.forget_demand()
     metrics.reset_for_tests()
+    connection_created.connect(_refresher_reads_uncommitted, dispatch_uid="refresher-uncommitted")
     yield
+    connection_created.disconnect(dispatch_uid="refresher-uncommitted")
     metrics.reset_for_tests()
 
 

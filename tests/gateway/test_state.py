@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import queue
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -10,7 +13,9 @@ from django.utils import timezone
 
 from catalog.models import Model
 from fleet.models import Node, Replica
+from gateway import state as gateway_state
 from gateway.models import GatewayKey, RoutingVersion
+from gateway.state import GatewayState
 
 pytestmark = pytest.mark.smoke
 
@@ -136,3 +141,38 @@ def test_keys_with_limits_are_held_apart_and_follow_each_change(
     users["bob"].delete()
     held.refresh()
     assert bob not in held and held.limited == 0
+
+
+def test_a_key_committed_during_a_look_waits_for_the_next_look(monkeypatch: Any) -> None:
+    """A look counts from when it began reading: a request for a key committed while the
+    refresher was reading (perhaps too late for that read) waits for the next look, which holds
+    it, rather than being refused as soon as the look that missed it ends."""
+    entered: queue.Queue[None] = queue.Queue()
+    go: queue.Queue[None] = queue.Queue()
+
+    class Poll(gateway_state._Watcher):
+        def changed(self, timeout: float, wake: threading.Event) -> bool:
+            self.seen_from = time.monotonic()  # the version read: nothing new
+            entered.put(None)
+            go.get(timeout=10)
+            return False
+
+    monkeypatch.setattr(gateway_state, "_watcher", Poll)
+    refresher = GatewayState()
+    monkeypatch.setattr(refresher, "reload", lambda: None)
+    monkeypatch.setattr(refresher, "flush", lambda: None)
+    refresher.start()
+    try:
+        entered.get(timeout=10)
+        arrived = time.monotonic()  # the key committed, its request here: after the read
+        go.put(None)
+        entered.get(timeout=10)  # that look is over; the next one is reading
+        assert not refresher.looked_since(arrived)
+        go.put(None)
+        entered.get(timeout=10)
+        assert refresher.looked_since(arrived)
+    finally:
+        refresher._stop.set()
+        for _ in range(3):
+            go.put(None)
+        refresher.stop()
