@@ -49,6 +49,11 @@ LITELLM_VENV = Path(os.environ.get("LLMGW_BENCH_LITELLM_VENV", "/tmp/llmgw-bench
 LITELLM_INSTALL_SECONDS = 600
 WORKERS = 2
 LITELLM_KEY = "sk-llmgw-bench-0123456789abcdef0123456789abcdef"
+# The fake upstream answers every request at once: its replicas say they have slots for more
+# than the most clients, so that the gateway sends each request on as it comes (with one slot,
+# the gateway's fair queue would hold all but one, as it should for an engine that computes one
+# at a time) and the bench measures what the gateway adds, not a queue.
+UPSTREAM_SLOTS = 4096
 
 TARGETS = (
     "targets (issue 10): 512 concurrent 1-s streams: wall/ideal <= 1.5, all 512 open at once, "
@@ -274,14 +279,19 @@ def prepare_gateway(
     script = (
         DATABASE_PRELUDE
         + f"""
+UPSTREAM_SLOTS = {UPSTREAM_SLOTS}
 for name, ports in (("bench-slow", [{upstream_port}]), ("bench-fast", [{upstream_port}]),
                     ("bench-pair", [{upstream_port}, {second_port}])):
     model_add(actor=actor, source_check=False, definition=clean_definition({{
         "name": name, "source": "http://127.0.0.1:9/bench.gguf", "min_replicas": len(ports),
+        # The spread is least-loaded routing's: every stream here has the same prompt, which
+        # prefix routing would keep on one replica while it has free slots (it has thousands).
+        "routing": "least_loaded",
         "profiles": [{{"name": "cpu", "memory_gb": 1, "cores": 1}}]}}))
     for port in ports:
         Replica.objects.create(model=Model.objects.get(name=name), model_name=name, node=node,
-            profile="cpu", spec={{}}, spec_key="bench", state=Replica.READY, port=port)
+            profile="cpu", spec={{"slots": UPSTREAM_SLOTS}}, spec_key="bench",
+            state=Replica.READY, port=port)
 print(key_create(actor=actor, name="bench")[1])
 """
     )
