@@ -265,7 +265,8 @@ def echo() -> Iterator[str]:
             self.send_header("Set-Cookie", "b=2")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            if self.command != "HEAD":
+                self.wfile.write(body)
 
         def __getattr__(self, name: str) -> Any:
             # Any method: do_POST, do_OPTIONS, do_PROPFIND…

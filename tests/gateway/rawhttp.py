@@ -13,8 +13,9 @@ def connect(url: str, timeout: float = 10) -> socket.socket:
     return sock
 
 
-def read_answer(sock: socket.socket) -> tuple[int, bytes]:
-    """The status and body of one answer (by its content-length, or to the connection's end)."""
+def read_answer(sock: socket.socket, *, to_head: bool = False) -> tuple[int, bytes]:
+    """The status and body of one answer (by its content-length, or to the connection's end);
+    `to_head`: the answer to a HEAD request, which has no body whatever its content-length says."""
     received = b""
     while b"\r\n\r\n" not in received:
         chunk = sock.recv(65536)
@@ -31,6 +32,8 @@ def read_answer(sock: socket.socket) -> tuple[int, bytes]:
         name, _, value = line.partition(b":")
         if name.strip().lower() == b"content-length":
             length = int(value.strip())
+    if to_head:
+        return status, b""
     while length is None or len(body) < length:
         chunk = sock.recv(65536)
         if not chunk:
@@ -44,7 +47,7 @@ def exchange(url: str, raw: bytes, timeout: float = 10) -> tuple[int, bytes]:
     with connect(url, timeout) as sock:
         sock.sendall(raw)
         try:
-            return read_answer(sock)
+            return read_answer(sock, to_head=raw.lstrip(b"\r\n").startswith(b"HEAD "))
         except ConnectionResetError:
             return 0, b""
 
