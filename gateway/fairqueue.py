@@ -85,7 +85,7 @@ from types import TracebackType
 from typing import Any
 
 from . import conf, errors
-from .load import process_alive
+from .load import map_own_file, other_processes_files, process_alive
 from .routing import Balancer, Candidate
 
 # How long the first waiter, on another process, has to take a freed slot before this
@@ -220,13 +220,7 @@ class _Board:
         if folder is not None:
             folder.mkdir(parents=True, exist_ok=True)
             self._file = folder / f"queue-{pid}"
-            with self._file.open("wb") as out:
-                out.truncate(FILE_BYTES)
-            handle = os.open(self._file, os.O_RDWR)
-            try:
-                self._map = mmap.mmap(handle, FILE_BYTES)
-            finally:
-                os.close(handle)
+            self._map = map_own_file(self._file, FILE_BYTES)
             self._buffer = self._map
         self._spare: list[int] = []  # freed entries below the high water, reused first
         self._used = 0
@@ -356,13 +350,7 @@ class _Board:
         self._scanned_at = now
         assert self.folder is not None
         seen: set[int] = set()
-        for path in self.folder.glob("queue-*"):
-            try:
-                pid = int(path.name.removeprefix("queue-"))
-            except ValueError:
-                continue
-            if pid == self.pid:
-                continue
+        for pid, path in other_processes_files(self.folder, "queue", self.pid):
             if not process_alive(pid):
                 # Its waiters died with it: nothing to wait for, nothing to hand on.
                 with contextlib.suppress(OSError):

@@ -53,7 +53,7 @@ from fnmatch import translate
 from pathlib import Path
 from typing import Any
 
-from .load import process_alive
+from .load import map_own_file, other_processes_files, process_alive
 
 SLOTS = 32_768
 PROBE = 64
@@ -368,13 +368,7 @@ class SharedCounters:
         folder.mkdir(parents=True, exist_ok=True)
         self._lock_handle = os.open(folder / "lock", os.O_RDWR | os.O_CREAT, 0o600)
         self._file = folder / f"limits-{self.pid}"
-        with self._file.open("wb") as out:
-            out.truncate(FILE_BYTES)
-        handle = os.open(self._file, os.O_RDWR)
-        try:
-            self._map = mmap.mmap(handle, FILE_BYTES)
-        finally:
-            os.close(handle)
+        self._map = map_own_file(self._file, FILE_BYTES)
         self._mine = memoryview(self._map).cast("q")
         self._mine[STARTED] = process_started(self.pid)
         self._writer = ""
@@ -443,13 +437,7 @@ class SharedCounters:
             return
         self._folder_mtime, self._scanned_at = mtime, now
         seen: set[int] = set()
-        for path in self.folder.glob("limits-*"):
-            try:
-                pid = int(path.name.removeprefix("limits-"))
-            except ValueError:
-                continue
-            if pid == self.pid:
-                continue
+        for pid, path in other_processes_files(self.folder, "limits", self.pid):
             if not _writer_alive(path, pid):
                 if pid in self._others:
                     _close(*self._others.pop(pid)[:2])
@@ -491,12 +479,8 @@ class SharedCounters:
     def writers(self) -> list[str]:
         """The traffic-book writers of this machine's live gateway processes (from any thread)."""
         names = [self._writer] if self._writer else []
-        for path in self.folder.glob("limits-*"):
-            try:
-                pid = int(path.name.removeprefix("limits-"))
-            except ValueError:
-                continue
-            if pid == self.pid or not _writer_alive(path, pid):
+        for pid, path in other_processes_files(self.folder, "limits", self.pid):
+            if not _writer_alive(path, pid):
                 continue
             with contextlib.suppress(OSError, ValueError):
                 with path.open("rb") as handle:

@@ -23,12 +23,36 @@ import contextlib
 import mmap
 import os
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 SLOTS = 4096
 COUNTER_BYTES = 4
 # How often the folder is listed again for processes that started or stopped.
 RESCAN_SECONDS = 1.0
+
+
+def map_own_file(path: Path, size: int) -> mmap.mmap:
+    """A new file of `size` zero bytes at `path`, memory-mapped for this process to write (the
+    files the machine's gateway processes share: load, limits, the fair queue)."""
+    with path.open("wb") as out:
+        out.truncate(size)
+    handle = os.open(path, os.O_RDWR)
+    try:
+        return mmap.mmap(handle, size)
+    finally:
+        os.close(handle)
+
+
+def other_processes_files(folder: Path, prefix: str, own_pid: int) -> Iterator[tuple[int, Path]]:
+    """(pid, path) of every other process's `PREFIX-PID` file in `folder`."""
+    for path in folder.glob(f"{prefix}-*"):
+        try:
+            pid = int(path.name.removeprefix(f"{prefix}-"))
+        except ValueError:
+            continue
+        if pid != own_pid:
+            yield pid, path
 
 
 def slot_of(replica_id: str) -> int:
@@ -48,13 +72,7 @@ class SharedLoad:
         if folder is not None:
             folder.mkdir(parents=True, exist_ok=True)
             self._file = folder / f"load-{self.pid}"
-            with self._file.open("wb") as out:
-                out.truncate(SLOTS * COUNTER_BYTES)
-            handle = os.open(self._file, os.O_RDWR)
-            try:
-                self._map = mmap.mmap(handle, SLOTS * COUNTER_BYTES)
-            finally:
-                os.close(handle)
+            self._map = map_own_file(self._file, SLOTS * COUNTER_BYTES)
             self._mine = memoryview(self._map).cast("i")
 
     def add(self, replica_id: str, delta: int) -> None:
@@ -80,13 +98,7 @@ class SharedLoad:
         self._scanned_at = now
         assert self.folder is not None
         seen: set[int] = set()
-        for path in self.folder.glob("load-*"):
-            try:
-                pid = int(path.name.removeprefix("load-"))
-            except ValueError:
-                continue
-            if pid == self.pid:
-                continue
+        for pid, path in other_processes_files(self.folder, "load", self.pid):
             if not process_alive(pid) and pid not in self._others:
                 _drop(path)
                 continue
