@@ -156,6 +156,24 @@ def _change_through_services(
         )
 
 
+class RequestFormAdmin(admin.ModelAdmin):
+    """Admins whose form makes its change through the services, as the request's user: the form
+    is given the request, and the stock bulk delete, which bypasses the services (no checks, no
+    audit), is not offered."""
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        form = super().get_form(request, obj, change, **kwargs)
+        # A subclass per request: the class attribute must not be shared between requests.
+        return type(form.__name__, (form,), {"request": request})
+
+    def get_actions(self, request: HttpRequest) -> Any:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+
 class RemovedThroughServiceAdmin(admin.ModelAdmin):
     """Rows a service removes (delete_model calls it): its refusal is shown, not a 500."""
 
@@ -227,7 +245,7 @@ class ModelAdminForm(forms.ModelForm):
 
 
 @admin.register(Model)
-class ModelAdmin(RemovedThroughServiceAdmin):
+class ModelAdmin(RemovedThroughServiceAdmin, RequestFormAdmin):
     form = ModelAdminForm
     list_display = [
         "name",
@@ -255,19 +273,6 @@ class ModelAdmin(RemovedThroughServiceAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return self.readonly_fields if obj is not None else []
-
-    def get_form(
-        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
-    ) -> Any:
-        form = super().get_form(request, obj, change, **kwargs)
-        # A subclass per request: the class attribute must not be shared between requests.
-        return type(form.__name__, (form,), {"request": request})
-
-    def get_actions(self, request: HttpRequest) -> Any:
-        actions = super().get_actions(request)
-        # The stock bulk delete bypasses the services (no checks, no audit).
-        actions.pop("delete_selected", None)
-        return actions
 
     def save_model(self, request: HttpRequest, obj: Model, form: Any, change: bool) -> None:
         """Nothing to save: the form's clean() made the change through the services."""

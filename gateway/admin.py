@@ -20,6 +20,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 
+from catalog.admin import RequestFormAdmin
 from catalog.errors import CatalogError
 from catalog.services import Actor
 
@@ -188,20 +189,8 @@ class KeyForm(LimitsForm):
         return services.key_set_limits(actor=actor, key_id=self.instance.pk, changes=self.changes())
 
 
-class ThroughServicesAdmin(admin.ModelAdmin):
+class ThroughServicesAdmin(RequestFormAdmin):
     """The form made the change (its clean()); saving it again would bypass the services."""
-
-    def get_form(
-        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
-    ) -> Any:
-        form = super().get_form(request, obj, change, **kwargs)
-        # A subclass per request: the class attribute must not be shared between requests.
-        return type(form.__name__, (form,), {"request": request})
-
-    def get_actions(self, request: HttpRequest) -> Any:
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)  # it would bypass the services and the audit
-        return actions
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         """Nothing to save: the form's clean() made the change through the services."""
