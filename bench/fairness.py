@@ -55,6 +55,7 @@ from bench.gateway import (  # noqa: E402
     litellm_install,
     percentile,
     prepare_database,
+    start_litellm,
     wait_http,
 )
 
@@ -414,39 +415,6 @@ def queue_metrics(gateway: str) -> bool:
         return b"llmgw_gateway_queue_seconds" in response.read()
 
 
-def start_litellm(processes: Processes, folder: Path, engine_port: int) -> str:
-    import yaml
-
-    config = {
-        "model_list": [
-            {
-                "model_name": MODEL,
-                "litellm_params": {
-                    "model": f"openai/{MODEL}",
-                    "api_base": f"http://127.0.0.1:{engine_port}/v1",
-                    "api_key": "none",
-                },
-            }
-        ],
-        "litellm_settings": {"drop_params": True, "set_verbose": False},
-        "general_settings": {"master_key": LITELLM_KEY},
-    }
-    path = folder / "litellm-fair.yaml"
-    path.write_text(yaml.safe_dump(config))
-    port = free_port()
-    env = {
-        **{k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-        "LITELLM_LOG": "ERROR",
-        "NO_DOCS": "True",
-    }
-    argv = [str(LITELLM_VENV / "bin" / "litellm"), "--config", str(path), "--host", "127.0.0.1"]
-    processes.start("litellm", [*argv, "--port", str(port), "--num_workers", str(WORKERS)], env)
-    url = f"http://127.0.0.1:{port}"
-    wait_http(f"{url}/health/liveliness", "LiteLLM's proxy", timeout=180)
-    return url
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", type=int, metavar="PORT", help=argparse.SUPPRESS)
@@ -513,7 +481,7 @@ def main() -> int:
                         os.killpg(installing.pid, signal.SIGKILL)
                 if (LITELLM_VENV / "bin" / "litellm").exists():
                     try:
-                        litellm = start_litellm(processes, folder, engine_port)
+                        litellm = start_litellm(processes, folder, engine_port, (MODEL,))
                         both = {"Authorization": f"Bearer {LITELLM_KEY}"}
                         print("measuring LiteLLM ...", file=sys.stderr, flush=True)
                         outcome = asyncio.run(

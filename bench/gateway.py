@@ -314,7 +314,13 @@ def litellm_install() -> subprocess.Popen[bytes] | None:
     )
 
 
-def start_litellm(processes: Processes, folder: Path, upstream_port: int) -> str:
+def start_litellm(
+    processes: Processes,
+    folder: Path,
+    upstream_port: int,
+    models: tuple[str, ...] = ("bench-slow", "bench-fast"),
+) -> str:
+    """LiteLLM's proxy with `models`, each sent to the upstream on `upstream_port`."""
     import yaml
 
     config = {
@@ -327,7 +333,7 @@ def start_litellm(processes: Processes, folder: Path, upstream_port: int) -> str
                     "api_key": "none",
                 },
             }
-            for name in ("bench-slow", "bench-fast")
+            for name in models
         ],
         "litellm_settings": {"drop_params": True, "set_verbose": False},
         # It refuses to start without a key; requests send it, as they send llmgw's.
