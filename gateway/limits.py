@@ -770,6 +770,61 @@ def _drop(path: Path) -> None:
         path.unlink()
 
 
+# -- what the web shows: use now, read from the gateway processes' files ----------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LiveUse:
+    """A key's or team's use now, over the gateway processes that count it."""
+
+    in_flight: int = 0
+    requests_last_minute: int = 0
+    tokens_last_minute: int = 0
+
+
+def live_use(
+    keys: Iterable[Any] = (), teams: Iterable[Any] = (), *, folder: Path | None = None
+) -> dict[tuple[str, int], LiveUse]:
+    """The use now of each of `keys` (GatewayKey rows) and `teams` (Team rows), by
+    ("key", id) and ("team", id): requests in flight, and requests and tokens in the last
+    minute (the window the limits count, 60 to 65 s), as the gateway processes of this machine
+    count them. Keys and teams with no counted limit are not counted anywhere: theirs are 0.
+    Reads the files only (no lock): a figure can be a request behind."""
+    if folder is None:
+        from django.conf import settings
+
+        folder = settings.VAR_DIR / "gateway-limits"
+    wanted = {key_tag(k.id): ("key", k.id) for k in keys}
+    wanted.update({team_tag(t.id): ("team", t.id) for t in teams})
+    found = {subject: LiveUse() for subject in wanted.values()}
+    if not wanted or not folder.is_dir():
+        return found
+    bucket = int(time.time() // BUCKET_SECONDS)
+    totals = {tag: [0, 0, 0] for tag in wanted}
+    for pid, path in other_processes_files(folder, "limits", -1):
+        if not _writer_alive(path, pid):
+            continue
+        opened = _open_for_reading(path)
+        if opened is None:
+            continue
+        view_map, view, _ = opened
+        try:
+            for tag, total in totals.items():
+                base = _find(view, tag, zlib.crc32(tag.to_bytes(8, "little")) % SLOTS)
+                if base is None:
+                    continue
+                total[0] += view[base + IN_FLIGHT]
+                for index in range(BUCKETS):
+                    if 0 <= bucket - view[base + STAMPS + index] < BUCKETS:
+                        total[1] += view[base + REQUESTS + index]
+                        total[2] += view[base + TOKENS + index]
+        finally:
+            _close(view_map, view)
+    for tag, (in_flight, requests, tokens) in totals.items():
+        found[wanted[tag]] = LiveUse(in_flight, requests, tokens)
+    return found
+
+
 # This process's counters: made by the gateway's start (gateway.asgi.start_process), in
 # VAR_DIR/gateway-limits, shared with the machine's other gateway processes.
 counters: SharedCounters | None = None
