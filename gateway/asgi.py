@@ -168,6 +168,9 @@ def _queue_depth(model: str, depth: int) -> None:
 
 def _queue_wait(model: str, seconds: float, outcome: str) -> None:
     metrics().queue_seconds.labels(model, outcome).observe(seconds)
+    # And in the traffic figures, for the model page and the API (a request that did not
+    # queue is not written there).
+    traffic.book.record_wait(model=model, seconds=seconds, outcome=outcome)
 
 
 def stop_process() -> None:

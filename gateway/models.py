@@ -217,6 +217,30 @@ class TrafficMinute(models.Model):
     latency_buckets = models.JSONField(
         default=list, help_text="how many answers took at most each of LATENCY_BOUNDS seconds"
     )
+    # The fair queue (gateway.fairqueue), counted in the minute a wait ended, under the model
+    # whose slots were busy, in the row of revision "" (no replica had answered yet). A request
+    # that found a slot free and nobody waiting is not counted here.
+    queued = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="requests that waited in the gateway for a free slot (then served, timed out "
+        "or hung up)",
+    )
+    queue_seconds = models.FloatField(
+        default=0, db_default=0, help_text="their time in the queue, summed"
+    )
+    queue_seconds_max = models.FloatField(
+        default=0, db_default=0, help_text="the longest of those waits"
+    )
+    queue_timeouts = models.PositiveIntegerField(
+        default=0, db_default=0, help_text="waits that ran out (LLMGW_QUEUE_TIMEOUT), answered 503"
+    )
+    queue_full = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="requests refused at once because the queue was full (LLMGW_QUEUE_MAX), "
+        "answered 429",
+    )
 
     class Meta:
         constraints = [

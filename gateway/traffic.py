@@ -13,6 +13,15 @@ can tell errors that follow a key's requests from errors that follow the new rev
 (registry.canary.judge). In memory that is keys x 2 revisions x the minutes not yet final (two)
 per model under a canary; in the database, keys x 2 revisions x the minutes of the window, per
 writer, deleted by fold() a day later.
+
+The fair queue's waits (gateway.fairqueue) go in the same rows: how many requests waited for a
+free slot, their seconds summed and the longest, and how many waits timed out or were refused as
+the queue was full. A wait is counted when it ends, in that minute's row of revision "" (no
+replica has answered it yet), under the model whose slots were busy. A request that went
+straight through costs the book nothing. The longest wait is kept rather than a histogram: the
+queue's own histogram is in /metrics (llmgw_gateway_queue_seconds), and here "how many waited,
+how long on average, how long at worst" is what the model page and `llmgw ctl model traffic`
+ask; the longest of several rows is their largest, so folding and reading stay exact.
 """
 
 from __future__ import annotations
@@ -28,10 +37,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 
 from registry.models import CanaryKeyMinute
 
+from .fairqueue import waiting_on_machine
 from .models import GatewayKey, KeyUsageDay, TrafficMinute
 
 # Canary key minutes are kept as long as the longest canary window (registry.canary's
@@ -64,6 +76,12 @@ class Figures:
     completion_tokens: int = 0
     seconds: float = 0.0
     latency_buckets: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BOUNDS))
+    # The fair queue: see the module's docstring and TrafficMinute.
+    queued: int = 0
+    queue_seconds: float = 0.0
+    queue_seconds_max: float = 0.0
+    queue_timeouts: int = 0
+    queue_full: int = 0
 
     def add_request(self, status: int, seconds: float, prompt: int, completion: int) -> None:
         self.requests += 1
@@ -90,6 +108,37 @@ class Figures:
         for index, count in enumerate(values["latency_buckets"] or ()):
             if index < len(self.latency_buckets):
                 self.latency_buckets[index] += count
+        self.queued += values["queued"]
+        self.queue_seconds += values["queue_seconds"]
+        # The longest wait of several rows (writers, minutes) is the longest of theirs.
+        self.queue_seconds_max = max(self.queue_seconds_max, values["queue_seconds_max"])
+        self.queue_timeouts += values["queue_timeouts"]
+        self.queue_full += values["queue_full"]
+
+    def add_wait(self, seconds: float, outcome: str) -> None:
+        """One request's end in the fair queue (an outcome of gateway.fairqueue's on_wait:
+        served, timeout, gone or full). Refused as full, it never waited."""
+        if outcome == "full":
+            self.queue_full += 1
+            return
+        self.queued += 1
+        self.queue_seconds += seconds
+        self.queue_seconds_max = max(self.queue_seconds_max, seconds)
+        if outcome == "timeout":
+            self.queue_timeouts += 1
+
+    @property
+    def queue_seconds_mean(self) -> float | None:
+        """The mean wait of the requests that waited; None when none did."""
+        return self.queue_seconds / self.queued if self.queued else None
+
+    @property
+    def latency_p50(self) -> float | None:
+        return self.latency(0.5)
+
+    @property
+    def latency_p95(self) -> float | None:
+        return self.latency(0.95)
 
     def copy(self) -> Figures:
         return Figures(**{**self.__dict__, "latency_buckets": list(self.latency_buckets)})
@@ -168,6 +217,23 @@ class TrafficBook:
                 usage[1] += prompt
                 usage[2] += completion
                 self._dirty_days.add(day)
+
+    def record_wait(
+        self, *, model: str, seconds: float, outcome: str, at: float | None = None
+    ) -> None:
+        """Count one request's time in the fair queue (gateway.fairqueue's on_wait). A request
+        that found a slot free and nobody waiting is reported as served after 0 seconds: it did
+        not queue, and is not counted (nor does it take the lock)."""
+        if outcome == "served" and seconds <= 0:
+            return
+        at = time.time() if at is None else at
+        minute = (model, "", int(at // MINUTE) * MINUTE)
+        with self._lock:
+            figures = self._minutes.get(minute)
+            if figures is None:
+                figures = self._minutes[minute] = Figures()
+            figures.add_wait(seconds, outcome)
+            self._dirty_minutes.add(minute)
 
     def due(self, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
@@ -406,3 +472,60 @@ def totals(points: Iterable[Point]) -> Figures:
     for point in points:
         total.add(point.figures)
     return total
+
+
+def queue_totals(model: str, window: Window, *, now: datetime | None = None) -> Figures:
+    """The fair queue's figures for `model` over `window` (the other figures left at 0); one
+    query, which reads only the rows where a request queued or was refused as the queue was
+    full, so it costs next to nothing while nobody queues. The sums are Figures.add's, as for
+    series()."""
+    start, _ = window_bounds(window, now)
+    names = ["queued", "queue_seconds", "queue_seconds_max", "queue_timeouts", "queue_full"]
+    rows = (
+        TrafficMinute.objects.filter(model=model, start__gte=start)
+        .filter(Q(queued__gt=0) | Q(queue_full__gt=0))
+        .values_list(*names)
+    )
+    total = Figures()
+    for values in rows.iterator(chunk_size=2000):
+        total.add({**Figures().__dict__, **dict(zip(names, values, strict=True))})
+    return total
+
+
+def waiting_now(models: Sequence[str]) -> dict[str, int]:
+    """Requests waiting in the fair queue for each model now, over the gateway processes of this
+    machine (their files under var/gateway-queue; gateways on other machines are not seen)."""
+    return waiting_on_machine(settings.VAR_DIR / "gateway-queue", models)
+
+
+@dataclass(frozen=True)
+class ModelTraffic:
+    """One model's figures over a window, as the API and `llmgw ctl model traffic` give them."""
+
+    model: str
+    window: Window
+    start: datetime
+    end: datetime
+    points: list[Point]
+    total: Figures
+    waiting_now: int
+
+    @property
+    def step_seconds(self) -> int:
+        return int(self.window.step.total_seconds())
+
+
+def model_traffic(model: str, window: Window, *, now: datetime | None = None) -> ModelTraffic:
+    """`model`'s figures over `window`, step by step and in total, with its requests waiting
+    in the fair queue now; one query."""
+    points = series([model], window, now=now)[model]
+    start, end = window_bounds(window, now)
+    return ModelTraffic(
+        model=model,
+        window=window,
+        start=start,
+        end=end,
+        points=points,
+        total=totals(points),
+        waiting_now=waiting_now([model])[model],
+    )
