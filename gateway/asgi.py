@@ -64,6 +64,7 @@ from .load import SharedLoad  # noqa: E402
 from .metrics import metrics  # noqa: E402
 from .models import hash_key  # noqa: E402
 from .prefix import PrefixTable, block_hashes, prompt_text  # noqa: E402
+from .redislimits import RedisLimits  # noqa: E402
 from .services import KEY_PREFIX  # noqa: E402
 from .state import POLL_SECONDS, KeyState, Snapshot, state  # noqa: E402
 
@@ -140,6 +141,7 @@ def start_process() -> None:
     conf.wait_seconds(), conf.upstream_timeout(), conf.metrics_open(), conf.body_seconds()
     conf.max_head_bytes(), conf.max_headers(), conf.head_seconds(), conf.forward_memory_bytes()
     conf.max_connections(), conf.queue_timeout(), conf.queue_max(), conf.fair_queue_on()
+    conf.limits_redis_url()
     current_config()  # and a server.yaml that does not validate (ConfigError)
     routing.balancer = routing.Balancer(
         SharedLoad(settings.VAR_DIR / "gateway-load"),
@@ -150,6 +152,14 @@ def start_process() -> None:
     limits.counters = limits.SharedCounters(
         settings.VAR_DIR / "gateway-limits", writer=traffic.book.writer
     )
+    redis_url = conf.limits_redis_url()
+    if redis_url:
+        board = metrics()
+        limits.counters.remote = RedisLimits(
+            redis_url,
+            on_error=board.limits_redis_errors.inc,
+            on_drop=board.limits_redis_dropped.inc,
+        )
     fairqueue.fair_queue.close()
     fairqueue.fair_queue = fairqueue.FairQueue(settings.VAR_DIR / "gateway-queue")
     fairqueue.fair_queue.on_depth = _queue_depth

@@ -149,6 +149,22 @@ def queue_timeout() -> float:
     return _number("LLMGW_QUEUE_TIMEOUT", 60, minimum=0)
 
 
+def limits_redis_url() -> str | None:
+    """Where keys' and teams' rates are counted over several gateway machines
+    (gateway.redislimits): LLMGW_LIMITS_REDIS, else REDIS_URL; "off", or neither set: each
+    machine counts alone."""
+    configured = getattr(settings, "LLMGW_LIMITS_REDIS", None)
+    raw = str(configured) if configured else os.environ.get("LLMGW_LIMITS_REDIS") or ""
+    if raw.strip().lower() in {"off", "no", "false", "0"}:
+        return None
+    url = raw.strip() or str(getattr(settings, "REDIS_URL", "") or "")
+    if url and not url.startswith(("redis://", "rediss://", "unix://")):
+        raise GatewaySettingError(
+            f"LLMGW_LIMITS_REDIS={raw!r} is not a Redis URL: write redis://HOST:PORT/DB, or off."
+        )
+    return url or None
+
+
 def queue_max() -> int:
     """Requests that may wait for a free slot of one model on this machine, all gateway processes
     together (one more gets 429 at once); 0: none waits, a request finding every slot busy gets

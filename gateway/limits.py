@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import mmap
 import os
 import re
@@ -54,6 +55,9 @@ from pathlib import Path
 from typing import Any
 
 from .load import map_own_file, other_processes_files, process_alive
+from .redislimits import Counted, Decided, RedisLimits, read_use
+
+log = logging.getLogger("llmgw.gateway")
 
 SLOTS = 32_768
 PROBE = 64
@@ -92,6 +96,9 @@ class Limits:
     team_id: int | None = None
     expires_at: float | None = None
     name: str = ""
+    # Its name in Redis, where several machines count together (gateway.redislimits): unique
+    # among every database's keys and teams, as ids are not.
+    ident: str = ""
     _pattern: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -104,6 +111,11 @@ class Limits:
             or self.tokens_per_day is not None
             or self.tokens_per_month is not None
         )
+
+    @property
+    def rated(self) -> bool:
+        """Whether it has a limit counted per minute or in flight (what Redis counts)."""
+        return self.rpm is not None or self.tpm is not None or self.max_parallel is not None
 
     @property
     def budgeted(self) -> bool:
@@ -126,6 +138,7 @@ def limits_of(
     team_id: int | None = None,
     expires_at: Any = None,
     name: str = "",
+    ident: str = "",
 ) -> Limits:
     """Limits from a row's columns, as either database returns them."""
     if isinstance(models, str):
@@ -146,6 +159,7 @@ def limits_of(
         team_id=team_id,
         expires_at=_unix(expires_at),
         name=name,
+        ident=ident,
         _pattern=pattern,
     )
 
@@ -158,6 +172,18 @@ def _unix(moment: Any) -> float | None:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return float(moment.timestamp())
+
+
+def key_ident(key_hash: str) -> str:
+    """A key's name in Redis: from its hash, which no other key in any database has."""
+    return "k" + key_hash[:32]
+
+
+def team_ident(team_id: int, created_at: Any) -> str:
+    """A team's name in Redis: its id and when it was made (another database's team with the
+    same id was made at another moment)."""
+    stamp = _unix(created_at)
+    return f"t{team_id}-{0 if stamp is None else round(stamp * 1e6)}"
 
 
 def key_tag(key_id: int) -> int:
@@ -315,6 +341,8 @@ class Admission:
     # replaced meanwhile (tests do).
     counters: SharedCounters | None = None
     released: bool = False
+    # What Redis counted of it, where several machines count together (gateway.redislimits).
+    remote: Decided | None = None
 
     def release(self, tokens: int) -> None:
         if self.counters is not None:
@@ -378,6 +406,8 @@ class SharedCounters:
         self._scanned_at = float("-inf")
         self._folder_mtime = -1
         self.closed = False
+        # Where several machines count together (REDIS_URL): set by the gateway's start.
+        self.remote: RedisLimits | None = None
 
     # -- this process's file ---------------------------------------------------------------
 
@@ -510,6 +540,16 @@ class SharedCounters:
             subjects.append((key_tag(key_id), key, "key"))
         if team is not None and team.counted and key.team_id is not None:
             subjects.append((team_tag(key.team_id), team, "team"))
+        # Over every machine first, where Redis counts (one round trip, which counts the
+        # request when it goes); then this machine's counts, which also hold the budgets.
+        remote, decided, wider = self.remote, None, {}
+        if remote is not None:
+            rated = [(tag, lim) for tag, lim, _ in subjects if lim.rated and lim.ident]
+            decided = remote.admit(
+                [(lim.ident, lim.max_parallel, lim.rpm, lim.tpm) for _, lim in rated], bucket
+            )
+            if decided is not None:
+                wider = dict(zip((tag for tag, _ in rated), decided.counted, strict=True))
         headers: dict[str, tuple[int, int, float]] = {}
         fcntl.flock(self._lock_handle, fcntl.LOCK_EX)
         try:
@@ -517,11 +557,17 @@ class SharedCounters:
             slots = []
             for tag, limits, whose in subjects:
                 use = self._use(tag, bucket, day, month)
+                if tag in wider:
+                    _count_wider(use, wider[tag])
                 refused = _refusal(limits, whose, use, budgets, tag, today, now, headers)
                 if refused is not None:
+                    if remote is not None and decided is not None:
+                        remote.end(decided, 0, bucket, taken_back=True)
                     return refused
                 slot = self._own_slot(tag, bucket, month)
                 if slot is None:
+                    if remote is not None and decided is not None:
+                        remote.end(decided, 0, bucket, taken_back=True)
                     return Refused("slots", whose, limits.name, SLOTS, SLOTS, 1.0)
                 slots.append((tag, slot))
             for _, slot in slots:
@@ -530,7 +576,7 @@ class SharedCounters:
                 self._add(base, REQUESTS, bucket, 1)
         finally:
             fcntl.flock(self._lock_handle, fcntl.LOCK_UN)
-        return Admission(tuple(slots), _headers(headers), self)
+        return Admission(tuple(slots), _headers(headers), self, remote=decided)
 
     def peek(
         self, key_id: int, key: Limits, team: Limits | None, now: float | None = None
@@ -567,6 +613,8 @@ class SharedCounters:
         admission.released = True
         now = time.time() if now is None else now
         bucket = int(now // BUCKET_SECONDS)
+        if admission.remote is not None and self.remote is not None:
+            self.remote.end(admission.remote, tokens, bucket)
         today = datetime.fromtimestamp(now, UTC).date()
         day, month = today.toordinal(), _month_index(today)
         view = self._mine
@@ -600,6 +648,8 @@ class SharedCounters:
         if self.closed:
             return
         self.closed = True
+        if self.remote is not None:
+            self.remote.close()
         for view_map, view, _ in self._others.values():
             _close(view_map, view)
         self._others.clear()
@@ -607,6 +657,14 @@ class SharedCounters:
         self._map.close()
         _drop(self._file)
         os.close(self._lock_handle)
+
+
+def _count_wider(use: _Use, counted: Counted) -> None:
+    """A subject's rates as every machine counts them (Redis), in place of this machine's: its
+    requests in flight and per minute (Redis counted this machine's too)."""
+    use.in_flight = counted.in_flight
+    use.requests = list(counted.requests)
+    use.tokens = list(counted.tokens)
 
 
 def _idle(view: memoryview, base: int, bucket: int, month: int) -> bool:
@@ -787,19 +845,33 @@ def live_use(
 ) -> dict[tuple[str, int], LiveUse]:
     """The use now of each of `keys` (GatewayKey rows) and `teams` (Team rows), by
     ("key", id) and ("team", id): requests in flight, and requests and tokens in the last
-    minute (the window the limits count, 60 to 65 s), as the gateway processes of this machine
-    count them. Keys and teams with no counted limit are not counted anywhere: theirs are 0.
+    minute (the window the limits count, 60 to 65 s): over every machine as Redis counts them
+    where it does (gateway.redislimits), else as the gateway processes of this machine count
+    them. Keys and teams with no counted limit are not counted anywhere: theirs are 0.
     Reads the files only (no lock): a figure can be a request behind."""
-    if folder is None:
-        from django.conf import settings
+    from django.conf import settings
 
+    from . import conf
+
+    keys, teams = list(keys), list(teams)
+    bucket = int(time.time() // BUCKET_SECONDS)
+    url = conf.limits_redis_url()
+    if url and (keys or teams):
+        idents = {key_ident(k.key_hash): ("key", k.id) for k in keys}
+        idents.update({team_ident(t.id, t.created_at): ("team", t.id) for t in teams})
+        try:
+            counted = read_use(url, list(idents), bucket)
+        except Exception:  # Redis down: this machine's own counts, below
+            log.warning("limits: Redis cannot be reached; showing this machine's counts")
+        else:
+            return {idents[ident]: LiveUse(*figures) for ident, figures in counted.items()}
+    if folder is None:
         folder = settings.VAR_DIR / "gateway-limits"
     wanted = {key_tag(k.id): ("key", k.id) for k in keys}
     wanted.update({team_tag(t.id): ("team", t.id) for t in teams})
     found = {subject: LiveUse() for subject in wanted.values()}
     if not wanted or not folder.is_dir():
         return found
-    bucket = int(time.time() // BUCKET_SECONDS)
     totals = {tag: [0, 0, 0] for tag in wanted}
     for pid, path in other_processes_files(folder, "limits", -1):
         if not _writer_alive(path, pid):

@@ -54,6 +54,8 @@ class Metrics:
     limited: Any
     keys_limited: Any
     limit_slots_held: Any
+    limits_redis_errors: Any
+    limits_redis_dropped: Any
     queue_seconds: Any
     queue_depth: Any
     registry: Any  # single-process mode: where the metrics are; multiprocess: None
@@ -194,6 +196,18 @@ def _create(folder: str | None) -> Metrics:
             "Keys and teams with limits this process counts in its shared-memory file (at most "
             "gateway.limits.SLOTS each; a slot is given up when idle a minute and unused this month).",
             multiprocess_mode="livemax",
+            **where,
+        ),
+        limits_redis_errors=Counter(
+            "llmgw_gateway_limits_redis_errors",
+            "Calls to Redis for the limits over several machines that failed (no answer within "
+            "0.25 s, or refused); after one, the process counts alone for 5 s.",
+            **where,
+        ),
+        limits_redis_dropped=Counter(
+            "llmgw_gateway_limits_redis_dropped",
+            "Ends of requests not written to Redis because the queue of them was full (100,000 "
+            "per process): each stays counted in flight until its process's name expires there.",
             **where,
         ),
         registry=registry,

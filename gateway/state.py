@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import close_old_connections, connection
 
 from . import limits, traffic, triggers
-from .limits import Budgets, Limits, limits_of, no_budgets
+from .limits import Budgets, Limits, key_ident, limits_of, no_budgets, team_ident
 from .metrics import EngineFigures, metrics
 from .routing import Candidate, Catalog, Entry, read_catalog, read_replicas
 
@@ -317,6 +317,7 @@ def _read_keys(codes: dict[bytes, int], limited: dict[int, Limits], *, since: An
                     weight=weight,
                     team_id=team_id,
                     expires_at=expires_at,
+                    ident=key_ident(key_hash),
                 )
                 codes[digest] = key_id << 2 | 2 | bool(opens)
     return rows
@@ -402,10 +403,12 @@ def read_teams() -> dict[int, Limits]:
             weight=row["weight"],
             team_id=row["id"],
             name=row["name"],
+            ident=team_ident(row["id"], row["created_at"]),
         )
         for row in Team.objects.order_by().values(
             "id",
             "name",
+            "created_at",
             "rpm",
             "tpm",
             "max_parallel",

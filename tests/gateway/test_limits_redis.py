@@ -1,0 +1,295 @@
+"""Keys' and teams' rates over several gateway machines, counted in Redis (gateway.redislimits).
+
+Each test starts its own redis-server on a free port in a temporary folder (some stop it), and
+stops it by pid. Two "machines" are two gateway processes with folders of their own (nothing
+shared on disk) and the same database and Redis.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from gateway import limits, redislimits
+from gateway.limits import SharedCounters, limits_of, no_budgets
+from gateway.redislimits import RedisLimits
+from tests.gateway.fake_engine import FakeEngine
+from tests.gateway.test_limits import _SETUP
+from tests.support.system import free_port, wait_for
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+
+ASK = {"model": "chat", "prompt": "hi"}
+
+
+class RedisServer:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
+             "--appendonly", "no", "--dir", str(self.folder)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        import redis
+
+        client = redis.Redis.from_url(self.url)
+        wait_for(lambda: _pings(client), timeout=10, interval=0.05, what="redis-server")
+        client.close()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+
+
+def _pings(client: Any) -> bool:
+    import redis
+
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis")
+    yield server
+    server.stop()
+
+
+def machine(folder: Path, url: str, errors: list[int] | None = None) -> SharedCounters:
+    """One machine's counters (a gateway process's), counting together with others in Redis."""
+    counters = SharedCounters(folder, writer=f"w-{folder.name}")
+    counters.remote = RedisLimits(
+        url, on_error=None if errors is None else (lambda: errors.append(1))
+    )
+    return counters
+
+
+def key(ident: str = "k1", team_id: int | None = None, **limited: Any) -> limits.Limits:
+    fields = dict(rpm=None, tpm=None, max_parallel=None, tokens_per_day=None,
+                  tokens_per_month=None, models=(), weight=1)  # fmt: skip
+    fields.update(limited)
+    return limits_of(**fields, team_id=team_id, ident=ident)
+
+
+# -- the store, two machines in one test process --------------------------------------------
+
+
+def test_two_machines_share_one_requests_per_minute_exactly(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    one = machine(tmp_path / "one", redis_server.url)
+    two = machine(tmp_path / "two", redis_server.url)
+    try:
+        limited = key(rpm=5)
+        decisions = [
+            (one if n % 2 else two).admit(1, limited, None, no_budgets()) for n in range(12)
+        ]
+        admitted = [d for d in decisions if isinstance(d, limits.Admission)]
+        refused = [d for d in decisions if isinstance(d, limits.Refused)]
+        assert len(admitted) == 5
+        assert {r.limit for r in refused} == {"rpm"}
+        assert refused[0].used == 5  # the count over both machines, not one's
+        # The headers speak of both machines' requests.
+        assert dict(admitted[-1].headers)["x-ratelimit-remaining-requests"] == "0"
+        # Each machine alone would have let 5 through.
+        assert sum(isinstance(d, limits.Admission) for d in decisions[::2]) < 5
+    finally:
+        one.close()
+        two.close()
+
+
+def test_in_flight_over_two_machines_is_given_back_when_requests_end(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    one = machine(tmp_path / "one", redis_server.url)
+    two = machine(tmp_path / "two", redis_server.url)
+    try:
+        limited = key(max_parallel=2, tpm=100)
+        first = one.admit(1, limited, None, no_budgets())
+        second = two.admit(1, limited, None, no_budgets())
+        assert isinstance(first, limits.Admission) and isinstance(second, limits.Admission)
+        third = two.admit(1, limited, None, no_budgets())
+        assert isinstance(third, limits.Refused) and third.limit == "max_parallel"
+        assert third.used == 2
+        first.release(150)  # written by the next flush, off the request's path
+        assert one.remote is not None
+        one.remote.flush()
+        # The tokens of the request that ended count on the other machine too.
+        after = two.admit(1, limited, None, no_budgets())
+        assert isinstance(after, limits.Refused) and after.limit == "tpm"
+        assert after.used == 150
+        assert limits.live_use  # the web's reading is tested below
+    finally:
+        one.close()
+        two.close()
+
+
+def test_a_team_counts_its_keys_on_every_machine_together(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    one = machine(tmp_path / "one", redis_server.url)
+    two = machine(tmp_path / "two", redis_server.url)
+    try:
+        team = key("t7-1", rpm=3)
+        alice, bob = key("ka", team_id=7), key("kb", team_id=7)
+        statuses = [
+            isinstance(counters.admit(kid, k, team, no_budgets()), limits.Admission)
+            for counters, kid, k in ((one, 1, alice), (two, 2, bob), (two, 1, alice),
+                                     (one, 2, bob), (two, 2, bob))
+        ]  # fmt: skip
+        assert statuses == [True, True, True, False, False]
+    finally:
+        one.close()
+        two.close()
+
+
+def test_a_dead_machines_requests_stop_counting_in_flight_when_its_name_expires(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    import redis
+
+    one = machine(tmp_path / "one", redis_server.url)
+    two = machine(tmp_path / "two", redis_server.url)
+    try:
+        limited = key(max_parallel=1)
+        held = one.admit(1, limited, None, no_budgets())
+        assert isinstance(held, limits.Admission)
+        assert isinstance(two.admit(1, limited, None, no_budgets()), limits.Refused)
+        # Machine one dies without ending its request: its name is not renewed and expires.
+        assert one.remote is not None
+        client = redis.Redis.from_url(redis_server.url)
+        client.delete(redislimits.HOLDER_PREFIX + one.remote.holder)
+        client.close()
+        assert isinstance(two.admit(1, limited, None, no_budgets()), limits.Admission)
+    finally:
+        one.close()
+        two.close()
+
+
+def test_with_redis_down_each_machine_counts_alone_and_comes_back(
+    tmp_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(redislimits, "DOWN_SECONDS", 0.5)
+    errors: list[int] = []
+    one = machine(tmp_path / "one", redis_server.url, errors)
+    two = machine(tmp_path / "two", redis_server.url, errors)
+    try:
+        limited = key(rpm=4)
+        for counters in (one, two, one):
+            assert isinstance(counters.admit(1, limited, None, no_budgets()), limits.Admission)
+        redis_server.stop()
+        began = time.monotonic()
+        # Down: a machine decides by its own counts at once, never a 500, never a long wait.
+        alone = [two.admit(1, limited, None, no_budgets()) for _ in range(4)]
+        assert time.monotonic() - began < 2
+        assert [isinstance(d, limits.Admission) for d in alone] == [True, True, True, False]
+        assert len(errors) >= 1  # counted (llmgw_gateway_limits_redis_errors_total)
+        redis_server.start()  # empty: what it counted is gone with it
+        time.sleep(0.6)
+        back = one.admit(1, limited, None, no_budgets())
+        assert isinstance(back, limits.Admission)
+        assert one.remote is not None and one.remote.admit([("k1", None, 4, None)], 0)
+    finally:
+        one.close()
+        two.close()
+
+
+def test_live_use_reads_every_machines_counts_from_redis(
+    tmp_path: Path, redis_server: RedisServer, settings: Any
+) -> None:
+    from types import SimpleNamespace
+
+    settings.LLMGW_LIMITS_REDIS = redis_server.url
+    one = machine(tmp_path / "one", redis_server.url)
+    two = machine(tmp_path / "two", redis_server.url)
+    try:
+        row = SimpleNamespace(id=1, key_hash="ab" * 32)
+        limited = key(limits.key_ident(row.key_hash), rpm=100)
+        first = one.admit(1, limited, None, no_budgets())
+        assert isinstance(first, limits.Admission)
+        assert isinstance(two.admit(1, limited, None, no_budgets()), limits.Admission)
+        first.release(40)
+        assert one.remote is not None
+        one.remote.flush()
+        use = limits.live_use(keys=[row], folder=tmp_path / "nowhere")
+        assert use[("key", 1)] == limits.LiveUse(
+            in_flight=1, requests_last_minute=2, tokens_last_minute=40
+        )
+    finally:
+        one.close()
+        two.close()
+
+
+# -- two gateway machines, as the run command starts them ------------------------------------
+
+
+@pytest.mark.parametrize("store", ["redis", "off"])
+def test_rpm_over_two_gateway_machines(
+    tmp_path: Path, engine: FakeEngine, redis_server: RedisServer, store: str
+) -> None:
+    """Through Redis, two machines let exactly the limit through; each counting alone (Redis
+    off, or down), each lets the whole limit through: the overshoot the README states."""
+    from llmgw_site.management.commands.llmgw_run import gateway_command
+    from tests.support.system import System
+
+    system = System(tmp_path / "system")
+    try:
+        system.manage("migrate", "--verbosity", "0")
+        printed = system.manage(
+            "shell", "-c", _SETUP.replace("PORT", str(engine.port)).replace("RPM", "10")
+        )
+        secret = printed.split("KEY=")[1].strip().rsplit("=", 1)[0]
+        bin_dir = Path(sys.executable).parent
+        urls = []
+        for index in range(2):
+            port = free_port()
+            env = {
+                **system.env,
+                "LLMGW_VAR_DIR": str(tmp_path / f"machine-{index}"),
+                "LLMGW_LIMITS_REDIS": redis_server.url if store == "redis" else "off",
+            }
+            command = gateway_command(bin_dir, "127.0.0.1", port, workers=1)
+            system._spawn(f"gateway-{index}", command, env)
+            urls.append(f"http://127.0.0.1:{port}")
+        headers = {"Authorization": f"Bearer {secret}"}
+        for url in urls:
+
+            def answers(url: str = url) -> bool:
+                return requests.get(f"{url}/v1/models", headers=headers, timeout=2).ok
+
+            wait_for(answers, timeout=60, what=f"the gateway machine on {url}")
+
+        def ask(index: int) -> int:
+            return requests.post(
+                f"{urls[index % 2]}/v1/completions", json=ASK, headers=headers, timeout=30
+            ).status_code
+
+        with ThreadPoolExecutor(8) as pool:
+            statuses = list(pool.map(ask, range(40)))
+        assert statuses.count(200) + statuses.count(429) == 40, statuses
+        assert statuses.count(200) == (10 if store == "redis" else 20), statuses
+        scraped = requests.get(f"{urls[0]}/metrics", timeout=5).text
+        assert "llmgw_gateway_limits_redis_errors_total 0.0" in scraped or store == "off"
+    finally:
+        system.close()
