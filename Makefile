@@ -56,3 +56,4 @@ bench: setup
 	$(PY) bench/routing.py
 	$(PY) bench/canary.py
 	$(PY) bench/fairness.py
+	$(PY) bench/limits.py
