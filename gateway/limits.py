@@ -710,7 +710,20 @@ def _refusal(
         return BUCKETS * BUCKET_SECONDS - into_bucket
 
     if limits.max_parallel is not None and use.in_flight >= limits.max_parallel:
-        return Refused("max_parallel", whose, team, limits.max_parallel, use.in_flight, 1.0)
+        # Where its per-minute limits stand, this request not counted (it is not).
+        standing: dict[str, tuple[int, int, float]] = {}
+        for kind, limit, by_age in (
+            ("requests", limits.rpm, use.requests),
+            ("tokens", limits.tpm, use.tokens),
+        ):
+            if limit is not None:
+                used = sum(by_age)
+                reset = frees_in(by_age, used) if used else 0.0
+                standing[kind] = (limit, limit - used, reset)
+        return Refused(
+            "max_parallel", whose, team, limits.max_parallel, use.in_flight, 1.0,
+            _headers(standing),
+        )  # fmt: skip
     if limits.rpm is not None:
         used = sum(use.requests)
         if used >= limits.rpm:

@@ -138,12 +138,6 @@ def test_without_retries_the_openai_client_raises_rate_limit_error_saying_when(
     assert b"[DONE]" in b"".join(streaming.iter_content(chunk_size=None))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a refusal for requests in flight returns before the per-minute limits are read, so "
-    "it carries no x-ratelimit-* headers (an rpm refusal, and a 400 or 404 before the limits "
-    "are checked, do)",
-)
 def test_a_refusal_for_requests_in_flight_says_where_the_per_minute_limits_stand(
     gw: Any, chat: FakeEngine, one_at_a_time: str
 ) -> None:
