@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from catalog.definitions import flatten_errors, path_text
-from catalog.errors import CatalogError
+from catalog.errors import CatalogError, Problem, invalid
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
@@ -29,16 +29,18 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
         )
     if isinstance(exc, exceptions.ValidationError):
-        pairs = flatten_errors(exc.detail)
-        problems = [{"field": path_text(path), "message": message} for path, message in pairs]
-        listed = "; ".join(
-            f"{p['field']}: {p['message']}" if p["field"] else p["message"] for p in problems[:5]
-        )
+        # The sentence is catalog.errors.invalid's, as every other door's refusal: DRF's messages
+        # end with a period of their own ("This field may not be blank."), which it drops before
+        # ending the sentence once (this copy had said "blank..").
+        problems = [
+            Problem(path_text(path), message) for path, message in flatten_errors(exc.detail)
+        ]
+        refusal = invalid(problems, what="The request")
         return Response(
             {
-                "detail": f"The request was refused, nothing was changed: {listed}.",
-                "code": "invalid",
-                "problems": problems,
+                "detail": refusal.message,
+                "code": refusal.code,
+                "problems": [p.as_dict() for p in problems],
             },
             status=status.HTTP_400_BAD_REQUEST,
         )
