@@ -282,7 +282,11 @@ def _size(estimate: dict[str, Any], part: str) -> str:
 
 
 def add_model_show(msub: Any) -> None:
-    p = msub.add_parser("show", help="a model's definition, as YAML you can copy into server.yaml")
+    p = msub.add_parser(
+        "show",
+        help="a model's definition, as YAML you can copy into server.yaml, and where the weights "
+        "of a model that follows the registry come from",
+    )
     p.add_argument("name")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=cmd_model_show)
@@ -300,6 +304,23 @@ def cmd_model_show(client: Client, args: argparse.Namespace) -> None:
         f"replicas {scaling_text(view)}"
     )
     print(yaml.safe_dump(view["definition"], sort_keys=False).rstrip())
+    for line in _origin_lines(view["origin"]):
+        print(line)
+
+
+def _origin_lines(origin: dict[str, Any] | None) -> list[str]:
+    """Where the weights of a model that follows the registry come from, as YAML comments: the
+    definition above them stays one that `model add -f` takes back. None for any other model."""
+    if not origin:
+        return []
+    lines = [
+        "# Its weights follow the registry:",
+        f"#   repository {origin.get('repo') or '?'}",
+        f"#   branch     {origin.get('branch') or 'main'}",
+        f"#   commit     {origin.get('commit') or '?'}",
+    ]
+    lines += [f"#   file       {f['path']}" for f in origin.get("files") or () if f.get("path")]
+    return lines
 
 
 def add_model_remove(msub: Any) -> None:
