@@ -7,6 +7,7 @@ and members; a user sees the teams they are in. (gateway.services has the rules.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from drf_spectacular.utils import extend_schema
@@ -20,6 +21,7 @@ from catalog.definitions import StrictSerializer
 from catalog.errors import CatalogError
 
 from . import selectors, services
+from .models import GatewayKey, Team
 from .services import KEY_NAME_MAX
 
 
@@ -38,10 +40,29 @@ class LimitsOut(serializers.Serializer):
     weight = serializers.FloatField(help_text="its share of a model's slots when requests queue")
 
 
+NOT_COUNTED = (
+    "; null when it has no limit to count against (rpm, tpm, max_parallel or a token budget): "
+    "the gateway counts only limited keys and teams"
+)
+
+
 class UsageOut(serializers.Serializer):
     requests_today = serializers.IntegerField(help_text="UTC day, as last written (seconds ago)")
     tokens_today = serializers.IntegerField(help_text="against tokens_per_day")
     tokens_this_month = serializers.IntegerField(help_text="against tokens_per_month")
+    requests_last_minute = serializers.IntegerField(
+        allow_null=True,
+        help_text="against rpm: requests let through in the last 60 to 65 s, as this machine's "
+        "gateway processes count them now" + NOT_COUNTED,
+    )
+    tokens_last_minute = serializers.IntegerField(
+        allow_null=True,
+        help_text="against tpm: tokens of the requests that ended in the last 60 to 65 s"
+        + NOT_COUNTED,
+    )
+    in_flight = serializers.IntegerField(
+        allow_null=True, help_text="against max_parallel: requests being answered now" + NOT_COUNTED
+    )
 
 
 class KeyOut(serializers.Serializer):
@@ -122,6 +143,27 @@ class KeyCreateInput(KeyLimitsInput):
     )
 
 
+def key_items(keys: Iterable[GatewayKey]) -> list[dict[str, Any]]:
+    """Keys as KeyOut shows them, with their use today, this month and now (the gateway's files
+    read once for them all)."""
+    keys = list(keys)
+    now = services.live_usage(keys=keys)
+    return [
+        {**view, "usage": {**view["usage"], **now[("key", key.pk)]}}
+        for key, view in zip(keys, selectors.key_views(keys), strict=True)
+    ]
+
+
+def team_items(teams: Iterable[Team]) -> list[dict[str, Any]]:
+    """Teams as TeamOut shows them, with their keys' use today, this month and now."""
+    teams = list(teams)
+    now = services.live_usage(teams=teams)
+    return [
+        {**view, "usage": {**view["usage"], **now[("team", team.pk)]}}
+        for team, view in zip(teams, selectors.team_views(teams), strict=True)
+    ]
+
+
 class KeysAPI(APIView):
     @extend_schema(
         summary="Gateway keys: your own (staff: everyone's)",
@@ -129,7 +171,7 @@ class KeysAPI(APIView):
     )
     def get(self, request: Request) -> Response:
         keys = selectors.keys_visible_to(actor_of(request))
-        return Response(out(KeyOut, selectors.key_views(keys), many=True))
+        return Response(out(KeyOut, key_items(keys), many=True))
 
     @extend_schema(
         summary="Create a gateway key for yourself; the answer holds the key, shown only once",
@@ -140,7 +182,7 @@ class KeysAPI(APIView):
         data = validated(KeyCreateInput, request.data)
         name = data.pop("name")
         key, secret = services.key_create(actor=actor_of(request), name=name, limits=data)
-        body = out(NewKeyOut, {**selectors.key_view(key), "key": secret})
+        body = out(NewKeyOut, {**key_items([key])[0], "key": secret})
         return Response(body, status=status.HTTP_201_CREATED)
 
 
@@ -153,7 +195,7 @@ class KeyRevokeAPI(APIView):
     def post(self, request: Request, key_id: int) -> Response:
         refuse_past_ids(key_id)
         key = services.key_revoke(actor=actor_of(request), key_id=key_id)
-        return Response(out(KeyOut, selectors.key_view(key)))
+        return Response(out(KeyOut, key_items([key])[0]))
 
 
 def refuse_past_ids(key_id: int) -> None:
@@ -176,7 +218,7 @@ class KeyLimitsAPI(APIView):
         refuse_past_ids(key_id)
         changes = validated(KeyLimitsInput, request.data)
         key = services.key_set_limits(actor=actor_of(request), key_id=key_id, changes=changes)
-        return Response(out(KeyOut, selectors.key_view(key)))
+        return Response(out(KeyOut, key_items([key])[0]))
 
 
 # -- teams ----------------------------------------------------------------------------------
@@ -220,7 +262,7 @@ def _team_answer(request: Request, name: str) -> Any:
             code="not_found",
             status=404,
         )
-    return out(TeamOut, selectors.team_view(team))
+    return out(TeamOut, team_items([team])[0])
 
 
 class TeamsAPI(APIView):
@@ -230,7 +272,7 @@ class TeamsAPI(APIView):
     )
     def get(self, request: Request) -> Response:
         teams = selectors.teams_visible_to(actor_of(request))
-        return Response(out(TeamOut, selectors.team_views(teams), many=True))
+        return Response(out(TeamOut, team_items(teams), many=True))
 
     @extend_schema(
         summary="Add a team (staff), with its limits and first members",

@@ -19,13 +19,18 @@ from catalog.services import Actor
 from console import selectors as console_selectors
 from console.key_forms import KeyCreateForm, KeyLimitsForm
 from gateway import selectors, services
+from gateway.api import key_items
 from gateway.models import GatewayKey
 
 from .pages import HtmxHttpRequest, actor, login_required, render_page, wants_partial
 
 KEYS_PER_PAGE = 25
-# What each budget is counted against (gateway.selectors.usage_now's figures).
-BUDGETS = [
+# Each limit and the use counted against it (the API's usage figures): the rates' as the gateway
+# counts them now, the budgets' as the traffic book last wrote them.
+USES = [
+    ("rpm", "requests_last_minute", "Requests in the last minute"),
+    ("tpm", "tokens_last_minute", "Tokens in the last minute"),
+    ("max_parallel", "in_flight", "In flight now"),
     ("tokens_per_day", "tokens_today", "Tokens today"),
     ("tokens_per_month", "tokens_this_month", "Tokens this month"),
 ]
@@ -115,7 +120,7 @@ def _page(request: HtmxHttpRequest, who: Actor, create_form: KeyCreateForm) -> d
     page = console_selectors.page_of(
         selectors.keys_visible_to(who), request.GET.get("page"), KEYS_PER_PAGE
     )
-    views = selectors.key_views(page.object_list)
+    views = key_items(page.object_list)
     return {
         "cards": [_card(view, KeyLimitsForm(teams=teams, view=view)) for view in views],
         "create_form": create_form,
@@ -124,21 +129,30 @@ def _page(request: HtmxHttpRequest, who: Actor, create_form: KeyCreateForm) -> d
     }
 
 
-def _card(view: dict[str, Any], form: KeyLimitsForm) -> dict[str, Any]:
+def uses_against_limits(view: dict[str, Any]) -> list[dict[str, Any]]:
+    """A key's or team's use against each of its limits, as bars; a rate the gateway does not
+    count (nothing of it is limited) is left out rather than shown as 0."""
     limits, usage = view["limits"], view["usage"]
-    budgets = []
-    for limit, used, label in BUDGETS:
-        figure = limits[limit]
-        percent = min(100, round(100 * usage[used] / figure)) if figure else 0
-        budgets.append(
+    uses = []
+    for limit, used, label in USES:
+        figure, amount = limits[limit], usage.get(used)
+        if amount is None:
+            continue
+        percent = min(100, round(100 * amount / figure)) if figure else 0
+        uses.append(
             {
                 "label": label,
                 "limit": figure,
-                "used_text": f"{usage[used]:,}",
+                "used_text": f"{amount:,}",
                 "limit_text": f"{figure:,}" if figure else "",
                 "percent": percent,
             }
         )
+    return uses
+
+
+def _card(view: dict[str, Any], form: KeyLimitsForm) -> dict[str, Any]:
+    limits, usage = view["limits"], view["usage"]
     state = "expired" if view["expired"] and view["state"] == "active" else view["state"]
     rates = [
         (
@@ -150,7 +164,8 @@ def _card(view: dict[str, Any], form: KeyLimitsForm) -> dict[str, Any]:
     return {
         "view": view,
         "state": state,
-        "budgets": budgets,
+        "uses": uses_against_limits(view),
+        "counted_now": usage.get("in_flight") is not None,
         "rates": rates,
         "requests_today": f"{usage['requests_today']:,}",
         "weight": f"{limits['weight']:g}",
@@ -167,7 +182,7 @@ def _minute(when: str | None) -> str:
 
 def _visible(who: Actor, key_id: int) -> dict[str, Any] | None:
     key = selectors.keys_visible_to(who).filter(pk=key_id).first() if key_id < 2**62 else None
-    return selectors.key_view(key) if isinstance(key, GatewayKey) else None
+    return key_items([key])[0] if isinstance(key, GatewayKey) else None
 
 
 def _card_answer(

@@ -1,5 +1,6 @@
 """The limit flags that `key create`, `key limits`, `team add` and `team limits` share, and how a
-key's or team's limits print: each limit beside what was used against it."""
+key's or team's limits print: each limit beside what was used against it (today, this month, in
+the last minute, now)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,15 @@ COUNTERS = {
     "tokens_per_day": ("prompt + completion tokens per day (UTC)", "tokens/day"),
     "tokens_per_month": ("prompt + completion tokens per calendar month (UTC)", "tokens/month"),
 }
-# The usage figure each budget is counted against (the API's usage fields).
-USED = {"tokens_per_day": "tokens_today", "tokens_per_month": "tokens_this_month"}
+# The usage figure each limit is counted against (the API's usage fields), and over when. The
+# rates' figures are null for a key or team the gateway does not count (it has no limit at all).
+USED = {
+    "rpm": ("requests_last_minute", " in the last minute"),
+    "tpm": ("tokens_last_minute", " in the last minute"),
+    "max_parallel": ("in_flight", " now"),
+    "tokens_per_day": ("tokens_today", ""),
+    "tokens_per_month": ("tokens_this_month", ""),
+}
 
 
 def add_limit_flags(parser: Any, *, key: bool) -> None:
@@ -86,11 +94,12 @@ def limit_lines(view: dict[str, Any]) -> list[str]:
     lines = []
     for field, (_, unit) in COUNTERS.items():
         figure = limits[field]
-        used = usage.get(USED.get(field, ""))
+        name, when = USED[field]
+        used = usage.get(name)
         shown = "no limit" if figure is None else f"{figure:,} {unit}"
         if used is not None:
             against = f"{used:,} used" if figure is None else f"{used:,} used of {figure:,}"
-            shown += f" ({against})"
+            shown += f" ({against}{when})"
         lines.append(f"  {field.replace('_', '-'):<17} {shown}")
     models = ", ".join(limits["models"]) if limits["models"] else "every model"
     lines.append(f"  {'models':<17} {models}")

@@ -33,7 +33,15 @@ def test_staff_add_a_team_with_limits_and_members(api: Any, users: dict[str, Any
     body = response.json()
     assert body["members"] == ["alice", "bob"] and body["keys"] == 0
     assert body["limits"]["tpm"] == 20000 and body["limits"]["rpm"] is None
-    assert body["usage"] == {"requests_today": 0, "tokens_today": 0, "tokens_this_month": 0}
+    assert body["usage"] == {
+        "requests_today": 0,
+        "tokens_today": 0,
+        "tokens_this_month": 0,
+        # Counted now (it has a tpm), by no gateway process yet.
+        "requests_last_minute": 0,
+        "tokens_last_minute": 0,
+        "in_flight": 0,
+    }
     entry = AuditEntry.objects.get(action="team-add")
     assert entry.model_name == "team research" and entry.actor_name == "staff"
     assert entry.after["members"] == ["alice", "bob"]

@@ -48,12 +48,19 @@ def test_a_key_is_created_with_its_limits_and_prints_them(ctl: Ctl, users: dict[
     assert (key.team.name, key.rpm, key.models, key.weight) == ("research", 60, ["llama-*"], 0.5)
     assert "  team              research\n" in out
     assert "  expires           2999-01-31 00:00:00 UTC\n" in out
-    assert "  rpm               60 requests/min\n" in out
+    assert "  rpm               60 requests/min (0 used of 60 in the last minute)\n" in out
     assert "  models            llama-*\n" in out
     code, out, _ = ctl("alice", "keys", "--json")
     listed = json.loads(out)[0]
     assert listed["team"] == "research" and listed["limits"]["rpm"] == 60
-    assert listed["usage"] == {"requests_today": 0, "tokens_today": 0, "tokens_this_month": 0}
+    assert listed["usage"] == {
+        "requests_today": 0,
+        "tokens_today": 0,
+        "tokens_this_month": 0,
+        "requests_last_minute": 0,
+        "tokens_last_minute": 0,
+        "in_flight": 0,
+    }
 
 
 def test_key_limits_changes_only_what_is_given(ctl: Ctl) -> None:
@@ -62,9 +69,8 @@ def test_key_limits_changes_only_what_is_given(ctl: Ctl) -> None:
     code, out, err = ctl("alice", "key", "limits", str(key.pk), "--rpm", "none")
     assert code == 0, err
     assert out.splitlines()[0] == f"Gateway key {key.pk} ({key.prefix}…, bot, owned by alice):"
-    assert (
-        "  rpm               no limit\n" in out and "  tpm               1,000 tokens/min\n" in out
-    )
+    assert "  rpm               no limit (0 used in the last minute)\n" in out
+    assert "  tpm               1,000 tokens/min (0 used of 1,000 in the last minute)\n" in out
     assert out.endswith("The gateway holds these within a second.\n")
     key.refresh_from_db()
     assert (key.rpm, key.tpm) == (None, 1000)

@@ -39,9 +39,9 @@ def test_staff_add_a_team_and_it_prints_what_is_in_force(ctl: Ctl) -> None:
         "Team research added:",
         "  members           alice, bob",
         "  keys              0 active",
-        "  rpm               no limit",
-        "  tpm               20,000 tokens/min",
-        "  max-parallel      no limit",
+        "  rpm               no limit (0 used in the last minute)",
+        "  tpm               20,000 tokens/min (0 used of 20,000 in the last minute)",
+        "  max-parallel      no limit (0 used now)",
         "  tokens-per-day    1,000,000 tokens/day (0 used of 1,000,000)",
         "  tokens-per-month  no limit (0 used)",
         "  models            llama-*, qwen",
@@ -62,7 +62,8 @@ def test_limits_members_show_and_remove(ctl: Ctl) -> None:
     code, out, err = ctl("staff", "team", "limits", "research", "--rpm", "100", "--weight", "2")
     assert code == 0, err
     assert out.startswith("Team research now:\n")
-    assert "  rpm               100 requests/min\n" in out and "  weight            2\n" in out
+    assert "  rpm               100 requests/min (0 used of 100 in the last minute)\n" in out
+    assert "  weight            2\n" in out
     assert out.endswith("The gateway holds these within a second.\n")
     code, out, _ = ctl("staff", "team", "limits", "research", "--rpm", "none")
     assert "  rpm               no limit\n" in out
