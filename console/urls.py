@@ -11,6 +11,7 @@ from .views import (
     model_registry,
     models,
     nodes,
+    teams,
     usage,
 )
 
@@ -60,4 +61,9 @@ urlpatterns = [
     path("keys/create", keys.key_create, name="console-key-create"),
     path("keys/<int:key_id>/limits", keys.key_limits, name="console-key-limits"),
     path("keys/<int:key_id>/revoke", keys.key_revoke, name="console-key-revoke"),
+    path("teams/", teams.teams_page, name="console-teams"),
+    path("teams/create", teams.team_create, name="console-team-create"),
+    path("teams/<str:name>/limits", teams.team_limits, name="console-team-limits"),
+    path("teams/<str:name>/members", teams.team_members, name="console-team-members"),
+    path("teams/<str:name>/remove", teams.team_remove, name="console-team-remove"),
 ]

@@ -1,0 +1,334 @@
+"""The Teams page: the teams whose members' keys share limits, with their use against each limit.
+
+Staff add teams here, set their limits and members and remove them; a user sees the teams they
+are in, read-only. Every change goes through gateway.services, as the API's and the CLI's do, so
+the audit records who made it and the three doors cannot disagree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import messages
+from django.http import HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from catalog.errors import CatalogError
+from catalog.services import Actor
+from console import selectors as console_selectors
+from console.forms import ConsoleForm
+from console.key_forms import KeyLimitsForm
+from gateway import selectors, services
+from gateway.api import team_items
+from gateway.services import COUNTERS
+
+from .keys import uses_against_limits
+from .pages import HtmxHttpRequest, actor, login_required, render_page, wants_partial
+
+TEAMS_PER_PAGE = 25
+TEMPLATE = "console/teams.html"
+LIMITS_DONE = "Limits in force now; the gateway holds them within a second."
+
+
+# -- forms: text into the services' words (the services decide what is allowed) ---------------
+
+
+class TeamLimitsForm(ConsoleForm):
+    """A team's limits, shown as they are; only what was changed is sent."""
+
+    # The same fields, with the same words, as a key's limits on the Keys page.
+    rpm = KeyLimitsForm.base_fields["rpm"]
+    tpm = KeyLimitsForm.base_fields["tpm"]
+    max_parallel = KeyLimitsForm.base_fields["max_parallel"]
+    tokens_per_day = KeyLimitsForm.base_fields["tokens_per_day"]
+    tokens_per_month = KeyLimitsForm.base_fields["tokens_per_month"]
+    models = KeyLimitsForm.base_fields["models"]
+    weight = forms.CharField(
+        label="Weight",
+        required=False,
+        max_length=20,
+        help_text="the team's share of a model's slots when requests queue, all its keys "
+        "together (1 by default); its keys' weights are at most this",
+    )
+
+    problem_fields = {name: name for name in [*COUNTERS, "models", "weight"]}
+    SETTINGS = [*COUNTERS, "models", "weight"]
+
+    def __init__(self, *args: Any, view: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if view is not None:
+            kwargs.setdefault("auto_id", f"team-{view['name']}-%s")
+            kwargs.setdefault("initial", _initial(view))
+        super().__init__(*args, **kwargs)
+
+    def changes(self) -> dict[str, Any]:
+        data = self.cleaned_data
+        return {name: data[name] for name in self.SETTINGS if name in self.changed_data}
+
+
+def _initial(view: dict[str, Any]) -> dict[str, Any]:
+    limits = view["limits"]
+    initial: dict[str, Any] = {
+        name: "" if limits[name] is None else str(limits[name]) for name in COUNTERS
+    }
+    initial["models"] = ", ".join(limits["models"])
+    initial["weight"] = f"{limits['weight']:g}"
+    return initial
+
+
+def _usernames(text: str) -> list[str]:
+    # "alice, bob" and "alice bob" both name two users, as `--add alice,bob` does in the CLI.
+    return [name for name in text.replace(",", " ").split() if name]
+
+
+class TeamCreateForm(TeamLimitsForm):
+    name = forms.CharField(
+        label="Name",
+        max_length=200,
+        help_text="letters, digits, '.', '_', '-' and ':', like research; part of URLs and "
+        "commands",
+        error_messages={"required": "Give the team a name, like research or support."},
+    )
+    members = forms.CharField(
+        label="Members",
+        required=False,
+        max_length=5000,
+        help_text="usernames, separated by commas or spaces; empty: none yet",
+    )
+
+    field_order = ["name", "members", *COUNTERS, "models", "weight"]
+    problem_fields = {**TeamLimitsForm.problem_fields, "name": "name", "members": "members"}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("auto_id", "new-team-%s")
+        super().__init__(*args, **kwargs)
+
+    def changes(self) -> dict[str, Any]:
+        data = self.cleaned_data
+        return {name: data[name] for name in self.SETTINGS if data[name].strip()}
+
+    def member_names(self) -> list[str]:
+        return _usernames(self.cleaned_data["members"])
+
+
+class TeamMembersForm(ConsoleForm):
+    add = forms.CharField(
+        label="Add",
+        required=False,
+        max_length=5000,
+        help_text="usernames, separated by commas or spaces",
+    )
+    remove = forms.CharField(
+        label="Remove",
+        required=False,
+        max_length=5000,
+        help_text="usernames; a member removed keeps their keys in the team, held to its "
+        "limits, until they or staff move them",
+    )
+
+    # The services' problems name "members", either field's: their sentence goes on top.
+    problem_fields: dict[str, str] = {}
+
+    def __init__(self, *args: Any, view: dict[str, Any], **kwargs: Any) -> None:
+        kwargs.setdefault("auto_id", f"team-{view['name']}-members-%s")
+        super().__init__(*args, **kwargs)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if not _usernames(data.get("add", "")) and not _usernames(data.get("remove", "")):
+            raise forms.ValidationError("Say whom to add or remove: give at least one username.")
+        return data
+
+    def names(self) -> dict[str, list[str]]:
+        return {
+            "add": _usernames(self.cleaned_data["add"]),
+            "remove": _usernames(self.cleaned_data["remove"]),
+        }
+
+
+# -- views ------------------------------------------------------------------------------------
+
+
+@require_GET
+@login_required
+def teams_page(request: HtmxHttpRequest) -> HttpResponse:
+    who = actor(request)
+    return render_page(request, TEMPLATE, "teams-body", _page(request, who, TeamCreateForm()))
+
+
+@require_POST
+@login_required
+def team_create(request: HtmxHttpRequest) -> HttpResponse:
+    who = actor(request)
+    form = TeamCreateForm(request.POST)
+    if not form.is_valid():
+        return render_page(request, TEMPLATE, "teams-body", _page(request, who, form), 400)
+    try:
+        team = services.team_add(
+            actor=who,
+            name=form.cleaned_data["name"],
+            limits=form.changes(),
+            members=form.member_names(),
+        )
+    except CatalogError as refusal:
+        form.refuse(refusal)
+        context = _page(request, who, form)
+        if not who.is_staff:  # the form is not on their page: say why on top
+            context["refusal"] = refusal.message
+        return render_page(request, TEMPLATE, "teams-body", context, refusal.status)
+    context = _page(request, who, TeamCreateForm())
+    context["done"] = f"Team {team.name} added."
+    return render_page(request, TEMPLATE, "teams-body", context, 201)
+
+
+@require_POST
+@login_required
+def team_limits(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    who = actor(request)
+    view = _visible(who, name)
+    if view is None:
+        return _missing(request, who, name)
+    form = TeamLimitsForm(request.POST, view=view)
+    if not form.is_valid():
+        return _card_answer(request, who, name, limits_form=form, status=400)
+    try:
+        services.team_set_limits(actor=who, name=name, changes=form.changes())
+    except CatalogError as refusal:
+        form.refuse(refusal)
+        return _card_answer(request, who, name, limits_form=form, refusal=refusal)
+    return _card_answer(request, who, name, done=LIMITS_DONE)
+
+
+@require_POST
+@login_required
+def team_members(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    who = actor(request)
+    view = _visible(who, name)
+    if view is None:
+        return _missing(request, who, name)
+    form = TeamMembersForm(request.POST, view=view)
+    if not form.is_valid():
+        return _card_answer(request, who, name, members_form=form, status=400)
+    try:
+        team = services.team_members(actor=who, name=name, **form.names())
+    except CatalogError as refusal:
+        form.refuse(refusal)
+        return _card_answer(request, who, name, members_form=form, refusal=refusal)
+    members = sorted(team.members.values_list("username", flat=True))
+    done = f"Team {team.name} has {len(members)} member(s): {', '.join(members) or 'none'}."
+    return _card_answer(request, who, name, done=done)
+
+
+@require_POST
+@login_required
+def team_remove(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    who = actor(request)
+    if _visible(who, name) is None:
+        return _missing(request, who, name)
+    try:
+        keys = services.team_remove(actor=who, name=name)
+    except CatalogError as refusal:
+        context = _page(request, who, TeamCreateForm())
+        context["refusal"] = refusal.message
+        return render_page(request, TEMPLATE, "teams-body", context, refusal.status)
+    done = f"Team {name} removed; its {keys} key(s) stay, without the team's limits."
+    if not wants_partial(request):
+        messages.success(request, done)
+        return HttpResponseRedirect(reverse("console-teams"))
+    context = _page(request, who, TeamCreateForm())
+    context["done"] = done
+    return render_page(request, TEMPLATE, "teams-body", context)
+
+
+# -- the page's parts -------------------------------------------------------------------------
+
+
+def _page(request: HtmxHttpRequest, who: Actor, create_form: TeamCreateForm) -> dict[str, Any]:
+    page = console_selectors.page_of(
+        selectors.teams_visible_to(who), request.GET.get("page"), TEAMS_PER_PAGE
+    )
+    return {
+        "cards": [_card(view, who) for view in team_items(page.object_list)],
+        "create_form": create_form,
+        "staff": who.is_staff,
+        "page": page,
+    }
+
+
+def _card(
+    view: dict[str, Any],
+    who: Actor,
+    *,
+    limits_form: TeamLimitsForm | None = None,
+    members_form: TeamMembersForm | None = None,
+) -> dict[str, Any]:
+    limits, usage = view["limits"], view["usage"]
+    rates = [
+        (
+            KeyLimitsForm.base_fields[name].label,
+            "no limit" if limits[name] is None else f"{limits[name]:,}",
+        )
+        for name in ("rpm", "tpm", "max_parallel")
+    ]
+    card: dict[str, Any] = {
+        "view": view,
+        "uses": uses_against_limits(view),
+        "counted_now": usage.get("in_flight") is not None,
+        "rates": rates,
+        "requests_today": f"{usage['requests_today']:,}",
+        "weight": f"{limits['weight']:g}",
+    }
+    if who.is_staff:  # only staff change a team: the others get no forms to fill in vain
+        card["limits_form"] = limits_form or TeamLimitsForm(view=view)
+        card["members_form"] = members_form or TeamMembersForm(view=view)
+    return card
+
+
+def _visible(who: Actor, name: str) -> dict[str, Any] | None:
+    team = selectors.team_visible_to(who, name)
+    return team_items([team])[0] if team is not None else None
+
+
+def _card_answer(
+    request: HtmxHttpRequest,
+    who: Actor,
+    name: str,
+    *,
+    limits_form: TeamLimitsForm | None = None,
+    members_form: TeamMembersForm | None = None,
+    refusal: CatalogError | None = None,
+    done: str = "",
+    status: int = 200,
+) -> HttpResponse:
+    """htmx gets the team's card back with what happened in it; a plain form post, the page."""
+    if refusal is not None:
+        status = refusal.status
+    view = _visible(who, name)
+    if view is None:  # removed by someone else meanwhile
+        return _missing(request, who, name)
+    card = _card(view, who, limits_form=limits_form, members_form=members_form)
+    # A refusal without a form on the page (a member is not staff) is said in the card itself.
+    card["error"] = refusal.message if refusal is not None and not who.is_staff else ""
+    card["done"] = done
+    if not wants_partial(request):
+        if status == 200:
+            messages.success(request, done)
+            return HttpResponseRedirect(reverse("console-teams"))
+        # The page, the team's card on top with the refused form in it (it may be on another page).
+        context = _page(request, who, TeamCreateForm())
+        others = [c for c in context["cards"] if c["view"]["name"] != name]
+        context["cards"] = [card, *others]
+        return render(request, TEMPLATE, context, status=status)
+    context = {"card": card, "staff": who.is_staff}
+    return render(request, f"{TEMPLATE}#team-card", context, status=status)
+
+
+def _missing(request: HtmxHttpRequest, who: Actor, name: str) -> HttpResponse:
+    # A team one is not in is reported as missing, as the API does.
+    context = _page(request, who, TeamCreateForm())
+    context["refusal"] = (
+        f"There is no team named {name[:100]!r} of yours; the Teams page lists them."
+    )
+    return render(request, TEMPLATE, context, status=404)
