@@ -14,6 +14,11 @@ and whole (non-streamed) answers. Per concurrency it prints the latency added ov
 most streams the upstream had open at once, wall time over the ideal (50 ms streams only), and the
 CPU milliseconds per request of the proxy's processes, with the targets of issue 10 beside them.
 
+Then what a key's limits cost a request: whole answers through the gateway, in interleaved rounds,
+with the key above (no limits) and with a key whose rpm, tpm and max_parallel are far above what
+the bench sends, in a team with an rpm (so that every check runs and none refuses), at 1 and 32
+clients: each key's median and p99, CPU per request, and the added median beside its target.
+
 Run: make bench, or .venv/bin/python bench/gateway.py [--quick] [--levels 1,8,32,128,512]
 """
 
@@ -54,6 +59,16 @@ LITELLM_KEY = "sk-llmgw-bench-0123456789abcdef0123456789abcdef"
 # the gateway's fair queue would hold all but one, as it should for an engine that computes one
 # at a time) and the bench measures what the gateway adds, not a queue.
 UPSTREAM_SLOTS = 4096
+
+# What a key's limits cost a request (issue 21): the clients, and the most they may add.
+LIMIT_LEVELS = (1, 32)
+TARGET_LIMITS_ADDED_MS = 0.1
+# The limited key's and its team's figures: far above anything the bench sends, so that every
+# limit is counted and checked and none refuses.
+LIMITED_KEY = "rpm=10**9, tpm=10**12, max_parallel=10**6"
+LIMITED_TEAM = "rpm=10**9"
+# The two keys compared: the label printed, and the key's name in prepare_gateway_keys.
+LIMIT_KEYS = {"no limits": "bench", "limited": "limited"}
 
 TARGETS = (
     "targets (issue 10): 512 concurrent 1-s streams: wall/ideal <= 1.5, all 512 open at once, "
@@ -275,10 +290,21 @@ def prepare_gateway(
 ) -> tuple[dict[str, str], str]:
     """A database with the bench models, one replica each on the fake upstream, and a key;
     and "bench-pair" with two replicas, one on each fake upstream, to measure the spread."""
+    env, secrets = prepare_gateway_keys(folder, upstream_port, second_port)
+    return env, secrets["bench"]
+
+
+def prepare_gateway_keys(
+    folder: Path, upstream_port: int, second_port: int
+) -> tuple[dict[str, str], dict[str, str]]:
+    """prepare_gateway's database, with its key ("bench", no limits) and a "limited" one (see
+    LIMITED_KEY and LIMITED_TEAM); the environment and the keys by name."""
     env = gateway_env(folder)
     script = (
         DATABASE_PRELUDE
         + f"""
+import json
+from gateway.models import GatewayKey, Team
 UPSTREAM_SLOTS = {UPSTREAM_SLOTS}
 for name, ports in (("bench-slow", [{upstream_port}]), ("bench-fast", [{upstream_port}]),
                     ("bench-pair", [{upstream_port}, {second_port}])):
@@ -292,10 +318,14 @@ for name, ports in (("bench-slow", [{upstream_port}]), ("bench-fast", [{upstream
         Replica.objects.create(model=Model.objects.get(name=name), model_name=name, node=node,
             profile="cpu", spec={{"slots": UPSTREAM_SLOTS}}, spec_key="bench",
             state=Replica.READY, port=port)
-print(key_create(actor=actor, name="bench")[1])
+bench = key_create(actor=actor, name="bench")[1]
+team = Team.objects.create(name="bench-team", {LIMITED_TEAM})
+limited, limited_secret = key_create(actor=actor, name="limited")
+GatewayKey.objects.filter(pk=limited.pk).update(team=team, {LIMITED_KEY})
+print(json.dumps({{"bench": bench, "limited": limited_secret}}))
 """
     )
-    return env, prepare_database(script, env)
+    return env, json.loads(prepare_database(script, env))
 
 
 def litellm_install() -> subprocess.Popen[bytes] | None:
@@ -550,6 +580,73 @@ def verdicts(
         )
 
 
+async def limits_cost(
+    gateway: str, secrets: dict[str, str], pid: int, quick: bool
+) -> tuple[dict[int, dict[str, Sample]], bool]:
+    """Whole answers with the unlimited key and the limited one, in interleaved rounds (the
+    order swapped every round, so that a drift of the machine's load falls on both), per
+    LIMIT_LEVELS clients; and whether the limited key's answer said where its limits stand
+    (x-ratelimit-* headers: its limits were counted)."""
+    import aiohttp
+
+    url = f"{gateway}/v1/chat/completions"
+    body = request_body("bench-fast", False)
+    keys = {name: {"Authorization": f"Bearer {secrets[key]}"} for name, key in LIMIT_KEYS.items()}
+    results: dict[int, dict[str, Sample]] = {}
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=timeout, auto_decompress=False
+    ) as session:
+        async with session.post(url, data=body, headers=keys["limited"]) as response:
+            await response.read()
+            counted = "x-ratelimit-limit-requests" in response.headers
+        for headers in keys.values():
+            await run_cell(session, url, headers, body, 8, 64, Sample())  # warm
+        for clients in LIMIT_LEVELS:
+            rounds = 6 if quick else 12
+            per_round = max(clients * 20, 200 if quick else 500)
+            cell = {name: Sample() for name in keys}
+            for index in range(rounds):
+                for name in list(keys)[:: 1 if index % 2 == 0 else -1]:
+                    before = tree_cpu_seconds(pid)
+                    await run_cell(session, url, keys[name], body, clients, per_round, cell[name])
+                    cell[name].cpu += tree_cpu_seconds(pid) - before
+            results[clients] = cell
+            print(f"  measured limits at {clients} clients", file=sys.stderr, flush=True)
+    return results, counted
+
+
+def report_limits(results: dict[int, dict[str, Sample]], counted: bool) -> None:
+    ms = lambda s: f"{s * 1000:.3f}"  # noqa: E731
+    print(
+        f"\nlimits: whole answers through llmgw, a key without limits and one with "
+        f"{LIMITED_KEY.replace('=', ' ')}\n  in a team with {LIMITED_TEAM.replace('=', ' ')} "
+        "(every limit checked, none reached), in interleaved rounds"
+    )
+    if not counted:
+        print("  the limited key's answers have no x-ratelimit-* headers: were its limits counted?")
+    print(
+        f"{'clients':>7} {'key':<10}{'n':>6}{'p50 ms':>9}{'p99 ms':>9}{'errors':>7}"
+        f"{'cpu ms/req':>11}{'+p50 ms':>9}  target"
+    )
+    for clients, cell in results.items():
+        base = percentile(cell["no limits"].totals, 0.5)
+        for name, sample in cell.items():
+            p50 = percentile(sample.totals, 0.5)
+            added, target = "-", ""
+            if name != "no limits":
+                added = ms(p50 - base)
+                if clients == 1:
+                    met = (p50 - base) * 1000 <= TARGET_LIMITS_ADDED_MS
+                    target = f"<= {TARGET_LIMITS_ADDED_MS} ms: {'met' if met else 'NOT met'}"
+            cpu = sample.cpu / max(1, sample.requests) * 1000
+            print(
+                f"{clients:>7} {name:<10}{sample.requests:>6}{ms(p50):>9}"
+                f"{ms(percentile(sample.totals, 0.99)):>9}{sample.errors:>7}{cpu:>11.3f}"
+                f"{added:>9}  {target}"
+            )
+
+
 async def spread(gateway: str, auth: dict[str, str], upstreams: list[str]) -> None:
     """Least-loaded over 2 replicas, with the gateway's 2 workers choosing: neither above 60%."""
     import aiohttp
@@ -596,7 +693,8 @@ def main() -> int:
                 )
                 wait_http(f"http://127.0.0.1:{port}/health", "the fake upstream")
             upstream = f"http://127.0.0.1:{upstream_port}"
-            env, key = prepare_gateway(folder, upstream_port, second_port)
+            env, secrets = prepare_gateway_keys(folder, upstream_port, second_port)
+            key = secrets["bench"]
             from llmgw_site.management.commands.llmgw_run import gateway_command
 
             gateway_port = free_port()
@@ -642,6 +740,9 @@ def main() -> int:
             )
             results = asyncio.run(measure(paths, upstream, levels, args.quick))
             report(results, levels, list(paths))
+            report_limits(
+                *asyncio.run(limits_cost(gateway, secrets, processes.pid("llmgw"), args.quick))
+            )
             asyncio.run(spread(gateway, auth, [upstream, f"http://127.0.0.1:{second_port}"]))
         finally:
             processes.stop_all()
