@@ -395,6 +395,12 @@ class SharedCounters:
         self.pid = pid if pid is not None else os.getpid()
         folder.mkdir(parents=True, exist_ok=True)
         self._lock_handle = os.open(folder / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        # The lock file holds the folder's generation: one more each time a process's file is
+        # made or dropped, so a check reads one number, not the folder, to know it has them all.
+        if os.fstat(self._lock_handle).st_size < 8:
+            os.ftruncate(self._lock_handle, 8)
+        self._generation_map = mmap.mmap(self._lock_handle, 8)
+        self._generation = memoryview(self._generation_map).cast("q")
         self._file = folder / f"limits-{self.pid}"
         self._map = map_own_file(self._file, FILE_BYTES)
         self._mine = memoryview(self._map).cast("q")
@@ -404,7 +410,9 @@ class SharedCounters:
         self._slots: dict[int, int] = {}  # tag -> own slot
         self._others: dict[int, tuple[mmap.mmap, memoryview, str]] = {}
         self._scanned_at = float("-inf")
-        self._folder_mtime = -1
+        self._seen_generation = -1
+        self._calendar = (-1, date.min, 0, 0)  # bucket -> (today, its ordinal, month index)
+        self._bump_generation()
         self.closed = False
         # Where several machines count together (REDIS_URL): set by the gateway's start.
         self.remote: RedisLimits | None = None
@@ -458,20 +466,25 @@ class SharedCounters:
 
     # -- everyone's files ------------------------------------------------------------------
 
-    def _rescan(self, now: float) -> None:
+    def _bump_generation(self) -> None:
+        fcntl.flock(self._lock_handle, fcntl.LOCK_EX)
         try:
-            mtime = os.stat(self.folder).st_mtime_ns
-        except OSError:
+            self._generation[0] += 1
+        finally:
+            fcntl.flock(self._lock_handle, fcntl.LOCK_UN)
+
+    def _rescan(self, now: float) -> None:
+        generation = self._generation[0]
+        if generation == self._seen_generation and now - self._scanned_at < RESCAN_SECONDS:
             return
-        if mtime == self._folder_mtime and now - self._scanned_at < RESCAN_SECONDS:
-            return
-        self._folder_mtime, self._scanned_at = mtime, now
+        self._seen_generation, self._scanned_at = generation, now
         seen: set[int] = set()
         for pid, path in other_processes_files(self.folder, "limits", self.pid):
             if not _writer_alive(path, pid):
                 if pid in self._others:
                     _close(*self._others.pop(pid)[:2])
                 _drop(path)
+                self._generation[0] += 1  # under the lock: a check rescans under it
                 continue
             seen.add(pid)
             if pid not in self._others:
@@ -488,20 +501,22 @@ class SharedCounters:
 
     def _use(self, tag: int, bucket: int, day: int, month: int) -> _Use:
         use = _Use(0, [0] * BUCKETS, [0] * BUCKETS, {})
+        requests, tokens = use.requests, use.tokens
         home = zlib.crc32(tag.to_bytes(8, "little")) % SLOTS
         for view, writer in self._views():
             base = _find(view, tag, home)
             if base is None:
                 continue
-            use.in_flight += view[base + IN_FLIGHT]
+            row = view[base : base + WIDTH].tolist()  # one copy in C, then plain ints
+            use.in_flight += row[IN_FLIGHT]
             for index in range(BUCKETS):
-                age = bucket - view[base + STAMPS + index]
+                age = bucket - row[STAMPS + index]
                 if 0 <= age < BUCKETS:
-                    use.requests[age] += view[base + REQUESTS + index]
-                    use.tokens[age] += view[base + TOKENS + index]
+                    requests[age] += row[REQUESTS + index]
+                    tokens[age] += row[TOKENS + index]
             if writer:
-                day_tokens = view[base + DAY_TOKENS] if view[base + DAY] == day else 0
-                month_tokens = view[base + MONTH_TOKENS] if view[base + MONTH] == month else 0
+                day_tokens = row[DAY_TOKENS] if row[DAY] == day else 0
+                month_tokens = row[MONTH_TOKENS] if row[MONTH] == month else 0
                 had = use.local.get(writer, (0, 0))
                 use.local[writer] = (had[0] + day_tokens, had[1] + month_tokens)
         return use
@@ -533,8 +548,7 @@ class SharedCounters:
         """Let one request through (counting it) or say which limit refuses it."""
         now = time.time() if now is None else now
         bucket = int(now // BUCKET_SECONDS)
-        today = datetime.fromtimestamp(now, UTC).date()
-        day, month = today.toordinal(), _month_index(today)
+        today, day, month = self._day_of(bucket, now)
         subjects: list[tuple[int, Limits, str]] = []
         if key.counted:
             subjects.append((key_tag(key_id), key, "key"))
@@ -578,6 +592,15 @@ class SharedCounters:
             fcntl.flock(self._lock_handle, fcntl.LOCK_UN)
         return Admission(tuple(slots), _headers(headers), self, remote=decided)
 
+    def _day_of(self, bucket: int, now: float) -> tuple[date, int, int]:
+        """The UTC day of `now`, its ordinal and its month's index, kept for the 5-second bucket
+        (a bucket never spans midnight: a day is a whole number of buckets)."""
+        calendar = self._calendar
+        if calendar[0] != bucket:
+            today = datetime.fromtimestamp(now, UTC).date()
+            calendar = self._calendar = (bucket, today, today.toordinal(), _month_index(today))
+        return calendar[1], calendar[2], calendar[3]
+
     def peek(
         self, key_id: int, key: Limits, team: Limits | None, now: float | None = None
     ) -> tuple[tuple[str, str], ...]:
@@ -615,8 +638,7 @@ class SharedCounters:
         bucket = int(now // BUCKET_SECONDS)
         if admission.remote is not None and self.remote is not None:
             self.remote.end(admission.remote, tokens, bucket)
-        today = datetime.fromtimestamp(now, UTC).date()
-        day, month = today.toordinal(), _month_index(today)
+        _, day, month = self._day_of(bucket, now)
         view = self._mine
         for tag, slot in admission.slots:
             base = HEADER + slot * WIDTH
@@ -656,6 +678,9 @@ class SharedCounters:
         self._mine.release()
         self._map.close()
         _drop(self._file)
+        self._bump_generation()
+        self._generation.release()
+        self._generation_map.close()
         os.close(self._lock_handle)
 
 
