@@ -12,4 +12,9 @@ urlpatterns = [
     path("api/v1/teams/<str:name>", api.TeamAPI.as_view(), name="api-team"),
     path("api/v1/teams/<str:name>/members", api.TeamMembersAPI.as_view(), name="api-team-members"),
     path("api/v1/usage", usage_api.UsageAPI.as_view(), name="api-usage"),
+    path(
+        "api/v1/models/<str:name>/traffic",
+        usage_api.ModelTrafficAPI.as_view(),
+        name="api-model-traffic",
+    ),
 ]

@@ -1,6 +1,9 @@
-"""Usage per gateway key under /api/v1/usage: JSON for `llmgw ctl usage`, CSV for spreadsheets.
+"""Usage per gateway key under /api/v1/usage: JSON for `llmgw ctl usage`, CSV for spreadsheets;
+and a model's traffic through the gateway under /api/v1/models/NAME/traffic, for
+`llmgw ctl model traffic`.
 
 A user sees the usage of their own keys; staff see everyone's (as with the keys themselves).
+Every signed-in user sees every model's traffic, as on the console's model page.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from catalog.api import actor_of, answers
+from catalog import services as catalog_services
+from catalog.api import actor_of, answers, out
 
-from . import selectors
+from . import selectors, traffic
 
 USAGE_COLUMNS = (
     "day",
@@ -142,3 +146,99 @@ class UsageAPI(APIView):
         if request.accepted_renderer.format == "csv":
             response["Content-Disposition"] = 'attachment; filename="llmgw-usage.csv"'
         return response
+
+
+# -- a model's traffic ----------------------------------------------------------------------
+
+
+# The three read the objects of gateway.traffic (Figures, Point, ModelTraffic).
+class TrafficFiguresOut(serializers.Serializer):
+    """What the gateway answered for the model, and how its requests fared in the fair queue."""
+
+    requests = serializers.IntegerField(help_text="answers the gateway gave for the model")
+    client_errors = serializers.IntegerField(help_text="answers 400-499")
+    server_errors = serializers.IntegerField(help_text="answers 500-599")
+    latency_p50_seconds = serializers.FloatField(
+        source="latency_p50", allow_null=True, help_text="null without answers"
+    )
+    latency_p95_seconds = serializers.FloatField(
+        source="latency_p95", allow_null=True, help_text="null without answers"
+    )
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    queued = serializers.IntegerField(
+        help_text="requests that waited in the gateway's fair queue for a free slot, because "
+        "every slot of the model's replicas was busy (then served, timed out or hung up)"
+    )
+    queue_seconds_mean = serializers.FloatField(
+        allow_null=True, help_text="their mean wait in seconds; null when none waited"
+    )
+    queue_seconds_max = serializers.FloatField(
+        help_text="the longest of those waits in seconds; 0 when none waited"
+    )
+    queue_timeouts = serializers.IntegerField(
+        help_text="waits that ran out (LLMGW_QUEUE_TIMEOUT): answered 503"
+    )
+    queue_full = serializers.IntegerField(
+        help_text="requests refused at once because the queue was full (LLMGW_QUEUE_MAX): "
+        "answered 429"
+    )
+
+
+class TrafficPointOut(TrafficFiguresOut):
+    """One step of the window that had traffic."""
+
+    start = serializers.DateTimeField(help_text="the step's first minute, UTC")
+    tokens_per_second = serializers.FloatField(help_text="completion tokens a second over the step")
+
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        return {
+            "start": self.fields["start"].to_representation(instance.start),
+            **TrafficFiguresOut(instance.figures).data,
+            "tokens_per_second": instance.tokens_per_second,
+        }
+
+
+class ModelTrafficOut(serializers.Serializer):
+    """A model's traffic through the gateway over the last hour, day or week."""
+
+    model = serializers.CharField()
+    window = serializers.ChoiceField(choices=list(traffic.WINDOWS), source="window.name")
+    start = serializers.DateTimeField(help_text="the window's beginning, UTC")
+    end = serializers.DateTimeField(help_text="its end: the end of the step now under way")
+    step_seconds = serializers.IntegerField(help_text="what each point covers")
+    waiting_now = serializers.IntegerField(
+        help_text="requests waiting in the fair queue for the model now, over the gateway "
+        "processes of the machine that answers this (gateways on other machines are not seen)"
+    )
+    total = TrafficFiguresOut(help_text="the whole window")
+    points = TrafficPointOut(many=True, help_text="the steps that had traffic, oldest first")
+
+
+class ModelTrafficQuery(serializers.Serializer):
+    window = serializers.ChoiceField(
+        choices=list(traffic.WINDOWS),
+        default="hour",
+        help_text="the last hour (a point a minute), day (15 minutes) or week (an hour)",
+        error_messages={
+            "invalid_choice": "{input!r} is not a window: use hour, day or week (the default, "
+            "hour, when left out)"
+        },
+    )
+
+
+class ModelTrafficAPI(APIView):
+    @extend_schema(
+        summary="A model's traffic through the gateway, and its fair queue",
+        description="Requests, errors, latency, tokens and the requests that waited for a free "
+        "slot, over the last hour, day or week; the figures the console's model page charts. "
+        "The gateway processes write them every few seconds.",
+        parameters=[ModelTrafficQuery],
+        responses=answers({200: ModelTrafficOut}, 400, 404),
+    )
+    def get(self, request: Request, name: str) -> Response:
+        query = ModelTrafficQuery(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        model = catalog_services.get_model(name)
+        window = traffic.WINDOWS[query.validated_data["window"]]
+        return Response(out(ModelTrafficOut, traffic.model_traffic(model.name, window)))

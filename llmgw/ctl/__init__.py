@@ -15,7 +15,7 @@ from typing import Any
 
 from llmgw.client import Client, CtlError
 
-from . import audit, canary, gateway, models, nodes, teams, updates
+from . import audit, canary, gateway, models, nodes, teams, traffic, updates
 
 
 def add_parser(subparsers: Any) -> None:
@@ -59,6 +59,7 @@ def _add_model(sub: Any) -> None:
         updates.add_model_rollback,
         canary.add_model_canary,
         models.add_model_show,
+        traffic.add_model_traffic,
         models.add_model_remove,
         models.add_model_resources,
         models.add_model_class,
