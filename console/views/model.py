@@ -27,6 +27,7 @@ from catalog.models import Model
 from console import forms
 from console import selectors as console_selectors
 from console import traffic as console_traffic
+from gateway import traffic
 from registry.canary import canary_view
 
 from .pages import (
@@ -77,6 +78,7 @@ def model_context(
         "registry_details": console_selectors.registry_details(model),
         "canary": canary_view(model),
         "traffic": console_traffic.model_traffic(model.name, console_traffic.window_named("hour")),
+        "queue": queue_context(model.name, console_traffic.window_named("hour")),
         # What the registry part says after a button in it: set by model_registry's views.
         "registry_done": "",
         "registry_warning": "",
@@ -284,5 +286,18 @@ def model_traffic(request: HtmxHttpRequest, name: str) -> HttpResponse:
     """The traffic part of a model's page, for another window (htmx) or on its own."""
     model = get_model(name)
     window = console_traffic.window_named(request.GET.get("window", ""))
-    context = {"model": model, "traffic": console_traffic.model_traffic(model.name, window)}
+    context = {
+        "model": model,
+        "traffic": console_traffic.model_traffic(model.name, window),
+        "queue": queue_context(model.name, window),
+    }
     return render(request, "console/_traffic.html", context)
+
+
+def queue_context(name: str, window: traffic.Window) -> dict[str, Any]:
+    """The fair queue beside the traffic charts: the requests waiting for a free slot now (in
+    this machine's gateway processes), and those that waited over the charts' window."""
+    return {
+        "waiting_now": traffic.waiting_now([name])[name],
+        "total": traffic.queue_totals(name, window),
+    }
