@@ -24,6 +24,7 @@ from fleet.models import Replica
 from fleet.specs import replica_revision
 from llmgw.engine import lora_request
 
+from . import routed
 from .load import SharedLoad
 from .prefix import SLACK, PrefixTable
 
@@ -69,18 +70,8 @@ def read_catalog() -> Catalog:
     """Every model and adapter, in one query."""
     entries: dict[str, Entry] = {}
     # order_by(): no ORDER BY from Meta.ordering, which nothing here needs.
-    rows = Model.objects.order_by().values(
-        "name",
-        "min_replicas",
-        "max_replicas",
-        "fallbacks",
-        "adapters",
-        "idle_timeout",
-        "owner__username",
-        "created_at",
-        "routing",
-        "canary",
-    )
+    # The fields are gateway.routed's, which the triggers watch: add one there, not here.
+    rows = Model.objects.order_by().values(*routed.MODEL_ROUTING)
     for row in rows:
         model = Entry(
             name=row["name"],
@@ -145,23 +136,25 @@ def read_replicas(models: Iterable[str] | None = None) -> dict[str, list[Candida
     """The replicas in routing (not withdrawn, not failed), by model, in one query; all
     models' unless `models` names some."""
     found: dict[str, list[Candidate]] = {}
+    # The fields, and those it filters by, are gateway.routed's, which the triggers watch.
     rows = (
         Replica.objects.filter(model__isnull=False, withdrawn_at__isnull=True)
         .exclude(state=Replica.FAILED)
         .order_by()
-        .values_list("id", "model_name", "state", "port", "node__address", "spec")
+        .values(*routed.REPLICA_ROUTING)
     )
     if models is not None:
         rows = rows.filter(model_name__in=list(models))
-    for replica_id, model, state, port, address, spec in rows:
+    for row in rows:
+        state, port, spec = row["state"], row["port"], row["spec"]
         if state == Replica.READY and port is None:
             continue  # cannot happen with a well-behaved agent; nothing to send to
-        found.setdefault(model, []).append(
+        found.setdefault(row["model_name"], []).append(
             Candidate(
-                id=str(replica_id),
-                model=model,
+                id=str(row["id"]),
+                model=row["model_name"],
                 state=state,
-                address=address,
+                address=row["node__address"],
                 port=port or 0,
                 adapters=frozenset(a["name"] for a in (spec or {}).get("adapters", [])),
                 slots=_slots(spec),

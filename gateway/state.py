@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import close_old_connections, connection
 
-from . import limits, traffic, triggers
+from . import limits, routed, traffic, triggers
 from .limits import Budgets, Limits, key_ident, limits_of, no_budgets, team_ident
 from .metrics import EngineFigures, metrics
 from .routing import Candidate, Catalog, Entry, read_catalog, read_replicas
@@ -405,18 +405,8 @@ def read_teams() -> dict[int, Limits]:
             name=row["name"],
             ident=team_ident(row["id"], row["created_at"]),
         )
-        for row in Team.objects.order_by().values(
-            "id",
-            "name",
-            "created_at",
-            "rpm",
-            "tpm",
-            "max_parallel",
-            "tokens_per_day",
-            "tokens_per_month",
-            "models",
-            "weight",
-        )
+        # The fields are gateway.routed's, which the triggers watch: add one there, not here.
+        for row in Team.objects.order_by().values(*routed.TEAM_LIMITS)
     }
 
 
@@ -459,19 +449,11 @@ def _unplaceable(catalog: Catalog) -> dict[str, str]:
     on_demand = [e.name for e in catalog.entries.values() if e.on_demand and not e.adapter]
     if not on_demand:
         return {}
-    nodes = [
-        n
-        for n in Node.objects.order_by().only(
-            "memory_gb", "cores", "gpus", "gpu_memory_gb", "cordoned", "lost", "last_heartbeat"
-        )
-        if n.schedulable
-    ]
+    # The fields are gateway.routed's, which the triggers watch: add one there, not here (one
+    # left out would be loaded row by row, and its change would not reach the gateway).
+    nodes = [n for n in Node.objects.order_by().only(*routed.NODE_PLACING) if n.schedulable]
     why: dict[str, str] = {}
-    models = list(
-        Model.objects.order_by()
-        .filter(name__in=on_demand)
-        .only("name", "profiles", "source", "sha256", "context_length")
-    )
+    models = list(Model.objects.order_by().filter(name__in=on_demand).only(*routed.MODEL_PLACING))
     facts = known_facts(models)
     for model in models:
         name = model.name

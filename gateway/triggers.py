@@ -7,7 +7,10 @@ without the row lock a shared counter would take (two heartbeats updating
 different replicas would then deadlock on it).
 
 Only changes that routing sees fire them: a heartbeat that writes a replica's
-message or a node's last heartbeat does not, nor a model's idle clock.
+message or a node's last heartbeat does not, nor a model's idle clock. What routing
+sees is one list, gateway.routed, that the reads select by and these triggers are
+made from (`ROUTED`); a trigger whose columns changed is made again by ensure(), so
+an existing database watches what the code of today reads.
 
 Teams (their limits, and their members table) are watched as the routed tables
 are: the gateway reads every team again when one changes.
@@ -37,49 +40,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import transaction
+
+from . import routed
+
 CHANNEL = "llmgw_routing"
 
-# (table, columns whose change matters to routing)
-WATCHED: list[tuple[str, list[str]]] = [
-    (
-        "catalog_model",
-        [
-            "name",
-            "min_replicas",
-            "max_replicas",
-            "fallbacks",
-            "adapters",
-            "idle_timeout",
-            "owner_id",
-            "profiles",
-            "canary",
-        ],
-    ),
-    (
-        "fleet_replica",
-        ["state", "port", "withdrawn_at", "model_id", "model_name", "node_id", "spec"],
-    ),
-    ("fleet_node", ["address", "memory_gb", "cores", "gpus", "gpu_memory_gb", "cordoned", "lost"]),
-    # changed_at moves with what a key opens, its owner's is_active included (below).
-    ("gateway_gatewaykey", ["key_hash", "revoked_at", "changed_at"]),
-    # A team's limits count all its keys together: the gateway reads teams whole (few rows).
-    (
-        "gateway_team",
-        [
-            "name",
-            "rpm",
-            "tpm",
-            "max_parallel",
-            "tokens_per_day",
-            "tokens_per_month",
-            "models",
-            "weight",
-        ],
-    ),
-    ("gateway_team_members", ["team_id", "user_id"]),
-]
-# A node's first heartbeat makes it schedulable: watched as "became set", not every beat.
-SET_OR_CLEARED = {"fleet_node": ["last_heartbeat"]}
+# Keys are read by what changed since the last read (below), not whole as the routed tables are;
+# that a key changed notifies as they do: its changed_at moves with whatever a key opens, its
+# owner's is_active included.
+KEYS_WATCHED = routed.Watched(
+    "gateway_gatewaykey", ["key_hash", "revoked_at", "changed_at"], [], rows=True
+)
+# Every table and column whose change notifies: the routed ones (gateway.routed), and the keys.
+ROUTED: list[routed.Watched] = [*routed.watched(), KEYS_WATCHED]
+# The same, as (table, columns).
+WATCHED: list[tuple[str, list[str]]] = [(w.table, w.columns + w.set_or_cleared) for w in ROUTED]
 
 _SQLITE_BUMP = "UPDATE gateway_routingversion SET version = version + 1 WHERE id = 1;"
 
@@ -100,46 +76,59 @@ PG_NOW = "clock_timestamp()"
 _KEY_TABLES = ("gateway_gatewaykey", "gateway_deletedgatewaykey", "auth_user")
 
 
-def _changed(table: str, columns: list[str], distinct: str) -> str:
-    parts = [f"OLD.{c} {distinct} NEW.{c}" for c in columns]
-    parts += [f"(OLD.{c} IS NULL) <> (NEW.{c} IS NULL)" for c in SET_OR_CLEARED.get(table, [])]
+def _changed(watched: routed.Watched, present: set[str], distinct: str) -> str:
+    """The WHEN of a table's update trigger: a watched column that is there changed."""
+    parts = [f"OLD.{c} {distinct} NEW.{c}" for c in watched.columns if c in present]
+    parts += [
+        f"(OLD.{c} IS NULL) <> (NEW.{c} IS NULL)" for c in watched.set_or_cleared if c in present
+    ]
     return " OR ".join(parts)
 
 
 def ensure(connection: Any) -> None:
-    """Create the triggers (and the version row) where they are missing."""
+    """Create the triggers (and the version row) where they are missing, and again where what
+    they watch changed."""
     tables = set(connection.introspection.table_names())
     if "gateway_routingversion" not in tables:
         return  # before this app's migration: it will call this itself
+    # ensure() runs after every migrate, also from migrations that come before some of the
+    # columns: a column a later migration adds is watched from that migration on.
     with connection.cursor() as cursor:
-        # A column a later migration adds (a key's changed_at) is watched from that migration on.
         present = {
-            table: {c.name for c in connection.introspection.get_table_description(cursor, table)}
-            for table, _ in WATCHED
-            if table in tables
+            w.table: {
+                c.name for c in connection.introspection.get_table_description(cursor, w.table)
+            }
+            for w in ROUTED
+            if w.table in tables
         }
-        watched = [
-            (table, [c for c in columns if c in present[table]])
-            for table, columns in WATCHED
-            if table in tables
-        ]
-        if connection.vendor == "sqlite":
+    watched = [w for w in ROUTED if w.table in tables]
+    if connection.vendor == "sqlite":
+        # One transaction: no write between a trigger dropped and made again goes unnoticed.
+        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
             cursor.execute(
                 "INSERT OR IGNORE INTO gateway_routingversion (id, version) VALUES (1, 0)"
             )
-            for table, columns in watched:
+            for w in watched:
+                name = f"llmgw_routing_{w.table}"
                 for event in ("INSERT", "DELETE"):
-                    cursor.execute(
-                        f"CREATE TRIGGER IF NOT EXISTS llmgw_routing_{table}_{event.lower()} "
-                        f"AFTER {event} ON {table} BEGIN {_SQLITE_BUMP} END"
+                    _sqlite_trigger(
+                        cursor,
+                        f"{name}_{event.lower()}",
+                        f"AFTER {event} ON {w.table} BEGIN {_SQLITE_BUMP} END" if w.rows else None,
                     )
-                cursor.execute(
-                    f"CREATE TRIGGER IF NOT EXISTS llmgw_routing_{table}_update AFTER UPDATE "
-                    f"ON {table} WHEN {_changed(table, columns, 'IS NOT')} BEGIN {_SQLITE_BUMP} END"
+                when = _changed(w, present[w.table], "IS NOT")
+                _sqlite_trigger(
+                    cursor,
+                    f"{name}_update",
+                    f"AFTER UPDATE ON {w.table} WHEN {when} BEGIN {_SQLITE_BUMP} END"
+                    if when
+                    else None,
                 )
             if all(t in tables for t in _KEY_TABLES):
                 _sqlite_key_triggers(cursor, _key_columns(present))
-        elif connection.vendor == "postgresql":
+    elif connection.vendor == "postgresql":
+        # CREATE OR REPLACE: a trigger made by an older version is replaced by today's.
+        with connection.cursor() as cursor:
             cursor.execute(
                 "INSERT INTO gateway_routingversion (id, version) VALUES (1, 0) "
                 "ON CONFLICT (id) DO NOTHING"
@@ -148,20 +137,37 @@ def ensure(connection: Any) -> None:
                 "CREATE OR REPLACE FUNCTION llmgw_routing_notify() RETURNS trigger AS $$ "
                 f"BEGIN PERFORM pg_notify('{CHANNEL}', ''); RETURN NULL; END $$ LANGUAGE plpgsql"
             )
-            for table, columns in watched:
-                cursor.execute(
-                    f"CREATE OR REPLACE TRIGGER llmgw_routing_{table}_insert_delete "
-                    f"AFTER INSERT OR DELETE ON {table} "
-                    "FOR EACH STATEMENT EXECUTE FUNCTION llmgw_routing_notify()"
-                )
-                cursor.execute(
-                    f"CREATE OR REPLACE TRIGGER llmgw_routing_{table}_update AFTER UPDATE "
-                    f"ON {table} FOR EACH ROW "
-                    f"WHEN ({_changed(table, columns, 'IS DISTINCT FROM')}) "
-                    "EXECUTE FUNCTION llmgw_routing_notify()"
-                )
+            for w in watched:
+                name = f"llmgw_routing_{w.table}"
+                if w.rows:
+                    cursor.execute(
+                        f"CREATE OR REPLACE TRIGGER {name}_insert_delete "
+                        f"AFTER INSERT OR DELETE ON {w.table} "
+                        "FOR EACH STATEMENT EXECUTE FUNCTION llmgw_routing_notify()"
+                    )
+                when = _changed(w, present[w.table], "IS DISTINCT FROM")
+                if when:
+                    cursor.execute(
+                        f"CREATE OR REPLACE TRIGGER {name}_update AFTER UPDATE "
+                        f"ON {w.table} FOR EACH ROW WHEN ({when}) "
+                        "EXECUTE FUNCTION llmgw_routing_notify()"
+                    )
             if all(t in tables for t in _KEY_TABLES):
                 _postgresql_key_triggers(cursor, _key_columns(present))
+
+
+def _sqlite_trigger(cursor: Any, name: str, body: str | None) -> None:
+    """Make SQLite trigger `name` as `body` says (None: no such trigger), replacing one made
+    otherwise: CREATE TRIGGER IF NOT EXISTS would keep watching the columns of the version that
+    first made it."""
+    cursor.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = %s", [name])
+    found = cursor.fetchone()
+    wanted = f"CREATE TRIGGER {name} {body}" if body is not None else None
+    if (found[0] if found else None) == wanted:
+        return
+    cursor.execute(f"DROP TRIGGER IF EXISTS {name}")
+    if wanted is not None:
+        cursor.execute(wanted)
 
 
 def _key_columns(present: dict[str, set[str]]) -> list[str]:
@@ -183,23 +189,26 @@ def _sqlite_key_triggers(cursor: Any, key_columns: list[str]) -> None:
         "INSERT INTO gateway_deletedgatewaykey (key_hash, deleted_at) "
         f"SELECT OLD.key_hash, {SQLITE_NOW} WHERE OLD.key_hash IS NOT NEW.key_hash;"
     )
-    cursor.execute(
-        "CREATE TRIGGER IF NOT EXISTS llmgw_keys_insert AFTER INSERT ON gateway_gatewaykey "
-        f"BEGIN {stamp} END"
+    _sqlite_trigger(
+        cursor, "llmgw_keys_insert", f"AFTER INSERT ON gateway_gatewaykey BEGIN {stamp} END"
     )
-    cursor.execute(
-        "CREATE TRIGGER IF NOT EXISTS llmgw_keys_update AFTER UPDATE ON gateway_gatewaykey "
-        f"WHEN {_distinct(key_columns, 'IS NOT')} BEGIN {stamp} {old_hash_gone} END"
+    _sqlite_trigger(
+        cursor,
+        "llmgw_keys_update",
+        "AFTER UPDATE ON gateway_gatewaykey "
+        f"WHEN {_distinct(key_columns, 'IS NOT')} BEGIN {stamp} {old_hash_gone} END",
     )
-    cursor.execute(
-        "CREATE TRIGGER IF NOT EXISTS llmgw_keys_delete AFTER DELETE ON gateway_gatewaykey "
-        "BEGIN INSERT INTO gateway_deletedgatewaykey (key_hash, deleted_at) "
-        f"VALUES (OLD.key_hash, {SQLITE_NOW}); END"
+    _sqlite_trigger(
+        cursor,
+        "llmgw_keys_delete",
+        "AFTER DELETE ON gateway_gatewaykey BEGIN INSERT INTO gateway_deletedgatewaykey "
+        f"(key_hash, deleted_at) VALUES (OLD.key_hash, {SQLITE_NOW}); END",
     )
-    cursor.execute(
-        "CREATE TRIGGER IF NOT EXISTS llmgw_keys_owner AFTER UPDATE ON auth_user "
-        f"WHEN {_distinct(OWNER_COLUMNS, 'IS NOT')} BEGIN UPDATE gateway_gatewaykey "
-        f"SET changed_at = {SQLITE_NOW} WHERE owner_id = NEW.id; END"
+    _sqlite_trigger(
+        cursor,
+        "llmgw_keys_owner",
+        f"AFTER UPDATE ON auth_user WHEN {_distinct(OWNER_COLUMNS, 'IS NOT')} "
+        f"BEGIN UPDATE gateway_gatewaykey SET changed_at = {SQLITE_NOW} WHERE owner_id = NEW.id; END",
     )
 
 
@@ -268,14 +277,14 @@ def drop_key_triggers(connection: Any) -> None:
 def drop(connection: Any) -> None:
     drop_key_triggers(connection)
     with connection.cursor() as cursor:
-        for table, _ in WATCHED:
+        for w in ROUTED:
             if connection.vendor == "sqlite":
                 for event in ("insert", "delete", "update"):
-                    cursor.execute(f"DROP TRIGGER IF EXISTS llmgw_routing_{table}_{event}")
+                    cursor.execute(f"DROP TRIGGER IF EXISTS llmgw_routing_{w.table}_{event}")
             elif connection.vendor == "postgresql":
                 for name in ("insert_delete", "update"):
                     cursor.execute(
-                        f"DROP TRIGGER IF EXISTS llmgw_routing_{table}_{name} ON {table}"
+                        f"DROP TRIGGER IF EXISTS llmgw_routing_{w.table}_{name} ON {w.table}"
                     )
         if connection.vendor == "postgresql":
             cursor.execute("DROP FUNCTION IF EXISTS llmgw_routing_notify()")
