@@ -509,11 +509,13 @@ class SharedCounters:
                 continue
             row = view[base : base + WIDTH].tolist()  # one copy in C, then plain ints
             use.in_flight += row[IN_FLIGHT]
-            for index in range(BUCKETS):
-                age = bucket - row[STAMPS + index]
+            for stamp, asked, used in zip(
+                row[STAMPS:REQUESTS], row[REQUESTS:TOKENS], row[TOKENS:WIDTH], strict=True
+            ):
+                age = bucket - stamp
                 if 0 <= age < BUCKETS:
-                    requests[age] += row[REQUESTS + index]
-                    tokens[age] += row[TOKENS + index]
+                    requests[age] += asked
+                    tokens[age] += used
             if writer:
                 day_tokens = row[DAY_TOKENS] if row[DAY] == day else 0
                 month_tokens = row[MONTH_TOKENS] if row[MONTH] == month else 0
@@ -725,15 +727,6 @@ def _refusal(
     team = limits.name if whose == "team" else ""
     into_bucket = now % BUCKET_SECONDS
 
-    def frees_in(by_age: list[int], enough: int) -> float:
-        """Seconds until `enough` of what the window counts has left it."""
-        left = 0
-        for age in range(BUCKETS - 1, -1, -1):
-            left += by_age[age]
-            if left >= enough:
-                return (BUCKETS - age) * BUCKET_SECONDS - into_bucket
-        return BUCKETS * BUCKET_SECONDS - into_bucket
-
     if limits.max_parallel is not None and use.in_flight >= limits.max_parallel:
         # Where its per-minute limits stand, this request not counted (it is not).
         standing: dict[str, tuple[int, int, float]] = {}
@@ -743,7 +736,7 @@ def _refusal(
         ):
             if limit is not None:
                 used = sum(by_age)
-                reset = frees_in(by_age, used) if used else 0.0
+                reset = _frees_in(by_age, used, into_bucket) if used else 0.0
                 standing[kind] = (limit, limit - used, reset)
         return Refused(
             "max_parallel", whose, team, limits.max_parallel, use.in_flight, 1.0,
@@ -752,7 +745,7 @@ def _refusal(
     if limits.rpm is not None:
         used = sum(use.requests)
         if used >= limits.rpm:
-            wait = frees_in(use.requests, used - limits.rpm + 1)
+            wait = _frees_in(use.requests, used - limits.rpm + 1, into_bucket)
             shown = ((limits.rpm, 0, wait),)
             return Refused(
                 "rpm", whose, team, limits.rpm, used, wait, _headers({"requests": shown[0]})
@@ -763,7 +756,7 @@ def _refusal(
     if limits.tpm is not None:
         used = sum(use.tokens)
         if used >= limits.tpm:
-            wait = frees_in(use.tokens, used - limits.tpm + 1)
+            wait = _frees_in(use.tokens, used - limits.tpm + 1, into_bucket)
             return Refused(
                 "tpm",
                 whose,
@@ -774,7 +767,7 @@ def _refusal(
                 _headers({"tokens": (limits.tpm, 0, wait)}),
             )
         # Until the newest tokens counted have left the window (this request's come later).
-        reset = frees_in(use.tokens, used) if used else 0.0
+        reset = _frees_in(use.tokens, used, into_bucket) if used else 0.0
         _tighter(headers, "tokens", (limits.tpm, limits.tpm - used, reset))
     if limits.budgeted:
         day_used, month_used = budgets.used(tag, use.local, today)
@@ -789,6 +782,16 @@ def _refusal(
                 _next_month(now) - now,
             )  # fmt: skip
     return None
+
+
+def _frees_in(by_age: list[int], enough: int, into_bucket: float) -> float:
+    """Seconds until `enough` of what the window counts (by bucket age) has left it."""
+    left = 0
+    for age in range(BUCKETS - 1, -1, -1):
+        left += by_age[age]
+        if left >= enough:
+            return (BUCKETS - age) * BUCKET_SECONDS - into_bucket
+    return BUCKETS * BUCKET_SECONDS - into_bucket
 
 
 def _tighter(
