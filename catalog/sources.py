@@ -15,6 +15,8 @@ from urllib.parse import urljoin
 import requests
 from django.conf import settings
 
+from llmgw import gguf
+
 from .config import current_config
 from .errors import CatalogError
 from .mirror_credential import ControlPlaneAuth
@@ -129,21 +131,19 @@ def check_adapter(adapter: dict[str, object], *, model_name: str, model_source: 
     the first request, so it is refused here, from the two files' headers read
     over HTTP Range requests, before it is stored.
     """
-    from llmgw import ggufheader
-
     source = str(adapter["source"])
     name = str(adapter["name"])
     info = check_source(source, what=f"adapter {name}")
     timeout = settings.LLMGW_SOURCE_CHECK_TIMEOUT
     try:
         with source_session() as session:
-            model_header = ggufheader.read_header_from_url(
+            model_header = gguf.read_header_from_url(
                 model_source, session=session, timeout=timeout, require_tensors=True
             )
-            adapter_header = ggufheader.read_header_from_url(
+            adapter_header = gguf.read_header_from_url(
                 info.url, session=session, timeout=timeout, require_tensors=True
             )
-    except ggufheader.GGUFError as exc:
+    except gguf.GGUFError as exc:
         if isinstance(exc.__cause__, URLRefused):
             refused = exc.__cause__
             raise CatalogError(f"{refused.message} Or: {ANYWAY}", code=refused.code) from None
@@ -152,7 +152,7 @@ def check_adapter(adapter: dict[str, object], *, model_name: str, model_source: 
             code="adapter_unreadable",
         ) from None
     architecture = model_header.architecture or "unknown"
-    problems = ggufheader.adapter_problems(adapter_header, architecture, model=model_header)
+    problems = gguf.adapter_problems(adapter_header, architecture, model=model_header)
     if problems:
         raise CatalogError(
             f"Adapter {name} ({source}) cannot be used with model {model_name}: "

@@ -8,7 +8,8 @@ earlier prompts (the prompt cache, sized so by the node: llmgw.engine). A profil
 the weights plus slots x the KV cache. People get that wrong, most often by raising ``slots``
 and not ``memory_gb``, and an engine that outgrows its reservation takes memory its neighbours
 were promised. So placement reserves the larger of the two: the declared ``memory_gb``, and
-the estimate from the model file's GGUF header (weights + (slots + 1) x KV cache per context).
+the estimate from the model file's GGUF header (weights + (slots + 1) x KV cache per context,
+llmgw.gguf.memory's arithmetic, the node's too).
 A declared figure above the estimate is kept (it may count what the estimate does not: compute
 buffers, a tokenizer, headroom).
 
@@ -30,7 +31,7 @@ from typing import Any
 from django.utils import timezone
 
 from catalog.models import Model
-from llmgw import ggufheader
+from llmgw import gguf
 from llmgw.engine import serving_context
 from llmgw.units import format_bytes
 
@@ -129,11 +130,16 @@ def footprint(
         return Footprint(profile["name"], declared, None, facts)
     slots = profile_slots(profile)
     context = serving_context(context_length, facts.trained_context)
-    one_slot = facts.kv_bytes_per_token * context
-    estimate = Estimate(
+    memory = gguf.serving_memory(
         weights_bytes=facts.weights_bytes,
-        kv_cache_bytes=one_slot * slots,
-        prompt_cache_bytes=one_slot,
+        kv_bytes_per_token=facts.kv_bytes_per_token,
+        context_length=context,
+        slots=slots,
+    )
+    estimate = Estimate(
+        weights_bytes=memory.weights_bytes,
+        kv_cache_bytes=memory.kv_cache_bytes,
+        prompt_cache_bytes=memory.prompt_cache_bytes,
         context_length=context,
         slots=slots,
     )
@@ -229,16 +235,14 @@ def read_facts(model: Model, *, now: datetime | None = None) -> FileFacts | str:
 
     try:
         with source_session() as session:
-            header = ggufheader.read_header_from_url(
+            header = gguf.read_header_from_url(
                 model.source, session=session, timeout=READ_TIMEOUT_SECONDS
             )
         if header.file_size is None:
-            raise ggufheader.GGUFError("the server did not say how large the file is")
-        per_token = ggufheader.estimate_memory_bytes(
-            header, file_size=0, context_length=1, slots=1
-        ).kv_cache_bytes
+            raise gguf.GGUFError("the server did not say how large the file is")
+        per_token = gguf.kv_bytes_per_token(header)
         facts: FileFacts | str = FileFacts(header.file_size, per_token, header.context_length)
-    except ggufheader.GGUFError as exc:
+    except gguf.GGUFError as exc:
         facts = exc.__cause__.message if isinstance(exc.__cause__, URLRefused) else str(exc)
         log.info("memory of %s not estimated: %s", model.name, facts)
     ModelFile.objects.update_or_create(

@@ -1,4 +1,4 @@
-"""llmgw.ggufheader: reading GGUF headers from prefixes, files and URLs, and checking adapters.
+"""llmgw.gguf: reading GGUF headers from prefixes, files and URLs, and checking adapters.
 
 Files are generated with llmgw.tinygguf and gguf.GGUFWriter; gguf.GGUFReader (which needs the
 whole file) is the reference the parser is compared with.
@@ -20,7 +20,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmgw.ggufheader import (
+from llmgw.gguf import (
     SHORT_ARRAY_LIMIT,
     FetchError,
     GGUFArray,
@@ -33,9 +33,11 @@ from llmgw.ggufheader import (
     ValueType,
     adapter_problems,
     estimate_memory_bytes,
+    kv_bytes_per_token,
     parse_header,
     read_header_from_file,
     read_header_from_url,
+    serving_memory,
 )
 from llmgw.tinygguf import write_lora_adapter, write_tiny_model
 from tests.support.http_files import serve_directory
@@ -639,6 +641,29 @@ def test_estimate_memory_without_head_count_kv(files: Path) -> None:
     assert estimate.kv_cache_bytes == 2 * 4 * 4096 * 8 * 64 * 2
     del header.metadata["llama.attention.head_count_kv"]
     assert estimate_memory_bytes(header, file_size=1000) == estimate
+
+
+def test_placement_and_the_node_estimate_memory_by_the_same_arithmetic(files: Path) -> None:
+    # fleet.footprint keeps kv_bytes_per_token in the database and estimates with serving_memory;
+    # the node estimates from the header on disk. The two must agree to the byte.
+    header = read_header_from_file(files / "tiny.gguf")
+    from_facts = serving_memory(
+        weights_bytes=1000,
+        kv_bytes_per_token=kv_bytes_per_token(header),
+        context_length=512,
+        slots=3,
+    )
+    assert from_facts == estimate_memory_bytes(header, file_size=1000, context_length=512, slots=3)
+
+
+def test_the_old_module_name_still_answers() -> None:
+    # llmgw.node.replica and bench/routing.py still import llmgw.ggufheader.
+    from llmgw import gguf, ggufheader
+
+    assert ggufheader.read_header_from_file is gguf.read_header_from_file
+    assert ggufheader.estimate_memory_bytes is gguf.estimate_memory_bytes
+    assert ggufheader.adapter_problems is gguf.adapter_problems
+    assert ggufheader.GGUFError is gguf.GGUFError
 
 
 def test_estimate_memory_of_an_adapter_is_refused(files: Path) -> None:
