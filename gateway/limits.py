@@ -566,33 +566,76 @@ class SharedCounters:
             )
             if decided is not None:
                 wider = dict(zip((tag for tag, _ in rated), decided.counted, strict=True))
-        headers: dict[str, tuple[int, int, float]] = {}
+        # Without the lock first. Each process admits one request at a time (its event loop),
+        # so what a check cannot see is at most one admission under way in each other
+        # process: where every count is at least that many below its limit, the request goes
+        # without the lock, and the limits stay exact. Otherwise, and when the folder's files
+        # changed, the check is made again under the lock.
+        monotonic = time.monotonic()
+        if (
+            self._generation[0] == self._seen_generation
+            and monotonic - self._scanned_at < RESCAN_SECONDS
+        ):
+            done = self._decide(subjects, bucket, day, month, today, now, budgets, wider,
+                                slack=len(self._others))  # fmt: skip
+            if done is not None:
+                return self._decided(done, decided, bucket)
         fcntl.flock(self._lock_handle, fcntl.LOCK_EX)
         try:
-            self._rescan(time.monotonic())
-            slots = []
-            for tag, limits, whose in subjects:
-                use = self._use(tag, bucket, day, month)
-                if tag in wider:
-                    _count_wider(use, wider[tag])
-                refused = _refusal(limits, whose, use, budgets, tag, today, now, headers)
-                if refused is not None:
-                    if remote is not None and decided is not None:
-                        remote.end(decided, 0, bucket, taken_back=True)
-                    return refused
-                slot = self._own_slot(tag, bucket, month)
-                if slot is None:
-                    if remote is not None and decided is not None:
-                        remote.end(decided, 0, bucket, taken_back=True)
-                    return Refused("slots", whose, limits.name, SLOTS, SLOTS, 1.0)
-                slots.append((tag, slot))
-            for _, slot in slots:
-                base = HEADER + slot * WIDTH
-                self._mine[base + IN_FLIGHT] += 1
-                self._add(base, REQUESTS, bucket, 1)
+            self._rescan(monotonic)
+            done = self._decide(subjects, bucket, day, month, today, now, budgets, wider, slack=0)
+            assert done is not None  # with no slack, every check is sure
         finally:
             fcntl.flock(self._lock_handle, fcntl.LOCK_UN)
-        return Admission(tuple(slots), _headers(headers), self, remote=decided)
+        return self._decided(done, decided, bucket)
+
+    def _decide(
+        self,
+        subjects: list[tuple[int, Limits, str]],
+        bucket: int,
+        day: int,
+        month: int,
+        today: date,
+        now: float,
+        budgets: Budgets,
+        wider: dict[int, Counted],
+        *,
+        slack: int,
+    ) -> Admission | Refused | None:
+        """Check (and, when it goes, count) a request: None when a count is within `slack` of
+        its limit (see admit)."""
+        headers: dict[str, tuple[int, int, float]] = {}
+        slots = []
+        for tag, limits, whose in subjects:
+            use = self._use(tag, bucket, day, month)
+            if tag in wider:
+                _count_wider(use, wider[tag])  # decided in Redis, in one step: no slack
+                refused = _refusal(limits, whose, use, budgets, tag, today, now, headers, 0)
+            else:
+                refused = _refusal(limits, whose, use, budgets, tag, today, now, headers, slack)
+            if refused is _UNSURE:
+                return None
+            if refused is not None:
+                return refused
+            slot = self._own_slot(tag, bucket, month)
+            if slot is None:
+                return Refused("slots", whose, limits.name, SLOTS, SLOTS, 1.0)
+            slots.append((tag, slot))
+        for _, slot in slots:
+            base = HEADER + slot * WIDTH
+            self._mine[base + IN_FLIGHT] += 1
+            self._add(base, REQUESTS, bucket, 1)
+        return Admission(tuple(slots), _headers(headers), self)
+
+    def _decided(
+        self, done: Admission | Refused, decided: Decided | None, bucket: int
+    ) -> Admission | Refused:
+        if isinstance(done, Refused):
+            if self.remote is not None and decided is not None:
+                self.remote.end(decided, 0, bucket, taken_back=True)
+            return done
+        done.remote = decided
+        return done
 
     def _day_of(self, bucket: int, now: float) -> tuple[date, int, int]:
         """The UTC day of `now`, its ordinal and its month's index, kept for the 5-second bucket
@@ -723,7 +766,11 @@ def _refusal(
     today: date,
     now: float,
     headers: dict[str, tuple[int, int, float]],
+    slack: int = 0,
 ) -> Refused | None:
+    """The refusal of the first limit the request would pass, or None; _UNSURE where a count of
+    requests is below its limit by no more than `slack` (admissions other processes may have
+    under way unseen: see SharedCounters.admit)."""
     team = limits.name if whose == "team" else ""
     into_bucket = now % BUCKET_SECONDS
 
@@ -742,8 +789,12 @@ def _refusal(
             "max_parallel", whose, team, limits.max_parallel, use.in_flight, 1.0,
             _headers(standing),
         )  # fmt: skip
+    if limits.max_parallel is not None and use.in_flight + slack >= limits.max_parallel:
+        return _UNSURE
     if limits.rpm is not None:
         used = sum(use.requests)
+        if used < limits.rpm <= used + slack:
+            return _UNSURE
         if used >= limits.rpm:
             wait = _frees_in(use.requests, used - limits.rpm + 1, into_bucket)
             shown = ((limits.rpm, 0, wait),)
@@ -782,6 +833,10 @@ def _refusal(
                 _next_month(now) - now,
             )  # fmt: skip
     return None
+
+
+# _refusal's answer where only the lock can decide.
+_UNSURE = Refused("", "", "", 0, 0, 0.0)
 
 
 def _frees_in(by_age: list[int], enough: int, into_bucket: float) -> float:
