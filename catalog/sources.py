@@ -16,6 +16,7 @@ import requests
 from django.conf import settings
 
 from llmgw import gguf
+from llmgw.units import format_bytes
 
 from .config import current_config
 from .errors import CatalogError
@@ -114,14 +115,9 @@ def _reason(exc: requests.RequestException) -> str:
 
 
 def human_size(size: int | None) -> str:
-    if size is None:
-        return "size unknown"
-    value = float(size)
-    for unit in ("bytes", "KB", "MB", "GB", "TB"):
-        if value < 1000 or unit == "TB":
-            return f"{value:.0f} {unit}" if unit == "bytes" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{size} bytes"
+    """A source's size in llmgw.units' words, so that `model add` and `model plan` print the
+    same file as the same figure (this once printed decimal units beside plan's 1024s)."""
+    return "size unknown" if size is None else format_bytes(size)
 
 
 def check_adapter(adapter: dict[str, object], *, model_name: str, model_source: str) -> SourceInfo:

@@ -1,4 +1,9 @@
-"""Sizes for people: "1.3 MB" rather than "0.00 GB" for a small model."""
+"""Sizes for people: "1.3 MB" rather than "0.00 GB" for a small model.
+
+The one size formatter: a source's size (catalog.sources.human_size), the memory estimate's
+words (fleet.footprint), `model plan` and the serve quota's refusals (registry.quota) all print
+through it, so one file is one figure wherever it is shown (tests/llmgw/test_units.py).
+"""
 
 from __future__ import annotations
 
