@@ -184,6 +184,18 @@ def plan_placement(
     return planner.plan()
 
 
+def fits(need: Resources, room: Resources) -> bool:
+    """Whether a reservation fits in a node's capacity or free room: every resource it needs
+    (a zero need never blocks), to within :data:`EPSILON`.
+
+    The planner's own test. Why public: the gateway asks whether an on-demand model fits on any
+    node at all before it wakes the model (gateway.state._unplaceable); a second copy there once
+    compared without the tolerance, so a model the planner would place was refused as fitting
+    nowhere.
+    """
+    return _fits(_vec(need), _vec(room))
+
+
 # --- internals -------------------------------------------------------------------------
 
 

@@ -441,10 +441,17 @@ def _engines() -> tuple[EngineFigures, ...]:
 
 
 def _unplaceable(catalog: Catalog) -> dict[str, str]:
-    """On-demand models none of whose profiles fits on any schedulable node, even an empty one."""
+    """On-demand models none of whose profiles fits on any schedulable node, even an empty one.
+
+    Whether a profile fits is the planner's rule (fleet.placement.fits), asked of what the
+    planner itself would reserve (fleet.reconciler.planner_profile): the gateway must not refuse
+    a model the reconciler would place, nor wake one it cannot.
+    """
     from catalog.models import Model
     from fleet.footprint import known_facts, model_footprints
     from fleet.models import Node
+    from fleet.placement import Resources, fits
+    from fleet.reconciler import planner_profile
 
     on_demand = [e.name for e in catalog.entries.values() if e.on_demand and not e.adapter]
     if not on_demand:
@@ -452,6 +459,7 @@ def _unplaceable(catalog: Catalog) -> dict[str, str]:
     # The fields are gateway.routed's, which the triggers watch: add one there, not here (one
     # left out would be loaded row by row, and its change would not reach the gateway).
     nodes = [n for n in Node.objects.order_by().only(*routed.NODE_PLACING) if n.schedulable]
+    capacities = [Resources(n.memory_gb, n.cores, n.gpus, n.gpu_memory_gb) for n in nodes]
     why: dict[str, str] = {}
     models = list(Model.objects.order_by().filter(name__in=on_demand).only(*routed.MODEL_PLACING))
     facts = known_facts(models)
@@ -463,25 +471,17 @@ def _unplaceable(catalog: Catalog) -> dict[str, str]:
             )
             continue
         profiles = list(zip(model.profiles, model_footprints(model, facts[name]), strict=True))
-        if any(_fits(profile, memory, node) for profile, memory in profiles for node in nodes):
+        needs = [planner_profile(profile, memory).resources for profile, memory in profiles]
+        if any(fits(need, room) for need in needs for room in capacities):
             continue
         largest = max(nodes, key=lambda n: (n.memory_gb, n.cores))
-        needs = "; ".join(_describe(p, memory) for p, memory in profiles) or "no profile"
+        described = "; ".join(_describe(p, memory) for p, memory in profiles) or "no profile"
         why[name] = (
-            f"it fits on no node: its profiles need {needs}, and the largest node has "
+            f"it fits on no node: its profiles need {described}, and the largest node has "
             f"{largest.memory_gb:g} GB and {largest.cores:g} cores"
             + (f", {largest.gpus} GPUs" if largest.gpus else "")
         )
     return why
-
-
-def _fits(profile: dict[str, Any], memory: Footprint, node: Any) -> bool:
-    return (
-        memory.memory_gb <= node.memory_gb
-        and float(profile.get("cores") or 0) <= node.cores
-        and int(profile.get("gpus") or 0) <= node.gpus
-        and float(profile.get("gpu_memory_gb") or 0) <= node.gpu_memory_gb
-    )
 
 
 def _describe(profile: dict[str, Any], memory: Footprint) -> str:
