@@ -10,8 +10,9 @@ from typing import Any
 from django.contrib import admin, messages
 from django.http import HttpRequest
 
+from llmgw.bearer import API_TOKEN, digest
+
 from .models import ApiToken
-from .services import PREFIX_SHOWN, new_secret, token_digest
 
 
 @admin.register(ApiToken)
@@ -30,8 +31,8 @@ class ApiTokenAdmin(admin.ModelAdmin):
         if change:
             super().save_model(request, obj, form, change)
             return
-        secret = new_secret()
-        obj.prefix, obj.digest = secret[:PREFIX_SHOWN], token_digest(secret)
+        secret = API_TOKEN.new()
+        obj.prefix, obj.digest = API_TOKEN.shown_part(secret), digest(secret)
         super().save_model(request, obj, form, change)
         messages.warning(
             request,

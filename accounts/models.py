@@ -1,7 +1,7 @@
 """People's API tokens, kept only as a hash.
 
-A token is 32 random bytes, so one SHA-256 is enough to make a stolen database useless
-for logging in (a slow password hash protects guessable secrets; nothing here is
+A token is 24 random bytes (llmgw.bearer), so one SHA-256 is enough to make a stolen database
+useless for logging in (a slow password hash protects guessable secrets; nothing here is
 guessable), and a lookup stays one indexed query per request.
 """
 

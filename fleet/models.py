@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 
 from django.db import models
 from django.utils import timezone
 
+from llmgw import bearer
 from llmgw.node.config import DEFAULT_PORT_RANGE
 
 from .trust import Capacity, believed
 
 
 def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+    """What Node.token_hash keeps of a node's token: every bearer secret's digest (llmgw.bearer)."""
+    return bearer.digest(token)
 
 
 class Node(models.Model):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from datetime import timedelta
 
 from django.conf import settings
@@ -10,6 +9,8 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 from rest_framework import serializers
+
+from llmgw import bearer
 
 # How stale last_used_at may get (see gateway.state.LAST_USED_SECONDS): a key used
 # a thousand times a second must not cost a thousand writes a second.
@@ -27,8 +28,8 @@ def validate_team_name(value: str) -> None:
 
 
 def hash_key(secret: str) -> str:
-    """Keys are long random strings, so one round of sha256 is enough to keep them unreadable."""
-    return hashlib.sha256(secret.encode()).hexdigest()
+    """What GatewayKey.key_hash keeps of a key: every bearer secret's digest (llmgw.bearer)."""
+    return bearer.digest(secret)
 
 
 class LimitFields(models.Model):
