@@ -415,8 +415,8 @@ def start_canary_update(*, actor: Actor, name: str, settings_: CanarySettings) -
             f"back when server errors exceed {settings_.max_error_rate:.1%} or latency "
             f"{settings_.max_latency_ratio:g} times the old revision's",
         )
-        Rollout.objects.filter(pk=rollout.pk).update(
-            step=f"fetching the new files into the mirror; then a canary serves {settings_.percent}%"
+        rollout.show_step(
+            f"fetching the new files into the mirror; then a canary serves {settings_.percent}%"
         )
         rollout.refresh_from_db()
     return rollout
@@ -462,7 +462,7 @@ def advance_canary(
         model=model, state=Replica.READY, withdrawn_at__isnull=True
     ).values_list("spec", flat=True)
     if not any(replica_revision(spec) == canary["revision"] for spec in ready):
-        Rollout.objects.filter(pk=rollout.pk, state=Rollout.ROLLING).update(step=_step(canary))
+        rollout.show_step(_step(canary), states=(Rollout.ROLLING,))
         return False
     with transaction.atomic():
         lock_catalog()
@@ -479,7 +479,7 @@ def advance_canary(
             "baseline": {rev: asdict(seen) for rev, seen in (baseline or {}).items()},
         }
         Model.objects.filter(pk=model.pk).update(canary=canary)
-        Rollout.objects.filter(pk=rollout.pk).update(step=_step(canary))
+        rollout.show_step(_step(canary))
         record_event(
             SYSTEM,
             current.name,
@@ -548,9 +548,7 @@ def check_canary(
             "verdict": verdict.reason,
         }
         Model.objects.filter(pk=model.pk).update(canary=canary)
-        Rollout.objects.filter(pk=canary["rollout"], state__in=Rollout.ACTIVE).update(
-            step=_step(canary)
-        )
+        _show_step(canary, _step(canary))
     if verdict.outcome == "unhealthy":
         _roll_back(model.name, SYSTEM, f"unhealthy: {verdict.reason}", figures=seen)
     elif verdict.outcome == "healthy":
@@ -660,8 +658,8 @@ def _promote(name: str, actor: Actor, reason: str, *, figures: Any) -> None:
             "decided_at": timezone.now().isoformat(),
         }
         Model.objects.filter(pk=model.pk).update(canary=canary)
-        Rollout.objects.filter(pk=canary["rollout"], state__in=Rollout.ACTIVE).update(
-            step=f"canary promoted ({reason}); replacing the other replicas one at a time"
+        _show_step(
+            canary, f"canary promoted ({reason}); replacing the other replicas one at a time"
         )
         record_change(
             actor,
@@ -715,11 +713,8 @@ def _roll_back(name: str, actor: Actor, reason: str, *, figures: Any) -> None:
                 "updated_at",
             ]
         )
-        if rollout is not None and rollout.state in Rollout.ACTIVE:
-            message = f"canary {state}: {reason}. The old revision serves on."
-            Rollout.objects.filter(pk=rollout.pk).update(
-                state=Rollout.FAILED, message=message, step=message, finished_at=timezone.now()
-            )
+        if rollout is not None:
+            rollout.fail(f"canary {state}: {reason}. The old revision serves on.")
         record_change(
             actor,
             model.name,
@@ -737,6 +732,12 @@ def _rollout_of(canary: dict[str, Any]) -> Rollout | None:
     if not isinstance(rollout_id, int):
         return None
     return Rollout.objects.filter(pk=rollout_id).first()
+
+
+def _show_step(canary: dict[str, Any], step: str) -> None:
+    rollout = _rollout_of(canary)
+    if rollout is not None:
+        rollout.show_step(step)
 
 
 def _end(model_id: int, state: str, reason: str) -> None:

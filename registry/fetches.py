@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.db.models import Q
 from django.utils import timezone
 
 from . import mirror
@@ -34,17 +33,13 @@ def resume_interrupted(*, now: datetime | None = None) -> list[int]:
     the broker restarted, or an upgrade renamed the task) or running with their worker gone.
     An update's fetch needs none of this: its rollout queues it again (rollouts.py). Each is
     marked as queued now, so the next passes leave it alone for RESUME_AFTER_SECONDS; a worker
-    takes it at most once (mirror.claim_fetch). The ids queued."""
+    takes it at most once (Fetch.claim). The ids queued."""
     now = now or timezone.now()
     due = now - timedelta(seconds=RESUME_AFTER_SECONDS)
-    stale = now - timedelta(seconds=mirror.STALE_SECONDS)
-    left = Q(state=Fetch.QUEUED) & (
-        Q(heartbeat_at__lt=due) | Q(heartbeat_at=None, created_at__lt=due)
-    )
-    orphaned = Q(state=Fetch.RUNNING) & (Q(heartbeat_at__lt=stale) | Q(heartbeat_at=None))
-    resumable = Fetch.objects.filter(left | orphaned, serve_definition__isnull=False)
+    serves = Fetch.objects.filter(serve_definition__isnull=False)
+    resumable = serves.left_queued(due) | serves.orphaned(now)
     ids = list(resumable.order_by("pk").values_list("pk", flat=True)[:RESUMED_PER_PASS])
-    resumable.filter(pk__in=ids).update(state=Fetch.QUEUED, heartbeat_at=now)
+    resumable.filter(pk__in=ids).requeue(now)
     for fetch_id in ids:
         queue_now("registry.tasks.run_fetch", fetch_id)
     return ids

@@ -20,7 +20,6 @@ from typing import Any
 
 import requests
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from catalog.config import current_config
@@ -34,9 +33,6 @@ from .models import Fetch, MirrorFile, Rollout
 
 log = logging.getLogger("registry.mirror")
 
-# A running fetch whose worker has not reported for this long was interrupted
-# (the worker restarted) and may be claimed again.
-STALE_SECONDS = 60
 PROGRESS_EVERY_SECONDS = 0.5
 
 
@@ -99,16 +95,8 @@ def origin_for_source(url: str) -> dict[str, Any] | None:
 
 
 def claim_fetch(fetch_id: int) -> bool:
-    """Take the fetch for this worker: queued, or running with a heartbeat gone stale."""
-    now = timezone.now()
-    stale = now - timedelta(seconds=STALE_SECONDS)
-    claimed = Fetch.objects.filter(
-        Q(state=Fetch.QUEUED)
-        | Q(state=Fetch.RUNNING, heartbeat_at__lt=stale)
-        | Q(state=Fetch.RUNNING, heartbeat_at=None),
-        pk=fetch_id,
-    ).update(state=Fetch.RUNNING, heartbeat_at=now)
-    return claimed == 1
+    """Take the fetch for this worker: queued, or running with its worker gone (Fetch.claim)."""
+    return Fetch.claim(fetch_id)
 
 
 def download(fetch_id: int) -> bool:
@@ -120,18 +108,10 @@ def download(fetch_id: int) -> bool:
     try:
         _download_all(fetch)
     except FetchFailed as exc:
-        Fetch.objects.filter(pk=fetch.pk).update(
-            state=Fetch.FAILED, message=str(exc), finished_at=timezone.now()
-        )
+        fetch.fail(str(exc))
         log.warning("fetch %s failed: %s", fetch.pk, exc)
         return True
-    Fetch.objects.filter(pk=fetch.pk).update(
-        state=Fetch.DONE,
-        bytes_done=fetch.bytes_total,
-        message="",
-        finished_at=timezone.now(),
-        heartbeat_at=timezone.now(),
-    )
+    fetch.finish()
     return True
 
 
@@ -158,14 +138,14 @@ def _download_files(fetch: Fetch, registry: Registry, session: requests.Session)
             fetch, entry, url, target, registry, session, progress.of_file(entry["path"], done)
         )
         record_change(fetch, entry, url)
-        Fetch.objects.filter(pk=fetch.pk).update(bytes_done=done, heartbeat_at=timezone.now())
+        fetch.beat(done)
 
 
 class _FetchProgress:
     """Writes a fetch's progress to its row, at most every PROGRESS_EVERY_SECONDS."""
 
     def __init__(self, fetch: Fetch) -> None:
-        self.fetch_id = fetch.pk
+        self.fetch = fetch
         self.last = time.monotonic()
 
     def of_file(self, path: str, before: int) -> Callable[[int, int | None], None]:
@@ -174,11 +154,7 @@ class _FetchProgress:
         def report(size: int, _total: int | None) -> None:
             if time.monotonic() - self.last > PROGRESS_EVERY_SECONDS:
                 self.last = time.monotonic()
-                Fetch.objects.filter(pk=self.fetch_id).update(
-                    bytes_done=before + size,
-                    heartbeat_at=timezone.now(),
-                    message=f"fetching {path}",
-                )
+                self.fetch.beat(before + size, message=f"fetching {path}")
 
         return report
 
@@ -289,14 +265,13 @@ def referenced_files() -> set[tuple[str, str, str]]:
     # the files of one that finished lately, its model not there, are kept as though the fetch
     # were still under way.
     lately = timezone.now() - timedelta(minutes=10)
-    for fetch in Fetch.objects.filter(
-        Q(state__in=[Fetch.QUEUED, Fetch.RUNNING])
-        | Q(state=Fetch.DONE, serve_definition__isnull=False, finished_at__gte=lately)
+    for fetch in Fetch.objects.under_way() | Fetch.objects.filter(
+        state=Fetch.DONE, serve_definition__isnull=False, finished_at__gte=lately
     ):
         if fetch.state == Fetch.DONE and (fetch.serve_definition or {}).get("name") in names:
             continue
         keep.update((fetch.repo, fetch.commit, f["path"]) for f in fetch.files)
-    for rollout in Rollout.objects.filter(state__in=Rollout.ACTIVE):
+    for rollout in Rollout.objects.active():
         for url in (rollout.from_source, rollout.to_source):
             parsed = parse_mirror_url(url) if url else None
             if parsed:

@@ -6,8 +6,18 @@ The tables keep the names they had when these models lived in the catalog app
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 from django.conf import settings
 from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+# A running fetch whose worker has not written its heartbeat for this long was interrupted (the
+# worker restarted or died) and may be claimed again. Its one home: Fetch.is_orphaned says it
+# for a row in hand, FetchQuerySet.orphaned for the database, and
+# tests/registry/test_models.py holds the two together.
+STALE_SECONDS = 60
 
 
 class MirrorFile(models.Model):
@@ -35,11 +45,52 @@ class MirrorFile(models.Model):
         return f"{self.repo}/{self.commit}/{self.path}"
 
 
+def _orphaned(now: datetime) -> Q:
+    stale = now - timedelta(seconds=STALE_SECONDS)
+    return Q(state=Fetch.RUNNING) & (Q(heartbeat_at__lt=stale) | Q(heartbeat_at=None))
+
+
+class FetchQuerySet(models.QuerySet["Fetch"]):
+    """The fetches a worker may take, as SQL; Fetch.is_orphaned and Fetch.is_claimable are the
+    same rules for a row in hand."""
+
+    def orphaned(self, now: datetime) -> FetchQuerySet:
+        """Running, with no heartbeat for STALE_SECONDS: its worker is gone."""
+        return self.filter(_orphaned(now))
+
+    def claimable(self, now: datetime) -> FetchQuerySet:
+        """Queued, or orphaned: what a worker may take (Fetch.claim)."""
+        return self.filter(Q(state=Fetch.QUEUED) | _orphaned(now))
+
+    def under_way(self) -> FetchQuerySet:
+        """Queued or running (Fetch.UNDER_WAY)."""
+        return self.filter(state__in=Fetch.UNDER_WAY)
+
+    def left_queued(self, due: datetime) -> FetchQuerySet:
+        """Queued and not (re)queued since `due`: its message may be lost."""
+        return self.filter(
+            Q(state=Fetch.QUEUED)
+            & (Q(heartbeat_at__lt=due) | Q(heartbeat_at=None, created_at__lt=due))
+        )
+
+    def requeue(self, now: datetime) -> int:
+        """Mark these fetches queued as of `now`, so that the next passes leave them alone for a
+        while; how many were."""
+        return self.update(state=Fetch.QUEUED, heartbeat_at=now)
+
+
 class Fetch(models.Model):
-    """Bringing a repository's files at one commit into the mirror: a Celery task with progress."""
+    """Bringing a repository's files at one commit into the mirror: a Celery task with progress.
+
+    Its state changes are the methods below, each one UPDATE, so that every caller changes a
+    fetch the same way: claim (queued, or running with its worker gone -> running; conditional,
+    so one worker of two gets it), beat (progress and heartbeat), finish (-> done) and fail
+    (-> failed; also a done fetch whose model could not be added).
+    """
 
     QUEUED, RUNNING, DONE, FAILED = "queued", "running", "done", "failed"
     STATES = [(s, s) for s in (QUEUED, RUNNING, DONE, FAILED)]
+    UNDER_WAY = (QUEUED, RUNNING)
 
     repo = models.CharField(max_length=200)
     branch = models.CharField(max_length=200, default="main")
@@ -61,15 +112,84 @@ class Fetch(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
+    objects = FetchQuerySet.as_manager()
+
     class Meta:
         db_table = "catalog_fetch"
 
     def __str__(self) -> str:
         return f"fetch {self.pk} {self.repo}@{self.commit[:7]} ({self.state})"
 
+    # -- the stale rule for a row in hand (its SQL twin: FetchQuerySet) --
+
+    def is_orphaned(self, now: datetime) -> bool:
+        """Running, with no heartbeat for STALE_SECONDS (FetchQuerySet.orphaned)."""
+        return self.state == Fetch.RUNNING and (
+            self.heartbeat_at is None or self.heartbeat_at < now - timedelta(seconds=STALE_SECONDS)
+        )
+
+    def is_claimable(self, now: datetime) -> bool:
+        """Queued, or orphaned (FetchQuerySet.claimable)."""
+        return self.state == Fetch.QUEUED or self.is_orphaned(now)
+
+    # -- transitions --
+
+    @classmethod
+    def claim(cls, fetch_id: int, *, now: datetime | None = None) -> bool:
+        """Take the fetch for this worker: queued, or running with its worker gone. One
+        conditional UPDATE, so of two workers only one gets True."""
+        now = now or timezone.now()
+        taken = (
+            cls.objects.filter(pk=fetch_id)
+            .claimable(now)
+            .update(state=Fetch.RUNNING, heartbeat_at=now)
+        )
+        return taken == 1
+
+    def beat(self, bytes_done: int, *, message: str | None = None) -> None:
+        """Progress, which is also the heartbeat that tells the fetch is still running."""
+        changes: dict[str, object] = {"bytes_done": bytes_done, "heartbeat_at": timezone.now()}
+        if message is not None:
+            changes["message"] = message
+        Fetch.objects.filter(pk=self.pk).update(**changes)
+
+    def finish(self) -> None:
+        """Every file is in the mirror and checked."""
+        now = timezone.now()
+        self.state, self.bytes_done, self.message = Fetch.DONE, self.bytes_total, ""
+        self.finished_at = self.heartbeat_at = now
+        Fetch.objects.filter(pk=self.pk).update(
+            state=Fetch.DONE,
+            bytes_done=self.bytes_total,
+            message="",
+            finished_at=now,
+            heartbeat_at=now,
+        )
+
+    def fail(self, message: str) -> None:
+        """Given up, with the reason; a fetch that had finished keeps the time it did."""
+        self.state, self.message = Fetch.FAILED, message
+        self.finished_at = self.finished_at or timezone.now()
+        Fetch.objects.filter(pk=self.pk).update(
+            state=Fetch.FAILED, message=message, finished_at=self.finished_at
+        )
+
+
+class RolloutQuerySet(models.QuerySet["Rollout"]):
+    def active(self) -> RolloutQuerySet:
+        """Under way: fetching or rolling (at most one per model, one_active_rollout)."""
+        return self.filter(state__in=Rollout.ACTIVE)
+
 
 class Rollout(models.Model):
-    """Moving a model to new weights (update) or back to the previous ones (rollback)."""
+    """Moving a model to new weights (update) or back to the previous ones (rollback).
+
+    Its state changes are the methods below, each a conditional UPDATE that does nothing to a
+    rollout that has ended already (another worker, or a rollback, ended it first):
+    start_rolling (fetching -> rolling), finish (-> done), fail (-> failed), halt (-> halted),
+    stop (-> failed, ended by a rollback; its last step kept); show_step and show_progress
+    write what it is doing while it is under way.
+    """
 
     FETCHING, ROLLING, DONE, FAILED, HALTED = "fetching", "rolling", "done", "failed", "halted"
     STATES = [(s, s) for s in (FETCHING, ROLLING, DONE, FAILED, HALTED)]
@@ -97,6 +217,8 @@ class Rollout(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
+    objects = RolloutQuerySet.as_manager()
+
     class Meta:
         db_table = "catalog_rollout"
         ordering = ["-created_at", "-id"]
@@ -111,6 +233,56 @@ class Rollout(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} of {self.model_id} ({self.state})"
+
+    # -- transitions --
+
+    def _change(self, states: tuple[str, ...], **changes: object) -> bool:
+        """Write `changes` if the row is still in one of `states`; whether it was."""
+        changed = Rollout.objects.filter(pk=self.pk, state__in=states).update(**changes)
+        if changed:
+            for name, value in changes.items():
+                setattr(self, name, value)
+        return bool(changed)
+
+    def show_step(self, step: str, *, states: tuple[str, ...] = ACTIVE) -> bool:
+        """What the rollout is doing now, as the API, CLI and console show it; written only
+        while it is in `states` (under way), so it never overwrites how a rollout ended."""
+        return self._change(states, step=step)
+
+    def show_progress(self, *, replaced: int, total: int, step: str | None = None) -> bool:
+        """How many of the model's replicas run the new weights, of how many."""
+        changes: dict[str, object] = {"replaced": replaced, "total": total}
+        if step is not None:
+            changes["step"] = step
+        return self._change(Rollout.ACTIVE, **changes)
+
+    def start_rolling(self) -> bool:
+        """The files are in and the model points at them: replicas are replaced from now on."""
+        return self._change((Rollout.FETCHING,), state=Rollout.ROLLING, step="replacing replicas")
+
+    def finish(self, message: str) -> bool:
+        """Every replica runs the new weights."""
+        return self._end(Rollout.DONE, message)
+
+    def fail(self, message: str) -> bool:
+        """Ended without moving the model on (a failed fetch, a canary rolled back)."""
+        return self._end(Rollout.FAILED, message)
+
+    def halt(self, message: str) -> bool:
+        """Stopped part way, the old replicas serving on (model.rollout_halted)."""
+        return self._end(Rollout.HALTED, message)
+
+    def stop(self, message: str) -> bool:
+        """Ended by a rollback that takes its place; its last step stays as it was, to show
+        how far it got."""
+        return self._change(
+            Rollout.ACTIVE, state=Rollout.FAILED, message=message, finished_at=timezone.now()
+        )
+
+    def _end(self, state: str, message: str) -> bool:
+        return self._change(
+            Rollout.ACTIVE, state=state, message=message, step=message, finished_at=timezone.now()
+        )
 
 
 class CanaryKeyMinute(models.Model):

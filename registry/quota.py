@@ -45,13 +45,12 @@ def mirror_files_held(user: Any) -> dict[FileKey, int]:
     """The files counted against the user's quota, with their sizes."""
     asked: dict[tuple[str, str, str], FileKey] = {}  # (repo, commit, path) -> its key
     held: dict[FileKey, int] = {}
-    under_way = (Fetch.QUEUED, Fetch.RUNNING)
     for repo, commit, files, state in Fetch.objects.filter(requested_by=user).values_list(
         "repo", "commit", "files", "state"
     ):
         for entry in files:
             asked[(repo, commit, entry["path"])] = file_key(repo, commit, entry)
-            if state in under_way:
+            if state in Fetch.UNDER_WAY:
                 held[file_key(repo, commit, entry)] = entry["size"]
     repos = {repo for repo, _, _ in asked}
     for repo, commit, path, size in MirrorFile.objects.filter(repo__in=repos).values_list(

@@ -8,6 +8,7 @@ database, so a worker, beat or web restart in the middle of an update resumes it
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
@@ -30,7 +31,7 @@ from catalog.services import (
 from fleet.models import Replica
 from fleet.specs import current_keys
 
-from .mirror import STALE_SECONDS, clean_mirror, file_url, parse_mirror_url
+from .mirror import clean_mirror, file_url, parse_mirror_url
 from .models import Fetch, Rollout
 from .queue import queue_now, queue_on_commit
 from .quota import file_key, refuse_past_serve_quota
@@ -42,7 +43,7 @@ log = logging.getLogger("registry.rollouts")
 
 
 def _refuse_if_rolling(model: Model) -> None:
-    active = Rollout.objects.filter(model=model, state__in=Rollout.ACTIVE).first()
+    active = Rollout.objects.filter(model=model).active().first()
     if active is not None:
         raise conflict(
             f"An {active.kind} of {model.name} is already under way (asked by {active.actor_name}, "
@@ -143,10 +144,8 @@ def start_rollback(*, actor: Actor, name: str) -> Rollout:
                 f"{model.name} has no previous weights to go back to: it was never updated.",
                 code="no_previous",
             )
-        for active in Rollout.objects.filter(model=model, state__in=Rollout.ACTIVE):
-            active.state, active.finished_at = Rollout.FAILED, timezone.now()
-            active.message = f"stopped by a rollback asked for by {actor.name}"
-            active.save(update_fields=["state", "finished_at", "message"])
+        for active in Rollout.objects.filter(model=model).active():
+            active.stop(f"stopped by a rollback asked for by {actor.name}")
         current_commit = (model.origin or {}).get("commit", "")
         target = model.previous
         rollout = Rollout.objects.create(
@@ -195,9 +194,7 @@ def _swap(model: Model, source: str, sha256: str, origin: dict[str, Any] | None)
 
 def advance_rollouts() -> None:
     """Move every rollout under way one step on; safe to run at any time, from any worker."""
-    for rollout in Rollout.objects.filter(state__in=Rollout.ACTIVE).select_related(
-        "model", "fetch"
-    ):
+    for rollout in Rollout.objects.active().select_related("model", "fetch"):
         try:
             if rollout.state == Rollout.FETCHING:
                 _advance_fetching(rollout)
@@ -216,28 +213,22 @@ def _actor_of(rollout: Rollout) -> Actor:
 def _advance_fetching(rollout: Rollout) -> None:
     fetch = rollout.fetch
     if fetch is None:
-        _finish(rollout, Rollout.FAILED, "the fetch of the new files disappeared")
+        _end(rollout, rollout.fail, "the fetch of the new files disappeared")
         return
     if fetch.state == Fetch.FAILED:
-        _finish(rollout, Rollout.FAILED, f"refused, the model is unchanged: {fetch.message}")
+        _end(rollout, rollout.fail, f"refused, the model is unchanged: {fetch.message}")
         return
     if fetch.state != Fetch.DONE:
-        stale = (
-            fetch.heartbeat_at is None
-            or (timezone.now() - fetch.heartbeat_at).total_seconds() > STALE_SECONDS
-        )
-        if fetch.state == Fetch.QUEUED or stale:
+        if fetch.is_claimable(timezone.now()):
             queue_now("registry.tasks.run_fetch", fetch.pk)  # resumes an interrupted fetch
         done = f"{fetch.bytes_done / 1e6:.1f} of {fetch.bytes_total / 1e6:.1f} MB"
-        Rollout.objects.filter(pk=rollout.pk).update(
-            step=f"fetching the new files into the mirror: {done}"
-        )
+        rollout.show_step(f"fetching the new files into the mirror: {done}")
         return
     with transaction.atomic():
         lock_catalog()
         model = Model.objects.select_related("owner").get(pk=rollout.model_id)
-        if Rollout.objects.get(pk=rollout.pk).state != Rollout.FETCHING:
-            return  # another worker took this step
+        if not Rollout.objects.filter(pk=rollout.pk, state=Rollout.FETCHING).exists():
+            return  # another worker took this step (or a rollback ended the rollout)
         repo = fetch.repo
         origin = {
             "repo": repo,
@@ -251,8 +242,7 @@ def _advance_fetching(rollout: Rollout) -> None:
             (f for f in fetch.files if rollout.to_source.endswith("/" + f["path"])), fetch.files[0]
         )
         _swap(model, rollout.to_source, weights.get("sha256") or "", origin)
-        rollout.state, rollout.step = Rollout.ROLLING, "replacing replicas"
-        rollout.save(update_fields=["state", "step"])
+        rollout.start_rolling()
         record_change(
             _actor_of(rollout),
             model.name,
@@ -269,9 +259,9 @@ def _advance_rolling(rollout: Rollout) -> None:
     if model.canary_in_force is not None:
         return  # a canary holds the replacement; registry.canary moves it on
     if model.rollout_halted:
-        _finish(
+        _end(
             rollout,
-            Rollout.HALTED,
+            rollout.halt,
             f"{model.rollout_halted}. The old replicas keep serving; a rollback goes back.",
         )
         return
@@ -284,26 +274,26 @@ def _advance_rolling(rollout: Rollout) -> None:
     desired = model.desired_replicas(timezone.now(), current_config().default_idle_timeout)
     total = max(desired, len(fresh_ready))
     if not stale and len(fresh_ready) >= desired:
-        Rollout.objects.filter(pk=rollout.pk).update(replaced=total, total=total)
-        rollout.replaced, rollout.total = total, total
-        _finish(
-            rollout, Rollout.DONE, f"every replica runs {rollout.to_commit[:7] or 'the new files'}"
+        rollout.show_progress(replaced=total, total=total)
+        _end(
+            rollout,
+            rollout.finish,
+            f"every replica runs {rollout.to_commit[:7] or 'the new files'}",
         )
         return
     waiting = [r for r in active if r.spec_key == keys.get(r.profile) and r.state != Replica.READY]
     step = f"replaced {len(fresh_ready)} of {total}"
     if waiting:
         step += f"; a new replica is {waiting[0].state}"
-    Rollout.objects.filter(pk=rollout.pk).update(replaced=len(fresh_ready), total=total, step=step)
+    rollout.show_progress(replaced=len(fresh_ready), total=total, step=step)
 
 
-def _finish(rollout: Rollout, state: str, message: str) -> None:
+def _end(rollout: Rollout, transition: Callable[[str], bool], message: str) -> None:
+    """End the rollout by `transition` (its finish, fail or halt) and write the audit event in
+    the same transaction; nothing when another worker ended it first."""
     with transaction.atomic():
-        updated = Rollout.objects.filter(pk=rollout.pk, state__in=Rollout.ACTIVE).update(
-            state=state, message=message, step=message, finished_at=timezone.now()
-        )
-        if not updated:
+        if not transition(message):
             return
-        record_event(SYSTEM, rollout.model.name, f"{rollout.kind}-{state}", message)
-    if state == Rollout.DONE:
+        record_event(SYSTEM, rollout.model.name, f"{rollout.kind}-{rollout.state}", message)
+    if rollout.state == Rollout.DONE:
         clean_mirror()

@@ -193,10 +193,7 @@ def finish_serve(fetch: Fetch) -> None:
     try:
         model_add(actor=actor, definition=fetch.serve_definition, source_check=False)
     except CatalogError as exc:
-        Fetch.objects.filter(pk=fetch.pk).update(
-            state=Fetch.FAILED,
-            message=f"the files are in the mirror, but the model was not added: {exc.message}",
-        )
+        fetch.fail(f"the files are in the mirror, but the model was not added: {exc.message}")
 
 
 def _origin(model: Model) -> dict[str, Any]:

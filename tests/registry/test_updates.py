@@ -12,7 +12,7 @@ from catalog.errors import CatalogError
 from catalog.models import AuditEntry, Model
 from catalog.services import Actor
 from registry import fetches, mirror
-from registry.models import Fetch, MirrorFile
+from registry.models import STALE_SECONDS, Fetch, MirrorFile
 from registry.updates import check_updates, serve_start
 from tests.registry.serving import REPO, serve
 from tests.support.registry import LocalRegistry, available
@@ -139,7 +139,7 @@ def test_a_serve_fetch_nobody_runs_is_queued_again(
 
         assert mirror.claim_fetch(lost.pk)  # a worker takes it, and dies
         Fetch.objects.filter(pk=lost.pk).update(heartbeat_at=now)
-        dead = now + timedelta(seconds=mirror.STALE_SECONDS + 1)
+        dead = now + timedelta(seconds=STALE_SECONDS + 1)
         assert fetches.resume_interrupted(now=dead) == [lost.pk]
         assert Fetch.objects.get(pk=lost.pk).state == Fetch.QUEUED
     finally:
