@@ -7,10 +7,11 @@ side has no ready replica the other takes everything, as without a canary: a req
 refused because of the split. Fallbacks are not split (they serve another model).
 
 Every answer is counted under the revision of the replica that gave it (gateway.traffic), so the
-check (registry.canary, run by gateway.tasks.check_canaries) compares the two revisions on the
-same requests the clients saw; while the canary runs they are also counted per key
-(registry.models.CanaryKeyMinute), so that a key whose requests fail on both revisions alike
-cannot pass its failures off as the new revision's (registry.canary.judge).
+check (registry.canary.check_canaries, run by gateway.tasks.check_canaries with this module's
+figures per revision) compares the two revisions on the same requests the clients saw; while the
+canary runs they are also counted per key (registry.models.CanaryKeyMinute, which the check
+reads itself), so that a key whose requests fail on both revisions alike cannot pass its
+failures off as the new revision's (registry.canary.judge).
 """
 
 from __future__ import annotations
@@ -18,12 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
-
-from django.db.models import Sum
 
 from registry import canary as registry_canary
-from registry.models import CanaryKeyMinute
 
 from .models import TrafficMinute
 from .routing import Entry, Serve
@@ -59,62 +56,13 @@ def revision_figures(names: Iterable[str], since: datetime) -> dict[str, Figures
     return found
 
 
-def key_figures(
-    names: Iterable[str], revisions: Iterable[str], since: datetime
-) -> dict[int, dict[str, registry_canary.RevisionFigures]]:
-    """What the gateway processes answered each key for these names on these revisions, from
-    the minute of `since` on; one query, summed in the database (a row per key and revision)."""
-    epoch = int(since.timestamp())
-    start = datetime.fromtimestamp(epoch - epoch % MINUTE, UTC)
-    rows = (
-        CanaryKeyMinute.objects.filter(
-            model__in=list(names), revision__in=list(revisions), start__gte=start
-        )
-        .values("key_id", "revision")
-        .annotate(
-            total_requests=Sum("requests"),
-            total_errors=Sum("server_errors"),
-            total_seconds=Sum("seconds"),
-        )
-        .order_by()
-    )
-    found: dict[int, dict[str, registry_canary.RevisionFigures]] = {}
-    for row in rows:
-        found.setdefault(row["key_id"], {})[row["revision"]] = registry_canary.RevisionFigures(
-            requests=row["total_requests"] or 0,
-            errors=row["total_errors"] or 0,
-            seconds=row["total_seconds"] or 0.0,
-        )
-    return found
-
-
 def check_canaries() -> None:
-    """Move every canary under way on (its window starts when its replica is ready, with what the
-    figures held then as its baseline), then judge each one that was watching already on the
-    figures of its model's names (the model and its adapters)."""
-    now = datetime.now(UTC)
-    started = set()
-    for model in registry_canary.active_canaries():
-        baseline = _figures(model, now) if (model.canary or {}).get("state") == "waiting" else None
-        if registry_canary.advance_canary(model, baseline=baseline, now=now):
-            started.add(model.pk)
-    for model in registry_canary.active_canaries():
-        canary = model.canary or {}
-        if canary.get("state") != "watching" or model.pk in started:
-            continue
-        since = datetime.fromisoformat(canary["started_at"])
-        names = _names(model)
-        keys = key_figures(names, (canary["from_revision"], canary["revision"]), since)
-        registry_canary.check_canary(model, _figures(model, since), keys=keys)
+    """One check of every canary under way (registry.canary.check_canaries) on the figures per
+    revision this gateway writes: the registry, below the gateway, cannot read them itself."""
+    registry_canary.check_canaries(revision_figures=_figures)
 
 
-def _names(model: Any) -> list[str]:
-    """The names the gateway counts a model's answers under: the model and its adapters."""
-    return [model.name, *(a["name"] for a in model.adapters)]
-
-
-def _figures(model: Any, since: datetime) -> dict[str, registry_canary.RevisionFigures]:
-    names = _names(model)
+def _figures(names: list[str], since: datetime) -> dict[str, registry_canary.RevisionFigures]:
     return {
         revision: registry_canary.RevisionFigures(
             requests=seen.requests, errors=seen.server_errors, seconds=seen.seconds

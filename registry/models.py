@@ -287,7 +287,8 @@ class Rollout(models.Model):
 
 class CanaryKeyMinute(models.Model):
     """What one gateway process answered one key for one model and revision in one minute, kept
-    only while the model has a canary update under way (registry.canary.judge reads it).
+    only while the model has a canary update under way (registry.canary.key_figures reads it
+    for judge).
 
     The gateway's own traffic table (gateway.models.TrafficMinute) has no key: one key whose
     requests fail on both revisions alike (a body the engine cannot take) would read as the new

@@ -10,10 +10,17 @@ from typing import Any
 import pytest
 
 from catalog.models import CanaryRouting, canary_routing
-from gateway.canary import key_figures, revision_figures, share
+from gateway.canary import revision_figures, share
 from gateway.routing import Candidate, Serve, read_catalog, read_replicas
 from gateway.traffic import TrafficBook, fold
-from registry.canary import CanarySettings, KeyFigures, RevisionFigures, Verdict, judge
+from registry.canary import (
+    CanarySettings,
+    KeyFigures,
+    RevisionFigures,
+    Verdict,
+    judge,
+    key_figures,
+)
 from registry.models import CanaryKeyMinute
 from tests.gateway.test_routing import entry
 

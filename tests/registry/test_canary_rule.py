@@ -9,6 +9,7 @@ import pytest
 from catalog.errors import CatalogError
 from registry.canary import (
     CanarySettings,
+    Outcome,
     RevisionFigures,
     canary_settings,
     describe_figures,
@@ -23,7 +24,7 @@ OLD = RevisionFigures(requests=100, errors=0, seconds=20.0)  # 0.2 s on average
 
 def verdict(
     old: RevisionFigures, new: RevisionFigures, *, over: bool = False, minimum: int = 20
-) -> str:
+) -> Outcome:
     return judge(old, new, LIMITS, min_requests=minimum, window_over=over).outcome
 
 
@@ -33,6 +34,12 @@ def verdict(
 def test_it_decides_nothing_below_the_minimum_of_requests_even_when_all_fail() -> None:
     assert verdict(OLD, RevisionFigures(requests=19, errors=19, seconds=1)) == "undecided"
     assert verdict(OLD, RevisionFigures(requests=20, errors=19, seconds=1)) == "unhealthy"
+
+
+def test_it_decides_with_an_outcome_the_check_can_compare_by_identity() -> None:
+    assert verdict(OLD, RevisionFigures(requests=19, errors=19, seconds=1)) is Outcome.UNDECIDED
+    assert verdict(OLD, RevisionFigures(requests=20, errors=19, seconds=1)) is Outcome.UNHEALTHY
+    assert verdict(OLD, RevisionFigures(requests=50, seconds=10), over=True) is Outcome.HEALTHY
 
 
 def test_a_window_that_ends_with_too_few_requests_waits_for_them() -> None:

@@ -1,0 +1,45 @@
+"""The canary check: every canary under way moved on and, once watching, judged on the figures.
+
+Beat runs it every LLMGW_CANARY_CHECK_SECONDS through the task gateway.tasks.check_canaries
+(the name beat schedules and queued messages use). The figures per revision are the gateway's
+own table (gateway.models.TrafficMinute, written by its traffic book, folded and read by its
+traffic pages), which the registry, below the gateway, may not import: the gateway passes its
+reader in (`revision_figures`). Why not move the table down here: it is the gateway's record of
+all its traffic, of which the canary reads a small part, and moving it would mean a migration
+of a live table. The per-key figures the check also weighs are the registry's own
+(registry.models.CanaryKeyMinute, read by selectors.key_figures).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from .rule import RevisionFigures
+from .selectors import active_canaries, key_figures, names_counted
+from .services import advance_canary, check_canary
+
+# What the gateway answered for these names per revision, from the minute of `since` on.
+RevisionFiguresReader = Callable[[list[str], datetime], dict[str, RevisionFigures]]
+
+
+def check_canaries(*, revision_figures: RevisionFiguresReader) -> None:
+    """Move every canary under way on (its window starts when its replica is ready, with what the
+    figures held then as its baseline), then judge each one that was watching already on the
+    figures of its model's names (the model and its adapters). Idempotent: each step reads its
+    state under the catalog lock."""
+    now = datetime.now(UTC)
+    started = set()
+    for model in active_canaries():
+        waiting = (model.canary or {}).get("state") == "waiting"
+        baseline = revision_figures(names_counted(model), now) if waiting else None
+        if advance_canary(model, baseline=baseline, now=now):
+            started.add(model.pk)
+    for model in active_canaries():
+        canary = model.canary or {}
+        if canary.get("state") != "watching" or model.pk in started:
+            continue
+        since = datetime.fromisoformat(canary["started_at"])
+        names = names_counted(model)
+        keys = key_figures(names, (canary["from_revision"], canary["revision"]), since)
+        check_canary(model, revision_figures(names, since), keys=keys)
