@@ -47,7 +47,7 @@ from bench.gateway import (  # noqa: E402
     wait_http,
 )
 from llmgw.engine import EngineSettings, engine_command, find_engine  # noqa: E402
-from llmgw.ggufheader import estimate_memory_bytes, read_header_from_file  # noqa: E402
+from llmgw.gguf import estimate_memory_bytes, read_header_from_file  # noqa: E402
 from llmgw.tinygguf import LARGE, write_tiny_model  # noqa: E402
 
 CONVERSATIONS = 8

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import secrets
 import socket
 from datetime import timedelta
 from typing import Any
@@ -15,6 +14,7 @@ from django.utils import timezone
 
 from catalog.errors import CatalogError, conflict, forbidden
 from catalog.services import Actor
+from llmgw.bearer import NODE_TOKEN
 
 from . import trust
 from .models import Node, Replica, hash_token
@@ -71,7 +71,7 @@ def node_add(
             "and ':', starting with a letter or digit (the name is part of URLs).",
             code="invalid",
         )
-    token = "llmgw-node-" + secrets.token_urlsafe(32)
+    token = NODE_TOKEN.new()
     with transaction.atomic():
         if Node.objects.filter(name=name).exists():
             raise conflict(

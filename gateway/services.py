@@ -18,7 +18,6 @@ Every change of a key's limits and of a team is in the audit, with who made it.
 from __future__ import annotations
 
 import re
-import secrets
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -36,16 +35,17 @@ from catalog.definitions import MAX_NAME, NAME_PATTERN, validate_name
 from catalog.durations import DurationError, parse_duration
 from catalog.errors import CatalogError, Problem, conflict, forbidden, invalid
 from catalog.services import Actor, record_change, record_event
+from llmgw.bearer import GATEWAY_KEY
 
 from .limits import live_use
 from .models import GatewayKey, Team, hash_key
 from .routing import Entry
 
-KEY_PREFIX = "llmgw-"
-# What is kept of a key in clear, to tell keys apart in listings: the fixed
-# prefix and six of its 43 random characters (36 of 256 random bits; the other
-# 220 are still far beyond guessing).
-SHOWN_CHARS = len(KEY_PREFIX) + 6
+# A key's look (llmgw.bearer.GATEWAY_KEY): its fixed prefix, and what is kept of it in clear,
+# to tell keys apart in listings: the prefix and six of its 43 random characters (36 of 256
+# random bits; the other 220 are still far beyond guessing).
+KEY_PREFIX = GATEWAY_KEY.prefix
+SHOWN_CHARS = GATEWAY_KEY.shown
 KEY_NAME_MAX = 100
 
 
@@ -301,14 +301,17 @@ def key_create(
     given = {"team": team, "models": models, "expires": expires, "weight": weight}
     changes.update({k: v for k, v in given.items() if v is not None})
     wanted = _read_settings(changes, KEY_SETTINGS, what="The key")
-    secret = KEY_PREFIX + secrets.token_urlsafe(32)
+    secret = GATEWAY_KEY.new()
     with transaction.atomic():
         # The owner's row is locked while the keys are counted, so two creates at once
         # cannot both see room for one more.
         get_user_model().objects.select_for_update().filter(pk=actor.user.pk).first()
         refuse_past_key_limit(actor.user)
         key = GatewayKey(
-            name=name, owner=actor.user, prefix=secret[:SHOWN_CHARS], key_hash=hash_key(secret)
+            name=name,
+            owner=actor.user,
+            prefix=GATEWAY_KEY.shown_part(secret),
+            key_hash=hash_key(secret),
         )
         _apply_key_settings(actor, key, wanted, what="The key")
         key.save()

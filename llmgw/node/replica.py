@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from llmgw import engine
-from llmgw.ggufheader import (
+from llmgw.gguf import (
     GGUFError,
     adapter_problems,
     estimate_memory_bytes,

@@ -656,16 +656,6 @@ def test_placement_and_the_node_estimate_memory_by_the_same_arithmetic(files: Pa
     assert from_facts == estimate_memory_bytes(header, file_size=1000, context_length=512, slots=3)
 
 
-def test_the_old_module_name_still_answers() -> None:
-    # llmgw.node.replica and bench/routing.py still import llmgw.ggufheader.
-    from llmgw import gguf, ggufheader
-
-    assert ggufheader.read_header_from_file is gguf.read_header_from_file
-    assert ggufheader.estimate_memory_bytes is gguf.estimate_memory_bytes
-    assert ggufheader.adapter_problems is gguf.adapter_problems
-    assert ggufheader.GGUFError is gguf.GGUFError
-
-
 def test_estimate_memory_of_an_adapter_is_refused(files: Path) -> None:
     adapter = read_header_from_file(files / "lora.gguf")
     with pytest.raises(GGUFError, match=r"lacks llama\.block_count"):
