@@ -49,8 +49,10 @@ def invalid(problems: list[Problem], *, what: str = "The definition") -> Catalog
     """A refusal listing every problem found, the first ones in the sentence itself."""
     listed = "; ".join(str(p).rstrip(".") for p in problems[:5])
     more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+    # A last problem that asks (did you mean ...?) ends the sentence itself.
+    end = "" if (listed + more).endswith("?") else "."
     return CatalogError(
-        f"{what} was refused, nothing was changed: {listed}{more}.",
+        f"{what} was refused, nothing was changed: {listed}{more}{end}",
         code="invalid",
         problems=problems,
     )

@@ -52,3 +52,11 @@ def test_a_serializers_own_refusal_reads_as_one_sentence() -> None:
     assert body["detail"] == (
         "The request was refused, nothing was changed: name: This field may not be blank."
     )
+
+
+def test_a_last_problem_that_asks_ends_the_sentence_with_its_question_mark() -> None:
+    body = refused({"min_replica": ["is not a field; did you mean 'min_replicas'?"]})
+    assert body["detail"] == (
+        "The request was refused, nothing was changed: min_replica: is not a field; did you "
+        "mean 'min_replicas'?"
+    )
