@@ -826,7 +826,3 @@ class _Turn:
         if self._waiter is not None:
             self.queue._exit(self._waiter)
             self._waiter = None
-
-
-# This process's queue; the gateway makes it in its lifespan, on var/gateway-queue.
-fair_queue = FairQueue(None)

@@ -14,7 +14,7 @@ takes its file with it (dropped by the next process that looks): what it had in 
 counting at once, as the requests did.
 
 - Requests in flight: one counter per key and team, up on admission, down when the request
-  ends however it ends (asgi's `finally`).
+  ends however it ends (gateway.relay's `finally`).
 - Requests and tokens per minute: 13 buckets of 5 s. A request counts in the bucket it was
   admitted in, its tokens (prompt + completion, as the engine reported them; a stream's when
   it ends) in the bucket it ended in, and a bucket counts until 65 s after it began: never
@@ -991,27 +991,3 @@ def live_use(
     for tag, (in_flight, requests, tokens) in totals.items():
         found[wanted[tag]] = LiveUse(in_flight, requests, tokens)
     return found
-
-
-# This process's counters: made by the gateway's start (gateway.asgi.start_process), in
-# VAR_DIR/gateway-limits, shared with the machine's other gateway processes.
-counters: SharedCounters | None = None
-
-
-def shared_counters() -> SharedCounters:
-    """This process's counters. A process that did not start as a gateway (a test serving the
-    application in a thread) counts in a folder of its own: sharing VAR_DIR's with unrelated
-    processes, whose keys have the same ids in other databases, would count their requests
-    as its own."""
-    global counters
-    if counters is None or counters.closed:
-        import atexit
-        import shutil
-        import tempfile
-
-        from . import traffic
-
-        folder = Path(tempfile.mkdtemp(prefix="llmgw-limits-"))
-        counters = SharedCounters(folder, writer=traffic.book.writer)
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    return counters

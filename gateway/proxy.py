@@ -177,9 +177,6 @@ async def _mark_reused(session: object, context: object, params: object) -> None
         attempt.reused = True
 
 
-upstream = Upstream()
-
-
 async def send(
     serve: Serve,
     path: str,
@@ -187,6 +184,7 @@ async def send(
     *,
     stream: bool,
     balancer: Balancer,
+    upstream: Upstream,
     refresh: Callable[[], Awaitable[tuple[Candidate, ...]]],
     prefix: Sequence[int] = (),
 ) -> Answer:
@@ -196,7 +194,7 @@ async def send(
     for attempt in (1, 2):
         candidate = balancer.choose(candidates, serve.engine_name, prefix)
         try:
-            answer = await _attempt(candidate, path, payload, stream=stream)
+            answer = await _attempt(upstream, candidate, path, payload, stream=stream)
         except Silent as exc:
             balancer.release(candidate)
             raise ReplicaTimeout(candidate, conf.upstream_timeout()) from exc
@@ -220,11 +218,13 @@ async def send(
     raise AssertionError("unreachable")
 
 
-async def _attempt(candidate: Candidate, path: str, payload: bytes, *, stream: bool) -> Answer:
+async def _attempt(
+    upstream: Upstream, candidate: Candidate, path: str, payload: bytes, *, stream: bool
+) -> Answer:
     try:
-        return await _post(candidate, path, payload, stream=stream, fresh=False)
+        return await _post(upstream, candidate, path, payload, stream=stream, fresh=False)
     except _StaleConnection:
-        return await _post(candidate, path, payload, stream=stream, fresh=True)
+        return await _post(upstream, candidate, path, payload, stream=stream, fresh=True)
 
 
 @functools.lru_cache(maxsize=8)
@@ -239,7 +239,13 @@ class _StaleConnection(Exception):
 
 
 async def _post(
-    candidate: Candidate, path: str, payload: bytes, *, stream: bool, fresh: bool
+    upstream: Upstream,
+    candidate: Candidate,
+    path: str,
+    payload: bytes,
+    *,
+    stream: bool,
+    fresh: bool,
 ) -> Answer:
     session = upstream.session(fresh=fresh)
     url = f"{candidate.endpoint}{path}"

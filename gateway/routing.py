@@ -354,9 +354,6 @@ def _worth_waiting_for(cached: int, least: int) -> bool:
     return cached <= least + SLACK
 
 
-balancer = Balancer()
-
-
 # The did-you-mean compares the asked name with at most this many names (difflib costs about
 # 20 µs a pair): bounded work for a 404 on a large catalog. Past it, no suggestions.
 CLOSEST_SEARCH_LIMIT = 2000

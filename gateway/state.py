@@ -363,9 +363,12 @@ class Snapshot:
     read_at: float = field(default_factory=time.monotonic)
 
 
-def read_snapshot(keys: Keys | None = None) -> Snapshot:
+def read_snapshot(
+    keys: Keys | None = None, counters: limits.SharedCounters | None = None
+) -> Snapshot:
     """Everything routing and /metrics need, in a few queries; `keys` are refreshed in place
-    (only what changed), or read whole when not given."""
+    (only what changed), or read whole when not given. A budget's tokens are read from the
+    database less what this process's `counters` hold of them."""
     catalog = read_catalog()
     replicas = read_replicas()
     if keys is None:
@@ -375,7 +378,6 @@ def read_snapshot(keys: Keys | None = None) -> Snapshot:
     teams = read_teams()
     budgets = no_budgets()
     if keys.budgeted() or any(team.budgeted for team in teams.values()):
-        counters = limits.counters
         budgets = limits.read_budgets(counters.writers() if counters is not None else ())
     return Snapshot(
         catalog=catalog,
@@ -492,9 +494,14 @@ def _describe(profile: dict[str, Any], memory: Footprint) -> str:
 
 
 class GatewayState:
-    """The current snapshot, the refresher that replaces it, and the writes waiting for it."""
+    """The current snapshot, the refresher that replaces it, and the writes waiting for it:
+    the traffic figures in `book` among them. One per gateway (gateway.app.Gateway)."""
 
-    def __init__(self) -> None:
+    def __init__(self, book: traffic.TrafficBook | None = None) -> None:
+        self.book = book if book is not None else traffic.TrafficBook()
+        # The gateway's limit counters, once made: a budget's reads leave out what their
+        # writers (this machine's gateway processes) still hold.
+        self.counters: limits.SharedCounters | None = None
         self._snapshot: Snapshot | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -518,7 +525,7 @@ class GatewayState:
             # Only before the refresher's first read (and in tests): read it here, once.
             with self._lock:
                 if self._snapshot is None:
-                    self._snapshot = read_snapshot()
+                    self._snapshot = read_snapshot(counters=self.counters)
                 snapshot = self._snapshot
         return snapshot
 
@@ -566,9 +573,9 @@ class GatewayState:
                 for key_id, at in self._used_written.items()
                 if now - at < LAST_USED_SECONDS
             }
-        if traffic.book.due():
+        if self.book.due():
             try:
-                traffic.book.flush()
+                self.book.flush()
             except Exception:
                 # Figures are kept for the next flush; routing must not wait on them.
                 log.exception("gateway: could not write traffic figures; trying again later")
@@ -577,7 +584,7 @@ class GatewayState:
 
     def reload(self) -> Snapshot:
         previous = self._snapshot
-        snapshot = read_snapshot(previous.keys if previous is not None else None)
+        snapshot = read_snapshot(previous.keys if previous is not None else None, self.counters)
         self._snapshot = snapshot
         board = metrics()
         board.keys_held.set(len(snapshot.keys))
@@ -606,7 +613,7 @@ class GatewayState:
             try:
                 # looked_at is when a look began reading, not when it ended: a request for a key
                 # committed after the read began (and so perhaps not in it) must wait for the
-                # next look, not be refused on this one (gateway.asgi._fresh_look).
+                # next look, not be refused on this one (gateway.relay.fresh_look).
                 if watcher is None:
                     watcher = _watcher()
                     began = time.monotonic()
@@ -713,4 +720,6 @@ def _watcher() -> _Watcher:
     return _VersionPoll()
 
 
+# This process's state: the gateway the lifespan makes (gateway.app.Gateway.started) holds it, and
+# so does the one made at the first request without a lifespan; a test may make its own.
 state = GatewayState()

@@ -47,33 +47,71 @@ def _refresher_reads_uncommitted(sender: Any, connection: Any, **kwargs: Any) ->
         connection.connection.execute("PRAGMA read_uncommitted = 1")
 
 
+class _Pools:
+    """The connection pools (to engines, to the web) of the test process's per-test gateways:
+    made on the event loop of the session's server, which closes them when it stops. A server
+    started with its lifespan makes a gateway, and pools, of its own."""
+
+    upstream: Any = None
+    web: Any = None
+
+    @classmethod
+    def give(cls, gateway: Any) -> None:
+        from gateway import proxy
+        from gateway.webforward import Web
+
+        if cls.upstream is None:
+            cls.upstream, cls.web = proxy.Upstream(), Web()
+        gateway.upstream, gateway.web = cls.upstream, cls.web
+
+    @classmethod
+    async def close(cls) -> None:
+        if cls.upstream is not None:
+            await cls.upstream.close()
+            await cls.web.close()
+
+
 @pytest.fixture(autouse=True)
 def _fresh_gateway_state(settings: Any, monkeypatch: Any) -> Iterator[None]:
-    """Each test starts with no cached catalog, no remembered demand and fresh metrics; a
+    """Each test starts with a fresh gateway object for the application (a fresh balancer,
+    queue and traffic book), no cached catalog, no remembered demand and fresh metrics; a
     refresher thread (a lifespan server's) reads without locks on SQLite and, should a look
     still fail (a write of its own meeting the test's), looks again at the next poll."""
     from django.db.backends.signals import connection_created
 
-    from gateway import metrics, routing, services, traffic
+    from gateway import metrics, services, traffic
     from gateway import state as gateway_state
+    from gateway.asgi import Gateway as ProcessGateway
+    from gateway.asgi import application
     from gateway.state import state
 
     settings.LLMGW_GATEWAY_WAIT = 0
     settings.LLMGW_METRICS_DIR = None
     settings.LLMGW_METRICS_OPEN = True
-    monkeypatch.setattr(routing, "balancer", routing.Balancer())
     monkeypatch.setattr(state, "_snapshot", None)
     monkeypatch.setattr(state, "_demand", {})
     monkeypatch.setattr(state, "_used", set())
     monkeypatch.setattr(state, "_used_written", {})
-    monkeypatch.setattr(traffic, "book", traffic.TrafficBook("test"))
+    monkeypatch.setattr(state, "book", traffic.TrafficBook("test"))
     monkeypatch.setattr(gateway_state, "RETRY_SECONDS", gateway_state.POLL_SECONDS)
     services.forget_demand()
     metrics.reset_for_tests()
+    fresh = ProcessGateway(state=state)
+    _Pools.give(fresh)
+    monkeypatch.setattr(application, "gateway", fresh)
     connection_created.connect(_refresher_reads_uncommitted, dispatch_uid="refresher-uncommitted")
     yield
     connection_created.disconnect(dispatch_uid="refresher-uncommitted")
     metrics.reset_for_tests()
+
+
+@pytest.fixture
+def process_gateway() -> Any:
+    """The gateway object the application serves with now (gateway.process.Gateway): this test's,
+    or the one a server started with its lifespan made."""
+    from gateway.asgi import application
+
+    return application.gateway
 
 
 class GatewayServer:
@@ -107,13 +145,10 @@ class GatewayServer:
         self.url = f"http://127.0.0.1:{port}"
 
     async def _serve(self) -> None:
-        from gateway import asgi, proxy
-
         try:
             await self.server.serve()
         finally:
-            await proxy.upstream.close()
-            await asgi._web.close()
+            await _Pools.close()
 
     def stop(self) -> None:
         self.server.should_exit = True

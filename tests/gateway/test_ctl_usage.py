@@ -10,6 +10,7 @@ import pytest
 from openai import OpenAI
 
 from gateway import traffic
+from gateway.asgi import application
 from llmgw.cli import main
 from tests.gateway.conftest import GatewayServer
 from tests.gateway.fake_engine import FakeEngine
@@ -43,14 +44,15 @@ def test_usage_totals_are_what_was_sent(
     monkeypatch: Any,
     capsys: Any,
 ) -> None:
-    monkeypatch.setattr(traffic, "book", traffic.TrafficBook("test"))
+    assert application.gateway is not None  # the one the lifespan made
+    monkeypatch.setattr(application.gateway.state, "book", traffic.TrafficBook("test"))
     catalog.add("chat")
     catalog.replica("chat", engine)
     client = OpenAI(base_url=f"{front.url}/v1", api_key=keys["alice"], max_retries=0)
     for _ in range(3):
         answer = client.completions.create(model="chat", prompt="a")
         assert answer.usage is not None and answer.usage.completion_tokens == 5
-    traffic.book.flush()
+    application.gateway.book.flush()
 
     code, out = ctl(monkeypatch, capsys, front.url, tokens["alice"], "usage")
     assert code == 0, out

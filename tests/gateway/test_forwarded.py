@@ -178,8 +178,10 @@ def test_bodies_held_for_the_web_have_a_budget(
 
     import requests
 
-    from gateway import asgi
+    from gateway.asgi import application
 
+    assert application.gateway is not None
+    budget = application.gateway.forward_budget
     settings.LLMGW_GATEWAY_FORWARD_TO = echo
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
     settings.LLMGW_GATEWAY_FORWARD_MEMORY = 2 * 1024 * 1024
@@ -191,9 +193,9 @@ def test_bodies_held_for_the_web_have_a_budget(
             sock.sendall(b"POST /login/ HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\nab")
             held.append(sock)
         deadline = time.monotonic() + 5
-        while asgi._forward_budget.held < 2 * 1024 * 1024 and time.monotonic() < deadline:
+        while budget.held < 2 * 1024 * 1024 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert asgi._forward_budget.held == 2 * 1024 * 1024
+        assert budget.held == 2 * 1024 * 1024
         response = requests.post(f"{gateway_server.url}/login/", data=b"x" * 100, timeout=10)
         assert response.status_code == 503
         assert response.headers["Retry-After"] == "1"
@@ -202,9 +204,9 @@ def test_bodies_held_for_the_web_have_a_budget(
         for sock in held:
             sock.close()
     deadline = time.monotonic() + 5
-    while asgi._forward_budget.held and time.monotonic() < deadline:
+    while budget.held and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert asgi._forward_budget.held == 0
+    assert budget.held == 0
     response = requests.post(f"{gateway_server.url}/login/", data=b"x" * 100, timeout=10)
     assert response.status_code == 200
 
@@ -244,12 +246,13 @@ def test_only_a_trusted_proxy_names_the_client(
 ) -> None:
     import requests
 
-    from gateway import asgi
+    from gateway.asgi import application
     from tests.gateway.conftest import GatewayServer
 
     settings.LLMGW_GATEWAY_FORWARD_TO = echo
     # The connections to the web belong to one event loop: this server makes its own.
-    monkeypatch.setattr(asgi._web, "_session", None)
+    assert application.gateway is not None
+    monkeypatch.setattr(application.gateway.web, "_session", None)
     server = GatewayServer(proxy_headers=True, forwarded_allow_ips=trusted)
     try:
         response = requests.get(

@@ -24,8 +24,10 @@ ASK = {"model": "chat", "prompt": "hi"}  # the fake engine answers it with 3 + 5
 @pytest.fixture(autouse=True)
 def counters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SharedCounters]:
     """Fresh limit counters for each test, in a folder of its own (as one gateway process)."""
+    from gateway.state import state
+
     mine = SharedCounters(tmp_path / "gateway-limits", writer="test")
-    monkeypatch.setattr(limits, "counters", mine)
+    monkeypatch.setattr(state, "counters", mine)  # the gateway's (gateway.app.Gateway.counters)
     yield mine
     mine.close()
 
@@ -256,16 +258,17 @@ def test_a_monthly_budget_survives_a_restart_through_the_database(
     assert gw.post("/v1/completions", ASK).status_code == 200  # 20 < 30; now 28, written
     # A restart: this process's counts are gone, its book's row stays; a new book writes anew.
     from gateway import traffic
+    from gateway.state import state
 
-    monkeypatch.setattr(traffic, "book", traffic.TrafficBook("next"))
-    monkeypatch.setattr(limits, "counters", SharedCounters(tmp_path / "after", writer="next"))
+    monkeypatch.setattr(state, "book", traffic.TrafficBook("next"))
+    monkeypatch.setattr(state, "counters", SharedCounters(tmp_path / "after", writer="next"))
     assert gw.post("/v1/completions", ASK).status_code == 200  # 28 < 30; now 36
     refused = gw.post("/v1/completions", ASK)
     assert refused.status_code == 429
     assert refused.json()["error"]["message"].startswith(
         "This key's budget of 30 tokens per month (UTC) is spent (36 used); it resets at "
     )
-    limits.counters.close()  # type: ignore[union-attr]
+    state.counters.close()  # type: ignore[union-attr]
 
 
 def test_a_teams_budget_counts_its_keys_together(

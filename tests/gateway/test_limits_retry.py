@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from gateway import limits
 from gateway.limits import SharedCounters
 from gateway.models import GatewayKey, hash_key
+from gateway.state import state
 from tests.gateway.fake_engine import FakeEngine
 
 # The stream that holds the key's one request in flight: 4 events 0.375 s apart, 1.5 s in all.
@@ -35,7 +35,7 @@ REFUSED_METRIC = 'llmgw_gateway_limited_total{limit="max_parallel",subject="key"
 def counters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SharedCounters]:
     """Fresh limit counters for each test, in a folder of its own (as one gateway process)."""
     mine = SharedCounters(tmp_path / "gateway-limits", writer="test")
-    monkeypatch.setattr(limits, "counters", mine)
+    monkeypatch.setattr(state, "counters", mine)  # the gateway's (gateway.app.Gateway.counters)
     yield mine
     mine.close()
 

@@ -192,20 +192,22 @@ def _second_turn_stays(gw: object, catalog: object, engines: list, routing_mode:
     """Send a conversation's first turn, make the replica that took it one request busier,
     send the next turn: 1 when that turn went to the same replica, else 0."""
     from fleet.models import Replica
-    from gateway import routing
+    from gateway.asgi import application
 
+    assert application.gateway is not None
+    balancer = application.gateway.balancer
     catalog.add("chat", routing=routing_mode)  # type: ignore[attr-defined]
     replicas = [catalog.replica("chat", e) for e in engines]  # type: ignore[attr-defined]
     for replica in replicas:  # two slots each, so the busier one still has one free
         Replica.objects.filter(pk=replica.pk).update(spec={**replica.spec, "slots": 2})
     assert gw.post("/v1/chat/completions", chat("first question")).status_code == 200  # type: ignore[attr-defined]
     first = next(i for i, e in enumerate(engines) if e.requests)
-    routing.balancer.load.add(str(replicas[first].pk), 1)  # busier, one slot still free
+    balancer.load.add(str(replicas[first].pk), 1)  # busier, one slot still free
     try:
         body = chat("first question", "an answer", "a second question")
         assert gw.post("/v1/chat/completions", body).status_code == 200  # type: ignore[attr-defined]
     finally:
-        routing.balancer.load.add(str(replicas[first].pk), -1)
+        balancer.load.add(str(replicas[first].pk), -1)
     return int(len(engines[first].requests) == 2)
 
 

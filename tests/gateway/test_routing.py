@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -191,7 +192,11 @@ def attempt_error(port: int, mode: str = "ok") -> BaseException:
     with fake_engine() as engine:
         engine.mode = mode
         try:
-            run(proxy._attempt(on(port or engine.port), "/v1/completions", b"{}", stream=False))
+            run(
+                lambda upstream: proxy._attempt(
+                    upstream, on(port or engine.port), "/v1/completions", b"{}", stream=False
+                )
+            )
         except proxy.UpstreamError as exc:
             return exc
     raise AssertionError("the attempt did not fail")
@@ -229,28 +234,27 @@ def test_a_silent_engine_is_a_timeout(settings: Any) -> None:
             )
 
 
-def run(coroutine: Any) -> Any:
+def run(coroutine: Callable[[proxy.Upstream], Awaitable[Any]]) -> Any:
     """Run a coroutine of the proxy on a loop of its own, with connections of its own."""
 
     async def main() -> Any:
-        previous, proxy.upstream = proxy.upstream, proxy.Upstream()
+        upstream = proxy.Upstream()
         try:
-            return await coroutine
+            return await coroutine(upstream)
         finally:
-            await proxy.upstream.close()
-            proxy.upstream = previous
+            await upstream.close()
 
     return asyncio.run(main())
 
 
 def send(*args: Any, **kwargs: Any) -> proxy.Answer:
-    async def whole() -> proxy.Answer:
-        answer = await proxy.send(*args, **kwargs)
+    async def whole(upstream: proxy.Upstream) -> proxy.Answer:
+        answer = await proxy.send(*args, upstream=upstream, **kwargs)
         if answer.streaming:
             answer.close()
         return answer
 
-    return run(whole())
+    return run(whole)
 
 
 def fixed(*candidates: Candidate) -> Any:

@@ -15,8 +15,10 @@ pytestmark = [pytest.mark.smoke]
 
 @pytest.fixture
 def book(monkeypatch: pytest.MonkeyPatch) -> traffic.TrafficBook:
+    from gateway.state import state
+
     fresh = traffic.TrafficBook("test")
-    monkeypatch.setattr(traffic, "book", fresh)
+    monkeypatch.setattr(state, "book", fresh)  # the gateway's (gateway.app.Gateway.book)
     return fresh
 
 

@@ -9,9 +9,11 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from gateway import asgi, traffic
+from gateway import traffic
+from gateway.asgi import Gateway
 from gateway.fairqueue import FairQueue
 from gateway.models import TrafficMinute
+from gateway.state import GatewayState
 from gateway.traffic import WINDOWS, TrafficBook
 
 pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
@@ -152,9 +154,8 @@ def test_the_reads_give_the_mean_and_the_longest_wait_over_a_window() -> None:
 
 def test_the_gateways_queue_hook_writes_into_the_book(monkeypatch: pytest.MonkeyPatch) -> None:
     book = TrafficBook("w1")
-    monkeypatch.setattr(traffic, "book", book)
     queue = FairQueue(None)
-    queue.on_wait = asgi._queue_wait  # as start_process sets it
+    Gateway(state=GatewayState(book), queue=queue)  # which sets the queue's hooks
     queue._observe("m", 1.5, "served")
     queue._observe("m", 0.0, "served")
     queue._observe("m", 0.0, "full")

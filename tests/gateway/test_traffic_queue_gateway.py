@@ -13,7 +13,8 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from gateway import fairqueue, proxy, traffic
+from gateway import traffic
+from gateway.asgi import application
 from gateway.models import TrafficMinute
 from tests.console.pages import text_of
 from tests.gateway.conftest import Gateway, GatewayServer
@@ -24,15 +25,13 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.smoke]
 
 @pytest.fixture
 def worker(settings: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """A gateway started with its lifespan (start_process: the fair queue on its own file, its
+    """A gateway started with its lifespan (Gateway.started: the fair queue on its own file, its
     waits reported to the traffic book), its shared files in a var folder of the test's own,
     which the console reads too."""
     settings.VAR_DIR = tmp_path / "var"
     settings.VAR_DIR.mkdir()
-    monkeypatch.setattr(fairqueue, "fair_queue", fairqueue.fair_queue)  # put back afterwards
-    # Connections of its own to the engines: a pool made on another server's event loop (the
-    # session's gateway, if a test used it first) cannot be used on this one's.
-    monkeypatch.setattr(proxy, "upstream", proxy.Upstream())
+    # Its own gateway object (fair queue, connections to the engines, traffic book), which
+    # the conftest's fixture puts back afterwards.
     running = GatewayServer(lifespan=True)
     yield running
     running.stop()
@@ -84,7 +83,8 @@ def test_a_request_that_waited_for_a_busy_slot_is_counted_and_shown(
     assert answers["holder"][0] == 200 and b"[DONE]" in answers["holder"][1]
     assert answers["waiter"][0] == 200
     assert traffic.waiting_now(["chat"]) == {"chat": 0}
-    traffic.book.flush()  # as the worker's state thread does every few seconds
+    assert application.gateway is not None
+    application.gateway.book.flush()  # as the worker's state thread does every few seconds
 
     waited = TrafficMinute.objects.get(model="chat", queued__gt=0)
     assert (waited.queued, waited.queue_timeouts, waited.queue_full) == (1, 0, 0)

@@ -270,7 +270,7 @@ def test_a_request_reads_nothing_from_the_database(
 
 
 def test_a_replica_that_refuses_the_connection_is_skipped_once(
-    gw: Any, catalog: Any, engine: FakeEngine
+    gw: Any, catalog: Any, engine: FakeEngine, process_gateway: Any
 ) -> None:
     from tests.gateway.test_routing import closed_port
 
@@ -278,13 +278,14 @@ def test_a_replica_that_refuses_the_connection_is_skipped_once(
     dead = catalog.replica("chat", closed_port())
     alive = catalog.replica("chat", engine)
     # Make the dead one the least busy, so that it is tried first.
-    busy = routing.balancer.choose(
+    balancer = process_gateway.balancer
+    busy = balancer.choose(
         [c for c in routing.read_replicas()["chat"] if c.id == str(alive.pk)], "chat"
     )
     response = gw.post("/v1/completions", {"model": "chat", "prompt": "a"})
-    routing.balancer.release(busy)
+    balancer.release(busy)
     assert response.status_code == 200 and len(engine.requests) == 1
-    assert routing.balancer.in_flight(str(dead.pk)) == 0
+    assert balancer.in_flight(str(dead.pk)) == 0
     metrics = gw.get("/metrics").text
     assert 'llmgw_gateway_retries_total{model="chat"} 1.0' in metrics
 

@@ -1,0 +1,127 @@
+"""The gateway's ASGI application: the Gateway object (gateway.process) made in the lifespan, and
+the dispatch of a request to the part that answers it: gateway.relay for /v1/, /metrics here,
+gateway.webforward for the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+
+from catalog.config import ConfigError
+
+from . import conf, errors, http, relay
+from .errors import Refusal
+from .http import Receive, Scope, Send
+from .metrics import exposition
+from .process import Gateway
+from .state import state
+from .webforward import forward
+
+log = logging.getLogger("llmgw.gateway")
+
+
+class Application:
+    """The ASGI application: `gateway` is made by the lifespan, or bare at the first request
+    where there is none (uvicorn with --lifespan off, a test)."""
+
+    def __init__(self) -> None:
+        self.gateway: Gateway | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            gateway = self.gateway
+            if gateway is None:
+                gateway = self.gateway = Gateway(state=state)
+            path: str = scope["path"]
+            if path.startswith("/v1/"):
+                handler = relay.ROUTES.get(path)
+                if handler is None:
+                    await http.refuse(send, _no_such_endpoint(path))
+                else:
+                    await handler(gateway, scope, receive, send)
+            elif path == "/metrics":
+                await _metrics(gateway, scope, send)
+            else:
+                await forward(gateway.web, gateway.forward_budget, scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    self.gateway = await asyncio.to_thread(Gateway.started)
+                except ConfigError as exc:
+                    # The same message web, worker and beat stop with; no traceback for a bad file.
+                    log.error("llmgw gateway: cannot start: %s", exc)
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                except Exception as exc:
+                    log.exception("gateway: could not start")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                gateway = self.gateway
+                if gateway is not None:
+                    await gateway.close_pools()
+                    await asyncio.to_thread(gateway.stop)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+application = Application()
+
+
+def _no_such_endpoint(path: str) -> Refusal:
+    return errors.openai_error(
+        404,
+        f"There is no endpoint {path}. The gateway serves GET /v1/models, POST "
+        "/v1/chat/completions, /v1/completions and /v1/embeddings.",
+        code="unknown_url",
+    )
+
+
+# -- /metrics -----------------------------------------------------------------------------
+
+
+def metrics_refusal(authorization: str) -> Refusal | None:
+    """None when this scrape may read /metrics (see LLMGW_METRICS_TOKEN, LLMGW_METRICS_OPEN)."""
+    token = conf.metrics_token()
+    if token is None:
+        if conf.metrics_open():
+            return None
+        return errors.openai_error(
+            403,
+            "/metrics is closed: set LLMGW_METRICS_TOKEN and have Prometheus send it "
+            "(authorization: {credentials: TOKEN}), or set LLMGW_METRICS_OPEN=true to let "
+            "anyone who can reach the gateway read it.",
+            code="metrics_closed",
+            kind="permission_error",
+        )
+    scheme, _, sent = authorization.partition(" ")
+    if scheme.lower() == "bearer" and hmac.compare_digest(sent.strip().encode(), token.encode()):
+        return None
+    return errors.openai_error(
+        401,
+        "/metrics needs the scrape token: send 'Authorization: Bearer TOKEN' with the value of "
+        "LLMGW_METRICS_TOKEN.",
+        code="invalid_metrics_token",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+async def _metrics(gateway: Gateway, scope: Scope, send: Send) -> None:
+    if scope["method"] not in ("GET", "HEAD"):
+        await http.refuse(send, errors.wrong_method("/metrics", "GET"))
+        return
+    refusal = metrics_refusal(http.header(scope, b"authorization"))
+    if refusal is not None:
+        await http.refuse(send, refusal)
+        return
+    text, content_type = await asyncio.to_thread(exposition, gateway.state.get().engines)
+    await http.whole(send, 200, text, [(b"content-type", content_type.encode())])

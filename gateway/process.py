@@ -1,0 +1,150 @@
+"""The Gateway object: everything one gateway process keeps between requests.
+
+It holds the routing snapshot and its refresher (gateway.state), the balancer with the load and
+prefix maps it shares with the machine's other gateway processes, the pools of connections to
+the engines and to the web process, the traffic book, the limit counters, the fair queue and the
+metrics. Why an object rather than module globals (the way Starlette keeps `app.state`): the
+lifespan makes it once a worker starts (gateway.app), a test or a second application in one
+process can have one of its own, and stopping it closes everything it opened.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection
+
+from catalog.config import current_config
+
+from . import conf, proxy, traffic
+from .fairqueue import FairQueue
+from .limits import SharedCounters
+from .load import SharedLoad
+from .metrics import Metrics, metrics
+from .prefix import PrefixTable
+from .redislimits import RedisLimits
+from .routing import Balancer
+from .state import GatewayState, state
+from .webforward import Budget, Web
+
+log = logging.getLogger("llmgw.gateway")
+
+
+class Gateway:
+    """One gateway process's state, connection pools and figures.
+
+    Made bare (in memory, nothing shared with other processes) for a process that did not
+    start through the lifespan, or by `Gateway.started()` in a worker's lifespan: its maps on
+    VAR_DIR, shared with the machine's other gateway processes, and its refresher running.
+    """
+
+    def __init__(
+        self,
+        *,
+        state: GatewayState | None = None,
+        balancer: Balancer | None = None,
+        queue: FairQueue | None = None,
+        counters: SharedCounters | None = None,
+    ) -> None:
+        self.state = state if state is not None else GatewayState(traffic.TrafficBook())
+        self.balancer = balancer if balancer is not None else Balancer()
+        self.queue = queue if queue is not None else FairQueue(None)
+        self.queue.on_depth = self._queue_depth
+        self.queue.on_wait = self._queue_wait
+        if counters is not None:
+            self.state.counters = counters
+        self.metrics: Metrics = metrics()
+        self.upstream = proxy.Upstream()
+        self.web = Web()
+        self.forward_budget = Budget(self.metrics)
+
+    @property
+    def book(self) -> traffic.TrafficBook:
+        """The traffic figures requests leave; the state's refresher writes them."""
+        return self.state.book
+
+    @property
+    def counters(self) -> SharedCounters:
+        """The limit counters. A gateway that did not start from the lifespan (a test serving
+        the application in a thread) counts in a folder of its own: sharing VAR_DIR's with
+        unrelated processes, whose keys have the same ids in other databases, would count
+        their requests as its own."""
+        counters = self.state.counters
+        if counters is None or counters.closed:
+            folder = Path(tempfile.mkdtemp(prefix="llmgw-limits-"))
+            counters = SharedCounters(folder, writer=self.book.writer)
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
+            self.state.counters = counters
+        return counters
+
+    @classmethod
+    def started(cls) -> Gateway:
+        """This worker process's gateway: the routing snapshot read, its refresher started,
+        the load, prefix, limit and queue maps shared on VAR_DIR. Bad settings stop it here,
+        not at its first request."""
+        conf.wait_seconds(), conf.upstream_timeout(), conf.metrics_open(), conf.body_seconds()
+        conf.max_head_bytes(), conf.max_headers(), conf.head_seconds(), conf.forward_memory_bytes()
+        conf.max_connections(), conf.queue_timeout(), conf.queue_max(), conf.fair_queue_on()
+        conf.limits_redis_url()
+        current_config()  # and a server.yaml that does not validate (ConfigError)
+        # The process's state: what other code of the process (and the benches) reads.
+        if state.counters is not None:
+            state.counters.close()
+        counters = SharedCounters(settings.VAR_DIR / "gateway-limits", writer=state.book.writer)
+        gateway = cls(
+            state=state,
+            balancer=Balancer(
+                SharedLoad(settings.VAR_DIR / "gateway-load"),
+                PrefixTable(settings.VAR_DIR / "gateway-prefix"),
+            ),
+            queue=FairQueue(settings.VAR_DIR / "gateway-queue"),
+            counters=counters,
+        )
+        redis_url = conf.limits_redis_url()
+        if redis_url:
+            board = gateway.metrics
+            counters.remote = RedisLimits(
+                redis_url,
+                on_error=board.limits_redis_errors.inc,
+                on_drop=board.limits_redis_dropped.inc,
+            )
+        try:
+            gateway.state.reload()
+        finally:
+            connection.close()  # this thread's: the refresher has its own
+        gateway.state.start()
+        return gateway
+
+    def stop(self) -> None:
+        """Stop the refresher, write the last figures and close the shared maps."""
+        self.state.stop()
+        try:
+            self.book.flush()  # the last seconds' figures
+        except Exception:
+            log.exception("gateway: could not write the last traffic figures")
+        finally:
+            connection.close()
+        self.balancer.load.close()
+        self.balancer.prefixes.close()
+        self.queue.close()
+        if self.state.counters is not None:
+            # After the flush: until its file goes, the others count this process's tokens by it.
+            self.state.counters.close()
+
+    async def close_pools(self) -> None:
+        await self.upstream.close()
+        await self.web.close()
+
+    def _queue_depth(self, model: str, depth: int) -> None:
+        self.metrics.queue_depth.labels(model).set(depth)
+
+    def _queue_wait(self, model: str, seconds: float, outcome: str) -> None:
+        self.metrics.queue_seconds.labels(model, outcome).observe(seconds)
+        # And in the traffic figures, for the model page and the API (a request that did not
+        # queue is not written there).
+        self.book.record_wait(model=model, seconds=seconds, outcome=outcome)

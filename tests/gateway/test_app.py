@@ -1,0 +1,59 @@
+"""The gateway as an object (gateway.process.Gateway): each application has its own state, pools
+and figures, and a test can make one that shares nothing with the process's."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gateway.app import Application
+from gateway.process import Gateway
+from gateway.state import GatewayState, state
+
+pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
+
+
+def test_it_makes_a_gateway_that_shares_nothing_with_another() -> None:
+    mine, other = Gateway(), Gateway()
+    assert mine.state is not other.state and mine.state is not state
+    assert mine.book is not other.book
+    assert mine.balancer is not other.balancer
+    assert mine.queue is not other.queue
+    assert mine.upstream is not other.upstream and mine.web is not other.web
+    assert mine.counters is not other.counters
+    assert mine.state.counters is mine.counters  # the budgets' reads see them
+
+
+def test_its_queue_reports_to_it() -> None:
+    mine = Gateway()
+    # Depths into its metrics, waits into its metrics and its traffic book.
+    assert mine.queue.on_depth == mine._queue_depth
+    assert mine.queue.on_wait == mine._queue_wait
+
+
+def call(application: Application, path: str, method: str = "GET") -> tuple[int, bytes]:
+    """One request to the application, straight through ASGI."""
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": method, "path": path, "headers": [], "query_string": b""}
+    asyncio.run(application(scope, receive, send))
+    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def test_an_application_answers_with_the_gateway_it_was_given() -> None:
+    application = Application()
+    own = Gateway(state=GatewayState())
+    application.gateway = own
+    status, body = call(application, "/v1/nope")
+    assert status == 404 and b"There is no endpoint /v1/nope." in body
+    status, _ = call(application, "/v1/models")
+    assert status == 401  # no key: refused before any state is read
+    assert application.gateway is own
