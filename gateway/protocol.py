@@ -56,7 +56,7 @@ class Limits:
 @functools.cache
 def limits() -> Limits:
     """Read once per process, at its first connection (a bad value stops the gateway at start:
-    gateway.asgi.start_process reads them too)."""
+    gateway.process.Gateway.started reads them too)."""
     return Limits(
         max_head_bytes=conf.max_head_bytes(),
         max_headers=conf.max_headers(),
