@@ -499,7 +499,9 @@ class SharedCounters:
         for _, view, writer in self._others.values():
             yield view, writer
 
-    def _use(self, tag: int, bucket: int, day: int, month: int) -> _Use:
+    def _use(self, tag: int, bucket: int, day: int, month: int, *, local: bool = True) -> _Use:
+        """What every live process counted for `tag`; with `local`, also each writer's tokens
+        today and this month (what a budget needs)."""
         use = _Use(0, [0] * BUCKETS, [0] * BUCKETS, {})
         requests, tokens = use.requests, use.tokens
         home = zlib.crc32(tag.to_bytes(8, "little")) % SLOTS
@@ -516,7 +518,7 @@ class SharedCounters:
                 if 0 <= age < BUCKETS:
                     requests[age] += asked
                     tokens[age] += used
-            if writer:
+            if local and writer:
                 day_tokens = row[DAY_TOKENS] if row[DAY] == day else 0
                 month_tokens = row[MONTH_TOKENS] if row[MONTH] == month else 0
                 had = use.local.get(writer, (0, 0))
@@ -607,7 +609,7 @@ class SharedCounters:
         headers: dict[str, tuple[int, int, float]] = {}
         slots = []
         for tag, limits, whose in subjects:
-            use = self._use(tag, bucket, day, month)
+            use = self._use(tag, bucket, day, month, local=limits.budgeted)
             if tag in wider:
                 _count_wider(use, wider[tag])  # decided in Redis, in one step: no slack
                 refused = _refusal(limits, whose, use, budgets, tag, today, now, headers, 0)
