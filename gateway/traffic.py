@@ -349,9 +349,6 @@ class TrafficBook:
         return len(rows) + len(usage)
 
 
-book = TrafficBook()
-
-
 # -- folding (a beat task) ------------------------------------------------------------------
 
 
