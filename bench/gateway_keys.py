@@ -108,7 +108,7 @@ def old_read() -> dict[str, Any]:
 def revoked_after(owner: Any, secret: str) -> tuple[float, int, float]:
     """Revoke the key; seconds until the running refresher holds it as revoked, and that
     refresh's rows and seconds."""
-    from catalog.services import Actor
+    from core.actor import Actor
     from gateway.models import GatewayKey, hash_key
     from gateway.services import key_revoke
     from gateway.state import state

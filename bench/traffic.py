@@ -106,7 +106,8 @@ def model_page(rounds: int) -> list[tuple[str, str, int, float]]:
     from django.test.utils import CaptureQueriesContext
 
     from catalog.definitions import clean_definition
-    from catalog.services import Actor, model_add
+    from catalog.services import model_add
+    from core.actor import Actor
     from gateway.models import TrafficMinute
     from tests.factories import definition
 

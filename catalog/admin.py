@@ -27,12 +27,13 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
+from core.actor import Actor
+from core.refusals import Problem, Refused, invalid
+from core.yamltext import Path, line_for
+
 from . import services
 from .definitions import clean_definition, load_definition_text
-from .errors import CatalogError, Problem, invalid
 from .models import AuditEntry, CatalogVersion, Model
-from .services import Actor
-from .yamltext import Path, line_for
 
 ADMIN = "admin"
 # Parts of a definition that no service changes in place; the rest map to one service each.
@@ -185,7 +186,7 @@ class RemovedThroughServiceAdmin(admin.ModelAdmin):
     ) -> HttpResponse:
         try:
             return super().delete_view(request, object_id, extra_context)
-        except CatalogError as error:
+        except Refused as error:
             self.message_user(request, error.message, messages.ERROR)
             return HttpResponseRedirect(self.refused_removal_url(object_id))
 
@@ -237,7 +238,7 @@ class ModelAdminForm(forms.ModelForm):
                 self.instance = edit_model(
                     actor, self.instance, wanted, lines, not data["skip_source_check"]
                 )
-        except CatalogError as error:
+        except Refused as error:
             self.add_error(None, error.message)
             for problem in error.problems:
                 self.add_error("definition_yaml", str(problem))
@@ -302,7 +303,7 @@ class ModelAdmin(RemovedThroughServiceAdmin, RequestFormAdmin):
         for name in names:
             try:
                 service(actor=admin_actor(request), name=name)
-            except CatalogError as error:
+            except Refused as error:
                 self.message_user(request, error.message, messages.ERROR)
             else:
                 succeeded.append(name)

@@ -10,12 +10,15 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
-from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
+
+from core.api import actor_of, answers, out, validated
+from core.refusals import Problem, invalid
+from core.serializers import DurationField, StrictSerializer
 
 from . import selectors, services
 from .config import current_config
@@ -25,51 +28,14 @@ from .definitions import (
     MAX_MEMORY_GB,
     MAX_REPLICAS,
     AdapterSerializer,
-    DurationField,
     ModelDefinitionSerializer,
-    StrictSerializer,
     clean_definition,
     normalize,
 )
-from .errors import Problem, invalid
 from .models import Model
 from .sources import human_size
 
 # -- what the API answers: output serializers, the one source of both shape and schema --------
-
-
-class ProblemOut(serializers.Serializer):
-    field = serializers.CharField(
-        help_text="the field, like profiles[0].memory_gb; empty for the whole"
-    )
-    message = serializers.CharField()
-    line = serializers.IntegerField(required=False, help_text="its line, for YAML input")
-
-
-class ErrorOut(serializers.Serializer):
-    detail = serializers.CharField(help_text="what was wrong and what to do, in a sentence")
-    code = serializers.CharField(help_text="a stable code, like invalid, not_found, declared_model")
-    problems = ProblemOut(many=True, required=False)
-    line = serializers.IntegerField(required=False)
-
-
-# The name other modules knew the error shape by.
-ERROR = ErrorOut
-
-# The refusals every operation may give, and the ones an operation with a body adds.
-ALWAYS = (401,)
-WITH_BODY = (400, 413, 415)
-
-
-def answers(ok: dict[int, Any], *refusals: int, body: bool = False) -> dict[int, Any]:
-    """An operation's responses: what it answers when it works, and each refusal (ErrorOut)."""
-    codes = sorted({*ALWAYS, *refusals, *(WITH_BODY if body else ())})
-    return {**ok, **{code: ErrorOut for code in codes}}
-
-
-def out(serializer: type[serializers.Serializer], data: Any, many: bool = False) -> Any:
-    """`data` shaped by its output serializer: what is not declared there does not go out."""
-    return serializer(data, many=many).data
 
 
 class ScalingOut(serializers.Serializer):
@@ -174,23 +140,6 @@ class ClusterOut(serializers.Serializer):
     database = serializers.CharField(help_text="sqlite or postgresql")
 
 
-class StrictSerializerScheme(OpenApiSerializerExtension):
-    """Inputs refuse fields they do not know: the schema says so (additionalProperties)."""
-
-    target_class = StrictSerializer
-    match_subclasses = True
-
-    def map_serializer(self, auto_schema: Any, direction: Any) -> Any:
-        schema = auto_schema._map_basic_serializer(self.target, direction)
-        schema["additionalProperties"] = False
-        return schema
-
-
-def actor_of(request: Request) -> services.Actor:
-    door = "cli" if request.headers.get("X-LLMGW-Client") == "ctl" else "api"
-    return services.Actor.for_user(request.user, door)
-
-
 def _flag(request: Request, name: str, default: bool = True) -> bool:
     raw = request.query_params.get(name)
     if raw is None:
@@ -205,12 +154,6 @@ SOURCE_CHECK = OpenApiParameter(
     bool,
     description="false skips asking the source URL whether the weights are there",
 )
-
-
-def validated(serializer_class: type[serializers.Serializer], data: Any) -> dict[str, Any]:
-    serializer = serializer_class(data=data)
-    serializer.is_valid(raise_exception=True)
-    return dict(serializer.validated_data)
 
 
 # An endpoint that answers with models (ModelOut). A model's answer also holds what the apps

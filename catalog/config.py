@@ -16,23 +16,19 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
-from .definitions import (
-    DurationField,
-    StrictSerializer,
-    clean_definition,
-    flatten_errors,
-    path_text,
-)
-from .durations import format_duration
-from .errors import CatalogError, Problem
-from .outbound import (
+from core.durations import format_duration
+from core.outbound import (
     HostSyntaxError,
     URLRefused,
     endpoint_hosts,
     parse_allowed_hosts,
     parse_target,
 )
-from .yamltext import YAMLSyntaxError, line_for, load_with_lines
+from core.refusals import Problem, Refused
+from core.serializers import DurationField, StrictSerializer, flatten_errors, path_text
+from core.yamltext import YAMLSyntaxError, line_for, load_with_lines
+
+from .definitions import clean_definition
 
 
 class ConfigError(Exception):
@@ -94,7 +90,7 @@ class _RegistrySection(StrictSerializer):
     token = serializers.CharField(required=False, allow_blank=True, default="")
 
     def validate_endpoint(self, value: str) -> str:
-        # Every registry request is checked by catalog.outbound; an endpoint it would refuse
+        # Every registry request is checked by core.outbound; an endpoint it would refuse
         # (a password in the URL, an odd host) is better refused at start.
         try:
             parse_target(value)
@@ -157,7 +153,7 @@ def parse_config(text: str, path: Path) -> ClusterConfig:
             label += f" ({entry['name']})"
         try:
             definition = clean_definition(entry, lines=lines, prefix=("models", index), what=label)
-        except CatalogError as exc:
+        except Refused as exc:
             raise ConfigError(f"{path}: {_problem_text(exc, label)}") from None
         if definition["name"] in names:
             raise ConfigError(f"{path}: {label}: the name {definition['name']!r} is declared twice")
@@ -186,7 +182,7 @@ def parse_config(text: str, path: Path) -> ClusterConfig:
     )
 
 
-def _problem_text(exc: CatalogError, label: str) -> str:
+def _problem_text(exc: Refused, label: str) -> str:
     if not exc.problems:
         return f"{label}: {exc.message}"
     first: Problem = exc.problems[0]

@@ -6,18 +6,16 @@ A definition is checked here on its own (types, ranges, names, unknown fields);
 
 from __future__ import annotations
 
-import difflib
 import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from .durations import DurationError, parse_duration
-from .errors import CatalogError, Problem, invalid
-from .outbound import URLRefused, parse_target
-from .yamltext import Path, YAMLSyntaxError, line_for, load_with_lines
+from core.outbound import URLRefused, parse_target
+from core.refusals import Problem, Refused, invalid
+from core.serializers import DurationField, StrictSerializer, flatten_errors, path_text
+from core.yamltext import Path, YAMLSyntaxError, line_for, load_with_lines
 
 # A name is part of URLs (/api/v1/models/NAME, /console/models/NAME) and of command lines:
 # it starts with a letter or digit, so that "." and ".." (which a URL path resolves away)
@@ -77,115 +75,6 @@ def validate_source(value: str) -> None:
 def validate_sha256(value: str) -> None:
     if not SHA256_PATTERN.fullmatch(value):
         raise serializers.ValidationError("a sha256 is 64 lowercase hexadecimal characters")
-
-
-def wrong_type(field: serializers.Field, value: Any) -> str | None:
-    """What is wrong with the JSON (or YAML) type of `value` for `field`, or None.
-
-    DRF turns `false` into 0.0, `5` into "5" and "3" into 3; the API's schema promises
-    numbers, text and true/false, so a value of another type is refused rather than guessed at.
-    """
-    if value is None:
-        return None
-    if isinstance(field, serializers.BooleanField):
-        return None if isinstance(value, bool) else "must be true or false"
-    if isinstance(field, serializers.IntegerField):
-        whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-        return None if whole and not isinstance(value, bool) else "must be a whole number"
-    if isinstance(field, serializers.FloatField):
-        number = isinstance(value, int | float) and not isinstance(value, bool)
-        return None if number else "must be a number"
-    if isinstance(field, serializers.CharField | serializers.ChoiceField | serializers.UUIDField):
-        return None if isinstance(value, str) else "must be text (quote it in YAML)"
-    if isinstance(field, serializers.ListField) and isinstance(value, list):
-        for item in value:
-            problem = wrong_type(field.child, item)
-            if problem:
-                return f"each entry {problem}"
-    return None
-
-
-class TypedSerializer(serializers.Serializer):
-    """Refuses values of the wrong JSON type (`cores: false` is not 0), naming each field."""
-
-    def to_internal_value(self, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return super().to_internal_value(data)
-        errors: dict[str, Any] = {}
-        for key, value in data.items():
-            if key in self.fields:
-                problem = wrong_type(self.fields[key], value)
-                if problem:
-                    errors[str(key)] = [problem]
-        try:
-            value = super().to_internal_value(
-                {k: v for k, v in data.items() if str(k) not in errors}
-            )
-        except serializers.ValidationError as exc:
-            if not isinstance(exc.detail, dict):
-                raise
-            errors = {**exc.detail, **errors}
-        if errors:
-            raise serializers.ValidationError(errors)
-        return value
-
-
-class StrictSerializer(TypedSerializer):
-    """Refuses fields it does not know, by name: a misspelt field must not silently mean nothing.
-    And values of the wrong type."""
-
-    def to_internal_value(self, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return super().to_internal_value(data)
-        known = set(self.fields)
-        errors: dict[str, Any] = {}
-        for key in data:
-            if key not in known:
-                close = difflib.get_close_matches(str(key), sorted(known), n=1)
-                hint = (
-                    f"did you mean {close[0]!r}?"
-                    if close
-                    else f"known fields: {', '.join(sorted(known))}"
-                )
-                errors[str(key)] = [f"unknown field; {hint}"]
-        # The known fields are checked too, so that one answer lists every problem.
-        try:
-            value = super().to_internal_value({k: v for k, v in data.items() if k in known})
-        except serializers.ValidationError as exc:
-            if not isinstance(exc.detail, dict):
-                raise
-            errors = {**exc.detail, **errors}
-        if errors:
-            raise serializers.ValidationError(errors)
-        return value
-
-
-@extend_schema_field(
-    {
-        "oneOf": [
-            {
-                "type": "string",
-                "pattern": r"^\s*(0|([0-9]+[smhdSMHD])+)\s*$",
-                "description": "a duration with its unit, like 15m, 6h or 1h30m; 0 for none",
-            },
-            {"type": "integer", "enum": [0]},
-        ]
-    }
-)
-class DurationField(serializers.Field):
-    default_error_messages = {"invalid": "{message}"}
-
-    def to_internal_value(self, data: Any) -> int:
-        try:
-            return parse_duration(data)
-        except DurationError as exc:
-            self.fail("invalid", message=str(exc))
-            raise AssertionError("unreachable") from exc
-
-    def to_representation(self, value: int) -> str:
-        from .durations import format_duration
-
-        return format_duration(value)
 
 
 def _at_most(maximum: str) -> dict[str, Any]:
@@ -347,32 +236,6 @@ class ModelDefinitionSerializer(StrictSerializer):
         return attrs
 
 
-def flatten_errors(detail: Any, path: Path = ()) -> list[tuple[Path, str]]:
-    """DRF's nested error structure as (path, message) pairs."""
-    if isinstance(detail, dict):
-        pairs = []
-        for key, value in detail.items():
-            sub = path if key == "non_field_errors" else (*path, key)
-            pairs.extend(flatten_errors(value, sub))
-        return pairs
-    if isinstance(detail, list):
-        if all(isinstance(item, str) for item in detail):
-            return [(path, str(item)) for item in detail]
-        pairs = []
-        for index, item in enumerate(detail):
-            if item:
-                pairs.extend(flatten_errors(item, (*path, index)))
-        return pairs
-    return [(path, str(detail))]
-
-
-def path_text(path: Path) -> str:
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
-
-
 def load_definition_text(text: str) -> tuple[Any, dict[Path, int]]:
     """A definition written as YAML, with the line of each field. Text that is not YAML is
     refused with the line of the fault, in the same words by the console, the admin and the
@@ -380,7 +243,7 @@ def load_definition_text(text: str) -> tuple[Any, dict[Path, int]]:
     try:
         return load_with_lines(text)
     except YAMLSyntaxError as exc:
-        raise CatalogError(
+        raise Refused(
             f"The definition is not valid YAML: {exc}.",
             code="parse_error",
             problems=[Problem("", str(exc), exc.line)],
@@ -394,9 +257,9 @@ def clean_definition(
     prefix: Path = (),
     what: str = "The definition",
 ) -> dict[str, Any]:
-    """A validated definition, or a CatalogError naming every field that is wrong (and its line)."""
+    """A validated definition, or a Refused naming every field that is wrong (and its line)."""
     if not isinstance(data, dict):
-        raise CatalogError(
+        raise Refused(
             f"{what} must be a mapping of fields (name, source, profiles, ...), not {type(data).__name__}.",
             code="invalid",
         )

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from .durations import format_duration
+from core.durations import format_duration
 
 CLASS_CHOICES = [
     ("critical", "critical"),

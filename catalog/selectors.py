@@ -6,8 +6,9 @@ from typing import Any
 
 from django.db.models import QuerySet
 
+from core.durations import format_duration
+
 from .config import ClusterConfig
-from .durations import format_duration
 from .models import AuditEntry, Model
 
 

@@ -8,15 +8,17 @@ change writes nothing.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
+from core.actor import CONFIG, Actor
+from core.refusals import Problem, Refused, conflict, forbidden, invalid
+
 from .definitions import CLASSES, MAX_CORES, MAX_MEMORY_GB, MAX_REPLICAS, whole_if_possible
-from .errors import CatalogError, Problem, conflict, forbidden, invalid, not_found
 from .models import AuditEntry, CatalogVersion, Model
 from .signals import catalog_changed, model_added
 from .validation import catalog_problems
@@ -25,25 +27,14 @@ if TYPE_CHECKING:
     from .config import ClusterConfig
 
 
-@dataclass(frozen=True)
-class Actor:
-    """Who is making a change and through which door (api, cli, console, admin, config, system)."""
-
-    name: str
-    door: str
-    user: Any = None  # a User, or None for config and system
-
-    @classmethod
-    def for_user(cls, user: Any, door: str) -> Actor:
-        return cls(name=user.get_username(), door=door, user=user)
-
-    @property
-    def is_staff(self) -> bool:
-        return bool(self.user is not None and getattr(self.user, "is_staff", False))
-
-
-CONFIG = Actor(name="config", door="config")
-SYSTEM = Actor(name="system", door="system")
+def model_not_found(name: str, known: list[str] | None = None) -> Refused:
+    hint = "; `llmgw ctl models` lists the models there are"
+    if known:
+        close = difflib.get_close_matches(name, known, n=3)
+        if close:
+            hint = f"; did you mean {', '.join(close)}?"
+    end = "" if hint.endswith("?") else "."
+    return Refused(f"There is no model named {name!r}{hint}{end}", code="not_found", status=404)
 
 
 # -- shared steps ---------------------------------------------------------------
@@ -76,21 +67,14 @@ def get_model(name: str) -> Model:
     try:
         return Model.objects.select_related("owner").get(name=name)
     except Model.DoesNotExist:
-        raise not_found(name, list(Model.objects.values_list("name", flat=True))) from None
-
-
-def require_staff(actor: Actor, what: str) -> None:
-    """Things that act on the whole installation rather than on one's own models."""
-    if actor.door in ("config", "system") or actor.is_staff:
-        return
-    raise forbidden(f"Only staff may {what}; ask an administrator.")
+        raise model_not_found(name, list(Model.objects.values_list("name", flat=True))) from None
 
 
 def require_change_rights(actor: Actor, model: Model) -> None:
     """The owner or staff may change a model. Asked before anything else about the change (who
     the new owner is, whether a file exists), so that an outsider learns nothing from the answer
     and makes the control plane fetch nothing."""
-    if actor.door in ("config", "system") or model.may_be_changed_by(actor.user):
+    if actor.is_installation or model.may_be_changed_by(actor.user):
         return
     if model.owner is None:
         raise forbidden(f"{model.name} has no owner, so only a staff user may change it.")
@@ -171,7 +155,7 @@ def _resolve_user(username: str) -> Any:
     try:
         return User.objects.get(username=username)
     except User.DoesNotExist:
-        raise CatalogError(
+        raise Refused(
             f"There is no user named {username!r}; create the account first (console or admin).",
             code="unknown_user",
         ) from None

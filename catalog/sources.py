@@ -3,7 +3,7 @@
 A source that does not resolve is otherwise discovered minutes later by a
 replica failing to start on some node, with an error naming the node rather
 than the typo. Which hosts may be asked is a setting, so that the check cannot
-be used to probe arbitrary internal addresses; `catalog.outbound` checks every
+be used to probe arbitrary internal addresses; `core.outbound` checks every
 request and redirect hop against it.
 """
 
@@ -15,13 +15,13 @@ from urllib.parse import urljoin
 import requests
 from django.conf import settings
 
+from core.outbound import MAX_REDIRECTS, HostPolicy, URLRefused, guarded_session
+from core.refusals import Refused
 from llmgw import gguf
 from llmgw.units import format_bytes
 
 from .config import current_config
-from .errors import CatalogError
 from .mirror_credential import ControlPlaneAuth
-from .outbound import MAX_REDIRECTS, HostPolicy, URLRefused, guarded_session
 
 ANYWAY = (
     "Pass --no-source-check (source_check=false in the API) to add it anyway, which is right "
@@ -36,7 +36,7 @@ class SourceInfo:
 
 
 def source_policy() -> HostPolicy:
-    """The hosts a source or adapter URL may be fetched from (catalog.outbound says how)."""
+    """The hosts a source or adapter URL may be fetched from (core.outbound says how)."""
     return HostPolicy(current_config().source_allowed_hosts())
 
 
@@ -48,13 +48,13 @@ def source_session() -> requests.Session:
     return session
 
 
-def _refusal(exc: URLRefused, url: str, current: str, what: str) -> CatalogError:
+def _refusal(exc: URLRefused, url: str, current: str, what: str) -> Refused:
     hop = f"The {what} {url} redirects to {current}. " if current != url else ""
-    return CatalogError(f"{hop}{exc.message} Or: {ANYWAY}", code=exc.code)
+    return Refused(f"{hop}{exc.message} Or: {ANYWAY}", code=exc.code)
 
 
 def check_source(url: str, *, what: str = "source") -> SourceInfo:
-    """Where the weights at `url` are and how large they are; CatalogError when they are not there."""
+    """Where the weights at `url` are and how large they are; Refused when they are not there."""
     timeout = settings.LLMGW_SOURCE_CHECK_TIMEOUT
     current = url
     try:
@@ -78,7 +78,7 @@ def check_source(url: str, *, what: str = "source") -> SourceInfo:
                     current = urljoin(current, response.headers["location"])
                     continue
                 if not response.ok:
-                    raise CatalogError(
+                    raise Refused(
                         f"The {what} {url} is not there: it answered {response.status_code} "
                         f"{response.reason}. Check the URL. {ANYWAY}",
                         code="source_missing",
@@ -87,11 +87,11 @@ def check_source(url: str, *, what: str = "source") -> SourceInfo:
     except URLRefused as exc:
         raise _refusal(exc, url, current, what) from None
     except requests.RequestException as exc:
-        raise CatalogError(
+        raise Refused(
             f"The {what} {url} could not be reached: {_reason(exc)}. {ANYWAY}",
             code="source_unreachable",
         ) from None
-    raise CatalogError(
+    raise Refused(
         f"The {what} {url} redirects more than {MAX_REDIRECTS} times. {ANYWAY}",
         code="source_unreachable",
     )
@@ -142,15 +142,15 @@ def check_adapter(adapter: dict[str, object], *, model_name: str, model_source: 
     except gguf.GGUFError as exc:
         if isinstance(exc.__cause__, URLRefused):
             refused = exc.__cause__
-            raise CatalogError(f"{refused.message} Or: {ANYWAY}", code=refused.code) from None
-        raise CatalogError(
+            raise Refused(f"{refused.message} Or: {ANYWAY}", code=refused.code) from None
+        raise Refused(
             f"Adapter {name} could not be checked against model {model_name}: {exc}",
             code="adapter_unreadable",
         ) from None
     architecture = model_header.architecture or "unknown"
     problems = gguf.adapter_problems(adapter_header, architecture, model=model_header)
     if problems:
-        raise CatalogError(
+        raise Refused(
             f"Adapter {name} ({source}) cannot be used with model {model_name}: "
             f"{'; '.join(problems)}. An adapter must be a GGUF LoRA adapter made for the "
             f"model's architecture ({architecture}).",

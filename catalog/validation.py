@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .errors import Problem
+from core.refusals import Problem
 
 
 def catalog_problems(

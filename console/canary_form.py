@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from catalog.errors import CatalogError
+from core.refusals import Refused
 from registry import canary
 
 FIELDS = ("canary", "for", "max_error_rate", "max_latency_ratio")
@@ -18,7 +18,7 @@ def canary_from_form(data: Any) -> canary.CanarySettings | None:
     given = {name: str(data.get(name) or "").strip() for name in FIELDS}
     if not given["canary"]:
         if any(given[name] for name in FIELDS[1:]):
-            raise CatalogError(
+            raise Refused(
                 "Canary time and limits only mean something for a canary update: give the "
                 "percentage of requests the canary gets, or leave them all empty for an update "
                 "that replaces every replica straight away.",

@@ -14,10 +14,11 @@ from typing import Any
 from django import forms
 from django.forms.renderers import DjangoTemplates
 
-from catalog.definitions import AdapterSerializer, flatten_errors, normalize, path_text
-from catalog.durations import DurationError, parse_duration
-from catalog.errors import CatalogError
+from catalog.definitions import AdapterSerializer, normalize
 from catalog.models import Model
+from core.durations import DurationError, parse_duration
+from core.refusals import Refused
+from core.serializers import flatten_errors, path_text
 
 
 class ConsoleRenderer(DjangoTemplates):
@@ -36,7 +37,7 @@ class ConsoleForm(forms.Form):
     # Problem.field from the services, as it names this form's fields.
     problem_fields: dict[str, str] = {}
 
-    def refuse(self, error: CatalogError) -> None:
+    def refuse(self, error: Refused) -> None:
         """Show a service's refusal: its message for the form, each problem at its field."""
         self.add_error(None, error.message)
         for problem in error.problems:

@@ -21,8 +21,8 @@ from django.utils import timezone
 
 from catalog import selectors as catalog_selectors
 from catalog.config import current_config
-from catalog.durations import format_duration
 from catalog.models import CLASS_CHOICES, ON_DEMAND, AuditEntry, Model
+from core.durations import format_duration
 from fleet.models import Replica
 from gateway.services import KEY_SUBJECT, TEAM_SUBJECT
 from registry import selectors as registry_selectors

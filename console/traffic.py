@@ -14,7 +14,7 @@ from urllib.parse import urlencode
 
 from django.utils.safestring import SafeString, mark_safe
 
-from catalog.services import Actor
+from core.actor import Actor
 from fleet import capacity as fleet_capacity
 from gateway import selectors as gateway_selectors
 from gateway import traffic

@@ -11,7 +11,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 
 from catalog.admin import ReadOnlyAdmin, RemovedThroughServiceAdmin, admin_actor
-from catalog.errors import CatalogError
+from core.refusals import Refused
 
 from . import services
 from .models import Lease, Node, Replica
@@ -54,7 +54,7 @@ class NodeAddForm(forms.ModelForm):
                     if item.strip()
                 ],
             )
-        except CatalogError as error:
+        except Refused as error:
             field = "address_allow_text" if error.code == "address_allow_invalid" else "name"
             self.add_error(field, error.message)
         return data
@@ -153,7 +153,7 @@ class NodeAdmin(RemovedThroughServiceAdmin):
         for name in queryset.values_list("name", flat=True):
             try:
                 services.node_cordon(actor=admin_actor(request), name=name, cordoned=cordoned)
-            except CatalogError as error:
+            except Refused as error:
                 self.message_user(request, error.message, messages.ERROR)
             else:
                 done.append(name)
@@ -167,7 +167,7 @@ class NodeAdmin(RemovedThroughServiceAdmin):
         for name in queryset.values_list("name", flat=True):
             try:
                 services.node_accept_capacity(actor=admin_actor(request), name=name)
-            except CatalogError as error:
+            except Refused as error:
                 self.message_user(request, error.message, messages.ERROR)
             else:
                 done.append(name)

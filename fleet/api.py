@@ -16,16 +16,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from catalog import services as catalog_services
-from catalog.api import actor_of, answers, out, validated
 from catalog.config import current_config
-from catalog.definitions import (
-    ModelDefinitionSerializer,
-    StrictSerializer,
-    TypedSerializer,
-    clean_definition,
-)
+from catalog.definitions import ModelDefinitionSerializer, clean_definition
 from catalog.models import Model
 from catalog.services import apply_definition, get_model
+from core.api import actor_of, answers, out, validated
+from core.serializers import StrictSerializer, TypedSerializer
 from llmgw.units import format_bytes
 
 from . import footprint, selectors, services

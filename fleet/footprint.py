@@ -230,8 +230,8 @@ def facts_for_plan(model: Model) -> FileFacts | str:
 
 def read_facts(model: Model, *, now: datetime | None = None) -> FileFacts | str:
     """Read ``model``'s file header now and keep what the estimate needs (or why it failed)."""
-    from catalog.outbound import URLRefused
     from catalog.sources import source_session
+    from core.outbound import URLRefused
 
     try:
         with source_session() as session:

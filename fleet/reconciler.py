@@ -23,7 +23,8 @@ from django.utils import timezone
 
 from catalog.config import current_config
 from catalog.models import AuditEntry, Model
-from catalog.services import SYSTEM, audit_entry
+from catalog.services import audit_entry
+from core.actor import SYSTEM
 
 from . import placement
 from .footprint import FileFacts, Footprint, known_facts, learn_facts, model_footprints

@@ -12,8 +12,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from catalog.errors import CatalogError, conflict, forbidden
-from catalog.services import Actor
+from core.actor import Actor, require_staff
+from core.refusals import Refused, conflict
 from llmgw.bearer import NODE_TOKEN
 
 from . import trust
@@ -28,17 +28,12 @@ DRAIN_SECONDS = 5
 NODE_NAME_MAX = 100
 
 
-def _require_staff(actor: Actor, what: str) -> None:
-    if not actor.is_staff:
-        raise forbidden(f"Only staff may {what}; ask an administrator.")
-
-
 def _get_node(name: str) -> Node:
     try:
         return Node.objects.get(name=name)
     except Node.DoesNotExist:
         known = ", ".join(Node.objects.values_list("name", flat=True)) or "none yet"
-        raise CatalogError(
+        raise Refused(
             f"There is no node named {name!r} (nodes: {known}).", code="not_found", status=404
         ) from None
 
@@ -47,7 +42,7 @@ def _address_allow(entries: list[str]) -> list[str]:
     try:
         return trust.parse_networks(entries)
     except ValueError as error:
-        raise CatalogError(
+        raise Refused(
             f"The address allow-list was refused: {error}. List the networks (CIDR) or "
             "addresses the node may report as its engines' address, comma-separated.",
             code="address_allow_invalid",
@@ -61,12 +56,12 @@ def node_add(
 
     `address_allow`: networks the node may report as its engines' address besides the one it
     connects from (fleet.trust, rule 1)."""
-    _require_staff(actor, "add nodes")
+    require_staff(actor, "add nodes")
     networks = _address_allow(address_allow or [])
     from catalog.definitions import NAME_PATTERN
 
     if not name or len(name) > NODE_NAME_MAX or not NAME_PATTERN.fullmatch(name):
-        raise CatalogError(
+        raise Refused(
             f"{name!r} is not a node name: use up to {NODE_NAME_MAX} letters, digits, '.', '_', '-' "
             "and ':', starting with a letter or digit (the name is part of URLs).",
             code="invalid",
@@ -85,7 +80,7 @@ def node_add(
 def node_set(*, actor: Actor, name: str, address_allow: list[str]) -> Node:
     """Replace the networks a node may report as its engines' address; its next heartbeat is
     checked against them (an address it reports now and no longer may is refused then)."""
-    _require_staff(actor, "change nodes")
+    require_staff(actor, "change nodes")
     networks = _address_allow(address_allow)
     with transaction.atomic():
         node = _get_node(name)
@@ -97,7 +92,7 @@ def node_set(*, actor: Actor, name: str, address_allow: list[str]) -> Node:
 def node_accept_capacity(*, actor: Actor, name: str) -> Node:
     """Believe the capacity a node last reported, as if it had first registered with it: what
     staff do after giving a machine more memory, cores or GPUs (fleet.trust, rule 3)."""
-    _require_staff(actor, "accept a node's capacity")
+    require_staff(actor, "accept a node's capacity")
     with transaction.atomic():
         node = _get_node(name)
         if not node.reported_capacity:
@@ -118,7 +113,7 @@ def node_accept_capacity(*, actor: Actor, name: str) -> Node:
 
 def node_remove(*, actor: Actor, name: str) -> None:
     """Forget a node; its replicas are placed elsewhere on the next pass."""
-    _require_staff(actor, "remove nodes")
+    require_staff(actor, "remove nodes")
     with transaction.atomic():
         _get_node(name).delete()
         transaction.on_commit(lambda: fleet_changed.send(sender=Node))
@@ -126,7 +121,7 @@ def node_remove(*, actor: Actor, name: str) -> None:
 
 def node_cordon(*, actor: Actor, name: str, cordoned: bool) -> Node:
     """A cordoned node keeps what it runs but gets no new replicas."""
-    _require_staff(actor, "cordon nodes")
+    require_staff(actor, "cordon nodes")
     with transaction.atomic():
         node = _get_node(name)
         node.cordoned = cordoned
@@ -158,10 +153,10 @@ def replica_order(replica: Replica) -> dict[str, Any]:
 REPORTED_STATES = {Replica.FETCHING, Replica.STARTING, Replica.READY, Replica.FAILED}
 
 
-def _untrusted(error: trust.Untrusted) -> CatalogError:
+def _untrusted(error: trust.Untrusted) -> Refused:
     # An address the node may not claim is a matter of rights; the other refusals are bad input.
     status = 403 if error.code.startswith("address") else 400
-    return CatalogError(error.message, code=error.code, status=status)
+    return Refused(error.message, code=error.code, status=status)
 
 
 def _limits() -> trust.Capacity:
@@ -205,7 +200,7 @@ def node_heartbeat(
     `peer` is the address the heartbeat came from; the reported address is checked against it
     (fleet.trust). None for callers inside the control plane, which have no connection: their
     report's address is taken as given. A report that is not believed is refused whole
-    (CatalogError) and changes nothing.
+    (Refused) and changes nothing.
     """
     now = timezone.now()
     settled = False  # a replica became ready or failed: the reconciler should look now
@@ -254,7 +249,7 @@ def node_heartbeat(
         if first_report:
             written.append("registered_capacity")
         if not Node.objects.filter(pk=node.pk).update(**{f: getattr(node, f) for f in written}):
-            raise CatalogError(
+            raise Refused(
                 f"Node {node.name} was removed; register it again and restart its agent with "
                 "the new token.",
                 code="not_found",

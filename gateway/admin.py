@@ -21,8 +21,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 
 from catalog.admin import RequestFormAdmin
-from catalog.errors import CatalogError
-from catalog.services import Actor
+from core.actor import Actor
+from core.refusals import Refused
 
 from . import services
 from .models import GatewayKey, Team
@@ -97,7 +97,7 @@ class LimitsForm(forms.ModelForm):
             # A refusal of a later step undoes the earlier ones: nothing half-written.
             with transaction.atomic():
                 self.instance = self.apply(admin_actor(self.request))
-        except CatalogError as error:
+        except Refused as error:
             self.add_error(None, error.message)
             for problem in error.problems:
                 field = problem.field if problem.field in self.fields else None
@@ -232,7 +232,7 @@ class TeamAdmin(ThroughServicesAdmin):
     ) -> HttpResponse:
         try:
             return super().delete_view(request, object_id, extra_context)
-        except CatalogError as error:
+        except Refused as error:
             self.message_user(request, error.message, messages.ERROR)
             return HttpResponseRedirect(reverse("admin:gateway_team_changelist"))
 

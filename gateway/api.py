@@ -16,9 +16,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from catalog.api import actor_of, answers, out, validated
-from catalog.definitions import StrictSerializer
-from catalog.errors import CatalogError
+from core.api import actor_of, answers, out, validated
+from core.refusals import Refused
+from core.serializers import StrictSerializer
 
 from . import selectors, services
 from .models import GatewayKey, Team
@@ -200,7 +200,7 @@ class KeyRevokeAPI(APIView):
 
 def refuse_past_ids(key_id: int) -> None:
     if key_id >= 2**62:  # no such key: a database integer could not even hold the id
-        raise CatalogError(
+        raise Refused(
             f"There is no gateway key {key_id} of yours; `llmgw ctl keys` lists them.",
             code="not_found",
             status=404,
@@ -257,7 +257,7 @@ class TeamRemovedOut(serializers.Serializer):
 def _team_answer(request: Request, name: str) -> Any:
     team = selectors.team_visible_to(actor_of(request), name)
     if team is None:
-        raise CatalogError(
+        raise Refused(
             f"There is no team named {name[:100]!r} of yours; `llmgw ctl teams` lists them.",
             code="not_found",
             status=404,

@@ -9,7 +9,7 @@ from typing import Any
 from django.db.models import Count, F, Q, QuerySet, Sum
 from django.utils import timezone
 
-from catalog.services import Actor
+from core.actor import Actor
 
 from .models import GatewayKey, KeyUsageDay, Team
 from .services import could_be_team, limits_of

@@ -32,9 +32,10 @@ from rest_framework import serializers
 
 from catalog import services as catalog_services
 from catalog.definitions import MAX_NAME, NAME_PATTERN, validate_name
-from catalog.durations import DurationError, parse_duration
-from catalog.errors import CatalogError, Problem, conflict, forbidden, invalid
-from catalog.services import Actor, record_change, record_event
+from catalog.services import record_change, record_event
+from core.actor import Actor, require_staff
+from core.durations import DurationError, parse_duration
+from core.refusals import Problem, Refused, conflict, forbidden, invalid
 from llmgw.bearer import GATEWAY_KEY
 
 from .limits import live_use
@@ -292,7 +293,7 @@ def key_create(
         raise forbidden("Only a user can own a gateway key; log in first.")
     name = (name or "").strip()
     if not name or len(name) > KEY_NAME_MAX:
-        raise CatalogError(
+        raise Refused(
             f"Give the key a name of 1 to {KEY_NAME_MAX} characters that says what it is for "
             "(say, the application that will use it).",
             code="invalid",
@@ -416,7 +417,7 @@ def _team_for_key(actor: Actor, key: GatewayKey, name: Any) -> Team | None:
     owner = key.owner if key.owner_id else actor.user
     if team is None or (not actor.is_staff and not team.members.filter(pk=owner.pk).exists()):
         # As with keys, a team one is not in is reported as missing.
-        raise CatalogError(
+        raise Refused(
             f"There is no team {str(name)[:100]!r} that {owner.get_username()} is a member of; "
             "`llmgw ctl teams` lists yours, and staff add members.",
             code="not_found",
@@ -431,7 +432,7 @@ def _key_for_change(actor: Actor, key_id: int) -> GatewayKey:
     # do not tell outsiders which keys exist.
     mine = key is not None and (actor.is_staff or key.owner_id == getattr(actor.user, "pk", None))
     if key is None or not mine:
-        raise CatalogError(
+        raise Refused(
             f"There is no gateway key {key_id} of yours; `llmgw ctl keys` lists them.",
             code="not_found",
             status=404,
@@ -440,11 +441,6 @@ def _key_for_change(actor: Actor, key_id: int) -> GatewayKey:
 
 
 # -- teams ------------------------------------------------------------------------------
-
-
-def _staff_only(actor: Actor, what: str) -> None:
-    if not actor.is_staff:
-        raise forbidden(f"Only staff {what}; ask an administrator.")
 
 
 def _team_record(team: Team) -> dict[str, Any]:
@@ -461,7 +457,7 @@ def _team_named(name: str, *, lock: bool = False) -> Team:
     teams = Team.objects.select_for_update() if lock else Team.objects.all()
     team = teams.filter(name=name).first() if could_be_team(name) else None
     if team is None:
-        raise CatalogError(
+        raise Refused(
             f"There is no team named {str(name)[:100]!r}; `llmgw ctl teams` lists them.",
             code="not_found",
             status=404,
@@ -490,7 +486,7 @@ def team_add(
     members: Iterable[str] = (),
 ) -> Team:
     """A new team (staff), with its limits (any of TEAM_SETTINGS) and first members."""
-    _staff_only(actor, "add teams")
+    require_staff(actor, "add teams")
     name = _team_name(name)
     wanted = _read_settings(dict(limits or {}), TEAM_SETTINGS, what="The team")
     with transaction.atomic():
@@ -521,7 +517,7 @@ def team_add(
 def team_set_limits(*, actor: Actor, name: str, changes: Mapping[str, Any]) -> Team:
     """Change a team's limits (staff). Its keys' own limits stay as they are: each request is
     held to the key's and the team's, whichever is lower."""
-    _staff_only(actor, "set a team's limits")
+    require_staff(actor, "set a team's limits")
     wanted = _read_settings(changes, TEAM_SETTINGS, what="The change")
     with transaction.atomic():
         team = _team_named(name, lock=True)
@@ -540,7 +536,7 @@ def team_members(
 ) -> Team:
     """Add and remove a team's members (staff). A member removed keeps their keys in the team
     (still held to its limits) until the key's owner or staff moves them."""
-    _staff_only(actor, "change a team's members")
+    require_staff(actor, "change a team's members")
     add, remove = list(add), list(remove)
     both = sorted(set(add) & set(remove))
     if both:
@@ -568,7 +564,7 @@ def team_members(
 
 def team_remove(*, actor: Actor, name: str) -> int:
     """Remove a team (staff); its keys stay, without a team's limits. Returns how many keys."""
-    _staff_only(actor, "remove teams")
+    require_staff(actor, "remove teams")
     with transaction.atomic():
         team = _team_named(name, lock=True)
         keys = team.keys.count()
@@ -634,7 +630,7 @@ def model_asked_for(entry: Entry, *, nothing_ready: bool) -> bool:
         _demand_written[entry.model] = now
     try:
         catalog_services.model_demand(name=entry.model)
-    except CatalogError:
+    except Refused:
         return False  # removed since the catalog was read: the request gets its 404 next time
     return True
 

@@ -21,7 +21,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from catalog import services as catalog_services
-from catalog.api import actor_of, answers, out
+from core.api import actor_of, answers, out
 
 from . import selectors, traffic
 

@@ -13,12 +13,12 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from catalog.definitions import flatten_errors, path_text
-from catalog.errors import CatalogError, Problem, invalid
+from core.refusals import Problem, Refused, invalid
+from core.serializers import flatten_errors, path_text
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    if isinstance(exc, CatalogError):
+    if isinstance(exc, Refused):
         return Response(exc.as_dict(), status=exc.status)
     if isinstance(exc, RequestDataTooBig):
         return Response(
@@ -29,7 +29,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
         )
     if isinstance(exc, exceptions.ValidationError):
-        # The sentence is catalog.errors.invalid's, as every other door's refusal: DRF's messages
+        # The sentence is core.refusals.invalid's, as every other door's refusal: DRF's messages
         # end with a period of their own ("This field may not be blank."), which it drops before
         # ending the sentence once (this copy had said "blank..").
         problems = [

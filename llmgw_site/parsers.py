@@ -2,7 +2,7 @@
 
 Both read at most DATA_UPLOAD_MAX_MEMORY_SIZE bytes (413 beyond it, before
 parsing anything) and hold the parsed document to the bounds of
-`catalog.yamltext` (values, depth, digits, finite numbers, unique keys), so a
+`core.yamltext` (values, depth, digits, finite numbers, unique keys), so a
 hostile body gets a 400 that says what is wrong rather than a worker's memory
 or a RecursionError.
 """
@@ -18,8 +18,8 @@ from rest_framework.exceptions import ParseError
 from rest_framework.parsers import BaseParser
 
 from catalog.definitions import load_definition_text
-from catalog.errors import CatalogError
-from catalog.yamltext import (
+from core.refusals import Refused
+from core.yamltext import (
     MAX_DIGITS,
     DocumentRefused,
     check_document,
@@ -69,7 +69,7 @@ class YAMLParser(BaseParser):
         text = _text(read_body(stream, parser_context), "YAML file")
         try:
             data, lines = load_definition_text(text)
-        except CatalogError as exc:
+        except Refused as exc:
             error = ParseError(exc.message)
             error.line = exc.problems[0].line  # type: ignore[attr-defined]
             raise error from None

@@ -12,7 +12,8 @@ import secrets
 from datetime import timedelta
 from pathlib import Path
 
-from .env import database_from_url, env_bool, env_int, env_list, env_str
+from core.env import database_from_url, env_bool, env_int, env_list, env_str
+
 from .private_files import OWNER_ONLY_UMASK, kept_secret, owner_only_folder
 
 # Every process reads these settings first (web, gateway, worker, beat, the run command and the
@@ -197,7 +198,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PARSER_CLASSES": [
         # Both hold bodies to DATA_UPLOAD_MAX_MEMORY_SIZE and parsed documents to the
-        # bounds of catalog.yamltext (aliases, depth, digits, duplicate keys).
+        # bounds of core.yamltext (aliases, depth, digits, duplicate keys).
         "llmgw_site.parsers.JSONParser",
         "llmgw_site.parsers.YAMLParser",
     ],
@@ -264,8 +265,8 @@ def _schedule_seconds(section: str, key: str, default: int) -> int:
     Read through the same bounded reader as everything else: this runs in every
     process before the start-up check, so a hostile file must not stall it.
     """
-    from catalog.durations import DurationError, parse_duration
-    from catalog.yamltext import YAMLSyntaxError, load_with_lines
+    from core.durations import DurationError, parse_duration
+    from core.yamltext import YAMLSyntaxError, load_with_lines
 
     try:
         data, _ = load_with_lines(LLMGW_CONFIG.read_text()) if LLMGW_CONFIG.exists() else ({}, {})

@@ -12,8 +12,8 @@ import sys
 from django.db import connections
 
 from catalog.config import ConfigError, current_config
-from catalog.errors import CatalogError
 from catalog.services import config_apply
+from core.refusals import Refused
 
 log = logging.getLogger("llmgw_site.startup")
 
@@ -31,7 +31,7 @@ def apply_config_on_start(process: str, *, exit_code: int = 2) -> None:
     except ConfigError as exc:
         print(f"llmgw {process}: cannot start: {exc}", file=sys.stderr)
         raise SystemExit(exit_code) from None
-    except CatalogError as exc:
+    except Refused as exc:
         print(f"llmgw {process}: cannot start: {config.path}: {exc.message}", file=sys.stderr)
         raise SystemExit(exit_code) from None
     finally:

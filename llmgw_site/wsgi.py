@@ -8,7 +8,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
 
 application = get_wsgi_application()
 
-from llmgw_site.env import env_bool  # noqa: E402
+from core.env import env_bool  # noqa: E402
 
 if env_bool("LLMGW_WEB_BEHIND_GATEWAY", False):
     from gateway.forwarded import client_address_from_gateway

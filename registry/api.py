@@ -11,11 +11,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from catalog.api import RolloutOut, actor_of, answers, out, validated
-from catalog.definitions import MAX_CORES, MAX_MEMORY_GB, MAX_REPLICAS, StrictSerializer
-from catalog.errors import CatalogError
+from catalog.api import RolloutOut
+from catalog.definitions import MAX_CORES, MAX_MEMORY_GB, MAX_REPLICAS
 from catalog.models import Model
 from catalog.services import get_model
+from core.api import actor_of, answers, out, validated
+from core.refusals import Refused
+from core.serializers import StrictSerializer
 
 from . import canary, rollouts, updates
 from .canary_api import CanaryInput, canary_settings_from
@@ -142,7 +144,7 @@ class FetchAPI(APIView):
     def get(self, request: Request, pk: int) -> Response:
         fetch = Fetch.objects.filter(pk=pk).first() if pk < 2**62 else None
         if fetch is None:
-            raise CatalogError(f"There is no fetch {pk}.", code="not_found", status=404)
+            raise Refused(f"There is no fetch {pk}.", code="not_found", status=404)
         return Response(out(FetchOut, fetch_view(fetch)))
 
 
@@ -222,7 +224,7 @@ class RolloutAPI(APIView):
         model = get_model(name)
         rollout = Rollout.objects.filter(model=model).first()
         if rollout is None:
-            raise CatalogError(
+            raise Refused(
                 f"{name} has never been updated or rolled back.", code="not_found", status=404
             )
         return Response(out(RolloutOut, rollout_view(rollout)))

@@ -11,10 +11,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from catalog.api import actor_of, answers, out, validated
-from catalog.definitions import StrictSerializer
-from catalog.errors import CatalogError
 from catalog.services import get_model
+from core.api import actor_of, answers, out, validated
+from core.refusals import Refused
+from core.serializers import StrictSerializer
 
 from . import canary as service
 
@@ -81,7 +81,7 @@ def canary_settings_from(body: Any) -> service.CanarySettings | None:
         named = [name for name, value in options.items() if value is not None]
         if named:
             flags = ", ".join("--" + n.replace("_", "-").replace("window", "for") for n in named)
-            raise CatalogError(
+            raise Refused(
                 f"{flags} only mean something for a canary update; add --canary PERCENT, or "
                 "leave them out for an update that replaces every replica straight away.",
                 code="invalid_canary",
@@ -147,7 +147,7 @@ class CanariesOut(serializers.Serializer):
 def _canary_of(name: str) -> dict[str, Any]:
     view = service.canary_view(get_model(name))
     if view is None:
-        raise CatalogError(
+        raise Refused(
             f"{name} has never had a canary update. Start one with `llmgw ctl model update "
             f"{name} --canary PERCENT`.",
             code="not_found",

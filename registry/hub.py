@@ -3,7 +3,7 @@
 Every call names an explicit revision (a branch or a commit): an unpinned call
 would race with pushes. Requests are counted, so that the update check can show
 it asks once per repository and branch. Every request to the registry, and every
-redirect hop of it, is checked by `catalog.outbound` against `registry_policy()`.
+redirect hop of it, is checked by `core.outbound` against `registry_policy()`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from huggingface_hub import HfApi, hf_hub_url
 from huggingface_hub.utils import _http as hf_http
 
 from catalog.config import current_config
-from catalog.outbound import HostPolicy, endpoint_hosts, guarded_session, httpx_request_hook
+from core.outbound import HostPolicy, endpoint_hosts, guarded_session, httpx_request_hook
 
 
 class RegistryError(Exception):

@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from catalog.config import current_config
 from catalog.models import Model
-from catalog.outbound import URLRefused
+from core.outbound import URLRefused
 from llmgw.download import BadStatus, WrongDigest, WrongSize, download_verified
 
 from .hub import Registry

@@ -21,8 +21,8 @@ from typing import Any
 
 from django.conf import settings
 
-from catalog.errors import conflict, forbidden
-from catalog.services import Actor
+from core.actor import Actor
+from core.refusals import conflict, forbidden
 from llmgw.units import format_bytes
 
 from .models import Fetch, MirrorFile

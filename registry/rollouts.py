@@ -15,11 +15,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from catalog.config import current_config
-from catalog.errors import CatalogError, conflict
 from catalog.models import Model
 from catalog.services import (
-    SYSTEM,
-    Actor,
     announce,
     get_model,
     lock_catalog,
@@ -28,6 +25,8 @@ from catalog.services import (
     refuse_if_declared,
     require_change_rights,
 )
+from core.actor import SYSTEM, Actor
+from core.refusals import Refused, conflict
 from fleet.models import Replica
 from fleet.specs import current_keys
 
@@ -68,14 +67,14 @@ def start_update(*, actor: Actor, name: str) -> Rollout:
         model = _model_to_move(actor, name, "an update")
         _refuse_if_rolling(model)
         if not model.origin:
-            raise CatalogError(
+            raise Refused(
                 f"{model.name} was not served from the registry, so there is nothing to update it from. "
                 "Use `llmgw ctl model serve REPO` for a model that follows the registry.",
                 code="no_origin",
             )
         update = model.update_available
         if not update:
-            raise CatalogError(
+            raise Refused(
                 f"No newer weights are known for {model.name} (on {model.origin['commit'][:7]}). "
                 "Run `llmgw ctl model updates --check` to ask the registry now.",
                 code="no_update",
@@ -140,7 +139,7 @@ def start_rollback(*, actor: Actor, name: str) -> Rollout:
                 code="canary_in_progress",
             )
         if not model.previous:
-            raise CatalogError(
+            raise Refused(
                 f"{model.name} has no previous weights to go back to: it was never updated.",
                 code="no_previous",
             )

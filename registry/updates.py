@@ -16,16 +16,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from catalog.definitions import clean_definition
-from catalog.errors import CatalogError, conflict
 from catalog.models import Model
-from catalog.services import (
-    SYSTEM,
-    Actor,
-    catalog_snapshot,
-    lock_catalog,
-    model_add,
-    refuse_if_invalid,
-)
+from catalog.services import catalog_snapshot, lock_catalog, model_add, refuse_if_invalid
+from core.actor import SYSTEM, Actor
+from core.refusals import Refused, conflict
 
 from .hub import (
     Registry,
@@ -114,28 +108,28 @@ def _one_gguf_file(repo: str, pattern: str, branch: str) -> tuple[str, RegistryF
             if f.path.endswith(".gguf")
         ]
     except UnknownBranch as exc:
-        raise CatalogError(f"Cannot serve {repo}: {exc}.", code="unknown_branch") from None
+        raise Refused(f"Cannot serve {repo}: {exc}.", code="unknown_branch") from None
     except UnknownRepository as exc:
-        raise CatalogError(
+        raise Refused(
             f"Cannot serve {repo}: {exc}. Check the name (ORG/NAME, as on the registry).",
             code="unknown_repository",
             status=404,
         ) from None
     except RegistryError as exc:
-        raise CatalogError(
+        raise Refused(
             f"Cannot serve {repo}: {exc}. Check that the registry is up and try again.",
             code="registry_error",
             status=502,
         ) from None
     if not matches:
-        raise CatalogError(
+        raise Refused(
             f"{repo} has no GGUF file matching {pattern!r} on {branch} ({commit[:7]}). "
             "Name the file with a pattern (a glob such as '*q4_k_m.gguf').",
             code="no_match",
         )
     if len(matches) > 1:
         names = ", ".join(f.path for f in matches[:10])
-        raise CatalogError(
+        raise Refused(
             f"{len(matches)} GGUF files of {repo} match {pattern!r}: {names}. A model serves one; "
             "narrow the file pattern.",
             code="ambiguous",
@@ -192,7 +186,7 @@ def finish_serve(fetch: Fetch) -> None:
     actor = Actor.for_user(user, fetch.door) if user is not None else SYSTEM
     try:
         model_add(actor=actor, definition=fetch.serve_definition, source_check=False)
-    except CatalogError as exc:
+    except Refused as exc:
         fetch.fail(f"the files are in the mirror, but the model was not added: {exc.message}")
 
 
@@ -227,7 +221,7 @@ def check_updates(
     now = now or timezone.now()
     report = CheckReport()
     models = list(Model.objects.exclude(origin=None)) + _adopt_origins()
-    if actor is not None and not actor.is_staff and actor.door not in ("config", "system"):
+    if actor is not None and not (actor.is_staff or actor.is_installation):
         mine = getattr(actor.user, "pk", None)
         models = [m for m in models if m.owner_id is not None and m.owner_id == mine]
     by_repo: dict[str, list[Model]] = {}

@@ -30,7 +30,8 @@ def test_schemathesis_finds_nothing(
     tmp_path: Path,
 ) -> None:
     from catalog.definitions import clean_definition
-    from catalog.services import Actor, model_add
+    from catalog.services import model_add
+    from core.actor import Actor
     from fleet.services import node_add
 
     with LocalRegistry(tmp_path / "registry") as registry:

@@ -1,6 +1,7 @@
 """The apps import only downward, and no module imports itself round a circle.
 
-llmgw (the command, no Django) -> accounts -> catalog -> fleet -> registry -> gateway -> console
+llmgw (the command, no Django) -> core (the kernel: refusals, the actor, the API and admin kits,
+env parsing, bounded documents, outbound URLs, durations; no models) -> accounts -> catalog -> fleet -> registry -> gateway -> console
 -> llmgw_site: a module may import its own app and the apps to its left, never one to its right,
 not even inside a function. The README's Layout section draws the same map.
 """
@@ -16,13 +17,14 @@ from tests.support.imports import circles, import_graph, upward_imports
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = {
     "llmgw": 0,
-    "accounts": 1,
-    "catalog": 2,
-    "fleet": 3,
-    "registry": 4,
-    "gateway": 5,
-    "console": 6,
-    "llmgw_site": 7,
+    "core": 1,
+    "accounts": 2,
+    "catalog": 3,
+    "fleet": 4,
+    "registry": 5,
+    "gateway": 6,
+    "console": 7,
+    "llmgw_site": 8,
 }
 
 pytestmark = pytest.mark.smoke

@@ -18,10 +18,10 @@ from django_htmx.http import HttpResponseClientRedirect
 from catalog import services
 from catalog.config import current_config
 from catalog.definitions import clean_definition, load_definition_text
-from catalog.errors import CatalogError, Problem
-from catalog.yamltext import line_for
 from console import forms
 from console import selectors as console_selectors
+from core.refusals import Problem, Refused
+from core.yamltext import line_for
 from registry import updates
 
 from .pages import HtmxHttpRequest, actor, login_required, render_page, wants_partial
@@ -62,7 +62,7 @@ def add_model(request: HtmxHttpRequest) -> HttpResponse:
                 definition=definition,
                 source_check=not form.cleaned_data["skip_source_check"],
             )
-        except CatalogError as error:
+        except Refused as error:
             form.add_error(None, error.message)
             problems = _placed(error.problems, lines, name)
             status = error.status
@@ -98,7 +98,7 @@ def serve_model(request: HtmxHttpRequest) -> HttpResponse:
         serve = form.cleaned_data["serve"]
         try:
             fetch = updates.serve_start(actor=actor(request), **serve)
-        except CatalogError as error:
+        except Refused as error:
             form.refuse(error)
             status = error.status
         else:

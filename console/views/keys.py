@@ -14,10 +14,10 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from catalog.errors import CatalogError
-from catalog.services import Actor
 from console import selectors as console_selectors
 from console.key_forms import KeyCreateForm, KeyLimitsForm
+from core.actor import Actor
+from core.refusals import Refused
 from gateway import selectors, services
 from gateway.api import key_items
 from gateway.models import GatewayKey
@@ -60,7 +60,7 @@ def key_create(request: HtmxHttpRequest) -> HttpResponse:
     changes = form.changes()
     try:
         key, secret = services.key_create(actor=who, name=form.cleaned_data["name"], limits=changes)
-    except CatalogError as error:
+    except Refused as error:
         form.refuse(error)
         return render_page(
             request, "console/keys.html", "keys-body", _page(request, who, form), error.status
@@ -85,7 +85,7 @@ def key_limits(request: HtmxHttpRequest, key_id: int) -> HttpResponse:
     else:
         try:
             services.key_set_limits(actor=who, key_id=key_id, changes=form.changes())
-        except CatalogError as refusal:
+        except Refused as refusal:
             form.refuse(refusal)
             status = refusal.status
         else:
@@ -100,7 +100,7 @@ def key_revoke(request: HtmxHttpRequest, key_id: int) -> HttpResponse:
     who = actor(request)
     try:
         key = services.key_revoke(actor=who, key_id=key_id)
-    except CatalogError:
+    except Refused:
         return _missing(request, who, key_id)
     done = f"{key.prefix}… ({key.name}) is revoked: requests with it get 401."
     return _card_answer(request, who, key_id, done=done)

@@ -21,12 +21,12 @@ from django_htmx.http import HttpResponseClientRedirect
 from catalog import selectors as catalog_selectors
 from catalog import services
 from catalog.config import current_config
-from catalog.durations import format_duration
-from catalog.errors import CatalogError
 from catalog.models import Model
 from console import forms
 from console import selectors as console_selectors
 from console import traffic as console_traffic
+from core.durations import format_duration
+from core.refusals import Refused
 from gateway import traffic
 from registry.canary import canary_view
 
@@ -204,7 +204,7 @@ def _change(
     if form.is_valid():
         try:
             changed = write(actor=actor(request), name=model.name, **form.arguments())
-        except CatalogError as error:
+        except Refused as error:
             form.refuse(error)
             status = error.status
         else:
@@ -230,7 +230,7 @@ def model_restart(request: HtmxHttpRequest, name: str) -> HttpResponse:
     model = get_model(name)
     try:
         model = services.model_restart(actor=actor(request), name=model.name)
-    except CatalogError as error:
+    except Refused as error:
         return _refused(request, model, "restart", error)
     text = (
         f"Rolling restart of {model.name} asked for (generation {model.generation}): "
@@ -245,7 +245,7 @@ def model_remove(request: HtmxHttpRequest, name: str) -> HttpResponse:
     model = get_model(name)
     try:
         services.model_remove(actor=actor(request), name=model.name)
-    except CatalogError as error:
+    except Refused as error:
         return _refused(request, model, "remove", error)
     messages.success(request, f"{model.name} was removed from the catalog; its replicas stop.")
     if request.htmx:
@@ -253,9 +253,7 @@ def model_remove(request: HtmxHttpRequest, name: str) -> HttpResponse:
     return HttpResponseRedirect(reverse("console-models"))
 
 
-def _refused(
-    request: HtmxHttpRequest, model: Model, what: str, error: CatalogError
-) -> HttpResponse:
+def _refused(request: HtmxHttpRequest, model: Model, what: str, error: Refused) -> HttpResponse:
     """A refused button (restart, remove): the service's message beside it."""
     if wants_partial(request):
         context = {**model_context(request, model), "errors": {what: error.message}}

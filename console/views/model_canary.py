@@ -7,7 +7,7 @@ from __future__ import annotations
 from django.http import HttpResponse
 from django.views.decorators.http import require_POST
 
-from catalog.errors import CatalogError
+from core.refusals import Refused
 from registry import canary
 
 from .model_registry import _registry_answer
@@ -19,7 +19,7 @@ def _canary_action(request: HtmxHttpRequest, name: str, what: str) -> HttpRespon
     act = canary.promote_canary if what == "promote" else canary.abort_canary
     try:
         act(actor=actor(request), name=model.name)
-    except CatalogError as error:
+    except Refused as error:
         return _registry_answer(request, model, error=error)
     done = (
         f"Canary of {model.name} promoted: the other replicas move to the new revision one at a time."

@@ -13,12 +13,12 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from catalog.config import current_config
-from catalog.durations import format_duration
-from catalog.errors import CatalogError, forbidden
 from catalog.models import Model
-from catalog.services import Actor
 from console import selectors as console_selectors
 from console.canary_form import canary_from_form
+from core.actor import Actor
+from core.durations import format_duration
+from core.refusals import Refused, forbidden
 from registry import canary, rollouts, updates
 
 from .model import model_context
@@ -35,7 +35,7 @@ def _registry_answer(
     *,
     done: str = "",
     warning: str = "",
-    error: CatalogError | None = None,
+    error: Refused | None = None,
 ) -> HttpResponse:
     """The registry part again, with what happened; the whole page for a request without htmx.
 
@@ -83,7 +83,7 @@ def _registry_action(request: HtmxHttpRequest, name: str, what: str) -> HttpResp
         else:
             start = rollouts.start_update if what == "update" else rollouts.start_rollback
             rollout = start(actor=actor(request), name=model.name)
-    except CatalogError as error:
+    except Refused as error:
         return _registry_answer(request, model, error=error)
     before, after = rollout.from_commit[:7] or "?", rollout.to_commit[:7] or "?"
     done = (

@@ -10,9 +10,9 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from catalog.errors import CatalogError
 from console import selectors as console_selectors
 from console import traffic as console_traffic
+from core.refusals import Refused
 from fleet import selectors as fleet_selectors
 from fleet import services as fleet_services
 
@@ -43,10 +43,10 @@ def node_uncordon(request: HtmxHttpRequest, name: str) -> HttpResponse:
 
 def _cordon_answer(request: HtmxHttpRequest, name: str, *, cordoned: bool) -> HttpResponse:
     """Cordon or uncordon a node; htmx gets the node's card back, with what happened in it."""
-    error: CatalogError | None = None
+    error: Refused | None = None
     try:
         node = fleet_services.node_cordon(actor=actor(request), name=name, cordoned=cordoned)
-    except CatalogError as exc:
+    except Refused as exc:
         error = exc
     done = ""
     if error is None:

@@ -17,9 +17,9 @@ from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
 from catalog import services
-from catalog.errors import CatalogError
 from catalog.models import Model
-from catalog.services import Actor
+from core.actor import Actor
+from core.refusals import Refused
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -78,7 +78,7 @@ def get_model(name: str) -> Model:
     """The model, or the console's 404 page with the services' words (and their did-you-mean)."""
     try:
         return services.get_model(name)
-    except CatalogError as error:
+    except Refused as error:
         raise Http404(error.message) from None
 
 

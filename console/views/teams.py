@@ -16,11 +16,11 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from catalog.errors import CatalogError
-from catalog.services import Actor
 from console import selectors as console_selectors
 from console.forms import ConsoleForm
 from console.key_forms import KeyLimitsForm
+from core.actor import Actor
+from core.refusals import Refused
 from gateway import selectors, services
 from gateway.api import team_items
 from gateway.services import COUNTERS
@@ -172,7 +172,7 @@ def team_create(request: HtmxHttpRequest) -> HttpResponse:
             limits=form.changes(),
             members=form.member_names(),
         )
-    except CatalogError as refusal:
+    except Refused as refusal:
         form.refuse(refusal)
         context = _page(request, who, form)
         if not who.is_staff:  # the form is not on their page: say why on top
@@ -195,7 +195,7 @@ def team_limits(request: HtmxHttpRequest, name: str) -> HttpResponse:
         return _card_answer(request, who, name, limits_form=form, status=400)
     try:
         services.team_set_limits(actor=who, name=name, changes=form.changes())
-    except CatalogError as refusal:
+    except Refused as refusal:
         form.refuse(refusal)
         return _card_answer(request, who, name, limits_form=form, refusal=refusal)
     return _card_answer(request, who, name, done=LIMITS_DONE)
@@ -213,7 +213,7 @@ def team_members(request: HtmxHttpRequest, name: str) -> HttpResponse:
         return _card_answer(request, who, name, members_form=form, status=400)
     try:
         team = services.team_members(actor=who, name=name, **form.names())
-    except CatalogError as refusal:
+    except Refused as refusal:
         form.refuse(refusal)
         return _card_answer(request, who, name, members_form=form, refusal=refusal)
     members = sorted(team.members.values_list("username", flat=True))
@@ -229,7 +229,7 @@ def team_remove(request: HtmxHttpRequest, name: str) -> HttpResponse:
         return _missing(request, who, name)
     try:
         keys = services.team_remove(actor=who, name=name)
-    except CatalogError as refusal:
+    except Refused as refusal:
         context = _page(request, who, TeamCreateForm())
         context["refusal"] = refusal.message
         return render_page(request, TEMPLATE, "teams-body", context, refusal.status)
@@ -298,7 +298,7 @@ def _card_answer(
     *,
     limits_form: TeamLimitsForm | None = None,
     members_form: TeamMembersForm | None = None,
-    refusal: CatalogError | None = None,
+    refusal: Refused | None = None,
     done: str = "",
     status: int = 200,
 ) -> HttpResponse:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from catalog.durations import DurationError, format_duration, parse_duration
-from catalog.errors import CatalogError, Problem
+from core.durations import DurationError, format_duration, parse_duration
+from core.refusals import Problem, Refused
 
 # -- settings of one canary ---------------------------------------------------------------
 
@@ -106,8 +106,8 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _bad(message: str, field: str) -> CatalogError:
-    return CatalogError(message, code="invalid_canary", problems=[Problem(field, message)])
+def _bad(message: str, field: str) -> Refused:
+    return Refused(message, code="invalid_canary", problems=[Problem(field, message)])
 
 
 # -- the decision rule --------------------------------------------------------------------

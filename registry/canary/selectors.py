@@ -9,8 +9,8 @@ from typing import Any
 
 from django.db.models import Sum
 
-from catalog.durations import format_duration
 from catalog.models import Model
+from core.durations import format_duration
 
 from ..models import CanaryKeyMinute, Rollout
 from .rule import RevisionFigures

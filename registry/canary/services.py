@@ -12,12 +12,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from catalog.durations import format_duration
-from catalog.errors import conflict
 from catalog.models import CANARY_ACTIVE, Model
 from catalog.services import (
-    SYSTEM,
-    Actor,
     announce,
     get_model,
     lock_catalog,
@@ -25,6 +21,9 @@ from catalog.services import (
     record_event,
     require_change_rights,
 )
+from core.actor import SYSTEM, Actor
+from core.durations import format_duration
+from core.refusals import conflict
 from fleet.models import Replica
 from fleet.specs import replica_revision, weights_revision
 

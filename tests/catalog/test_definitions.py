@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from catalog.definitions import clean_definition
-from catalog.durations import DurationError, format_duration, parse_duration
-from catalog.errors import CatalogError
-from catalog.yamltext import load_with_lines
+from core.durations import DurationError, format_duration, parse_duration
+from core.refusals import Refused
+from core.yamltext import load_with_lines
 from tests.factories import definition
 
 
-def refusal(data: object, lines: dict | None = None) -> CatalogError:
-    with pytest.raises(CatalogError) as caught:
+def refusal(data: object, lines: dict | None = None) -> Refused:
+    with pytest.raises(Refused) as caught:
         clean_definition(data, lines=lines)
     return caught.value
 

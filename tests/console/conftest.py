@@ -67,7 +67,8 @@ def fleet(users: dict[str, Any]) -> Fleet:
 def running(fleet: Fleet, users: dict[str, Any]) -> Fleet:
     """alice's tiny-chat with one ready replica on node-a, and bob's other-chat not running."""
     from catalog.definitions import clean_definition
-    from catalog.services import Actor, model_add
+    from catalog.services import model_add
+    from core.actor import Actor
     from fleet.reconciler import reconcile_pass
     from tests.factories import definition
 

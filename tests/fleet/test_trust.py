@@ -373,7 +373,7 @@ def test_a_heartbeat_does_not_undo_what_staff_did_since_it_was_read(api: Any) ->
 def test_a_heartbeat_of_a_node_removed_meanwhile_is_a_404_and_brings_nothing_back(
     api: Any,
 ) -> None:
-    from catalog.errors import CatalogError
+    from core.refusals import Refused
     from fleet.services import node_heartbeat
 
     token = add_node(api)
@@ -381,7 +381,7 @@ def test_a_heartbeat_of_a_node_removed_meanwhile_is_a_404_and_brings_nothing_bac
     stale = Node.objects.get()
     api("staff").delete("/api/v1/nodes/n1")
     report = {"capacity": {"memory_gb": 8, "cores": 4, "gpus": 0, "gpu_memory_gb": 0}}
-    with pytest.raises(CatalogError) as refused:
+    with pytest.raises(Refused) as refused:
         node_heartbeat(node=stale, report=report, interval=2, peer="127.0.0.1")
     assert refused.value.status == 404 and not Node.objects.exists()
 

@@ -18,7 +18,8 @@ import pytest
 import requests
 
 from catalog.definitions import clean_definition
-from catalog.services import Actor, model_add
+from catalog.services import model_add
+from core.actor import Actor
 from fleet.models import Node, Replica, hash_token
 from tests.factories import definition
 from tests.gateway.fake_engine import FakeEngine, fake_engine

@@ -14,7 +14,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.utils import timezone
 
-from catalog.services import Actor
+from core.actor import Actor
 from gateway import state as gateway_state
 from gateway.models import DeletedGatewayKey, GatewayKey, hash_key
 from gateway.services import key_create, key_revoke

@@ -11,9 +11,9 @@ import pytest
 from django.db import OperationalError, connection
 from django.utils import timezone
 
-from catalog.errors import CatalogError
 from catalog.models import AuditEntry
-from catalog.services import Actor
+from core.actor import Actor
+from core.refusals import Refused
 from gateway.models import GatewayKey, hash_key
 from gateway.services import key_create, key_revoke, team_add
 from tests.gateway.conftest import Gateway
@@ -118,7 +118,7 @@ def test_two_creates_at_once_cannot_both_pass_the_limit(
                     key_create(actor=Actor.for_user(users["alice"], "api"), name=f"racer {n}")
                     outcomes.append("created")
                     return
-                except CatalogError as exc:
+                except Refused as exc:
                     outcomes.append(exc.code)
                     return
                 except OperationalError as exc:
@@ -423,7 +423,7 @@ def test_limits_read_the_same_from_every_door(users: dict[str, Any]) -> None:
         changes={"rpm": "30", "tpm": "none", "max_parallel": "0", "models": "a, b*"},
     )
     assert (key.rpm, key.tpm, key.max_parallel, key.models) == (30, None, None, ["a", "b*"])
-    with pytest.raises(CatalogError) as refused:
+    with pytest.raises(Refused) as refused:
         key_set_limits(actor=alice, key_id=key.pk, changes={"rpm": "lots"})
     assert str(refused.value) == (
         "The change was refused, nothing was changed: rpm: is a whole number from 1 up, or 0 or "
@@ -431,7 +431,7 @@ def test_limits_read_the_same_from_every_door(users: dict[str, Any]) -> None:
     )
     # Text int() would take, or fail on with an error of its own, is refused the same way.
     for text in ("²", "9" * 5000, "1e3", "-5"):
-        with pytest.raises(CatalogError, match="rpm: is a whole number from 1 up"):
+        with pytest.raises(Refused, match="rpm: is a whole number from 1 up"):
             key_set_limits(actor=alice, key_id=key.pk, changes={"rpm": text})
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from catalog.services import Actor
+from core.actor import Actor
 from gateway import state as gateway_state
 from gateway import triggers
 from gateway.models import GatewayKey, LimitFields, Team, hash_key

@@ -444,7 +444,8 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 from catalog.definitions import clean_definition
 from catalog.models import Model
-from catalog.services import Actor, model_add
+from core.actor import Actor
+from catalog.services import model_add
 from fleet.models import Node, Replica, hash_token
 from gateway.models import GatewayKey
 from gateway.services import key_create

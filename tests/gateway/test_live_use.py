@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from catalog.services import Actor
+from core.actor import Actor
 from gateway import services
 from gateway.limits import SharedCounters
 from gateway.models import GatewayKey

@@ -34,7 +34,8 @@ FIGURES = {
 @pytest.fixture
 def chat(users: dict[str, Any]) -> str:
     from catalog.definitions import clean_definition
-    from catalog.services import Actor, model_add
+    from catalog.services import model_add
+    from core.actor import Actor
 
     model_add(
         actor=Actor.for_user(users["alice"], "api"),

@@ -178,10 +178,10 @@ def test_a_model_says_how_it_is_routed(gw: object, catalog: object) -> None:
 
 def test_an_unknown_routing_is_refused_with_the_choices() -> None:
     from catalog.definitions import clean_definition
-    from catalog.errors import CatalogError
+    from core.refusals import Refused
     from tests.factories import definition
 
-    with pytest.raises(CatalogError) as refused:
+    with pytest.raises(Refused) as refused:
         clean_definition(definition("chat", routing="round_robin"))
     assert "round_robin is not a way of routing: use prefix or least_loaded" in str(
         refused.value.problems

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from catalog.errors import CatalogError
 from catalog.models import AuditEntry
-from catalog.services import Actor
+from core.actor import Actor
+from core.refusals import Refused
 from gateway.models import GatewayKey, Team
 from gateway.services import key_create, team_add, team_members
 
@@ -53,13 +53,13 @@ def test_only_staff_add_teams_and_set_their_limits_and_members(
     refused = api("alice").post("/api/v1/teams", {"name": "mine"}, format="json")
     assert refused.status_code == 403
     assert refused.json() == {
-        "detail": "Only staff add teams; ask an administrator.",
+        "detail": "Only staff may add teams; ask an administrator.",
         "code": "forbidden",
     }
     staff_adds(users)
     limits = api("alice").patch("/api/v1/teams/research", {"rpm": 1000}, format="json")
     assert limits.status_code == 403
-    assert limits.json()["detail"] == "Only staff set a team's limits; ask an administrator."
+    assert limits.json()["detail"] == "Only staff may set a team's limits; ask an administrator."
     members = api("alice").post("/api/v1/teams/research/members", {"add": ["carol"]}, format="json")
     assert members.status_code == 403
     assert Team.objects.get().rpm is None and list(Team.objects.get().members.all()) == [
@@ -216,11 +216,11 @@ def test_names_no_team_or_user_could_have_are_not_looked_up(
     )
     assert response.status_code == 400
     # And whatever door hands the service such a name:
-    with pytest.raises(CatalogError, match="there is no user named 'a\\\\x00b'"):
+    with pytest.raises(Refused, match="there is no user named 'a\\\\x00b'"):
         team_members(actor=Actor.for_user(users["staff"], "cli"), name="research", add=["a\x00b"])
     response = api("alice").post("/api/v1/keys", {"name": "k", "team": "re\x00"}, format="json")
     assert response.status_code == 400
-    with pytest.raises(CatalogError, match="There is no team 're\\\\x00'"):
+    with pytest.raises(Refused, match="There is no team 're\\\\x00'"):
         key_create(actor=Actor.for_user(users["alice"], "cli"), name="k", team="re\x00")
 
 

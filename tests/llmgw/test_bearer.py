@@ -112,6 +112,6 @@ def test_rows_stored_before_the_one_digest_still_open(users: dict[str, Any]) -> 
 
 @pytest.fixture
 def fleet_staff(users: dict[str, Any]) -> Any:
-    from catalog.services import Actor
+    from core.actor import Actor
 
     return Actor.for_user(users["staff"], "api")

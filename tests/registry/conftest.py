@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from catalog.services import Actor
+from core.actor import Actor
 from llmgw.tinygguf import write_tiny_model
 from tests.registry.serving import REPO
 from tests.support.registry import LocalRegistry

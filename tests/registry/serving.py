@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from catalog.models import Model
-from catalog.services import Actor
+from core.actor import Actor
 from registry import fetches
 from registry.models import Fetch
 from registry.updates import serve_start

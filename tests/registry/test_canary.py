@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from catalog.errors import CatalogError
 from catalog.models import AuditEntry, Model
-from catalog.services import Actor
+from core.actor import Actor
+from core.refusals import Refused
 from fleet.models import Replica
 from fleet.reconciler import reconcile_pass
 from fleet.specs import current_keys, replica_revision
@@ -275,10 +275,10 @@ def test_promote_and_abort_by_hand_are_the_owners_or_staffs_and_audited(
     users = world["users"]
     start(world)
     for outsider in ("bob",):
-        with pytest.raises(CatalogError) as refused:
+        with pytest.raises(Refused) as refused:
             canary.abort_canary(actor=Actor.for_user(users[outsider], "api"), name=NAME)
         assert refused.value.status == 403
-        with pytest.raises(CatalogError):
+        with pytest.raises(Refused):
             canary.promote_canary(actor=Actor.for_user(users[outsider], "api"), name=NAME)
     assert model().canary["state"] == "watching"  # refused: nothing changed
 
@@ -288,7 +288,7 @@ def test_promote_and_abort_by_hand_are_the_owners_or_staffs_and_audited(
     entry = AuditEntry.objects.get(model_name=NAME, action="canary-rollback")
     assert (entry.actor_name, entry.door) == ("staff", "console")
 
-    with pytest.raises(CatalogError) as refused:
+    with pytest.raises(Refused) as refused:
         canary.promote_canary(actor=world["alice"], name=NAME)
     assert refused.value.status == 409
     assert refused.value.message == (
@@ -309,7 +309,7 @@ def test_promote_and_abort_by_hand_are_the_owners_or_staffs_and_audited(
 def test_a_rollback_during_a_canary_is_refused_and_points_at_abort(world: dict[str, Any]) -> None:
     start(world)
     before = (model().source, model().previous, model().canary)
-    with pytest.raises(CatalogError) as refused:
+    with pytest.raises(Refused) as refused:
         start_rollback(actor=world["alice"], name=NAME)
     assert refused.value.status == 409
     assert "`llmgw ctl model canary abort tiny-chat-q4`" in refused.value.message

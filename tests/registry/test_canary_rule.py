@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from catalog.errors import CatalogError
+from core.refusals import Refused
 from registry.canary import (
     CanarySettings,
     Outcome,
@@ -191,7 +191,7 @@ def test_the_defaults() -> None:
 def test_it_refuses_settings_that_make_no_sense(
     given: dict[str, Any], field: str, says: str
 ) -> None:
-    with pytest.raises(CatalogError) as refused:
+    with pytest.raises(Refused) as refused:
         canary_settings(**given)
     assert refused.value.status == 400 and refused.value.code == "invalid_canary"
     assert says in refused.value.message

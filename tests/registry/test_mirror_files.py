@@ -26,7 +26,7 @@ def client(users: dict[str, Any]) -> Any:
     """A node's client: it sends its node token, as the agent does."""
     from django.test import Client
 
-    from catalog.services import Actor
+    from core.actor import Actor
     from fleet.services import node_add
 
     _, token = node_add(actor=Actor.for_user(users["staff"], "api"), name="n1")

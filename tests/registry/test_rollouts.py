@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from catalog.errors import CatalogError
 from catalog.models import AuditEntry, Model
-from catalog.services import Actor, model_scale
+from catalog.services import model_scale
+from core.actor import Actor
+from core.refusals import Refused
 from registry import fetches, mirror
 from registry.models import MirrorFile, Rollout
 from registry.rollouts import advance_rollouts, start_rollback, start_update
@@ -91,7 +92,7 @@ def test_two_updates_of_one_model_at_once_are_refused(
     registry.commit(REPO, {"tiny-chat-q4.gguf": weights[2]})
     check_updates()
     start_update(actor=alice, name=model.name)
-    with pytest.raises(CatalogError) as caught:
+    with pytest.raises(Refused) as caught:
         start_update(actor=Actor.for_user(users["staff"], "api"), name=model.name)
     assert caught.value.status == 409
     assert caught.value.message.startswith(
@@ -103,11 +104,11 @@ def test_update_and_rollback_refusals(
     registry: LocalRegistry, alice: Actor, users: dict[str, Any]
 ) -> None:
     model = serve(alice)
-    with pytest.raises(CatalogError, match="No newer weights are known for tiny-chat-q4"):
+    with pytest.raises(Refused, match="No newer weights are known for tiny-chat-q4"):
         start_update(actor=alice, name=model.name)
-    with pytest.raises(CatalogError, match="has no previous weights to go back to"):
+    with pytest.raises(Refused, match="has no previous weights to go back to"):
         start_rollback(actor=alice, name=model.name)
-    with pytest.raises(CatalogError, match="belongs to alice"):
+    with pytest.raises(Refused, match="belongs to alice"):
         start_rollback(actor=Actor.for_user(users["bob"], "api"), name=model.name)
 
 

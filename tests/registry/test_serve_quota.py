@@ -12,9 +12,10 @@ import pytest
 from celery import current_app
 from django.utils import timezone
 
-from catalog.errors import CatalogError
 from catalog.models import Model
-from catalog.services import Actor, model_remove
+from catalog.services import model_remove
+from core.actor import Actor
+from core.refusals import Refused
 from llmgw.units import format_bytes
 from registry import mirror
 from registry.models import Fetch, MirrorFile
@@ -115,7 +116,7 @@ def test_what_counts_is_what_each_users_serves_hold_in_the_mirror_or_are_fetchin
     size = weights[1].stat().st_size
     alice, bob = as_user(users, "alice"), as_user(users, "bob")
     serve(alice, pattern="*q4*")
-    with pytest.raises(CatalogError) as refused:
+    with pytest.raises(Refused) as refused:
         serve_start(actor=alice, repo=REPO, pattern=q8)
     assert refused.value.message == refusal(f"serve {REPO}", "tiny-chat-q8.gguf", size, size)
     assert refused.value.status == 409
@@ -123,7 +124,7 @@ def test_what_counts_is_what_each_users_serves_hold_in_the_mirror_or_are_fetchin
     assert serve(alice, pattern="*q4*", name="same-weights").owner == users["alice"]
     # Each user has a quota of their own; a fetch still under way counts.
     serve_start(actor=bob, repo=REPO, pattern=q8)
-    with pytest.raises(CatalogError) as refused:
+    with pytest.raises(Refused) as refused:
         serve_start(actor=bob, repo=REPO, pattern="*q4*", name="bobs-q4")
     assert refused.value.message == refusal(f"serve {REPO}", "tiny-chat-q4.gguf", size, size)
     assert Fetch.objects.filter(requested_by=users["bob"]).count() == 1
@@ -143,7 +144,7 @@ def test_removing_a_model_gives_its_share_back_once_the_mirror_deletes_its_files
         model_remove(actor=alice, name=served.name)
     assert "registry.tasks.clean_mirror" in sent
     # Until the task runs, the file is still in the mirror and still counts.
-    with pytest.raises(CatalogError, match=r"already come to 489\.56 KB"):
+    with pytest.raises(Refused, match=r"already come to 489\.56 KB"):
         serve_start(actor=alice, repo=REPO, pattern=q8)
     # What the task does, once the fetch is no longer fresh (a serve's model is added just
     # after its fetch is done: the mirror keeps the files of a recent one meanwhile).
@@ -175,7 +176,7 @@ def test_an_update_is_held_to_the_quota_too(
     served = serve(alice)
     registry.commit(REPO, {"tiny-chat-q4.gguf": weights[2]})
     assert check_updates().updates == [served.name]
-    with pytest.raises(CatalogError) as refused:
+    with pytest.raises(Refused) as refused:
         start_update(actor=alice, name=served.name)
     size = weights[2].stat().st_size
     assert refused.value.message == refusal(

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from celery import current_app
 
-from catalog.errors import CatalogError
 from catalog.models import AuditEntry, Model
-from catalog.services import Actor
+from core.actor import Actor
+from core.refusals import Refused
 from registry import fetches, mirror
 from registry.models import STALE_SECONDS, Fetch, MirrorFile
 from registry.updates import check_updates, serve_start
@@ -48,12 +48,12 @@ def test_serve_fetches_into_the_mirror_and_records_the_origin(
 def test_serve_refuses_a_glob_that_matches_nothing_or_too_much(
     registry: LocalRegistry, alice: Actor, weights: dict[int, Path]
 ) -> None:
-    with pytest.raises(CatalogError, match="has no GGUF file matching '\\*q8\\*'"):
+    with pytest.raises(Refused, match="has no GGUF file matching '\\*q8\\*'"):
         serve_start(actor=alice, repo=REPO, pattern="*q8*")
     registry.commit(REPO, {"tiny-chat-q8.gguf": weights[2]})
-    with pytest.raises(CatalogError, match="2 GGUF files of acme/tiny-chat-GGUF match"):
+    with pytest.raises(Refused, match="2 GGUF files of acme/tiny-chat-GGUF match"):
         serve_start(actor=alice, repo=REPO)
-    with pytest.raises(CatalogError, match="has no branch 'dev'"):
+    with pytest.raises(Refused, match="has no branch 'dev'"):
         serve_start(actor=alice, repo=REPO, branch="dev")
     assert not Fetch.objects.exists()
 

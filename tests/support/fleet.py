@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from catalog.services import Actor, model_add
+from catalog.services import model_add
+from core.actor import Actor
 from fleet.models import Node, Replica
 from fleet.services import node_add, node_heartbeat
 from tests.factories import definition

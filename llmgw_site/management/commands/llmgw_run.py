@@ -217,7 +217,7 @@ class Command(BaseCommand):
     def _local_node(self) -> Path:
         """The file holding the local node's token, kept in var/ (the control plane itself only
         keeps its hash)."""
-        from catalog.services import Actor
+        from core.actor import Actor
         from fleet.models import Node
         from fleet.services import node_add
         from llmgw_site.private_files import FILE_MODE, restrict, write_secret
@@ -280,7 +280,7 @@ class Command(BaseCommand):
         from django.contrib.auth import get_user_model
 
         from catalog.models import Model
-        from catalog.services import Actor
+        from core.actor import Actor
         from registry.updates import serve_start
 
         existing = Model.objects.filter(name=demo.DEMO_MODEL).first()

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from catalog.models import AuditEntry
-from catalog.services import Actor
+from core.actor import Actor
 from gateway.models import GatewayKey, KeyUsageDay
 from gateway.services import key_create, team_add
 from tests.console.pages import text_of

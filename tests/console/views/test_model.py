@@ -54,13 +54,13 @@ def test_the_404_page_says_why_without_debug(client_for: Any, running: Any, sett
 def test_an_unknown_model_is_refused_in_the_services_words(running: Any) -> None:
     from django.http import Http404
 
-    from catalog.errors import CatalogError
     from catalog.services import get_model as service_get_model
     from console.views.pages import get_model
+    from core.refusals import Refused
 
     with pytest.raises(Http404) as console_refusal:
         get_model("tiny-caht")
-    with pytest.raises(CatalogError) as service_refusal:
+    with pytest.raises(Refused) as service_refusal:
         service_get_model("tiny-caht")
     assert str(console_refusal.value) == service_refusal.value.message
     assert "did you mean tiny-chat?" in str(console_refusal.value)

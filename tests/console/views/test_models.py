@@ -56,7 +56,8 @@ def test_on_demand_models_filter_as_opportunistic(client_for: Any, fleet: Any) -
 
 
 def test_a_model_with_fewer_ready_than_wanted_is_degraded(client_for: Any, running: Any) -> None:
-    from catalog.services import Actor, model_scale
+    from catalog.services import model_scale
+    from core.actor import Actor
 
     alice = Model.objects.get(name="tiny-chat").owner
     model_scale(actor=Actor.for_user(alice, "api"), name="tiny-chat", min_replicas=3)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from catalog.models import AuditEntry
-from catalog.services import Actor
+from core.actor import Actor
 from gateway.limits import SharedCounters
 from gateway.models import Team
 from gateway.services import key_create, team_add
@@ -306,16 +306,16 @@ def test_a_member_cannot_change_their_team(client_for: Any, users: dict[str, Any
     alice = client_for("alice")
     limits = alice.post("/teams/research/limits", {**UNCHANGED, "rpm": "6000"}, headers=HTMX)
     assert limits.status_code == 403
-    assert "Only staff set a team's limits; ask an administrator." in text_of(limits)
+    assert "Only staff may set a team's limits; ask an administrator." in text_of(limits)
     members = alice.post("/teams/research/members", {"add": "carol"}, headers=HTMX)
     assert members.status_code == 403
-    assert "Only staff change a team's members; ask an administrator." in text_of(members)
+    assert "Only staff may change a team's members; ask an administrator." in text_of(members)
     removed = alice.post("/teams/research/remove", headers=HTMX)
     assert removed.status_code == 403
-    assert "Only staff remove teams; ask an administrator." in text_of(removed)
+    assert "Only staff may remove teams; ask an administrator." in text_of(removed)
     added = alice.post("/teams/create", {"name": "mine"}, headers=HTMX)
     assert added.status_code == 403
-    assert "Only staff add teams; ask an administrator." in text_of(added)
+    assert "Only staff may add teams; ask an administrator." in text_of(added)
     team = Team.objects.get()
     assert (team.name, team.rpm, members_of()) == ("research", 60, ["alice", "bob"])
     assert console_entries() == []

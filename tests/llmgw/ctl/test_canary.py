@@ -21,7 +21,8 @@ WATCHING = canary_record()
 @pytest.fixture
 def chat(users: dict[str, Any]) -> Model:
     from catalog.definitions import clean_definition
-    from catalog.services import Actor, model_add
+    from catalog.services import model_add
+    from core.actor import Actor
 
     model = model_add(
         actor=Actor.for_user(users["alice"], "api"),

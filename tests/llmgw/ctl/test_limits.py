@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from catalog.services import Actor
+from core.actor import Actor
 from gateway.models import GatewayKey
 from gateway.services import team_add
 from tests.support.ctl import Ctl, ctl_as

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from catalog.services import Actor
+from core.actor import Actor
 from gateway.limits import SharedCounters
 from gateway.services import key_create, team_add
 from tests.support.ctl import Ctl, ctl_as

@@ -28,7 +28,8 @@ ORIGIN = {
 @pytest.fixture
 def chat(users: dict[str, Any]) -> Model:
     from catalog.definitions import clean_definition
-    from catalog.services import Actor, model_add
+    from catalog.services import model_add
+    from core.actor import Actor
 
     return model_add(
         actor=Actor.for_user(users["alice"], "api"),

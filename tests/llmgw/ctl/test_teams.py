@@ -88,7 +88,7 @@ def test_limits_members_show_and_remove(ctl: Ctl) -> None:
 def test_refusals_are_printed_and_exit_non_zero(ctl: Ctl) -> None:
     code, out, err = ctl("alice", "team", "add", "mine")
     assert (code, out) == (1, "")
-    assert err == "error: Only staff add teams; ask an administrator.\n"
+    assert err == "error: Only staff may add teams; ask an administrator.\n"
     code, _, err = ctl("staff", "team", "add", "research", "--member", "zed")
     assert err == (
         "error: The change was refused, nothing was changed: members: there is no user named "

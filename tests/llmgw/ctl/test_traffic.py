@@ -25,7 +25,8 @@ def ctl(live_server: Any, tokens: dict[str, str], capsys: Any, monkeypatch: Any)
 @pytest.fixture
 def chat(users: dict[str, Any]) -> str:
     from catalog.definitions import clean_definition
-    from catalog.services import Actor, model_add
+    from catalog.services import model_add
+    from core.actor import Actor
 
     model_add(
         actor=Actor.for_user(users["alice"], "api"),

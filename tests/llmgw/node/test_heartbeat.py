@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from catalog.services import Actor
+from core.actor import Actor
 from fleet.models import Node
 from fleet.services import node_add
 from llmgw.node.agent import Agent

@@ -1,8 +1,12 @@
-"""Refusals: one shape for the API, the CLI, the console and server.yaml.
+"""Refusals: one shape for the API, the CLI, the console, the admin and server.yaml.
 
-Every refusal is a full sentence saying what was wrong and what to do instead,
-plus a stable code; problems with one field of a definition also name the field
-and, when the definition came as YAML, its line.
+Every app raises :class:`Refused` when it will not do what it was asked (a model definition, a
+fetch, a node, a key, a canary): a full sentence saying what was wrong and what to do instead,
+a stable code, and the HTTP status the API answers with (llmgw_site.api_errors turns it into the
+answer; the console and the admin show the sentence). Problems with one field also name the
+field and, when the input came as YAML, its line.
+
+(gateway.limits.Refused is another thing: a request over a key's limit, answered in OpenAI's shape.)
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ class Problem:
 
 
 @dataclass
-class CatalogError(Exception):
+class Refused(Exception):
     message: str
     code: str = "invalid"
     problems: list[Problem] = field(default_factory=list)
@@ -45,36 +49,22 @@ class CatalogError(Exception):
         return data
 
 
-def invalid(problems: list[Problem], *, what: str = "The definition") -> CatalogError:
+def invalid(problems: list[Problem], *, what: str = "The definition") -> Refused:
     """A refusal listing every problem found, the first ones in the sentence itself."""
     listed = "; ".join(str(p).rstrip(".") for p in problems[:5])
     more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
     # A last problem that asks (did you mean ...?) ends the sentence itself.
     end = "" if (listed + more).endswith("?") else "."
-    return CatalogError(
+    return Refused(
         f"{what} was refused, nothing was changed: {listed}{more}{end}",
         code="invalid",
         problems=problems,
     )
 
 
-def not_found(name: str, known: list[str] | None = None) -> CatalogError:
-    hint = "; `llmgw ctl models` lists the models there are"
-    if known:
-        import difflib
-
-        close = difflib.get_close_matches(name, known, n=3)
-        if close:
-            hint = f"; did you mean {', '.join(close)}?"
-    end = "" if hint.endswith("?") else "."
-    return CatalogError(
-        f"There is no model named {name!r}{hint}{end}", code="not_found", status=404
-    )
+def forbidden(message: str) -> Refused:
+    return Refused(message, code="forbidden", status=403)
 
 
-def forbidden(message: str) -> CatalogError:
-    return CatalogError(message, code="forbidden", status=403)
-
-
-def conflict(message: str, code: str = "conflict") -> CatalogError:
-    return CatalogError(message, code=code, status=409)
+def conflict(message: str, code: str = "conflict") -> Refused:
+    return Refused(message, code=code, status=409)

@@ -16,7 +16,7 @@ import pytest
 
 from catalog.config import ConfigError, load_config, parse_config
 from catalog.models import AuditEntry, Model
-from catalog.outbound import AllowedHost, HostPolicy, URLRefused, parse_target
+from core.outbound import AllowedHost, HostPolicy, URLRefused, parse_target
 from llmgw.tinygguf import write_lora_adapter, write_tiny_model
 from registry import fetches
 from registry.hub import Registry, RegistryError
