@@ -23,11 +23,12 @@ from django import forms
 from django.contrib import admin, messages
 from django.db import transaction
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from core.actor import Actor
+from core.admin import ReadOnlyAdmin, RemovedThroughServiceAdmin, RequestFormAdmin, admin_actor
 from core.refusals import Problem, Refused, invalid
 from core.yamltext import Path, line_for
 
@@ -35,7 +36,6 @@ from . import services
 from .definitions import clean_definition, load_definition_text
 from .models import AuditEntry, CatalogVersion, Model
 
-ADMIN = "admin"
 # Parts of a definition that no service changes in place; the rest map to one service each.
 FIXED = ("name", "source", "sha256", "description", "fallbacks", "context_length", "routing")
 # What a model's page shows as in force, beside its editable definition.
@@ -52,10 +52,6 @@ IN_FORCE = (
     "rollout_halted",
     "console_link",
 )
-
-
-def admin_actor(request: HttpRequest) -> Actor:
-    return Actor.for_user(request.user, ADMIN)
 
 
 def definition_text(model: Model) -> str:
@@ -155,40 +151,6 @@ def _change_through_services(
         services.model_set_adapters(
             actor=actor, name=name, add=add, remove=remove, source_check=source_check
         )
-
-
-class RequestFormAdmin(admin.ModelAdmin):
-    """Admins whose form makes its change through the services, as the request's user: the form
-    is given the request, and the stock bulk delete, which bypasses the services (no checks, no
-    audit), is not offered."""
-
-    def get_form(
-        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
-    ) -> Any:
-        form = super().get_form(request, obj, change, **kwargs)
-        # A subclass per request: the class attribute must not be shared between requests.
-        return type(form.__name__, (form,), {"request": request})
-
-    def get_actions(self, request: HttpRequest) -> Any:
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)
-        return actions
-
-
-class RemovedThroughServiceAdmin(admin.ModelAdmin):
-    """Rows a service removes (delete_model calls it): its refusal is shown, not a 500."""
-
-    def refused_removal_url(self, object_id: str) -> str:
-        raise NotImplementedError
-
-    def delete_view(
-        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
-    ) -> HttpResponse:
-        try:
-            return super().delete_view(request, object_id, extra_context)
-        except Refused as error:
-            self.message_user(request, error.message, messages.ERROR)
-            return HttpResponseRedirect(self.refused_removal_url(object_id))
 
 
 class ModelAdminForm(forms.ModelForm):
@@ -335,19 +297,6 @@ class ModelAdmin(RemovedThroughServiceAdmin, RequestFormAdmin):
         return format_html(
             '<a href="{}">{}</a>', reverse("console-model", args=[obj.name]), "open in the console"
         )
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Rows that only the services, tasks, the reconciler and the agents' heartbeats write."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(AuditEntry)

@@ -14,13 +14,16 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.utils import timezone
 
 from core.actor import CONFIG, Actor
 from core.refusals import Problem, Refused, conflict, forbidden, invalid
 
+from .config import current_config
 from .definitions import CLASSES, MAX_CORES, MAX_MEMORY_GB, MAX_REPLICAS, whole_if_possible
 from .models import AuditEntry, CatalogVersion, Model
 from .signals import catalog_changed, model_added
+from .sources import check_adapter, check_source
 from .validation import catalog_problems
 
 if TYPE_CHECKING:
@@ -85,8 +88,6 @@ def require_change_rights(actor: Actor, model: Model) -> None:
 
 
 def refuse_if_declared(model: Model, what: str) -> None:
-    from .config import current_config
-
     if model.declared:
         path = current_config().path
         raise conflict(
@@ -193,8 +194,6 @@ def model_add(*, actor: Actor, definition: dict[str, Any], source_check: bool = 
 
     source_size = None
     if source_check:
-        from .sources import check_adapter, check_source
-
         source_size = check_source(definition["source"]).size
         for adapter in definition.get("adapters", []):
             check_adapter(adapter, model_name=definition["name"], model_source=definition["source"])
@@ -231,8 +230,6 @@ def model_remove(*, actor: Actor, name: str) -> None:
         dependents = _falling_back_to([name])
         declared = [d.name for d in dependents if d.declared]
         if declared:
-            from .config import current_config
-
             # Dropped here, the fallback would come back with server.yaml on the next start,
             # which would then refuse the file for naming a model that does not exist.
             path = current_config().path
@@ -431,8 +428,6 @@ def model_set_adapters(
     add = add or []
     remove = remove or []
     if source_check and add:
-        from .sources import check_adapter
-
         # The rights first: an outsider must not make the control plane fetch anything.
         model = get_model(name)
         require_change_rights(actor, model)
@@ -589,8 +584,6 @@ def model_demand(*, name: str, actor: Actor | None = None) -> Model:
     the gateway is open to every key). Asked for directly (`actor` given), loading a model is a
     change of what runs on the shared nodes, so it takes the rights to change the model.
     """
-    from django.utils import timezone
-
     model = get_model(name)
     if actor is not None:
         require_change_rights(actor, model)

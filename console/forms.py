@@ -19,6 +19,7 @@ from catalog.models import Model
 from core.durations import DurationError, parse_duration
 from core.refusals import Refused
 from core.serializers import flatten_errors, path_text
+from registry.api import ServeInput
 
 
 class ConsoleRenderer(DjangoTemplates):
@@ -331,8 +332,6 @@ class ServeForm(ConsoleForm):
     )
 
     def clean(self) -> dict[str, Any]:
-        from registry.api import ServeInput
-
         data = super().clean() or {}
         if self.errors:
             return data

@@ -23,8 +23,11 @@ from catalog import selectors as catalog_selectors
 from catalog.config import current_config
 from catalog.models import CLASS_CHOICES, ON_DEMAND, AuditEntry, Model
 from core.durations import format_duration
-from fleet.models import Replica
+from fleet.models import Node, Replica
+from fleet.selectors import model_target as fleet_target
+from fleet.selectors import node_engine_numbers
 from gateway.services import KEY_SUBJECT, TEAM_SUBJECT
+from llmgw.units import format_progress, format_size
 from registry import selectors as registry_selectors
 from registry.models import Fetch, MirrorFile, Rollout
 
@@ -42,25 +45,9 @@ STATES = {
 }
 
 
-def _unit(size: int) -> tuple[str, float]:
-    # Decimal units, as `llmgw ctl` prints sizes.
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if size >= scale:
-            return unit, scale
-    return "bytes", 1
-
-
-def _scaled(size: float, scale: float, whole: float) -> str:
-    # Three figures are enough to compare sizes at a glance: 4.1 GB, 12.5 MB, 501 kB.
-    return f"{size / scale:.0f}" if whole / scale >= 100 else f"{size / scale:.1f}"
-
-
 def size_text(size: int | None) -> str:
-    """812 bytes, 501 kB, 4.1 GB."""
-    if size is None:
-        return "?"
-    unit, scale = _unit(size)
-    return f"{size} bytes" if scale == 1 else f"{_scaled(size, scale, size)} {unit}"
+    """812 bytes, 501 kB, 4.1 GB (llmgw.units.format_size)."""
+    return format_size(size)
 
 
 def short(commit: str | None) -> str:
@@ -199,9 +186,7 @@ def fetch_text(fetch: dict[str, Any] | None) -> str:
         return ""
     total = fetch.get("bytes_total") or 0
     done = total if fetch.get("state") == Fetch.DONE else (fetch.get("bytes_done") or 0)
-    _, scale = _unit(total)
-    part = str(done) if scale == 1 else _scaled(done, scale, total)
-    return f"{part} of {size_text(total)}"
+    return format_progress(done, total)
 
 
 @dataclass
@@ -431,8 +416,6 @@ def engine_text(numbers: dict[str, Any] | None) -> str:
 
 def model_target(model: Model) -> dict[str, Any]:
     """fleet.selectors.model_target() with each replica's engine numbers in words."""
-    from fleet.selectors import model_target as fleet_target
-
     target = fleet_target(model)
     for replica in target["replicas"]:
         replica["engine_text"] = engine_text(replica["engine"])
@@ -441,9 +424,6 @@ def model_target(model: Model) -> dict[str, Any]:
 
 def node_cards(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """fleet.selectors.nodes_view() with what the bars and lists need."""
-    from fleet.models import Node
-    from fleet.selectors import node_engine_numbers
-
     engines = node_engine_numbers()
     node_ids = dict(Node.objects.values_list("name", "pk"))
     cards = []

@@ -1,8 +1,11 @@
-"""Settings read from environment variables.
+"""Settings read from environment variables, and the rules for reading one value.
 
 Each helper fails loudly, naming the variable and what it expected: a typo in a
 deployment's environment should stop the process at start, not quietly fall
-back to a default that nobody asked for.
+back to a default that nobody asked for. The site's settings (llmgw_site.settings)
+read the environment through the env_* helpers; the gateway's settings
+(gateway.conf, read when used) parse theirs with the same parse_* rules.
+This module does not import Django: settings.py imports it before Django is set up.
 """
 
 from __future__ import annotations
@@ -16,14 +19,8 @@ class EnvError(Exception):
     pass
 
 
-def env_str(name: str, default: str) -> str:
-    return os.environ.get(name, default)
-
-
-def env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
+def parse_bool(name: str, raw: str) -> bool:
+    """A yes/no value as people write it (true/false, yes/no, on/off, 1/0)."""
     value = raw.strip().lower()
     if value in {"1", "true", "yes", "on"}:
         return True
@@ -32,17 +29,42 @@ def env_bool(name: str, default: bool) -> bool:
     raise EnvError(f"{name}={raw!r} is not a yes/no value: use true or false.")
 
 
-def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
+def parse_number(name: str, raw: object, *, minimum: float | None = None) -> float:
     try:
-        value = int(raw)
-    except ValueError:
+        value = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise EnvError(f"{name}={raw!r} is not a number.") from None
+    if minimum is not None and value < minimum:
+        raise EnvError(f"{name}={raw!r} is below the smallest allowed value, {minimum}.")
+    return value
+
+
+def parse_whole(name: str, raw: object, *, minimum: int | None = None) -> int:
+    try:
+        value = int(raw)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
         raise EnvError(f"{name}={raw!r} is not a whole number.") from None
     if minimum is not None and value < minimum:
         raise EnvError(f"{name}={value} is below the smallest allowed value, {minimum}.")
     return value
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    return parse_bool(name, raw)
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    return parse_whole(name, raw, minimum=minimum)
 
 
 def env_list(name: str, default: list[str] | None = None) -> list[str] | None:

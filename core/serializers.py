@@ -13,6 +13,8 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from core.durations import format_duration
+
 from .durations import DurationError, parse_duration
 from .yamltext import Path
 
@@ -121,8 +123,6 @@ class DurationField(serializers.Field):
             raise AssertionError("unreachable") from exc
 
     def to_representation(self, value: int) -> str:
-        from core.durations import format_duration
-
         return format_duration(value)
 
 

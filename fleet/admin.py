@@ -10,7 +10,7 @@ from django.db.models import Count, Q, QuerySet, Sum
 from django.http import HttpRequest
 from django.urls import reverse
 
-from catalog.admin import ReadOnlyAdmin, RemovedThroughServiceAdmin, admin_actor
+from core.admin import ReadOnlyAdmin, RemovedThroughServiceAdmin, admin_actor
 from core.refusals import Refused
 
 from . import services

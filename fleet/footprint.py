@@ -31,6 +31,8 @@ from typing import Any
 from django.utils import timezone
 
 from catalog.models import Model
+from catalog.sources import source_session
+from core.outbound import URLRefused
 from llmgw import gguf
 from llmgw.engine import serving_context
 from llmgw.units import format_bytes
@@ -230,9 +232,6 @@ def facts_for_plan(model: Model) -> FileFacts | str:
 
 def read_facts(model: Model, *, now: datetime | None = None) -> FileFacts | str:
     """Read ``model``'s file header now and keep what the estimate needs (or why it failed)."""
-    from catalog.sources import source_session
-    from core.outbound import URLRefused
-
     try:
         with source_session() as session:
             header = gguf.read_header_from_url(

@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.conf import settings
 from django.dispatch import receiver
 
 from catalog.signals import catalog_changed
 
 from .signals import fleet_changed
+from .tasks import reconcile
 
 log = logging.getLogger("llmgw.reconciler")
 
@@ -17,9 +19,6 @@ log = logging.getLogger("llmgw.reconciler")
 @receiver(catalog_changed)
 @receiver(fleet_changed)
 def kick_reconcile(sender: Any, **kwargs: Any) -> None:
-    from django.conf import settings
-
-    from .tasks import reconcile
 
     if not settings.LLMGW_KICK_RECONCILE:
         return

@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from catalog.config import current_config
@@ -56,7 +57,6 @@ def claim_lease(name: str, holder: str, seconds: int, *, now: datetime | None = 
     """Claim `name` for `holder` with one conditional UPDATE; False when someone else holds it."""
     now = now or timezone.now()
     Lease.objects.get_or_create(name=name, defaults={"expires_at": now})
-    from django.db.models import Q
 
     claimed = Lease.objects.filter(Q(expires_at__lte=now) | Q(holder=holder), name=name).update(
         holder=holder, expires_at=now + timedelta(seconds=seconds)

@@ -12,6 +12,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from catalog.definitions import NAME_PATTERN
+from catalog.models import Model
 from core.actor import Actor, require_staff
 from core.refusals import Refused, conflict
 from llmgw.bearer import NODE_TOKEN
@@ -58,7 +60,6 @@ def node_add(
     connects from (fleet.trust, rule 1)."""
     require_staff(actor, "add nodes")
     networks = _address_allow(address_allow or [])
-    from catalog.definitions import NAME_PATTERN
 
     if not name or len(name) > NODE_NAME_MAX or not NAME_PATTERN.fullmatch(name):
         raise Refused(
@@ -303,8 +304,6 @@ def node_heartbeat(
 def _previous_revisions(model_ids: set[int]) -> list[dict[str, Any]]:
     """The weights a rollback of these models would start again: the node keeps them cached
     even when its cache is full (llmgw node --cache-max-gb)."""
-    from catalog.models import Model
-
     if not model_ids:
         return []
     previous = Model.objects.filter(pk__in=model_ids, previous__isnull=False).values_list(

@@ -20,18 +20,12 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 
-from catalog.admin import RequestFormAdmin
 from core.actor import Actor
+from core.admin import RequestFormAdmin, admin_actor
 from core.refusals import Refused
 
 from . import services
 from .models import GatewayKey, Team
-
-ADMIN = "admin"
-
-
-def admin_actor(request: HttpRequest) -> Actor:
-    return Actor.for_user(request.user, ADMIN)
 
 
 def _counter_field(label: str, help_text: str) -> forms.IntegerField:

@@ -13,6 +13,7 @@ class GatewayConfig(AppConfig):
 
 def _ensure_triggers(sender: object, using: str = "default", **kwargs: object) -> None:
     """After every migrate: a migration that rebuilt a watched table (SQLite) dropped its triggers."""
+    # Here, not at the top: apps.py is imported while the apps load, before models exist.
     from django.db import connections
 
     from . import triggers

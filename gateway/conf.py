@@ -10,9 +10,7 @@ import os
 
 from django.conf import settings
 
-
-class GatewaySettingError(Exception):
-    pass
+from core.env import EnvError, parse_bool, parse_number
 
 
 def _number(name: str, default: float, *, minimum: float) -> float:
@@ -20,13 +18,7 @@ def _number(name: str, default: float, *, minimum: float) -> float:
     raw: object = configured if configured is not None else os.environ.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = float(raw)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise GatewaySettingError(f"{name}={raw!r} is not a number.") from None
-    if value < minimum:
-        raise GatewaySettingError(f"{name}={raw!r} is below the smallest allowed value, {minimum}.")
-    return value
+    return parse_number(name, raw, minimum=minimum)
 
 
 def wait_seconds() -> float:
@@ -54,12 +46,7 @@ def _flag(name: str) -> bool:
     raw: object = configured if configured is not None else os.environ.get(name)
     if raw is None or raw == "" or isinstance(raw, bool):
         return bool(raw)
-    value = str(raw).strip().lower()
-    if value in {"1", "true", "yes", "on"}:
-        return True
-    if value in {"0", "false", "no", "off"}:
-        return False
-    raise GatewaySettingError(f"{name}={raw!r} is not a yes/no value: use true or false.")
+    return parse_bool(name, str(raw))
 
 
 def metrics_token() -> str | None:
@@ -159,7 +146,7 @@ def limits_redis_url() -> str | None:
         return None
     url = raw.strip() or str(getattr(settings, "REDIS_URL", "") or "")
     if url and not url.startswith(("redis://", "rediss://", "unix://")):
-        raise GatewaySettingError(
+        raise EnvError(
             f"LLMGW_LIMITS_REDIS={raw!r} is not a Redis URL: write redis://HOST:PORT/DB, or off."
         )
     return url or None

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import mmap
 import os
@@ -54,7 +55,12 @@ from fnmatch import translate
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
+from django.db.models import Case, CharField, F, IntegerField, Q, Sum, Value, When
+
+from . import conf
 from .load import map_own_file, other_processes_files, process_alive
+from .models import KeyUsageDay
 from .redislimits import Counted, Decided, RedisLimits, read_use
 
 log = logging.getLogger("llmgw.gateway")
@@ -142,8 +148,6 @@ def limits_of(
 ) -> Limits:
     """Limits from a row's columns, as either database returns them."""
     if isinstance(models, str):
-        import json
-
         models = json.loads(models or "[]")
     names = tuple(str(m) for m in (models or ()) if isinstance(m, str))
     # One pattern for every glob: fnmatch's own rules, case-sensitive as model names are.
@@ -257,9 +261,6 @@ def no_budgets() -> Budgets:
 def read_budgets(local_writers: Iterable[str]) -> Budgets:
     """What the database holds of this month's tokens, for keys with a budget and keys of
     teams with one (see Budgets), in one query."""
-    from django.db.models import Case, CharField, F, IntegerField, Q, Sum, Value, When
-
-    from .models import KeyUsageDay
 
     today = datetime.now(UTC).date()
     month = today.replace(day=1)
@@ -947,9 +948,6 @@ def live_use(
     where it does (gateway.redislimits), else as the gateway processes of this machine count
     them. Keys and teams with no counted limit are not counted anywhere: theirs are 0.
     Reads the files only (no lock): a figure can be a request behind."""
-    from django.conf import settings
-
-    from . import conf
 
     keys, teams = list(keys), list(teams)
     bucket = int(time.time() // BUCKET_SECONDS)

@@ -77,6 +77,8 @@ def metrics() -> Metrics:
 
 
 def _create(folder: str | None) -> Metrics:
+    # Imported here, never at the top: prometheus_client reads PROMETHEUS_MULTIPROC_DIR once,
+    # when first imported, and the folder is set below first.
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
 
     registry: CollectorRegistry | None = None
@@ -221,6 +223,7 @@ _LIVE_FILE = re.compile(r"gauge_live\w*?_(\d+)\.db$")
 def exposition(engines: Sequence[EngineFigures] = ()) -> tuple[bytes, str]:
     """The text a scrape gets, and its content type: the gateway's own numbers, then what each
     serving replica's engine last reported (``engines``, from the routing snapshot)."""
+    # After metrics() has set PROMETHEUS_MULTIPROC_DIR (see _create).
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
     current = metrics()
@@ -296,6 +299,7 @@ def _forget_dead_processes(folder: str) -> None:
 
     Counters and histograms of a gone process are kept: what it counted happened.
     """
+    # After PROMETHEUS_MULTIPROC_DIR is set (see _create).
     from prometheus_client import multiprocess
 
     for path in glob.glob(os.path.join(folder, "gauge_live*_*.db")):

@@ -10,6 +10,7 @@ from django.db import models
 from django.utils import timezone
 from rest_framework import serializers
 
+from catalog.definitions import validate_name
 from llmgw import bearer
 
 # How stale last_used_at may get (see gateway.state.LAST_USED_SECONDS): a key used
@@ -19,8 +20,6 @@ LAST_USED_RESOLUTION = timedelta(seconds=60)
 
 def validate_team_name(value: str) -> None:
     """The catalog's name rules, as a model validator (a team's name is part of URLs and commands)."""
-    from catalog.definitions import validate_name
-
     try:
         validate_name(value)
     except serializers.ValidationError as refusal:

@@ -47,6 +47,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
 log = logging.getLogger("llmgw.gateway")
 
 KEY_PREFIX = "llmgw:limits:"
@@ -160,8 +162,6 @@ class RedisLimits:
     """This process's connection to the limits kept in Redis (see the module's docstring)."""
 
     def __init__(self, url: str, *, on_error: Any = None, on_drop: Any = None) -> None:
-        import redis
-
         self._redis = redis.Redis.from_url(
             url,
             socket_timeout=TIMEOUT_SECONDS,
@@ -307,8 +307,6 @@ class RedisLimits:
 def read_use(url: str, idents: Sequence[str], bucket: int) -> dict[str, tuple[int, int, int]]:
     """(in flight, requests, tokens in the last minute) of each ident, as every machine counts
     them in Redis (for the web, which counts nothing); raises when Redis cannot be reached."""
-    import redis
-
     client = redis.Redis.from_url(
         url, socket_timeout=TIMEOUT_SECONDS, socket_connect_timeout=TIMEOUT_SECONDS
     )

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from core import jsontext
+
 from . import canary, conf, errors, fairqueue, http, limits, proxy, routing, validate
 from .errors import Refusal
 from .http import Headers, Receive, Scope, Send
@@ -52,7 +54,6 @@ WAIT_POLL_SECONDS = 0.1
 FRESH_LOOK_SECONDS = 2 * POLL_SECONDS + 0.5
 # JSON bodies: a depth no OpenAI request comes near, and integers of sane size.
 MAX_DEPTH = 64
-MAX_INT_DIGITS = 40
 
 Handler = Callable[["Gateway", Scope, Receive, Send], Awaitable[None]]
 
@@ -227,26 +228,14 @@ async def models(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -
 # -- request bodies -----------------------------------------------------------------------
 
 
-class _NotSane(Exception):
-    pass
-
-
-def _sane_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise _NotSane(f"a number with more than {MAX_INT_DIGITS} digits")
-    return int(text)
-
-
-def _no_constant(text: str) -> float:
-    raise _NotSane(f"{text}, which JSON does not have")
-
-
 def parse_body(raw: bytes) -> dict[str, Any] | Refusal:
     """The request's JSON object, or a 400 saying what is wrong with it (never an exception)."""
     try:
-        body = json.loads(raw, parse_int=_sane_int, parse_constant=_no_constant)
-    except _NotSane as exc:
-        return errors.bad_request(f"The request body has {exc}; send ordinary JSON numbers.")
+        body = jsontext.loads(raw, unique_keys=False)
+    except jsontext.JSONRefused as exc:
+        return errors.bad_request(
+            f"The request body was refused: {exc}; send ordinary JSON numbers."
+        )
     except RecursionError:
         return errors.bad_request(
             f"The request body is nested too deeply; keep it within {MAX_DEPTH} levels."

@@ -31,6 +31,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from catalog import services as catalog_services
+from catalog.config import current_config
 from catalog.definitions import MAX_NAME, NAME_PATTERN, validate_name
 from catalog.services import record_change, record_event
 from core.actor import Actor, require_staff
@@ -618,7 +619,6 @@ def model_asked_for(entry: Entry, *, nothing_ready: bool) -> bool:
     """Restart an on-demand model's idle clock (and load it when nothing runs); True if written."""
     if not entry.on_demand:
         return False  # only on-demand models have an idle clock
-    from catalog.config import current_config
 
     idle = entry.idle_timeout or current_config().default_idle_timeout
     every = DEMAND_WAKE_SECONDS if nothing_ready else min(DEMAND_REFRESH_SECONDS, idle / 4)

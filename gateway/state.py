@@ -40,11 +40,21 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 from django.db import close_old_connections, connection
+from django.utils import timezone
 
-from . import limits, routed, traffic, triggers
+from catalog.models import Model
+from fleet.footprint import known_facts, model_footprints
+from fleet.models import Node, Replica
+from fleet.placement import Resources, fits
+from fleet.reconciler import planner_profile
+from fleet.selectors import engine_numbers
+
+from . import limits, routed, services, traffic, triggers
 from .limits import Budgets, Limits, key_ident, limits_of, no_budgets, team_ident
 from .metrics import EngineFigures, metrics
+from .models import DeletedGatewayKey, Team
 from .routing import Candidate, Catalog, Entry, read_catalog, read_replicas
 
 if TYPE_CHECKING:
@@ -340,9 +350,6 @@ def _read_deleted(codes: dict[bytes, int], limited: dict[int, Limits], *, since:
 
 def _prune_deleted() -> None:
     """Forget deleted keys' hashes older than DELETED_KEEP: every process has read them."""
-    from django.utils import timezone
-
-    from .models import DeletedGatewayKey
 
     DeletedGatewayKey.objects.filter(deleted_at__lt=timezone.now() - DELETED_KEEP).delete()
 
@@ -392,8 +399,6 @@ def read_snapshot(
 
 def read_teams() -> dict[int, Limits]:
     """Every team's limits, by id."""
-    from .models import Team
-
     return {
         row["id"]: limits_of(
             rpm=row["rpm"],
@@ -414,9 +419,6 @@ def read_teams() -> dict[int, Limits]:
 
 def _engines() -> tuple[EngineFigures, ...]:
     """The serving replicas' engine numbers, fresh ones only (fleet.selectors.engine_numbers)."""
-    from fleet.models import Replica
-    from fleet.selectors import engine_numbers
-
     figures = []
     for replica in (
         Replica.objects.filter(withdrawn_at__isnull=True, state=Replica.READY, model__isnull=False)
@@ -449,12 +451,6 @@ def _unplaceable(catalog: Catalog) -> dict[str, str]:
     planner itself would reserve (fleet.reconciler.planner_profile): the gateway must not refuse
     a model the reconciler would place, nor wake one it cannot.
     """
-    from catalog.models import Model
-    from fleet.footprint import known_facts, model_footprints
-    from fleet.models import Node
-    from fleet.placement import Resources, fits
-    from fleet.reconciler import planner_profile
-
     on_demand = [e.name for e in catalog.entries.values() if e.on_demand and not e.adapter]
     if not on_demand:
         return {}
@@ -549,8 +545,6 @@ class GatewayState:
 
     def flush(self) -> None:
         """Write what requests left: idle clocks (waking on-demand models) and keys' last use."""
-        from . import services
-
         with self._lock:
             demand, self._demand = self._demand, {}
         for entry, nothing_ready in demand.values():
@@ -688,8 +682,6 @@ class _Listen(_Watcher):
     """PostgreSQL: LISTEN on a connection of its own; notifications come when changes commit."""
 
     def __init__(self) -> None:
-        import psycopg
-
         params = connection.get_connection_params()
         params.pop("cursor_factory", None)
         params.pop("context", None)

@@ -1,6 +1,6 @@
 from celery import shared_task
 
-from . import traffic
+from . import canary, traffic
 
 
 @shared_task(ignore_result=True, soft_time_limit=120, time_limit=180)
@@ -12,6 +12,4 @@ def fold_traffic() -> dict[str, int]:
 @shared_task(ignore_result=True, soft_time_limit=50, time_limit=60)
 def check_canaries() -> None:
     """One check of every canary update under way (LLMGW_CANARY_CHECK_SECONDS); idempotent."""
-    from .canary import check_canaries as check
-
-    check()
+    canary.check_canaries()

@@ -6,6 +6,7 @@ class SiteConfig(AppConfig):
     verbose_name = "llmgw site"
 
     def ready(self) -> None:
+        # In ready(): these reach models, which exist only once every app is loaded.
         from django.contrib.auth.signals import user_logged_in
         from django.db.backends.signals import connection_created
 

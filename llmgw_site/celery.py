@@ -14,6 +14,7 @@ app.autodiscover_tasks()
 
 @worker_init.connect
 def _apply_config_on_worker_start(**_: object) -> None:
+    # Here: startup reaches models, and this module is loaded before Django's apps.
     from .startup import apply_config_on_start
 
     apply_config_on_start("worker")
@@ -21,6 +22,7 @@ def _apply_config_on_worker_start(**_: object) -> None:
 
 @beat_init.connect
 def _apply_config_on_beat_start(**_: object) -> None:
+    # Here: startup reaches models, and this module is loaded before Django's apps.
     from .startup import apply_config_on_start
 
     apply_config_on_start("beat")

@@ -18,9 +18,9 @@ from rest_framework.exceptions import ParseError
 from rest_framework.parsers import BaseParser
 
 from catalog.definitions import load_definition_text
+from core import jsontext
 from core.refusals import Refused
 from core.yamltext import (
-    MAX_DIGITS,
     DocumentRefused,
     check_document,
 )
@@ -80,44 +80,14 @@ class YAMLParser(BaseParser):
         return data
 
 
-class _Refused(ValueError):
-    pass
-
-
-def _parse_int(text: str) -> int:
-    if len(text) > MAX_DIGITS:
-        raise _Refused(
-            f"a number with {len(text)} digits is larger than any field takes (at most {MAX_DIGITS})"
-        )
-    return int(text)
-
-
-def _parse_constant(name: str) -> float:
-    raise _Refused(f"{name} is not a number JSON allows")
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    document: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in document:
-            raise _Refused(f"the key {key!r} is given twice in one object; keep one of them")
-        document[key] = value
-    return document
-
-
 class JSONParser(BaseParser):
     media_type = "application/json"
 
     def parse(self, stream, media_type=None, parser_context=None):
         text = _text(read_body(stream, parser_context), "JSON")
         try:
-            data = json.loads(
-                text,
-                parse_int=_parse_int,
-                parse_constant=_parse_constant,
-                object_pairs_hook=_unique_keys,
-            )
-        except _Refused as exc:
+            data = jsontext.loads(text)
+        except jsontext.JSONRefused as exc:
             raise ParseError(f"The JSON body was refused: {exc}.") from None
         except json.JSONDecodeError as exc:
             raise ParseError(

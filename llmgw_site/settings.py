@@ -12,7 +12,9 @@ import secrets
 from datetime import timedelta
 from pathlib import Path
 
+from core.durations import DurationError, parse_duration
 from core.env import database_from_url, env_bool, env_int, env_list, env_str
+from core.yamltext import YAMLSyntaxError, load_with_lines
 
 from .private_files import OWNER_ONLY_UMASK, kept_secret, owner_only_folder
 
@@ -265,9 +267,6 @@ def _schedule_seconds(section: str, key: str, default: int) -> int:
     Read through the same bounded reader as everything else: this runs in every
     process before the start-up check, so a hostile file must not stall it.
     """
-    from core.durations import DurationError, parse_duration
-    from core.yamltext import YAMLSyntaxError, load_with_lines
-
     try:
         data, _ = load_with_lines(LLMGW_CONFIG.read_text()) if LLMGW_CONFIG.exists() else ({}, {})
         return parse_duration(data.get(section, {}).get(key)) or default

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from catalog.admin import ReadOnlyAdmin
+from core.admin import ReadOnlyAdmin
 
 from .models import Fetch, MirrorFile, Rollout
 

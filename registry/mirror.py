@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -58,8 +59,6 @@ def local_path(repo: str, commit: str, path: str) -> Path:
 
 def parse_mirror_url(url: str) -> tuple[str, str, str] | None:
     """(repo, commit, path) of a mirror URL, or None when it is not one."""
-    from django.conf import settings
-
     prefix = f"{settings.LLMGW_PUBLIC_URL}/mirror/"
     if not url.startswith(prefix):
         return None

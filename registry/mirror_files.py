@@ -14,6 +14,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.utils.http import http_date
 from django.views.decorators.http import require_safe
 
 from catalog.config import current_config
@@ -101,8 +102,6 @@ def _unsatisfiable(size: int) -> HttpResponse:
 
 
 def _http_date(timestamp: float) -> str:
-    from django.utils.http import http_date
-
     return http_date(timestamp)
 
 

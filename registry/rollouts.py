@@ -29,6 +29,7 @@ from core.actor import SYSTEM, Actor
 from core.refusals import Refused, conflict
 from fleet.models import Replica
 from fleet.specs import current_keys
+from llmgw.units import format_progress
 
 from .mirror import clean_mirror, file_url, parse_mirror_url
 from .models import Fetch, Rollout
@@ -220,7 +221,7 @@ def _advance_fetching(rollout: Rollout) -> None:
     if fetch.state != Fetch.DONE:
         if fetch.is_claimable(timezone.now()):
             queue_now("registry.tasks.run_fetch", fetch.pk)  # resumes an interrupted fetch
-        done = f"{fetch.bytes_done / 1e6:.1f} of {fetch.bytes_total / 1e6:.1f} MB"
+        done = format_progress(fetch.bytes_done, fetch.bytes_total)
         rollout.show_step(f"fetching the new files into the mirror: {done}")
         return
     with transaction.atomic():

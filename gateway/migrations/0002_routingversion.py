@@ -4,12 +4,14 @@ from django.db import migrations, models
 
 
 def create(apps, schema_editor):
+    # When the migration runs, not when Django loads the migration graph.
     from gateway import triggers
 
     triggers.ensure(schema_editor.connection)
 
 
 def drop(apps, schema_editor):
+    # When the migration runs, not when Django loads the migration graph.
     from gateway import triggers
 
     triggers.drop(schema_editor.connection)

@@ -6,6 +6,7 @@ from django.db import migrations, models
 
 
 def create(apps, schema_editor):
+    # When the migration runs, not when Django loads the migration graph.
     from gateway import triggers
 
     connection = schema_editor.connection
@@ -18,6 +19,7 @@ def create(apps, schema_editor):
 
 
 def drop(apps, schema_editor):
+    # When the migration runs, not when Django loads the migration graph.
     from gateway import triggers
 
     triggers.drop_key_triggers(schema_editor.connection)

@@ -13,6 +13,7 @@ import gateway.models
 
 
 def drop_key_triggers(apps, schema_editor):
+    # When the migration runs, not when Django loads the migration graph.
     from gateway import triggers
 
     connection = schema_editor.connection
@@ -23,6 +24,7 @@ def drop_key_triggers(apps, schema_editor):
 
 
 def make_triggers(apps, schema_editor):
+    # When the migration runs, not when Django loads the migration graph.
     from gateway import triggers
 
     triggers.ensure(schema_editor.connection)

@@ -9,6 +9,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from llmgw.client import Client, CtlError
 from llmgw.units import format_bytes
 
@@ -297,7 +299,6 @@ def cmd_model_show(client: Client, args: argparse.Namespace) -> None:
     if args.json:
         print_json(view)
         return
-    import yaml
 
     print(
         f"# {view['name']}: {view['kind']}, owner {view['owner'] or '-'}, class {view['class']}, "

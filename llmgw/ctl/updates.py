@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from llmgw.client import Client, CtlError
+from llmgw.units import format_progress, format_size
 
 from .canary import add_canary_flags, canary_body, describe
 from .output import print_json, scaling_text, table
@@ -136,7 +137,7 @@ def _fetch_stalled(client: Client, fetch: dict[str, Any], limit: float) -> CtlEr
         )
     return CtlError(
         f"gave up after {limit:g}s without progress on fetch {fetch['id']} of {fetch['repo']} "
-        f"({fetch['bytes_done'] / 1e6:.1f} of {fetch['bytes_total'] / 1e6:.1f} MB"
+        f"({format_progress(fetch['bytes_done'], fetch['bytes_total'])}"
         + (f", {fetch['message']}" if fetch.get("message") else "")
         + "). "
         + where
@@ -146,7 +147,7 @@ def _fetch_stalled(client: Client, fetch: dict[str, Any], limit: float) -> CtlEr
 def _bar(done: int, total: int, width: int = 30) -> str:
     fraction = done / total if total else 0.0
     filled = int(fraction * width)
-    return f"[{'#' * filled}{' ' * (width - filled)}] {fraction * 100:5.1f}% {done / 1e6:.1f}/{total / 1e6:.1f} MB"
+    return f"[{'#' * filled}{' ' * (width - filled)}] {fraction * 100:5.1f}% {format_progress(done, total)}"
 
 
 def add_model_updates(msub: Any) -> None:
@@ -196,7 +197,7 @@ def cmd_model_updates(client: Client, args: argparse.Namespace) -> None:
                 ]
             )
             continue
-        files = ", ".join(f"{f['path']} ({f['size'] / 1e6:.1f} MB)" for f in u["files"])
+        files = ", ".join(f"{f['path']} ({format_size(f['size'])})" for f in u["files"])
         rows.append(
             [
                 u["model"],

@@ -11,6 +11,7 @@ import shutil
 import signal
 import sys
 import threading
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit
@@ -31,8 +32,6 @@ HEARTBEAT_TIMEOUT = (5, 10)  # (connect, read) seconds
 
 def _agent_version() -> str:
     try:
-        from importlib.metadata import version
-
         return version("llmgw")
     except Exception:
         return "0.1.0"

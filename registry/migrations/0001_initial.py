@@ -34,6 +34,7 @@ def _move_content_types(apps, schema_editor, *, from_app: str, to_app: str) -> N
             new.delete()
         old.app_label = to_app
         old.save(update_fields=["app_label"])
+    # The real model, not the historical one: its cache is the one the running process keeps.
     from django.contrib.contenttypes.models import ContentType as CachedContentType
 
     CachedContentType.objects.clear_cache()

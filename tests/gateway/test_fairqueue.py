@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from core.env import EnvError
 from gateway import conf
 from gateway.fairqueue import (
     WAITING,
@@ -459,7 +460,7 @@ def test_it_reads_its_bounds_from_the_settings(settings: Any) -> None:
     settings.LLMGW_FAIR_QUEUE = "off"
     assert conf.fair_queue_on() is False
     settings.LLMGW_QUEUE_MAX = "lots"
-    with pytest.raises(conf.GatewaySettingError, match="'lots' is not a number"):
+    with pytest.raises(EnvError, match="'lots' is not a number"):
         conf.queue_max()
 
 

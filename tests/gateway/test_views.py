@@ -415,11 +415,17 @@ def test_metrics_add_up_across_worker_processes(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("raw", "says"),
     [
-        (b'{"model": "chat", "max_tokens": ' + b"9" * 5000 + b"}", "more than 40 digits"),
-        (b'{"model": "chat", "n": -' + b"1" * 41 + b"}", "more than 40 digits"),
+        (
+            b'{"model": "chat", "max_tokens": ' + b"9" * 5000 + b"}",
+            "digits is larger than any field takes (at most 40)",
+        ),
+        (
+            b'{"model": "chat", "n": -' + b"1" * 41 + b"}",
+            "digits is larger than any field takes (at most 40)",
+        ),
         (b'{"model": "chat", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
         (b'{"model": "chat", "x": ' + b"[" * 65 + b"]" * 65 + b"}", "nested too deeply"),
-        (b'{"model": "chat", "temperature": NaN}', "NaN, which JSON does not have"),
+        (b'{"model": "chat", "temperature": NaN}', "NaN is not a number JSON allows"),
         (b"\xff\xfe not utf-8", "not JSON"),
     ],
 )

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,10 +24,20 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from catalog.config import DEFAULT_REGISTRY, current_config
+from catalog.models import Model
+from core.actor import Actor
+from fleet.models import Node
+from fleet.services import node_add
+from gateway.conf import trusted_proxies
 from llmgw import demo, localhub
+from llmgw_site.private_files import FILE_MODE, kept_secret, restrict, write_secret
+from llmgw_site.startup import apply_config_on_start
+from registry.updates import serve_start
 
 
 def worker_command(bin_dir: Path, schedule: Path) -> list[str]:
@@ -51,8 +63,6 @@ def gateway_command(bin_dir: Path, host: str, port: int, *, workers: int) -> lis
 
     uvicorn believes X-Forwarded-For and X-Forwarded-Proto only from LLMGW_TRUSTED_PROXIES
     (none by default): otherwise any client could name its own address."""
-    from gateway.conf import trusted_proxies
-
     proxies = trusted_proxies()
     return [
         str(bin_dir / "uvicorn"),
@@ -110,8 +120,6 @@ def behind_gateway_environment(web_bind: str) -> dict[str, str]:
     """What the gateway and the web process need in their environment to work as one address:
     where the web is, and the secret by which the web knows the gateway's word on who the
     client is (gateway.forwarded), new at each start."""
-    import secrets
-
     return {
         "LLMGW_GATEWAY_FORWARD_TO": f"http://{web_bind}",
         "LLMGW_WEB_BEHIND_GATEWAY": "true",
@@ -120,8 +128,6 @@ def behind_gateway_environment(web_bind: str) -> dict[str, str]:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -139,8 +145,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        from llmgw_site.startup import apply_config_on_start
-
         call_command("migrate", verbosity=0)
         # Before anything reads the configuration (the demo model does) or starts: a bad
         # server.yaml stops here with its message and exit code 2, as each process would.
@@ -201,9 +205,6 @@ class Command(BaseCommand):
         one is made the first time and kept in var/ for a local Prometheus to read."""
         if os.environ.get("LLMGW_METRICS_TOKEN") or os.environ.get("LLMGW_METRICS_OPEN"):
             return
-        import secrets
-
-        from llmgw_site.private_files import kept_secret
 
         token_file = settings.VAR_DIR / "metrics-token"
         os.environ["LLMGW_METRICS_TOKEN"] = kept_secret(
@@ -217,17 +218,11 @@ class Command(BaseCommand):
     def _local_node(self) -> Path:
         """The file holding the local node's token, kept in var/ (the control plane itself only
         keeps its hash)."""
-        from core.actor import Actor
-        from fleet.models import Node
-        from fleet.services import node_add
-        from llmgw_site.private_files import FILE_MODE, restrict, write_secret
-
         token_file = settings.VAR_DIR / "local-node-token"
         if token_file.exists() and Node.objects.filter(name="local").exists():
             restrict(token_file, FILE_MODE)  # left readable by others by an earlier version
             return token_file
         Node.objects.filter(name="local").delete()
-        from django.contrib.auth import get_user_model
 
         admin = get_user_model().objects.filter(is_superuser=True).order_by("pk").first()
         _, token = node_add(actor=Actor.for_user(admin, "system"), name="local")
@@ -236,8 +231,6 @@ class Command(BaseCommand):
 
     def _demo_registry(self) -> subprocess.Popen[bytes] | None:
         """olah serving the demo repository, so updates can be tried; None when left out."""
-        from catalog.config import DEFAULT_REGISTRY, current_config
-
         named = settings.LLMGW_REGISTRY_ENDPOINT or current_config().registry_endpoint
         if named != DEFAULT_REGISTRY:
             self.stdout.write(f"  Demo registry:     left out (the registry is {named})")
@@ -277,11 +270,6 @@ class Command(BaseCommand):
 
     def _demo_model(self) -> None:
         """Serve the demo repository's model, following main, so there is something to update."""
-        from django.contrib.auth import get_user_model
-
-        from catalog.models import Model
-        from core.actor import Actor
-        from registry.updates import serve_start
 
         existing = Model.objects.filter(name=demo.DEMO_MODEL).first()
         if existing is None:
