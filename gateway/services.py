@@ -18,8 +18,6 @@ Every change of a key's limits and of a team is in the audit, with who made it.
 from __future__ import annotations
 
 import re
-import threading
-import time
 from collections.abc import Iterable, Mapping
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -611,31 +609,18 @@ DEMAND_REFRESH_SECONDS = 5.0
 # With nothing ready, the write also wakes the reconciler, so it is made sooner.
 DEMAND_WAKE_SECONDS = 1.0
 
-_demand_lock = threading.Lock()
-_demand_written: dict[str, float] = {}
 
-
-def model_asked_for(entry: Entry, *, nothing_ready: bool) -> bool:
-    """Restart an on-demand model's idle clock (and load it when nothing runs); True if written."""
-    if not entry.on_demand:
-        return False  # only on-demand models have an idle clock
-
+def demand_every(entry: Entry, *, nothing_ready: bool) -> float:
+    """Seconds between two writes of one model's idle clock by one gateway process."""
     idle = entry.idle_timeout or current_config().default_idle_timeout
-    every = DEMAND_WAKE_SECONDS if nothing_ready else min(DEMAND_REFRESH_SECONDS, idle / 4)
-    now = time.monotonic()
-    with _demand_lock:
-        last = _demand_written.get(entry.model)
-        if last is not None and now - last < every:
-            return False
-        _demand_written[entry.model] = now
+    return DEMAND_WAKE_SECONDS if nothing_ready else min(DEMAND_REFRESH_SECONDS, idle / 4)
+
+
+def model_asked_for(entry: Entry) -> bool:
+    """Restart an on-demand model's idle clock (and load it when nothing runs); False when the
+    model is gone. The gateway's state decides how often (demand_every)."""
     try:
         catalog_services.model_demand(name=entry.model)
     except Refused:
         return False  # removed since the catalog was read: the request gets its 404 next time
     return True
-
-
-def forget_demand() -> None:
-    """For tests: forget when each model's clock was last written by this process."""
-    with _demand_lock:
-        _demand_written.clear()

@@ -512,6 +512,9 @@ class GatewayState:
         # at most, not every key ever used.
         self._used_written: dict[int, float] = {}
         self._used_pruned_at = time.monotonic()
+        # model -> when this process last wrote its idle clock (services.demand_every says how
+        # often); one entry per on-demand model asked for, dropped with the old last uses.
+        self._demand_written: dict[str, float] = {}
 
     # -- reads, on the request's path ---------------------------------------------------
 
@@ -547,10 +550,16 @@ class GatewayState:
         """Write what requests left: idle clocks (waking on-demand models) and keys' last use."""
         with self._lock:
             demand, self._demand = self._demand, {}
-        for entry, nothing_ready in demand.values():
-            services.model_asked_for(entry, nothing_ready=nothing_ready)
-        used, self._used = self._used, set()
         now = time.monotonic()
+        for entry, nothing_ready in demand.values():
+            last = self._demand_written.get(entry.model)
+            if last is not None and now - last < services.demand_every(
+                entry, nothing_ready=nothing_ready
+            ):
+                continue
+            self._demand_written[entry.model] = now
+            services.model_asked_for(entry)
+        used, self._used = self._used, set()
         due = [
             key_id
             for key_id in used
@@ -565,6 +574,11 @@ class GatewayState:
             self._used_written = {
                 key_id: at
                 for key_id, at in self._used_written.items()
+                if now - at < LAST_USED_SECONDS
+            }
+            self._demand_written = {
+                model: at
+                for model, at in self._demand_written.items()
                 if now - at < LAST_USED_SECONDS
             }
         if self.book.due():

@@ -80,7 +80,7 @@ def _fresh_gateway_state(settings: Any, monkeypatch: Any) -> Iterator[None]:
     still fail (a write of its own meeting the test's), looks again at the next poll."""
     from django.db.backends.signals import connection_created
 
-    from gateway import metrics, services, traffic
+    from gateway import metrics, traffic
     from gateway import state as gateway_state
     from gateway.asgi import Gateway as ProcessGateway
     from gateway.asgi import application
@@ -93,9 +93,9 @@ def _fresh_gateway_state(settings: Any, monkeypatch: Any) -> Iterator[None]:
     monkeypatch.setattr(state, "_demand", {})
     monkeypatch.setattr(state, "_used", set())
     monkeypatch.setattr(state, "_used_written", {})
+    monkeypatch.setattr(state, "_demand_written", {})
     monkeypatch.setattr(state, "book", traffic.TrafficBook("test"))
     monkeypatch.setattr(gateway_state, "RETRY_SECONDS", gateway_state.POLL_SECONDS)
-    services.forget_demand()
     metrics.reset_for_tests()
     fresh = ProcessGateway(state=state)
     _Pools.give(fresh)

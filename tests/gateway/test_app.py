@@ -57,3 +57,36 @@ def test_an_application_answers_with_the_gateway_it_was_given() -> None:
     status, _ = call(application, "/v1/models")
     assert status == 401  # no key: refused before any state is read
     assert application.gateway is own
+
+
+def test_each_gateway_throttles_its_own_idle_clock_writes(db: Any) -> None:
+    """An on-demand model's idle clock is written at most every few seconds per gateway: the
+    throttle is the gateway's state's, so another gateway (a test's, a second app) writes its own."""
+    from catalog.models import Model
+    from gateway.routing import Entry
+
+    Model.objects.create(
+        name="sleepy", source="file:///models/sleepy.gguf", min_replicas=0, max_replicas=1
+    )
+    entry = Entry(
+        name="sleepy",
+        model="sleepy",
+        adapter=False,
+        on_demand=True,
+        parked=False,
+        fallbacks=(),
+        idle_timeout=600,
+        owner=None,
+        created=0,
+    )
+    mine, other = Gateway(), Gateway()
+
+    def asked(gateway: Gateway) -> Any:
+        Model.objects.filter(name="sleepy").update(demand_at=None)
+        gateway.state.asked_for(entry, nothing_ready=False)
+        gateway.state.flush()
+        return Model.objects.get(name="sleepy").demand_at
+
+    assert asked(mine) is not None  # the first ask is written
+    assert asked(mine) is None  # the next, within the refresh interval, is not
+    assert asked(other) is not None  # another gateway keeps its own clock
