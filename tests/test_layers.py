@@ -75,3 +75,16 @@ def test_it_finds_a_lower_layer_importing_a_higher_one(tmp_path: Path) -> None:
     found = [str(i) for i in upward_imports(graph, {"low": 0, "high": 1})]
     assert found == ["low.models imports high.views, a higher layer"]
     assert circles(graph) == [["high.views", "low.models"]]
+
+
+def test_the_kernel_has_no_models_and_no_app_below_it_but_the_command() -> None:
+    """core/ is a package of rules, not a Django app: nothing in it owns a table."""
+    assert not (ROOT / "core" / "models.py").exists()
+    graph = import_graph(ROOT, LAYERS)
+    core_imports = {
+        target.split(".")[0]
+        for module, targets in graph.items()
+        if module.split(".")[0] == "core"
+        for target in targets
+    }
+    assert core_imports <= {"core", "llmgw"}, core_imports
