@@ -17,11 +17,11 @@ from django.contrib.admin import widgets
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest
 from django.urls import reverse
 
 from core.actor import Actor
-from core.admin import RequestFormAdmin, admin_actor
+from core.admin import RemovedThroughServiceAdmin, RequestFormAdmin, admin_actor
 from core.refusals import Refused
 
 from . import services
@@ -194,7 +194,7 @@ class ThroughServicesAdmin(RequestFormAdmin):
 
 
 @admin.register(Team)
-class TeamAdmin(ThroughServicesAdmin):
+class TeamAdmin(RemovedThroughServiceAdmin, ThroughServicesAdmin):
     form = TeamForm
     list_display = ["name", "member_count", "limits_shown", "created_at"]
     search_fields = ["name", "members__username"]
@@ -221,14 +221,8 @@ class TeamAdmin(ThroughServicesAdmin):
         keys = services.team_remove(actor=admin_actor(request), name=obj.name)
         self.message_user(request, f"Its {keys} key(s) stay, without the team's limits.")
 
-    def delete_view(
-        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
-    ) -> HttpResponse:
-        try:
-            return super().delete_view(request, object_id, extra_context)
-        except Refused as error:
-            self.message_user(request, error.message, messages.ERROR)
-            return HttpResponseRedirect(reverse("admin:gateway_team_changelist"))
+    def refused_removal_url(self, object_id: str) -> str:
+        return reverse("admin:gateway_team_changelist")
 
 
 def limits_text(holder: GatewayKey | Team) -> str:

@@ -204,6 +204,13 @@ def test_the_admin_adds_a_team_and_changes_its_members_through_the_services(
     assert [u.username for u in team.members.all()] == ["bob"]
     assert client.get("/admin/gateway/team/").status_code == 200
 
+    # Removed through the service, with its audit entry, from the admin's delete page.
+    delete = f"/admin/gateway/team/{team.pk}/delete/"
+    assert client.get(delete).status_code == 200
+    assert client.post(delete, {"post": "yes"}).status_code == 302
+    assert not Team.objects.exists()
+    assert AuditEntry.objects.get(action="team-remove").door == "admin"
+
 
 def test_names_no_team_or_user_could_have_are_not_looked_up(
     api: Any, users: dict[str, Any]
