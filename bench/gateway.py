@@ -182,11 +182,13 @@ class Processes:
         self.folder = folder
         self.running: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
+    def start(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT
+    ) -> int:
         log = (self.folder / f"{name}.log").open("ab")
         self.running[name] = subprocess.Popen(
             argv,
-            cwd=ROOT,
+            cwd=cwd,
             env=env or dict(os.environ),
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -673,6 +675,36 @@ async def spread(gateway: str, auth: dict[str, str], upstreams: list[str]) -> No
             )
 
 
+def start_baseline(processes: Processes, folder: Path, revision: str, env: dict[str, str]) -> str:
+    """The gateway of another revision (a git worktree of it), on the same database, as "before".
+
+    Its code is imported from the worktree (uvicorn puts its working folder first on the path);
+    it keeps its own var/ and metrics so that nothing it holds is shared with the other gateway.
+    """
+    from llmgw_site.management.commands.llmgw_run import gateway_command
+
+    tree = folder / "baseline"
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", str(tree), revision],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    port = free_port()
+    processes.start(
+        "before",
+        gateway_command(Path(sys.executable).parent, "127.0.0.1", port, workers=WORKERS),
+        {
+            **env,
+            "PYTHONPATH": str(tree),
+            "LLMGW_VAR_DIR": str(folder / "var-before"),
+            "LLMGW_METRICS_DIR": str(folder / "metrics-before"),
+        },
+        cwd=tree,
+    )
+    return f"http://127.0.0.1:{port}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -680,6 +712,12 @@ def main() -> int:
     )
     parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrency levels")
     parser.add_argument("--no-litellm", action="store_true", help="measure without LiteLLM")
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also run the gateway of git revision REV (as 'before'), in the same interleaved "
+        "rounds: a change's cost measured before and after in one run",
+    )
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     installing = None if args.no_litellm else litellm_install()
@@ -713,6 +751,14 @@ def main() -> int:
                 "direct": (f"{upstream}/v1/chat/completions", {}, None),
                 "llmgw": (f"{gateway}/v1/chat/completions", auth, processes.pid("llmgw")),
             }
+            if args.baseline:
+                before = start_baseline(processes, folder, args.baseline, env)
+                wait_http(f"{before}/v1/models", "the baseline gateway", headers=auth)
+                paths["before"] = (
+                    f"{before}/v1/chat/completions",
+                    auth,
+                    processes.pid("before"),
+                )
             if not args.no_litellm:
                 if installing is not None:
                     try:
@@ -747,6 +793,12 @@ def main() -> int:
             asyncio.run(spread(gateway, auth, [upstream, f"http://127.0.0.1:{second_port}"]))
         finally:
             processes.stop_all()
+            if args.baseline:
+                subprocess.run(
+                    ["git", "worktree", "remove", "--force", str(folder / "baseline")],
+                    cwd=ROOT,
+                    capture_output=True,
+                )
     return 0
 
 

@@ -58,6 +58,8 @@ class Metrics:
     limits_redis_dropped: Any
     queue_seconds: Any
     queue_depth: Any
+    database_up: Any
+    database_outages: Any
     registry: Any  # single-process mode: where the metrics are; multiprocess: None
     folder: str | None
 
@@ -210,6 +212,19 @@ def _create(folder: str | None) -> Metrics:
             "llmgw_gateway_limits_redis_dropped",
             "Ends of requests not written to Redis because the queue of them was full (100,000 "
             "per process): each stays counted in flight until its process's name expires there.",
+            **where,
+        ),
+        database_up=Gauge(
+            "llmgw_gateway_database_up",
+            "1 when every gateway process reached the database at its last look, 0 while one "
+            "serves from memory because it cannot (keys, models and replicas as last read).",
+            multiprocess_mode="livemin",
+            **where,
+        ),
+        database_outages=Counter(
+            "llmgw_gateway_database_outages",
+            "Times a gateway process lost the database; what requests leave to write (traffic "
+            "figures, last uses, idle clocks) is kept and written when it is back.",
             **where,
         ),
         registry=registry,

@@ -547,18 +547,29 @@ class GatewayState:
         self._used.add(key_id)
 
     def flush(self) -> None:
-        """Write what requests left: idle clocks (waking on-demand models) and keys' last use."""
+        """Write what requests left: idle clocks (waking on-demand models) and keys' last use.
+
+        What cannot be written (the database is away) is kept for the next flush, merged with
+        what came since: nothing is lost and nothing is written twice."""
         with self._lock:
             demand, self._demand = self._demand, {}
         now = time.monotonic()
-        for entry, nothing_ready in demand.values():
-            last = self._demand_written.get(entry.model)
-            if last is not None and now - last < services.demand_every(
-                entry, nothing_ready=nothing_ready
-            ):
-                continue
-            self._demand_written[entry.model] = now
-            services.model_asked_for(entry)
+        pending = list(demand.values())
+        try:
+            while pending:
+                entry, nothing_ready = pending[0]
+                last = self._demand_written.get(entry.model)
+                every = services.demand_every(entry, nothing_ready=nothing_ready)
+                if last is None or now - last >= every:
+                    services.model_asked_for(entry)
+                    self._demand_written[entry.model] = now
+                pending.pop(0)
+        except BaseException:
+            with self._lock:
+                for entry, nothing_ready in pending:
+                    _, already = self._demand.get(entry.model, (entry, False))
+                    self._demand[entry.model] = (entry, already or nothing_ready)
+            raise
         used, self._used = self._used, set()
         due = [
             key_id
@@ -566,7 +577,11 @@ class GatewayState:
             if now - self._used_written.get(key_id, -LAST_USED_SECONDS) >= LAST_USED_SECONDS
         ]
         if due:
-            services.keys_used(due)
+            try:
+                services.keys_used(due)
+            except BaseException:
+                self._used |= used
+                raise
             for key_id in due:
                 self._used_written[key_id] = now
         if now - self._used_pruned_at >= LAST_USED_SECONDS:
@@ -617,6 +632,8 @@ class GatewayState:
 
     def _run(self) -> None:
         watcher: _Watcher | None = None
+        lost_at: float | None = None  # monotonic time the database was lost; None while up
+        metrics().database_up.set(1)
         while not self._stop.is_set():
             try:
                 # looked_at is when a look began reading, not when it ended: a request for a key
@@ -635,10 +652,28 @@ class GatewayState:
                     self.reload()
                 self.looked_at = watcher.seen_from
                 self.flush()
-            except Exception:
+                if lost_at is not None:
+                    log.warning(
+                        "gateway: the database is back after %.0f s; what was kept is written",
+                        time.monotonic() - lost_at,
+                    )
+                    lost_at = None
+                    metrics().database_up.set(1)
+            except Exception as exc:
                 # The database is away, or a connection broke: keep serving from memory, and
-                # start over (a new connection, a full read) in a moment.
-                log.exception("gateway: could not refresh routing state; serving from memory")
+                # start over (a new connection, a full read) in a moment. One line when it goes
+                # and one when it is back, not one a retry.
+                if lost_at is None:
+                    lost_at = time.monotonic()
+                    metrics().database_up.set(0)
+                    metrics().database_outages.inc()
+                    log.warning(
+                        "gateway: lost the database (%s); serving keys, models and replicas "
+                        "from memory, keeping what requests leave to write",
+                        _one_line(exc),
+                    )
+                else:
+                    log.debug("gateway: the database is still away", exc_info=True)
                 if watcher is not None:
                     watcher.close()
                 watcher = None
@@ -648,6 +683,12 @@ class GatewayState:
         if watcher is not None:
             watcher.close()
         connection.close()
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as a short phrase for a log line: its type and the first line of its text."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
 
 
 class _Watcher:

@@ -250,24 +250,30 @@ class TrafficBook:
             self._dirty_minutes.clear()
             self._dirty_days.clear()
             self._dirty_canary_keys.clear()
-            # Requests land in the minute they end in: a minute two back is final here.
-            oldest = int(wall // MINUTE) * MINUTE - MINUTE
-            for minute in [k for k in self._minutes if k[2] < oldest]:
-                del self._minutes[minute]
-            for by_key in [k for k in self._canary_keys if k[3] < oldest]:
-                del self._canary_keys[by_key]
-            today = datetime.fromtimestamp(wall, UTC).date()
-            for day in [k for k in self._days if k[2] < today - timedelta(days=1)]:
-                del self._days[day]
         try:
             written = self._write(minutes, days) + self._write_canary_keys(canary_keys)
         except BaseException:
-            # Written next time: the figures are absolute, so nothing is counted twice.
+            # Written next time: the figures are absolute, so nothing is counted twice. Nothing
+            # unwritten is let go below, however long the database stays away.
             with self._lock:
-                self._dirty_minutes.update(k for k in minutes if k in self._minutes)
-                self._dirty_days.update(k for k in days if k in self._days)
-                self._dirty_canary_keys.update(k for k in canary_keys if k in self._canary_keys)
+                self._dirty_minutes.update(minutes)
+                self._dirty_days.update(days)
+                self._dirty_canary_keys.update(canary_keys)
             raise
+        with self._lock:
+            # Requests land in the minute they end in: a minute two back is final here, and let
+            # go once written.
+            oldest = int(wall // MINUTE) * MINUTE - MINUTE
+            for minute in [k for k in self._minutes if k[2] < oldest]:
+                if minute not in self._dirty_minutes:
+                    del self._minutes[minute]
+            for by_key in [k for k in self._canary_keys if k[3] < oldest]:
+                if by_key not in self._dirty_canary_keys:
+                    del self._canary_keys[by_key]
+            today = datetime.fromtimestamp(wall, UTC).date()
+            for day in [k for k in self._days if k[2] < today - timedelta(days=1)]:
+                if day not in self._dirty_days:
+                    del self._days[day]
         return written
 
     def _write_canary_keys(self, canary_keys: dict[tuple[str, str, int, int], list[float]]) -> int:

@@ -90,3 +90,53 @@ def test_each_gateway_throttles_its_own_idle_clock_writes(db: Any) -> None:
     assert asked(mine) is not None  # the first ask is written
     assert asked(mine) is None  # the next, within the refresh interval, is not
     assert asked(other) is not None  # another gateway keeps its own clock
+
+
+def test_what_requests_leave_to_write_waits_for_the_database(
+    db: Any, monkeypatch: pytest.MonkeyPatch, django_user_model: Any
+) -> None:
+    """An idle clock and a key's last use that could not be written are kept, with what came
+    since, and written once the database answers again."""
+    from django.db import OperationalError
+
+    from catalog.models import Model
+    from gateway import services
+    from gateway.models import GatewayKey
+    from gateway.routing import Entry
+
+    Model.objects.create(
+        name="sleepy", source="file:///models/sleepy.gguf", min_replicas=0, max_replicas=1
+    )
+    owner = django_user_model.objects.create_user("alice", password="alice-password-1")
+    key = GatewayKey.objects.create(owner=owner, name="app", key_hash="h" * 64, prefix="llmgw-x")
+    entry = Entry(
+        name="sleepy",
+        model="sleepy",
+        adapter=False,
+        on_demand=True,
+        parked=False,
+        fallbacks=(),
+        idle_timeout=600,
+        owner=None,
+        created=0,
+    )
+    state = Gateway().state
+    state.asked_for(entry, nothing_ready=False)
+    state.key_used(key.pk)
+    writes = {"model_asked_for": services.model_asked_for, "keys_used": services.keys_used}
+
+    def away(*_: Any, **__: Any) -> None:
+        raise OperationalError("the database is away")
+
+    for name in writes:
+        monkeypatch.setattr(services, name, away)
+    with pytest.raises(OperationalError):
+        state.flush()
+    monkeypatch.setattr(services, "model_asked_for", writes["model_asked_for"])
+    with pytest.raises(OperationalError):
+        state.flush()  # the idle clock is written now; the last use still waits
+    assert Model.objects.get(name="sleepy").demand_at is not None
+    monkeypatch.setattr(services, "keys_used", writes["keys_used"])
+    state.flush()
+    key.refresh_from_db()
+    assert key.last_used_at is not None

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 
 from gateway import traffic
@@ -91,6 +92,30 @@ def test_the_book_forgets_minutes_once_they_are_written_and_over() -> None:
     book.record(model="m", key_id=None, status=200, seconds=0.1, at=at(NOW))
     book.flush(now=at(NOW + timedelta(minutes=5)))
     assert book._minutes == {}
+    assert TrafficMinute.objects.get().requests == 1  # written before it was let go
+
+
+def test_figures_the_database_could_not_take_wait_for_it_however_long(
+    monkeypatch: pytest.MonkeyPatch, key: GatewayKey
+) -> None:
+    """A database away for ten minutes: the minutes and days it missed are still held when it is
+    back, and written once."""
+    book = TrafficBook("w1")
+    book.record(model="m", key_id=key.pk, status=200, seconds=0.1, prompt=3, at=at(NOW))
+    written = book._write
+
+    def away(*_: Any) -> int:
+        raise OperationalError("the database is away")
+
+    monkeypatch.setattr(book, "_write", away)
+    for minutes in (1, 5, 10):
+        with pytest.raises(OperationalError):
+            book.flush(now=at(NOW + timedelta(minutes=minutes)))
+    monkeypatch.setattr(book, "_write", written)
+    assert book.flush(now=at(NOW + timedelta(minutes=11))) == 2
+    assert TrafficMinute.objects.get().requests == 1
+    assert book._minutes == {}  # let go once written
+    assert book.flush(now=at(NOW + timedelta(minutes=12))) == 0  # nothing written twice
 
 
 def test_latency_quantiles_interpolate_within_a_bucket() -> None:
