@@ -29,7 +29,10 @@ from llmgw import demo, localhub
 
 
 def worker_command(bin_dir: Path, schedule: Path) -> list[str]:
-    """A Celery worker that also runs beat (-B), keeping beat's schedule in `schedule`."""
+    """A Celery worker that also runs beat (-B), keeping beat's schedule in `schedule`.
+
+    Its beat sends only while it holds the beat lease when the database is shared
+    (llmgw_site.beat), so the run command may run on several machines at once."""
     return [
         str(bin_dir / "celery"),
         "-A",
@@ -42,6 +45,9 @@ def worker_command(bin_dir: Path, schedule: Path) -> list[str]:
         "2",
         "--schedule",
         str(schedule),
+        # The embedded beat does not read CELERY_BEAT_SCHEDULER.
+        "--scheduler",
+        "llmgw_site.beat:LeaderScheduler",
     ]
 
 
