@@ -103,8 +103,8 @@ class LeaderScheduler(PersistentScheduler):
                 )
             elif current is not None:
                 self._say(
-                    f"beat: standing by; {current.holder} runs the schedule (lease until "
-                    f"{current.expires_at:%H:%M:%S} UTC)"
+                    f"beat: standing by; {current.holder} runs the schedule (this beat takes "
+                    f"over if that one stops renewing its {self.lease_seconds:g} s lease)"
                 )
             self.held = None
             return False
