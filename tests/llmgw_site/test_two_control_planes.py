@@ -21,6 +21,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -205,6 +206,21 @@ def cluster(tmp_path: Path) -> Iterator[tuple[Database, ControlPlane, ControlPla
         database.drop()
 
 
+@pytest.fixture
+def agents() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Node agents a test starts, stopped at its end (before the control planes)."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for agent in started:
+        if agent.poll() is None:
+            agent.send_signal(signal.SIGTERM)
+            try:
+                agent.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+                agent.wait()
+
+
 def _holder(database: Database) -> tuple[str, int, bool] | None:
     rows = database.rows(
         "SELECT holder, term, expires_at > statement_timestamp() FROM llmgw_site_lease "
@@ -234,7 +250,7 @@ def _gaps(runs: list[tuple[int, str, float]]) -> list[float]:
 
 
 def test_one_beat_leads_and_the_other_takes_over_within_30_s_of_its_death(
-    cluster: tuple[Database, ControlPlane, ControlPlane],
+    cluster: tuple[Database, ControlPlane, ControlPlane], agents: list[subprocess.Popen[bytes]]
 ) -> None:
     database, one, two = cluster
     one.start()
@@ -281,6 +297,36 @@ def test_one_beat_leads_and_the_other_takes_over_within_30_s_of_its_death(
             timeout=30,
             what=f"{plane.name}'s gateway to know the new key",
         )
+
+    # -- a node agent given both addresses, the leader's first -------------------------------
+    node_token = requests.post(
+        f"{leading.url}/api/v1/nodes",
+        json={"name": "n1"},
+        headers={"Authorization": f"Token {token}"},
+        timeout=30,
+    ).json()["token"]
+    agent_log = leading.folder.parent / "agent.log"
+    with agent_log.open("wb") as out:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "llmgw", "node", "--server", leading.url, "--server",
+             standing.url, "--memory", "1", "--cores", "1", "--cache",
+             str(leading.folder.parent / "node"), "--port-range", "47100-47109"],
+            cwd=ROOT,
+            env={**one.env, "LLMGW_NODE_TOKEN": node_token, "PYTHONUNBUFFERED": "1"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    agents.append(agent)
+
+    def last_heartbeat(plane: ControlPlane) -> float:
+        nodes = requests.get(
+            f"{plane.url}/api/v1/nodes", headers={"Authorization": f"Token {token}"}, timeout=5
+        ).json()
+        [node] = [node for node in nodes if node["name"] == "n1"]
+        stamp = node["last_heartbeat"]
+        return datetime.fromisoformat(stamp).timestamp() if stamp else 0.0
+
+    wait_for(lambda: last_heartbeat(standing) > 0, timeout=60, what="the node's first heartbeat")
 
     # -- the leader's machine dies ---------------------------------------------------------
     killed_at = time.monotonic()
@@ -330,6 +376,17 @@ def test_one_beat_leads_and_the_other_takes_over_within_30_s_of_its_death(
     )
     assert moved.get("reconcile") == new_holder
     assert moved.get("advance-rollouts") == new_holder
+
+    # The node moved to the survivor.
+    wait_for(
+        lambda: last_heartbeat(standing) > killed_wall + 1,
+        timeout=30,
+        what="a heartbeat from the node after the kill",
+    )
+    assert f"heartbeating to the control plane at {standing.url} from now on" in (
+        agent_log.read_text()
+    )
+    assert agent.poll() is None
 
     # The surviving machine still serves.
     assert requests.get(
