@@ -45,6 +45,7 @@ PROBE_SECONDS = 2.0  # tests.support.periodic_site
 TAKEOVER_LIMIT = 30.0
 # A worker's start of a run lags its send by a little, more on a loaded machine.
 RUN_SLACK = 3.0
+RUN = [sys.executable, "manage.py", "llmgw_run", "--no-node", "--no-demo"]
 
 
 def _descendants(pid: int) -> set[int]:
@@ -95,20 +96,22 @@ class Database:
 
 
 class ControlPlane:
-    """One machine: `manage.py llmgw_run --no-node --no-demo` with a folder and a port of its own."""
+    """One machine: `manage.py llmgw_run --no-node --no-demo --bind ADDRESS` with a folder and
+    an address of its own."""
 
     def __init__(self, name: str, folder: Path, shared: dict[str, str]) -> None:
         self.name = name
         self.folder = folder
         folder.mkdir(parents=True)
         (folder / "server.yaml").write_text("cluster:\n  reconcile_interval: 1s\n")
-        self.url = f"http://127.0.0.1:{free_port()}"
+        # Its own address; LLMGW_PUBLIC_URL (shared) names the load balancer in front of both.
+        self.bind = f"127.0.0.1:{free_port()}"
+        self.url = f"http://{self.bind}"
         self.log = folder / "run.log"
         self.env = {
             **shared,
             "LLMGW_VAR_DIR": str(folder / "var"),
             "LLMGW_CONFIG": str(folder / "server.yaml"),
-            "LLMGW_PUBLIC_URL": self.url,
             "LLMGW_METRICS_OPEN": "true",
         }
         self.process: subprocess.Popen[bytes] | None = None
@@ -116,7 +119,7 @@ class ControlPlane:
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "manage.py", "llmgw_run", "--no-node", "--no-demo"],
+                [*RUN, "--bind", self.bind],
                 cwd=ROOT,
                 env=self.env,
                 stdout=out,
@@ -193,7 +196,10 @@ def cluster(tmp_path: Path) -> Iterator[tuple[Database, ControlPlane, ControlPla
         "LLMGW_CELERY_QUEUE": f"llmgw-cp-{uuid.uuid4().hex[:8]}",
         # Shared by every machine of an installation, as sessions and signed values need.
         "LLMGW_SECRET_KEY": "test-secret-key-shared-by-two-control-planes",
-        "LLMGW_SOURCE_ALLOWED_HOSTS": "127.0.0.1",
+        # What people and nodes are told to use: a load balancer in front of both machines
+        # (the mirror's file URLs are built on it, so every machine must name the same one).
+        # None runs in this test, which talks to each machine at its own address.
+        "LLMGW_PUBLIC_URL": f"http://127.0.0.1:{free_port()}",
     }
     one = ControlPlane("one", tmp_path / "one", shared)
     two = ControlPlane("two", tmp_path / "two", shared)

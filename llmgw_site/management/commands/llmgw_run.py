@@ -125,6 +125,17 @@ def behind_gateway_environment(web_bind: str) -> dict[str, str]:
     }
 
 
+def gateway_bind(bind: str | None, public_url: str) -> tuple[str, int]:
+    """Where the gateway listens: --bind HOST:PORT, else the public URL's host and port."""
+    if not bind:
+        parts = urlsplit(public_url)
+        return parts.hostname or "127.0.0.1", parts.port or 8000
+    host, _, port = bind.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise CommandError(f"--bind {bind}: give a host and a port, like 0.0.0.0:8000.")
+    return host.strip("[]"), int(port)
+
+
 def _free_port() -> int:
     import socket
 
@@ -138,6 +149,14 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--no-node", action="store_true", help="run no local node")
+        parser.add_argument(
+            "--bind",
+            metavar="HOST:PORT",
+            help=(
+                "where the gateway listens (default: LLMGW_PUBLIC_URL's host and port). Give it "
+                "when LLMGW_PUBLIC_URL is a load balancer in front of several machines"
+            ),
+        )
         parser.add_argument(
             "--no-demo",
             action="store_true",
@@ -159,13 +178,11 @@ class Command(BaseCommand):
             if registry is not None:
                 started["registry"] = registry
                 self._demo_model()
-        parts = urlsplit(settings.LLMGW_PUBLIC_URL)
+        host, port = gateway_bind(options["bind"], settings.LLMGW_PUBLIC_URL)
         web_bind = f"127.0.0.1:{_free_port()}"
         bin_dir = Path(sys.executable).parent
         commands = {
-            "gateway": gateway_command(
-                bin_dir, parts.hostname or "127.0.0.1", parts.port or 8000, workers=2
-            ),
+            "gateway": gateway_command(bin_dir, host, port, workers=2),
             "web": [*web_command(bin_dir, web_bind, timeout=300), "--access-logfile", "-"],
             "worker": worker_command(bin_dir, settings.VAR_DIR / "celerybeat-schedule"),
         }
