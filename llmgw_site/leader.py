@@ -149,11 +149,8 @@ def holder_of(name: str = BEAT) -> Holder | None:
 
 def last_sends(names: list[str]) -> dict[str, datetime]:
     """When each of these entries was last sent, by any beat (the database's clock)."""
-    return dict(
-        PeriodicRun.objects.filter(name__in=names, sent_at__isnull=False).values_list(
-            "name", "sent_at"
-        )
-    )
+    rows = PeriodicRun.objects.filter(name__in=names).values_list("name", "sent_at")
+    return {name: sent for name, sent in rows if sent is not None}
 
 
 def claim_send(

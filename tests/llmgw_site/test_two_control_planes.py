@@ -286,6 +286,9 @@ def test_one_beat_leads_and_the_other_takes_over_within_30_s_of_its_death(
     assert {run[1] for run in steady} == {leader_holder}  # the standby sent nothing
 
     # -- both machines serve: the web (API) and the gateway (/v1/, a key made on the other) ---
+    for plane in planes:
+        # The load balancer's health check in the README: through the gateway to the web.
+        assert requests.get(f"{plane.url}/admin/login/", timeout=10).status_code == 200
     key = requests.post(
         f"{leading.url}/api/v1/keys",
         json={"name": "both"},
