@@ -35,6 +35,7 @@ STANDBY_SECONDS = 2.0
 ENTRY_HEADER = "llmgw_periodic"
 SEND_HEADER = "llmgw_send"
 BEAT_HEADER = "llmgw_beat"
+SENT_AT_HEADER = "llmgw_sent_at"
 
 
 def interval_of(entry: ScheduleEntry) -> float:
@@ -176,7 +177,8 @@ class LeaderScheduler(PersistentScheduler):
             return None
         stamped = copy.copy(entry)
         headers = {**entry.options.get("headers", {}), ENTRY_HEADER: entry.name,
-                   SEND_HEADER: send, BEAT_HEADER: self.holder}  # fmt: skip
+                   SEND_HEADER: send.number, SENT_AT_HEADER: send.sent_at.isoformat(),
+                   BEAT_HEADER: self.holder}  # fmt: skip
         stamped.options = {**entry.options, "headers": headers}
         return super().apply_entry(stamped, producer=producer)
 

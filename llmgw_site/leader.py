@@ -153,12 +153,18 @@ def last_sends(names: list[str]) -> dict[str, datetime]:
     return {name: sent for name, sent in rows if sent is not None}
 
 
+@dataclass(frozen=True)
+class Send:
+    number: int  # counts the entry's sends, whichever beat made them
+    sent_at: datetime  # by the database's clock
+
+
 def claim_send(
     *, name: str, task: str, interval: float, holder: str, term: int, lease: str = BEAT
-) -> int | None:
-    """Record a send of entry `name` and return its number, if `holder` still holds the lease in
-    `term` and the entry's last send is at least `interval` old (less CLAIM_TOLERANCE); None
-    otherwise, and nothing is recorded."""
+) -> Send | None:
+    """Record a send of entry `name` and return it, if `holder` still holds the lease in `term`
+    and the entry's last send is at least `interval` old (less CLAIM_TOLERANCE); None otherwise,
+    and nothing is recorded."""
     PeriodicRun.objects.bulk_create([PeriodicRun(name=name, task=task)], ignore_conflicts=True)
     tolerance = min(CLAIM_TOLERANCE, interval / 2)
     due = Q(sent_at__isnull=True) | Q(
@@ -172,7 +178,9 @@ def claim_send(
         if not claimed:
             return None
         # The row stays locked by the UPDATE until this transaction ends: this is our send.
-        return int(PeriodicRun.objects.values_list("sends", flat=True).get(name=name))
+        number, sent_at = PeriodicRun.objects.values_list("sends", "sent_at").get(name=name)
+        assert sent_at is not None
+        return Send(number=number, sent_at=sent_at)
 
 
 def ran_send(*, name: str, send: int) -> bool:

@@ -95,9 +95,12 @@ def test_of_many_taking_at_once_exactly_one_gets_it() -> None:
 
 
 def _claim(holder: str, term: int, interval: float = 30) -> int | None:
-    return leader.claim_send(
+    send = leader.claim_send(
         name="probe", task="t.probe", interval=interval, holder=holder, term=term
     )
+    if send is not None:
+        assert PeriodicRun.objects.get(name="probe").sent_at == send.sent_at
+    return None if send is None else send.number
 
 
 def test_only_the_holder_in_its_term_claims_a_send() -> None:
