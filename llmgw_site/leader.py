@@ -27,8 +27,8 @@ What is guaranteed, and what is not:
   delivers again, does nothing.
 - A standby that takes over starts from the last sends recorded here, so a task already due
   is sent at once and the others when due: nothing waits longer than one interval after the
-  takeover. During the takeover itself (up to the lease's length plus a standby's poll after the
-  holder's death) nothing is sent.
+  takeover. During the takeover itself (up to the lease's length after the holder's last
+  renewal, plus a standby's poll) nothing is sent.
 - A send whose message is lost (Redis died holding it, a worker was killed while running it) is
   not sent again: the next send, one interval later, does that work.
 
