@@ -26,6 +26,11 @@ from celery import Task
 from celery.beat import PersistentScheduler, ScheduleEntry
 from celery.exceptions import Ignore
 from celery.schedules import schedule as every
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections, connection
+
+# llmgw_site.leader is imported inside the methods that use it: it reaches the models, and this
+# module is the Celery app's task class, imported while the app loads, before Django's apps are.
 
 log = logging.getLogger("llmgw.beat")
 
@@ -48,8 +53,6 @@ def interval_of(entry: ScheduleEntry) -> float:
 
 class LeaderScheduler(PersistentScheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        from django.conf import settings
-
         from . import leader
 
         self.shared = leader.shared()
@@ -75,8 +78,6 @@ class LeaderScheduler(PersistentScheduler):
     def _lead(self) -> bool:
         """Whether this process may send now: it holds the lease, renewed when a third of it
         has passed."""
-        from django.db import DatabaseError, close_old_connections
-
         from . import leader
 
         if self.held is not None and time.monotonic() < self.renew_at:
@@ -137,8 +138,6 @@ class LeaderScheduler(PersistentScheduler):
 
     @staticmethod
     def _database_failed() -> None:
-        from django.db import connection
-
         # The connection is broken already; the next call makes a new one.
         with contextlib.suppress(Exception):
             connection.close()
@@ -148,8 +147,6 @@ class LeaderScheduler(PersistentScheduler):
     def apply_entry(self, entry: ScheduleEntry, producer: Any = None) -> None:
         if not self.shared:
             return super().apply_entry(entry, producer=producer)
-        from django.db import DatabaseError
-
         from . import leader
 
         held = self.held
@@ -184,8 +181,6 @@ class LeaderScheduler(PersistentScheduler):
 
     def close(self) -> None:
         if self.shared and self.held is not None:
-            from django.db import DatabaseError
-
             from . import leader
 
             try:
