@@ -175,6 +175,38 @@ def test_ties_are_broken_at_random() -> None:
     assert {Balancer().choose(replicas, "m").id for _ in range(200)} == {"0", "1", "2", "3"}
 
 
+def test_a_choice_takes_over_the_slot_held_for_its_request() -> None:
+    balancer = Balancer()
+    a, b = replica("a", "m"), replica("b", "m")
+    balancer.choose([b], "m")  # b is busy
+    hold = balancer.hold(a)
+    assert balancer.in_flight("a") == 1  # held: another process sees a busy
+    assert balancer.choose([a, b], "m", hold=hold) == a  # its own slot, not counted against a
+    assert balancer.in_flight("a") == 1 and hold.taken
+    balancer.give_back(hold)  # taken: nothing to give back
+    assert balancer.in_flight("a") == 1
+
+
+def test_a_choice_elsewhere_gives_the_held_slot_back() -> None:
+    balancer = Balancer()
+    a, b = replica("a", "m"), replica("b", "m")
+    balancer.choose([a], "m")  # a is busy, and its one slot is held once more
+    hold = balancer.hold(a)
+    assert balancer.choose([a, b], "m", hold=hold) == b
+    assert balancer.in_flight("a") == 1 and balancer.in_flight("b") == 1
+
+
+def test_a_hold_no_choice_took_is_given_back_once() -> None:
+    balancer = Balancer()
+    a = replica("a", "m")
+    hold = balancer.hold(a)
+    balancer.give_back(hold)
+    balancer.give_back(hold)
+    assert balancer.in_flight("a") == 0
+    balancer.choose([a], "m", hold=hold)  # a hold given back counts nothing off
+    assert balancer.in_flight("a") == 1
+
+
 # -- retry once -----------------------------------------------------------------------------
 
 
