@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tracemalloc
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -239,6 +240,42 @@ def test_live_use_reads_every_machines_counts_from_redis(
     finally:
         one.close()
         two.close()
+
+
+def test_the_queue_of_ended_requests_stays_at_its_cap_while_redis_cannot_be_reached(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ten times as many ends as the queue holds, none written: the queue stays at
+    MAX_PENDING, the excess is counted as dropped, and the memory held does not grow. The cap is
+    a tenth of the gateway's here (10,000, not 100,000), which keeps the test to seconds: the
+    bound is one comparison with it, whatever its value."""
+    from gateway import metrics
+
+    monkeypatch.setattr(redislimits, "DOWN_SECONDS", 3600.0)  # the writer does not try again
+    monkeypatch.setattr(redislimits, "MAX_PENDING", 10_000)
+    board = metrics.metrics()
+    nobody = f"redis://127.0.0.1:{free_port()}/0"  # refused at once
+    remote = RedisLimits(nobody, on_drop=board.limits_redis_dropped.inc)
+    ended = redislimits.Decided(counted=(), admitted=True, idents=("k1",), bucket=0)
+    cap = redislimits.MAX_PENDING
+    tracemalloc.start()
+    try:
+        # Token counts past the small ints that Python shares: each end holds objects of its own.
+        for tokens in range(1000, 1000 + cap):
+            remote.end(ended, tokens, 0)
+        at_cap = tracemalloc.get_traced_memory()[0]
+        for tokens in range(1000 + cap, 1000 + 10 * cap):
+            remote.end(ended, tokens, 0)
+        past_cap = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+        remote.close()
+    assert remote.pending == cap
+    assert remote._pending[0][2] == 1000 + 9 * cap  # the oldest went
+    dropped = board.registry.get_sample_value("llmgw_gateway_limits_redis_dropped_total")
+    assert dropped == 9 * cap
+    assert at_cap > 50 * cap  # what is measured is the queue: about 100 bytes an end
+    assert past_cap < at_cap * 1.01, (at_cap, past_cap)
 
 
 # -- two gateway machines, as the run command starts them ------------------------------------
