@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import time
 import tracemalloc
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +22,10 @@ from gateway import limits, redislimits
 from gateway.limits import SharedCounters, limits_of, no_budgets
 from gateway.redislimits import RedisLimits
 from tests.gateway.fake_engine import FakeEngine
-from tests.gateway.test_limits import _SETUP
+from tests.support.gateway_processes import ask_in_turn, limited_key, start_gateways
 from tests.support.system import free_port, wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
-
-ASK = {"model": "chat", "prompt": "hi"}
 
 
 class RedisServer:
@@ -287,43 +283,21 @@ def test_rpm_over_two_gateway_machines(
 ) -> None:
     """Through Redis, two machines let exactly the limit through; each counting alone (Redis
     off, or down), each lets the whole limit through: the overshoot the README states."""
-    from llmgw_site.management.commands.llmgw_run import gateway_command
     from tests.support.system import System
 
     system = System(tmp_path / "system")
     try:
-        system.manage("migrate", "--verbosity", "0")
-        printed = system.manage(
-            "shell", "-c", _SETUP.replace("PORT", str(engine.port)).replace("RPM", "10")
-        )
-        secret = printed.split("KEY=")[1].strip().rsplit("=", 1)[0]
-        bin_dir = Path(sys.executable).parent
-        urls = []
-        for index in range(2):
-            port = free_port()
-            env = {
+        secret, _ = limited_key(system, engine.port, rpm=10)
+        envs = [
+            {
                 **system.env,
                 "LLMGW_VAR_DIR": str(tmp_path / f"machine-{index}"),
                 "LLMGW_LIMITS_REDIS": redis_server.url if store == "redis" else "off",
             }
-            command = gateway_command(bin_dir, "127.0.0.1", port, workers=1)
-            system._spawn(f"gateway-{index}", command, env)
-            urls.append(f"http://127.0.0.1:{port}")
-        headers = {"Authorization": f"Bearer {secret}"}
-        for url in urls:
-
-            def answers(url: str = url) -> bool:
-                return requests.get(f"{url}/v1/models", headers=headers, timeout=2).ok
-
-            wait_for(answers, timeout=60, what=f"the gateway machine on {url}")
-
-        def ask(index: int) -> int:
-            return requests.post(
-                f"{urls[index % 2]}/v1/completions", json=ASK, headers=headers, timeout=30
-            ).status_code
-
-        with ThreadPoolExecutor(8) as pool:
-            statuses = list(pool.map(ask, range(40)))
+            for index in range(2)
+        ]
+        urls = start_gateways(system, secret, envs)
+        statuses = ask_in_turn(urls, secret)
         assert statuses.count(200) + statuses.count(429) == 40, statuses
         assert statuses.count(200) == (10 if store == "redis" else 20), statuses
         scraped = requests.get(f"{urls[0]}/metrics", timeout=5).text
