@@ -56,6 +56,7 @@ class Metrics:
     limit_slots_held: Any
     limits_redis_errors: Any
     limits_redis_dropped: Any
+    replica_names: Any
     queue_seconds: Any
     queue_depth: Any
     registry: Any  # single-process mode: where the metrics are; multiprocess: None
@@ -208,6 +209,15 @@ def _create(folder: str | None) -> Metrics:
             "llmgw_gateway_limits_redis_dropped",
             "Ends of requests not written to Redis because the queue of them was full (100,000 "
             "per process): each stays counted in flight until its process's name expires there.",
+            **where,
+        ),
+        replica_names=Gauge(
+            "llmgw_gateway_replica_names_entries",
+            "Replicas whose last name served (a base model or an adapter) a gateway process "
+            "remembers, to break ties towards the replica that will not switch (at most "
+            "gateway.routing.MAX_REMEMBERED_REPLICAS, 1,000; past that the replicas with "
+            "nothing in flight from the process are forgotten).",
+            multiprocess_mode="livemax",
             **where,
         ),
         registry=registry,

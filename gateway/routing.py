@@ -14,7 +14,7 @@ import difflib
 import random
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -312,6 +312,8 @@ class Balancer:
         self.prefixes = prefixes if prefixes is not None else PrefixTable(None)
         self._lock = threading.Lock()
         self._last_name: dict[str, str] = {}
+        # For /metrics: how many replicas' last names are remembered, when that changes.
+        self.on_remembered: Callable[[int], None] | None = None
 
     def choose(
         self,
@@ -351,10 +353,13 @@ class Balancer:
                     self.load.add(held, -1)
             if hold is not None:
                 hold.taken = True
-            if len(self._last_name) >= MAX_REMEMBERED_REPLICAS:
+            remembered = len(self._last_name)
+            if remembered >= MAX_REMEMBERED_REPLICAS:
                 # Replicas come and go with every rollout; forget the ones idle here.
                 self._last_name = {r: n for r, n in self._last_name.items() if self.load.mine(r)}
             self._last_name[choice.id] = engine_name
+            if len(self._last_name) != remembered and self.on_remembered is not None:
+                self.on_remembered(len(self._last_name))
         if prefix:
             self.prefixes.remember(prefix, choice.id)
         return choice
