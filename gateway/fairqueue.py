@@ -50,9 +50,11 @@ Retry-After), and at most LLMGW_QUEUE_MAX requests wait per model on the machine
 QueueFull: 429); two processes admitting at the same instant may overshoot by one each. A
 process's file holds ENTRIES requests (waiting or in service; 48 bytes each, 393 KiB a file);
 past that, a request that must wait is refused with 429 too, and one that finds a free slot goes
-through untracked (fairness suffers a little, nothing fails). A client that hangs up leaves the
-queue at once: cancelling the wait (or `hangup` returning) removes it, and a slot granted to it
-in that instant is passed on. Cost: a request that finds a free slot and nobody waiting takes
+through untracked (fairness suffers a little, nothing fails). In memory, a model's queue in a
+process holds its waiters (llmgw_gateway_queue_depth) and those who left them, until these
+outnumber the waiters by HEAP_SLACK: then they are dropped at once. A client that hangs up
+leaves the queue at once: cancelling the wait (or `hangup` returning) removes it, and a slot
+granted to it in that instant is passed on. Cost: a request that finds a free slot and nobody waiting takes
 about 45 µs (2 processes; 10 of them the grant lock and the hold); one that must wait reads
 every process's entries once (0.5-1 µs an entry), and so does a grant while another process has
 waiters.
@@ -113,6 +115,9 @@ STALE_SECONDS = 1.0
 ENTRIES = 8192
 # Buckets of the per-model count of waiters each file keeps, so a reader skips a scan.
 BUCKETS = 1024
+# Entries of those who left (timed out, hung up) or were served out of order that a model's
+# heap may keep beyond twice its waiters before it is built again without them.
+HEAP_SLACK = 64
 # The smallest weight taken: a weight of 0 would give a flow an infinite finish tag.
 MIN_WEIGHT = 0.01
 # Bounds of the Retry-After sent with a refusal.
@@ -685,6 +690,12 @@ class FairQueue:
             q.waiting -= 1
             q.forget_set(waiter.candidates)
             # Left in the heap, skipped when it comes up: removing from the middle costs O(n).
+            # Until those who left are most of it: the heap is built again without them then
+            # (O(n) once per n leaving, so still O(1) each). Else a replica busy for long, its
+            # waiters timing out one after another, would grow it by every request that came.
+            if len(q.heap) > 2 * q.waiting + HEAP_SLACK:
+                q.heap = [entry for entry in q.heap if not entry[3].future.done()]
+                heapq.heapify(q.heap)
             self._depth_changed(q)
         self._leave(q, waiter)
 

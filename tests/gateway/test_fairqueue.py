@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import gc
 import json
 import multiprocessing
 import os
 import threading
 import time
+import tracemalloc
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +25,7 @@ import pytest
 
 from gateway import conf
 from gateway.fairqueue import (
+    HEAP_SLACK,
     WAITING,
     ClientGone,
     FairQueue,
@@ -531,6 +534,60 @@ def test_it_answers_429_when_the_queue_is_full() -> None:
         await room.close()
 
     asyncio.run(main())
+
+
+def test_requests_that_leave_behind_a_long_waiter_are_not_kept_in_memory() -> None:
+    """A slot busy for long, one request waiting at the head all along, and ten times the
+    queue's limit of requests behind it that hang up: the model's heap, which drops a leaver only
+    when it comes up at the head, is built again without them instead of growing with each."""
+
+    async def main() -> tuple[int, int, int]:
+        queue = FairQueue(None, poll=0.005)
+        balancer = busy_balancer()
+        limit = 100
+        hung_up = asyncio.Event()
+
+        async def wait(key_id: int, **ask: Any) -> None:
+            async with queue.turn(
+                model="m", key_id=key_id, candidates=[REPLICA], balancer=balancer, **ask
+            ):
+                pytest.fail("granted while every slot was busy")
+
+        head = asyncio.create_task(wait(0, timeout=30, limit=limit + 1))
+        await until(lambda: queue.depths() == {"m": 1})
+
+        async def full_queue_hangs_up() -> None:
+            hung_up.clear()
+            behind = [
+                asyncio.create_task(wait(key_id, hangup=hung_up.wait, timeout=30, limit=limit + 1))
+                for key_id in range(1, limit + 1)
+            ]
+            await until(lambda: queue.depths() == {"m": limit + 1})
+            hung_up.set()
+            left = await asyncio.gather(*behind, return_exceptions=True)
+            assert all(isinstance(outcome, ClientGone) for outcome in left)
+            del left  # the exceptions hold their frames
+
+        tracemalloc.start()
+        try:
+            await full_queue_hangs_up()
+            gc.collect()  # the hang-ups' exceptions and their tasks' frames hold each other
+            after_one = tracemalloc.get_traced_memory()[0]
+            for _ in range(9):
+                await full_queue_hangs_up()
+            gc.collect()
+            after_ten = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        heap = len(queue._models["m"].heap)
+        head.cancel()
+        await asyncio.gather(head, return_exceptions=True)
+        return after_one, after_ten, heap
+
+    after_one, after_ten, heap = asyncio.run(main())
+    assert heap <= 2 * 1 + HEAP_SLACK  # the one waiting, and some of those who left
+    # 900 requests more went through the queue: well under 100 bytes each stayed.
+    assert after_ten - after_one < 900 * 100, (after_one, after_ten)
 
 
 def test_it_reads_its_bounds_from_the_settings(settings: Any) -> None:
