@@ -26,8 +26,12 @@ if they cost the same: a key that sends long generations gets more compute per t
 
 Free slot: a candidate replica whose requests in flight, counted over every gateway process of
 the machine (gateway.load, through the balancer), are fewer than its slots. A grant is counted
-there at once, until the granted request's task runs and has the balancer choose, so that no
-process hands the same slot out twice.
+there at once (a routing.Hold), and the granted request's balancer choice takes that count over
+(`Balancer.choose(..., hold=granted.hold)`), so the slot never looks free in between. Finding a
+slot free and counting it are one step for the machine: made under a lock the gateway processes
+take turns at (flock on `grants.lock` in the folder, held for one grant pass), by the dispatcher
+and by a request that goes straight through alike. Without it two processes could both read a
+slot free before either counted it, and both hand it out.
 
 Across the machine's gateway processes. Each process writes its own waiting and in-service
 requests (model, flow, S, F, arrival, state) into a memory-mapped file of its own under one
@@ -37,30 +41,37 @@ to its own head only when that head is first in the order over every process's w
 is not, the first waiter (on another process) gets GRACE_SECONDS to take the slot; after that,
 whoever is there takes it: no slot idles longer than the grace while requests wait
 (work-conserving). A request that finds a free slot and nobody waiting anywhere goes through at
-once. Waiters whose candidates differ (an adapter's replicas, a canary's share) share their
-name's queue: when the head's replicas are all busy, the first waiter further back whose
-replicas have a free slot takes it.
+once, its slot held like a grant's. Waiters whose candidates differ (an adapter's replicas, a
+canary's share) share their name's queue: when the head's replicas are all busy, the first
+waiter further back whose replicas have a free slot takes it.
 
 Bounds. A request waits at most LLMGW_QUEUE_TIMEOUT seconds (then QueueTimeout: 503 with
 Retry-After), and at most LLMGW_QUEUE_MAX requests wait per model on the machine (the next gets
 QueueFull: 429); two processes admitting at the same instant may overshoot by one each. A
 process's file holds ENTRIES requests (waiting or in service; 48 bytes each, 393 KiB a file);
 past that, a request that must wait is refused with 429 too, and one that finds a free slot goes
-through untracked (fairness suffers a little, nothing fails). A client that hangs up leaves the
-queue at once: cancelling the wait (or `hangup` returning) removes it, and a slot granted to it
-in that instant is passed on. Cost: a request that finds a free slot and nobody waiting takes
-about 35 µs (2 processes); one that must wait reads every process's entries once (0.5-1 µs an
-entry), and so does a grant while another process has waiters.
+through untracked (fairness suffers a little, nothing fails). In memory, a model's queue in a
+process holds its waiters (llmgw_gateway_queue_depth) and those who left them, until these
+outnumber the waiters by HEAP_SLACK: then they are dropped at once. A client that hangs up
+leaves the queue at once: cancelling the wait (or `hangup` returning) removes it, and a slot
+granted to it in that instant is passed on. Cost: a request that finds a free slot and nobody waiting takes
+about 45 µs (2 processes; 10 of them the grant lock and the hold); one that must wait reads
+every process's entries once (0.5-1 µs an entry), and so does a grant while another process has
+waiters.
 
 Failure modes. A process that dies leaves its file behind; the others ignore it and delete it
 when they see its pid gone (at most RESCAN_SECONDS later). Its waiters died with it, and what it
 had in flight, grants included, goes with its load file (gateway.load), so nothing stays
 counted. A process whose waiters have not written its heartbeat for STALE_SECONDS (hung, or its
 pid reused by another program) is not waited for. A reader can see an entry half written; at
-worst one grant goes out of order, never to nobody. Two processes whose grace runs out at the
-same instant can both hand out one slot: the second request then waits in the engine's queue,
-as it would without this module. A waiter keeps the candidates it was given: a replica withdrawn
-meanwhile is the proxy's to retry (gateway.proxy).
+worst one grant goes out of order, never to nobody. No two processes hand out one slot, whenever
+their grace runs out: each finds the slot free and counts it under the grant lock. A process
+stopped while it holds the lock (descheduled, or paused in a debugger) delays the others' grants
+by as long; one that dies drops it with its file descriptors. A granted request whose block ends
+before its balancer chose gives its slot back then. The balancer's own choices (a retry, the
+queue turned off) are made without the lock, as they were before this module. A waiter keeps
+the candidates it was given: a replica withdrawn meanwhile is the proxy's to retry
+(gateway.proxy).
 
 Only this machine's gateway processes are seen: each machine queues its own share, which the
 load balancer in front spreads evenly.
@@ -70,6 +81,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import heapq
 import itertools
@@ -86,7 +98,7 @@ from typing import Any
 
 from . import conf, errors
 from .load import map_own_file, other_processes_files, process_alive
-from .routing import Balancer, Candidate
+from .routing import Balancer, Candidate, Hold
 
 # How long the first waiter, on another process, has to take a freed slot before this
 # process's own head takes it: longer than that process's poll and a loaded event loop's
@@ -103,6 +115,9 @@ STALE_SECONDS = 1.0
 ENTRIES = 8192
 # Buckets of the per-model count of waiters each file keeps, so a reader skips a scan.
 BUCKETS = 1024
+# Entries of those who left (timed out, hung up) or were served out of order that a model's
+# heap may keep beyond twice its waiters before it is built again without them.
+HEAP_SLACK = 64
 # The smallest weight taken: a weight of 0 would give a flow an infinite finish tag.
 MIN_WEIGHT = 0.01
 # Bounds of the Retry-After sent with a refusal.
@@ -228,6 +243,7 @@ class _Board:
         _HEADER.pack_into(self._buffer, 0, _MAGIC, self._heartbeat, 0)
         self._others: dict[int, mmap.mmap] = {}
         self._scanned_at = -RESCAN_SECONDS
+        self.granting = _GrantLock(folder / "grants.lock" if folder is not None else None)
 
     # writing (this process only)
 
@@ -370,6 +386,7 @@ class _Board:
         for buffer in self._others.values():
             buffer.close()
         self._others.clear()
+        self.granting.close()
         if self._map is not None:
             self._map.close()
             self._map = None
@@ -378,6 +395,32 @@ class _Board:
             with contextlib.suppress(OSError):
                 self._file.unlink()
             self._file = None
+
+
+class _GrantLock:
+    """Held while a process decides that a slot is free and counts it for a request: the
+    machine's gateway processes take turns at it (flock on a file in the folder, held for one
+    grant pass), so two never hand out one slot. Without a folder there is nobody to take turns
+    with. A class, not a contextlib generator: the fast path takes it, and that cost 3 µs more."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o600) if path is not None else None
+
+    def __enter__(self) -> None:
+        if self._handle is not None:
+            # OSError: closed from another thread at the gateway's stop; nobody's board is read.
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._handle, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._handle is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._handle, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            os.close(handle)
 
 
 def _open_for_reading(path: Path) -> mmap.mmap | None:
@@ -424,12 +467,14 @@ def waiting_on_machine(folder: Path, models: Sequence[str]) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class Granted:
-    """A request's turn: `replica` had the free slot handed to it (the balancer, choosing at
-    once, picks it or another with a slot free); `waited` is the seconds spent queued."""
+    """A request's turn: `replica` had the free slot handed to it, counted in `hold` until the
+    balancer's choice takes it over (`Balancer.choose(..., hold=granted.hold)`, which picks it
+    or another with a slot free); `waited` is the seconds spent queued."""
 
-    replica: Candidate | None
+    replica: Candidate
     waited: float
     queued: bool
+    hold: Hold
 
 
 @dataclass(eq=False)
@@ -442,8 +487,9 @@ class _Waiter:
     order: int
     candidates: tuple[Candidate, ...]
     balancer: Balancer
-    future: asyncio.Future[Candidate]
+    future: asyncio.Future[Hold]
     index: int | None = None
+    hold: Hold | None = None
 
 
 @dataclass(eq=False)
@@ -511,8 +557,10 @@ class FairQueue:
         """``async with queue.turn(...) as granted:`` returns when one of `candidates` has a free
         slot and this request is next in fair order; the request is counted as in service until
         the block ends. `weight` is its flow's: the team's when `team_id` is given. Raises
-        QueueFull, QueueTimeout, or ClientGone when `hangup` returns first. The balancer must
-        choose the replica before anything else is awaited in the block."""
+        QueueFull, QueueTimeout, or ClientGone when `hangup` returns first. The block's balancer
+        choice takes `granted.hold` (`balancer.choose(..., hold=granted.hold)`), the slot counted
+        for it until then; a block that chooses without it counts the request twice until it
+        ends."""
         return _Turn(
             self,
             model=model,
@@ -547,12 +595,12 @@ class FairQueue:
         arrived = time.monotonic()
         q = self._queue(ticket.model)
         flow_hash = name_hash(ticket.model, ticket.flow)
-        candidates = ticket.candidates
-        free = self._free(candidates, ticket.balancer, arrived)
-        if free is not None and not q.waiting and not self.board.others_waiting(q.hash, arrived):
+        hold = None if q.waiting else self._through(q, ticket, arrived)
+        if hold is not None:
             # Nobody waits anywhere: straight through, tagged from what this process knows.
             start = max(q.virtual_time, q.flows.get(flow_hash, (0, -math.inf))[1])
             waiter = self._waiter(q, ticket, flow_hash, start, time.monotonic_ns())
+            waiter.hold = hold
             waiter.index = self.board.add(
                 q.hash, flow_hash, start, waiter.finish, waiter.order, SERVED
             )
@@ -560,7 +608,7 @@ class FairQueue:
                 self._count_flow(q, waiter, 1)
             q.virtual_time = max(q.virtual_time, start)
             self._observe(ticket.model, 0.0, "served")
-            return waiter, Granted(free, 0.0, queued=False)
+            return waiter, Granted(hold.replica, 0.0, queued=False, hold=hold)
 
         found = self.board.scan(q.hash, flow_hash, arrived)
         local_finish = q.flows.get(flow_hash, (0, -math.inf))[1]
@@ -595,7 +643,7 @@ class FairQueue:
         self._depth_changed(q)
         self._start_dispatch(q)
         try:
-            granted = await self._granted(waiter, ticket, arrived)
+            hold = await self._granted(waiter, ticket, arrived)
         except BaseException as exc:
             outcome = "timeout" if isinstance(exc, TimeoutError) else "gone"
             self._abandon(q, waiter)
@@ -605,12 +653,21 @@ class FairQueue:
                     ticket.model, ticket.timeout, self._retry_after(q, q.waiting)
                 ) from None
             raise
-        self._unreserve(ticket.balancer, granted)
+        waiter.hold = hold
         waited = time.monotonic() - arrived
         self._observe(ticket.model, waited, "served")
-        return waiter, Granted(granted, waited, queued=True)
+        return waiter, Granted(hold.replica, waited, queued=True, hold=hold)
 
-    async def _granted(self, waiter: _Waiter, ticket: _Turn, arrived: float) -> Candidate:
+    def _through(self, q: _ModelQueue, ticket: _Turn, now: float) -> Hold | None:
+        """A slot held for a request that finds one free and nobody waiting anywhere."""
+        balancer = ticket.balancer
+        with self.board.granting:
+            free = self._free(ticket.candidates, balancer, now)
+            if free is None or self.board.others_waiting(q.hash, now):
+                return None
+            return balancer.hold(free)
+
+    async def _granted(self, waiter: _Waiter, ticket: _Turn, arrived: float) -> Hold:
         async with asyncio.timeout(ticket.timeout):
             if ticket.hangup is None:
                 return await waiter.future
@@ -627,12 +684,18 @@ class FairQueue:
         """The waiter leaves without being served: out of the queue now, and a slot granted to
         it in that instant is passed on."""
         if waiter.future.done() and not waiter.future.cancelled():
-            self._unreserve(waiter.balancer, waiter.future.result())
+            waiter.balancer.give_back(waiter.future.result())
         else:
             waiter.future.cancel()
             q.waiting -= 1
             q.forget_set(waiter.candidates)
             # Left in the heap, skipped when it comes up: removing from the middle costs O(n).
+            # Until those who left are most of it: the heap is built again without them then
+            # (O(n) once per n leaving, so still O(1) each). Else a replica busy for long, its
+            # waiters timing out one after another, would grow it by every request that came.
+            if len(q.heap) > 2 * q.waiting + HEAP_SLACK:
+                q.heap = [entry for entry in q.heap if not entry[3].future.done()]
+                heapq.heapify(q.heap)
             self._depth_changed(q)
         self._leave(q, waiter)
 
@@ -646,6 +709,8 @@ class FairQueue:
     # the way out
 
     def _exit(self, waiter: _Waiter) -> None:
+        if waiter.hold is not None and not waiter.hold.taken:
+            waiter.balancer.give_back(waiter.hold)  # the block chose no replica
         q = self._models.get(waiter.model)
         if q is not None:
             self._leave(q, waiter)
@@ -672,6 +737,10 @@ class FairQueue:
 
     def grant(self, q: _ModelQueue, now: float) -> None:
         """Hand the free slots to this process's waiters while it is their turn."""
+        with self.board.granting:
+            self._grant(q, now)
+
+    def _grant(self, q: _ModelQueue, now: float) -> None:
         while q.waiting:
             while q.heap and q.heap[0][3].future.done():
                 heapq.heappop(q.heap)  # left (hung up, timed out) while it waited
@@ -721,13 +790,13 @@ class FairQueue:
         if q.granted_at is not None:
             q.grant_interval = 0.8 * q.grant_interval + 0.2 * max(0.001, now - q.granted_at)
         q.granted_at = now
+        # Counted in flight, where every process sees it, from now until the request's own
+        # task runs and has the balancer choose (which takes the hold over): else this loop, or
+        # another process, would hand the same slot out twice.
+        hold = waiter.balancer.hold(replica)
         if waiter.index is not None:
             self.board.serve(waiter.index, q.hash)
-        # Counted in flight, where every process sees it, until the request's own task runs and
-        # has the balancer choose (which counts it again): else this loop, or another process,
-        # would hand the same slot out twice.
-        waiter.balancer.load.add(replica.id, 1)
-        waiter.future.set_result(replica)
+        waiter.future.set_result(hold)
         self._depth_changed(q)
 
     # small parts
@@ -765,10 +834,6 @@ class FairQueue:
             if busy < best_busy:
                 best, best_busy = candidate, busy
         return best
-
-    @staticmethod
-    def _unreserve(balancer: Balancer, replica: Candidate) -> None:
-        balancer.load.add(replica.id, -1)
 
     def _count_flow(self, q: _ModelQueue, waiter: _Waiter, delta: int) -> None:
         entries, finish = q.flows.get(waiter.flow_hash, (0, -math.inf))

@@ -56,6 +56,7 @@ class Metrics:
     limit_slots_held: Any
     limits_redis_errors: Any
     limits_redis_dropped: Any
+    replica_names: Any
     queue_seconds: Any
     queue_depth: Any
     database_up: Any
@@ -225,6 +226,15 @@ def _create(folder: str | None) -> Metrics:
             "llmgw_gateway_database_outages",
             "Times a gateway process lost the database; what requests leave to write (traffic "
             "figures, last uses, idle clocks) is kept and written when it is back.",
+            **where,
+        ),
+        replica_names=Gauge(
+            "llmgw_gateway_replica_names_entries",
+            "Replicas whose last name served (a base model or an adapter) a gateway process "
+            "remembers, to break ties towards the replica that will not switch (at most "
+            "gateway.routing.MAX_REMEMBERED_REPLICAS, 1,000; past that the replicas with "
+            "nothing in flight from the process are forgotten).",
+            multiprocess_mode="livemax",
             **where,
         ),
         registry=registry,

@@ -59,6 +59,7 @@ class Gateway:
         if counters is not None:
             self.state.counters = counters
         self.metrics: Metrics = metrics()
+        self.balancer.on_remembered = self.metrics.replica_names.set
         self.upstream = proxy.Upstream()
         self.web = Web()
         self.forward_budget = Budget(self.metrics)

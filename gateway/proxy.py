@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from . import conf
-from .routing import Balancer, Candidate, Serve
+from .routing import Balancer, Candidate, Hold, Serve
 
 CONNECT_TIMEOUT_SECONDS = 5
 READ_BYTES = 64 * 1024
@@ -187,12 +187,14 @@ async def send(
     upstream: Upstream,
     refresh: Callable[[], Awaitable[tuple[Candidate, ...]]],
     prefix: Sequence[int] = (),
+    hold: Hold | None = None,
 ) -> Answer:
     """Send to the least busy candidate; retry once (see should_retry). The caller must
-    release the answer's candidate from `balancer` when the answer is done with."""
+    release the answer's candidate from `balancer` when the answer is done with. `hold`: the
+    slot the fair queue counted for this request, which the first choice takes over."""
     candidates = serve.candidates
     for attempt in (1, 2):
-        candidate = balancer.choose(candidates, serve.engine_name, prefix)
+        candidate = balancer.choose(candidates, serve.engine_name, prefix, hold=hold)
         try:
             answer = await _attempt(upstream, candidate, path, payload, stream=stream)
         except Silent as exc:

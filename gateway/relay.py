@@ -516,8 +516,9 @@ async def _send(call: Call, asked: Asked, prepared: Prepared, path: str) -> Repl
     decision, entry, key = prepared.decision, asked.entry, asked.key
     team_id = key.team_id
     turn: AbstractAsyncContextManager[Any] | None = None
+    hold: routing.Hold | None = None
     if conf.fair_queue_on():
-        # Nothing is awaited between the turn and proxy.send's choice of a replica.
+        # proxy.send's first choice of a replica takes over the slot the turn held.
         turn = gateway.queue.turn(
             model=decision.model,
             key_id=key.id,
@@ -528,13 +529,13 @@ async def _send(call: Call, asked: Asked, prepared: Prepared, path: str) -> Repl
             hangup=lambda: fairqueue.client_gone(call.receive),
         )
         try:
-            await turn.__aenter__()
+            hold = (await turn.__aenter__()).hold
         except (fairqueue.QueueFull, fairqueue.QueueTimeout) as exc:
             return _refused(exc.refusal(), entry.name, decision.model)
         except fairqueue.ClientGone:
             return _GONE
     try:
-        reply = await _sent(call, asked, prepared, path)
+        reply = await _sent(call, asked, prepared, path, hold)
     except BaseException:
         if turn is not None:
             await turn.__aexit__(None, None, None)
@@ -543,7 +544,9 @@ async def _send(call: Call, asked: Asked, prepared: Prepared, path: str) -> Repl
     return reply
 
 
-async def _sent(call: Call, asked: Asked, prepared: Prepared, path: str) -> Reply:
+async def _sent(
+    call: Call, asked: Asked, prepared: Prepared, path: str, hold: routing.Hold | None
+) -> Reply:
     gateway = call.gateway
     decision, entry = prepared.decision, asked.entry
     try:
@@ -556,6 +559,7 @@ async def _sent(call: Call, asked: Asked, prepared: Prepared, path: str) -> Repl
             upstream=gateway.upstream,
             refresh=prepared.refresh,
             prefix=prepared.prefix,
+            hold=hold,
         )
     except proxy.ReplicaTimeout as exc:
         call.answered_by(exc.candidate, decision)

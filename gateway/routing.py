@@ -14,7 +14,7 @@ import difflib
 import random
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -280,6 +280,18 @@ def _why_unavailable(entry: Entry, starting: bool, cannot_place: str | None = No
 # -- choosing a replica -----------------------------------------------------------------
 
 
+@dataclass(eq=False)
+class Hold:
+    """A slot counted in flight on `replica` for one request before the balancer has chosen
+    where the request goes (a turn granted by gateway.fairqueue): every gateway process sees the
+    slot taken from then on. The request's choice takes the count over (`Balancer.choose` with
+    `hold`), so the slot never looks free in between; `Balancer.give_back` returns it when no
+    choice came."""
+
+    replica: Candidate
+    taken: bool = False
+
+
 class Balancer:
     """Requests in flight per replica, over every gateway process on this machine (see
     gateway.load), and the choice of the replica with the most free slots.
@@ -300,15 +312,27 @@ class Balancer:
         self.prefixes = prefixes if prefixes is not None else PrefixTable(None)
         self._lock = threading.Lock()
         self._last_name: dict[str, str] = {}
+        # For /metrics: how many replicas' last names are remembered, when that changes.
+        self.on_remembered: Callable[[int], None] | None = None
 
     def choose(
-        self, candidates: Iterable[Candidate], engine_name: str, prefix: Sequence[int] = ()
+        self,
+        candidates: Iterable[Candidate],
+        engine_name: str,
+        prefix: Sequence[int] = (),
+        *,
+        hold: Hold | None = None,
     ) -> Candidate:
-        """Pick one and count a request in flight on it; call release() when it is done."""
+        """Pick one and count a request in flight on it; call release() when it is done. A
+        `hold` not yet taken is this request's own slot: not counted against its replica here,
+        and its count becomes the choice's."""
         now = time.monotonic()
         with self._lock:
             choices = list(candidates)
+            held = hold.replica.id if hold is not None and not hold.taken else None
             busy = {c.id: self.load.total(c.id, now) - c.slots for c in choices}
+            if held in busy:
+                busy[held] -= 1
             choice = min(
                 choices,
                 key=lambda c: (
@@ -321,11 +345,21 @@ class Balancer:
                 found = self.prefixes.longest(prefix, [c.id for c in choices])
                 if found is not None and _worth_waiting_for(busy[found[0]], busy[choice.id]):
                     choice = next(c for c in choices if c.id == found[0])
-            self.load.add(choice.id, 1)
-            if len(self._last_name) >= MAX_REMEMBERED_REPLICAS:
+            if choice.id != held:
+                self.load.add(choice.id, 1)
+                if held is not None:
+                    # Counted on the choice before the hold goes: the request is counted
+                    # somewhere at every instant.
+                    self.load.add(held, -1)
+            if hold is not None:
+                hold.taken = True
+            remembered = len(self._last_name)
+            if remembered >= MAX_REMEMBERED_REPLICAS:
                 # Replicas come and go with every rollout; forget the ones idle here.
                 self._last_name = {r: n for r, n in self._last_name.items() if self.load.mine(r)}
             self._last_name[choice.id] = engine_name
+            if len(self._last_name) != remembered and self.on_remembered is not None:
+                self.on_remembered(len(self._last_name))
         if prefix:
             self.prefixes.remember(prefix, choice.id)
         return choice
@@ -333,6 +367,19 @@ class Balancer:
     def release(self, candidate: Candidate) -> None:
         with self._lock:
             self.load.add(candidate.id, -1)
+
+    def hold(self, replica: Candidate) -> Hold:
+        """Count a slot of `replica` for a request that has not chosen yet (see Hold)."""
+        with self._lock:
+            self.load.add(replica.id, 1)
+        return Hold(replica)
+
+    def give_back(self, hold: Hold) -> None:
+        """Return a hold that no choice took (a request that left before it chose)."""
+        with self._lock:
+            if not hold.taken:
+                hold.taken = True
+                self.load.add(hold.replica.id, -1)
 
     def in_flight(self, replica_id: str) -> int:
         """This process's requests in flight on the replica."""

@@ -12,6 +12,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from catalog.definitions import clean_definition
 from catalog.services import model_add
 from core.actor import Actor
 from fleet.models import Node, Replica, hash_token
+from gateway.limits import SharedCounters
 from tests.factories import definition
 from tests.gateway.fake_engine import FakeEngine, fake_engine
 
@@ -104,6 +106,18 @@ def _fresh_gateway_state(settings: Any, monkeypatch: Any) -> Iterator[None]:
     yield
     connection_created.disconnect(dispatch_uid="refresher-uncommitted")
     metrics.reset_for_tests()
+
+
+@pytest.fixture
+def limit_counters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SharedCounters]:
+    """Fresh limit counters for the gateway under test, in a folder of its own (as one gateway
+    process has): the limits' tests take them with `pytest.mark.usefixtures`."""
+    from gateway.state import state
+
+    mine = SharedCounters(tmp_path / "gateway-limits", writer="test")
+    monkeypatch.setattr(state, "counters", mine)  # the gateway's (gateway.app.Gateway.counters)
+    yield mine
+    mine.close()
 
 
 @pytest.fixture

@@ -8,10 +8,14 @@ one slot at a time and read the order in which the requests were granted.
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import gc
 import json
 import multiprocessing
 import os
+import threading
 import time
+import tracemalloc
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +26,7 @@ import pytest
 from core.env import EnvError
 from gateway import conf
 from gateway.fairqueue import (
+    HEAP_SLACK,
     WAITING,
     ClientGone,
     FairQueue,
@@ -73,8 +78,8 @@ class Room:
         ask = {"timeout": 30, "limit": 10_000, **ask}
         async with self.queue.turn(
             model="m", candidates=[self.replica], balancer=self.balancer, **ask
-        ):
-            chosen = self.balancer.choose([self.replica], "m")
+        ) as granted:
+            chosen = self.balancer.choose([self.replica], "m", hold=granted.hold)
             self.order.append(label)
             held = asyncio.Event()
             self.holding.append(held)
@@ -221,7 +226,95 @@ def test_a_waiter_whose_replicas_have_a_free_slot_is_not_held_back_by_the_head()
     asyncio.run(main())
 
 
+def test_a_granted_slot_stays_counted_until_the_requests_choice_takes_it_over() -> None:
+    """Else another process could find the slot free between the grant and the choice."""
+
+    async def main() -> None:
+        queue = FairQueue(None, poll=0.005)
+        balancer = busy_balancer()
+        counted: list[int] = []
+
+        async def ask() -> None:
+            async with queue.turn(
+                model="m", key_id=1, candidates=[REPLICA], balancer=balancer, timeout=5, limit=10
+            ) as granted:
+                assert granted.queued
+                counted.append(balancer.load.total(REPLICA.id, time.monotonic()))
+                chosen = balancer.choose([REPLICA], "m", hold=granted.hold)
+                counted.append(balancer.load.total(REPLICA.id, time.monotonic()))
+                balancer.release(chosen)
+
+        task = asyncio.create_task(ask())
+        await until(lambda: queue.depths() == {"m": 1})
+        balancer.load.add(REPLICA.id, -1)
+        await asyncio.wait_for(task, 5)
+        assert counted == [1, 1]
+        assert balancer.load.total(REPLICA.id, time.monotonic()) == 0
+
+    asyncio.run(main())
+
+
+def test_a_turn_whose_block_chose_no_replica_gives_its_slot_back() -> None:
+    async def main() -> None:
+        balancer = Balancer()
+        async with FairQueue(None).turn(
+            model="m", key_id=1, candidates=[REPLICA], balancer=balancer, timeout=1, limit=10
+        ) as granted:
+            assert not granted.queued
+            assert balancer.load.total(REPLICA.id, time.monotonic()) == 1
+        assert balancer.load.total(REPLICA.id, time.monotonic()) == 0
+
+    asyncio.run(main())
+
+
 # -- across processes -----------------------------------------------------------------------
+
+
+def _hold_the_grant_lock(folder: str, held: Any, let_go: Any) -> None:
+    handle = os.open(Path(folder) / "grants.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    held.set()
+    let_go.wait(20)
+    fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def test_it_hands_out_no_slot_while_another_process_holds_the_grant_lock(tmp_path: Path) -> None:
+    """Finding a slot free and counting it are one step across processes: two processes that
+    both read a slot free before either counted it would both hand it out."""
+    balancer = busy_balancer()
+    queue = FairQueue(tmp_path / "queue", poll=0.005)
+    room = Room(queue, balancer)
+    queued = threading.Event()
+
+    async def wait_for_the_slot() -> None:
+        await room.send("waiting", key_id=1)
+        queued.set()
+        await until(lambda: room.order == ["waiting"], 20)
+        await room.close()
+
+    # The dispatcher blocks its loop while it waits for the lock: the loop has a thread.
+    waiting = threading.Thread(target=asyncio.run, args=(wait_for_the_slot(),))
+    waiting.start()
+    context = multiprocessing.get_context("fork")
+    held, let_go = context.Event(), context.Event()
+    other = context.Process(
+        target=_hold_the_grant_lock, args=(str(tmp_path / "queue"), held, let_go)
+    )
+    try:
+        assert queued.wait(5)
+        other.start()
+        assert held.wait(20)
+        balancer.load.add(REPLICA.id, -1)  # free, while the other process decides
+        time.sleep(0.3)
+        assert room.order == []
+        let_go.set()
+        waiting.join(20)
+        assert room.order == ["waiting"]
+    finally:
+        let_go.set()
+        other.join(20)
+        waiting.join(20)
+        queue.close()
 
 
 def test_it_orders_the_waiters_of_two_processes_as_one_queue(tmp_path: Path) -> None:
@@ -253,7 +346,8 @@ def test_another_process_reads_the_machines_queue_without_a_board(tmp_path: Path
         await room.send("b", key_id=2)
         counts = waiting_on_machine(tmp_path / "queue", ["m", "other"])
         assert counts == {"m": 2, "other": 0}
-        assert sorted(p.name for p in (tmp_path / "queue").iterdir()) == [f"queue-{os.getpid()}"]
+        boards = sorted(p.name for p in (tmp_path / "queue").glob("queue-*"))
+        assert boards == [f"queue-{os.getpid()}"]
         await room.close()
         queue.close()
 
@@ -324,8 +418,8 @@ def _flood_process(folder: str, ready: Any, grants: Any) -> None:
         async def one() -> None:
             async with queue.turn(
                 model="m", key_id=1, candidates=[REPLICA], balancer=balancer, timeout=20, limit=99
-            ):
-                chosen = balancer.choose([REPLICA], "m")
+            ) as granted:
+                chosen = balancer.choose([REPLICA], "m", hold=granted.hold)
                 grants.put(("flood", time.monotonic()))
                 await asyncio.sleep(0.3)
                 balancer.release(chosen)
@@ -359,7 +453,7 @@ def test_it_is_fair_between_two_real_processes(tmp_path: Path) -> None:
                 model="m", key_id=2, candidates=[REPLICA], balancer=balancer, timeout=20, limit=99
             ) as granted:
                 assert granted.queued
-                chosen = balancer.choose([REPLICA], "m")
+                chosen = balancer.choose([REPLICA], "m", hold=granted.hold)
                 at = time.monotonic()
                 await asyncio.sleep(0.3)
                 balancer.release(chosen)
@@ -441,6 +535,60 @@ def test_it_answers_429_when_the_queue_is_full() -> None:
         await room.close()
 
     asyncio.run(main())
+
+
+def test_requests_that_leave_behind_a_long_waiter_are_not_kept_in_memory() -> None:
+    """A slot busy for long, one request waiting at the head all along, and ten times the
+    queue's limit of requests behind it that hang up: the model's heap, which drops a leaver only
+    when it comes up at the head, is built again without them instead of growing with each."""
+
+    async def main() -> tuple[int, int, int]:
+        queue = FairQueue(None, poll=0.005)
+        balancer = busy_balancer()
+        limit = 100
+        hung_up = asyncio.Event()
+
+        async def wait(key_id: int, **ask: Any) -> None:
+            async with queue.turn(
+                model="m", key_id=key_id, candidates=[REPLICA], balancer=balancer, **ask
+            ):
+                pytest.fail("granted while every slot was busy")
+
+        head = asyncio.create_task(wait(0, timeout=30, limit=limit + 1))
+        await until(lambda: queue.depths() == {"m": 1})
+
+        async def full_queue_hangs_up() -> None:
+            hung_up.clear()
+            behind = [
+                asyncio.create_task(wait(key_id, hangup=hung_up.wait, timeout=30, limit=limit + 1))
+                for key_id in range(1, limit + 1)
+            ]
+            await until(lambda: queue.depths() == {"m": limit + 1})
+            hung_up.set()
+            left = await asyncio.gather(*behind, return_exceptions=True)
+            assert all(isinstance(outcome, ClientGone) for outcome in left)
+            del left  # the exceptions hold their frames
+
+        tracemalloc.start()
+        try:
+            await full_queue_hangs_up()
+            gc.collect()  # the hang-ups' exceptions and their tasks' frames hold each other
+            after_one = tracemalloc.get_traced_memory()[0]
+            for _ in range(9):
+                await full_queue_hangs_up()
+            gc.collect()
+            after_ten = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        heap = len(queue._models["m"].heap)
+        head.cancel()
+        await asyncio.gather(head, return_exceptions=True)
+        return after_one, after_ten, heap
+
+    after_one, after_ten, heap = asyncio.run(main())
+    assert heap <= 2 * 1 + HEAP_SLACK  # the one waiting, and some of those who left
+    # 900 requests more went through the queue: well under 100 bytes each stayed.
+    assert after_ten - after_one < 900 * 100, (after_one, after_ten)
 
 
 def test_it_reads_its_bounds_from_the_settings(settings: Any) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 import requests
 
+from tests.support.gateway_processes import chat_on_engine
 from tests.support.system import System, free_port, wait_for
 
 MODEL = "chat"
@@ -46,25 +47,8 @@ FAIR_BOUND = 3 * ANSWER_SECONDS
 UNFAIR_AT_LEAST = 6 * ANSWER_SECONDS
 SETTLE_SECONDS = 1.0  # for the flood to fill the queue before the victim measures
 
-_SETUP = """
-from django.contrib.auth import get_user_model
-from django.utils import timezone
-from catalog.definitions import clean_definition
-from catalog.models import Model
-from core.actor import Actor
-from catalog.services import model_add
-from fleet.models import Node, Replica, hash_token
-from gateway.services import key_create
-from tests.factories import definition
-
-user = get_user_model().objects.create_user("alice", password="alice-password-1")
-actor = Actor.for_user(user, "api")
-model_add(actor=actor, definition=clean_definition(definition("chat")), source_check=False)
-node = Node.objects.create(name="node-a", token_hash=hash_token("node-a"), address="127.0.0.1",
-                           memory_gb=16, cores=8, last_heartbeat=timezone.now())
-Replica.objects.create(model=Model.objects.get(name="chat"), model_name="chat", node=node,
-                       profile="cpu", spec={"adapters": [], "slots": 1}, spec_key="k",
-                       state=Replica.READY, port=PORT)
+# The flood's and the victim's keys, after chat_on_engine's script (alice's `actor`).
+_KEYS = """
 print("KEYS", key_create(actor=actor, name="flood")[1], key_create(actor=actor, name="victim")[1])
 """
 
@@ -265,7 +249,7 @@ def test_a_victim_is_served_within_two_answers_while_a_flood_fills_the_other_wor
             "shell",
             "-c",
             "from django.core.management import call_command\n"
-            "call_command('migrate', verbosity=0)\n" + _SETUP.replace("PORT", str(engine_port)),
+            "call_command('migrate', verbosity=0)\n" + chat_on_engine(engine_port) + _KEYS,
         )
         flood_key, victim_key = printed.split("KEYS")[1].split()
         ports = start_gateways(system, tmp_path, victim_key)

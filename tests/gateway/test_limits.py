@@ -5,13 +5,11 @@ from __future__ import annotations
 import os
 import time
 import zlib
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
 from gateway import limits
 from gateway.limits import Limits, SharedCounters, limits_of
@@ -20,16 +18,7 @@ from tests.gateway.fake_engine import FakeEngine
 
 ASK = {"model": "chat", "prompt": "hi"}  # the fake engine answers it with 3 + 5 tokens
 
-
-@pytest.fixture(autouse=True)
-def counters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SharedCounters]:
-    """Fresh limit counters for each test, in a folder of its own (as one gateway process)."""
-    from gateway.state import state
-
-    mine = SharedCounters(tmp_path / "gateway-limits", writer="test")
-    monkeypatch.setattr(state, "counters", mine)  # the gateway's (gateway.app.Gateway.counters)
-    yield mine
-    mine.close()
+pytestmark = pytest.mark.usefixtures("limit_counters")
 
 
 @pytest.fixture
@@ -152,7 +141,7 @@ def test_it_refuses_past_a_keys_tokens_per_minute(
 
 
 def test_requests_in_flight_are_limited_and_given_back_when_the_answer_ends(
-    gw: Any, keys: dict[str, str], chat: FakeEngine, counters: SharedCounters
+    gw: Any, keys: dict[str, str], chat: FakeEngine, limit_counters: SharedCounters
 ) -> None:
     key = limit(keys["alice"], max_parallel=1)
     chat.delay, chat.events = 0.2, 5
@@ -166,7 +155,7 @@ def test_requests_in_flight_are_limited_and_given_back_when_the_answer_ends(
     )
     assert refused.headers["Retry-After"] == "1"
     assert b"[DONE]" in b"".join(streaming.iter_content(chunk_size=None))
-    _wait_until(lambda: in_flight(counters, key) == 0)
+    _wait_until(lambda: in_flight(limit_counters, key) == 0)
     assert gw.post("/v1/completions", ASK).status_code == 200
 
 
@@ -177,7 +166,7 @@ def test_in_flight_is_given_back_however_the_request_ends(
     keys: dict[str, str],
     catalog: Any,
     chat: FakeEngine,
-    counters: SharedCounters,
+    limit_counters: SharedCounters,
 ) -> None:
     key = limit(keys["alice"], max_parallel=1)
     if ending == "client gone":
@@ -187,7 +176,7 @@ def test_in_flight_is_given_back_however_the_request_ends(
         # Held: a generator dropped would close the connection itself.
         chunks = streaming.iter_content(chunk_size=None)
         next(chunks)
-        assert in_flight(counters, key) == 1
+        assert in_flight(limit_counters, key) == 1
         streaming.close()
     elif ending == "engine error":
         chat.mode = "error"
@@ -198,7 +187,7 @@ def test_in_flight_is_given_back_however_the_request_ends(
     else:
         catalog.add("idle")
         assert gw.post("/v1/completions", {**ASK, "model": "idle"}).status_code == 503
-    _wait_until(lambda: in_flight(counters, key) == 0)
+    _wait_until(lambda: in_flight(limit_counters, key) == 0)
     chat.mode = "ok"
     chat.delay = 0
     assert gw.post("/v1/completions", ASK).status_code == 200
@@ -439,76 +428,20 @@ def test_limits_read_both_databases_forms() -> None:
 
 # -- two gateway worker processes -------------------------------------------------------------
 
-_SETUP = """
-from django.contrib.auth import get_user_model
-from django.utils import timezone
-from catalog.definitions import clean_definition
-from catalog.models import Model
-from core.actor import Actor
-from catalog.services import model_add
-from fleet.models import Node, Replica, hash_token
-from gateway.models import GatewayKey
-from gateway.services import key_create
-from tests.factories import definition
-
-user = get_user_model().objects.create_user("alice", password="alice-password-1")
-actor = Actor.for_user(user, "api")
-model_add(actor=actor, definition=clean_definition(definition("chat")), source_check=False)
-node = Node.objects.create(name="node-a", token_hash=hash_token("node-a"), address="127.0.0.1",
-                           memory_gb=16, cores=8, last_heartbeat=timezone.now())
-Replica.objects.create(model=Model.objects.get(name="chat"), model_name="chat", node=node,
-                       profile="cpu", spec={"adapters": []}, spec_key="k", state=Replica.READY,
-                       port=PORT)
-key, secret = key_create(actor=actor, name="app")
-GatewayKey.objects.filter(pk=key.pk).update(rpm=RPM)
-print("KEY=" + secret + "=" + str(key.pk))
-"""
-
 
 def test_rpm_holds_across_two_gateway_processes_of_one_machine(
     tmp_path: Path, engine: FakeEngine
 ) -> None:
-    import sys
-    from concurrent.futures import ThreadPoolExecutor
-
-    from tests.support.system import System, wait_for
+    from tests.support.gateway_processes import ask_in_turn, limited_key, start_gateways
+    from tests.support.system import System
 
     system = System(tmp_path / "system")
     try:
-        system.manage("migrate", "--verbosity", "0")
-        printed = system.manage(
-            "shell", "-c", _SETUP.replace("PORT", str(engine.port)).replace("RPM", "10")
-        )
-        secret, key_id = printed.split("KEY=")[1].strip().rsplit("=", 1)
+        secret, key_id = limited_key(system, engine.port, rpm=10)
         # Two gateway processes of one machine, as uvicorn's workers are (the same folder for
-        # their shared counts, the same database), on two ports so that the test decides which
-        # takes each request rather than the kernel.
-        from llmgw_site.management.commands.llmgw_run import gateway_command
-        from tests.support.system import free_port
-
-        bin_dir = Path(sys.executable).parent
-        urls = []
-        for index in range(2):
-            port = free_port()
-            system._spawn(
-                f"gateway-{index}", gateway_command(bin_dir, "127.0.0.1", port, workers=1)
-            )
-            urls.append(f"http://127.0.0.1:{port}")
-        headers = {"Authorization": f"Bearer {secret}"}
-        for url in urls:
-
-            def answers(url: str = url) -> bool:
-                return requests.get(f"{url}/v1/models", headers=headers, timeout=2).ok
-
-            wait_for(answers, timeout=60, what=f"the gateway process on {url}")
-
-        def ask(index: int) -> int:
-            return requests.post(
-                f"{urls[index % 2]}/v1/completions", json=ASK, headers=headers, timeout=30
-            ).status_code
-
-        with ThreadPoolExecutor(8) as pool:
-            statuses = list(pool.map(ask, range(40)))
+        # their shared counts, the same database).
+        urls = start_gateways(system, secret)
+        statuses = ask_in_turn(urls, secret)
         assert statuses.count(200) + statuses.count(429) == 40
         assert statuses.count(200) == 10, statuses
         # Each process admitted some of them: the limit held across the two, not within one.
@@ -520,7 +453,7 @@ def test_rpm_holds_across_two_gateway_processes_of_one_machine(
             reader = limits._open_for_reading(path)
             assert reader is not None
             view_map, view, _ = reader
-            tag = limits.key_tag(int(key_id))
+            tag = limits.key_tag(key_id)
             base = limits._find(view, tag, zlib.crc32(tag.to_bytes(8, "little")) % limits.SLOTS)
             counted.append(
                 0 if base is None else sum(view[base + limits.REQUESTS + i] for i in range(13))

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import time
+import tracemalloc
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +22,10 @@ from gateway import limits, redislimits
 from gateway.limits import SharedCounters, limits_of, no_budgets
 from gateway.redislimits import RedisLimits
 from tests.gateway.fake_engine import FakeEngine
-from tests.gateway.test_limits import _SETUP
+from tests.support.gateway_processes import ask_in_turn, limited_key, start_gateways
 from tests.support.system import free_port, wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
-
-ASK = {"model": "chat", "prompt": "hi"}
 
 
 class RedisServer:
@@ -241,6 +238,42 @@ def test_live_use_reads_every_machines_counts_from_redis(
         two.close()
 
 
+def test_the_queue_of_ended_requests_stays_at_its_cap_while_redis_cannot_be_reached(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ten times as many ends as the queue holds, none written: the queue stays at
+    MAX_PENDING, the excess is counted as dropped, and the memory held does not grow. The cap is
+    a tenth of the gateway's here (10,000, not 100,000), which keeps the test to seconds: the
+    bound is one comparison with it, whatever its value."""
+    from gateway import metrics
+
+    monkeypatch.setattr(redislimits, "DOWN_SECONDS", 3600.0)  # the writer does not try again
+    monkeypatch.setattr(redislimits, "MAX_PENDING", 10_000)
+    board = metrics.metrics()
+    nobody = f"redis://127.0.0.1:{free_port()}/0"  # refused at once
+    remote = RedisLimits(nobody, on_drop=board.limits_redis_dropped.inc)
+    ended = redislimits.Decided(counted=(), admitted=True, idents=("k1",), bucket=0)
+    cap = redislimits.MAX_PENDING
+    tracemalloc.start()
+    try:
+        # Token counts past the small ints that Python shares: each end holds objects of its own.
+        for tokens in range(1000, 1000 + cap):
+            remote.end(ended, tokens, 0)
+        at_cap = tracemalloc.get_traced_memory()[0]
+        for tokens in range(1000 + cap, 1000 + 10 * cap):
+            remote.end(ended, tokens, 0)
+        past_cap = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+        remote.close()
+    assert remote.pending == cap
+    assert remote._pending[0][2] == 1000 + 9 * cap  # the oldest went
+    dropped = board.registry.get_sample_value("llmgw_gateway_limits_redis_dropped_total")
+    assert dropped == 9 * cap
+    assert at_cap > 50 * cap  # what is measured is the queue: about 100 bytes an end
+    assert past_cap < at_cap * 1.01, (at_cap, past_cap)
+
+
 # -- two gateway machines, as the run command starts them ------------------------------------
 
 
@@ -250,43 +283,21 @@ def test_rpm_over_two_gateway_machines(
 ) -> None:
     """Through Redis, two machines let exactly the limit through; each counting alone (Redis
     off, or down), each lets the whole limit through: the overshoot the README states."""
-    from llmgw_site.management.commands.llmgw_run import gateway_command
     from tests.support.system import System
 
     system = System(tmp_path / "system")
     try:
-        system.manage("migrate", "--verbosity", "0")
-        printed = system.manage(
-            "shell", "-c", _SETUP.replace("PORT", str(engine.port)).replace("RPM", "10")
-        )
-        secret = printed.split("KEY=")[1].strip().rsplit("=", 1)[0]
-        bin_dir = Path(sys.executable).parent
-        urls = []
-        for index in range(2):
-            port = free_port()
-            env = {
+        secret, _ = limited_key(system, engine.port, rpm=10)
+        envs = [
+            {
                 **system.env,
                 "LLMGW_VAR_DIR": str(tmp_path / f"machine-{index}"),
                 "LLMGW_LIMITS_REDIS": redis_server.url if store == "redis" else "off",
             }
-            command = gateway_command(bin_dir, "127.0.0.1", port, workers=1)
-            system._spawn(f"gateway-{index}", command, env)
-            urls.append(f"http://127.0.0.1:{port}")
-        headers = {"Authorization": f"Bearer {secret}"}
-        for url in urls:
-
-            def answers(url: str = url) -> bool:
-                return requests.get(f"{url}/v1/models", headers=headers, timeout=2).ok
-
-            wait_for(answers, timeout=60, what=f"the gateway machine on {url}")
-
-        def ask(index: int) -> int:
-            return requests.post(
-                f"{urls[index % 2]}/v1/completions", json=ASK, headers=headers, timeout=30
-            ).status_code
-
-        with ThreadPoolExecutor(8) as pool:
-            statuses = list(pool.map(ask, range(40)))
+            for index in range(2)
+        ]
+        urls = start_gateways(system, secret, envs)
+        statuses = ask_in_turn(urls, secret)
         assert statuses.count(200) + statuses.count(429) == 40, statuses
         assert statuses.count(200) == (10 if store == "redis" else 20), statuses
         scraped = requests.get(f"{urls[0]}/metrics", timeout=5).text

@@ -11,15 +11,11 @@ about 0.45 s, is refused a second time, and the test sees two refusals instead o
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gateway.limits import SharedCounters
 from gateway.models import GatewayKey, hash_key
-from gateway.state import state
 from tests.gateway.fake_engine import FakeEngine
 
 # The stream that holds the key's one request in flight: 4 events 0.375 s apart, 1.5 s in all.
@@ -30,14 +26,7 @@ HOLD_SECONDS = HOLD_EVENTS * HOLD_DELAY
 ASK_AFTER = 0.75
 REFUSED_METRIC = 'llmgw_gateway_limited_total{limit="max_parallel",subject="key"}'
 
-
-@pytest.fixture(autouse=True)
-def counters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SharedCounters]:
-    """Fresh limit counters for each test, in a folder of its own (as one gateway process)."""
-    mine = SharedCounters(tmp_path / "gateway-limits", writer="test")
-    monkeypatch.setattr(state, "counters", mine)  # the gateway's (gateway.app.Gateway.counters)
-    yield mine
-    mine.close()
+pytestmark = pytest.mark.usefixtures("limit_counters")
 
 
 @pytest.fixture

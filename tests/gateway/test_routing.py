@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import tracemalloc
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -173,6 +175,76 @@ def test_among_equals_it_prefers_the_replica_that_last_served_the_same_name() ->
 def test_ties_are_broken_at_random() -> None:
     replicas = [replica(str(i), "m") for i in range(4)]
     assert {Balancer().choose(replicas, "m").id for _ in range(200)} == {"0", "1", "2", "3"}
+
+
+def test_it_remembers_a_bounded_number_of_replicas_names_however_many_come_and_go() -> None:
+    """Replicas come and go with every rollout: ten times the bound of them, each sent one
+    request that ended, leave no more names remembered than the bound, and no more memory."""
+    balancer = Balancer()
+    sizes: Counter[int] = Counter()  # how often each size was reported: no growth of its own
+
+    def remembered(size: int) -> None:
+        sizes[size] += 1
+
+    balancer.on_remembered = remembered
+    bound = routing.MAX_REMEMBERED_REPLICAS
+
+    def serve(index: int) -> None:
+        balancer.release(balancer.choose([replica(f"replica-{index}", "m")], "m"))
+
+    tracemalloc.start()
+    try:
+        for index in range(bound):
+            serve(index)
+        at_bound = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        for index in range(bound, 10 * bound):
+            serve(index)
+        most_past_bound = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert max(sizes) == bound
+    assert sizes[1] >= 9  # all idle: forgotten each time the bound was reached
+    assert at_bound > 50 * bound  # what is measured holds the names
+    assert most_past_bound < at_bound * 1.1, (at_bound, most_past_bound)
+
+
+def test_the_names_remembered_are_counted_in_the_metrics(process_gateway: Any) -> None:
+    process_gateway.balancer.choose([replica("a", "m"), replica("b", "m")], "m")
+    registry = process_gateway.metrics.registry
+    assert registry.get_sample_value("llmgw_gateway_replica_names_entries") == 1
+
+
+def test_a_choice_takes_over_the_slot_held_for_its_request() -> None:
+    balancer = Balancer()
+    a, b = replica("a", "m"), replica("b", "m")
+    balancer.choose([b], "m")  # b is busy
+    hold = balancer.hold(a)
+    assert balancer.in_flight("a") == 1  # held: another process sees a busy
+    assert balancer.choose([a, b], "m", hold=hold) == a  # its own slot, not counted against a
+    assert balancer.in_flight("a") == 1 and hold.taken
+    balancer.give_back(hold)  # taken: nothing to give back
+    assert balancer.in_flight("a") == 1
+
+
+def test_a_choice_elsewhere_gives_the_held_slot_back() -> None:
+    balancer = Balancer()
+    a, b = replica("a", "m"), replica("b", "m")
+    balancer.choose([a], "m")  # a is busy, and its one slot is held once more
+    hold = balancer.hold(a)
+    assert balancer.choose([a, b], "m", hold=hold) == b
+    assert balancer.in_flight("a") == 1 and balancer.in_flight("b") == 1
+
+
+def test_a_hold_no_choice_took_is_given_back_once() -> None:
+    balancer = Balancer()
+    a = replica("a", "m")
+    hold = balancer.hold(a)
+    balancer.give_back(hold)
+    balancer.give_back(hold)
+    assert balancer.in_flight("a") == 0
+    balancer.choose([a], "m", hold=hold)  # a hold given back counts nothing off
+    assert balancer.in_flight("a") == 1
 
 
 # -- retry once -----------------------------------------------------------------------------
