@@ -28,16 +28,14 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from catalog.config import DEFAULT_REGISTRY, current_config
-from catalog.models import Model
 from core.actor import Actor
-from fleet.models import Node
-from fleet.services import node_add
 from gateway.conf import trusted_proxies
 from llmgw import demo, localhub
 from llmgw_site.private_files import FILE_MODE, kept_secret, restrict, write_secret
-from llmgw_site.startup import apply_config_on_start
-from registry.updates import serve_start
+
+# What reaches the models is imported in the methods that use it: the command lines below
+# (worker_command, gateway_command, web_command) are read by the tests and benches that start
+# the processes themselves, before (or without) Django's apps being loaded.
 
 
 def worker_command(bin_dir: Path, schedule: Path) -> list[str]:
@@ -170,6 +168,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
+        from llmgw_site.startup import apply_config_on_start
+
         call_command("migrate", verbosity=0)
         # Before anything reads the configuration (the demo model does) or starts: a bad
         # server.yaml stops here with its message and exit code 2, as each process would.
@@ -241,6 +241,9 @@ class Command(BaseCommand):
     def _local_node(self) -> Path:
         """The file holding the local node's token, kept in var/ (the control plane itself only
         keeps its hash)."""
+        from fleet.models import Node
+        from fleet.services import node_add
+
         token_file = settings.VAR_DIR / "local-node-token"
         if token_file.exists() and Node.objects.filter(name="local").exists():
             restrict(token_file, FILE_MODE)  # left readable by others by an earlier version
@@ -254,6 +257,8 @@ class Command(BaseCommand):
 
     def _demo_registry(self) -> subprocess.Popen[bytes] | None:
         """olah serving the demo repository, so updates can be tried; None when left out."""
+        from catalog.config import DEFAULT_REGISTRY, current_config
+
         named = settings.LLMGW_REGISTRY_ENDPOINT or current_config().registry_endpoint
         if named != DEFAULT_REGISTRY:
             self.stdout.write(f"  Demo registry:     left out (the registry is {named})")
@@ -293,6 +298,8 @@ class Command(BaseCommand):
 
     def _demo_model(self) -> None:
         """Serve the demo repository's model, following main, so there is something to update."""
+        from catalog.models import Model
+        from registry.updates import serve_start
 
         existing = Model.objects.filter(name=demo.DEMO_MODEL).first()
         if existing is None:
