@@ -166,6 +166,10 @@ def test_the_gateway_answers_through_a_database_outage(
             )
             time.sleep(1)
 
+        print(
+            f"database outage of {OUTAGE_SECONDS} s: {traffic.answered} answered in all, "
+            f"{answered_in_outage} during the outage, {len(traffic.failed)} failed"
+        )
         assert traffic.failed == [], traffic.failed[:5]
         assert answered_in_outage > 100, answered_in_outage  # it kept answering throughout
         text = log.read_text()
