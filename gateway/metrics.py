@@ -57,6 +57,7 @@ class Metrics:
     limits_redis_errors: Any
     limits_redis_dropped: Any
     replica_names: Any
+    traffic_entries: Any
     queue_seconds: Any
     queue_depth: Any
     database_up: Any
@@ -234,6 +235,14 @@ def _create(folder: str | None) -> Metrics:
             "remembers, to break ties towards the replica that will not switch (at most "
             "gateway.routing.MAX_REMEMBERED_REPLICAS, 1,000; past that the replicas with "
             "nothing in flight from the process are forgotten).",
+            multiprocess_mode="livemax",
+            **where,
+        ),
+        traffic_entries=Gauge(
+            "llmgw_gateway_traffic_entries",
+            "Entries of traffic figures a gateway process holds until they are written and over: "
+            "minutes per model and revision, days per key and model, canary keys' minutes "
+            "(gateway.traffic.TrafficBook).",
             multiprocess_mode="livemax",
             **where,
         ),

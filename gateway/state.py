@@ -602,6 +602,7 @@ class GatewayState:
             except Exception:
                 # Figures are kept for the next flush; routing must not wait on them.
                 log.exception("gateway: could not write traffic figures; trying again later")
+            metrics().traffic_entries.set(self.book.size())
 
     # -- the refresher ------------------------------------------------------------------
 

@@ -162,7 +162,13 @@ class Figures:
 
 
 class TrafficBook:
-    """This process's figures, added to by requests and written by flush()."""
+    """This process's figures, added to by requests and written by flush().
+
+    Its bound is one of time, not of count: once written, it holds the minutes not yet final
+    (this one and the last, per model and revision), the days of today and yesterday (per key
+    and model that sent anything) and, for a canary, its keys' minutes. What the database has not
+    taken yet is held until it has (size() says how much; llmgw_gateway_traffic_entries).
+    """
 
     def __init__(self, writer: str | None = None) -> None:
         self.writer = writer or _writer_name()
@@ -234,6 +240,11 @@ class TrafficBook:
                 figures = self._minutes[minute] = Figures()
             figures.add_wait(seconds, outcome)
             self._dirty_minutes.add(minute)
+
+    def size(self) -> int:
+        """Entries held: minutes, days and canary keys' minutes."""
+        with self._lock:
+            return len(self._minutes) + len(self._days) + len(self._canary_keys)
 
     def due(self, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now

@@ -209,3 +209,43 @@ def test_usage_of_a_key_deleted_since_is_dropped_and_the_rest_written(key: Gatew
     assert TrafficMinute.objects.get().requests == 2
     assert [u.key_id for u in KeyUsageDay.objects.all()] == [key.id]
     assert book.flush(now=at(NOW)) == 0
+
+
+def test_the_book_stays_flat_over_ten_times_the_time_it_keeps(key: GatewayKey) -> None:
+    """Thirty minutes and twenty days of traffic, flushed as the gateway does: the book holds two
+    minutes and two days at most (its bound is time), and its memory does not grow."""
+    import tracemalloc
+
+    book = TrafficBook("w1")
+    models = [f"m{i}" for i in range(5)]
+
+    def a_minute(start: datetime) -> None:
+        for second in range(0, 60, 6):
+            for model in models:
+                moment = at(start + timedelta(seconds=second))
+                book.record(model=model, key_id=key.pk, status=200, seconds=0.1, at=moment)
+        book.flush(now=at(start + timedelta(seconds=59)))
+
+    a_minute(NOW)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        largest = 0
+        for minute in range(1, 30):
+            a_minute(NOW + timedelta(minutes=minute))
+            largest = max(largest, book.size())
+        for day in range(1, 20):
+            a_minute(NOW + timedelta(days=day))
+            largest = max(largest, book.size())
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    # At most: 2 minutes x 5 models, and 2 days x 5 models for the one key.
+    assert largest <= 2 * len(models) + 2 * len(models), largest
+    # What the book's own code holds (the database driver's caches are not the book's).
+    grown = sum(
+        stat.size_diff
+        for stat in after.compare_to(before, "filename")
+        if stat.traceback[0].filename.endswith(("gateway/traffic.py", "gateway\\traffic.py"))
+    )
+    assert grown < 16 * 1024, grown
