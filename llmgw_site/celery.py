@@ -7,7 +7,9 @@ from celery.signals import beat_init, worker_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
 
-app = Celery("llmgw")
+# Every task is a PeriodicTask: a periodic send runs once, and only while it is the latest
+# (llmgw_site.beat).
+app = Celery("llmgw", task_cls="llmgw_site.beat:PeriodicTask")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 

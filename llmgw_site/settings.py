@@ -296,6 +296,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(LLMGW_CANARY_CHECK_SECONDS),
     },
 }
+# One beat sends, however many run (llmgw_site.leader): the holder of a lease in the database,
+# this many seconds long, renewed every third of it. A standby takes over within about this long
+# (plus its 2 s poll) after the holder dies; shorter turns a database pause into a takeover.
+CELERY_BEAT_SCHEDULER = "llmgw_site.beat:LeaderScheduler"
+LLMGW_BEAT_LEASE_SECONDS = env_int("LLMGW_BEAT_LEASE_SECONDS", 15, minimum=3)
 CELERY_TASK_ALWAYS_EAGER = env_bool("LLMGW_TASKS_EAGER", False)
 CELERY_TASK_TIME_LIMIT = 600
 CELERY_TASK_SOFT_TIME_LIMIT = 540

@@ -40,7 +40,11 @@ def _agent_version() -> str:
 class Agent:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
-        self.server = config.server.rstrip("/")
+        # Every control plane it may heartbeat to, and the one in use (agent.server).
+        self.servers = tuple(
+            dict.fromkeys(url.rstrip("/") for url in (config.server, *config.more_servers))
+        )
+        self.server = self.servers[0]
         self.replicas_dir = config.cache / "replicas"
         self.cache = BlobCache(config.cache, credentials=self._credentials_for)
         self.lock = threading.Lock()
@@ -64,11 +68,12 @@ class Agent:
         self.session.headers["User-Agent"] = f"llmgw-node/{_agent_version()}"
 
     def _credentials_for(self, url: str) -> dict[str, str]:
-        """Downloads from the control plane's own origin (its mirror) carry the node token;
+        """Downloads from a control plane's own origin (its mirror) carry the node token;
         other hosts never see it."""
-        source, server = urlsplit(url), urlsplit(self.server)
-        if (source.scheme, source.netloc) == (server.scheme, server.netloc):
-            return {"Authorization": f"Bearer {self.config.token}"}
+        source = urlsplit(url)
+        for server in map(urlsplit, self.servers):
+            if (source.scheme, source.netloc) == (server.scheme, server.netloc):
+                return {"Authorization": f"Bearer {self.config.token}"}
         return {}
 
     # -- start ----------------------------------------------------------------------------------
@@ -185,24 +190,71 @@ class Agent:
             "replicas": [replica.report() for replica in replicas],
         }
 
+    def send_heartbeat(self, body: dict[str, Any]) -> requests.Response | None:
+        """POST the heartbeat to the control plane in use; when nothing answers there (or it
+        answers with a server error, as a gateway whose web process died does), to the next
+        of the others in turn. The first that answers is used from then on: all of them share
+        one database, so any may take the heartbeat. None when none answered (said once)."""
+        failures: list[tuple[str, str, str]] = []  # (server, kind, detail)
+        server_error: tuple[str, requests.Response] | None = None
+        start = self.servers.index(self.server)
+        for server in self.servers[start:] + self.servers[:start]:
+            try:
+                response = self.session.post(
+                    f"{server}/api/v1/node/heartbeat", json=body, timeout=HEARTBEAT_TIMEOUT
+                )
+            except requests.ConnectionError:
+                failures.append((server, "unreachable", "nothing answered"))
+                continue
+            except requests.Timeout:
+                failures.append((server, "timeout", "it did not answer in time"))
+                continue
+            except requests.RequestException as exc:
+                failures.append((server, "failed", str(exc)))
+                continue
+            if response.status_code >= 500 and len(self.servers) > 1:
+                failures.append((server, "error", f"HTTP {response.status_code}"))
+                server_error = server_error or (server, response)
+                continue
+            self._use(server, failures)
+            return response
+        if server_error is not None:  # an answer, if not a good one: said as a refusal
+            self._use(server_error[0], failures)
+            return server_error[1]
+        self._unreachable(failures)
+        return None
+
+    def _use(self, server: str, failures: list[tuple[str, str, str]]) -> None:
+        if server != self.server:
+            why = "; ".join(f"{url}: {detail}" for url, _, detail in failures)
+            log.warning("heartbeating to the control plane at %s from now on (%s)", server, why)
+            self.server = server
+
+    def _unreachable(self, failures: list[tuple[str, str, str]]) -> None:
+        if len(failures) > 1:
+            why = "; ".join(f"{url}: {detail}" for url, _, detail in failures)
+            self._problem(
+                f"cannot reach any of the control planes ({why}). "
+                "Keeping the engines running and trying again."
+            )
+            return
+        server, kind, detail = failures[0]
+        if kind == "unreachable":
+            self._problem(
+                f"cannot reach the control plane at {server}: nothing answered. "
+                "Keeping the engines running and trying again."
+            )
+        elif kind == "timeout":
+            self._problem(
+                f"the control plane at {server} did not answer in time. "
+                "Keeping the engines running and trying again."
+            )
+        else:
+            self._problem(f"the heartbeat to {server} failed: {detail}. Trying again.")
+
     def heartbeat(self) -> None:
-        url = f"{self.server}/api/v1/node/heartbeat"
-        try:
-            response = self.session.post(url, json=self.heartbeat_body(), timeout=HEARTBEAT_TIMEOUT)
-        except requests.ConnectionError:
-            self._problem(
-                f"cannot reach the control plane at {self.server}: nothing answered. "
-                "Keeping the engines running and trying again."
-            )
-            return
-        except requests.Timeout:
-            self._problem(
-                f"the control plane at {self.server} did not answer in time. "
-                "Keeping the engines running and trying again."
-            )
-            return
-        except requests.RequestException as exc:
-            self._problem(f"the heartbeat to {self.server} failed: {exc}. Trying again.")
+        response = self.send_heartbeat(self.heartbeat_body())
+        if response is None:
             return
         if response.status_code == 401:
             self._problem(
@@ -351,11 +403,13 @@ class Agent:
             )
         else:
             log.info("engines run %s", executable)
+        others = f" (then {', '.join(self.servers[1:])} when it does not answer)"
         log.info(
-            "node agent %s (pid %s) heartbeating to %s; cache %s; engines on %s, ports %s-%s",
+            "node agent %s (pid %s) heartbeating to %s%s; cache %s; engines on %s, ports %s-%s",
             _agent_version(),
             os.getpid(),
             self.server,
+            others if len(self.servers) > 1 else "",
             self.config.cache,
             self.config.address,
             *self.config.port_range,

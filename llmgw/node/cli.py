@@ -45,8 +45,13 @@ def add_parser(subparsers: Any) -> None:
 def _add_control_plane_options(group: Any) -> None:
     group.add_argument(
         "--server",
-        default=os.environ.get("LLMGW_URL"),
-        help="the control plane's URL (default: LLMGW_URL)",
+        action="append",
+        metavar="URL",
+        help=(
+            "the control plane's URL (default: LLMGW_URL). With several control planes, give "
+            "each (--server URL --server URL, or URLs separated by commas): the agent heartbeats "
+            "to the first that answers and stays with it until it stops answering"
+        ),
     )
     group.add_argument(
         "--token-file",
@@ -213,11 +218,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def config_from_args(args: argparse.Namespace) -> NodeConfig:
-    if not args.server:
+    servers = [
+        url.strip()
+        for given in (args.server or [os.environ.get("LLMGW_URL") or ""])
+        for url in given.split(",")
+        if url.strip()
+    ]
+    if not servers:
         raise SystemExit("llmgw node: give the control plane's URL with --server (or LLMGW_URL).")
     token = _token(args)
     return NodeConfig(
-        server=args.server,
+        server=servers[0],
+        more_servers=tuple(dict.fromkeys(servers[1:])),
         token=token,
         memory_gb=args.memory,
         cores=args.cores,

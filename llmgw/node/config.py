@@ -29,6 +29,10 @@ class NodeConfig:
     engine: str | None = None  # llama-server's path; None: engine.find_engine()
     cache_max_gb: float | None = None  # None: the blob cache is not bounded
     engine_log_max_bytes: int = DEFAULT_ENGINE_LOG_MAX_BYTES
+    # Other control planes of the same installation (the same database), tried in this order
+    # after `server` when the one in use does not answer; the first that answers is used from
+    # then on.
+    more_servers: tuple[str, ...] = ()
 
 
 def default_cache_dir() -> Path:

@@ -41,7 +41,10 @@ from registry.updates import serve_start
 
 
 def worker_command(bin_dir: Path, schedule: Path) -> list[str]:
-    """A Celery worker that also runs beat (-B), keeping beat's schedule in `schedule`."""
+    """A Celery worker that also runs beat (-B), keeping beat's schedule in `schedule`.
+
+    Its beat sends only while it holds the beat lease when the database is shared
+    (llmgw_site.beat), so the run command may run on several machines at once."""
     return [
         str(bin_dir / "celery"),
         "-A",
@@ -54,6 +57,9 @@ def worker_command(bin_dir: Path, schedule: Path) -> list[str]:
         "2",
         "--schedule",
         str(schedule),
+        # The embedded beat does not read CELERY_BEAT_SCHEDULER.
+        "--scheduler",
+        "llmgw_site.beat:LeaderScheduler",
     ]
 
 
@@ -127,6 +133,17 @@ def behind_gateway_environment(web_bind: str) -> dict[str, str]:
     }
 
 
+def gateway_bind(bind: str | None, public_url: str) -> tuple[str, int]:
+    """Where the gateway listens: --bind HOST:PORT, else the public URL's host and port."""
+    if not bind:
+        parts = urlsplit(public_url)
+        return parts.hostname or "127.0.0.1", parts.port or 8000
+    host, _, port = bind.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise CommandError(f"--bind {bind}: give a host and a port, like 0.0.0.0:8000.")
+    return host.strip("[]"), int(port)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -138,6 +155,14 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--no-node", action="store_true", help="run no local node")
+        parser.add_argument(
+            "--bind",
+            metavar="HOST:PORT",
+            help=(
+                "where the gateway listens (default: LLMGW_PUBLIC_URL's host and port). Give it "
+                "when LLMGW_PUBLIC_URL is a load balancer in front of several machines"
+            ),
+        )
         parser.add_argument(
             "--no-demo",
             action="store_true",
@@ -157,13 +182,11 @@ class Command(BaseCommand):
             if registry is not None:
                 started["registry"] = registry
                 self._demo_model()
-        parts = urlsplit(settings.LLMGW_PUBLIC_URL)
+        host, port = gateway_bind(options["bind"], settings.LLMGW_PUBLIC_URL)
         web_bind = f"127.0.0.1:{_free_port()}"
         bin_dir = Path(sys.executable).parent
         commands = {
-            "gateway": gateway_command(
-                bin_dir, parts.hostname or "127.0.0.1", parts.port or 8000, workers=2
-            ),
+            "gateway": gateway_command(bin_dir, host, port, workers=2),
             "web": [*web_command(bin_dir, web_bind, timeout=300), "--access-logfile", "-"],
             "worker": worker_command(bin_dir, settings.VAR_DIR / "celerybeat-schedule"),
         }

@@ -1,0 +1,221 @@
+"""The beat scheduler every llmgw beat runs, and the task class every llmgw task is made from.
+
+LeaderScheduler is Celery's own PersistentScheduler with one addition where several control
+planes share the database (PostgreSQL): it sends only while it holds the beat lease, and each
+send first claims its entry's row (llmgw_site.leader says why the lease is in the database and
+what is guaranteed). On SQLite (one machine) it is exactly the stock scheduler.
+
+Run it as `celery -A llmgw_site beat` (CELERY_BEAT_SCHEDULER names it) or inside a worker,
+`celery -A llmgw_site worker -B --scheduler llmgw_site.beat:LeaderScheduler` (the worker does
+not read the setting for its embedded beat, so the run command passes it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+import secrets
+import socket
+import time
+from datetime import UTC
+from typing import Any
+
+from celery import Task
+from celery.beat import PersistentScheduler, ScheduleEntry
+from celery.exceptions import Ignore
+from celery.schedules import schedule as every
+
+log = logging.getLogger("llmgw.beat")
+
+# How often a standby asks for the lease: with the lease's length, the most a takeover takes.
+STANDBY_SECONDS = 2.0
+# The message headers a send carries (the worker's PeriodicTask reads them).
+ENTRY_HEADER = "llmgw_periodic"
+SEND_HEADER = "llmgw_send"
+BEAT_HEADER = "llmgw_beat"
+SENT_AT_HEADER = "llmgw_sent_at"
+
+
+def interval_of(entry: ScheduleEntry) -> float:
+    """The least time between two sends of an entry: its interval, or a minute for crontab-like
+    schedules (their resolution)."""
+    if isinstance(entry.schedule, every):
+        return max(entry.schedule.run_every.total_seconds(), 0.0)
+    return 60.0
+
+
+class LeaderScheduler(PersistentScheduler):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from django.conf import settings
+
+        from . import leader
+
+        self.shared = leader.shared()
+        self.lease_seconds = float(settings.LLMGW_BEAT_LEASE_SECONDS)
+        # Unique per process: a beat restarted on the same machine is another holder, and
+        # waits for the dead one's lease to run out rather than trusting it is dead.
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.held: leader.Held | None = None
+        self.renew_at = 0.0
+        self._said: str | None = None
+        super().__init__(*args, **kwargs)
+
+    # -- the lease ----------------------------------------------------------------------------
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        if not self.shared:
+            return super().tick(*args, **kwargs)
+        if not self._lead():
+            return min(STANDBY_SECONDS, self.lease_seconds / 5)
+        delay = super().tick(*args, **kwargs)
+        return max(0.0, min(delay, self.renew_at - time.monotonic()))
+
+    def _lead(self) -> bool:
+        """Whether this process may send now: it holds the lease, renewed when a third of it
+        has passed."""
+        from django.db import DatabaseError, close_old_connections
+
+        from . import leader
+
+        if self.held is not None and time.monotonic() < self.renew_at:
+            return True
+        asked = time.monotonic()
+        try:
+            close_old_connections()
+            held = leader.take(holder=self.holder, seconds=self.lease_seconds)
+            current = None if held is not None else leader.holder_of()
+        except DatabaseError as exc:
+            self._database_failed()
+            self._say(
+                f"beat: cannot reach the database to hold the lease ({_first_line(exc)}); "
+                "sending nothing until it answers",
+                logging.WARNING,
+            )
+            self.held = None
+            return False
+        if held is None:
+            if self.held is not None:
+                self._say(
+                    f"beat: {self.holder} lost the lease to {current.holder if current else '?'}; "
+                    "standing by",
+                    logging.WARNING,
+                )
+            elif current is not None:
+                self._say(
+                    f"beat: standing by; {current.holder} runs the schedule (this beat takes "
+                    f"over if that one stops renewing its {self.lease_seconds:g} s lease)"
+                )
+            self.held = None
+            return False
+        if self.held is None or held.term != self.held.term:
+            self._start_term(held)
+        self.held = held
+        self.renew_at = asked + self.lease_seconds / 3
+        return True
+
+    def _start_term(self, held: Any) -> None:
+        """Begin leading: each entry's last send is the one recorded by whichever beat sent it,
+        so what came due while no beat led is sent now, and nothing is sent early."""
+        from . import leader
+
+        sends = leader.last_sends(list(self.schedule))
+        for name, entry in self.schedule.items():
+            sent = sends.get(name)
+            if sent is not None:
+                entry.last_run_at = sent.astimezone(UTC)
+        self._heap = None  # rebuilt from the entries at the next tick
+        taken = f", taken from {held.previous}" if held.previous else ""
+        self._say(f"beat: {self.holder} runs the schedule now (term {held.term}{taken})")
+
+    def _say(self, text: str, level: int = logging.INFO) -> None:
+        # A standby asks every two seconds: say each state once, not each time.
+        if text != self._said:
+            log.log(level, "%s", text)
+            self._said = text
+
+    @staticmethod
+    def _database_failed() -> None:
+        from django.db import connection
+
+        # The connection is broken already; the next call makes a new one.
+        with contextlib.suppress(Exception):
+            connection.close()
+
+    # -- sends --------------------------------------------------------------------------------
+
+    def apply_entry(self, entry: ScheduleEntry, producer: Any = None) -> None:
+        if not self.shared:
+            return super().apply_entry(entry, producer=producer)
+        from django.db import DatabaseError
+
+        from . import leader
+
+        held = self.held
+        if held is None:
+            return None
+        try:
+            send = leader.claim_send(
+                name=entry.name,
+                task=entry.task,
+                interval=interval_of(entry),
+                holder=self.holder,
+                term=held.term,
+            )
+        except DatabaseError as exc:
+            self._database_failed()
+            log.warning("beat: not sending %s: the database did not answer (%s)", entry.name, exc)
+            self.renew_at = 0.0
+            return None
+        if send is None:
+            # Sent by another beat within its interval, or this beat no longer holds the lease:
+            # ask for the lease again before the next send.
+            log.info("beat: not sending %s: it was sent less than an interval ago or this beat "
+                     "lost the lease", entry.name)  # fmt: skip
+            self.renew_at = 0.0
+            return None
+        stamped = copy.copy(entry)
+        headers = {**entry.options.get("headers", {}), ENTRY_HEADER: entry.name,
+                   SEND_HEADER: send.number, SENT_AT_HEADER: send.sent_at.isoformat(),
+                   BEAT_HEADER: self.holder}  # fmt: skip
+        stamped.options = {**entry.options, "headers": headers}
+        return super().apply_entry(stamped, producer=producer)
+
+    def close(self) -> None:
+        if self.shared and self.held is not None:
+            from django.db import DatabaseError
+
+            from . import leader
+
+            try:
+                if leader.release(holder=self.holder):
+                    log.info("beat: %s released the lease", self.holder)
+            except DatabaseError:
+                pass  # it runs out by itself
+            self.held = None
+        super().close()
+
+
+class PeriodicTask(Task):
+    """Every llmgw task (the Celery app's task class): a send from LeaderScheduler runs only if it
+    is still its entry's latest send and has not run; any other call runs as usual."""
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        name, send = self.request.get(ENTRY_HEADER), self.request.get(SEND_HEADER)
+        if name is None or send is None:
+            return
+        from . import leader
+
+        if not leader.ran_send(name=str(name), send=int(send)):
+            log.info(
+                "%s: not running send %s of %s: it ran already or a later send superseded it",
+                self.name,
+                send,
+                name,
+            )
+            raise Ignore()
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
