@@ -3,7 +3,8 @@ PostgreSQL and a Redis of its own, one part killed or stopped at a random moment
 with traffic through the gateway, and nothing lost once it is back.
 
 The cells are drawn by the seed, printed in each test's id (`seed=N`): LLMGW_FAULT_SEED=N replays a
-run, LLMGW_FAULT_CELLS sets how many cells run (2). `bench/faults.py` runs every cell.
+run, LLMGW_FAULT_CELLS sets how many cells run (2), or names them ("web:add,engine:scale").
+`bench/faults.py` runs every cell.
 Select these with `-m faults`.
 """
 
@@ -21,7 +22,7 @@ from llmgw.engine import find_engine
 from tests.support import faults, postgres
 
 SEED = faults.seed_from_environment()
-CELLS = faults.sample_cells(random.Random(SEED), int(os.environ.get("LLMGW_FAULT_CELLS", "2")))
+CELLS = faults.sample_cells(random.Random(SEED), os.environ.get("LLMGW_FAULT_CELLS", "2"))
 
 pytestmark = [
     pytest.mark.faults,

@@ -79,8 +79,14 @@ def all_cells() -> list[tuple[str, str]]:
     return [(fault, operation) for fault in FAULTS for operation in OPERATIONS]
 
 
-def sample_cells(rng: random.Random, count: int) -> list[tuple[str, str]]:
-    return rng.sample(all_cells(), count)
+def sample_cells(rng: random.Random, wanted: str) -> list[tuple[str, str]]:
+    """`wanted` is a number of cells drawn by `rng`, or named cells: "web:add,engine:scale"."""
+    if wanted.strip().isdigit():
+        return rng.sample(all_cells(), int(wanted))
+    cells = [tuple(cell.strip().split(":", 1)) for cell in wanted.split(",") if cell.strip()]
+    unknown = [cell for cell in cells if cell not in all_cells()]
+    assert not unknown, f"no such cells: {unknown}; a cell is FAULT:OPERATION of {all_cells()}"
+    return cells  # type: ignore[return-value]
 
 
 class RedisServer:
