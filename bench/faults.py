@@ -50,7 +50,7 @@ def main() -> int:
     random.Random(seed).shuffle(runs)
     print(f"fault matrix: {len(runs)} runs, seed {seed} (--seed {seed} replays it)", flush=True)
 
-    results = defaultdict(list)
+    results: defaultdict[tuple[str, str], list[faults.CellResult]] = defaultdict(list)
     started = time.monotonic()
     with (
         tempfile.TemporaryDirectory(prefix="llmgw-bench-faults-") as folder,
@@ -77,7 +77,7 @@ def main() -> int:
     )
     print(head)
     print("-" * len(head))
-    totals = defaultdict(int)
+    totals: defaultdict[str, int] = defaultdict(int)
     for fault, operation in cells:
         rows = results.get((fault, operation), [])
         if not rows:

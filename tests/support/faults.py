@@ -18,9 +18,11 @@ an operator (or systemd) would, and checks:
 The faults (`FAULTS`):
 - web: the gunicorn master and its workers (SIGKILL to each), started again with the same command.
 - gateway-worker: one of uvicorn's worker processes (SIGKILL); uvicorn's supervisor starts another.
-- worker: the Celery worker and everything under it (SIGKILL), started again. Beat runs inside the
-  worker (`worker -B`, as the run command starts it), so this is also the beat fault: the run
-  command has no way to run beat alone.
+- worker: the Celery worker and everything under it (SIGKILL), beat included (it runs inside the
+  worker, `worker -B`, as the run command starts it), started again.
+- beat: only the worker's beat process (SIGKILL), the one that holds the beat lease. The worker
+  stays up, so systemd restarts nothing: nothing is restarted by hand either. Then (and after
+  worker, postgres, redis) the schedule must be sending periodic tasks again.
 - node: one node agent (SIGKILL; its engines keep running), started again on the same cache and
   token, where it adopts or stops what the killed agent left.
 - engine: the llama-server of one ready replica of "chat" (SIGKILL); the agent and the reconciler
@@ -38,10 +40,12 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +60,18 @@ from tests.support import postgres
 from tests.support.http_files import serve_directory
 from tests.support.system import ROOT, System, free_port, wait_for
 
-FAULTS = ("web", "gateway-worker", "worker", "node", "engine", "postgres", "redis")
+FAULTS = ("web", "gateway-worker", "worker", "beat", "node", "engine", "postgres", "redis")
+# Cells that fail for a known reason not fixed yet: the tests expect them to fail (xfail).
+KNOWN_FAILURES = {
+    "beat": (
+        "the Celery worker does not start its embedded beat (-B) again when that process dies, "
+        "and stays up itself, so nothing restarts it: no periodic task is sent from this "
+        "machine until the worker is restarted (on two machines the other's beat takes over)"
+    ),
+}
+# After a fault that stops the schedule, a periodic task is sent again within this long
+# (the beat lease, 15 s, plus the 1 s reconcile interval and some slack).
+SCHEDULE_BACK_SECONDS = 25.0
 OPERATIONS = ("scale", "add")
 PROFILE = [{"name": "cpu", "memory_gb": 1, "cores": 1}]
 NODES = ("node-a", "node-b")
@@ -205,22 +220,30 @@ class CellResult:
     double_placements: list[str] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
     audit_missing: str = ""
+    schedule: str = ""  # why the schedule did not send again, after a fault that stops it
     unexcused: list[str] = field(default_factory=list)
+    statuses: dict[str, int] = field(default_factory=dict)  # of the failed requests
     fault_note: str = ""
 
     @property
     def ok(self) -> bool:
         return (self.outcome == "completed" or self.outcome.startswith("failed")) and not (
-            self.double_placements or self.orphans or self.audit_missing or self.unexcused
+            self.double_placements
+            or self.orphans
+            or self.audit_missing
+            or self.unexcused
+            or self.schedule
         )
 
     def describe(self) -> str:
         return (
             f"{self.fault} x {self.operation} (seed {self.seed}): {self.outcome}; "
-            f"{self.sent} requests, {self.failed} failed ({self.excused} excused); "
+            f"{self.sent} requests, {self.failed} failed {self.statuses or ''} "
+            f"({self.excused} excused); "
             f"recovered in {self.recover_seconds}s; {self.fault_note}; "
             f"double placements {self.double_placements}; orphan engines {self.orphans}; "
-            f"audit: {self.audit_missing or 'ok'}; unexcused failures {self.unexcused[:5]}"
+            f"audit: {self.audit_missing or 'ok'}; schedule: {self.schedule or 'ok'}; "
+            f"unexcused failures {self.unexcused[:5]}"
         )
 
 
@@ -397,6 +420,31 @@ class Fleet:
 
     # -- faults -----------------------------------------------------------------------
 
+    def beat_pid(self) -> int:
+        """The worker's beat process, named in its log line "beat: HOST:PID:… runs the schedule"."""
+        worker = psutil.Process(self.sys.processes["worker"].pid)
+        children = {c.pid for c in worker.children()}
+        text = self.sys.logs["worker"].read_text(errors="replace")
+        for line in reversed(text.splitlines()):
+            found = re.search(r"beat: [^\s:]+:(\d+):\w+ runs the schedule now", line)
+            if found:
+                pid = int(found.group(1))
+                assert pid in children, f"beat {pid} is not a process of the worker {children}"
+                return pid
+        raise AssertionError("no beat has taken the schedule in the worker's log")
+
+    def schedule_sends_since(self, offset: int) -> bool:
+        """Whether beat sent a periodic task after `offset` bytes of the worker's log."""
+        with self.sys.logs["worker"].open("rb") as log:
+            log.seek(offset)
+            return b"Sending due task" in log.read()
+
+    def restart_worker(self) -> None:
+        process = self.sys.processes.pop("worker")
+        _kill_tree(process.pid)
+        process.wait(timeout=10)
+        self.sys.start_worker()
+
     def gateway_workers(self) -> list[psutil.Process]:
         """uvicorn's worker processes (not multiprocessing's resource tracker beside them)."""
         workers = []
@@ -413,7 +461,7 @@ class Fleet:
             process = system.processes.pop("web")
             killed = _kill_tree(process.pid)
             process.wait(timeout=10)
-            return f"killed web pids {killed}", {"argv": list(process.args)}
+            return f"killed web pids {killed}", {"argv": [str(a) for a in process.args]}  # type: ignore[union-attr]
         if fault == "gateway-worker":
             workers = self.gateway_workers()
             victim = rng.choice(sorted(workers, key=lambda p: p.pid))
@@ -424,6 +472,10 @@ class Fleet:
             killed = _kill_tree(process.pid)
             process.wait(timeout=10)
             return f"killed worker and beat pids {killed}", {}
+        if fault == "beat":
+            pid = self.beat_pid()
+            os.kill(pid, signal.SIGKILL)
+            return f"killed beat {pid} (inside the worker)", {}
         if fault == "node":
             name = rng.choice(NODES)
             process = system.processes.pop(f"node-{name}")
@@ -507,7 +559,7 @@ def _audit_missing(fleet: Fleet, operation: str) -> str:
     return "the audit could not be read"
 
 
-def _excuse(fault: str, answer: Answer, fault_at: float) -> bool:
+def _excuse(fault: str, answer: Answer, fault_at: float, settled_at: float) -> bool:
     """Whether the fault may have failed this request (see the module's docstring)."""
     if answer.hung:
         return False
@@ -515,8 +567,15 @@ def _excuse(fault: str, answer: Answer, fault_at: float) -> bool:
         # In flight on the killed worker: sent before the kill, no answer.
         return answer.status is None and answer.started <= fault_at + 0.2
     if fault == "engine":
-        # Routed to the dead engine until the control plane withdraws it: an answer, cleanly.
-        return answer.clean and answer.status is not None and answer.started >= fault_at - 0.2
+        # In flight on the dead engine, or sent while it was the only one routed and before
+        # its replacement was ready (the gateway sends a refused request to another ready
+        # replica when there is one, gateway.proxy): an answer, cleanly.
+        return (
+            answer.clean
+            and answer.status is not None
+            and fault_at - 0.2 <= answer.ended
+            and answer.started <= settled_at
+        )
     return False
 
 
@@ -531,23 +590,39 @@ def run_cell(fleet: Fleet, fault: str, operation: str, seed: int) -> CellResult:
         result.fault_note, saved = fleet.inject(fault, rng)
         time.sleep(DOWN_SECONDS.get(fault, DEFAULT_DOWN_SECONDS))
         fleet.restore(fault, saved)
+        log_offset = fleet.sys.logs["worker"].stat().st_size
+        settled_at = float("inf")
         try:
             fleet.wait_settled(wanted)
+            settled_at = time.monotonic()
             result.outcome = "completed"
-            result.recover_seconds = round(time.monotonic() - fault_at, 1)
+            result.recover_seconds = round(settled_at - fault_at, 1)
         except AssertionError:
             reason = failure_reason(fleet, wanted)
             result.outcome = f"failed: {reason}" if reason else "lost"
         # A little traffic after it settled: the gateway must serve it all.
         time.sleep(1.0)
+    if fault in ("worker", "beat", "postgres", "redis"):
+        try:
+            wait_for(
+                lambda: fleet.schedule_sends_since(log_offset),
+                timeout=SCHEDULE_BACK_SECONDS,
+                what="a periodic task sent",
+            )
+        except AssertionError:
+            result.schedule = f"no periodic task sent in {SCHEDULE_BACK_SECONDS:.0f}s after"
+        if fault == "beat":
+            # What an operator does once the silent schedule is noticed; the next cells need it.
+            fleet.restart_worker()
     result.double_placements = fleet.double_placements(wanted)
     result.orphans = fleet.orphan_engines()
     result.audit_missing = _audit_missing(fleet, operation)
     result.sent = len(traffic.answers)
     failures = [a for a in traffic.answers if a.status != 200]
     result.failed = len(failures)
-    unexcused = [a for a in failures if not _excuse(fault, a, fault_at)]
+    unexcused = [a for a in failures if not _excuse(fault, a, fault_at, settled_at)]
     result.excused = result.failed - len(unexcused)
+    result.statuses = dict(Counter(str(a.status or "no answer") for a in failures))
     result.unexcused = [f"t{a.started - fault_at:+.1f}s {a.status} {a.error}" for a in unexcused]
     return result
 
