@@ -579,6 +579,18 @@ def _excuse(fault: str, answer: Answer, fault_at: float, settled_at: float) -> b
     return False
 
 
+def _read(read: Any) -> Any:
+    """`read()`, asked again for up to 20 s while the API answers an error (a part coming back)."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            return read()
+        except (AssertionError, requests.RequestException):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def run_cell(fleet: Fleet, fault: str, operation: str, seed: int) -> CellResult:
     rng = random.Random(f"{seed}:{fault}:{operation}")
     result = CellResult(fault, operation, seed)
@@ -614,8 +626,8 @@ def run_cell(fleet: Fleet, fault: str, operation: str, seed: int) -> CellResult:
         if fault == "beat":
             # What an operator does once the silent schedule is noticed; the next cells need it.
             fleet.restart_worker()
-    result.double_placements = fleet.double_placements(wanted)
-    result.orphans = fleet.orphan_engines()
+    result.double_placements = _read(lambda: fleet.double_placements(wanted))
+    result.orphans = _read(fleet.orphan_engines)
     result.audit_missing = _audit_missing(fleet, operation)
     result.sent = len(traffic.answers)
     failures = [a for a in traffic.answers if a.status != 200]
