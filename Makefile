@@ -57,3 +57,4 @@ bench: setup
 	$(PY) bench/canary.py
 	$(PY) bench/fairness.py
 	$(PY) bench/limits.py
+	$(PY) bench/faults.py

@@ -104,6 +104,10 @@ def database_from_url(url: str, *, base_dir: Path) -> dict[str, object]:
             "HOST": parts.hostname or "",
             "PORT": str(parts.port or ""),
             "CONN_MAX_AGE": 60,
+            # A kept connection is checked before a request reuses it. Without it, after the
+            # server restarts every kept connection fails its next request once (a 500 for each
+            # of the web's threads, heartbeats included), as the fault matrix found.
+            "CONN_HEALTH_CHECKS": True,
         }
     raise EnvError(
         f"DATABASE_URL={url!r} is not understood: use sqlite:///PATH or "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime, timedelta
 
 from django.db import models
 from django.utils import timezone
@@ -63,6 +64,9 @@ class Node(models.Model):
     cordoned = models.BooleanField(default=False)
     lost = models.BooleanField(default=False)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
+    # The first heartbeat of the node's current run of heartbeats without a long gap: the
+    # reconciler declares a silent node lost only while another has been heard that long.
+    heard_since = models.DateTimeField(null=True, blank=True)
     agent = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -71,6 +75,15 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def heard_since_with(self, now: datetime, *, lost_after: float) -> datetime:
+        """`heard_since` once a heartbeat arrives at `now`: unchanged while they keep coming, `now`
+        after a gap of over a third of `lost_after` (several missed heartbeats) or when lost."""
+        previous = self.last_heartbeat
+        gap = timedelta(seconds=lost_after / 3)
+        if self.heard_since is None or self.lost or previous is None or now - previous > gap:
+            return now
+        return self.heard_since
 
     @property
     def state(self) -> str:

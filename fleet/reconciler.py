@@ -185,13 +185,46 @@ def _reconcile(now: datetime) -> PassReport:
     return run.report
 
 
+# The silent nodes last logged as not declared lost, so that the line is written once.
+_unheard_logged: dict[str, str] = {}
+
+
 def _mark_lost_nodes(run: _Pass) -> None:
-    cutoff = run.now - timedelta(seconds=run.config.node_lost_after)
+    """Nodes silent for node_lost_after are lost, but only while the control plane hears others.
+
+    Why: silence is the node's fault only if heartbeats were getting through. When the control
+    plane heard nobody (its web process, its database or the network in front of it was down
+    for longer than node_lost_after), every node was silent, and declaring them all lost when it
+    comes back would withdraw every replica from routing at once: healthy engines answering 503
+    until their nodes heartbeat again and get new ones. So a node is lost only when another has
+    been heard without a gap for at least node_lost_after. The cost: the death of every node at
+    once (or of the only one) is not declared; their replicas stay routed, and requests to them
+    fail with a status (the engine is gone) until the nodes come back, as they would with
+    nowhere else to run them anyway."""
+    lost_after = timedelta(seconds=run.config.node_lost_after)
+    cutoff = run.now - lost_after
     silent = list(
         Node.objects.filter(lost=False, last_heartbeat__lt=cutoff).values_list("pk", "name")
     )
     if not silent:
         return
+    hearing = Node.objects.filter(
+        lost=False,
+        heard_since__lte=cutoff,
+        last_heartbeat__gte=run.now - lost_after / 3,
+    )
+    if not hearing.exists():
+        names = ", ".join(sorted(name for _, name in silent))
+        if names != _unheard_logged.get("names"):  # once, not at every pass
+            _unheard_logged["names"] = names
+            log.warning(
+                "no heartbeat from %s for %ss, but not declared lost: no other node has been "
+                "heard that long (the control plane itself may have been unreachable)",
+                names,
+                run.config.node_lost_after,
+            )
+        return
+    _unheard_logged.pop("names", None)
     ids = [pk for pk, _ in silent]
     Node.objects.filter(pk__in=ids).update(lost=True)
     seconds = run.config.node_lost_after

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from catalog.config import current_config
 from catalog.definitions import NAME_PATTERN
 from catalog.models import Model
 from core.actor import Actor, require_staff
@@ -240,6 +241,7 @@ def node_heartbeat(
         node.address = address
         node.port_first, node.port_last = first_port, last_port
         node.agent = report.get("agent") or {}
+        node.heard_since = node.heard_since_with(now, lost_after=current_config().node_lost_after)
         node.last_heartbeat = now
         came_back = node.lost
         node.lost = False
@@ -247,6 +249,7 @@ def node_heartbeat(
         # allow-list or accepted its capacity since it was read, and that must not be undone.
         written = ["memory_gb", "cores", "gpus", "gpu_memory_gb", "reported_capacity"]
         written += ["address", "port_first", "port_last", "agent", "last_heartbeat", "lost"]
+        written.append("heard_since")
         if first_report:
             written.append("registered_capacity")
         if not Node.objects.filter(pk=node.pk).update(**{f: getattr(node, f) for f in written}):

@@ -99,7 +99,11 @@ class SharedLoad:
         assert self.folder is not None
         seen: set[int] = set()
         for pid, path in other_processes_files(self.folder, "load", self.pid):
-            if not process_alive(pid) and pid not in self._others:
+            if not process_alive(pid):
+                # Also when it was alive at the last scan: what it had in flight died with it
+                # (its mapping is closed below; kept, a killed worker's requests in flight
+                # would count against their replicas for good, and the fair queue would make
+                # requests wait for slots that no one holds).
                 _drop(path)
                 continue
             seen.add(pid)

@@ -139,6 +139,8 @@ class Agent:
                 f"{replica.port}; checking that it answers"
             )
             log.info("%s: %s", replica.label, replica.message)
+            if replica.ready_at_adoption():
+                log.info("%s: ready: %s", replica.label, replica.message)
             self.replicas[spec.id] = replica
             replica.start(replica.run_adopted)
             return

@@ -33,6 +33,8 @@ from .spec import AdapterSpec, ReplicaSpec
 
 log = logging.getLogger("llmgw.node")
 
+# How long a restarted agent waits for an adopted engine to answer before its first heartbeat.
+ADOPTION_CHECK_SECONDS = 2.0
 WATCH_SECONDS = 0.5  # how often a worker looks at its engine once it is ready
 # A ready engine is probed every second; three probes in a row without an answer within a
 # second fail the replica: a hung engine is reported within about 6 s (and withdrawn from
@@ -309,8 +311,31 @@ class Replica:
 
     # -- the worker for an adopted engine -------------------------------------------------------
 
+    def ready_at_adoption(self) -> bool:
+        """One short readiness check of an adopted engine, before the agent's first heartbeat.
+
+        Why: reported "starting" until the worker's check passes, a healthy engine would leave
+        routing at the restarted agent's first heartbeat, and a model whose only ready replica it
+        was answered 503 for that moment. An engine too busy to answer within
+        ADOPTION_CHECK_SECONDS is checked by the worker as before."""
+        assert self.port is not None
+        try:
+            engine.check_ready(
+                self.host,
+                self.port,
+                self.spec.model,
+                self._adapter_entries(),
+                timeout=ADOPTION_CHECK_SECONDS,
+            )
+        except engine.NotReady:
+            return False
+        with self.lock:
+            self.state, self.message = "ready", self._ready_text(adopted=True)
+        return True
+
     def run_adopted(self) -> None:
-        self._wait_until_ready(adopted=True)
+        if self.state != "ready":
+            self._wait_until_ready(adopted=True)
         self._watch()
 
     # -- readiness and watching -----------------------------------------------------------------

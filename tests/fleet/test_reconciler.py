@@ -213,11 +213,43 @@ def test_a_lost_node_has_its_replicas_placed_elsewhere(fleet: Any) -> None:
     Node.objects.filter(name=replica.node.name).update(
         last_heartbeat=timezone.now() - timedelta(minutes=5)
     )
+    # The other node has been heard all along.
+    Node.objects.exclude(name=replica.node.name).update(
+        heard_since=timezone.now() - timedelta(minutes=10)
+    )
     report = reconcile_pass()
     assert report.nodes_lost == [replica.node.name]
     [moved] = fleet.replicas("chat")
     assert moved.node.name != replica.node.name
     assert "lost" in Replica.objects.get(pk=replica.pk).withdraw_reason
+
+
+def test_no_node_is_lost_when_the_control_plane_heard_none(fleet: Any) -> None:
+    """Every node silent (the web process or the database was down for minutes): none is lost
+    and every replica stays in routing; once heartbeats come again, a node still silent is lost
+    only after another has been heard for node_lost_after."""
+    from fleet.models import Node
+
+    fleet.node("a")
+    fleet.node("b")
+    fleet.add("chat", min_replicas=2)
+    settle(fleet)
+    Node.objects.update(
+        last_heartbeat=timezone.now() - timedelta(minutes=5),
+        heard_since=timezone.now() - timedelta(minutes=50),
+    )
+    report = reconcile_pass()
+    assert report.nodes_lost == []
+    assert len([r for r in fleet.replicas("chat") if r.routable]) == 2
+
+    fleet.beat("a")  # the control plane is reachable again: a is heard first
+    assert Node.objects.get(name="a").heard_since > timezone.now() - timedelta(seconds=5)
+    assert reconcile_pass().nodes_lost == []
+    # b stays silent while a has been heard for node_lost_after (30 s): b is lost.
+    Node.objects.filter(name="a").update(heard_since=timezone.now() - timedelta(seconds=31))
+    assert reconcile_pass().nodes_lost == ["b"]
+    [still, _moved] = sorted(fleet.replicas("chat"), key=lambda r: r.node.name != "a")
+    assert still.node.name == "a" and still.routable
 
 
 def test_a_cordoned_node_gets_nothing_new(fleet: Any) -> None:

@@ -468,6 +468,26 @@ def test_the_counts_of_a_process_that_is_gone_are_dropped(tmp_path: Any) -> None
         mine.close()
 
 
+def test_the_counts_of_a_process_that_dies_after_it_was_seen_are_dropped(tmp_path: Any) -> None:
+    import subprocess
+
+    from gateway.load import RESCAN_SECONDS, SharedLoad
+
+    worker = subprocess.Popen(["sleep", "60"])  # a gateway worker, killed with requests in flight
+    dying = SharedLoad(tmp_path, pid=worker.pid)
+    dying.add("a", 2)
+    mine = SharedLoad(tmp_path)
+    try:
+        assert mine.total("a", now=1e9) == 2
+        worker.kill()
+        worker.wait()
+        assert mine.total("a", now=1e9 + RESCAN_SECONDS) == 0
+        assert not (tmp_path / f"load-{worker.pid}").exists()
+    finally:
+        worker.kill()
+        mine.close()
+
+
 def test_a_replica_with_more_slots_takes_more_requests() -> None:
     balancer = Balancer()
     wide = Candidate(id="wide", model="m", state="ready", address="h", port=1, slots=4)

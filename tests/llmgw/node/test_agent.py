@@ -425,7 +425,16 @@ def test_it_adopts_its_engine_after_a_restart_and_stops_it_when_unwanted(
     first.process.send_signal(signal.SIGKILL)
     first.process.wait(timeout=10)
     assert engine.process_alive(pid)
+    before_restart = plane.count()
     second = agents.start(port_range=port_range)
+    # The engine answers: its replica stays ready from the restarted agent's first heartbeat
+    # (reported "starting", it would leave routing for that moment).
+    first_report = plane.wait_for(
+        lambda r: r if r["agent"]["pid"] == second.pid else None,
+        since=before_restart,
+        what="the restarted agent's first heartbeat",
+    )
+    assert plane.replica(first_report, spec["id"])["state"] == "ready"
 
     def adopted(report: dict[str, Any]) -> dict[str, Any] | None:
         replica = plane.replica(report, spec["id"])
