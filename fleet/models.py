@@ -78,9 +78,10 @@ class Node(models.Model):
 
     def heard_since_with(self, now: datetime, *, lost_after: float) -> datetime:
         """`heard_since` once a heartbeat arrives at `now`: unchanged while they keep coming, `now`
-        after a gap of over a third of `lost_after` (several missed heartbeats) or when lost."""
+        after a gap longer than `lost_after` (a silence that could have had it declared lost) or
+        when lost. A shorter gap (a slow heartbeat on a busy machine) does not start it again."""
         previous = self.last_heartbeat
-        gap = timedelta(seconds=lost_after / 3)
+        gap = timedelta(seconds=lost_after)
         if self.heard_since is None or self.lost or previous is None or now - previous > gap:
             return now
         return self.heard_since

@@ -211,7 +211,7 @@ def _mark_lost_nodes(run: _Pass) -> None:
     hearing = Node.objects.filter(
         lost=False,
         heard_since__lte=cutoff,
-        last_heartbeat__gte=run.now - lost_after / 3,
+        last_heartbeat__gte=cutoff,
     )
     if not hearing.exists():
         names = ", ".join(sorted(name for _, name in silent))

@@ -17,7 +17,7 @@ from catalog.services import (
     model_set_resources,
 )
 from fleet.footprint import learn_facts
-from fleet.models import Lease, Replica
+from fleet.models import Lease, Node, Replica
 from fleet.reconciler import MAX_START_FAILURES, claim_lease, reconcile_pass
 
 pytestmark = pytest.mark.django_db
@@ -313,3 +313,14 @@ def test_a_pass_uses_the_same_number_of_queries_for_more_models_and_nodes(
     for i in range(1, 20):
         fleet.add(f"m{i}")
     assert steady_pass_queries() == few
+
+
+def test_a_slow_heartbeat_does_not_start_a_nodes_run_of_heartbeats_again() -> None:
+    """A gap shorter than node_lost_after (a heartbeat late on a busy machine) keeps heard_since;
+    a silence longer than that (the control plane unreachable) starts it again."""
+    since = timezone.now() - timedelta(minutes=5)
+    last = timezone.now() - timedelta(seconds=4)
+    node = Node(name="a", heard_since=since, last_heartbeat=last)
+    assert node.heard_since_with(last + timedelta(seconds=5), lost_after=6) == since
+    late = last + timedelta(seconds=7)
+    assert node.heard_since_with(late, lost_after=6) == late
