@@ -63,22 +63,8 @@ def test_each_gateway_throttles_its_own_idle_clock_writes(db: Any) -> None:
     """An on-demand model's idle clock is written at most every few seconds per gateway: the
     throttle is the gateway's state's, so another gateway (a test's, a second app) writes its own."""
     from catalog.models import Model
-    from gateway.routing import Entry
 
-    Model.objects.create(
-        name="sleepy", source="file:///models/sleepy.gguf", min_replicas=0, max_replicas=1
-    )
-    entry = Entry(
-        name="sleepy",
-        model="sleepy",
-        adapter=False,
-        on_demand=True,
-        parked=False,
-        fallbacks=(),
-        idle_timeout=600,
-        owner=None,
-        created=0,
-    )
+    entry = _sleepy()
     mine, other = Gateway(), Gateway()
 
     def asked(gateway: Gateway) -> Any:
@@ -102,24 +88,10 @@ def test_what_requests_leave_to_write_waits_for_the_database(
     from catalog.models import Model
     from gateway import services
     from gateway.models import GatewayKey
-    from gateway.routing import Entry
 
-    Model.objects.create(
-        name="sleepy", source="file:///models/sleepy.gguf", min_replicas=0, max_replicas=1
-    )
     owner = django_user_model.objects.create_user("alice", password="alice-password-1")
     key = GatewayKey.objects.create(owner=owner, name="app", key_hash="h" * 64, prefix="llmgw-x")
-    entry = Entry(
-        name="sleepy",
-        model="sleepy",
-        adapter=False,
-        on_demand=True,
-        parked=False,
-        fallbacks=(),
-        idle_timeout=600,
-        owner=None,
-        created=0,
-    )
+    entry = _sleepy()
     state = Gateway().state
     state.asked_for(entry, nothing_ready=False)
     state.key_used(key.pk)
@@ -140,3 +112,24 @@ def test_what_requests_leave_to_write_waits_for_the_database(
     state.flush()
     key.refresh_from_db()
     assert key.last_used_at is not None
+
+
+def _sleepy() -> Any:
+    """An on-demand model in the catalog (it has an idle clock), and its routing entry."""
+    from catalog.models import Model
+    from gateway.routing import Entry
+
+    Model.objects.create(
+        name="sleepy", source="file:///models/sleepy.gguf", min_replicas=0, max_replicas=1
+    )
+    return Entry(
+        name="sleepy",
+        model="sleepy",
+        adapter=False,
+        on_demand=True,
+        parked=False,
+        fallbacks=(),
+        idle_timeout=600,
+        owner=None,
+        created=0,
+    )

@@ -21,31 +21,15 @@ import requests
 
 from tests.gateway.fake_engine import FakeEngine
 from tests.support import postgres
+from tests.support.gateway_processes import chat_on_engine
 from tests.support.system import System, wait_for
 
 pytestmark = pytest.mark.skipif(not postgres.AVAILABLE, reason="needs PostgreSQL's initdb")
 
 OUTAGE_SECONDS = 30
 
-_SETUP = """
-from django.contrib.auth import get_user_model
-from django.utils import timezone
-from catalog.definitions import clean_definition
-from catalog.models import Model
-from catalog.services import model_add
-from core.actor import Actor
-from fleet.models import Node, Replica, hash_token
-from gateway.services import key_create
-from tests.factories import definition
-
-user = get_user_model().objects.create_user("alice", password="alice-password-1")
-actor = Actor.for_user(user, "api")
-model_add(actor=actor, definition=clean_definition(definition("chat")), source_check=False)
-node = Node.objects.create(name="node-a", token_hash=hash_token("node-a"), address="127.0.0.1",
-                           memory_gb=16, cores=8, last_heartbeat=timezone.now())
-Replica.objects.create(model=Model.objects.get(name="chat"), model_name="chat", node=node,
-                       profile="cpu", spec={"adapters": []}, spec_key="k", state=Replica.READY,
-                       port=PORT)
+# After chat_on_engine's script (alice's `actor`): her key.
+_KEY = """
 key, secret = key_create(actor=actor, name="before")
 print("KEY=" + secret)
 """
@@ -135,7 +119,7 @@ def test_the_gateway_answers_through_a_database_outage(
     system = System(tmp_path / "system")  # its database is made on the test's server
     try:
         system.manage("migrate", "--verbosity", "0")
-        printed = system.manage("shell", "-c", _SETUP.replace("PORT", str(engine.port)))
+        printed = system.manage("shell", "-c", chat_on_engine(engine.port) + _KEY)
         secret = printed.split("KEY=")[1].strip()
         system.start_gateway(workers=2)
         headers = {"Authorization": f"Bearer {secret}"}

@@ -8,7 +8,6 @@ shared on disk) and the same database and Redis.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 import tracemalloc
 from collections.abc import Iterator
@@ -23,52 +22,16 @@ from gateway.limits import SharedCounters, limits_of, no_budgets
 from gateway.redislimits import RedisLimits
 from tests.gateway.fake_engine import FakeEngine
 from tests.support.gateway_processes import ask_in_turn, limited_key, start_gateways
-from tests.support.system import free_port, wait_for
+from tests.support.redis_server import RedisServer
+from tests.support.system import free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
-
-
-class RedisServer:
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen[bytes] | None = None
-        self.start()
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
-             "--appendonly", "no", "--dir", str(self.folder)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        import redis
-
-        client = redis.Redis.from_url(self.url)
-        wait_for(lambda: _pings(client), timeout=10, interval=0.05, what="redis-server")
-        client.close()
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-            self.process = None
-
-
-def _pings(client: Any) -> bool:
-    import redis
-
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
 
 
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path / "redis")
+    server.start()
     yield server
     server.stop()
 

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import requests
 
-from tests.gateway.test_limits_redis import RedisServer
+from tests.support.redis_server import RedisServer
 from tests.support.system import ROOT, free_port, wait_for
 
 BASE_URL = os.environ.get("DATABASE_URL", "")
@@ -185,6 +185,7 @@ class ControlPlane:
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[Database, ControlPlane, ControlPlane]]:
     redis = RedisServer(tmp_path / "redis")
+    redis.start()
     database = Database()
     # tests.support.periodic_probe writes each run here.
     database.admin_in_own(

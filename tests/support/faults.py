@@ -42,7 +42,6 @@ import os
 import random
 import re
 import signal
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -58,7 +57,8 @@ import requests
 from llmgw.tinygguf import write_tiny_model
 from tests.support import postgres
 from tests.support.http_files import serve_directory
-from tests.support.system import ROOT, System, free_port, wait_for
+from tests.support.redis_server import RedisServer
+from tests.support.system import ROOT, System, wait_for
 
 FAULTS = ("web", "gateway-worker", "worker", "beat", "node", "engine", "postgres", "redis")
 # Cells that fail for a known reason not fixed yet: the tests expect them to fail (xfail).
@@ -102,45 +102,6 @@ def sample_cells(rng: random.Random, wanted: str) -> list[tuple[str, str]]:
     unknown = [cell for cell in cells if cell not in all_cells()]
     assert not unknown, f"no such cells: {unknown}; a cell is FAULT:OPERATION of {all_cells()}"
     return cells  # type: ignore[return-value]
-
-
-class RedisServer:
-    """A redis-server of the fleet's own on a free port, without persistence."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
-             "--appendonly", "no", "--dir", str(self.folder)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        import redis
-
-        client = redis.Redis.from_url(self.url, socket_timeout=1)
-
-        def pings() -> bool:
-            try:
-                return bool(client.ping())
-            except redis.RedisError:
-                return False
-
-        try:
-            wait_for(pings, timeout=10, interval=0.05, what="redis-server")
-        finally:
-            client.close()
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-            self.process = None
 
 
 @dataclass
