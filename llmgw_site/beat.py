@@ -5,9 +5,9 @@ planes share the database (PostgreSQL): it sends only while it holds the beat le
 send first claims its entry's row (llmgw_site.leader says why the lease is in the database and
 what is guaranteed). On SQLite (one machine) it is exactly the stock scheduler.
 
-Run it as `celery -A llmgw_site beat` (CELERY_BEAT_SCHEDULER names it) or inside a worker,
-`celery -A llmgw_site worker -B --scheduler llmgw_site.beat:LeaderScheduler` (the worker does
-not read the setting for its embedded beat, so the run command passes it).
+Run it as `celery -A llmgw_site beat` (CELERY_BEAT_SCHEDULER names it; the run command does), or
+inside a worker, `celery -A llmgw_site worker -B --scheduler llmgw_site.beat:LeaderScheduler` (the
+worker does not read the setting for its embedded beat, and does not start it again if it dies).
 """
 
 from __future__ import annotations

@@ -50,8 +50,6 @@ def test_nothing_is_lost_when_a_part_dies_during_an_operation(
     try:
         result = faults.run_cell(fleet, fault, operation, SEED)
         print(result.describe())
-        if fault in faults.KNOWN_FAILURES and not result.ok:
-            pytest.xfail(faults.KNOWN_FAILURES[fault])
         assert result.ok, result.describe() + "\n" + fleet.sys.log_tail(15)
     finally:
         fleet.reset()

@@ -89,7 +89,11 @@ def test_the_run_command_stops_on_a_bad_config_with_the_message(
     assert "started web" not in result.stdout
 
 
-def test_the_run_command_fails_when_one_of_its_processes_stops(env: dict[str, str]) -> None:
+def test_the_run_command_stops_when_one_of_its_processes_will_not_stay_up(
+    env: dict[str, str],
+) -> None:
+    """The public port is taken: the gateway exits each time it is started, and its third exit
+    within a minute stops everything with a failure."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -99,7 +103,58 @@ def test_the_run_command_fails_when_one_of_its_processes_stops(env: dict[str, st
         result = run(argv, env, timeout=120)
     # The public port is the gateway's; the web listens behind it.
     assert result.returncode != 0
-    assert re.search(r"^gateway exited with code \d+; stopping the rest\.$", result.stderr, re.M)
+    assert re.search(
+        r"^gateway exited with code \d+; starting it again in 1 s\.$", result.stderr, re.M
+    )
+    assert re.search(
+        r"^gateway exited with code \d+; starting it again in 2 s\.$", result.stderr, re.M
+    )
+    assert re.search(
+        r"^gateway exited with code \d+, 3 times in 60 s; stopping the rest\.$", result.stderr, re.M
+    )
+
+
+def test_the_run_command_starts_again_a_process_that_dies(env: dict[str, str]) -> None:
+    """Beat SIGKILLed (as the kernel's OOM killer would): the run command starts it again, and
+    a Ctrl-C afterwards still stops every process it started, the new beat included."""
+    env = {**env, "LLMGW_PUBLIC_URL": f"http://127.0.0.1:{free_port()}"}
+    argv = [sys.executable, "manage.py", "llmgw_run", "--no-node", "--no-demo"]
+    out = Path(env["LLMGW_VAR_DIR"]).parent / "run.out"
+    with out.open("wb") as sink:
+        run_command = subprocess.Popen(
+            argv, env=env, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+    try:
+
+        def started(name: str) -> list[int]:
+            return [
+                int(p)
+                for p in re.findall(rf"^started {name} \(pid (\d+)\)$", out.read_text(), re.M)
+            ]
+
+        wait_for(
+            lambda: started("beat") and started("gateway"), timeout=120, what="the run command"
+        )
+        first = started("beat")[0]
+        wait_for(lambda: "beat: Starting" in out.read_text(), timeout=60, what="beat up")
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: len(started("beat")) == 2, timeout=30, what="beat started again")
+        assert re.search(
+            r"^beat exited with code -9; starting it again in 1 s\.$", out.read_text(), re.M
+        )
+        second = started("beat")[1]
+        assert second != first and _alive(second)
+        wait_for(
+            lambda: out.read_text().count("beat: Starting") == 2, timeout=60, what="the new beat up"
+        )
+        children = [pid for name in ("gateway", "web", "worker") for pid in started(name)]
+        assert all(_alive(pid) for pid in children)  # nothing else was started again or stopped
+    finally:
+        run_command.send_signal(signal.SIGINT)
+        run_command.wait(timeout=90)
+    assert not any(_alive(pid) for pid in [*started("beat"), *children])
+    assert "stopping the rest" not in out.read_text()
 
 
 def test_stopping_a_child_takes_its_whole_process_group() -> None:

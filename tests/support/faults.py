@@ -18,11 +18,10 @@ an operator (or systemd) would, and checks:
 The faults (`FAULTS`):
 - web: the gunicorn master and its workers (SIGKILL to each), started again with the same command.
 - gateway-worker: one of uvicorn's worker processes (SIGKILL); uvicorn's supervisor starts another.
-- worker: the Celery worker and everything under it (SIGKILL), beat included (it runs inside the
-  worker, `worker -B`, as the run command starts it), started again.
-- beat: only the worker's beat process (SIGKILL), the one that holds the beat lease. The worker
-  stays up, so systemd restarts nothing: nothing is restarted by hand either. Then (and after
-  worker, postgres, redis) the schedule must be sending periodic tasks again.
+- worker: the Celery worker and everything under it (SIGKILL), started again.
+- beat: the beat process (SIGKILL), the one that holds the beat lease, started again as the run
+  command starts it (it runs beside the worker). Then (and after worker, postgres, redis) the
+  schedule must be sending periodic tasks again.
 - node: one node agent (SIGKILL; its engines keep running), started again on the same cache and
   token, where it adopts or stops what the killed agent left.
 - engine: the llama-server of one ready replica of "chat" (SIGKILL); the agent and the reconciler
@@ -61,14 +60,6 @@ from tests.support.redis_server import RedisServer
 from tests.support.system import ROOT, System, wait_for
 
 FAULTS = ("web", "gateway-worker", "worker", "beat", "node", "engine", "postgres", "redis")
-# Cells that fail for a known reason not fixed yet: the tests expect them to fail (xfail).
-KNOWN_FAILURES = {
-    "beat": (
-        "the Celery worker does not start its embedded beat (-B) again when that process dies, "
-        "and stays up itself, so nothing restarts it: no periodic task is sent from this "
-        "machine until the worker is restarted (on two machines the other's beat takes over)"
-    ),
-}
 # After a fault that stops the schedule, a periodic task is sent again within this long
 # (the beat lease, 15 s, plus the 1 s reconcile interval and some slack).
 SCHEDULE_BACK_SECONDS = 25.0
@@ -384,29 +375,20 @@ class Fleet:
     # -- faults -----------------------------------------------------------------------
 
     def beat_pid(self) -> int:
-        """The worker's beat process, named in its log line "beat: HOST:PID:… runs the schedule"."""
-        worker = psutil.Process(self.sys.processes["worker"].pid)
-        children = {c.pid for c in worker.children()}
-        text = self.sys.logs["worker"].read_text(errors="replace")
-        for line in reversed(text.splitlines()):
-            found = re.search(r"beat: [^\s:]+:(\d+):\w+ runs the schedule now", line)
-            if found:
-                pid = int(found.group(1))
-                assert pid in children, f"beat {pid} is not a process of the worker {children}"
-                return pid
-        raise AssertionError("no beat has taken the schedule in the worker's log")
+        """The beat process, once it holds the lease: its log line "beat: HOST:PID:… runs the
+        schedule now" names it."""
+        pid = self.sys.processes["beat"].pid
+        text = self.sys.logs["beat"].read_text(errors="replace")
+        assert re.search(rf"beat: [^\s:]+:{pid}:\w+ runs the schedule now", text), (
+            f"beat {pid} has not taken the schedule: {text[-500:]}"
+        )
+        return pid
 
     def schedule_sends_since(self, offset: int) -> bool:
-        """Whether beat sent a periodic task after `offset` bytes of the worker's log."""
-        with self.sys.logs["worker"].open("rb") as log:
+        """Whether beat sent a periodic task after `offset` bytes of its log."""
+        with self.sys.logs["beat"].open("rb") as log:
             log.seek(offset)
             return b"Sending due task" in log.read()
-
-    def restart_worker(self) -> None:
-        process = self.sys.processes.pop("worker")
-        _kill_tree(process.pid)
-        process.wait(timeout=10)
-        self.sys.start_worker()
 
     def gateway_workers(self) -> list[psutil.Process]:
         """uvicorn's worker processes (not multiprocessing's resource tracker beside them)."""
@@ -437,8 +419,10 @@ class Fleet:
             return f"killed worker and beat pids {killed}", {}
         if fault == "beat":
             pid = self.beat_pid()
+            process = system.processes.pop("beat")
             os.kill(pid, signal.SIGKILL)
-            return f"killed beat {pid} (inside the worker)", {}
+            process.wait(timeout=10)
+            return f"killed beat {pid}", {}
         if fault == "node":
             name = rng.choice(NODES)
             process = system.processes.pop(f"node-{name}")
@@ -473,6 +457,8 @@ class Fleet:
             )
         elif fault == "worker":
             system.start_worker()
+        elif fault == "beat":
+            system.start_beat()
         elif fault == "node":
             # The same command line, as systemd would run it again: its port range too (System
             # gives each agent it starts new ports; a node that moved its range would have its
@@ -572,7 +558,7 @@ def run_cell(fleet: Fleet, fault: str, operation: str, seed: int) -> CellResult:
         result.fault_note, saved = fleet.inject(fault, rng)
         time.sleep(DOWN_SECONDS.get(fault, DEFAULT_DOWN_SECONDS))
         fleet.restore(fault, saved)
-        log_offset = fleet.sys.logs["worker"].stat().st_size
+        log_offset = fleet.sys.logs["beat"].stat().st_size
         settled_at = float("inf")
         try:
             fleet.wait_settled(wanted)
@@ -593,9 +579,6 @@ def run_cell(fleet: Fleet, fault: str, operation: str, seed: int) -> CellResult:
             )
         except AssertionError:
             result.schedule = f"no periodic task sent in {SCHEDULE_BACK_SECONDS:.0f}s after"
-        if fault == "beat":
-            # What an operator does once the silent schedule is noticed; the next cells need it.
-            fleet.restart_worker()
     result.double_placements = _read(lambda: fleet.double_placements(wanted))
     result.orphans = _read(fleet.orphan_engines)
     result.audit_missing = _audit_missing(fleet, operation)

@@ -174,6 +174,7 @@ class System:
         self._spawn("web", web_command(bin_dir, f"127.0.0.1:{web_port}", timeout=120))
         if worker:
             self.start_worker()
+            self.start_beat()
         wait_for(
             lambda: requests.get(f"{self.url}/api/v1/models", headers=self.headers, timeout=2).ok,
             timeout=60,
@@ -190,11 +191,13 @@ class System:
     def start_worker(self) -> None:
         from llmgw_site.management.commands.llmgw_run import worker_command
 
+        self._spawn("worker", worker_command(Path(sys.executable).parent))
+
+    def start_beat(self) -> None:
+        from llmgw_site.management.commands.llmgw_run import beat_command
+
         bin_dir = Path(sys.executable).parent
-        self._spawn(
-            "worker",
-            worker_command(bin_dir, self.folder / "beat-schedule"),
-        )
+        self._spawn("beat", beat_command(bin_dir, self.folder / "beat-schedule"))
 
     @property
     def headers(self) -> dict[str, str]:

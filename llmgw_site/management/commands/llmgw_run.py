@@ -1,12 +1,13 @@
-"""Run the whole product on one machine: gateway, web, worker with beat, and a local node serving a
-demo model.
+"""Run the whole product on one machine: gateway, web, Celery worker, beat, and a local node serving
+a demo model.
 
 The public address (LLMGW_PUBLIC_URL) is the gateway's (uvicorn's workers): it serves /v1/ and
 /metrics itself and passes everything else to the web process (gunicorn), which listens on a
 free port of 127.0.0.1 only.
 
-Each process is started as a child and stopped by its pid when this command
-is interrupted, so nothing is left running behind it.
+Each process is started as a child and stopped by its pid when this command is interrupted, so
+nothing is left running behind it. A child that dies is started again, as systemd would
+(Supervisor says when it gives up).
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -34,30 +38,41 @@ from llmgw import demo, localhub
 from llmgw_site.private_files import FILE_MODE, kept_secret, restrict, write_secret
 
 # What reaches the models is imported in the methods that use it: the command lines below
-# (worker_command, gateway_command, web_command) are read by the tests and benches that start
+# (worker_command, beat_command, gateway_command, web_command) are read by the tests and benches that start
 # the processes themselves, before (or without) Django's apps being loaded.
 
 
-def worker_command(bin_dir: Path, schedule: Path) -> list[str]:
-    """A Celery worker that also runs beat (-B), keeping beat's schedule in `schedule`.
-
-    Its beat sends only while it holds the beat lease when the database is shared
-    (llmgw_site.beat), so the run command may run on several machines at once."""
+def worker_command(bin_dir: Path) -> list[str]:
+    """A Celery worker (beat runs beside it, beat_command)."""
     return [
         str(bin_dir / "celery"),
         "-A",
         "llmgw_site",
         "worker",
-        "-B",
         "--loglevel",
         "INFO",
         "--concurrency",
         "2",
+    ]
+
+
+def beat_command(bin_dir: Path, schedule: Path) -> list[str]:
+    """Celery beat as a process of its own, keeping its schedule in `schedule`.
+
+    Not inside the worker (`worker -B`): a worker does not start its embedded beat again when
+    that process dies, and stays up itself, so the schedule would stop with nothing noticing.
+    As a process of its own, the run command (or systemd) sees it die and starts it again. It
+    sends only while it holds the beat lease when the database is shared (llmgw_site.beat), so
+    the run command may run on several machines at once."""
+    return [
+        str(bin_dir / "celery"),
+        "-A",
+        "llmgw_site",
+        "beat",
+        "--loglevel",
+        "INFO",
         "--schedule",
         str(schedule),
-        # The embedded beat does not read CELERY_BEAT_SCHEDULER.
-        "--scheduler",
-        "llmgw_site.beat:LeaderScheduler",
     ]
 
 
@@ -176,11 +191,11 @@ class Command(BaseCommand):
         apply_config_on_start("run")
         call_command("llmgw_admin")
         node_token_file = None if options["no_node"] else self._local_node()
-        started: dict[str, subprocess.Popen[bytes]] = {}
+        supervisor = Supervisor(self.stdout, self.stderr)
         if not options["no_demo"]:
             registry = self._demo_registry()
             if registry is not None:
-                started["registry"] = registry
+                supervisor.adopt(registry)
                 self._demo_model()
         host, port = gateway_bind(options["bind"], settings.LLMGW_PUBLIC_URL)
         web_bind = f"127.0.0.1:{_free_port()}"
@@ -188,7 +203,8 @@ class Command(BaseCommand):
         commands = {
             "gateway": gateway_command(bin_dir, host, port, workers=2),
             "web": [*web_command(bin_dir, web_bind, timeout=300), "--access-logfile", "-"],
-            "worker": worker_command(bin_dir, settings.VAR_DIR / "celerybeat-schedule"),
+            "worker": worker_command(bin_dir),
+            "beat": beat_command(bin_dir, settings.VAR_DIR / "celerybeat-schedule"),
         }
         if node_token_file:
             memory_gb = max(
@@ -221,7 +237,11 @@ class Command(BaseCommand):
         os.environ["LLMGW_METRICS_DIR"] = str(metrics)
         os.environ.update(behind_gateway_environment(web_bind))
         self._metrics_token()
-        self._supervise(commands, started)
+        supervisor.listen()
+        for name, command in commands.items():
+            supervisor.start(Child(name, command))
+        self.stdout.write(f"llmgw is running at {settings.LLMGW_PUBLIC_URL}/ — Ctrl-C stops it.")
+        supervisor.run()
 
     def _metrics_token(self) -> None:
         """/metrics needs a scrape token unless one is set or it is left open deliberately:
@@ -255,7 +275,7 @@ class Command(BaseCommand):
         write_secret(token_file, token + "\n")
         return token_file
 
-    def _demo_registry(self) -> subprocess.Popen[bytes] | None:
+    def _demo_registry(self) -> Child | None:
         """olah serving the demo repository, so updates can be tried; None when left out."""
         from catalog.config import DEFAULT_REGISTRY, current_config
 
@@ -274,18 +294,12 @@ class Command(BaseCommand):
                 "Stop what listens on it, or run with --no-demo."
             )
         demo.ensure_repo(hub)
-        log = (hub.folder / "olah.log").open("ab")
-        process = subprocess.Popen(
-            hub.command(),
-            cwd=hub.folder,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: see stop_child
-        )
+        registry = Child("registry", hub.command(), cwd=hub.folder, log=hub.folder / "olah.log")
+        process = registry.start()
         try:
             hub.wait_until_up(process)
         except localhub.HubError as exc:
-            process.kill()
+            stop_child(process, grace=5)
             raise CommandError(f"{exc}. Or run with --no-demo.") from None
         # This process and every child it starts ask the demo registry.
         os.environ["LLMGW_REGISTRY_ENDPOINT"] = hub.endpoint
@@ -294,7 +308,7 @@ class Command(BaseCommand):
         self.stdout.write(
             f"  Demo registry:     {hub.endpoint} ({demo.DEMO_REPO}, kept in {hub.folder})"
         )
-        return process
+        return registry
 
     def _demo_model(self) -> None:
         """Serve the demo repository's model, following main, so there is something to update."""
@@ -322,41 +336,115 @@ class Command(BaseCommand):
             f".venv/bin/llmgw ctl model updates --check"
         )
 
-    def _supervise(
-        self, commands: dict[str, list[str]], started: dict[str, subprocess.Popen[bytes]]
-    ) -> None:
-        children = dict(started)
-        stopping = False
+
+@dataclass
+class Child:
+    """One process of the run command: how to start it, and its exits."""
+
+    name: str
+    argv: list[str]
+    cwd: Path | None = None
+    log: Path | None = None  # its output goes to this file, else to the terminal
+    process: subprocess.Popen[bytes] | None = None
+    exits: deque[float] = field(default_factory=lambda: deque(maxlen=RESTART_LIMIT))
+    start_at: float | None = None  # when it is to be started again after an exit
+
+    def start(self) -> subprocess.Popen[bytes]:
+        out = self.log.open("ab") if self.log else None
+        try:
+            self.process = subprocess.Popen(
+                self.argv,
+                cwd=self.cwd,
+                stdout=out,
+                stderr=subprocess.STDOUT if out else None,
+                start_new_session=True,  # its own process group: see stop_child
+            )
+        finally:
+            if out is not None:
+                out.close()
+        self.start_at = None
+        return self.process
+
+
+# A child that exits is started again after RESTART_DELAY seconds, doubled for each exit in the
+# last RESTART_WINDOW seconds; its RESTART_LIMIT-th exit within that window stops everything (it
+# will not stay up: a port taken, a bad configuration), with its exit code.
+RESTART_DELAY = 1.0
+RESTART_LIMIT = 3
+RESTART_WINDOW = 60.0
+
+
+class Supervisor:
+    """Runs the children until SIGINT or SIGTERM, starting again any that dies, then stops them
+    all (the node first, so that it stops its engines while the web still answers)."""
+
+    def __init__(self, stdout: Any, stderr: Any) -> None:
+        self.stdout = stdout
+        self.stderr = stderr
+        self.children: dict[str, Child] = {}
+        self.stopping = False
+
+    def adopt(self, child: Child) -> None:
+        """A child already started (and waited for) by the caller."""
+        self.children[child.name] = child
+
+    def start(self, child: Child) -> None:
+        self.children[child.name] = child
+        process = child.start()
+        self.stdout.write(f"started {child.name} (pid {process.pid})")
+
+    def listen(self) -> None:
+        """From now on SIGINT and SIGTERM stop the children (run() returns having stopped them)."""
 
         def stop(*_: object) -> None:
-            nonlocal stopping
-            stopping = True
+            self.stopping = True
 
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
-        failed: tuple[str, int] | None = None
-        for name, command in commands.items():
-            children[name] = subprocess.Popen(command, start_new_session=True)
-            self.stdout.write(f"started {name} (pid {children[name].pid})")
-        self.stdout.write(f"llmgw is running at {settings.LLMGW_PUBLIC_URL}/ — Ctrl-C stops it.")
+
+    def run(self) -> None:
+        failed: int | None = None
         try:
-            while not stopping:
-                for name, child in children.items():
-                    if child.poll() is not None:
-                        self.stderr.write(
-                            f"{name} exited with code {child.returncode}; stopping the rest."
-                        )
-                        failed = (name, child.returncode)
-                        stopping = True
-                        break
+            while not self.stopping:
+                failed = self._tend(time.monotonic())
+                if failed is not None:
+                    break
                 time.sleep(0.5)
         finally:
-            # The node first, so that it stops its engines while the web still answers.
-            for name in sorted(children, key=lambda n: n != "node"):
-                stop_child(children[name])
+            for name in sorted(self.children, key=lambda n: n != "node"):
+                process = self.children[name].process
+                if process is not None:
+                    stop_child(process)
         if failed is not None:
             # A process that stopped on its own is a failure, whatever its exit code said.
-            raise SystemExit(failed[1] or 1)
+            raise SystemExit(failed or 1)
+
+    def _tend(self, now: float) -> int | None:
+        """Start again what is due; note what exited. The exit code that stops everything, if
+        a child exited too often."""
+        for child in self.children.values():
+            if child.start_at is not None:
+                if now >= child.start_at:
+                    self.start(child)
+                continue
+            assert child.process is not None
+            code = child.process.poll()
+            if code is None:
+                continue
+            child.exits.append(now)
+            recent = [t for t in child.exits if now - t <= RESTART_WINDOW]
+            if len(recent) >= RESTART_LIMIT:
+                self.stderr.write(
+                    f"{child.name} exited with code {code}, {len(recent)} times in "
+                    f"{RESTART_WINDOW:.0f} s; stopping the rest."
+                )
+                return code
+            delay = RESTART_DELAY * 2 ** (len(recent) - 1)
+            self.stderr.write(
+                f"{child.name} exited with code {code}; starting it again in {delay:.0f} s."
+            )
+            child.start_at = now + delay
+        return None
 
 
 def stop_child(child: subprocess.Popen[bytes], grace: float = 20) -> None:
