@@ -123,5 +123,12 @@ async def _metrics(gateway: Gateway, scope: Scope, send: Send) -> None:
     if refusal is not None:
         await http.refuse(send, refusal)
         return
-    text, content_type = await asyncio.to_thread(exposition, gateway.state.get().engines)
+    gateway.metrics.queue_flows_entries.set(gateway.queue.size()[1])
+    text, content_type = await asyncio.to_thread(_exposition, gateway)
     await http.whole(send, 200, text, [(b"content-type", content_type.encode())])
+
+
+def _exposition(gateway: Gateway) -> tuple[bytes, str]:
+    # The prefix table is counted here, off the event loop: one pass over it (1 MB).
+    gateway.metrics.prefix_entries.set(gateway.balancer.prefixes.size())
+    return exposition(gateway.state.get().engines)
