@@ -123,7 +123,11 @@ async def _metrics(gateway: Gateway, scope: Scope, send: Send) -> None:
     if refusal is not None:
         await http.refuse(send, refusal)
         return
-    gateway.metrics.queue_flows_entries.set(gateway.queue.size()[1])
+    board = gateway.metrics
+    board.queue_flows_entries.set(gateway.queue.size()[1])
+    counters = gateway.state.counters
+    if counters is not None and counters.remote is not None:
+        board.limits_redis_pending_entries.set(counters.remote.pending)
     text, content_type = await asyncio.to_thread(_exposition, gateway)
     await http.whole(send, 200, text, [(b"content-type", content_type.encode())])
 

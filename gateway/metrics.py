@@ -63,6 +63,7 @@ class Metrics:
     snapshot_entries: Any
     prefix_entries: Any
     queue_flows_entries: Any
+    limits_redis_pending_entries: Any
     queue_seconds: Any
     queue_depth: Any
     database_up: Any
@@ -288,6 +289,14 @@ def _create(folder: str | None) -> Metrics:
             "Keys and teams (flows) with requests waiting or in service in a gateway process's "
             "fair queue, all models together (at most gateway.fairqueue.ENTRIES, 8,192: the "
             "requests its file tracks). Counted when /metrics is read.",
+            multiprocess_mode="livemax",
+            **where,
+        ),
+        limits_redis_pending_entries=Gauge(
+            "llmgw_gateway_limits_redis_pending_entries",
+            "Ends of requests a gateway process holds to write to Redis (at most "
+            "gateway.redislimits.MAX_PENDING, 100,000; past that the oldest is dropped and "
+            "counted in llmgw_gateway_limits_redis_dropped). Counted when /metrics is read.",
             multiprocess_mode="livemax",
             **where,
         ),
