@@ -123,5 +123,16 @@ async def _metrics(gateway: Gateway, scope: Scope, send: Send) -> None:
     if refusal is not None:
         await http.refuse(send, refusal)
         return
-    text, content_type = await asyncio.to_thread(exposition, gateway.state.get().engines)
+    board = gateway.metrics
+    board.queue_flows_entries.set(gateway.queue.size()[1])
+    counters = gateway.state.counters
+    if counters is not None and counters.remote is not None:
+        board.limits_redis_pending_entries.set(counters.remote.pending)
+    text, content_type = await asyncio.to_thread(_exposition, gateway)
     await http.whole(send, 200, text, [(b"content-type", content_type.encode())])
+
+
+def _exposition(gateway: Gateway) -> tuple[bytes, str]:
+    # The prefix table is counted here, off the event loop: one pass over it (1 MB).
+    gateway.metrics.prefix_entries.set(gateway.balancer.prefixes.size())
+    return exposition(gateway.state.get().engines)

@@ -52,7 +52,11 @@ process's file holds ENTRIES requests (waiting or in service; 48 bytes each, 393
 past that, a request that must wait is refused with 429 too, and one that finds a free slot goes
 through untracked (fairness suffers a little, nothing fails). In memory, a model's queue in a
 process holds its waiters (llmgw_gateway_queue_depth) and those who left them, until these
-outnumber the waiters by HEAP_SLACK: then they are dropped at once. A client that hangs up
+outnumber the waiters by HEAP_SLACK: then they are dropped at once. Its flows (keys and teams
+with requests waiting or in service, their finish tags) are those of its file's entries, so at
+most ENTRIES (llmgw_gateway_queue_flows_entries); the models' queues, one per model asked for,
+at most MAX_QUEUES: past that, those with nothing waiting or in service here are dropped (one
+asked for again starts as a model new to the process does). A client that hangs up
 leaves the queue at once: cancelling the wait (or `hangup` returning) removes it, and a slot
 granted to it in that instant is passed on. Cost: a request that finds a free slot and nobody waiting takes
 about 45 µs (2 processes; 10 of them the grant lock and the hold); one that must wait reads
@@ -113,6 +117,8 @@ RESCAN_SECONDS = 1.0
 STALE_SECONDS = 1.0
 # Requests, waiting or in service, one process's file holds.
 ENTRIES = 8192
+# Models' queues a process keeps (one per model asked for); past this, the idle ones are dropped.
+MAX_QUEUES = 1024
 # Buckets of the per-model count of waiters each file keeps, so a reader skips a scan.
 BUCKETS = 1024
 # Entries of those who left (timed out, hung up) or were served out of order that a model's
@@ -584,6 +590,12 @@ class FairQueue:
         model_hash = name_hash(model)
         return self.board.scan(model_hash, 0, time.monotonic()).waiting
 
+    def size(self) -> tuple[int, int]:
+        """(models' queues, flows) this process holds (see the module's Bounds): for /metrics,
+        one pass over the models."""
+        queues = list(self._models.values())
+        return len(queues), sum(len(q.flows) for q in queues)
+
     def close(self) -> None:
         """Take this process's board away (at its stop, from any thread: no task is touched;
         requests still waiting end with the process)."""
@@ -804,6 +816,15 @@ class FairQueue:
     def _queue(self, model: str) -> _ModelQueue:
         q = self._models.get(model)
         if q is None:
+            if len(self._models) >= MAX_QUEUES:
+                # Models come and go from the catalog: keep those with anything under way.
+                self._models = {
+                    name: kept
+                    for name, kept in self._models.items()
+                    if kept.waiting
+                    or kept.flows
+                    or (kept.task is not None and not kept.task.done())
+                }
             q = self._models[model] = _ModelQueue(model, name_hash(model))
         return q
 

@@ -58,6 +58,12 @@ class Metrics:
     limits_redis_dropped: Any
     replica_names: Any
     traffic_entries: Any
+    key_uses_entries: Any
+    demand_entries: Any
+    snapshot_entries: Any
+    prefix_entries: Any
+    queue_flows_entries: Any
+    limits_redis_pending_entries: Any
     queue_seconds: Any
     queue_depth: Any
     database_up: Any
@@ -243,6 +249,54 @@ def _create(folder: str | None) -> Metrics:
             "Entries of traffic figures a gateway process holds until they are written and over: "
             "minutes per model and revision, days per key and model, canary keys' minutes "
             "(gateway.traffic.TrafficBook).",
+            multiprocess_mode="livemax",
+            **where,
+        ),
+        key_uses_entries=Gauge(
+            "llmgw_gateway_key_uses_entries",
+            "Key ids a gateway process holds to write their last use: used since its last write "
+            "(at most gateway.state.MAX_PENDING_USES, 100,000; past that a key's use waits for "
+            "its next one) and written in the last minute or two (at most "
+            "gateway.state.MAX_WRITTEN_USES, 100,000; past that the older half is forgotten).",
+            multiprocess_mode="livemax",
+            **where,
+        ),
+        demand_entries=Gauge(
+            "llmgw_gateway_demand_entries",
+            "On-demand models a gateway process holds to write their idle clock: at most two "
+            "entries per on-demand model of the catalog.",
+            multiprocess_mode="livemax",
+            **where,
+        ),
+        snapshot_entries=Gauge(
+            "llmgw_gateway_snapshot_entries",
+            "Rows of the routing snapshot a gateway process holds, keys aside "
+            "(llmgw_gateway_keys_held): catalog names, replicas in routing, teams, budgets, "
+            "unplaceable models and engines' figures; bounded by what the database holds.",
+            multiprocess_mode="livemax",
+            **where,
+        ),
+        prefix_entries=Gauge(
+            "llmgw_gateway_prefix_entries",
+            "Entries in use in the prefix table every gateway process of the machine shares "
+            "(a fixed table of gateway.prefix.TABLE_ENTRIES, 65,536; a new prefix overwrites "
+            "the one in its place). Counted when /metrics is read.",
+            multiprocess_mode="livemax",
+            **where,
+        ),
+        queue_flows_entries=Gauge(
+            "llmgw_gateway_queue_flows_entries",
+            "Keys and teams (flows) with requests waiting or in service in a gateway process's "
+            "fair queue, all models together (at most gateway.fairqueue.ENTRIES, 8,192: the "
+            "requests its file tracks). Counted when /metrics is read.",
+            multiprocess_mode="livemax",
+            **where,
+        ),
+        limits_redis_pending_entries=Gauge(
+            "llmgw_gateway_limits_redis_pending_entries",
+            "Ends of requests a gateway process holds to write to Redis (at most "
+            "gateway.redislimits.MAX_PENDING, 100,000; past that the oldest is dropped and "
+            "counted in llmgw_gateway_limits_redis_dropped). Counted when /metrics is read.",
             multiprocess_mode="livemax",
             **where,
         ),

@@ -8,8 +8,10 @@ requests. The gateway cannot see those caches, but it can remember where it sent
 - A prompt is cut into blocks of BLOCK_CHARS characters; block i's hash covers blocks 0..i (a
   chain), so equal hashes mean equal beginnings. Only the first MAX_BLOCKS count.
 - After choosing a replica, every block hash of the prompt is remembered with that replica and
-  the time. The table is fixed-size (TABLE_ENTRIES, a slot per hash): an old entry is simply
-  overwritten, which only makes a later choice less informed, never wrong.
+  the time. The table is fixed-size (TABLE_ENTRIES, a slot per hash, 16 bytes each: 1 MB
+  however many prompts come): an old entry is simply overwritten, which only makes a later
+  choice less informed, never wrong. `size()` counts the entries in use
+  (llmgw_gateway_prefix_entries, counted when /metrics is read).
 - Choosing: the longest remembered beginning whose replica is among the candidates and younger
   than TTL_SECONDS, taken only while that replica's load is within SLACK requests of the least
   loaded candidate's (Balancer.choose); otherwise the least loaded. So a hot prefix cannot pull
@@ -119,6 +121,16 @@ class PrefixTable:
             if found == value and stamp >= oldest and tag in by_tag:
                 return by_tag[tag], depth
         return None
+
+    def size(self) -> int:
+        """Entries in use (a prefix's hash written there), at most TABLE_ENTRIES. One pass over
+        the table (a millisecond or two): for /metrics, not for a request's path."""
+        with memoryview(self._buffer) as raw, raw.cast("Q") as words:
+            hashes = words[::2]  # an entry is its hash (one word), then its tag and stamp
+            try:
+                return len(hashes) - hashes.tolist().count(0)
+            finally:
+                hashes.release()
 
     def close(self) -> None:
         if self._map is not None:

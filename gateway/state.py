@@ -32,6 +32,7 @@ it is refused. Refusals of made-up keys therefore cost the database nothing.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -71,6 +72,16 @@ RETRY_SECONDS = 1.0
 REFRESHER_THREAD = "llmgw-gateway-state"
 # A key's last use is written at most this often per key and process.
 LAST_USED_SECONDS = 60.0
+# The bounds of what a process holds per key for writing last uses (GatewayState; their sum is
+# llmgw_gateway_key_uses_entries). Key ids whose use waits to be written: emptied by every
+# flush (every POLL_SECONDS), so they pile up only while the database is away; past this, the
+# use of a key not already held is not kept (its last use is written at its next use once the
+# database is back). About 60 bytes each, 6 MB at the bound.
+MAX_PENDING_USES = 100_000
+# Key ids whose last use was written less than LAST_USED_SECONDS ago (not written again
+# meanwhile): past this, the older half is forgotten at once, and those keys' last use is
+# written again at their next use (one UPDATE more each, never one less). About 100 bytes each.
+MAX_WRITTEN_USES = 100_000
 # How long a deleted key's hash is kept (gateway.DeletedGatewayKey). A process that has not
 # read keys for nearly as long (its database away for a day) reads them all again instead.
 DELETED_KEEP = timedelta(days=1)
@@ -356,6 +367,17 @@ def _prune_deleted() -> None:
 
 @dataclass(frozen=True)
 class Snapshot:
+    """What a request routes by, read whole from the database and replaced whole.
+
+    The bound is the database's: one entry per catalog name (models and adapters), per replica
+    in routing (not withdrawn, not failed), per team, per key or team with a token budget used
+    this month, per on-demand model that fits on no node and per serving replica's engine
+    figures. It holds what the database holds now, never what it held: the previous snapshot
+    is dropped when this one replaces it. `size()` counts those entries
+    (llmgw_gateway_snapshot_entries, set at each read); the keys are shared by every snapshot
+    and counted apart (`Keys`, llmgw_gateway_keys_held).
+    """
+
     catalog: Catalog
     replicas: dict[str, list[Candidate]]
     # Shared by every snapshot of a process and changed in place by its refresher (see Keys).
@@ -368,6 +390,17 @@ class Snapshot:
     teams: dict[int, Limits] = field(default_factory=dict)
     budgets: Budgets = field(default_factory=no_budgets)
     read_at: float = field(default_factory=time.monotonic)
+
+    def size(self) -> int:
+        """Its entries, keys aside (see the class's docstring)."""
+        return (
+            len(self.catalog.entries)
+            + sum(len(candidates) for candidates in self.replicas.values())
+            + len(self.teams)
+            + len(self.budgets.by_subject)
+            + len(self.unplaceable)
+            + len(self.engines)
+        )
 
 
 def read_snapshot(
@@ -505,11 +538,17 @@ class GatewayState:
         self._thread: threading.Thread | None = None
         # monotonic time of the refresher's last look at the database (None: no refresher)
         self.looked_at: float | None = None
+        # Bounds (see MAX_PENDING_USES): _demand and _demand_written hold on-demand models of
+        # the catalog, one entry each at most (llmgw_gateway_demand_entries); _used and
+        # _used_written hold key ids, at most MAX_PENDING_USES and MAX_WRITTEN_USES
+        # (llmgw_gateway_key_uses_entries).
+        # model -> (its entry, whether it had nothing ready), until its idle clock is written.
         self._demand: dict[str, tuple[Entry, bool]] = {}
+        # key ids used since the last flush (more only while the database is away).
         self._used: set[int] = set()
-        # key id -> when its last use was written; entries older than LAST_USED_SECONDS are
-        # dropped once a LAST_USED_SECONDS, so this holds the keys used in the last two minutes
-        # at most, not every key ever used.
+        # key id -> when its last use was written, oldest first; entries older than
+        # LAST_USED_SECONDS are dropped once a LAST_USED_SECONDS, so this holds the keys used in
+        # the last two minutes, and never more than MAX_WRITTEN_USES, not every key ever used.
         self._used_written: dict[int, float] = {}
         self._used_pruned_at = time.monotonic()
         # model -> when this process last wrote its idle clock (services.demand_every says how
@@ -544,13 +583,32 @@ class GatewayState:
             self._wake.set()
 
     def key_used(self, key_id: int) -> None:
-        self._used.add(key_id)
+        used = self._used
+        if len(used) < MAX_PENDING_USES:
+            used.add(key_id)
+
+    def sizes(self) -> tuple[int, int]:
+        """Entries held for writing: (on-demand models, key ids) (see MAX_PENDING_USES)."""
+        return (
+            len(self._demand) + len(self._demand_written),
+            len(self._used) + len(self._used_written),
+        )
 
     def flush(self) -> None:
         """Write what requests left: idle clocks (waking on-demand models) and keys' last use.
 
         What cannot be written (the database is away) is kept for the next flush, merged with
-        what came since: nothing is lost and nothing is written twice."""
+        what came since: nothing is lost and nothing is written twice (up to MAX_PENDING_USES
+        keys' last uses: past that, a key's use waits for its next one)."""
+        try:
+            self._flush()
+        finally:
+            demand, key_uses = self.sizes()
+            board = metrics()
+            board.demand_entries.set(demand)
+            board.key_uses_entries.set(key_uses)
+
+    def _flush(self) -> None:
         with self._lock:
             demand, self._demand = self._demand, {}
         now = time.monotonic()
@@ -581,9 +639,18 @@ class GatewayState:
                 services.keys_used(due)
             except BaseException:
                 self._used |= used
+                if len(self._used) > MAX_PENDING_USES:
+                    self._used = set(itertools.islice(self._used, MAX_PENDING_USES))
                 raise
+            written = self._used_written
             for key_id in due:
-                self._used_written[key_id] = now
+                written.pop(key_id, None)  # to the end: the dict stays oldest first
+                written[key_id] = now
+            if len(written) > MAX_WRITTEN_USES:
+                # The newer half stays (O(n) once per MAX_WRITTEN_USES / 2 keys written).
+                self._used_written = dict(
+                    itertools.islice(written.items(), len(written) - MAX_WRITTEN_USES // 2, None)
+                )
         if now - self._used_pruned_at >= LAST_USED_SECONDS:
             self._used_pruned_at = now
             self._used_written = {
@@ -613,6 +680,7 @@ class GatewayState:
         board = metrics()
         board.keys_held.set(len(snapshot.keys))
         board.keys_limited.set(snapshot.keys.limited)
+        board.snapshot_entries.set(snapshot.size())
         board.key_refresh.observe(snapshot.keys.last_seconds)
         return snapshot
 

@@ -8,6 +8,7 @@ one slot at a time and read the order in which the requests were granted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import gc
 import json
@@ -589,6 +590,57 @@ def test_requests_that_leave_behind_a_long_waiter_are_not_kept_in_memory() -> No
     assert heap <= 2 * 1 + HEAP_SLACK  # the one waiting, and some of those who left
     # 900 requests more went through the queue: well under 100 bytes each stayed.
     assert after_ten - after_one < 900 * 100, (after_one, after_ten)
+
+
+def test_ten_times_the_bound_of_keys_and_models_leave_the_queues_memory_flat(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Per key and per model, a process's queue holds only what is under way. Ten times as many
+    keys in service at once as its file tracks: the flows held stop at ENTRIES (the rest go
+    through untracked) and all go when their requests end. Ten times MAX_QUEUES models asked
+    for, one request each: the models' queues stop at the bound, and memory with them. Both
+    bounds are small here (64 and 100), which keeps the test short: each is a comparison with
+    it, whatever its value."""
+    from gateway import fairqueue
+
+    monkeypatch.setattr(fairqueue, "ENTRIES", 64)
+    monkeypatch.setattr(fairqueue, "MAX_QUEUES", 100)
+    wide = Candidate(id="wide", model="m", state="ready", address="127.0.0.1", port=1, slots=10**6)
+
+    async def main() -> tuple[list[int], int, int]:
+        queue = FairQueue(None)
+        balancer = Balancer()
+        flows = []
+        async with contextlib.AsyncExitStack() as stack:
+            for key_id in range(10 * fairqueue.ENTRIES):
+                await stack.enter_async_context(
+                    queue.turn(model="m", key_id=key_id, candidates=[wide], balancer=balancer)
+                )
+                flows.append(queue.size()[1])
+        assert queue.size() == (1, 0)  # every flow gone with its requests
+
+        async def one_request(model: str) -> None:
+            async with queue.turn(model=model, key_id=1, candidates=[wide], balancer=balancer):
+                pass
+
+        models = fairqueue.MAX_QUEUES
+        most = [0, 0]  # the most memory held: while the bound is first passed, and after
+        tracemalloc.start()
+        try:
+            for index in range(10 * models):
+                await one_request(f"model-{index}")
+                held = tracemalloc.get_traced_memory()[0]
+                most[index >= 2 * models] = max(most[index >= 2 * models], held)
+        finally:
+            tracemalloc.stop()
+        at_bound = most[0]
+        assert queue.size()[0] <= models
+        return flows, at_bound, most[1]
+
+    flows, at_bound, most = asyncio.run(main())
+    assert max(flows) == 64 and flows[63] == 64
+    assert at_bound > 100 * 100  # what is measured holds the models' queues
+    assert most < at_bound * 1.1, (at_bound, most)
 
 
 def test_it_reads_its_bounds_from_the_settings(settings: Any) -> None:

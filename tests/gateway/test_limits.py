@@ -390,6 +390,79 @@ def test_two_processes_files_count_together_and_a_dead_ones_are_dropped(tmp_path
         counters.close()
 
 
+def test_ten_times_more_keys_than_slots_leave_the_slots_and_memory_flat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The slots run out. With every slot held by a key in flight, the next key is refused
+    (503 limits_full, OpenAI's error body), while a key that holds a slot goes on. Then ten
+    times as many keys as there are slots, each used once, a wave every 70 s: each takes the
+    slot of a key idle since the wave before (the oldest go), none is refused, and neither the
+    slots held nor the memory grow. The slots are 256 here, not 32,768, which keeps the test to
+    a second: the bound is the table's size, whatever its value."""
+    import tracemalloc
+
+    from gateway import errors
+
+    monkeypatch.setattr(limits, "SLOTS", 256)
+    bound = limits.SLOTS
+    key = limits_of(
+        rpm=1000, tpm=None, max_parallel=None, tokens_per_day=None, tokens_per_month=None,
+        models=[], weight=1,
+    )  # fmt: skip
+    budgets = limits.no_budgets()
+    counters = SharedCounters(tmp_path / "gateway-limits", writer="a")
+    now = 1_800_000_000.0
+    try:
+        # Every slot held by a request in flight: the next key is refused, saying why.
+        held = []
+        for key_id in range(1, 2 * bound):
+            admitted = counters.admit(key_id, key, None, budgets, now=now)
+            if isinstance(admitted, limits.Refused):
+                break
+            held.append(admitted)
+        assert counters.held() == len(held) <= bound
+        assert len(held) > bound * 0.9  # the probing fills nearly every slot first
+        refused = counters.admit(10 * bound, key, None, budgets, now=now)
+        assert isinstance(refused, limits.Refused)
+        assert (refused.limit, refused.figure) == ("slots", bound)
+        answer = errors.limits_full(refused.figure)
+        assert answer.status == 503 and answer.headers["Retry-After"] == "1"
+        assert answer.json()["error"]["code"] == "limits_full"  # type: ignore[index]
+        assert isinstance(counters.admit(1, key, None, budgets, now=now), limits.Admission)
+        for admission in held:
+            counters.release(admission, 0, now=now)
+
+        # Ten times the slots in keys, half the slots a wave, a wave every 70 s (a key is idle
+        # 65 s after its last request): each wave takes the slots of the one before.
+        waves = 20
+        first = 1_000_000
+        sizes, memory = [0] * waves, [0] * waves  # held, and memory, after each wave
+        tracemalloc.start()
+        try:
+            for wave in range(waves):
+                now += 70
+                for index in range(bound // 2):
+                    key_id = first + wave * bound + index
+                    admitted = counters.admit(key_id, key, None, budgets, now=now)
+                    assert isinstance(admitted, limits.Admission), (wave, index, admitted)
+                    counters.release(admitted, 0, now=now)
+                sizes[wave] = counters.held()
+                memory[wave] = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        assert max(sizes) <= bound
+        # From the second wave on, every slot a wave takes was another key's.
+        at_bound = memory[1]
+        assert 50 * bound < at_bound  # what is measured holds the slots' keys
+        assert max(memory[2:]) < at_bound * 1.1, (at_bound, memory)
+        # The oldest keys' slots went to the newest; the newest hold theirs.
+        assert limits.key_tag(first) not in counters._slots
+        assert limits.key_tag(first + (waves - 1) * bound) in counters._slots
+        assert os.path.getsize(counters._file) == limits.FILE_BYTES  # the file never grows
+    finally:
+        counters.close()
+
+
 def _dead_pid() -> int:
     import subprocess
 

@@ -265,5 +265,7 @@ def test_rpm_over_two_gateway_machines(
         assert statuses.count(200) == (10 if store == "redis" else 20), statuses
         scraped = requests.get(f"{urls[0]}/metrics", timeout=5).text
         assert "llmgw_gateway_limits_redis_errors_total 0.0" in scraped or store == "off"
+        # The ends waiting to be written to Redis: every one was (a flush every 50 ms).
+        assert "llmgw_gateway_limits_redis_pending_entries 0.0" in scraped
     finally:
         system.close()

@@ -78,6 +78,44 @@ def test_gateway_processes_share_the_table(tmp_path: Path) -> None:
     two.close()
 
 
+def test_ten_times_the_tables_entries_leave_its_size_and_memory_flat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The table is fixed: ten times as many prefixes as it has entries fill it and then
+    overwrite it, its entries in use never past TABLE_ENTRIES, its file never larger, and no
+    memory held for them. The table is 1,024 entries here, not 65,536, which keeps the test
+    short: the bound is the table's size, whatever its value."""
+    import tracemalloc
+
+    monkeypatch.setattr(prefix, "TABLE_ENTRIES", 1024)
+    bound = prefix.TABLE_ENTRIES
+    table = PrefixTable(tmp_path)
+    sizes = []
+    try:
+        tracemalloc.start()
+        try:
+            for batch in range(10):
+                # A batch: as many new prefixes as the table has entries, 16 blocks each.
+                for prompt in range(bound // 16):
+                    first = (batch * bound + prompt * 16) * 7919 + 1
+                    table.remember(range(first, first + 16), f"r{prompt % 4}", now=1000)
+                sizes.append(table.size())
+                if batch == 0:
+                    at_bound = tracemalloc.get_traced_memory()[0]
+            past_bound = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        assert max(sizes) <= bound
+        assert sizes[-1] > bound // 2  # in use: filled, then overwritten
+        assert past_bound < at_bound + 4096, (at_bound, past_bound)
+        assert (tmp_path / "prefixes").stat().st_size == bound * 16
+        # The newest are found; whatever they overwrote is not.
+        newest = (9 * bound + 15 * 16) * 7919 + 1
+        assert table.longest(range(newest, newest + 16), ["r3"], now=1001) == ("r3", 16)
+    finally:
+        table.close()
+
+
 def candidates(slots: int = 4) -> list[Candidate]:
     return [
         Candidate(
@@ -216,6 +254,9 @@ def test_a_conversation_goes_back_where_its_beginning_is_cached(
     gw: object, catalog: object, engine: object, other_engine: object
 ) -> None:
     assert _second_turn_stays(gw, catalog, [engine, other_engine], "prefix") == 1
+    scraped = gw.get("/metrics").text  # type: ignore[attr-defined]
+    held = [line for line in scraped.splitlines() if line.startswith("llmgw_gateway_prefix_ent")]
+    assert held and float(held[0].split()[-1]) > 0  # the two turns' blocks
 
 
 @pytest.mark.django_db

@@ -176,3 +176,107 @@ def test_a_key_committed_during_a_look_waits_for_the_next_look(monkeypatch: Any)
         for _ in range(3):
             go.put(None)
         refresher.stop()
+
+
+def test_what_a_process_holds_per_key_to_write_stays_within_its_bounds(monkeypatch: Any) -> None:
+    """Ten times the bound of keys, each used once. While the database is away the uses
+    waiting to be written stop at MAX_PENDING_USES; once it answers, the last uses written
+    lately stop at MAX_WRITTEN_USES (the older half forgotten each time it is passed). The
+    memory held stays flat both ways, and llmgw_gateway_key_uses_entries says how many are
+    held. The bounds are a hundredth of the gateway's here, which keeps the test to a second:
+    each is one comparison with it, whatever its value."""
+    import tracemalloc
+
+    from django.db import OperationalError
+
+    from gateway import metrics, services
+
+    bound = 1000
+    monkeypatch.setattr(gateway_state, "MAX_PENDING_USES", bound)
+    monkeypatch.setattr(gateway_state, "MAX_WRITTEN_USES", bound)
+    refresher = GatewayState()
+    monkeypatch.setattr(refresher.book, "due", lambda: False)
+    database = {"up": False}
+    written: list[int] = []  # the first write's keys
+    writes = {"keys": 0}
+
+    def keys_used(key_ids: list[int]) -> None:
+        if not database["up"]:
+            raise OperationalError("the database is away")
+        if not writes["keys"]:
+            written.extend(key_ids)
+        writes["keys"] += len(key_ids)
+
+    monkeypatch.setattr(services, "keys_used", keys_used)
+    board = metrics.metrics()
+    first = 1_000_000  # key ids past the small ints Python shares: each one an object of its own
+    most = {"held": 0}  # the most memory held after a flush
+
+    def use(start: int, stop: int) -> None:
+        for batch in range(start, stop, 100):
+            for key_id in range(batch, batch + 100):
+                refresher.key_used(first + key_id)
+            try:
+                refresher.flush()
+            except OperationalError:
+                assert not database["up"]
+            most["held"] = max(most["held"], tracemalloc.get_traced_memory()[0])
+            assert sum(refresher.sizes()) <= bound
+
+    tracemalloc.start()
+    try:
+        # The database away: uses pile up to the bound, then no further.
+        use(0, bound)
+        at_bound, most["held"] = most["held"], 0
+        use(bound, 10 * bound)
+        assert len(refresher._used) == bound
+        assert 50 * bound < at_bound  # what is measured holds the key ids
+        assert most["held"] < at_bound * 1.1, (at_bound, most["held"])
+        # Back: what was kept is written once, then each new key's use; the last uses written
+        # lately stay within their bound, the oldest forgotten.
+        database["up"] = True
+        refresher.flush()
+        assert sorted(written) == [first + key_id for key_id in range(bound)]
+        assert len(refresher._used_written) == bound and not refresher._used
+        # Measured once the bound has been passed twice (a dict's table, built again, is not
+        # always as large as the first one was at the same size).
+        use(10 * bound, 12 * bound)
+        at_bound, most["held"] = most["held"], 0
+        use(12 * bound, 20 * bound)
+        assert 50 * bound < at_bound  # what is measured holds the key ids
+        assert most["held"] < at_bound * 1.1, (at_bound, most["held"])
+    finally:
+        tracemalloc.stop()
+    assert writes["keys"] == 11 * bound  # every use that was kept, written once
+    assert first + 20 * bound - 1 in refresher._used_written  # the newest kept
+    assert first + 10 * bound not in refresher._used_written  # the oldest forgotten
+    shown = board.registry.get_sample_value("llmgw_gateway_key_uses_entries")
+    assert shown == sum(refresher.sizes()) == len(refresher._used_written)
+
+
+def test_the_snapshot_holds_what_the_database_holds_not_what_it_held(catalog: Any) -> None:
+    """Its bound is the database's rows. Replicas come and go with every rollout: ten rounds of
+    them, each round's withdrawn when the next comes, leave a snapshot of one round's, counted
+    in llmgw_gateway_snapshot_entries, and no earlier snapshot held anywhere."""
+    import gc
+    import weakref
+
+    from gateway import metrics
+
+    catalog.add("chat")
+    refresher = GatewayState()
+    board = metrics.metrics()
+    per_round = 20
+    earlier: list[weakref.ref[Any]] = []
+    for round_ in range(10):
+        Replica.objects.filter(withdrawn_at__isnull=True).update(withdrawn_at=timezone.now())
+        for index in range(per_round):
+            catalog.replica("chat", 20_000 + round_ * per_round + index)
+        snapshot = refresher.reload()
+        assert len(snapshot.replicas["chat"]) == per_round
+        assert snapshot.size() == 1 + per_round  # the catalog's one name and its replicas
+        assert board.registry.get_sample_value("llmgw_gateway_snapshot_entries") == 1 + per_round
+        earlier.append(weakref.ref(snapshot))
+        del snapshot
+    gc.collect()
+    assert [ref() is None for ref in earlier] == [True] * 9 + [False]
