@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -26,6 +27,7 @@ from catalog.config import current_config
 from catalog.models import AuditEntry, Model
 from catalog.services import audit_entry
 from core.actor import SYSTEM
+from core.metrics import control_metrics
 
 from . import placement
 from .footprint import FileFacts, Footprint, known_facts, learn_facts, model_footprints
@@ -69,16 +71,26 @@ def release_lease(name: str, holder: str) -> None:
 
 
 def reconcile_pass(*, now: datetime | None = None) -> PassReport:
+    """One pass, counted in llmgw_reconcile_passes_total by outcome and, unless another pass
+    held the lease, timed in llmgw_reconcile_duration_seconds."""
+    board = control_metrics()
     holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     if not claim_lease("reconcile", holder, LEASE_SECONDS, now=now):
+        board.reconcile_passes.labels("skipped").inc()
         return PassReport(skipped=True)
+    started = time.monotonic()
+    outcome = "failed"
     try:
         # Before the transaction: a header read waits on HTTP, and a row lock should not.
         learn_facts(Model.objects.all(), now=now)
         with transaction.atomic():
-            return _reconcile(now or timezone.now())
+            report = _reconcile(now or timezone.now())
+        outcome = "done"
+        return report
     finally:
         release_lease("reconcile", holder)
+        board.reconcile_passes.labels(outcome).inc()
+        board.reconcile_seconds.observe(time.monotonic() - started)
 
 
 # -- what each model wants --------------------------------------------------------

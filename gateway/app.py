@@ -9,12 +9,14 @@ import asyncio
 import hmac
 import logging
 
+from django.db import DatabaseError, close_old_connections
+
 from catalog.config import ConfigError
 
-from . import conf, errors, http, relay
+from . import conf, errors, http, relay, selectors
 from .errors import Refusal
 from .http import Receive, Scope, Send
-from .metrics import exposition
+from .metrics import control_plane_exposition, exposition, model_exposition
 from .process import Gateway
 from .state import state
 from .webforward import forward
@@ -135,4 +137,17 @@ async def _metrics(gateway: Gateway, scope: Scope, send: Send) -> None:
 def _exposition(gateway: Gateway) -> tuple[bytes, str]:
     # The prefix table is counted here, off the event loop: one pass over it (1 MB).
     gateway.metrics.prefix_entries.set(gateway.balancer.prefixes.size())
-    return exposition(gateway.state.get().engines)
+    engines = gateway.state.get().engines
+    text, content_type = exposition(engines)
+    return text + model_exposition(engines) + _control_plane_text(), content_type
+
+
+def _control_plane_text() -> bytes:
+    """The control plane's state from the database; nothing while it cannot be read (the
+    gateway's own numbers say so: llmgw_gateway_database_up)."""
+    try:
+        return control_plane_exposition(selectors.control_plane_figures())
+    except DatabaseError:
+        return b""
+    finally:
+        close_old_connections()

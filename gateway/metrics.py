@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from core.metrics import created, prepare
+
 from . import conf
 from .load import process_alive
 
@@ -33,6 +35,14 @@ class EngineFigures:
     replica: str
     node: str
     numbers: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ControlPlaneFigures:
+    """The control plane's state as /metrics shows it (gateway.selectors reads it)."""
+
+    rollouts: dict[str, int]  # state -> rollouts in it
+    heartbeat_ages: dict[str, float | None]  # node -> seconds since its last heartbeat
 
 
 # Seconds, from a tiny model's few milliseconds to a long generation.
@@ -87,19 +97,10 @@ def metrics() -> Metrics:
 
 
 def _create(folder: str | None) -> Metrics:
-    # Imported here, never at the top: prometheus_client reads PROMETHEUS_MULTIPROC_DIR once,
-    # when first imported, and the folder is set below first.
-    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
+    registry = prepare(folder)
+    # After prepare(): prometheus_client reads PROMETHEUS_MULTIPROC_DIR once, when first imported.
+    from prometheus_client import Counter, Gauge, Histogram
 
-    registry: CollectorRegistry | None = None
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-        # prometheus_client picks its storage from this variable, once, when it is first
-        # imported; set it and pick again, in case something imported it before.
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder
-        values.ValueClass = values.get_value_class()
-    else:
-        registry = CollectorRegistry(auto_describe=True)
     # In multiprocess mode the registry only matters for collection, which reads the files.
     where: dict[str, Any] = {"registry": registry}
     return Metrics(
@@ -317,6 +318,10 @@ def exposition(engines: Sequence[EngineFigures] = ()) -> tuple[bytes, str]:
     current = metrics()
     if current.folder is None:
         text = generate_latest(current.registry)
+        # The control plane's numbers counted in this process, if any (core.metrics).
+        control = created()
+        if control is not None:
+            text += generate_latest(control.registry)
     else:
         from prometheus_client import multiprocess
 
@@ -404,3 +409,60 @@ def reset_for_tests() -> None:
     global _metrics
     with _lock:
         _metrics = None
+
+
+# The engines' numbers added up per model (every serving replica's): (name, help, key).
+MODEL_METRICS = (
+    (
+        "llmgw_model_tokens_per_second",
+        "Tokens the model's engines generate per second, all replicas.",
+        "tokens_per_second",
+    ),
+    ("llmgw_model_slots", "Requests the model's engines compute at once, all replicas.", "slots"),
+    (
+        "llmgw_model_slots_busy",
+        "Slots of the model's engines computing a request now.",
+        "busy_slots",
+    ),
+    (
+        "llmgw_model_requests_waiting",
+        "Requests waiting for a free slot in the model's engines.",
+        "waiting",
+    ),
+)
+
+
+def model_exposition(engines: Sequence[EngineFigures]) -> bytes:
+    """Prometheus text for the engines' numbers added up per model."""
+    totals: dict[str, dict[str, float]] = {}
+    for engine in engines:
+        model = totals.setdefault(engine.model, {})
+        for _, _, key in MODEL_METRICS:
+            value = engine.numbers.get(key)
+            if isinstance(value, int | float):
+                model[key] = model.get(key, 0.0) + float(value)
+    lines = []
+    for name, text, key in MODEL_METRICS:
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} gauge"]
+        for model, figures in sorted(totals.items()):
+            if key in figures:
+                lines.append(f'{name}{{model="{_label(model)}"}} {figures[key]!r}')
+    return ("\n".join(lines) + "\n").encode()
+
+
+def control_plane_exposition(figures: ControlPlaneFigures) -> bytes:
+    """Prometheus text for the control plane's state read at the scrape."""
+    lines = [
+        "# HELP llmgw_rollouts Rollouts (updates and rollbacks) in the database, by state.",
+        "# TYPE llmgw_rollouts gauge",
+        *(f'llmgw_rollouts{{state="{_label(s)}"}} {n}' for s, n in figures.rollouts.items()),
+        "# HELP llmgw_node_heartbeat_age_seconds Seconds since the node's last heartbeat "
+        "(absent for a node never heard).",
+        "# TYPE llmgw_node_heartbeat_age_seconds gauge",
+        *(
+            f'llmgw_node_heartbeat_age_seconds{{node="{_label(node)}"}} {age!r}'
+            for node, age in figures.heartbeat_ages.items()
+            if age is not None
+        ),
+    ]
+    return ("\n".join(lines) + "\n").encode()

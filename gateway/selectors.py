@@ -10,7 +10,10 @@ from django.db.models import Count, F, Q, QuerySet, Sum
 from django.utils import timezone
 
 from core.actor import Actor
+from fleet.models import Node
+from registry.models import Rollout
 
+from .metrics import ControlPlaneFigures
 from .models import GatewayKey, KeyUsageDay, Team
 from .services import could_be_team, limits_of
 
@@ -182,3 +185,17 @@ def key_usage(
         }
         for row in rows
     ]
+
+
+def control_plane_figures(now: datetime | None = None) -> ControlPlaneFigures:
+    """What /metrics shows of the control plane's state, read at the scrape: rollouts by state
+    (every state, 0 when none) and each node's seconds since its last heartbeat (None: never)."""
+    now = now or timezone.now()
+    rollouts = dict.fromkeys((state for state, _ in Rollout.STATES), 0)
+    for state, count in Rollout.objects.values_list("state").annotate(n=Count("pk")).order_by():
+        rollouts[state] = count
+    ages = {
+        name: None if heard is None else max(0.0, (now - heard).total_seconds())
+        for name, heard in Node.objects.order_by("name").values_list("name", "last_heartbeat")
+    }
+    return ControlPlaneFigures(rollouts=rollouts, heartbeat_ages=ages)

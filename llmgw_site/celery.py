@@ -1,9 +1,12 @@
 """The Celery app: `celery -A llmgw_site worker` and `celery -A llmgw_site beat`."""
 
 import os
+import time
 
 from celery import Celery
-from celery.signals import beat_init, worker_init
+from celery.signals import beat_init, task_postrun, task_prerun, worker_init
+
+from core.metrics import control_metrics, task_label
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
 
@@ -28,3 +31,28 @@ def _apply_config_on_beat_start(**_: object) -> None:
     from .startup import apply_config_on_start
 
     apply_config_on_start("beat")
+
+
+# Task id -> when it started, in this process: one entry per task running in it (a pool process
+# runs one at a time), removed when it ends.
+_started: dict[str, float] = {}
+_OUTCOMES = {"SUCCESS": "succeeded", "FAILURE": "failed", "RETRY": "retried", "IGNORED": "skipped"}
+
+
+@task_prerun.connect
+def _task_started(task_id: str | None = None, **_: object) -> None:
+    if task_id:
+        _started[task_id] = time.monotonic()
+
+
+@task_postrun.connect
+def _task_ended(
+    task_id: str | None = None, task: object = None, state: str | None = None, **_: object
+) -> None:
+    """Counted in llmgw_tasks_total by name and outcome, timed in llmgw_task_duration_seconds."""
+    started = _started.pop(task_id or "", None)
+    name = task_label(getattr(task, "name", None))
+    board = control_metrics()
+    board.tasks.labels(name, _OUTCOMES.get(state or "", (state or "unknown").lower())).inc()
+    if started is not None:
+        board.task_seconds.labels(name).observe(time.monotonic() - started)

@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from catalog.config import current_config
 from catalog.models import Model
+from core.metrics import control_metrics
 from core.outbound import URLRefused
 from llmgw.download import BadStatus, WrongDigest, WrongSize, download_verified
 
@@ -104,13 +105,19 @@ def download(fetch_id: int) -> bool:
     if not claim_fetch(fetch_id):
         return False
     fetch = Fetch.objects.get(pk=fetch_id)
+    board = control_metrics()
+    started = time.monotonic()
     try:
         _download_all(fetch)
     except FetchFailed as exc:
         fetch.fail(str(exc))
         log.warning("fetch %s failed: %s", fetch.pk, exc)
+        board.fetches.labels("failed").inc()
         return True
+    finally:
+        board.fetch_seconds.observe(time.monotonic() - started)
     fetch.finish()
+    board.fetches.labels("done").inc()
     return True
 
 
@@ -133,9 +140,11 @@ def _download_files(fetch: Fetch, registry: Registry, session: requests.Session)
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         url = registry.file_url(fetch.repo, fetch.commit, entry["path"])
-        done += _download_file(
+        size = _download_file(
             fetch, entry, url, target, registry, session, progress.of_file(entry["path"], done)
         )
+        control_metrics().fetch_bytes.inc(size)
+        done += size
         record_change(fetch, entry, url)
         fetch.beat(done)
 

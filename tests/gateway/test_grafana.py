@@ -1,4 +1,4 @@
-"""The Grafana dashboard in contrib/ asks only for metrics the gateway exports."""
+"""The Grafana dashboard in contrib/ asks only for metrics the gateway's /metrics exports."""
 
 from __future__ import annotations
 
@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from gateway.metrics import exposition, metrics
+from core.metrics import control_metrics
+from gateway.metrics import (
+    ControlPlaneFigures,
+    control_plane_exposition,
+    exposition,
+    metrics,
+    model_exposition,
+)
 from tests.gateway.fake_engine import FakeEngine
 
 pytestmark = [pytest.mark.smoke]
@@ -38,8 +45,11 @@ def test_every_metric_the_dashboard_names_is_exported(
     # Series that no request above set (retries) are exported as soon as one happens: their
     # sample names follow from the metric's kind.
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
-    for family in metrics().registry.collect():
+    for family in [*metrics().registry.collect(), *control_metrics().registry.collect()]:
         exported.update(family.name + end for end in suffixes.get(family.type, ("",)))
+    # Written at the scrape from the database and the engines' reports (gateway.app).
+    written = model_exposition([]) + control_plane_exposition(ControlPlaneFigures({}, {}))
+    exported.update(re.findall(r"^# TYPE (\w+) gauge$", written.decode(), re.M))
 
     dashboard = json.loads(DASHBOARD.read_text())
     named = {name for expr in queries(dashboard) for name in re.findall(r"\bllmgw_\w+", expr)}

@@ -10,6 +10,7 @@ import pytest
 
 from catalog.models import AuditEntry, Model
 from catalog.services import model_scale
+from core import metrics as core_metrics
 from core.actor import Actor
 from core.refusals import Refused
 from registry import fetches, mirror
@@ -23,6 +24,31 @@ pytestmark = [
     pytest.mark.django_db,
     pytest.mark.skipif(available() is not None, reason=str(available())),
 ]
+
+
+def test_fetches_are_counted_with_the_bytes_they_downloaded(
+    registry: LocalRegistry, alice: Actor, weights: dict[int, Path]
+) -> None:
+    """llmgw_fetches_total, llmgw_fetch_bytes_total and llmgw_fetch_duration_seconds, counted
+    where the fetch runs, once per fetch however often it is asked for."""
+    core_metrics.reset_for_tests()
+    board = core_metrics.control_metrics()
+    model = serve(alice)
+    size = weights[1].stat().st_size
+    assert board.fetches.labels("done")._value.get() == 1
+    assert board.fetch_bytes._value.get() == size
+    assert board.fetch_seconds._sum.get() > 0
+    model_scale(actor=alice, name=model.name, min_replicas=0, max_replicas=0)
+    registry.commit(REPO, {"tiny-chat-q4.gguf": weights[2]})
+    check_updates()
+    rollout = start_update(actor=alice, name=model.name)
+    fetches.run_fetch(rollout.fetch_id)
+    assert board.fetches.labels("done")._value.get() == 2
+    assert board.fetch_bytes._value.get() == size + weights[2].stat().st_size
+    # The fetch asked again (a message delivered twice): nothing downloaded, nothing counted.
+    fetches.run_fetch(rollout.fetch_id)
+    assert board.fetches.labels("done")._value.get() == 2
+    core_metrics.reset_for_tests()
 
 
 def test_update_fetches_beside_the_old_files_swaps_and_rollback_goes_back(
