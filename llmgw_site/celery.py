@@ -4,9 +4,10 @@ import os
 import time
 
 from celery import Celery
-from celery.signals import beat_init, task_postrun, task_prerun, worker_init
+from celery.signals import beat_init, task_postrun, task_prerun, worker_init, worker_process_init
 
 from core.metrics import control_metrics, task_label
+from llmgw.tracing import start_tracing
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
 
@@ -15,6 +16,16 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
 app = Celery("llmgw", task_cls="llmgw_site.beat:PeriodicTask")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+# What the worker's pool processes and beat trace when OTEL_EXPORTER_OTLP_ENDPOINT is set
+# (llmgw.tracing): the tasks, and what they send to the database, Redis and over HTTP.
+TRACED = ("celery", "requests", "psycopg", "redis")
+
+
+@worker_process_init.connect
+def _start_tracing_in_pool_process(**_: object) -> None:
+    # In each pool process, after the fork: the tasks run there.
+    start_tracing("llmgw-worker", TRACED)
 
 
 @worker_init.connect
@@ -27,6 +38,7 @@ def _apply_config_on_worker_start(**_: object) -> None:
 
 @beat_init.connect
 def _apply_config_on_beat_start(**_: object) -> None:
+    start_tracing("llmgw-beat", TRACED)
     # Here: startup reaches models, and this module is loaded before Django's apps.
     from .startup import apply_config_on_start
 

@@ -6,6 +6,12 @@ from django.core.wsgi import get_wsgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
 
+from llmgw.tracing import start_tracing
+
+# Before the application: Django's instrumentation adds its middleware to the settings. Each
+# gunicorn worker imports this module after the fork, so each starts its own export thread.
+start_tracing("llmgw-web", ("django", "celery", "requests", "psycopg", "redis"))
+
 application = get_wsgi_application()
 
 from core.env import env_bool  # noqa: E402

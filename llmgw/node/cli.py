@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from llmgw.tracing import start_tracing
+
 from .agent import Agent
 from .config import (
     DEFAULT_ENGINE_LOG_MAX_BYTES,
@@ -210,6 +212,8 @@ def _positive_float(text: str) -> float:
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    # Its calls to the control plane, when OTEL_EXPORTER_OTLP_ENDPOINT is set (llmgw.tracing).
+    start_tracing("llmgw-node", ("requests",))
     with _logging_to_stderr():
         agent = Agent(config)
         signal.signal(signal.SIGTERM, agent.request_shutdown)

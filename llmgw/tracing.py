@@ -1,0 +1,96 @@
+"""Traces over OTLP/HTTP, with OpenTelemetry's SDK and its maintained instrumentations.
+
+On only when the standard OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is
+set. Otherwise start_tracing returns at once and nothing of OpenTelemetry is imported here, so
+tracing that is off costs nothing. The other standard variables are the SDK's to read:
+OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER(_ARG), OTEL_EXPORTER_OTLP_HEADERS,
+OTEL_BSP_* and the rest; OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none turn it off.
+
+Each process calls start_tracing once, where it starts: the web in llmgw_site.wsgi (in each
+gunicorn worker, which imports it after the fork), the Celery worker in each process of its
+prefork pool (worker_process_init: a solo or threads pool sends none, so traces nothing) and beat
+at beat_init (llmgw_site.celery), the node agent in its command.
+The span processor's export thread belongs to the process that started it; the SDK starts it
+again in a child after a fork.
+
+Here, below Django: the node agent uses it without Django.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+
+# What each name in start_tracing's `instrument` turns on (module, class).
+INSTRUMENTATIONS = {
+    "django": ("opentelemetry.instrumentation.django", "DjangoInstrumentor"),
+    "celery": ("opentelemetry.instrumentation.celery", "CeleryInstrumentor"),
+    "requests": ("opentelemetry.instrumentation.requests", "RequestsInstrumentor"),
+    "psycopg": ("opentelemetry.instrumentation.psycopg", "PsycopgInstrumentor"),
+    "redis": ("opentelemetry.instrumentation.redis", "RedisInstrumentor"),
+    "aiohttp-client": (
+        "opentelemetry.instrumentation.aiohttp_client",
+        "AioHttpClientInstrumentor",
+    ),
+}
+
+_started: str | None = None
+
+
+def tracing_wanted(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the environment asks for traces: an OTLP endpoint, and the SDK not turned off."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    if environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() == "none":
+        return False
+    return bool(
+        environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+        or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    )
+
+
+def _names_service(environ: Mapping[str, str]) -> bool:
+    if environ.get("OTEL_SERVICE_NAME", "").strip():
+        return True
+    pairs = environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(",")
+    return any(p.split("=", 1)[0].strip() == "service.name" for p in pairs)
+
+
+def start_tracing(
+    process_name: str,
+    instrument: Iterable[str] = ("requests",),
+    *,
+    environ: Mapping[str, str] = os.environ,
+) -> bool:
+    """Export this process's spans when the environment asks for it (tracing_wanted), as the
+    service `process_name` unless OTEL_SERVICE_NAME (or service.name in OTEL_RESOURCE_ATTRIBUTES)
+    names one, with the instrumentations named in `instrument` (INSTRUMENTATIONS) turned on.
+
+    Once per process: a later call does nothing. True when tracing is on. `environ` decides
+    whether; what the SDK reads for the rest is os.environ."""
+    global _started
+    if _started is not None:
+        return True
+    if not tracing_wanted(environ):
+        return False
+    from importlib import import_module
+
+    from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    # The resource, the sampler, the exporter's endpoint, headers and timeout, and the batch
+    # sizes all come from the standard OTEL_* variables, read by the SDK itself.
+    attributes = {} if _names_service(environ) else {SERVICE_NAME: process_name}
+    provider = TracerProvider(resource=Resource.create(attributes))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(provider)
+    for name in instrument:
+        module, cls = INSTRUMENTATIONS[name]
+        instrumentor = getattr(import_module(module), cls)()
+        if not instrumentor.is_instrumented_by_opentelemetry:
+            instrumentor.instrument(tracer_provider=provider)
+    _started = process_name
+    return True
