@@ -22,6 +22,7 @@ from llmgw.bearer import NODE_TOKEN
 from . import trust
 from .models import Node, Replica, hash_token
 from .signals import fleet_changed
+from .specs import engine_key
 
 log = logging.getLogger("llmgw.fleet")
 
@@ -149,6 +150,7 @@ def replica_order(replica: Replica) -> dict[str, Any]:
         "context_length": spec.get("context_length"),
         "threads": max(1, int(cores)) if cores else None,
         "slots": replica.slots,
+        "engine_key": engine_key(str(replica.pk)),
     }
 
 

@@ -6,8 +6,22 @@ import hashlib
 import json
 from typing import Any
 
+from django.utils.crypto import salted_hmac
+
 from catalog.definitions import DEFAULT_SLOTS
 from catalog.models import Model
+
+
+def engine_key(replica_id: str) -> str:
+    """The key a replica's engine is started with (llama-server's --api-key-file) and the
+    gateway sends it: without it the engine answers nothing but /health.
+
+    Derived from the installation's secret (LLMGW_SECRET_KEY) and the replica's id, so it is
+    stored nowhere, every control-plane machine knows it, and a node is told only the keys of
+    its own replicas (in its heartbeat's answer). Changing the secret changes every key: running
+    engines then refuse the gateway until they are started again (stop each node's agent with
+    its engines, `--stop-engines-on-exit`, and start it again)."""
+    return salted_hmac("llmgw.engine-key", replica_id, algorithm="sha256").hexdigest()
 
 
 def profile_slots(profile: dict[str, Any]) -> int:

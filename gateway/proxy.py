@@ -260,7 +260,7 @@ async def _post(
         response = await session.post(
             url,
             data=payload,
-            headers=JSON_HEADERS,
+            headers=candidate.headers,
             allow_redirects=False,
             trace_request_ctx=attempt,
             timeout=_read_timeout(timeout),

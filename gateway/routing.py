@@ -16,13 +16,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from catalog.definitions import MAX_NAME, NAME_PATTERN
 from catalog.models import CanaryRouting, Model, canary_routing, is_on_demand, is_parked
 from fleet.models import Replica
-from fleet.specs import replica_revision
-from llmgw.engine import lora_request
+from fleet.specs import engine_key, replica_revision
+from llmgw.engine import key_headers, lora_request
 
 from . import routed
 from .load import SharedLoad
@@ -111,6 +112,13 @@ class Candidate:
     lora: tuple[tuple[str, float], ...] = ()
     # The weights it serves (fleet.specs.weights_revision): old or new during a canary.
     revision: str = ""
+    # Its engine's key (fleet.specs.engine_key), sent with every request; "" for none.
+    key: str = field(default="", repr=False)
+
+    @cached_property
+    def headers(self) -> dict[str, str]:
+        """The headers of a request to its engine (made once per replica and snapshot)."""
+        return {"Content-Type": "application/json", **key_headers(self.key)}
 
     def engine_lora(self, name: str) -> list[dict[str, Any]] | None:
         """The request's ``lora`` field that makes this engine answer as ``name``: that
@@ -163,6 +171,7 @@ def read_replicas(models: Iterable[str] | None = None) -> dict[str, list[Candida
                     for a in (spec or {}).get("adapters", [])
                 ),
                 revision=replica_revision(spec),
+                key=engine_key(str(row["id"])),
             )
         )
     return found

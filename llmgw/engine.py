@@ -88,6 +88,14 @@ class EngineSettings:
     slots: int = 1
     threads: int | None = None
     adapters: tuple[AdapterEntry, ...] = field(default_factory=tuple)
+    # A file holding the key every request but /health must send (llama-server's
+    # --api-key-file): a file, not --api-key, so that no command line shows it.
+    api_key_file: str | None = None
+
+
+def key_headers(key: str | None) -> dict[str, str]:
+    """The headers that open an engine started with `key` (none for an engine without one)."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def find_engine(explicit: str | None = None) -> str | None:
@@ -137,6 +145,8 @@ def engine_command(settings: EngineSettings, executable: str) -> list[str]:
         "mean",
         "--no-webui",
     ]
+    if settings.api_key_file is not None:
+        command += ["--api-key-file", settings.api_key_file]
     if settings.threads is not None:
         # Prompt processing uses its own thread count, which defaults to every core of the
         # machine; set both, so that replicas sharing a node stay within the cores they reserved.
@@ -294,10 +304,16 @@ def health(host: str, port: int, *, timeout: float) -> str | None:
 
 
 def check_ready(
-    host: str, port: int, alias: str, adapters: Sequence[AdapterEntry], *, timeout: float
+    host: str,
+    port: int,
+    alias: str,
+    adapters: Sequence[AdapterEntry],
+    *,
+    timeout: float,
+    key: str | None = None,
 ) -> None:
     """Raise NotReady unless /health answers 200 and the base model and every adapter compute
-    one token."""
+    one token (asked with `key`, the engine's)."""
     problem = health(host, port, timeout=min(timeout, 5))
     if problem is not None:
         raise NotReady(f"/health: {problem}")
@@ -308,7 +324,9 @@ def check_ready(
         if lora is not None:
             body["lora"] = lora
         try:
-            answer = requests.post(f"{base}/v1/completions", json=body, timeout=timeout)
+            answer = requests.post(
+                f"{base}/v1/completions", json=body, headers=key_headers(key), timeout=timeout
+            )
         except requests.RequestException as exc:
             raise NotReady(f"a completion for {name}: {exc.__class__.__name__}") from None
         if answer.status_code != 200:
@@ -337,10 +355,15 @@ def parse_metrics(text: str) -> dict[str, float]:
     return found
 
 
-def read_metrics(host: str, port: int, *, timeout: float) -> dict[str, float] | None:
-    """The engine's /metrics, or None when it does not answer them."""
+def read_metrics(
+    host: str, port: int, *, timeout: float, key: str | None = None
+) -> dict[str, float] | None:
+    """The engine's /metrics (asked with `key`, the engine's), or None when it does not answer
+    them."""
     try:
-        answer = requests.get(f"http://{host}:{port}/metrics", timeout=timeout)
+        answer = requests.get(
+            f"http://{host}:{port}/metrics", headers=key_headers(key), timeout=timeout
+        )
     except requests.RequestException:
         return None
     if answer.status_code != 200:

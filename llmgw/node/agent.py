@@ -22,7 +22,7 @@ from llmgw import engine
 
 from .cache import BlobCache
 from .config import NodeConfig
-from .replica import Replica, now_iso
+from .replica import KEY_FILE, Replica, now_iso
 from .spec import AnswerError, ReplicaSpec, parse_answer
 
 log = logging.getLogger("llmgw.node")
@@ -116,6 +116,9 @@ class Agent:
         replica = Replica(self, spec)
         replica.sha256 = record.get("sha256")
         replica.port = record.get("port")
+        # The key the engine was started with, if any (the spec on disk never holds it).
+        with contextlib.suppress(OSError):
+            replica.key = (folder / KEY_FILE).read_text().strip() or None
         if record.get("state") == "failed":
             # A failed replica stays failed while it is wanted, across agent restarts too.
             replica.state = "failed"

@@ -209,3 +209,16 @@ def write_json(path: Path, data: Any) -> None:
     partial = path.with_name(path.name + ".part")
     partial.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(partial, path)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a secret readable by this user alone: made with mode 0600 (never another mode, not
+    even for a moment), through a temporary file and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".part")
+    with contextlib.suppress(FileNotFoundError):
+        partial.unlink()
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(text)
+    os.replace(partial, path)

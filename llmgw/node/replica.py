@@ -27,7 +27,7 @@ from llmgw.gguf import (
     read_header_from_file,
 )
 
-from .cache import POLL_SECONDS, BlobCache, Cancelled, FetchFailed, write_json
+from .cache import POLL_SECONDS, BlobCache, Cancelled, FetchFailed, write_json, write_private
 from .config import NodeConfig
 from .spec import AdapterSpec, ReplicaSpec
 
@@ -35,6 +35,8 @@ log = logging.getLogger("llmgw.node")
 
 # How long a restarted agent waits for an adopted engine to answer before its first heartbeat.
 ADOPTION_CHECK_SECONDS = 2.0
+# The engine's key, in its replica's folder (mode 0600), named by --api-key-file.
+KEY_FILE = "engine.key"
 WATCH_SECONDS = 0.5  # how often a worker looks at its engine once it is ready
 # A ready engine is probed every second; three probes in a row without an answer within a
 # second fail the replica: a hung engine is reported within about 6 s (and withdrawn from
@@ -84,6 +86,10 @@ class Replica:
         self.started_at: str | None = None
         self.thread: threading.Thread | None = None
         self.engine_metrics: dict[str, float] | None = None  # the engine's /metrics, if read
+        # The key its engine was started with, which every request but /health sends: the
+        # control plane's (spec.engine_key) for an engine this agent starts, the one in the
+        # folder's engine.key for an adopted one. None: an engine without a key.
+        self.key = spec.engine_key
         self._metrics_read: tuple[float, dict[str, float]] | None = None
 
     @property
@@ -282,6 +288,10 @@ class Replica:
                 f"or give its path with --llama-server or {engine.ENGINE_ENV}"
             )
         context, prompt_cache_mib = self._sizes(weights)
+        key_file = None
+        if self.spec.engine_key:
+            key_file = self.folder / KEY_FILE
+            write_private(key_file, self.spec.engine_key + "\n")
         settings = engine.EngineSettings(
             model_path=str(weights),
             model_alias=self.spec.model,
@@ -292,6 +302,7 @@ class Replica:
             slots=self.spec.slots,
             threads=self.spec.threads,
             adapters=tuple(engine.AdapterEntry(a.name, str(path), a.scale) for a, path in adapters),
+            api_key_file=str(key_file) if key_file else None,
         )
         try:
             command = engine.engine_command(settings, executable)
@@ -326,6 +337,7 @@ class Replica:
                 self.spec.model,
                 self._adapter_entries(),
                 timeout=ADOPTION_CHECK_SECONDS,
+                key=self.key,
             )
         except engine.NotReady:
             return False
@@ -388,6 +400,7 @@ class Replica:
                     self.spec.model,
                     self._adapter_entries(),
                     timeout=max(1.0, remaining),
+                    key=self.key,
                 )
             except engine.NotReady:
                 self.stop_requested.wait(POLL_SECONDS)
@@ -454,7 +467,9 @@ class Replica:
 
     def _read_metrics(self) -> None:
         assert self.port is not None
-        numbers = engine.read_metrics(self.host, self.port, timeout=HEALTH_TIMEOUT_SECONDS)
+        numbers = engine.read_metrics(
+            self.host, self.port, timeout=HEALTH_TIMEOUT_SECONDS, key=self.key
+        )
         if numbers is None:
             return
         now = time.monotonic()

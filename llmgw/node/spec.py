@@ -7,7 +7,7 @@ answer changes nothing rather than half of what runs.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 MAX_SLOTS = 256
@@ -15,6 +15,8 @@ MAX_SLOTS = 256
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 # A replica id becomes a folder name: no separators, no "." or "..".
 _REPLICA_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# An engine's key goes into a file and an HTTP header: letters, digits, "-" and "_" only.
+_ENGINE_KEY = re.compile(r"[A-Za-z0-9_-]{16,128}")
 
 
 class AnswerError(Exception):
@@ -41,6 +43,8 @@ class ReplicaSpec:
     context_length: int | None
     threads: int | None
     slots: int = 1  # requests the engine serves at once
+    # The key the engine is started with (never written with the spec: see Replica.key).
+    engine_key: str | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_json(cls, data: Any) -> ReplicaSpec:
@@ -63,6 +67,7 @@ class ReplicaSpec:
             # 0 threads means "no cores reserved": the engine's own default applies.
             threads=_positive_int(data.get("threads"), "threads", where) or None,
             slots=min(_positive_int(data.get("slots"), "slots", where) or 1, MAX_SLOTS),
+            engine_key=_engine_key(data.get("engine_key"), where),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -85,6 +90,14 @@ def _text(data: dict[str, Any], key: str, where: str) -> str:
     value = data.get(key)
     if not isinstance(value, str) or not value:
         raise AnswerError(f"{where}: {key} is {value!r}, not a non-empty string")
+    return value
+
+
+def _engine_key(value: Any, where: str) -> str | None:
+    if value is None:
+        return None  # a control plane from before engine keys: the engine runs without one
+    if not isinstance(value, str) or not _ENGINE_KEY.fullmatch(value):
+        raise AnswerError(f"{where}: engine_key is not 16-128 letters, digits, '-' or '_'")
     return value
 
 

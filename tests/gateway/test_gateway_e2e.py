@@ -5,11 +5,13 @@ llama.cpp server, all as processes on 127.0.0.1."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -111,6 +113,12 @@ def wait_ready(system: System, name: str, count: int, timeout: float = 90) -> li
     return wait_for(enough, timeout=timeout, what=f"{count} ready replica(s) of {name}")
 
 
+def engine_key_of(system: System, replica: dict[str, Any]) -> str:
+    """The key the replica's engine was started with, from its folder on the node."""
+    folder = system.folder / "nodes" / replica["node"] / "replicas" / replica["id"]
+    return (folder / "engine.key").read_text().strip()
+
+
 def chat(client: Any, model: str, **extra: Any) -> Any:
     return client.chat.completions.with_raw_response.create(
         model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=8, **extra
@@ -129,6 +137,56 @@ def test_chat_completion(client: Any) -> None:
     assert raw.headers["X-LLMGW-Model"] == "chat"
     assert answer.model == "chat" and answer.choices[0].message.content is not None
     assert answer.usage.completion_tokens > 0
+
+
+def test_an_engine_answers_only_the_gateway_and_its_agent(system: System, client: Any) -> None:
+    """Each replica's engine has a key of its own: a caller that reaches the node's port range
+    without it gets 401 for everything but /health, so it cannot get around the gateway's keys,
+    limits and usage. The key is in a file only its owner reads, never on a command line."""
+    import os
+    import stat
+
+    import requests
+
+    replicas = wait_ready(system, "chat", 2)
+    keys = set()
+    for replica in replicas:
+        engine_url = f"http://127.0.0.1:{replica['port']}"
+        body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        for method, path in [
+            ("POST", "/v1/chat/completions"),
+            ("POST", "/completion"),
+            ("GET", "/slots"),
+            ("GET", "/metrics"),
+            ("GET", "/props"),
+            ("GET", "/v1/models"),
+        ]:
+            answer = requests.request(method, f"{engine_url}{path}", json=body, timeout=10)
+            assert answer.status_code == 401, (path, answer.status_code, answer.text[:200])
+        wrong = {"Authorization": "Bearer " + "0" * 64}
+        answer = requests.post(
+            f"{engine_url}/v1/chat/completions", json=body, headers=wrong, timeout=10
+        )
+        assert answer.status_code == 401
+        assert requests.get(f"{engine_url}/health", timeout=10).status_code == 200
+        key = engine_key_of(system, replica)
+        keys.add(key)
+        opened = {"Authorization": f"Bearer {key}"}
+        answer = requests.post(
+            f"{engine_url}/v1/chat/completions", json=body, headers=opened, timeout=30
+        )
+        assert answer.status_code == 200, answer.text[:200]
+        folder = system.folder / "nodes" / replica["node"] / "replicas" / replica["id"]
+        assert stat.S_IMODE(os.stat(folder / "engine.key").st_mode) == 0o600
+        state = json.loads((folder / "state.json").read_text())
+        assert (
+            key not in " ".join(state["command"]) and key not in (folder / "state.json").read_text()
+        )
+        cmdline = Path(f"/proc/{state['pid']}/cmdline").read_bytes().decode()
+        assert key not in cmdline and "--api-key-file" in cmdline
+    assert len(keys) == 2  # one key per replica
+    # The gateway sends the key: its requests are answered.
+    assert chat(client, "chat").parse().choices[0].message.content is not None
 
 
 def test_streaming_arrives_as_several_events(client: Any) -> None:
@@ -197,8 +255,9 @@ def test_a_client_that_hangs_up_mid_stream_stops_the_engine_within_a_second(
 
     import requests
 
-    port = wait_ready(system, "long", 1)[0]["port"]
-    engine_url = f"http://127.0.0.1:{port}"
+    replica = wait_ready(system, "long", 1)[0]
+    engine_url = f"http://127.0.0.1:{replica['port']}"
+    opened = {"Authorization": f"Bearer {engine_key_of(system, replica)}"}
     if requests.get(f"{engine_url}/health", timeout=5).status_code != 200:
         # llama-cpp-python's server keeps generating (and soon hangs) after its client left,
         # whoever that client is; llama.cpp's llama-server stops at once and says so in /slots.
@@ -224,7 +283,7 @@ def test_a_client_that_hangs_up_mid_stream_stops_the_engine_within_a_second(
         events += response.readline().startswith(b"data: {")
 
     def generating() -> bool:
-        slots = requests.get(f"{engine_url}/slots", timeout=5).json()
+        slots = requests.get(f"{engine_url}/slots", headers=opened, timeout=5).json()
         return any(slot.get("is_processing") for slot in slots)
 
     assert generating()

@@ -15,6 +15,7 @@ import random
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -452,6 +453,73 @@ def test_it_adopts_its_engine_after_a_restart_and_stops_it_when_unwanted(
     plane.want([])
     wait_until(lambda: not engine.process_alive(pid), what="the adopted engine to stop")
     assert second.alive()
+
+
+def test_an_engine_with_a_key_answers_only_with_it_across_an_agent_restart(
+    plane: FakeControlPlane, agents: Agents, mirror: Mirror
+) -> None:
+    """The control plane names the engine's key (engine_key): the engine is started with it in
+    a file of the replica's folder (mode 0600, named by --api-key-file, never on a command line
+    or in state.json), the agent's own readiness checks and metrics reads send it, and an agent
+    restarted over the running engine reads it back from that file: the adopted engine is ready
+    at the first heartbeat and its numbers are still read."""
+    key = "k3y_" + uuid.uuid4().hex
+    spec = replica_spec(mirror, engine_key=key)
+    port_range = free_port_range()
+    first = agents.start_wanting(spec, port_range=port_range)
+    ready = settled(plane, spec, "ready")
+    url = f"http://127.0.0.1:{ready['port']}/v1/completions"
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+    assert requests.post(url, json=body, timeout=30).status_code == 401
+    opened = {"Authorization": f"Bearer {key}"}
+    assert requests.post(url, json=body, headers=opened, timeout=30).status_code == 200
+    state = first.state(spec["id"])
+    key_file = Path(state["command"][state["command"].index("--api-key-file") + 1])
+    assert key_file.read_text().strip() == key
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert key not in json.dumps(state)
+    pid = agents.engine_pid(first, spec["id"])
+    assert key not in Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+    plane.wait_for(
+        lambda r: (plane.replica(r, spec["id"]) or {}).get("engine"), what="the engine's numbers"
+    )
+
+    first.process.send_signal(signal.SIGKILL)
+    first.process.wait(timeout=10)
+    before_restart = plane.count()
+    second = agents.start(port_range=port_range)
+    first_report = plane.wait_for(
+        lambda r: r if r["agent"]["pid"] == second.pid else None,
+        since=before_restart,
+        what="the restarted agent's first heartbeat",
+    )
+    assert plane.replica(first_report, spec["id"])["state"] == "ready"
+    since = plane.count()
+    plane.wait_for(
+        lambda r: (
+            (plane.replica(r, spec["id"]) or {}).get("engine")
+            if r["agent"]["pid"] == second.pid
+            else None
+        ),
+        since=since,
+        what="the adopted engine's numbers",
+    )
+    assert agents.engine_pid(second, spec["id"]) == pid
+
+
+def test_an_engine_key_that_is_not_a_plain_token_is_refused_whole() -> None:
+    from llmgw.node.spec import AnswerError, ReplicaSpec
+
+    base = {"id": "r1", "model": "m", "source": "http://x/f.gguf"}
+    assert ReplicaSpec.from_json(base).engine_key is None
+    assert ReplicaSpec.from_json({**base, "engine_key": "a" * 16}).engine_key == "a" * 16
+    for bad in ["short", "a" * 129, "a b" * 8, "a\n" * 8, 12345678901234567, "é" * 16]:
+        with pytest.raises(AnswerError, match="engine_key"):
+            ReplicaSpec.from_json({**base, "engine_key": bad})
+    # The key is not part of what the replica is: a spec read back from disk, without it,
+    # is the same replica.
+    assert ReplicaSpec.from_json({**base, "engine_key": "a" * 16}) == ReplicaSpec.from_json(base)
+    assert "engine_key" not in ReplicaSpec.from_json({**base, "engine_key": "a" * 16}).to_json()
 
 
 def test_it_keeps_running_through_401_garbage_and_errors(
