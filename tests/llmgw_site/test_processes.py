@@ -199,7 +199,13 @@ def test_a_500_is_logged_with_its_traceback_on_one_line(
     try:
         # A list, since a 500 response is falsy.
         [response] = wait_for(
-            lambda: [requests.get(f"http://127.0.0.1:{port}/boom?x=1", timeout=5)],
+            lambda: [
+                requests.get(
+                    f"http://127.0.0.1:{port}/boom?x=1",
+                    headers={"X-Request-ID": "boom-1"},
+                    timeout=5,
+                )
+            ],
             what="the web process",
         )
         assert response.status_code == 500
@@ -208,7 +214,11 @@ def test_a_500_is_logged_with_its_traceback_on_one_line(
         web.wait(timeout=30)
     [line] = [line for line in log.read_text().splitlines() if "django.request" in line]
     assert " ERROR django.request: Internal Server Error: /boom status=500 " in line
-    assert 'method=GET path="/boom?x=1" traceback="Traceback (most recent call last):\\n' in line
+    assert response.headers["X-Request-ID"] == "boom-1"
+    assert (
+        'method=GET path="/boom?x=1" request_id=boom-1 '
+        'traceback="Traceback (most recent call last):\\n' in line
+    )
     assert 'ZeroDivisionError: the view divided by zero on purpose"' in line
 
 
