@@ -12,6 +12,7 @@ import logging
 from django.db import DatabaseError, close_old_connections
 
 from catalog.config import ConfigError
+from core import requestid
 
 from . import conf, errors, http, relay, selectors
 from .errors import Refusal
@@ -37,17 +38,24 @@ class Application:
             gateway = self.gateway
             if gateway is None:
                 gateway = self.gateway = Gateway(state=state)
-            path: str = scope["path"]
-            if path.startswith("/v1/"):
-                handler = relay.ROUTES.get(path)
-                if handler is None:
-                    await http.refuse(send, _no_such_endpoint(path))
+            # The request's ID (core.requestid), which its answer, its log lines, the engine's
+            # request and the web's carry: each request is a task of its own, with its own
+            # context, but a test's in-process server may share one, hence the reset.
+            token = requestid.current.set(requestid.chosen(http.header(scope, b"x-request-id")))
+            try:
+                path: str = scope["path"]
+                if path.startswith("/v1/"):
+                    handler = relay.ROUTES.get(path)
+                    if handler is None:
+                        await http.refuse(send, _no_such_endpoint(path))
+                    else:
+                        await handler(gateway, scope, receive, send)
+                elif path == "/metrics":
+                    await _metrics(gateway, scope, send)
                 else:
-                    await handler(gateway, scope, receive, send)
-            elif path == "/metrics":
-                await _metrics(gateway, scope, send)
-            else:
-                await forward(gateway.web, gateway.forward_budget, scope, receive, send)
+                    await forward(gateway.web, gateway.forward_budget, scope, receive, send)
+            finally:
+                requestid.current.reset(token)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
 

@@ -1,12 +1,16 @@
 """Refusals in OpenAI's error shape, so that OpenAI clients show them as they show OpenAI's own:
 
-{"error": {"message": "...", "type": "...", "param": null, "code": "..."}}
+{"error": {"message": "...", "type": "...", "param": null, "code": "...", "request_id": "..."}}
+
+`request_id` is the request's X-Request-ID (core.requestid), added when the body is written.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+
+from core import requestid
 
 
 @dataclass(frozen=True)
@@ -16,7 +20,13 @@ class Refusal:
     headers: dict[str, str] = field(default_factory=dict)
 
     def body(self) -> bytes:
-        return json.dumps(self.payload).encode()
+        """The payload as JSON, its error object naming the request being served."""
+        payload = self.payload
+        error = payload.get("error")
+        request_id = requestid.current.get()
+        if request_id is not None and isinstance(error, dict):
+            payload = {**payload, "error": {**error, "request_id": request_id}}
+        return json.dumps(payload).encode()
 
     def json(self) -> dict[str, object]:
         return self.payload

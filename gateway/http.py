@@ -13,6 +13,8 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
+from core import requestid
+
 from . import conf
 from .errors import Refusal
 
@@ -26,8 +28,13 @@ JSON: Headers = [(b"content-type", b"application/json")]
 
 
 async def start(send: Send, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
-    """Begin the answer: its status and headers (ASGI's http.response.start)."""
-    await send({"type": "http.response.start", "status": status, "headers": list(headers)})
+    """Begin the answer: its status and headers (ASGI's http.response.start), and the
+    request's X-Request-ID, which every answer carries."""
+    headers = list(headers)
+    request_id = requestid.current.get()
+    if request_id is not None:
+        headers.append((b"x-request-id", request_id.encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
 
 
 async def whole(

@@ -41,6 +41,8 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from core import requestid
+
 from . import conf
 from .metrics import metrics
 
@@ -195,7 +197,9 @@ class GatewayProtocol(HttpToolsProtocol):
         phrase = http.HTTPStatus(status).phrase.encode()
         self.transport.write(
             b"HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\n"
-            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (status, phrase, len(body), body)
+            b"x-request-id: %s\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
+            # A request refused before its head was read has no ID of its own: a new one.
+            % (status, phrase, requestid.new().encode(), len(body), body)
         )
         self.transport.close()
 

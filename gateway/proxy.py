@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from core import requestid
+
 from . import conf
 from .routing import Balancer, Candidate, Hold, Serve
 
@@ -260,7 +262,9 @@ async def _post(
         response = await session.post(
             url,
             data=payload,
-            headers=candidate.headers,
+            # The engine's key, and the request's ID for the engine's log (llama-server logs
+            # no header today; a tracing proxy in front of it, or a later engine, may).
+            headers={**candidate.headers, requestid.HEADER: requestid.now()},
             allow_redirects=False,
             trace_request_ctx=attempt,
             timeout=_read_timeout(timeout),

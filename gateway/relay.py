@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -29,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from core import jsontext
+from core import jsontext, requestid
 
 from . import canary, conf, errors, fairqueue, http, limits, proxy, routing, validate
 from .errors import Refusal
@@ -47,7 +46,7 @@ log = logging.getLogger("llmgw.gateway")
 MODEL_HEADER = "X-LLMGW-Model"
 # The weights that answered (fleet.specs.weights_revision): old or new during a canary update.
 REVISION_HEADER = "X-LLMGW-Revision"
-REQUEST_ID_HEADER = "X-Request-ID"
+REQUEST_ID_HEADER = requestid.HEADER
 # How often a request waiting for a replica looks at the (in-memory) state again.
 WAIT_POLL_SECONDS = 0.1
 # How long a request for something unknown waits for the state to be looked at again.
@@ -71,8 +70,9 @@ class Call:
     receive: Receive
     endpoint: str
     started: float
-    # Sent back as X-Request-ID and named in the gateway's log lines about the request.
-    request_id: str = field(default_factory=lambda: os.urandom(8).hex())
+    # Sent back as X-Request-ID (gateway.http.start) and named in the gateway's log lines about
+    # the request: the one gateway.app chose for it (core.requestid).
+    request_id: str = field(default_factory=requestid.now)
     key_id: int | None = None
     prompt: int = 0
     completion: int = 0
@@ -576,7 +576,6 @@ async def _sent(
         (b"content-type", answer.content_type.encode()),
         (MODEL_HEADER.lower().encode(), decision.model.encode()),
         (REVISION_HEADER.lower().encode(), answer.candidate.revision.encode()),
-        (REQUEST_ID_HEADER.lower().encode(), call.request_id.encode()),
     ]
     if answer.streaming:
         streamed = Streamed(answer, prepared.rename)
@@ -696,6 +695,7 @@ async def _chunks(answer: proxy.Answer, tally: proxy.StreamTally) -> AsyncIterat
             "message": "The replica broke off the answer; try again.",
             "type": "server_error",
             "code": "stream_broken",
+            "request_id": requestid.now(),
         }
         yield b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
         raise http.Broken() from exc

@@ -15,6 +15,8 @@ import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
+from core import requestid
+
 from . import conf, errors, http, proxy
 from .forwarded import GATEWAY_SECRET_HEADER, gateway_secret
 from .http import Receive, Scope, Send
@@ -47,12 +49,15 @@ CLIENT_MAY_NOT_SAY = {
     b"x-url-scheme",
     b"front-end-https",
     GATEWAY_SECRET_HEADER.lower().encode(),
+    # The gateway's choice is sent instead (the client's own only when sane, core.requestid),
+    # and the web's answer gets it back from gateway.http.start.
+    b"x-request-id",
 }
 
 
 def forwarded_headers(scope: Scope) -> list[tuple[str, str]]:
     """The headers the web process gets: the client's, less hop-by-hop ones and any that say
-    who the client is, plus the gateway's own word on that."""
+    who the client is, plus the gateway's own word on that and the request's ID."""
     headers = [
         (k.decode("latin-1"), v.decode("latin-1"))
         for k, v in scope["headers"]
@@ -65,6 +70,7 @@ def forwarded_headers(scope: Scope) -> list[tuple[str, str]]:
     if client:
         headers.append(("X-Forwarded-For", str(client[0])))
     headers.append(("X-Forwarded-Proto", scope.get("scheme", "http")))
+    headers.append((requestid.HEADER, requestid.now()))
     secret = gateway_secret()
     if secret:
         headers.append((GATEWAY_SECRET_HEADER, secret))
@@ -213,7 +219,11 @@ async def _forward_held(
         await http.start(
             send,
             response.status,
-            ((k.lower(), v) for k, v in response.raw_headers if k.lower() not in HOP_BY_HOP),
+            (
+                (k.lower(), v)
+                for k, v in response.raw_headers
+                if k.lower() not in HOP_BY_HOP and k.lower() != b"x-request-id"
+            ),
         )
 
         async def chunks() -> AsyncIterator[bytes]:

@@ -3,7 +3,14 @@
     2026-12-02 21:00:00,123 ERROR django.request: Internal Server Error: /api/v1/models
       status=500 method=POST path=/api/v1/models traceback="Traceback (most recent call last):\\n..."
 
-(on one line). The traceback is a JSON string: newlines escaped, quotes kept readable.
+(on one line). The traceback is a JSON string: newlines escaped, quotes kept readable. A line
+about a request ends with its ID (core.requestid), ` request_id=...`, in every process.
+
+LLMGW_LOG_FORMAT=json writes one JSON object a line instead (JSONFormatter), for machines.
+
+LLMGW_LOG_FILE (the run command sets it for each of its processes) sends every line to that
+file as well, and leaves on stderr, the terminal, only what a person watching should see
+(ForTheTerminal): warnings and errors, and llmgw's own INFO lines, which tell of state changes.
 """
 
 from __future__ import annotations
@@ -12,6 +19,17 @@ import json
 import logging
 import threading
 from collections import OrderedDict
+from datetime import UTC, datetime
+from typing import Any
+
+from core import requestid
+
+
+def request_id_of(record: logging.LogRecord) -> str | None:
+    """The ID of the request the record is about: its own `request_id` (extra=), else the one
+    being served where it was logged (formatting happens there: stream and file handlers
+    format as the record is made)."""
+    return getattr(record, "request_id", None) or requestid.current.get()
 
 
 class OneLineFormatter(logging.Formatter):
@@ -26,6 +44,9 @@ class OneLineFormatter(logging.Formatter):
         request = getattr(record, "request", None)
         if request is not None and hasattr(request, "method"):
             line += f" method={request.method} path={json.dumps(request.get_full_path())}"
+        request_id = request_id_of(record)
+        if request_id is not None:
+            line += f" request_id={request_id}"
         if record.exc_info:
             line += f" traceback={json.dumps(self.formatException(record.exc_info))}"
         elif record.stack_info:
@@ -36,6 +57,52 @@ class OneLineFormatter(logging.Formatter):
         record.message = record.getMessage()
         record.asctime = self.formatTime(record, self.datefmt)
         return record
+
+
+class JSONFormatter(logging.Formatter):
+    """One JSON object a line: time (UTC, ISO 8601), level, logger, message; request_id when the
+    line is about a request; status, method and path for a request's error (as
+    OneLineFormatter); exception (the traceback) or stack when there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        moment = datetime.fromtimestamp(record.created, UTC)
+        line: dict[str, Any] = {
+            "time": moment.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        request_id = request_id_of(record)
+        if request_id is not None:
+            line["request_id"] = request_id
+        status = getattr(record, "status_code", None)
+        if status is not None:
+            line["status"] = status
+        request = getattr(record, "request", None)
+        if request is not None and hasattr(request, "method"):
+            line["method"] = request.method
+            line["path"] = request.get_full_path()
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        elif record.stack_info:
+            line["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+# llmgw's own loggers: their INFO lines tell of state changes (a node lost, a replica ready, a
+# rollout's step), which the terminal shows; everyone else's INFO (a request served, a task
+# received, a beat tick) goes to the log file only.
+OWN_LOGGERS = ("llmgw", "core", "accounts", "catalog", "fleet", "registry", "gateway", "console")
+
+
+class ForTheTerminal(logging.Filter):
+    """Lets through warnings and errors, and INFO from llmgw's own loggers (OWN_LOGGERS); their
+    DEBUG (LLMGW_LOG_LEVEL=DEBUG) is in the file only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            return True
+        return record.levelno >= logging.INFO and record.name.split(".", 1)[0] in OWN_LOGGERS
 
 
 class OncePerSource(logging.Filter):

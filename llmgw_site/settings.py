@@ -13,7 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from core.durations import DurationError, parse_duration
-from core.env import database_from_url, env_bool, env_int, env_list, env_str
+from core.env import EnvError, database_from_url, env_bool, env_int, env_list, env_str
 from core.yamltext import YAMLSyntaxError, load_with_lines
 
 from .private_files import OWNER_ONLY_UMASK, kept_secret, owner_only_folder
@@ -306,17 +306,48 @@ CELERY_TASK_TIME_LIMIT = 600
 CELERY_TASK_SOFT_TIME_LIMIT = 540
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
-# Every process (web, worker, beat) logs to stderr, one line per event: a 5xx
+# Every process (web, worker, beat, gateway) logs to stderr, one line per event: a 5xx
 # (django.request) or a failed task (celery.app.trace) comes with its traceback
-# on the same line, so nothing that went wrong leaves no trace.
+# on the same line, so nothing that went wrong leaves no trace. A line about a request names
+# its X-Request-ID. LLMGW_LOG_FORMAT=json: one JSON object a line. LLMGW_LOG_FILE (the run
+# command sets it for each process): every line to that file too, and on stderr only warnings,
+# errors and llmgw's own INFO (see llmgw_site.logformat).
 _LOG_LEVEL = env_str("LLMGW_LOG_LEVEL", "INFO")
+_LOG_FORMAT = env_str("LLMGW_LOG_FORMAT", "").strip().lower() or "text"
+if _LOG_FORMAT not in ("text", "json"):
+    raise EnvError(
+        f"LLMGW_LOG_FORMAT={os.environ['LLMGW_LOG_FORMAT']!r} is not a log format: use text "
+        "(the default, for people) or json (one object a line, for machines)."
+    )
+_LOG_FILE = env_str("LLMGW_LOG_FILE", "")
+_LOG_HANDLERS: dict[str, dict[str, object]] = {
+    "stderr": {
+        "class": "logging.StreamHandler",
+        "formatter": _LOG_FORMAT,
+        **({"filters": ["for_the_terminal"]} if _LOG_FILE else {}),
+    },
+}
+if _LOG_FILE:
+    Path(_LOG_FILE).parent.mkdir(parents=True, exist_ok=True)
+    _LOG_HANDLERS["file"] = {
+        # Reopened when logrotate moves it away.
+        "class": "logging.handlers.WatchedFileHandler",
+        "filename": _LOG_FILE,
+        "formatter": _LOG_FORMAT,
+    }
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"one_line": {"()": "llmgw_site.logformat.OneLineFormatter"}},
-    "filters": {"once_per_source": {"()": "llmgw_site.logformat.OncePerSource", "capacity": 1024}},
-    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "one_line"}},
-    "root": {"handlers": ["stderr"], "level": "WARNING"},
+    "formatters": {
+        "text": {"()": "llmgw_site.logformat.OneLineFormatter"},
+        "json": {"()": "llmgw_site.logformat.JSONFormatter"},
+    },
+    "filters": {
+        "once_per_source": {"()": "llmgw_site.logformat.OncePerSource", "capacity": 1024},
+        "for_the_terminal": {"()": "llmgw_site.logformat.ForTheTerminal"},
+    },
+    "handlers": _LOG_HANDLERS,
+    "root": {"handlers": list(_LOG_HANDLERS), "level": "WARNING"},
     "loggers": {
         # 4xx answers are the asker's mistake and are in the access log; 5xx are ours.
         "django.request": {"level": "ERROR"},

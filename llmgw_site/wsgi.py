@@ -14,11 +14,13 @@ start_tracing("llmgw-web", ("django", "celery", "requests", "psycopg", "redis"))
 
 application = get_wsgi_application()
 
+from core import requestid  # noqa: E402
 from core.env import env_bool  # noqa: E402
+from gateway.forwarded import client_address_from_gateway, from_gateway  # noqa: E402
 
+# Each request's X-Request-ID: the gateway's as it comes, anyone else's when sane, else new.
+application = requestid.wsgi(application, trusted=from_gateway)  # type: ignore[assignment]
 if env_bool("LLMGW_WEB_BEHIND_GATEWAY", False):
-    from gateway.forwarded import client_address_from_gateway
-
     application = client_address_from_gateway(application)  # type: ignore[assignment]
 
 from llmgw_site.startup import apply_config_on_start  # noqa: E402  (needs Django set up)

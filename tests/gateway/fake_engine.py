@@ -2,6 +2,7 @@
 
     with fake_engine() as engine:
         engine.port, engine.requests  # what it was asked, as (path, body) pairs
+        engine.request_ids            # the X-Request-ID each came with (None: none)
         engine.mode = "reset"         # close the connection instead of answering
 
 Streams use chunked encoding with one event per chunk, as uvicorn sends them, and
@@ -30,6 +31,7 @@ class FakeEngine:
     delay: float = 0.0
     events: int = 4
     requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    request_ids: list[str | None] = field(default_factory=list)
     stream_started: threading.Event = field(default_factory=threading.Event)
 
     def names(self) -> list[str]:
@@ -69,6 +71,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", 0))
         body = json.loads(self.rfile.read(length) or b"{}")
+        self.engine.request_ids.append(self.headers.get("X-Request-ID"))
         self.engine.requests.append((self.path, body))
         self.close_connection = True
         if self.engine.mode == "reset":

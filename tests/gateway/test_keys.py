@@ -157,6 +157,7 @@ def test_it_answers_401_in_openais_shape_without_a_key(gateway_server: Any, db: 
             "type": "invalid_request_error",
             "param": None,
             "code": "missing_api_key",
+            "request_id": response.headers["X-Request-ID"],
         }
     }
 
@@ -193,6 +194,7 @@ def test_a_revoked_key_gets_401_saying_so(gw: Any, users: dict[str, Any]) -> Non
         "type": "invalid_request_error",
         "param": None,
         "code": "invalid_api_key",
+        "request_id": response.headers["X-Request-ID"],
     }
 
 

@@ -1,16 +1,26 @@
 """Log lines: a foreign Host header is logged once per client address, at WARNING, without a
-traceback, and remembering addresses takes bounded memory."""
+traceback, and remembering addresses takes bounded memory; a line about a request names its ID;
+LLMGW_LOG_FORMAT=json writes JSON lines; with LLMGW_LOG_FILE the terminal keeps only what a
+person should see."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import re
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.test import Client
 
-from llmgw_site.logformat import OncePerSource, OneLineFormatter
+from core import requestid
+from llmgw_site.logformat import ForTheTerminal, JSONFormatter, OncePerSource, OneLineFormatter
+from tests.support.system import ROOT
 
 DISALLOWED_HOST = "django.security.DisallowedHost"
 
@@ -94,3 +104,95 @@ def test_two_such_filters_note_the_source_once() -> None:
     record = record_from("192.0.2.9")
     assert first.filter(record) and second.filter(record)
     assert record.getMessage().count("(from 192.0.2.9;") == 1
+
+
+# -- request IDs, JSON lines and the terminal ------------------------------------------------
+
+
+def record(name: str = "llmgw.fleet", level: int = logging.INFO, **extra: Any) -> logging.LogRecord:
+    made = logging.LogRecord(name, level, __file__, 1, "node %s lost", ("a",), None)
+    made.__dict__.update(extra)
+    return made
+
+
+def test_a_line_about_a_request_names_its_id() -> None:
+    token = requestid.current.set("req-1")
+    try:
+        line = OneLineFormatter().format(record())
+    finally:
+        requestid.current.reset(token)
+    assert line.endswith(" INFO llmgw.fleet: node a lost request_id=req-1")
+    assert "request_id" not in OneLineFormatter().format(record())  # outside any request
+    assert OneLineFormatter().format(record(request_id="given")).endswith(" request_id=given")
+
+
+def test_json_lines_are_one_object_each() -> None:
+    try:
+        raise ValueError("bad\nthing")
+    except ValueError:
+        failed = record(level=logging.ERROR, exc_info=sys.exc_info(), status_code=500)
+    token = requestid.current.set("req-2")
+    try:
+        line = JSONFormatter().format(failed)
+    finally:
+        requestid.current.reset(token)
+    assert "\n" not in line
+    parsed = json.loads(line)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", parsed.pop("time"))
+    exception = parsed.pop("exception")
+    assert exception.startswith("Traceback") and "ValueError: bad\nthing" in exception
+    assert parsed == {
+        "level": "ERROR",
+        "logger": "llmgw.fleet",
+        "message": "node a lost",
+        "request_id": "req-2",
+        "status": 500,
+    }
+    assert set(json.loads(JSONFormatter().format(record()))) == {
+        "time",
+        "level",
+        "logger",
+        "message",
+    }
+
+
+def test_the_terminal_gets_warnings_errors_and_llmgws_own_news() -> None:
+    terminal = ForTheTerminal()
+    assert terminal.filter(record("llmgw.fleet"))
+    assert terminal.filter(record("gateway"))
+    assert terminal.filter(record("catalog.models"))
+    assert not terminal.filter(record("celery.app.trace"))  # Task ... succeeded
+    assert not terminal.filter(record("celery.beat"))  # Sending due task
+    assert not terminal.filter(record("llmgwx"))
+    assert terminal.filter(record("celery.app.trace", logging.ERROR))
+    assert terminal.filter(record("kombu.connection", logging.WARNING))
+    assert not terminal.filter(record("llmgw.fleet", logging.DEBUG))
+
+
+@pytest.mark.parametrize("format_", ["json", "text", "nonsense"])
+def test_llmgw_log_format_chooses_the_lines(format_: str, tmp_path: Path) -> None:
+    script = (
+        "import django, logging; django.setup(); "
+        "logging.getLogger('llmgw.x').warning('hello %s', 'there')"
+    )
+    environment = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("DJANGO", "LLMGW"))},
+        "DJANGO_SETTINGS_MODULE": "llmgw_site.settings",
+        "LLMGW_VAR_DIR": str(tmp_path / "var"),
+        "LLMGW_LOG_FORMAT": format_,
+        "LLMGW_LOG_FILE": str(tmp_path / "var" / "log" / "x.log"),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=environment, cwd=ROOT, capture_output=True, text=True
+    )
+    if format_ == "nonsense":
+        assert result.returncode != 0
+        assert "LLMGW_LOG_FORMAT='nonsense' is not a log format: use text" in result.stderr
+        return
+    assert result.returncode == 0, result.stderr
+    [line] = result.stderr.splitlines()
+    assert (tmp_path / "var" / "log" / "x.log").read_text() == line + "\n"
+    if format_ == "json":
+        assert json.loads(line)["message"] == "hello there"
+    else:
+        assert line.endswith(" WARNING llmgw.x: hello there")

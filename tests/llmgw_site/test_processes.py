@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -120,6 +121,11 @@ def test_the_run_command_starts_again_a_process_that_dies(env: dict[str, str]) -
     env = {**env, "LLMGW_PUBLIC_URL": f"http://127.0.0.1:{free_port()}"}
     argv = [sys.executable, "manage.py", "llmgw_run", "--no-node", "--no-demo"]
     out = Path(env["LLMGW_VAR_DIR"]).parent / "run.out"
+    beat_log = Path(env["LLMGW_VAR_DIR"]) / "log" / "beat.log"  # celery's INFO lines go there
+
+    def beat_said() -> str:
+        return beat_log.read_text() if beat_log.exists() else ""
+
     with out.open("wb") as sink:
         run_command = subprocess.Popen(
             argv, env=env, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
@@ -137,7 +143,7 @@ def test_the_run_command_starts_again_a_process_that_dies(env: dict[str, str]) -
             lambda: started("beat") and started("gateway"), timeout=120, what="the run command"
         )
         first = started("beat")[0]
-        wait_for(lambda: "beat: Starting" in out.read_text(), timeout=60, what="beat up")
+        wait_for(lambda: "beat: Starting" in beat_said(), timeout=60, what="beat up")
         os.kill(first, signal.SIGKILL)
         wait_for(lambda: len(started("beat")) == 2, timeout=30, what="beat started again")
         assert re.search(
@@ -146,7 +152,7 @@ def test_the_run_command_starts_again_a_process_that_dies(env: dict[str, str]) -
         second = started("beat")[1]
         assert second != first and _alive(second)
         wait_for(
-            lambda: out.read_text().count("beat: Starting") == 2, timeout=60, what="the new beat up"
+            lambda: beat_said().count("beat: Starting") == 2, timeout=60, what="the new beat up"
         )
         children = [pid for name in ("gateway", "web", "worker") for pid in started(name)]
         assert all(_alive(pid) for pid in children)  # nothing else was started again or stopped
@@ -193,7 +199,13 @@ def test_a_500_is_logged_with_its_traceback_on_one_line(
     try:
         # A list, since a 500 response is falsy.
         [response] = wait_for(
-            lambda: [requests.get(f"http://127.0.0.1:{port}/boom?x=1", timeout=5)],
+            lambda: [
+                requests.get(
+                    f"http://127.0.0.1:{port}/boom?x=1",
+                    headers={"X-Request-ID": "boom-1"},
+                    timeout=5,
+                )
+            ],
             what="the web process",
         )
         assert response.status_code == 500
@@ -202,7 +214,11 @@ def test_a_500_is_logged_with_its_traceback_on_one_line(
         web.wait(timeout=30)
     [line] = [line for line in log.read_text().splitlines() if "django.request" in line]
     assert " ERROR django.request: Internal Server Error: /boom status=500 " in line
-    assert 'method=GET path="/boom?x=1" traceback="Traceback (most recent call last):\\n' in line
+    assert response.headers["X-Request-ID"] == "boom-1"
+    assert (
+        'method=GET path="/boom?x=1" request_id=boom-1 '
+        'traceback="Traceback (most recent call last):\\n' in line
+    )
     assert 'ZeroDivisionError: the view divided by zero on purpose"' in line
 
 
@@ -229,3 +245,73 @@ def test_a_failed_task_is_logged_with_its_traceback_on_one_line(
     assert " ERROR celery.app.trace: Task registry.tasks.run_fetch[" in line
     assert 'traceback="Traceback (most recent call last):\\n' in line
     assert "expected a number but got 'not-a-number'" in line
+
+
+def test_the_run_commands_terminal_stays_quiet_while_the_logs_under_var_get_the_chatter(
+    env: dict[str, str],
+) -> None:
+    """Idle with a node heartbeating and beat sending its tasks, the terminal gets no line: the
+    web's access log and Celery's lines about each task go to var/log/, which the start-up
+    says. A request's X-Request-ID comes back from the web through the gateway and is in the
+    access log's line about it; the gateway's refusal names it too."""
+    public = f"http://127.0.0.1:{free_port()}"
+    env = {**env, "LLMGW_PUBLIC_URL": public}
+    argv = [sys.executable, "manage.py", "llmgw_run", "--no-demo"]
+    out = Path(env["LLMGW_VAR_DIR"]).parent / "run.out"
+    logs = Path(env["LLMGW_VAR_DIR"]) / "log"
+
+    def said(name: str) -> str:
+        path = logs / name
+        return path.read_text() if path.exists() else ""
+
+    with out.open("wb") as sink:
+        run_command = subprocess.Popen(
+            argv, env=env, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+    try:
+        wait_for(
+            lambda: (
+                "llmgw node: connected" in out.read_text()
+                and "ready." in said("worker.log")
+                and "Sending due task" in said("beat.log")
+            ),
+            timeout=75,
+            what="the run command up",
+        )
+        assert f"  Logs:              {logs}: web-access.log" in out.read_text()
+
+        # The request ID, through the gateway to the web and back.
+        response = requests.get(
+            f"{public}/api/v1/models", headers={"X-Request-ID": "run-cmd-1"}, timeout=10
+        )
+        assert response.status_code in (401, 403)
+        assert response.raw.headers.getlist("X-Request-ID") == ["run-cmd-1"]
+        replaced = requests.get(
+            f"{public}/api/v1/models", headers={"X-Request-ID": "a b"}, timeout=10
+        )
+        assert re.fullmatch(r"[0-9a-f]{32}", replaced.headers["X-Request-ID"])
+        refused = requests.get(
+            f"{public}/v1/models", headers={"X-Request-ID": "run-cmd-2"}, timeout=10
+        )
+        assert refused.status_code == 401
+        assert refused.headers["X-Request-ID"] == "run-cmd-2"
+        assert refused.json()["error"]["request_id"] == "run-cmd-2"
+        wait_for(lambda: "run-cmd-1" in said("web-access.log"), timeout=10, what="access log")
+        [line] = [line for line in said("web-access.log").splitlines() if "run-cmd-1" in line]
+        assert '"GET /api/v1/models HTTP/1.1" 40' in line and line.endswith(" run-cmd-1")
+
+        time.sleep(3)  # the last of start-up (a second worker's banner) written
+        terminal = out.read_text().splitlines()
+        before = {name: said(name).count("\n") for name in ("web-access.log", "worker.log")}
+        time.sleep(40)
+        new = out.read_text().splitlines()[len(terminal) :]
+        assert len(new) <= 2, new  # none, unless something went wrong meanwhile
+        # Meanwhile the files got a heartbeat every 2 s and beat's tasks.
+        assert said("web-access.log").count("\n") - before["web-access.log"] >= 10
+        assert said("worker.log").count("\n") - before["worker.log"] >= 10
+        assert "succeeded in" in said("worker.log")
+        assert "POST /api/v1/node/heartbeat" in said("web-access.log")
+    finally:
+        run_command.send_signal(signal.SIGINT)
+        run_command.wait(timeout=90)

@@ -8,6 +8,11 @@ free port of 127.0.0.1 only.
 Each process is started as a child and stopped by its pid when this command is interrupted, so
 nothing is left running behind it. A child that dies is started again, as systemd would
 (Supervisor says when it gives up).
+
+The terminal shows start-up, warnings and errors, and llmgw's own news (a node lost, a replica
+ready): each process writes every line of its log to var/log/NAME.log (LLMGW_LOG_FILE, see
+llmgw_site.logformat), and the web's access log, a line for every request (a node's heartbeat
+every few seconds among them), goes to var/log/web-access.log only.
 """
 
 from __future__ import annotations
@@ -135,6 +140,13 @@ def web_command(bin_dir: Path, bind: str, *, timeout: int) -> list[str]:
     ]
 
 
+# gunicorn's default access line, and the request's ID (core.requestid): the same ID is in the
+# gateway's and the web's log lines about the request.
+ACCESS_LOG_FORMAT = (
+    '%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s" %({x-request-id}o)s'
+)
+
+
 def behind_gateway_environment(web_bind: str) -> dict[str, str]:
     """What the gateway and the web process need in their environment to work as one address:
     where the web is, and the secret by which the web knows the gateway's word on who the
@@ -200,9 +212,17 @@ class Command(BaseCommand):
         host, port = gateway_bind(options["bind"], settings.LLMGW_PUBLIC_URL)
         web_bind = f"127.0.0.1:{_free_port()}"
         bin_dir = Path(sys.executable).parent
+        logs = settings.VAR_DIR / "log"
+        logs.mkdir(exist_ok=True)
+        access_log = ["--access-logfile", str(logs / "web-access.log")]
         commands = {
             "gateway": gateway_command(bin_dir, host, port, workers=2),
-            "web": [*web_command(bin_dir, web_bind, timeout=300), "--access-logfile", "-"],
+            "web": [
+                *web_command(bin_dir, web_bind, timeout=300),
+                *access_log,
+                "--access-logformat",
+                ACCESS_LOG_FORMAT,
+            ],
             "worker": worker_command(bin_dir),
             "beat": beat_command(bin_dir, settings.VAR_DIR / "celerybeat-schedule"),
         }
@@ -237,9 +257,15 @@ class Command(BaseCommand):
         os.environ["LLMGW_METRICS_DIR"] = str(metrics)
         os.environ.update(behind_gateway_environment(web_bind))
         self._metrics_token()
+        self.stdout.write(
+            f"  Logs:              {logs}: web-access.log (every request to the web), and "
+            f"{', '.join(f'{n}.log' for n in LOGGED)} (every line; the terminal shows start-up, "
+            "warnings, errors and llmgw's own news)"
+        )
         supervisor.listen()
         for name, command in commands.items():
-            supervisor.start(Child(name, command))
+            environment = {"LLMGW_LOG_FILE": str(logs / f"{name}.log")} if name in LOGGED else {}
+            supervisor.start(Child(name, command, env=environment))
         self.stdout.write(f"llmgw is running at {settings.LLMGW_PUBLIC_URL}/ — Ctrl-C stops it.")
         supervisor.run()
 
@@ -337,6 +363,10 @@ class Command(BaseCommand):
         )
 
 
+# The processes that log through Django's logging (llmgw_site.settings): each to var/log/NAME.log.
+LOGGED = ("gateway", "web", "worker", "beat")
+
+
 @dataclass
 class Child:
     """One process of the run command: how to start it, and its exits."""
@@ -345,6 +375,7 @@ class Child:
     argv: list[str]
     cwd: Path | None = None
     log: Path | None = None  # its output goes to this file, else to the terminal
+    env: dict[str, str] = field(default_factory=dict)  # added to this process's environment
     process: subprocess.Popen[bytes] | None = None
     exits: deque[float] = field(default_factory=lambda: deque(maxlen=RESTART_LIMIT))
     start_at: float | None = None  # when it is to be started again after an exit
@@ -357,6 +388,8 @@ class Child:
                 cwd=self.cwd,
                 stdout=out,
                 stderr=subprocess.STDOUT if out else None,
+                # This process's environment as it is now (the gateway's secret is set late).
+                env={**os.environ, **self.env} if self.env else None,
                 start_new_session=True,  # its own process group: see stop_child
             )
         finally:
