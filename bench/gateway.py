@@ -42,6 +42,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.support.otlp import OtlpReceiver  # noqa: E402
+
 MODES = {
     # name: (model, stream, description)
     "stream 50ms": ("bench-slow", True, "streamed, 20 events 50 ms apart (about 1 s per stream)"),
@@ -73,8 +75,11 @@ LIMIT_KEYS = {"no limits": "bench", "limited": "limited"}
 TARGETS = (
     "targets (issue 10): 512 concurrent 1-s streams: wall/ideal <= 1.5, all 512 open at once, "
     "0 errors;\n  whole answers: added p50 <= 1.0 ms at 1 client, CPU <= 1.5 ms per request; "
-    "every cell ahead of LiteLLM on added latency, throughput ratio and CPU"
+    "every cell ahead of LiteLLM on added latency, throughput ratio and CPU;\n  (issue 23) "
+    "with tracing off, added p50 <= 0.02 ms over the revision before it (--baseline REV); "
+    "with tracing on (--traced), what it adds printed beside it"
 )
+TARGET_TRACING_OFF_MS = 0.02
 
 
 def free_port() -> int:
@@ -528,6 +533,27 @@ def verdicts(
 ) -> None:
     if "llmgw" not in proxies:
         return
+    for mode, (_, stream, _description) in MODES.items():
+        if stream or ("before" not in proxies and "traced" not in proxies):
+            continue
+        for clients in levels:
+            cell = results[(mode, clients)]
+            now = percentile(cell["llmgw"].totals, 0.5)
+            said = [f"  {mode}, {clients} clients: p50 {now * 1000:.3f} ms"]
+            if "before" in proxies:
+                added = (now - percentile(cell["before"].totals, 0.5)) * 1000
+                met = "met" if added <= TARGET_TRACING_OFF_MS else "NOT met"
+                said.append(
+                    f"tracing off vs before {added:+.3f} ms (<= {TARGET_TRACING_OFF_MS} ms: {met})"
+                )
+            if "traced" in proxies:
+                added = (percentile(cell["traced"].totals, 0.5) - now) * 1000
+                cpu = (
+                    cell["traced"].cpu / max(1, cell["traced"].requests)
+                    - cell["llmgw"].cpu / max(1, cell["llmgw"].requests)
+                ) * 1000
+                said.append(f"tracing on adds {added:+.3f} ms p50, {cpu:+.3f} ms CPU per request")
+            print("; ".join(said))
     big = results.get(("stream 50ms", 512))
     if big is not None:
         gw = big["llmgw"]
@@ -713,6 +739,12 @@ def main() -> int:
     parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrency levels")
     parser.add_argument("--no-litellm", action="store_true", help="measure without LiteLLM")
     parser.add_argument(
+        "--traced",
+        action="store_true",
+        help="also run this revision's gateway with tracing on, exporting to an OTLP receiver "
+        "(as 'traced'): what tracing costs beside what it costs when off",
+    )
+    parser.add_argument(
         "--baseline",
         metavar="REV",
         help="also run the gateway of git revision REV (as 'before'), in the same interleaved "
@@ -721,7 +753,10 @@ def main() -> int:
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     installing = None if args.no_litellm else litellm_install()
-    with tempfile.TemporaryDirectory(prefix="llmgw-bench-gw-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="llmgw-bench-gw-") as tmp,
+        OtlpReceiver() as receiver,
+    ):
         folder = Path(tmp)
         processes = Processes(folder)
         try:
@@ -758,6 +793,27 @@ def main() -> int:
                     f"{before}/v1/chat/completions",
                     auth,
                     processes.pid("before"),
+                )
+            if args.traced:
+                traced_port = free_port()
+                processes.start(
+                    "traced",
+                    gateway_command(
+                        Path(sys.executable).parent, "127.0.0.1", traced_port, workers=WORKERS
+                    ),
+                    {
+                        **env,
+                        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+                        "LLMGW_VAR_DIR": str(folder / "var-traced"),
+                        "LLMGW_METRICS_DIR": str(folder / "metrics-traced"),
+                    },
+                )
+                traced = f"http://127.0.0.1:{traced_port}"
+                wait_http(f"{traced}/v1/models", "the traced gateway", headers=auth)
+                paths["traced"] = (
+                    f"{traced}/v1/chat/completions",
+                    auth,
+                    processes.pid("traced"),
                 )
             if not args.no_litellm:
                 if installing is not None:

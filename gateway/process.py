@@ -21,7 +21,7 @@ from django.db import connection
 
 from catalog.config import current_config
 
-from . import conf, proxy, traffic
+from . import conf, proxy, tracing, traffic
 from .fairqueue import FairQueue
 from .limits import SharedCounters
 from .load import SharedLoad
@@ -93,6 +93,7 @@ class Gateway:
         conf.max_connections(), conf.queue_timeout(), conf.queue_max(), conf.fair_queue_on()
         conf.limits_redis_url()
         current_config()  # and a server.yaml that does not validate (ConfigError)
+        tracing.start()  # when OTEL_EXPORTER_OTLP_ENDPOINT asks for traces
         # The process's state: what other code of the process (and the benches) reads.
         if state.counters is not None:
             state.counters.close()

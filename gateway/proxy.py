@@ -37,7 +37,7 @@ import aiohttp
 
 from core import requestid
 
-from . import conf
+from . import conf, tracing
 from .routing import Balancer, Candidate, Hold, Serve
 
 CONNECT_TIMEOUT_SECONDS = 5
@@ -197,6 +197,11 @@ async def send(
     candidates = serve.candidates
     for attempt in (1, 2):
         candidate = balancer.choose(candidates, serve.engine_name, prefix, hold=hold)
+        if tracing.ON:
+            tracing.current_event(
+                "replica chosen",
+                **{"llmgw.replica": candidate.id, "llmgw.route.reason": balancer.reason},
+            )
         try:
             answer = await _attempt(upstream, candidate, path, payload, stream=stream)
         except Silent as exc:
@@ -218,6 +223,8 @@ async def send(
         others = tuple(c for c in fresh if c.id != candidate.id)
         if not others or not should_retry(error, still_routable=still_routable):
             raise ReplicaGone(candidate, error)
+        if tracing.ON:
+            tracing.current_event("retry", **{"llmgw.replica": candidate.id, "error": str(error)})
         candidates = others
     raise AssertionError("unreachable")
 
@@ -264,7 +271,11 @@ async def _post(
             data=payload,
             # The engine's key, and the request's ID for the engine's log (llama-server logs
             # no header today; a tracing proxy in front of it, or a later engine, may).
-            headers={**candidate.headers, requestid.HEADER: requestid.now()},
+            headers={
+                **candidate.headers,
+                requestid.HEADER: requestid.now(),
+                **tracing.engine_headers(),
+            },
             allow_redirects=False,
             trace_request_ctx=attempt,
             timeout=_read_timeout(timeout),

@@ -23,14 +23,14 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from core import jsontext, requestid
 
-from . import canary, conf, errors, fairqueue, http, limits, proxy, routing, validate
+from . import canary, conf, errors, fairqueue, http, limits, proxy, routing, tracing, validate
 from .errors import Refusal
 from .http import Headers, Receive, Scope, Send
 from .models import hash_key
@@ -83,6 +83,8 @@ class Call:
     # the key, while its limits are not checked yet (its answer then says where they stand).
     limit_headers: tuple[tuple[bytes, bytes], ...] = ()
     unchecked: KeyState | None = None
+    # The request's server span while tracing is on (gateway.tracing), else None.
+    span: Any = None
 
     def extra_headers(self) -> tuple[tuple[bytes, bytes], ...]:
         """The x-ratelimit-* headers of the request's answer: the admission's, or, for an
@@ -105,6 +107,13 @@ class Call:
             board.tokens.labels(model, "prompt").inc(prompt)
         if completion:
             board.tokens.labels(model, "completion").inc(completion)
+
+    def usage(self) -> dict[str, int]:
+        """The request's tokens, as trace attributes."""
+        return {
+            "gen_ai.usage.input_tokens": self.prompt,
+            "gen_ai.usage.output_tokens": self.completion,
+        }
 
     def answered_by(self, candidate: routing.Candidate, decision: routing.Serve) -> None:
         """The request's figures count for the revision of the replica that answered it."""
@@ -316,6 +325,24 @@ async def relay(
     streams: bool,
 ) -> None:
     call = Call(gateway, send, receive, endpoint, time.monotonic())
+    if not tracing.ON:
+        await _relay(call, scope, path, streams)
+        return
+    with tracing.request(scope, endpoint, call.request_id) as span:
+        call.span = span
+        await _relay(call, scope, path, streams)
+
+
+def _step(call: Call, name: str) -> AbstractContextManager[Any]:
+    """A child span of the request's while tracing is on; a context that does nothing else."""
+    return _NO_SPAN if call.span is None else tracing.step(name)
+
+
+_NO_SPAN = nullcontext()
+
+
+async def _relay(call: Call, scope: Scope, path: str, streams: bool) -> None:
+    gateway, endpoint = call.gateway, call.endpoint
     asked = await _asked(call, scope, path, streams)
     if isinstance(asked, Reply):
         await _answer(call, asked)
@@ -345,7 +372,10 @@ async def _asked(call: Call, scope: Scope, path: str, streams: bool) -> Asked | 
     gateway = call.gateway
     if scope["method"] != "POST":
         return _refused(errors.wrong_method(path, "POST"))
-    key = await key_refusal(gateway, scope, call.started, call)
+    with _step(call, "key check") as span:
+        key = await key_refusal(gateway, scope, call.started, call)
+        if span is not None:
+            span.set_attribute("llmgw.key.refused", isinstance(key, Refusal))
     if isinstance(key, Refusal):
         return _refused(key)
     limit = conf.max_body_bytes()
@@ -424,10 +454,22 @@ def _admit(call: Call, key: KeyState, snapshot: Snapshot) -> limits.Admission | 
 
 
 async def _route_and_send(call: Call, asked: Asked, path: str) -> Reply:
-    decision = await _decide(call, asked)
-    if isinstance(decision, Reply):
-        return decision
-    prepared = _prepare(call, asked, decision)
+    with _step(call, "route") as span:
+        decision = await _decide(call, asked)
+        if isinstance(decision, Reply):
+            return decision
+        prepared = _prepare(call, asked, decision)
+        if span is not None:
+            revisions = sorted({c.revision for c in prepared.decision.candidates})
+            span.set_attributes(
+                {
+                    "llmgw.route.model": decision.model,
+                    "llmgw.route.fallback_from": decision.fallback_from or "",
+                    "llmgw.route.candidates": len(prepared.decision.candidates),
+                    "llmgw.route.revisions": revisions,
+                    "llmgw.route.prefix_blocks": len(prepared.prefix),
+                }
+            )
     return await _send(call, asked, prepared, path)
 
 
@@ -529,7 +571,8 @@ async def _send(call: Call, asked: Asked, prepared: Prepared, path: str) -> Repl
             hangup=lambda: fairqueue.client_gone(call.receive),
         )
         try:
-            hold = (await turn.__aenter__()).hold
+            with _step(call, "queue wait"):
+                hold = (await turn.__aenter__()).hold
         except (fairqueue.QueueFull, fairqueue.QueueTimeout) as exc:
             return _refused(exc.refusal(), entry.name, decision.model)
         except fairqueue.ClientGone:
@@ -549,6 +592,8 @@ async def _sent(
 ) -> Reply:
     gateway = call.gateway
     decision, entry = prepared.decision, asked.entry
+    engine = None if call.span is None else tracing.engine_call(decision.engine_name, call.endpoint)
+    sent_at = time.monotonic()
     try:
         answer = await proxy.send(
             decision,
@@ -564,11 +609,33 @@ async def _sent(
     except proxy.ReplicaTimeout as exc:
         call.answered_by(exc.candidate, decision)
         log.warning("gateway: %s for %s", exc, entry.name)
+        if engine is not None:
+            tracing.end_engine_call(engine, str(exc), **{"llmgw.replica": exc.candidate.id})
         return _refused(errors.timeout(decision.model, exc.seconds), entry.name, decision.model)
     except proxy.ReplicaGone as exc:
         call.answered_by(exc.candidate, decision)
         log.warning("gateway: %s for %s", exc, entry.name)
+        if engine is not None:
+            tracing.end_engine_call(engine, str(exc), **{"llmgw.replica": exc.candidate.id})
         return _refused(errors.unreachable(decision.model), entry.name, decision.model)
+    except BaseException:
+        if engine is not None:
+            tracing.end_engine_call(engine, "the request ended before the engine answered")
+        raise
+    if engine is not None:
+        # For a stream, the wait for its first chunk: the time to the first token.
+        engine[0].set_attributes(
+            {
+                "llmgw.replica": answer.candidate.id,
+                "llmgw.route.reason": gateway.balancer.reason,
+                "llmgw.replica.revision": answer.candidate.revision,
+                "server.address": answer.candidate.address,
+                "server.port": answer.candidate.port,
+                "http.response.status_code": answer.status,
+                "llmgw.retried": answer.retried,
+                "llmgw.time_to_first_token_seconds": round(time.monotonic() - sent_at, 6),
+            }
+        )
     if answer.retried:
         gateway.metrics.retries.labels(entry.name).inc()
     call.answered_by(answer.candidate, decision)
@@ -578,7 +645,7 @@ async def _sent(
         (REVISION_HEADER.lower().encode(), answer.candidate.revision.encode()),
     ]
     if answer.streaming:
-        streamed = Streamed(answer, prepared.rename)
+        streamed = Streamed(answer, prepared.rename, engine)
         return Reply(200, b"", headers, entry.name, decision.model, stream=streamed)
     gateway.balancer.release(answer.candidate)
     assert answer.body is not None
@@ -597,6 +664,10 @@ async def _sent(
         call.tokens(decision.model, *proxy.usage_of(answer.body))
         if prepared.rename is not None:
             body_out = _renamed(body_out, *prepared.rename)
+    if engine is not None:
+        tracing.end_engine_call(
+            engine, f"HTTP {answer.status}" if answer.status >= 500 else None, **call.usage()
+        )
     return Reply(answer.status, body_out, headers, entry.name, decision.model)
 
 
@@ -606,6 +677,7 @@ class Streamed:
 
     answer: proxy.Answer
     rename: tuple[str, str] | None
+    engine: Any = None  # the engine call's span while tracing is on (gateway.tracing)
 
 
 # -- answering ---------------------------------------------------------------------------
@@ -655,12 +727,18 @@ async def _relay_stream(call: Call, reply: Reply, streamed: Streamed) -> None:
         answer.close()
         call.gateway.balancer.release(answer.candidate)
         call.tokens(reply.answered_by, *tally.totals())
+        if streamed.engine is not None:
+            broken = "the stream broke off" if status == 502 else None
+            tracing.end_engine_call(streamed.engine, broken, **call.usage())
         # A stream's status is known only now (502 when the replica broke it off).
         _count(call, reply.name, reply.answered_by, status)
 
 
 def _count(call: Call, name: str | None, answered_by: str, status: int) -> None:
-    """A request is answered: count it in /metrics and in the traffic figures."""
+    """A request is answered: count it in /metrics and in the traffic figures (and its span,
+    while tracing is on)."""
+    if call.span is not None:
+        tracing.outcome(call.span, status, name, answered_by, call.usage())
     if name is None:
         return  # refused before it named a model it may use: not counted
     gateway = call.gateway

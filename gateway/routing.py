@@ -323,6 +323,9 @@ class Balancer:
         self._last_name: dict[str, str] = {}
         # For /metrics: how many replicas' last names are remembered, when that changes.
         self.on_remembered: Callable[[int], None] | None = None
+        # Why the last choice was made ("prefix": its engine computed the prompt's beginning
+        # lately; "least loaded"; "the only one"), read right after choose() for the trace.
+        self.reason = ""
 
     def choose(
         self,
@@ -350,10 +353,13 @@ class Balancer:
                     random.random(),
                 ),
             )
+            self.reason = "least loaded" if len(choices) > 1 else "the only one"
             if prefix and len(choices) > 1:
                 found = self.prefixes.longest(prefix, [c.id for c in choices])
                 if found is not None and _worth_waiting_for(busy[found[0]], busy[choice.id]):
                     choice = next(c for c in choices if c.id == found[0])
+                if found is not None and found[0] == choice.id:
+                    self.reason = "prefix"
             if choice.id != held:
                 self.load.add(choice.id, 1)
                 if held is not None:

@@ -32,6 +32,7 @@ class FakeEngine:
     events: int = 4
     requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     request_ids: list[str | None] = field(default_factory=list)
+    traceparents: list[str | None] = field(default_factory=list)
     stream_started: threading.Event = field(default_factory=threading.Event)
 
     def names(self) -> list[str]:
@@ -72,6 +73,7 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length", 0))
         body = json.loads(self.rfile.read(length) or b"{}")
         self.engine.request_ids.append(self.headers.get("X-Request-ID"))
+        self.engine.traceparents.append(self.headers.get("traceparent"))
         self.engine.requests.append((self.path, body))
         self.close_connection = True
         if self.engine.mode == "reset":

@@ -35,6 +35,11 @@ class Span:
     kind: int
     service: str
     attributes: dict[str, Any] = field(default_factory=dict)
+    # (name, attributes) of each event, in order; the status code (0 unset, 1 ok, 2 error).
+    events: tuple[tuple[str, dict[str, Any]], ...] = ()
+    status: int = 0
+    start_ns: int = 0
+    end_ns: int = 0
 
     def __str__(self) -> str:
         attrs = " ".join(f"{k}={v!r}" for k, v in sorted(self.attributes.items()))
@@ -70,6 +75,13 @@ def decode(body: bytes) -> list[Span]:
                         kind=span.kind,
                         service=service,
                         attributes={a.key: _value(a.value) for a in span.attributes},
+                        events=tuple(
+                            (e.name, {a.key: _value(a.value) for a in e.attributes})
+                            for e in span.events
+                        ),
+                        status=span.status.code,
+                        start_ns=span.start_time_unix_nano,
+                        end_ns=span.end_time_unix_nano,
                     )
                 )
     return spans
