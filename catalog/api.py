@@ -121,6 +121,10 @@ class AuditEntryOut(serializers.Serializer):
     before = serializers.DictField(allow_null=True)
     after = serializers.DictField(allow_null=True)
     note = serializers.CharField(allow_blank=True)
+    trace_id = serializers.CharField(
+        allow_blank=True,
+        help_text="the trace of the work this entry is part of (a rollout's), when traced",
+    )
 
 
 class AuditPageOut(serializers.Serializer):

@@ -261,6 +261,8 @@ class AuditEntry(models.Model):
     after = models.JSONField(null=True, blank=True)
     changes = models.JSONField(default=dict, blank=True)
     note = models.TextField(blank=True, default="")
+    # The trace of the work the entry is part of (a rollout's, llmgw.tracing), "" for none.
+    trace_id = models.CharField(max_length=32, blank=True, default="")
 
     class Meta:
         ordering = ["-at", "-id"]

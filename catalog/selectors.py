@@ -95,4 +95,5 @@ def audit_view(entry: AuditEntry) -> dict[str, Any]:
         "before": entry.before,
         "after": entry.after,
         "note": entry.note,
+        "trace_id": entry.trace_id,
     }

@@ -104,8 +104,11 @@ def record_change(
     before: dict[str, Any] | None,
     after: dict[str, Any] | None,
     note: str = "",
+    *,
+    trace_id: str = "",
 ) -> AuditEntry:
     entry = audit_entry(actor, model_name, action, note, before=before, after=after)
+    entry.trace_id = trace_id
     entry.save()
     return entry
 
@@ -141,10 +144,10 @@ def audit_entry(
 
 
 def record_event(
-    actor: Actor, model_name: str, action: str, note: str, **details: Any
+    actor: Actor, model_name: str, action: str, note: str, *, trace_id: str = "", **details: Any
 ) -> AuditEntry:
     """An audit entry for something that is not a change of definition (a preemption, a restart)."""
-    return record_change(actor, model_name, action, None, details or None, note)
+    return record_change(actor, model_name, action, None, details or None, note, trace_id=trace_id)
 
 
 def announce(*names: str) -> None:

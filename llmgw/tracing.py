@@ -18,8 +18,10 @@ Here, below Django: the node agent uses it without Django.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 # What each name in start_tracing's `instrument` turns on (module, class).
 INSTRUMENTATIONS = {
@@ -94,3 +96,48 @@ def start_tracing(
             instrumentor.instrument(tracer_provider=provider)
     _started = process_name
     return True
+
+
+# -- work that outlives a request: a trace kept as a traceparent -----------------------------
+
+
+def begin(name: str, attributes: Mapping[str, Any]) -> str:
+    """Start a trace for work that outlives this process's part of it (a rollout across tasks and
+    workers): a span `name` under the current one (the request that asked for the work), ended
+    at once, whose W3C traceparent is returned to be stored with the work; "" with tracing off."""
+    if _started is None:
+        return ""
+    from opentelemetry import propagate, trace
+
+    with trace.get_tracer("llmgw").start_as_current_span(name, attributes=dict(attributes)):
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+    return carrier.get("traceparent", "")
+
+
+@contextlib.contextmanager
+def continued(traceparent: str, name: str, attributes: Mapping[str, Any]) -> Iterator[Any]:
+    """A span `name` in the trace `traceparent` names (begin's), current while the block runs;
+    nothing with tracing off or no traceparent (the block gets None)."""
+    if _started is None or not traceparent:
+        yield None
+        return
+    from opentelemetry import propagate, trace
+
+    parent = propagate.extract({"traceparent": traceparent})
+    tracer = trace.get_tracer("llmgw")
+    with tracer.start_as_current_span(name, context=parent, attributes=dict(attributes)) as span:
+        yield span
+
+
+def trace_id_of(traceparent: str) -> str:
+    """The trace id (32 hex digits) of a W3C traceparent, "" for none."""
+    parts = traceparent.split("-")
+    return parts[1] if len(parts) == 4 and len(parts[1]) == 32 else ""
+
+
+def mark_failed(span: Any, message: str) -> None:
+    """Set a span's status to an error saying `message` (a span of `continued`'s)."""
+    from opentelemetry.trace import Status, StatusCode
+
+    span.set_status(Status(StatusCode.ERROR, message))

@@ -7,8 +7,10 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
+from llmgw.tracing import continued, mark_failed
+
 from . import mirror
-from .models import Fetch
+from .models import Fetch, Rollout
 from .queue import queue_now
 from .rollouts import advance_rollouts
 from .updates import finish_serve
@@ -19,8 +21,19 @@ RESUMED_PER_PASS = 20
 
 
 def run_fetch(fetch_id: int) -> None:
-    """Safe to run twice, or beside another worker: a fetch is claimed before it is run."""
-    if not mirror.download(fetch_id):
+    """Safe to run twice, or beside another worker: a fetch is claimed before it is run. An
+    update's fetch is a span of its rollout's trace (llmgw.tracing)."""
+    trace = Rollout.objects.filter(fetch_id=fetch_id).values_list("trace", flat=True).first()
+    with continued(trace or "", "fetch", {"llmgw.fetch": fetch_id}) as span:
+        ran = mirror.download(fetch_id)
+        if span is not None:
+            fetch = Fetch.objects.get(pk=fetch_id)
+            span.set_attributes(
+                {"llmgw.fetch.state": fetch.state, "llmgw.fetch.bytes": fetch.bytes_done}
+            )
+            if fetch.state == Fetch.FAILED:
+                mark_failed(span, fetch.message)
+    if not ran:
         return
     fetch = Fetch.objects.get(pk=fetch_id)
     if fetch.serve_definition is not None:

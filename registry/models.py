@@ -202,6 +202,9 @@ class Rollout(models.Model):
     to_commit = models.CharField(max_length=64, blank=True, default="")
     from_source = models.CharField(max_length=2000, blank=True, default="")
     to_source = models.CharField(max_length=2000, blank=True, default="")
+    # The rollout's trace, a W3C traceparent (llmgw.tracing.begin), "" when not traced: each step
+    # of it, in whichever worker, is a span there.
+    trace = models.CharField(max_length=64, blank=True, default="")
     fetch = models.ForeignKey(
         Fetch, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

@@ -29,6 +29,7 @@ from core.actor import SYSTEM, Actor
 from core.refusals import Refused, conflict
 from fleet.models import Replica
 from fleet.specs import current_keys
+from llmgw.tracing import begin, continued, mark_failed, trace_id_of
 from llmgw.units import format_progress
 
 from .mirror import clean_mirror, file_url, parse_mirror_url
@@ -100,10 +101,16 @@ def start_update(*, actor: Actor, name: str) -> Rollout:
             requested_by=actor.user,
             door=actor.door,
         )
+        trace = begin(
+            f"rollout {model.name}: update",
+            {"llmgw.model": model.name, "llmgw.from_commit": model.origin["commit"],
+             "llmgw.to_commit": new_commit},
+        )  # fmt: skip
         rollout = Rollout.objects.create(
             model=model,
             kind="update",
             state=Rollout.FETCHING,
+            trace=trace,
             from_commit=model.origin["commit"],
             to_commit=new_commit,
             from_source=model.source,
@@ -122,6 +129,7 @@ def start_update(*, actor: Actor, name: str) -> Rollout:
             {"commit": new_commit},
             note=f"update asked for: {model.origin['commit'][:7]} -> {new_commit[:7]}, fetching "
             f"{len(changed)} changed file(s)",
+            trace_id=trace_id_of(trace),
         )
         queue_on_commit("registry.tasks.run_fetch", fetch.pk)
     return rollout
@@ -148,12 +156,19 @@ def start_rollback(*, actor: Actor, name: str) -> Rollout:
             active.stop(f"stopped by a rollback asked for by {actor.name}")
         current_commit = (model.origin or {}).get("commit", "")
         target = model.previous
+        to_commit = (target.get("origin") or {}).get("commit", "")
+        trace = begin(
+            f"rollout {model.name}: rollback",
+            {"llmgw.model": model.name, "llmgw.from_commit": current_commit,
+             "llmgw.to_commit": to_commit},
+        )  # fmt: skip
         rollout = Rollout.objects.create(
             model=model,
             kind="rollback",
             state=Rollout.ROLLING,
+            trace=trace,
             from_commit=current_commit,
-            to_commit=(target.get("origin") or {}).get("commit", ""),
+            to_commit=to_commit,
             from_source=model.source,
             to_source=target["source"],
             step="replacing replicas",
@@ -169,6 +184,7 @@ def start_rollback(*, actor: Actor, name: str) -> Rollout:
             {"commit": current_commit, "source": rollout.from_source},
             {"commit": rollout.to_commit, "source": rollout.to_source},
             note=f"rollback: {current_commit[:7]} -> {rollout.to_commit[:7]}",
+            trace_id=trace_id_of(trace),
         )
         announce(model.name)
     return rollout
@@ -241,16 +257,19 @@ def _advance_fetching(rollout: Rollout) -> None:
         weights = next(
             (f for f in fetch.files if rollout.to_source.endswith("/" + f["path"])), fetch.files[0]
         )
-        _swap(model, rollout.to_source, weights.get("sha256") or "", origin)
-        rollout.start_rolling()
-        record_change(
-            _actor_of(rollout),
-            model.name,
-            "update-swap",
-            {"source": rollout.from_source},
-            {"source": rollout.to_source},
-            note=f"new files fetched and checked; replicas move to {fetch.commit[:7]} one at a time",
-        )
+        with continued(rollout.trace, "swap", {"llmgw.to_source": rollout.to_source}):
+            _swap(model, rollout.to_source, weights.get("sha256") or "", origin)
+            rollout.start_rolling()
+            record_change(
+                _actor_of(rollout),
+                model.name,
+                "update-swap",
+                {"source": rollout.from_source},
+                {"source": rollout.to_source},
+                note=f"new files fetched and checked; replicas move to {fetch.commit[:7]} one at "
+                "a time",
+                trace_id=trace_id_of(rollout.trace),
+            )
         announce(model.name)
 
 
@@ -285,7 +304,15 @@ def _advance_rolling(rollout: Rollout) -> None:
     step = f"replaced {len(fresh_ready)} of {total}"
     if waiting:
         step += f"; a new replica is {waiting[0].state}"
-    rollout.show_progress(replaced=len(fresh_ready), total=total, step=step)
+    if rollout.step != step:
+        # Each step that changes is a span of the rollout's trace (not each pass that finds
+        # nothing new).
+        with continued(
+            rollout.trace, step, {"llmgw.replaced": len(fresh_ready), "llmgw.total": total}
+        ):
+            rollout.show_progress(replaced=len(fresh_ready), total=total, step=step)
+    else:
+        rollout.show_progress(replaced=len(fresh_ready), total=total, step=step)
 
 
 def _end(rollout: Rollout, transition: Callable[[str], bool], message: str) -> None:
@@ -294,6 +321,12 @@ def _end(rollout: Rollout, transition: Callable[[str], bool], message: str) -> N
     with transaction.atomic():
         if not transition(message):
             return
-        record_event(SYSTEM, rollout.model.name, f"{rollout.kind}-{rollout.state}", message)
+        action = f"{rollout.kind}-{rollout.state}"
+        with continued(rollout.trace, action, {"llmgw.message": message}) as span:
+            if span is not None and rollout.state != Rollout.DONE:
+                mark_failed(span, message)
+            record_event(
+                SYSTEM, rollout.model.name, action, message, trace_id=trace_id_of(rollout.trace)
+            )
     if rollout.state == Rollout.DONE:
         clean_mirror()
