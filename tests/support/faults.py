@@ -37,11 +37,10 @@ The operations (`OPERATIONS`, each an `Operation`):
 - scale: "chat" from one replica to three.
 - add: a model "extra" added by URL, one replica.
 - serve: `model serve` of the registry's repository as "reg" (two replicas): its file fetched
-  into the mirror, the model added, its replicas placed; the fault lands within 2 s, in the
+  into the mirror, the model added, its replicas placed; the fault lands within 5 s, in the
   fetch or the placement.
 - update-fetch: "reg" served, new weights pushed to the registry and seen by the update check,
-  then `model update reg`; the fault lands within 0.3 s, while the new files are fetched (the
-  tiny file takes well under a second).
+  then `model update reg`; the fault lands within 2.4 s, while the new files are fetched.
 - update-roll: the same update; the fault lands once the API shows the rollout rolling, within
   3 s, while the replicas are replaced one at a time.
 - canary: the same update with `--canary 50 --for 10s`; the fault lands in the window (once the
@@ -49,8 +48,10 @@ The operations (`OPERATIONS`, each an `Operation`):
 An update ends completed when its rollout is done and every replica runs the new weights, or
 failed with the rollout's message (failed, halted) or the canary's decision (rolled back), its
 replicas on the old weights. The clients ask "chat" and "reg" in turn while "reg" is updated.
-Each cell records where the operation was when the fault landed, as the API showed it
-(`CellResult.phase`): the tiny file's fetch is short, and a fault aimed at it may land after it.
+The registry sits behind a proxy that hands its files out slowly (tests.support.slow_proxy): the
+tiny file's fetch into the mirror lasts FETCH_SECONDS (3 s), so that a fault can land in it. Each
+cell records where the operation was when the fault landed, as the API showed it
+(`CellResult.phase`).
 
 The seed: LLMGW_FAULT_SEED replays a run (the tests and bench/faults.py print it).
 """
@@ -83,6 +84,7 @@ from tests.support.http_files import serve_directory
 from tests.support.redis_server import RedisServer
 from tests.support.registry import LocalRegistry
 from tests.support.registry import available as registry_unavailable
+from tests.support.slow_proxy import slow_proxy
 from tests.support.system import ROOT, System, wait_for
 
 FAULTS = ("web", "gateway-worker", "worker", "beat", "node", "engine", "postgres", "redis")
@@ -102,6 +104,8 @@ REPO_FILE = "fault-q4.gguf"
 SERVED = "reg"
 SERVED_REPLICAS = 2
 SERVED_SIZE = {"memory_gb": 0.5, "cores": 0.5}
+# How long fetching the served model's file from the registry takes (its proxy's pace).
+FETCH_SECONDS = 3.0
 # The weights the registry holds in turn (seeds of write_tiny_model): each update pushes the
 # next one, never the same as the head.
 WEIGHT_SEEDS = (11, 12, 13)
@@ -326,7 +330,13 @@ class Fleet:
             self.registry.commit(REPO, {REPO_FILE: self.weights_file(self.head_seed)})
             self.stack.callback(self.registry.stop)
             self.registry.start()
-            config["registry"] = {"endpoint": self.registry.endpoint}
+            # Behind a proxy that hands out its files slowly: a fetch into the mirror then
+            # lasts FETCH_SECONDS, long enough for a fault to land in it.
+            rate = self.weights_file(self.head_seed).stat().st_size / FETCH_SECONDS
+            endpoint = self.stack.enter_context(
+                slow_proxy(self.registry.endpoint, bytes_per_second=rate)
+            )
+            config["registry"] = {"endpoint": endpoint}
         self.database = postgres.PostgresServer()
         self.stack.callback(self.database.close)
         self.database.start()
@@ -700,7 +710,7 @@ class Add(Operation):
 
 class Serve(Operation):
     """`model serve REPO`: the file fetched into the mirror, the model added, its replicas
-    placed. The fault lands within LATEST_FAULT_SECONDS: in the fetch or in the placement."""
+    placed. The fault lands in the fetch (FETCH_SECONDS) or in the placement after it."""
 
     name = "serve"
 
@@ -709,7 +719,7 @@ class Serve(Operation):
         self.fetch_id = self.fleet.start_serve()
 
     def aim(self, rng: random.Random) -> None:
-        time.sleep(rng.uniform(0, 2.0))
+        time.sleep(rng.uniform(0, FETCH_SECONDS + 2.0))
 
     def phase(self) -> str:
         fetch = self.fleet.fetch(self.fetch_id)
@@ -793,13 +803,13 @@ class Update(Operation):
 
 
 class UpdateFetch(Update):
-    """The fault lands while the new files are fetched: the tiny file takes well under a
-    second, so within 0.3 s of asking (`phase` says whether it was still fetching)."""
+    """The fault lands while the new files are fetched (FETCH_SECONDS, the registry's proxy
+    slows it down): within most of that after asking (`phase` says whether it still was)."""
 
     name = "update-fetch"
 
     def aim(self, rng: random.Random) -> None:
-        time.sleep(rng.uniform(0, 0.3))
+        time.sleep(rng.uniform(0, FETCH_SECONDS * 0.8))
 
 
 class UpdateRoll(Update):
