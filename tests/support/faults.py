@@ -27,8 +27,9 @@ The faults (`FAULTS`):
   schedule must be sending periodic tasks again.
 - node: one node agent (SIGKILL; its engines keep running), started again on the same cache and
   token, where it adopts or stops what the killed agent left.
-- engine: the llama-server of one ready replica of "chat" (SIGKILL); the agent and the reconciler
-  replace it, nothing is restarted by hand.
+- engine: the llama-server of one ready replica (SIGKILL): of "chat", or during an update of
+  "reg" one of "reg" on the new weights when there is one (a replaced replica, the canary), else
+  one on the old; the agent and the reconciler replace it, nothing is restarted by hand.
 - postgres: the fleet's PostgreSQL stopped (fast shutdown) and started again.
 - redis: the fleet's redis-server stopped (an empty one comes back, as after a restart without
   persistence).
@@ -567,8 +568,11 @@ class Fleet:
                     workers.append(child)
         return workers
 
-    def inject(self, fault: str, rng: random.Random) -> tuple[str, dict[str, Any]]:
-        """Kill or stop the part; returns a note and what restore() needs."""
+    def inject(
+        self, fault: str, rng: random.Random, engines: list[dict[str, Any]] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Kill or stop the part; returns a note and what restore() needs. `engines`: the
+        replicas whose engine the engine fault may kill (by default the ready ones of "chat")."""
         system = self.sys
         if fault == "web":
             process = system.processes.pop("web")
@@ -598,12 +602,16 @@ class Fleet:
             process.wait(timeout=10)
             return f"killed agent of {name} ({process.pid})", {"node": name}
         if fault == "engine":
-            ready = [r for r in self.replicas("chat") if r["routable"]]
-            replica = rng.choice(ready)
+            ready = engines or [r for r in self.replicas("chat") if r["routable"]]
+            replica = rng.choice(sorted(ready, key=lambda r: r["id"]))
             state = system.folder / "nodes" / replica["node"] / "replicas" / replica["id"]
             pid = int(json.loads((state / "state.json").read_text())["pid"])
             os.kill(pid, signal.SIGKILL)
-            return f"killed engine {pid} of replica {replica['id'][:8]} on {replica['node']}", {}
+            return (
+                f"killed engine {pid} of replica {replica['id'][:8]} of {replica.get('model', 'chat')} "
+                f"on {replica['node']}",
+                {},
+            )
         if fault == "postgres":
             self.database.stop()
             return "stopped PostgreSQL", {}
@@ -671,6 +679,11 @@ class Operation:
 
     def phase(self) -> str:
         return ""
+
+    def engines(self) -> list[dict[str, Any]] | None:
+        """The replicas whose engine the engine fault may kill (None: the ready ones of
+        "chat")."""
+        return None
 
     def ended(self) -> tuple[str, str] | None:
         """(outcome, how it ended) once it has; None while it is under way."""
@@ -779,6 +792,13 @@ class Update(Operation):
         fetch = rollout["fetch"] or {}
         got = f" ({fetch.get('bytes_done')} of {fetch.get('bytes_total')} bytes)" if fetch else ""
         return f"rollout {rollout['state']}: {rollout['step']}{got}"
+
+    def engines(self) -> list[dict[str, Any]] | None:
+        """The served model's ready replicas on the new weights when there are (the replaced
+        ones, the canary), else its ready ones."""
+        ready = [{**r, "model": SERVED} for r in self.fleet.replicas(SERVED) if r["routable"]]
+        new = self.fleet.weights_sha256(self.new_seed)
+        return [r for r in ready if r["weights_sha256"] == new] or ready or None
 
     def settled_on(self, seed: int) -> bool:
         return self.fleet.settled(self.wanted) and self.fleet.on_weights(seed)
@@ -968,7 +988,8 @@ def run_cell(fleet: Fleet, fault: str, operation: str, seed: int) -> CellResult:
         except (AssertionError, requests.RequestException) as exc:
             result.phase = f"not read: {exc}"[:200]
         fault_at = time.monotonic()
-        result.fault_note, saved = fleet.inject(fault, rng)
+        engines = _read(op.engines) if fault == "engine" else None
+        result.fault_note, saved = fleet.inject(fault, rng, engines)
         time.sleep(DOWN_SECONDS.get(fault, DEFAULT_DOWN_SECONDS))
         fleet.restore(fault, saved)
         log_offset = fleet.sys.logs["beat"].stat().st_size
