@@ -96,8 +96,7 @@ def _handler_class(upstream: str, own: list[str], rate: float) -> type[BaseHTTPR
                 # The file, slowly: its length when the upstream sent it plainly, else the
                 # connection's end marks the body's.
                 size = answer.headers.get("Content-Length")
-                plain = size is not None and not answer.headers.get("Content-Encoding")
-                if plain:
+                if size is not None and not answer.headers.get("Content-Encoding"):
                     self.send_header("Content-Length", size)
                 else:
                     self.send_header("Connection", "close")
