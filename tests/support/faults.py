@@ -805,6 +805,10 @@ class Update(Operation):
 
     def ended(self) -> tuple[str, str] | None:
         rollout = self.rollout()
+        if rollout["kind"] == "rollback":  # the latest rollout: a rollback stopped the update
+            if rollout["state"] == "done" and self.settled_on(self.old_seed):
+                return f"failed: rolled back: {rollout['message']}", rollout["message"]
+            return None
         if rollout["state"] == "done" and self.settled_on(self.new_seed):
             return "completed", rollout["message"]
         if rollout["state"] in ("failed", "halted") and self.settled_on(self.old_seed):
@@ -814,11 +818,15 @@ class Update(Operation):
     def failure(self) -> str:
         rollout = self.rollout()
         if rollout["state"] in ("failed", "halted"):
-            return f"failed: rollout {rollout['state']}: {rollout['message']}"
+            return f"failed: {rollout['kind']} {rollout['state']}: {rollout['message']}"
         return super().failure()
 
     def audit(self, outcome: str) -> list[tuple[str, tuple[str, ...]]]:
-        end = ("update-done",) if outcome == "completed" else ("update-failed", "update-halted")
+        end = (
+            ("update-done",)
+            if outcome == "completed"
+            else ("update-failed", "update-halted", "rollback")
+        )
         return [(SERVED, ("update",)), (SERVED, end)]
 
 
