@@ -1,7 +1,9 @@
 """The fault matrix, every cell: each fault (tests.support.faults.FAULTS) at a random moment of each
-operation (OPERATIONS), with traffic through the gateway all along, on one whole llmgw (gateway,
-web, worker with beat, two node agents running llama.cpp replicas) on a PostgreSQL and a Redis of
-its own. Each cell runs `--rounds` times (2: every cell twice), in an order drawn by the seed.
+operation (OPERATIONS: scale, add, and the registry's serve, update-fetch, update-roll and
+canary), with traffic through the gateway all along, on one whole llmgw (gateway, web, worker,
+beat, two node agents running llama.cpp replicas, a registry of its own) on a PostgreSQL and a
+Redis of its own. Each cell runs `--rounds` times (2: every cell twice), in an order drawn by
+the seed; each run's line says where the operation was when the fault landed.
 
 Prints, per fault x operation: the outcomes (completed / failed with a reason / lost), requests
 sent and failed (excused: in flight on a killed gateway worker or sent to a killed engine, failed
@@ -10,6 +12,7 @@ with nothing left over; beside issue 22's targets: 0 lost, 0 double placements, 
 0 failed requests outside the killed process.
 
 Run: make bench, or .venv/bin/python bench/faults.py [--rounds 2] [--seed N] [--only FAULT]
+[--operation OPERATION]
 (LLMGW_FAULT_SEED sets the seed too).
 """
 
@@ -43,9 +46,16 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="runs of every cell")
     parser.add_argument("--seed", type=int, default=None, help="replay a run")
     parser.add_argument("--only", choices=faults.FAULTS, action="append", help="these faults")
+    parser.add_argument(
+        "--operation", choices=faults.OPERATIONS, action="append", help="these operations"
+    )
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else faults.seed_from_environment()
-    cells = [c for c in faults.all_cells() if not args.only or c[0] in args.only]
+    cells = [
+        c
+        for c in faults.all_cells()
+        if (not args.only or c[0] in args.only) and (not args.operation or c[1] in args.operation)
+    ]
     runs = cells * args.rounds
     random.Random(seed).shuffle(runs)
     print(f"fault matrix: {len(runs)} runs, seed {seed} (--seed {seed} replays it)", flush=True)
@@ -71,7 +81,7 @@ def main() -> int:
     print(f"\n{len(runs)} runs in {time.monotonic() - started:.0f} s, seed {seed}\n")
 
     head = (
-        f"{'fault':<15} {'operation':<9} {'completed':>9} {'failed':>6} {'lost':>4} "
+        f"{'fault':<15} {'operation':<12} {'completed':>9} {'failed':>6} {'lost':>4} "
         f"{'sent':>5} {'failed':>6} {'excused':>7} {'double':>6} {'orphans':>7} "
         f"{'audit':>5} {'recover s (median, max)':>24}"
     )
@@ -94,7 +104,7 @@ def main() -> int:
         times = [r.recover_seconds for r in rows if r.recover_seconds is not None]
         recover = f"{statistics.median(times):.1f}, {max(times):.1f}" if times else "-"
         print(
-            f"{fault:<15} {operation:<9} {completed:>9} {failed:>6} {lost:>4} {sent:>5} "
+            f"{fault:<15} {operation:<12} {completed:>9} {failed:>6} {lost:>4} {sent:>5} "
             f"{failed_requests:>6} {excused:>7} {double:>6} {orphans:>7} {audit:>5} {recover:>24}"
         )
         totals["lost"] += lost

@@ -20,7 +20,7 @@ from typing import Any
 
 import requests
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from catalog.config import current_config
@@ -36,6 +36,9 @@ from .models import Fetch, MirrorFile, Rollout
 log = logging.getLogger("registry.mirror")
 
 PROGRESS_EVERY_SECONDS = 0.5
+# How long a fetch tries its database writes again while the database is away; well within
+# STALE_SECONDS, after which another worker may take the fetch over.
+DATABASE_RETRY_SECONDS = 30
 
 
 class FetchFailed(Exception):
@@ -101,9 +104,27 @@ def claim_fetch(fetch_id: int) -> bool:
 
 def download(fetch_id: int) -> bool:
     """Bring a fetch's files in (done) or give up on them (failed); False when another worker
-    holds the fetch or it is finished, so this one did nothing."""
+    holds the fetch or it is finished, so this one did nothing.
+
+    The database going away meanwhile (PostgreSQL restarting) does not end it: its progress is
+    written when it can be, and what must be written (a file's record, the end) is tried again
+    for up to DATABASE_RETRY_SECONDS, files already in place kept. Without that the fetch was
+    left running with nobody on it, taken again only once its heartbeat was STALE_SECONDS old."""
     if not claim_fetch(fetch_id):
         return False
+    deadline = time.monotonic() + DATABASE_RETRY_SECONDS
+    while True:
+        try:
+            return _download_claimed(fetch_id)
+        except DatabaseError as exc:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("fetch %s: the database failed (%s); trying again", fetch_id, exc)
+            _drop_broken_connection()
+            time.sleep(1)
+
+
+def _download_claimed(fetch_id: int) -> bool:
     fetch = Fetch.objects.get(pk=fetch_id)
     board = control_metrics()
     started = time.monotonic()
@@ -119,6 +140,14 @@ def download(fetch_id: int) -> bool:
     fetch.finish()
     board.fetches.labels("done").inc()
     return True
+
+
+def _drop_broken_connection() -> None:
+    """Close this thread's database connection after an error, so that the next query opens a
+    new one (a connection PostgreSQL terminated stays broken); not inside a transaction, which
+    its owner rolls back."""
+    if not connection.in_atomic_block:
+        connection.close()
 
 
 def _download_all(fetch: Fetch) -> None:
@@ -162,7 +191,12 @@ class _FetchProgress:
         def report(size: int, _total: int | None) -> None:
             if time.monotonic() - self.last > PROGRESS_EVERY_SECONDS:
                 self.last = time.monotonic()
-                self.fetch.beat(before + size, message=f"fetching {path}")
+                try:
+                    self.fetch.beat(before + size, message=f"fetching {path}")
+                except DatabaseError as exc:
+                    # Progress is shown when it can be: the download goes on.
+                    log.warning("fetch %s: progress not written (%s)", self.fetch.pk, exc)
+                    _drop_broken_connection()
 
         return report
 

@@ -114,6 +114,54 @@ def test_an_interrupted_fetch_is_claimed_again(registry: LocalRegistry, alice: A
     assert Fetch.objects.get(pk=fetch.pk).state == Fetch.DONE
 
 
+def test_a_fetch_goes_on_when_the_database_fails_for_a_moment(
+    registry: LocalRegistry, alice: Actor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL restarting during a fetch (the fault matrix's postgres x serve and x
+    update-fetch): its progress is not written, its end is written once the database answers
+    again, and it ends done, not left running until its heartbeat is stale (STALE_SECONDS)."""
+    from django.db import OperationalError
+
+    fetch = serve_start(actor=alice, repo=REPO)
+    failed = {"beat": 0, "finish": 0}
+    finish = Fetch.finish
+
+    def beat(self: Fetch, *args: Any, **kwargs: Any) -> None:
+        failed["beat"] += 1
+        raise OperationalError("terminating connection due to administrator command")
+
+    def finish_once_failing(self: Fetch) -> None:
+        if not failed["finish"]:
+            failed["finish"] += 1
+            raise OperationalError("the database system is starting up")
+        finish(self)
+
+    monkeypatch.setattr(Fetch, "beat", beat)
+    monkeypatch.setattr(Fetch, "finish", finish_once_failing)
+    monkeypatch.setattr(mirror, "PROGRESS_EVERY_SECONDS", -1.0)  # progress at every chunk
+    fetches.run_fetch(fetch.pk)
+    assert Fetch.objects.get(pk=fetch.pk).state == Fetch.DONE
+    assert failed["beat"] >= 2 and failed["finish"] == 1
+    assert Model.objects.filter(name="tiny-chat-q4").exists()
+
+
+def test_a_fetch_whose_database_stays_away_is_left_to_be_taken_over(
+    registry: LocalRegistry, alice: Actor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import OperationalError
+
+    fetch = serve_start(actor=alice, repo=REPO)
+
+    def finish(self: Fetch) -> None:
+        raise OperationalError("the database system is shutting down")
+
+    monkeypatch.setattr(Fetch, "finish", finish)
+    monkeypatch.setattr(mirror, "DATABASE_RETRY_SECONDS", 0.5)
+    with pytest.raises(OperationalError):
+        fetches.run_fetch(fetch.pk)
+    assert Fetch.objects.get(pk=fetch.pk).state == Fetch.RUNNING  # taken over once stale
+
+
 def test_a_serve_fetch_nobody_runs_is_queued_again(
     registry: LocalRegistry, alice: Actor, settings: Any
 ) -> None:

@@ -3,14 +3,17 @@ the gateway the whole time, then the invariants that must hold once the faulty p
 
 `Fleet` runs the product as real processes (tests.support.system) on a PostgreSQL server and a
 redis-server of its own (never the machine's), with two node agents running llama.cpp replicas of
-a model "chat" that the traffic asks all along. `run_cell(fleet, fault, operation, rng)` starts the
-operation, injects the fault after a random delay drawn from `rng`, restarts what was killed the way
-an operator (or systemd) would, and checks:
+a model "chat" that the traffic asks all along, and a registry of its own (olah over a git-lfs
+repository, tests.support.registry) that a second model, "reg", is served from.
+`run_cell(fleet, fault, operation, rng)` starts the operation, injects the fault at a moment drawn
+from `rng` in the phase of the operation it aims at, restarts what was killed the way an operator
+(or systemd) would, and checks:
 
 - the operation completes, or ends recorded as failed with a reason (else it is "lost");
 - no replica is placed twice: no more placed replicas than asked for, no two on one node and port;
 - no engine (llama-server) under the fleet's folder is left running that no replica owns;
-- the audit records the operation;
+- the audit records the operation (entries written after it was asked for: how it started, and
+  for an update or a canary how it ended);
 - no request failed other than those the fault may fail: requests in flight on a killed gateway
   worker (a dropped connection) or sent while a killed engine was still routed (an answer with a
   status and an OpenAI error body). A request that hangs (the client's timeout) always counts.
@@ -24,11 +27,32 @@ The faults (`FAULTS`):
   schedule must be sending periodic tasks again.
 - node: one node agent (SIGKILL; its engines keep running), started again on the same cache and
   token, where it adopts or stops what the killed agent left.
-- engine: the llama-server of one ready replica of "chat" (SIGKILL); the agent and the reconciler
-  replace it, nothing is restarted by hand.
+- engine: the llama-server of one ready replica (SIGKILL): of "chat", or during an update of
+  "reg" one of "reg" on the new weights when there is one (a replaced replica, the canary), else
+  one on the old; the agent and the reconciler replace it, nothing is restarted by hand.
 - postgres: the fleet's PostgreSQL stopped (fast shutdown) and started again.
 - redis: the fleet's redis-server stopped (an empty one comes back, as after a restart without
   persistence).
+
+The operations (`OPERATIONS`, each an `Operation`):
+- scale: "chat" from one replica to three.
+- add: a model "extra" added by URL, one replica.
+- serve: `model serve` of the registry's repository as "reg" (two replicas): its file fetched
+  into the mirror, the model added, its replicas placed; the fault lands within 5 s, in the
+  fetch or the placement.
+- update-fetch: "reg" served, new weights pushed to the registry and seen by the update check,
+  then `model update reg`; the fault lands within 2.4 s, while the new files are fetched.
+- update-roll: the same update; the fault lands once the API shows the rollout rolling, within
+  3 s, while the replicas are replaced one at a time.
+- canary: the same update with `--canary 50 --for 10s`; the fault lands in the window (once the
+  API shows the canary watching). It ends promoted (then completed as an update) or rolled back.
+An update ends completed when its rollout is done and every replica runs the new weights, or
+failed with the rollout's message (failed, halted) or the canary's decision (rolled back), its
+replicas on the old weights. The clients ask "chat" and "reg" in turn while "reg" is updated.
+The registry sits behind a proxy that hands its files out slowly (tests.support.slow_proxy): the
+tiny file's fetch into the mirror lasts FETCH_SECONDS (3 s), so that a fault can land in it. Each
+cell records where the operation was when the fault landed, as the API showed it
+(`CellResult.phase`).
 
 The seed: LLMGW_FAULT_SEED replays a run (the tests and bench/faults.py print it).
 """
@@ -36,6 +60,7 @@ The seed: LLMGW_FAULT_SEED replays a run (the tests and bench/faults.py print it
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import random
@@ -46,6 +71,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -57,15 +83,41 @@ from llmgw.tinygguf import write_tiny_model
 from tests.support import postgres
 from tests.support.http_files import serve_directory
 from tests.support.redis_server import RedisServer
+from tests.support.registry import LocalRegistry
+from tests.support.registry import available as registry_unavailable
+from tests.support.slow_proxy import slow_proxy
 from tests.support.system import ROOT, System, wait_for
 
 FAULTS = ("web", "gateway-worker", "worker", "beat", "node", "engine", "postgres", "redis")
 # After a fault that stops the schedule, a periodic task is sent again within this long
 # (the beat lease, 15 s, plus the 1 s reconcile interval and some slack).
 SCHEDULE_BACK_SECONDS = 25.0
-OPERATIONS = ("scale", "add")
+# scale and add change "chat" and a model added by URL; the others a model served from the
+# fleet's own registry ("reg", REPO): see `Operation`.
+OPERATIONS = ("scale", "add", "serve", "update-fetch", "update-roll", "canary")
+REGISTRY_OPERATIONS = ("serve", "update-fetch", "update-roll", "canary")
 PROFILE = [{"name": "cpu", "memory_gb": 1, "cores": 1}]
 NODES = ("node-a", "node-b")
+# The served model: its repository in the fleet's registry, its file, and its replicas (small,
+# so that a surge replica fits beside them and "chat" at three).
+REPO = "acme/fault-GGUF"
+REPO_FILE = "fault-q4.gguf"
+SERVED = "reg"
+SERVED_REPLICAS = 2
+SERVED_SIZE = {"memory_gb": 0.5, "cores": 0.5}
+# How long fetching the served model's file from the registry takes (its proxy's pace).
+FETCH_SECONDS = 3.0
+# The weights the registry holds in turn (seeds of write_tiny_model): each update pushes the
+# next one, never the same as the head.
+WEIGHT_SEEDS = (11, 12, 13)
+# A canary: this share of the served model's requests to the new revision, for this window,
+# decided after this many answers from it (the fleet's LLMGW_CANARY_MIN_REQUESTS), checked this
+# often (LLMGW_CANARY_CHECK_SECONDS). The latency ratio is wide: the replicas share two cores
+# with everything else, and the canary is about the fault, not a slow revision.
+CANARY = {"canary": 50, "for": "10s", "max_latency_ratio": 20}
+CANARY_WINDOW_SECONDS = 10.0
+CANARY_MIN_REQUESTS = 8
+CANARY_CHECK_SECONDS = 2
 # How long a killed process stays down before it is started again, and a stopped server.
 DOWN_SECONDS = {"postgres": 5.0, "redis": 3.0}
 DEFAULT_DOWN_SECONDS = 2.0
@@ -103,47 +155,65 @@ class Answer:
     error: str = ""  # empty when it was answered 200
     clean: bool = True  # a failure with a status and an OpenAI error body
     hung: bool = False
+    model: str = "chat"
 
 
 class Traffic:
-    """Clients asking "chat" through the gateway with the official openai client, no retries."""
+    """Clients asking `models` in turn ("chat", and the served model while an operation changes
+    it) through the gateway with the official openai client, no retries."""
 
-    def __init__(self, url: str, key: str, clients: int = 2) -> None:
+    def __init__(
+        self, url: str, key: str, clients: int = 2, models: tuple[str, ...] = ("chat",)
+    ) -> None:
         import openai
 
         self.openai = openai
         self.client = openai.OpenAI(
             base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=CLIENT_TIMEOUT
         )
+        self.models = models
         self.answers: list[Answer] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
+        self._threads = [
+            threading.Thread(target=self._run, args=(number,), daemon=True)
+            for number in range(clients)
+        ]
 
-    def _ask(self) -> Answer:
+    def _ask(self, model: str) -> Answer:
         openai = self.openai
         started = time.monotonic()
         try:
             self.client.chat.completions.create(
-                model="chat", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+                model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4
             )
         except openai.APIStatusError as exc:
             body = exc.body if isinstance(exc.body, dict) else None
             clean = bool(body and isinstance(body.get("message"), str))
             # The client unwraps {"error": {...}}: body is the inner object with its message.
-            return Answer(started, time.monotonic(), exc.status_code, f"{exc}"[:300], clean)
+            return Answer(
+                started, time.monotonic(), exc.status_code, f"{exc}"[:300], clean, model=model
+            )
         except openai.APITimeoutError as exc:
-            return Answer(started, time.monotonic(), None, f"timeout: {exc}", False, hung=True)
+            return Answer(
+                started, time.monotonic(), None, f"timeout: {exc}", False, hung=True, model=model
+            )
         except openai.APIConnectionError as exc:
             cause = exc.__cause__ or exc
             return Answer(
-                started, time.monotonic(), None, f"{type(cause).__name__}: {cause}", False
+                started,
+                time.monotonic(),
+                None,
+                f"{type(cause).__name__}: {cause}",
+                False,
+                model=model,
             )
-        return Answer(started, time.monotonic(), 200)
+        return Answer(started, time.monotonic(), 200, model=model)
 
-    def _run(self) -> None:
+    def _run(self, number: int) -> None:
         while not self._stop.is_set():
-            answer = self._ask()
+            answer = self._ask(self.models[number % len(self.models)])
+            number += 1
             with self._lock:
                 self.answers.append(answer)
             time.sleep(0.05)
@@ -176,6 +246,8 @@ class CellResult:
     unexcused: list[str] = field(default_factory=list)
     statuses: dict[str, int] = field(default_factory=dict)  # of the failed requests
     fault_note: str = ""
+    phase: str = ""  # where the operation was when the fault landed, as the API showed it
+    ending: str = ""  # how it ended, as the API recorded it (a rollout's message, a canary's)
 
     @property
     def ok(self) -> bool:
@@ -190,6 +262,7 @@ class CellResult:
     def describe(self) -> str:
         return (
             f"{self.fault} x {self.operation} (seed {self.seed}): {self.outcome}; "
+            f"fault during: {self.phase or '-'}; ended: {self.ending or '-'}; "
             f"{self.sent} requests, {self.failed} failed {self.statuses or ''} "
             f"({self.excused} excused); "
             f"recovered in {self.recover_seconds}s; {self.fault_note}; "
@@ -228,6 +301,9 @@ class Fleet:
         self.agent_numbers: dict[str, int] = {}  # System.start_agent's count: the port range
         self.key = ""
         self.weights = ""
+        self.registry: LocalRegistry | None = None
+        self.head_seed = WEIGHT_SEEDS[0]  # the weights at the head of REPO
+        self.serve_fetches: list[int] = []  # the fetches `model serve` started
 
     def __enter__(self) -> Fleet:
         try:
@@ -244,7 +320,24 @@ class Fleet:
         weights_folder = self.folder / "weights"
         weights_folder.mkdir(parents=True, exist_ok=True)
         write_tiny_model(weights_folder / "tiny.gguf", seed=1)
+        for seed in WEIGHT_SEEDS:
+            write_tiny_model(self.weights_file(seed), seed=seed)
         self.weights, _stats = self.stack.enter_context(serve_directory(weights_folder))
+        # The registry the served model comes from: olah over a git-lfs repository of REPO
+        # (none where git-lfs or olah is missing: then only scale and add can run).
+        config: dict[str, Any] = {}
+        if registry_unavailable() is None:
+            self.registry = LocalRegistry(self.folder / "registry")
+            self.registry.commit(REPO, {REPO_FILE: self.weights_file(self.head_seed)})
+            self.stack.callback(self.registry.stop)
+            self.registry.start()
+            # Behind a proxy that hands out its files slowly: a fetch into the mirror then
+            # lasts FETCH_SECONDS, long enough for a fault to land in it.
+            rate = self.weights_file(self.head_seed).stat().st_size / FETCH_SECONDS
+            endpoint = self.stack.enter_context(
+                slow_proxy(self.registry.endpoint, bytes_per_second=rate)
+            )
+            config["registry"] = {"endpoint": endpoint}
         self.database = postgres.PostgresServer()
         self.stack.callback(self.database.close)
         self.database.start()
@@ -255,7 +348,11 @@ class Fleet:
         saved = os.environ.get("DATABASE_URL")
         os.environ["DATABASE_URL"] = self.database.admin_url
         try:
-            system = System(self.folder / "system", allowed_hosts=[urlsplit(self.weights).netloc])
+            system = System(
+                self.folder / "system",
+                config=config,
+                allowed_hosts=[urlsplit(self.weights).netloc],
+            )
         finally:
             if saved is None:
                 os.environ.pop("DATABASE_URL")
@@ -264,6 +361,8 @@ class Fleet:
         self.system = system
         self.stack.callback(system.close)
         system.env["REDIS_URL"] = self.redis.url
+        system.env["LLMGW_CANARY_CHECK_SECONDS"] = str(CANARY_CHECK_SECONDS)
+        system.env["LLMGW_CANARY_MIN_REQUESTS"] = str(CANARY_MIN_REQUESTS)
         # The processes run this tree's code, whatever is installed in the environment.
         system.env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(ROOT), system.env.get("PYTHONPATH", "")) if p
@@ -366,11 +465,81 @@ class Fleet:
         return found
 
     def reset(self) -> None:
-        """Back to one ready replica of "chat" and nothing else, between cells."""
+        """Back to one ready replica of "chat" and nothing else, between cells: no fetch of a
+        `model serve` left to add its model later, the served model removed (with its
+        rollout, its canary and its engines)."""
+        wait_for(
+            lambda: (
+                not any(
+                    self.fetch(pk)["state"] in ("queued", "running") for pk in self.serve_fetches
+                )
+            ),
+            timeout=OPERATION_TIMEOUT,
+            interval=0.5,
+            what="the fetches of `model serve` to end",
+        )
         for name in self.model_names() - {"chat"}:
             self.sys.api("DELETE", f"models/{name}")
         self.sys.api("POST", "models/chat/scale", json={"min": 1})
         self.wait_settled({"chat": 1})
+
+    # -- the registry and the served model ----------------------------------------------
+
+    def weights_file(self, seed: int) -> Path:
+        return self.folder / "weights" / f"w{seed}.gguf"
+
+    def weights_sha256(self, seed: int) -> str:
+        return hashlib.sha256(self.weights_file(seed).read_bytes()).hexdigest()
+
+    def fetch(self, pk: int) -> dict[str, Any]:
+        return self.sys.api("GET", f"fetches/{pk}")
+
+    def start_serve(self) -> int:
+        """`model serve REPO` as the served model; the fetch's id."""
+        fetch = self.sys.api(
+            "POST",
+            "serve",
+            json={"repo": REPO, "name": SERVED, "min": SERVED_REPLICAS, **SERVED_SIZE},
+        )
+        self.serve_fetches.append(fetch["id"])
+        return int(fetch["id"])
+
+    def serve(self) -> None:
+        """The served model on the registry's head, its replicas ready."""
+        pk = self.start_serve()
+        wait_for(
+            lambda: self.fetch(pk)["model_added"],
+            timeout=OPERATION_TIMEOUT,
+            interval=0.5,
+            what=f"fetch {pk} of {REPO} and {SERVED} added",
+        )
+        self.wait_settled({"chat": 1, SERVED: SERVED_REPLICAS})
+        assert self.on_weights(self.head_seed), self.replicas(SERVED)
+
+    def push_weights(self) -> int:
+        """New weights at the head of REPO, seen by the update check; their seed."""
+        assert self.registry is not None
+        seed = WEIGHT_SEEDS[(WEIGHT_SEEDS.index(self.head_seed) + 1) % len(WEIGHT_SEEDS)]
+        commit = self.registry.commit(
+            REPO, {REPO_FILE: self.weights_file(seed)}, message=f"weights of seed {seed}"
+        )
+        self.head_seed = seed
+        check = self.sys.api("POST", "updates/check")
+        seen = {u["model"]: u["new_commit"] for u in check["updates"]}
+        assert seen.get(SERVED) == commit, check
+        return seed
+
+    def on_weights(self, seed: int) -> bool:
+        """Every placed replica of the served model runs these weights, and is ready."""
+        placed = [r for r in self.replicas(SERVED) if r["state"] != "withdrawn"]
+        digest = self.weights_sha256(seed)
+        return len(placed) == SERVED_REPLICAS and all(
+            r["routable"] and r["weights_sha256"] == digest for r in placed
+        )
+
+    def last_audit_id(self) -> int:
+        entries = self.sys.api("GET", "audit", params={"limit": 1})["entries"]
+        return int(entries[0]["id"]) if entries else 0
 
     # -- faults -----------------------------------------------------------------------
 
@@ -399,8 +568,11 @@ class Fleet:
                     workers.append(child)
         return workers
 
-    def inject(self, fault: str, rng: random.Random) -> tuple[str, dict[str, Any]]:
-        """Kill or stop the part; returns a note and what restore() needs."""
+    def inject(
+        self, fault: str, rng: random.Random, engines: list[dict[str, Any]] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Kill or stop the part; returns a note and what restore() needs. `engines`: the
+        replicas whose engine the engine fault may kill (by default the ready ones of "chat")."""
         system = self.sys
         if fault == "web":
             process = system.processes.pop("web")
@@ -430,12 +602,16 @@ class Fleet:
             process.wait(timeout=10)
             return f"killed agent of {name} ({process.pid})", {"node": name}
         if fault == "engine":
-            ready = [r for r in self.replicas("chat") if r["routable"]]
-            replica = rng.choice(ready)
+            ready = engines or [r for r in self.replicas("chat") if r["routable"]]
+            replica = rng.choice(sorted(ready, key=lambda r: r["id"]))
             state = system.folder / "nodes" / replica["node"] / "replicas" / replica["id"]
             pid = int(json.loads((state / "state.json").read_text())["pid"])
             os.kill(pid, signal.SIGKILL)
-            return f"killed engine {pid} of replica {replica['id'][:8]} on {replica['node']}", {}
+            return (
+                f"killed engine {pid} of replica {replica['id'][:8]} of {replica.get('model', 'chat')} "
+                f"on {replica['node']}",
+                {},
+            )
         if fault == "postgres":
             self.database.stop()
             return "stopped PostgreSQL", {}
@@ -478,18 +654,273 @@ class Fleet:
 # -- operations -------------------------------------------------------------------------
 
 
-def start_operation(fleet: Fleet, operation: str) -> dict[str, int]:
-    """Ask for the operation; returns the replica counts it should end with."""
-    if operation == "scale":
-        fleet.sys.api("POST", "models/chat/scale", json={"min": 3})
-        return {"chat": 3}
-    if operation == "add":
-        fleet._add("extra", min_replicas=1)
-        return {"chat": 1, "extra": 1}
-    raise ValueError(operation)
+class Operation:
+    """One operation of the matrix: prepared before the traffic starts (`prepare`), asked for
+    (`start`), the fault aimed at a phase of it (`aim` returns when the fault should land;
+    `phase` says where the operation is, as the API shows it), and watched until it ends
+    (`ended`). It ends completed, or failed with the reason the control plane recorded; one
+    that does neither within OPERATION_TIMEOUT is lost (`failure` reads what was recorded)."""
+
+    name = ""
+    traffic: tuple[str, ...] = ("chat",)  # the models the clients ask in turn
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.wanted: dict[str, int] = {"chat": 1}  # the replica counts it ends with
+
+    def prepare(self) -> None:
+        pass
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def aim(self, rng: random.Random) -> None:
+        time.sleep(rng.uniform(0, LATEST_FAULT_SECONDS))
+
+    def phase(self) -> str:
+        return ""
+
+    def engines(self) -> list[dict[str, Any]] | None:
+        """The replicas whose engine the engine fault may kill (None: the ready ones of
+        "chat")."""
+        return None
+
+    def ended(self) -> tuple[str, str] | None:
+        """(outcome, how it ended) once it has; None while it is under way."""
+        return ("completed", "") if self.fleet.settled(self.wanted) else None
+
+    def failure(self) -> str:
+        """After OPERATION_TIMEOUT: the outcome from what the control plane recorded."""
+        reason = failure_reason(self.fleet, self.wanted)
+        return f"failed: {reason}" if reason else "lost"
+
+    def audit(self, outcome: str) -> list[tuple[str, tuple[str, ...]]]:
+        """The audit entries it must leave: (model, any one of these actions) each."""
+        raise NotImplementedError
 
 
-AUDIT = {"scale": ("chat", "scale"), "add": ("extra", "add")}
+class Scale(Operation):
+    name = "scale"
+
+    def start(self) -> None:
+        self.fleet.sys.api("POST", "models/chat/scale", json={"min": 3})
+        self.wanted = {"chat": 3}
+
+    def audit(self, outcome: str) -> list[tuple[str, tuple[str, ...]]]:
+        return [("chat", ("scale",))]
+
+
+class Add(Operation):
+    name = "add"
+
+    def start(self) -> None:
+        self.fleet._add("extra", min_replicas=1)
+        self.wanted = {"chat": 1, "extra": 1}
+
+    def audit(self, outcome: str) -> list[tuple[str, tuple[str, ...]]]:
+        return [("extra", ("add",))]
+
+
+class Serve(Operation):
+    """`model serve REPO`: the file fetched into the mirror, the model added, its replicas
+    placed. The fault lands in the fetch (FETCH_SECONDS) or in the placement after it."""
+
+    name = "serve"
+
+    def start(self) -> None:
+        self.wanted = {"chat": 1, SERVED: SERVED_REPLICAS}
+        self.fetch_id = self.fleet.start_serve()
+
+    def aim(self, rng: random.Random) -> None:
+        time.sleep(rng.uniform(0, FETCH_SECONDS + 2.0))
+
+    def phase(self) -> str:
+        fetch = self.fleet.fetch(self.fetch_id)
+        if fetch["state"] != "done":
+            return f"fetch {fetch['state']} ({fetch['bytes_done']} of {fetch['bytes_total']} bytes)"
+        if not fetch["model_added"]:
+            return "fetched, the model not added yet"
+        ready = sum(r["routable"] for r in self.fleet.replicas(SERVED))
+        return f"placing: {ready} of {SERVED_REPLICAS} replicas ready"
+
+    def ended(self) -> tuple[str, str] | None:
+        fetch = self.fleet.fetch(self.fetch_id)
+        if fetch["state"] == "failed":
+            return f"failed: fetch {self.fetch_id}: {fetch['message']}", fetch["message"]
+        if (
+            fetch["model_added"]
+            and self.fleet.settled(self.wanted)
+            and self.fleet.on_weights(self.fleet.head_seed)
+        ):
+            return "completed", f"{SERVED} added, {SERVED_REPLICAS} replicas ready"
+        return None
+
+    def failure(self) -> str:
+        fetch = self.fleet.fetch(self.fetch_id)
+        if not fetch["model_added"]:
+            return f"lost: fetch {fetch['state']} {fetch['message']!r}, model not added"
+        return super().failure()
+
+    def audit(self, outcome: str) -> list[tuple[str, tuple[str, ...]]]:
+        # A fetch that failed changed no model: its reason is the fetch's message.
+        return [(SERVED, ("add",))] if outcome == "completed" else []
+
+
+class Update(Operation):
+    """`model update` of the served model to the weights just pushed to the registry: their
+    fetch into the mirror, the swap, then the replicas replaced one at a time. Completed: the
+    rollout done and every replica on the new weights; failed: the rollout failed or halted
+    with its message, the replicas on the old weights."""
+
+    traffic = ("chat", SERVED)
+    body: dict[str, Any] = {}
+
+    def prepare(self) -> None:
+        self.fleet.serve()
+        self.old_seed = self.fleet.head_seed
+        self.new_seed = self.fleet.push_weights()
+
+    def start(self) -> None:
+        self.wanted = {"chat": 1, SERVED: SERVED_REPLICAS}
+        self.fleet.sys.api("POST", f"models/{SERVED}/update", json=self.body)
+
+    def rollout(self) -> dict[str, Any]:
+        return self.fleet.sys.api("GET", f"models/{SERVED}/rollout")
+
+    def phase(self) -> str:
+        rollout = self.rollout()
+        fetch = rollout["fetch"] or {}
+        got = f" ({fetch.get('bytes_done')} of {fetch.get('bytes_total')} bytes)" if fetch else ""
+        return f"rollout {rollout['state']}: {rollout['step']}{got}"
+
+    def engines(self) -> list[dict[str, Any]] | None:
+        """The served model's ready replicas on the new weights when there are (the replaced
+        ones, the canary), else its ready ones."""
+        ready = [{**r, "model": SERVED} for r in self.fleet.replicas(SERVED) if r["routable"]]
+        new = self.fleet.weights_sha256(self.new_seed)
+        return [r for r in ready if r["weights_sha256"] == new] or ready or None
+
+    def settled_on(self, seed: int) -> bool:
+        return self.fleet.settled(self.wanted) and self.fleet.on_weights(seed)
+
+    def ended(self) -> tuple[str, str] | None:
+        rollout = self.rollout()
+        if rollout["kind"] == "rollback":  # the latest rollout: a rollback stopped the update
+            if rollout["state"] == "done" and self.settled_on(self.old_seed):
+                return f"failed: rolled back: {rollout['message']}", rollout["message"]
+            return None
+        if rollout["state"] == "done" and self.settled_on(self.new_seed):
+            return "completed", rollout["message"]
+        if rollout["state"] in ("failed", "halted") and self.settled_on(self.old_seed):
+            return f"failed: rollout {rollout['state']}: {rollout['message']}", rollout["message"]
+        return None
+
+    def failure(self) -> str:
+        rollout = self.rollout()
+        if rollout["state"] in ("failed", "halted"):
+            return f"failed: {rollout['kind']} {rollout['state']}: {rollout['message']}"
+        return super().failure()
+
+    def audit(self, outcome: str) -> list[tuple[str, tuple[str, ...]]]:
+        end = (
+            ("update-done",)
+            if outcome == "completed"
+            else ("update-failed", "update-halted", "rollback")
+        )
+        return [(SERVED, ("update",)), (SERVED, end)]
+
+
+class UpdateFetch(Update):
+    """The fault lands while the new files are fetched (FETCH_SECONDS, the registry's proxy
+    slows it down): within most of that after asking (`phase` says whether it still was)."""
+
+    name = "update-fetch"
+
+    def aim(self, rng: random.Random) -> None:
+        time.sleep(rng.uniform(0, FETCH_SECONDS * 0.8))
+
+
+class UpdateRoll(Update):
+    """The fault lands while the replicas are replaced: once the API shows the rollout
+    rolling, within 3 s."""
+
+    name = "update-roll"
+
+    def aim(self, rng: random.Random) -> None:
+        with contextlib.suppress(AssertionError):
+            wait_for(
+                lambda: self.rollout()["state"] != "fetching",
+                timeout=60,
+                interval=0.1,
+                what="the rollout to replace replicas",
+            )
+        time.sleep(rng.uniform(0, 3.0))
+
+
+class Canary(Update):
+    """`model update --canary 50 --for 10s`: the fault lands in the window (once the API shows
+    the canary watching, within its length). It must end promoted (then completed as any
+    update) or rolled back (failed, with the decision), recorded either way."""
+
+    name = "canary"
+    body = CANARY
+
+    def canary(self) -> dict[str, Any]:
+        return self.fleet.sys.api("GET", f"models/{SERVED}/canary")
+
+    def aim(self, rng: random.Random) -> None:
+        with contextlib.suppress(AssertionError):
+            wait_for(
+                lambda: self.canary()["state"] != "waiting",
+                timeout=90,
+                interval=0.2,
+                what="the canary's window to start",
+            )
+        time.sleep(rng.uniform(0, CANARY_WINDOW_SECONDS))
+
+    def phase(self) -> str:
+        canary = self.canary()
+        if canary["state"] != "watching":
+            return f"canary {canary['state']}: {canary['decision'] or canary['verdict']}"
+        started = datetime.fromisoformat(canary["started_at"].replace("Z", "+00:00"))
+        into = (datetime.now(UTC) - started).total_seconds()
+        return (
+            f"canary watching, {into:.1f}s into its {canary['window']} window, "
+            f"{canary['new']['requests']} answers from the new revision"
+        )
+
+    def ended(self) -> tuple[str, str] | None:
+        canary = self.canary()
+        if canary["state"] in ("waiting", "watching"):
+            return None
+        decided = f"canary {canary['state']}: {canary['decision']}"
+        if canary["state"] == "promoted":
+            ended = super().ended()
+            return (ended[0], f"{decided}; {ended[1]}") if ended else None
+        if self.settled_on(self.old_seed):
+            return f"failed: {decided}", decided
+        return None
+
+    def failure(self) -> str:
+        canary = self.canary()
+        if canary["state"] not in ("waiting", "watching", "promoted"):
+            return f"failed: canary {canary['state']}: {canary['decision']}"
+        return super().failure()
+
+    def audit(self, outcome: str) -> list[tuple[str, tuple[str, ...]]]:
+        if outcome == "completed":
+            return [
+                (SERVED, ("canary",)),
+                (SERVED, ("canary-promote",)),
+                (SERVED, ("update-done",)),
+            ]
+        return [(SERVED, ("canary",)), (SERVED, ("canary-rollback", "canary-end"))]
+
+
+OPERATION_KINDS: dict[str, type[Operation]] = {
+    kind.name: kind for kind in (Scale, Add, Serve, UpdateFetch, UpdateRoll, Canary)
+}
+assert tuple(OPERATION_KINDS) == OPERATIONS
 
 
 def failure_reason(fleet: Fleet, wanted: dict[str, int]) -> str:
@@ -505,13 +936,16 @@ def failure_reason(fleet: Fleet, wanted: dict[str, int]) -> str:
     return "; ".join(reasons)
 
 
-def _audit_missing(fleet: Fleet, operation: str) -> str:
-    model, action = AUDIT[operation]
-    with contextlib.suppress(requests.RequestException):
-        entries = fleet.sys.api("GET", "audit", params={"model": model})["entries"]
-        if any(e["action"] == action for e in entries):
-            return ""
-        return f"no {action!r} entry for {model}: {[e['action'] for e in entries[:5]]}"
+def _audit_missing(fleet: Fleet, operation: Operation, outcome: str, since: int) -> str:
+    """What the audit lacks of the operation's entries written after entry `since`."""
+    missing = []
+    with contextlib.suppress(requests.RequestException, AssertionError):
+        for model, actions in operation.audit(outcome):
+            entries = fleet.sys.api("GET", "audit", params={"model": model})["entries"]
+            seen = [e["action"] for e in entries if e["id"] > since]
+            if not set(actions) & set(seen):
+                missing.append(f"no {' or '.join(actions)} entry for {model}: {seen[:8]}")
+        return "; ".join(missing)
     return "the audit could not be read"
 
 
@@ -550,24 +984,39 @@ def _read(read: Any) -> Any:
 def run_cell(fleet: Fleet, fault: str, operation: str, seed: int) -> CellResult:
     rng = random.Random(f"{seed}:{fault}:{operation}")
     result = CellResult(fault, operation, seed)
-    with Traffic(fleet.sys.url, fleet.key) as traffic:
+    op = OPERATION_KINDS[operation](fleet)
+    op.prepare()
+    with Traffic(fleet.sys.url, fleet.key, models=op.traffic) as traffic:
         time.sleep(1.0)
-        wanted = start_operation(fleet, operation)
-        time.sleep(rng.uniform(0, LATEST_FAULT_SECONDS))
+        audit_since = fleet.last_audit_id()
+        op.start()
+        op.aim(rng)
+        try:
+            result.phase = op.phase()
+        except (AssertionError, requests.RequestException) as exc:
+            result.phase = f"not read: {exc}"[:200]
         fault_at = time.monotonic()
-        result.fault_note, saved = fleet.inject(fault, rng)
+        engines = _read(op.engines) if fault == "engine" else None
+        result.fault_note, saved = fleet.inject(fault, rng, engines)
         time.sleep(DOWN_SECONDS.get(fault, DEFAULT_DOWN_SECONDS))
         fleet.restore(fault, saved)
         log_offset = fleet.sys.logs["beat"].stat().st_size
         settled_at = float("inf")
+
+        def ended() -> tuple[str, str] | None:
+            try:
+                return op.ended()
+            except AssertionError:  # the API answered an error: a process is not back yet
+                return None
+
         try:
-            fleet.wait_settled(wanted)
+            result.outcome, result.ending = wait_for(
+                ended, timeout=OPERATION_TIMEOUT, interval=0.5, what=f"{operation} to end"
+            )
             settled_at = time.monotonic()
-            result.outcome = "completed"
             result.recover_seconds = round(settled_at - fault_at, 1)
         except AssertionError:
-            reason = failure_reason(fleet, wanted)
-            result.outcome = f"failed: {reason}" if reason else "lost"
+            result.outcome = _read(op.failure)
         # A little traffic after it settled: the gateway must serve it all.
         time.sleep(1.0)
     if fault in ("worker", "beat", "postgres", "redis"):
@@ -579,16 +1028,18 @@ def run_cell(fleet: Fleet, fault: str, operation: str, seed: int) -> CellResult:
             )
         except AssertionError:
             result.schedule = f"no periodic task sent in {SCHEDULE_BACK_SECONDS:.0f}s after"
-    result.double_placements = _read(lambda: fleet.double_placements(wanted))
+    result.double_placements = _read(lambda: fleet.double_placements(op.wanted))
     result.orphans = _read(fleet.orphan_engines)
-    result.audit_missing = _audit_missing(fleet, operation)
+    result.audit_missing = _audit_missing(fleet, op, result.outcome, audit_since)
     result.sent = len(traffic.answers)
     failures = [a for a in traffic.answers if a.status != 200]
     result.failed = len(failures)
     unexcused = [a for a in failures if not _excuse(fault, a, fault_at, settled_at)]
     result.excused = result.failed - len(unexcused)
     result.statuses = dict(Counter(str(a.status or "no answer") for a in failures))
-    result.unexcused = [f"t{a.started - fault_at:+.1f}s {a.status} {a.error}" for a in unexcused]
+    result.unexcused = [
+        f"t{a.started - fault_at:+.1f}s {a.model} {a.status} {a.error}" for a in unexcused
+    ]
     return result
 
 
