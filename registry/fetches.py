@@ -23,9 +23,11 @@ RESUMED_PER_PASS = 20
 def run_fetch(fetch_id: int) -> None:
     """Safe to run twice, or beside another worker: a fetch is claimed before it is run. An
     update's fetch is a span of its rollout's trace (llmgw.tracing)."""
+    if not mirror.claim_fetch(fetch_id):
+        return  # another worker runs it, or it is finished
     trace = Rollout.objects.filter(fetch_id=fetch_id).values_list("trace", flat=True).first()
     with continued(trace or "", "fetch", {"llmgw.fetch": fetch_id}) as span:
-        ran = mirror.download(fetch_id)
+        mirror.download(fetch_id, claimed=True)
         if span is not None:
             fetch = Fetch.objects.get(pk=fetch_id)
             span.set_attributes(
@@ -33,8 +35,6 @@ def run_fetch(fetch_id: int) -> None:
             )
             if fetch.state == Fetch.FAILED:
                 mark_failed(span, fetch.message)
-    if not ran:
-        return
     fetch = Fetch.objects.get(pk=fetch_id)
     if fetch.serve_definition is not None:
         finish_serve(fetch)

@@ -102,15 +102,16 @@ def claim_fetch(fetch_id: int) -> bool:
     return Fetch.claim(fetch_id)
 
 
-def download(fetch_id: int) -> bool:
+def download(fetch_id: int, *, claimed: bool = False) -> bool:
     """Bring a fetch's files in (done) or give up on them (failed); False when another worker
-    holds the fetch or it is finished, so this one did nothing.
+    holds the fetch or it is finished, so this one did nothing. `claimed`: the caller claimed
+    it already (claim_fetch).
 
     The database going away meanwhile (PostgreSQL restarting) does not end it: its progress is
     written when it can be, and what must be written (a file's record, the end) is tried again
     for up to DATABASE_RETRY_SECONDS, files already in place kept. Without that the fetch was
     left running with nobody on it, taken again only once its heartbeat was STALE_SECONDS old."""
-    if not claim_fetch(fetch_id):
+    if not claimed and not claim_fetch(fetch_id):
         return False
     deadline = time.monotonic() + DATABASE_RETRY_SECONDS
     while True:
