@@ -115,6 +115,15 @@ def test_the_run_command_stops_when_one_of_its_processes_will_not_stay_up(
     )
 
 
+def in_background(argv: list[str], env: dict[str, str], out: Path) -> subprocess.Popen[bytes]:
+    """The command running in its own session, its output (both streams) in `out`."""
+    with out.open("wb") as sink:
+        return subprocess.Popen(
+            argv, env=env, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+
+
 def test_the_run_command_starts_again_a_process_that_dies(env: dict[str, str]) -> None:
     """Beat SIGKILLed (as the kernel's OOM killer would): the run command starts it again, and
     a Ctrl-C afterwards still stops every process it started, the new beat included."""
@@ -126,11 +135,7 @@ def test_the_run_command_starts_again_a_process_that_dies(env: dict[str, str]) -
     def beat_said() -> str:
         return beat_log.read_text() if beat_log.exists() else ""
 
-    with out.open("wb") as sink:
-        run_command = subprocess.Popen(
-            argv, env=env, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+    run_command = in_background(argv, env, out)
     try:
 
         def started(name: str) -> list[int]:
@@ -264,11 +269,7 @@ def test_the_run_commands_terminal_stays_quiet_while_the_logs_under_var_get_the_
         path = logs / name
         return path.read_text() if path.exists() else ""
 
-    with out.open("wb") as sink:
-        run_command = subprocess.Popen(
-            argv, env=env, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+    run_command = in_background(argv, env, out)
     try:
         wait_for(
             lambda: (
