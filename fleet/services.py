@@ -21,7 +21,7 @@ from llmgw.bearer import NODE_TOKEN
 
 from . import trust
 from .models import Node, Replica, hash_token
-from .signals import fleet_changed
+from .signals import fleet_changed, replica_state_changed
 from .specs import engine_key
 
 log = logging.getLogger("llmgw.fleet")
@@ -355,6 +355,8 @@ def _update_replica(replica: Replica, seen: dict[str, Any], now: Any, ports: _Po
             replica.ready_at = now
     replica.state = state
     replica.message = (seen.get("message") or "")[:4000]
+    if state != before[0]:
+        replica_state_changed.send(sender=Replica, replica=replica, before=before[0])
     replica.port = seen.get("port")
     replica.weights_sha256 = seen.get("sha256") or replica.weights_sha256
     numbers = seen.get("engine")

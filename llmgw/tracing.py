@@ -114,18 +114,33 @@ def begin(name: str, attributes: Mapping[str, Any]) -> str:
     return carrier.get("traceparent", "")
 
 
+def enabled() -> bool:
+    """Whether this process exports traces (start_tracing turned them on)."""
+    return _started is not None
+
+
 @contextlib.contextmanager
-def continued(traceparent: str, name: str, attributes: Mapping[str, Any]) -> Iterator[Any]:
+def continued(
+    traceparent: str, name: str, attributes: Mapping[str, Any], *, link_current: bool = False
+) -> Iterator[Any]:
     """A span `name` in the trace `traceparent` names (begin's), current while the block runs;
-    nothing with tracing off or no traceparent (the block gets None)."""
+    nothing with tracing off or no traceparent (the block gets None). `link_current`: the span
+    links to the one current here (the request it happens in, a trace of its own)."""
     if _started is None or not traceparent:
         yield None
         return
     from opentelemetry import propagate, trace
 
+    links = []
+    if link_current:
+        here = trace.get_current_span().get_span_context()
+        if here.is_valid:
+            links.append(trace.Link(here))
     parent = propagate.extract({"traceparent": traceparent})
     tracer = trace.get_tracer("llmgw")
-    with tracer.start_as_current_span(name, context=parent, attributes=dict(attributes)) as span:
+    with tracer.start_as_current_span(
+        name, context=parent, attributes=dict(attributes), links=links
+    ) as span:
         yield span
 
 

@@ -1,6 +1,7 @@
 """A rollout is one trace: the update asked for through the API begins it under the request, and
-its fetch, swap, each replacement step and its end are spans of it in the worker's processes; the
-audit entries name it. Real processes: olah, the control plane, an agent running llama.cpp."""
+its fetch, swap, each replacement step and its end are spans of it in the worker's processes, and
+the nodes' heartbeats that change its replicas' states are spans of it in the web; the audit
+entries name it. Real processes: olah, the control plane, an agent running llama.cpp."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def test_an_update_is_one_trace_linked_from_its_audit_entries(world: dict[str, A
 
     def spans() -> dict[str, Span] | None:
         found = {s.name: s for s in receiver.trace(trace_id)}
-        wanted = {f"rollout {MODEL}: update", "fetch", "swap", "update-done"}
+        wanted = {f"rollout {MODEL}: update", "fetch", "swap", "replica ready", "update-done"}
         return found if wanted <= set(found) else None
 
     found = wait_for(spans, timeout=30, what="the rollout's spans")
@@ -105,3 +106,11 @@ def test_an_update_is_one_trace_linked_from_its_audit_entries(world: dict[str, A
     assert steps and all(s.parent_id == begun.span_id for s in steps)
     assert found["update-done"].attributes["llmgw.message"].startswith("every replica runs")
     assert found["fetch"].start_ns < found["swap"].start_ns < found["update-done"].start_ns
+    # The node's heartbeat that said the new replica was ready: a span of the rollout (made by
+    # the web, which took the heartbeat), linked to the heartbeat's own trace.
+    ready = found["replica ready"]
+    assert (ready.service, ready.parent_id) == ("llmgw-web", begun.span_id)
+    assert ready.attributes["llmgw.node"] == "node-a"
+    ((linked_trace, linked_span),) = ready.links
+    heartbeat = next(s for s in receiver.trace(linked_trace) if s.span_id == linked_span)
+    assert heartbeat.name == "POST api/v1/node/heartbeat"

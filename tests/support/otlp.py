@@ -40,6 +40,7 @@ class Span:
     status: int = 0
     start_ns: int = 0
     end_ns: int = 0
+    links: tuple[tuple[str, str], ...] = ()  # (trace id, span id) of each linked span
 
     def __str__(self) -> str:
         attrs = " ".join(f"{k}={v!r}" for k, v in sorted(self.attributes.items()))
@@ -82,6 +83,7 @@ def decode(body: bytes) -> list[Span]:
                         status=span.status.code,
                         start_ns=span.start_time_unix_nano,
                         end_ns=span.end_time_unix_nano,
+                        links=tuple((k.trace_id.hex(), k.span_id.hex()) for k in span.links),
                     )
                 )
     return spans
