@@ -588,7 +588,7 @@ class Fleet:
             process = system.processes.pop("worker")
             killed = _kill_tree(process.pid)
             process.wait(timeout=10)
-            return f"killed worker and beat pids {killed}", {}
+            return f"killed worker pids {killed}", {}
         if fault == "beat":
             pid = self.beat_pid()
             process = system.processes.pop("beat")
