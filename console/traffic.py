@@ -46,6 +46,10 @@ def model_traffic(name: str, window: traffic.Window, now: datetime | None = None
             "prompt_tokens": point.figures.prompt_tokens,
             "completion_tokens": point.figures.completion_tokens,
             "tokens_per_second": round(point.tokens_per_second, 2),
+            # The step's slowest answer and its request's ID, to follow to its log lines and
+            # trace (gateway.traffic).
+            "slowest_seconds": point.figures.slowest_seconds,
+            "slowest_request": point.figures.slowest_request,
         }
         for point in points
     ]
@@ -81,6 +85,8 @@ def model_traffic(name: str, window: traffic.Window, now: datetime | None = None
             "p95_ms": _ms(total.latency(0.95)),
             "prompt_tokens": total.prompt_tokens,
             "completion_tokens": total.completion_tokens,
+            "slowest_seconds": total.slowest_seconds,
+            "slowest_request": total.slowest_request,
         },
         "charts": [
             chart(

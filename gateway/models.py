@@ -241,6 +241,19 @@ class TrafficMinute(models.Model):
         help_text="requests refused at once because the queue was full (LLMGW_QUEUE_MAX), "
         "answered 429",
     )
+    # The slowest answer of the row, with its request's ID (core.requestid: X-Request-ID, in
+    # the gateway's log lines and as llmgw.request_id in its traces), so that a slow minute on
+    # a chart leads to one request to follow. Of several rows, the slowest of theirs.
+    slowest_seconds = models.FloatField(
+        default=0, db_default=0, help_text="the longest time spent answering one request"
+    )
+    slowest_request = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="that request's ID (X-Request-ID)",
+    )
 
     class Meta:
         constraints = [

@@ -753,6 +753,7 @@ def _count(call: Call, name: str | None, answered_by: str, status: int) -> None:
             completion=call.completion,
             revision=call.revision,
             canary=call.canary,
+            request_id=call.request_id,
         )
 
 

@@ -22,6 +22,13 @@ straight through costs the book nothing. The longest wait is kept rather than a 
 queue's own histogram is in /metrics (llmgw_gateway_queue_seconds), and here "how many waited,
 how long on average, how long at worst" is what the model page and `llmgw ctl model traffic`
 ask; the longest of several rows is their largest, so folding and reading stay exact.
+
+Each row also keeps its slowest answer: its seconds and its request's ID (core.requestid: the
+X-Request-ID the client sent or was given, named in the gateway's log lines and, as
+llmgw.request_id, in its traces). Keeping it costs a request one comparison; of several rows
+(writers, minutes folded into an hour, the steps of a chart) the slowest is the slowest of
+theirs, with its ID. So a slow point on the model page's chart leads to one request whose log
+lines (grep the ID in var/log/) and trace can be looked up.
 """
 
 from __future__ import annotations
@@ -82,9 +89,17 @@ class Figures:
     queue_seconds_max: float = 0.0
     queue_timeouts: int = 0
     queue_full: int = 0
+    # The slowest answer and its request's ID: see the module's docstring.
+    slowest_seconds: float = 0.0
+    slowest_request: str = ""
 
-    def add_request(self, status: int, seconds: float, prompt: int, completion: int) -> None:
+    def add_request(
+        self, status: int, seconds: float, prompt: int, completion: int, request_id: str = ""
+    ) -> None:
         self.requests += 1
+        if seconds > self.slowest_seconds:
+            self.slowest_seconds = seconds
+            self.slowest_request = request_id
         if 400 <= status < 500:
             self.client_errors += 1
         elif status >= 500:
@@ -114,6 +129,10 @@ class Figures:
         self.queue_seconds_max = max(self.queue_seconds_max, values["queue_seconds_max"])
         self.queue_timeouts += values["queue_timeouts"]
         self.queue_full += values["queue_full"]
+        # The slowest answer of several rows is the slowest of theirs, with its ID.
+        if values["slowest_seconds"] > self.slowest_seconds:
+            self.slowest_seconds = values["slowest_seconds"]
+            self.slowest_request = values["slowest_request"]
 
     def add_wait(self, seconds: float, outcome: str) -> None:
         """One request's end in the fair queue (an outcome of gateway.fairqueue's on_wait:
@@ -194,9 +213,11 @@ class TrafficBook:
         at: float | None = None,
         revision: str = "",
         canary: bool = False,
+        request_id: str = "",
     ) -> None:
         """Count one answered request. `canary`: the model has a canary update under way, so
-        the answer is also counted per key and revision (for the canary's check)."""
+        the answer is also counted per key and revision (for the canary's check). `request_id`:
+        its ID, kept while it is the slowest answer of its minute."""
         at = time.time() if at is None else at
         minute = (model, revision, int(at // MINUTE) * MINUTE)
         with self._lock:
@@ -212,7 +233,7 @@ class TrafficBook:
             figures = self._minutes.get(minute)
             if figures is None:
                 figures = self._minutes[minute] = Figures()
-            figures.add_request(status, seconds, prompt, completion)
+            figures.add_request(status, seconds, prompt, completion, request_id)
             self._dirty_minutes.add(minute)
             if key_id is not None:
                 day = (key_id, model, datetime.fromtimestamp(at, UTC).date())

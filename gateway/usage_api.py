@@ -183,6 +183,13 @@ class TrafficFiguresOut(serializers.Serializer):
         help_text="requests refused at once because the queue was full (LLMGW_QUEUE_MAX): "
         "answered 429"
     )
+    slowest_seconds = serializers.FloatField(
+        help_text="the longest time the gateway spent answering one request; 0 without answers"
+    )
+    slowest_request = serializers.CharField(
+        help_text="that request's ID (X-Request-ID): grep it in the gateway's log lines (var/log/), "
+        "search llmgw.request_id in the tracing backend for its trace; empty without answers"
+    )
 
 
 class TrafficPointOut(TrafficFiguresOut):

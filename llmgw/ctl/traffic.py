@@ -22,7 +22,8 @@ def add_model_traffic(msub: Any) -> None:
         "day (15 minutes) or week (an hour): requests, errors, latency, tokens, and the requests "
         "that waited in the gateway's fair queue because every slot of the model's replicas was "
         "busy (how many, how long on average and at most, how many timed out or found the queue "
-        "full), with the requests waiting now. The gateway processes write their figures every "
+        "full), with the requests waiting now, and the slowest request with its ID (X-Request-ID), "
+        "to find its log lines and trace by. The gateway processes write their figures every "
         "few seconds; waiting now counts the gateway processes on the server's machine.",
     )
     p.add_argument("name")
@@ -59,6 +60,13 @@ def summary_lines(view: dict[str, Any]) -> list[str]:
             f"  {total['prompt_tokens']:,} prompt and {total['completion_tokens']:,} completion "
             "tokens"
         )
+        slowest = slowest_text(total)
+        if slowest:
+            lines.append(f"  slowest request: {slowest}")
+            lines.append(
+                "    (its log lines: grep the ID in var/log/; its trace: search llmgw.request_id "
+                "in your tracing backend)"
+            )
     lines.append(f"  queue: {queue_text(total)}")
     lines.append(f"  waiting for a free slot now: {view['waiting_now']:,}")
     if view["points"]:
@@ -82,6 +90,14 @@ def queue_text(figures: dict[str, Any]) -> str:
     )
 
 
+def slowest_text(figures: dict[str, Any]) -> str:
+    """The slowest answer in words, "2.31 s, ID abc...", or "" without one (no answers, or a
+    server of before these figures)."""
+    if not figures.get("slowest_seconds"):
+        return ""
+    return f"{_seconds(figures['slowest_seconds'])}, ID {figures.get('slowest_request') or '-'}"
+
+
 def points_table(view: dict[str, Any]) -> str:
     rows = [
         [
@@ -98,6 +114,8 @@ def points_table(view: dict[str, Any]) -> str:
             _seconds(p["queue_seconds_max"]) if p["queued"] else "-",
             f"{p['queue_timeouts']:,}",
             f"{p['queue_full']:,}",
+            _seconds(p["slowest_seconds"]) if p.get("slowest_seconds") else "-",
+            p.get("slowest_request") or "-",
         ]
         for p in view["points"]
     ]
@@ -115,6 +133,8 @@ def points_table(view: dict[str, Any]) -> str:
         "QUEUE MAX",
         "TIMED OUT",
         "QUEUE FULL",
+        "SLOWEST",
+        "SLOWEST REQUEST",
     ]
     return table(rows, header)
 

@@ -220,3 +220,42 @@ def test_capacity_samples_are_thinned_and_expired(running: Any) -> None:
     assert old.exists() and all(s.start.minute % 10 == 0 for s in old)
     capacity.sample(now + timedelta(days=9))
     assert not CapacitySample.objects.filter(start__lt=now).exists()
+
+
+def test_the_model_page_names_the_slowest_request_to_follow(client_for: Any, running: Any) -> None:
+    now = datetime.now(UTC)
+    recent = (now - timedelta(minutes=3)).timestamp()
+    older = (now - timedelta(minutes=8)).timestamp()
+    first, second = TrafficBook("w1"), TrafficBook("w2")
+    for book, seconds, moment, request_id in (
+        (first, 0.2, recent, "fast-a"),
+        (first, 2.31, recent, "slow-a"),
+        (second, 1.0, recent, "other-writer"),
+        (first, 0.5, older, "mid-b"),
+    ):
+        book.record(
+            model="tiny-chat",
+            key_id=None,
+            status=200,
+            seconds=seconds,
+            at=moment,
+            request_id=request_id,
+        )
+    first.flush()
+    second.flush()
+    response = client_for("alice").get("/models/tiny-chat/")
+    html = response.content.decode()
+    text = re.sub(r" ([,.])", r"\1", text_of(response))
+    assert (
+        "Slowest request in the last hour: 2.31 s, ID slow-a. To follow a request: its log lines, "
+        "grep the ID in var/log/; its trace, search llmgw.request_id in your tracing backend."
+    ) in text
+    assert 'data-slowest-request="slow-a"' in html
+    # Each row of the numbers names its slowest request, over both writers, oldest first.
+    cells = re.findall(r'<td class="slowest">(.*?)</td>', html, re.S)
+    assert [re.sub(r"<[^>]+>", "", cell) for cell in cells] == ["0.50 s mid-b", "2.31 s slow-a"]
+
+
+def test_no_slowest_request_without_answers(client_for: Any, running: Any) -> None:
+    _recent_minutes("other-chat", [2])
+    assert "Slowest request" not in client_for("alice").get("/models/tiny-chat/").content.decode()

@@ -28,6 +28,8 @@ FIGURES = {
     "queue_seconds_max",
     "queue_timeouts",
     "queue_full",
+    "slowest_seconds",
+    "slowest_request",
 }
 
 
@@ -100,6 +102,7 @@ def test_a_model_without_traffic_has_empty_figures(chat: str, api: Any) -> None:
     assert body["total"]["queued"] == 0
     assert body["total"]["queue_seconds_mean"] is None
     assert body["total"]["queue_seconds_max"] == 0
+    assert (body["total"]["slowest_seconds"], body["total"]["slowest_request"]) == (0, "")
     assert body["total"]["latency_p50_seconds"] is None
 
 
@@ -138,3 +141,39 @@ def test_minutes_where_nobody_queued_have_no_mean_wait(chat: str, api: Any) -> N
     )
     total = api("alice").get("/api/v1/models/chat/traffic").json()["total"]
     assert (total["requests"], total["queued"], total["queue_seconds_mean"]) == (3, 0, None)
+
+
+def test_it_names_the_slowest_request_of_each_point_and_of_the_window(chat: str, api: Any) -> None:
+    now = datetime.now(UTC)
+    for writer, minutes_ago, answers in (
+        ("w1", 12, [(0.4, "early-fast"), (1.25, "early-slow")]),
+        ("w1", 2, [(0.3, "late-fast"), (2.31, "late-slow")]),
+        ("w2", 2, [(0.9, "other-writer")]),
+        ("w3", 60 * 5, [(40.0, "hours-ago")]),  # outside the last hour
+    ):
+        book = TrafficBook(writer)
+        moment = (now - timedelta(minutes=minutes_ago)).timestamp()
+        for seconds, request_id in answers:
+            book.record(
+                model="chat",
+                key_id=None,
+                status=200,
+                seconds=seconds,
+                at=moment,
+                request_id=request_id,
+            )
+        book.flush(now=moment)
+    body = api("bob").get("/api/v1/models/chat/traffic").json()
+    assert [(p["slowest_seconds"], p["slowest_request"]) for p in body["points"]] == [
+        (1.25, "early-slow"),
+        (2.31, "late-slow"),
+    ]
+    assert (body["total"]["slowest_seconds"], body["total"]["slowest_request"]) == (
+        2.31,
+        "late-slow",
+    )
+    week = api("bob").get("/api/v1/models/chat/traffic?window=week").json()
+    assert (week["total"]["slowest_seconds"], week["total"]["slowest_request"]) == (
+        40.0,
+        "hours-ago",
+    )

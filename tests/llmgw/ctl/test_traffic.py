@@ -53,7 +53,8 @@ def test_it_prints_the_figures_and_the_queue(ctl: Ctl, chat: str) -> None:
         book.record(
             model="chat", key_id=None, status=200, seconds=0.3, prompt=2, completion=4, at=at
         )
-    book.record(model="chat", key_id=None, status=503, seconds=30, at=at)  # the one that timed out
+    # The one that timed out, the slowest of the minute.
+    book.record(model="chat", key_id=None, status=503, seconds=30, at=at, request_id="req-slow-1")
     for seconds, outcome in ((0.5, "served"), (2.25, "served"), (30.0, "timeout"), (0, "full")):
         book.record_wait(model="chat", seconds=seconds, outcome=outcome, at=at)
     book.flush()
@@ -66,13 +67,18 @@ def test_it_prints_the_figures_and_the_queue(ctl: Ctl, chat: str) -> None:
         "  4 requests, 0 client errors (4xx), 1 server error (5xx), latency p50 417 ms, p95 26.00 s"
     )
     assert lines[2] == "  6 prompt and 12 completion tokens"
-    assert lines[3] == (
+    assert lines[3] == "  slowest request: 30.00 s, ID req-slow-1"
+    assert lines[4] == (
+        "    (its log lines: grep the ID in var/log/; its trace: search llmgw.request_id in your "
+        "tracing backend)"
+    )
+    assert lines[5] == (
         "  queue: 3 requests waited for a free slot (mean 10.92 s, longest 30.00 s); "
         "1 timed out (503), 1 refused as the queue was full (429)"
     )
-    assert lines[4] == "  waiting for a free slot now: 0"
-    assert lines[5] == "  a row is 1 minute (UTC)"
-    header, row = lines[7:]
+    assert lines[6] == "  waiting for a free slot now: 0"
+    assert lines[7] == "  a row is 1 minute (UTC)"
+    header, row = lines[9:]
     assert columns(header, row) == {
         "FROM (UTC)": moment.strftime("%Y-%m-%d %H:%M"),
         "REQUESTS": "4",
@@ -87,6 +93,8 @@ def test_it_prints_the_figures_and_the_queue(ctl: Ctl, chat: str) -> None:
         "QUEUE MAX": "30.00 s",
         "TIMED OUT": "1",
         "QUEUE FULL": "1",
+        "SLOWEST": "30.00 s",
+        "SLOWEST REQUEST": "req-slow-1",
     }
 
     code, out, _ = ctl("alice", "model", "traffic", "chat", "--window", "week", "--json")
@@ -95,6 +103,11 @@ def test_it_prints_the_figures_and_the_queue(ctl: Ctl, chat: str) -> None:
     assert view["total"]["queued"] == 3
     assert view["total"]["queue_seconds_max"] == 30.0
     assert view["total"]["queue_seconds_mean"] == pytest.approx(32.75 / 3)
+    assert (view["total"]["slowest_seconds"], view["total"]["slowest_request"]) == (
+        30.0,
+        "req-slow-1",
+    )
+    assert view["points"][0]["slowest_request"] == "req-slow-1"
 
 
 def test_a_model_without_traffic_says_so(ctl: Ctl, chat: str) -> None:
