@@ -191,7 +191,12 @@ def test_an_engine_answers_only_the_gateway_and_its_agent(system: System, client
 
 def test_streaming_arrives_as_several_events(client: Any) -> None:
     stream = client.chat.completions.create(
-        model="chat", messages=[{"role": "user", "content": "hello"}], max_tokens=12, stream=True
+        model="chat",
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=12,
+        stream=True,
+        # No early end: a tiny random model may otherwise stop after a token or two.
+        extra_body={"logit_bias": [[EOS_ID, False]]},
     )
     chunks = list(stream)
     assert len(chunks) >= 4

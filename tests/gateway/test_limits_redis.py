@@ -23,7 +23,7 @@ from gateway.redislimits import RedisLimits
 from tests.gateway.fake_engine import FakeEngine
 from tests.support.gateway_processes import ask_in_turn, limited_key, start_gateways
 from tests.support.redis_server import RedisServer
-from tests.support.system import free_port
+from tests.support.system import free_port, wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
 
@@ -265,7 +265,13 @@ def test_rpm_over_two_gateway_machines(
         assert statuses.count(200) == (10 if store == "redis" else 20), statuses
         scraped = requests.get(f"{urls[0]}/metrics", timeout=5).text
         assert "llmgw_gateway_limits_redis_errors_total 0.0" in scraped or store == "off"
-        # The ends waiting to be written to Redis: every one was (a flush every 50 ms).
-        assert "llmgw_gateway_limits_redis_pending_entries 0.0" in scraped
+        # The ends waiting to be written to Redis: each is written at the next flush (every
+        # 50 ms), so none is left once the last request has had its flush.
+        wait_for(
+            lambda: "llmgw_gateway_limits_redis_pending_entries 0.0"
+            in requests.get(f"{urls[0]}/metrics", timeout=5).text,
+            timeout=10,
+            what="every end written to Redis",
+        )
     finally:
         system.close()
