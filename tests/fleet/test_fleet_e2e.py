@@ -105,10 +105,12 @@ def wait_ready(system: System, name: str, count: int, timeout: float = 90) -> li
     return wait_for(enough, timeout=timeout, what=f"{count} ready replica(s) of {name}")
 
 
-def complete(replica: dict[str, Any], model: str) -> str:
+def complete(system: System, replica: dict[str, Any], model: str) -> str:
+    """A completion asked of the replica's engine itself, with its key."""
     response = requests.post(
         f"http://127.0.0.1:{replica['port']}/v1/completions",
         json={"model": model, "prompt": "hello", "max_tokens": 4},
+        headers={"Authorization": f"Bearer {system.engine_key(replica)}"},
         timeout=30,
     )
     response.raise_for_status()
@@ -121,7 +123,7 @@ def test_a_model_becomes_ready_and_answers(
     out = ctl("model", "add", "-f", define(tmp_path, weights, "chat"))
     assert "Source is there:" in out
     [replica] = wait_ready(system, "chat", 1)
-    assert isinstance(complete(replica, "chat"), str)
+    assert isinstance(complete(system, replica, "chat"), str)
     listing = ctl("models")
     assert listing.splitlines()[1].split()[:2] == ["chat", "1/1"]
     nodes = ctl("nodes")
@@ -183,7 +185,7 @@ def test_a_hung_engine_is_withdrawn_within_10_s_and_replaced(system: System, ctl
         assert "stopped answering /health" in reason, hung
         [again] = wait_ready(system, "chat", 1)
         assert again["id"] != replica["id"]
-        assert complete(again, "chat") is not None
+        assert complete(system, again, "chat") is not None
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
@@ -204,7 +206,7 @@ def test_killing_an_agent_moves_its_replicas(system: System, ctl: Any) -> None:
     )
     [moved] = wait_ready(system, "chat", 1)
     assert moved["node"] != victim
-    assert complete(moved, "chat") is not None
+    assert complete(system, moved, "chat") is not None
     # The node comes back: a new agent on the same cache adopts or stops what the old one left.
     token = system.api("POST", "nodes", json={"name": f"{victim}-2"})["token"]
     system.start_agent(f"{victim}-2", token, memory_gb=2, cores=2)

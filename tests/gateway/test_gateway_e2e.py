@@ -113,12 +113,6 @@ def wait_ready(system: System, name: str, count: int, timeout: float = 90) -> li
     return wait_for(enough, timeout=timeout, what=f"{count} ready replica(s) of {name}")
 
 
-def engine_key_of(system: System, replica: dict[str, Any]) -> str:
-    """The key the replica's engine was started with, from its folder on the node."""
-    folder = system.folder / "nodes" / replica["node"] / "replicas" / replica["id"]
-    return (folder / "engine.key").read_text().strip()
-
-
 def chat(client: Any, model: str, **extra: Any) -> Any:
     return client.chat.completions.with_raw_response.create(
         model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=8, **extra
@@ -169,7 +163,7 @@ def test_an_engine_answers_only_the_gateway_and_its_agent(system: System, client
         )
         assert answer.status_code == 401
         assert requests.get(f"{engine_url}/health", timeout=10).status_code == 200
-        key = engine_key_of(system, replica)
+        key = system.engine_key(replica)
         keys.add(key)
         opened = {"Authorization": f"Bearer {key}"}
         answer = requests.post(
@@ -262,7 +256,7 @@ def test_a_client_that_hangs_up_mid_stream_stops_the_engine_within_a_second(
 
     replica = wait_ready(system, "long", 1)[0]
     engine_url = f"http://127.0.0.1:{replica['port']}"
-    opened = {"Authorization": f"Bearer {engine_key_of(system, replica)}"}
+    opened = {"Authorization": f"Bearer {system.engine_key(replica)}"}
     if requests.get(f"{engine_url}/health", timeout=5).status_code != 200:
         # llama-cpp-python's server keeps generating (and soon hangs) after its client left,
         # whoever that client is; llama.cpp's llama-server stops at once and says so in /slots.

@@ -267,6 +267,12 @@ class System:
                 process.kill()
                 process.wait(timeout=10)
 
+    def engine_key(self, replica: dict[str, Any]) -> str:
+        """The key a replica's engine was started with (every request to it but /health sends
+        it), from the replica's folder on its node; replica as the API's target lists it."""
+        folder = self.folder / "nodes" / replica["node"] / "replicas" / replica["id"]
+        return (folder / "engine.key").read_text().strip()
+
     def engine_pids(self) -> list[int]:
         """Engines the agents wrote down (their state files), for a last clean-up by pid."""
         pids = []
