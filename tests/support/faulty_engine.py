@@ -64,11 +64,13 @@ def main(argv: list[str]) -> None:
             sys.stderr.write("faulty engine: " + format % args + "\n")
 
         def _pass(self, method: str, body: bytes | None) -> None:
+            # The engine's key, when the agent started it with one (--api-key-file), goes on
+            # as the caller sent it: the real engine behind checks it.
+            headers = {"Content-Type": "application/json"}
+            if self.headers.get("Authorization"):
+                headers["Authorization"] = self.headers["Authorization"]
             request = urllib.request.Request(
-                inner + self.path,
-                data=body,
-                method=method,
-                headers={"Content-Type": "application/json"},
+                inner + self.path, data=body, method=method, headers=headers
             )
             try:
                 with urllib.request.urlopen(request, timeout=120) as answer:
