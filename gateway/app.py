@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import time
 
 from django.db import DatabaseError, close_old_connections
 
@@ -150,12 +151,25 @@ def _exposition(gateway: Gateway) -> tuple[bytes, str]:
     return text + model_exposition(engines) + _control_plane_text(), content_type
 
 
+# The control plane's state is read from the database at most once in this many seconds per
+# process, however often /metrics is asked (it may be left open to anyone: LLMGW_METRICS_OPEN).
+CONTROL_PLANE_READ_SECONDS = 5.0
+_control_plane_read: tuple[float, bytes] | None = None
+
+
 def _control_plane_text() -> bytes:
-    """The control plane's state from the database; nothing while it cannot be read (the
-    gateway's own numbers say so: llmgw_gateway_database_up)."""
+    """The control plane's state from the database, read at most every
+    CONTROL_PLANE_READ_SECONDS; nothing while it cannot be read (the gateway's own numbers say
+    so: llmgw_gateway_database_up)."""
+    global _control_plane_read
+    read = _control_plane_read
+    if read is not None and time.monotonic() - read[0] < CONTROL_PLANE_READ_SECONDS:
+        return read[1]
     try:
-        return control_plane_exposition(selectors.control_plane_figures())
+        text = control_plane_exposition(selectors.control_plane_figures())
     except DatabaseError:
         return b""
     finally:
         close_old_connections()
+    _control_plane_read = (time.monotonic(), text)
+    return text

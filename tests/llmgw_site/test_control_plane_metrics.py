@@ -124,3 +124,24 @@ def test_task_names_outside_llmgw_are_one_label() -> None:
     assert core_metrics.task_label("registry.tasks.run_fetch") == "registry.tasks.run_fetch"
     assert core_metrics.task_label("celery.backend_cleanup") == "other"
     assert core_metrics.task_label(None) == "other"
+
+
+def test_scrapes_read_the_database_at_most_once_in_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    """/metrics may be open to anyone: a hundred scrapes in a row read the control plane's
+    state once, not a hundred times."""
+    from gateway import app, selectors
+
+    reads = []
+
+    def figures() -> ControlPlaneFigures:
+        reads.append(1)
+        return ControlPlaneFigures(rollouts={"done": len(reads)}, heartbeat_ages={})
+
+    monkeypatch.setattr(selectors, "control_plane_figures", figures)
+    monkeypatch.setattr(app, "_control_plane_read", None)
+    texts = {app._control_plane_text() for _ in range(100)}
+    assert len(reads) == 1
+    assert texts == {control_plane_exposition(ControlPlaneFigures({"done": 1}, {}))}
+    monkeypatch.setattr(app, "CONTROL_PLANE_READ_SECONDS", 0.0)
+    app._control_plane_text()
+    assert len(reads) == 2
