@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from llmgw.tracing import continued, mark_failed
+from llmgw.tracing import continued, enabled, mark_failed
 
 from . import mirror
 from .models import Fetch, Rollout
@@ -25,7 +25,9 @@ def run_fetch(fetch_id: int) -> None:
     update's fetch is a span of its rollout's trace (llmgw.tracing)."""
     if not mirror.claim_fetch(fetch_id):
         return  # another worker runs it, or it is finished
-    trace = Rollout.objects.filter(fetch_id=fetch_id).values_list("trace", flat=True).first()
+    trace = None
+    if enabled():  # nothing read for a trace while tracing is off
+        trace = Rollout.objects.filter(fetch_id=fetch_id).values_list("trace", flat=True).first()
     with continued(trace or "", "fetch", {"llmgw.fetch": fetch_id}) as span:
         mirror.download(fetch_id, claimed=True)
         if span is not None:
