@@ -68,6 +68,15 @@ class Node(models.Model):
     # reconciler declares a silent node lost only while another has been heard that long.
     heard_since = models.DateTimeField(null=True, blank=True)
     agent = models.JSONField(default=dict, blank=True)
+    # Its GPUs as its agent last found them (NVML, nvidia-smi, or --gpus/--gpu-memory): a list
+    # of {index, uuid, name, memory_total_mb, memory_used_mb, utilization_pct}, the memory used
+    # being every process's (llmgw's engines included).
+    devices = models.JSONField(default=list, blank=True)
+    # Where the devices came from: "nvml", "nvidia-smi", "flags" or "" (none found).
+    devices_source = models.CharField(max_length=20, blank=True, default="")
+    # The backends its engine binary was built with (llama-server --list-devices), like
+    # ["CPU", "CUDA"]: a replica with GPUs goes only to a node whose engine has a GPU backend.
+    engine_backends = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -137,6 +146,8 @@ class Replica(models.Model):
     cores = models.FloatField(default=0)
     gpus = models.PositiveIntegerField(default=0)
     gpu_memory_gb = models.FloatField(default=0)
+    # The indices (Node.devices) of the GPUs it was placed on, one per GPU it reserves.
+    devices = models.JSONField(default=list, blank=True)
     # What the replica was started with; a model whose current spec differs has
     # this replica out of date (see fleet.specs).
     spec = models.JSONField(default=dict)
