@@ -456,6 +456,9 @@ def node_cards(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
             {
                 **node,
                 "bars": bars,
+                "device_bars": [_device_bar(d) for d in node.get("devices") or []],
+                "cpu_engine_only": bool(node.get("devices"))
+                and all(b == "CPU" for b in node.get("engine_backends") or ["CPU"]),
                 "replica_counts": sorted(Counter(node["replicas"]).items()),
                 "heartbeat_at": datetime.fromisoformat(heartbeat) if heartbeat else None,
                 "cordoned": node["state"] == "cordoned",
@@ -463,6 +466,16 @@ def node_cards(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return cards
+
+
+def _device_bar(device: dict[str, Any]) -> dict[str, Any]:
+    """A GPU's memory as a bar: llmgw's reservations, then what other programs use."""
+    total = device["memory_total_gb"]
+    return {
+        **device,
+        "reserved_percent": _percent(device["reserved_gb"], total),
+        "others_percent": _percent(device["used_by_others_gb"], total),
+    }
 
 
 # -- audit ------------------------------------------------------------------------

@@ -110,8 +110,51 @@ class PortRangeInput(TypedSerializer):
     last = serializers.IntegerField(min_value=1, max_value=65535)
 
 
+# Bounds on what a node may say of its GPUs: more is not a machine, it is a lie or a bug.
+MAX_DEVICES = 64
+MAX_DEVICE_MEMORY_MB = 16 * 1024 * 1024  # 16 TB on one device
+MAX_BACKENDS = 16
+
+
+class DeviceInput(TypedSerializer):
+    index = serializers.IntegerField(min_value=0, max_value=1023)
+    uuid = serializers.CharField(max_length=100, allow_blank=True, required=False, default="")
+    name = serializers.CharField(max_length=200, allow_blank=True, required=False, default="")
+    memory_total_mb = serializers.IntegerField(min_value=0, max_value=MAX_DEVICE_MEMORY_MB)
+    memory_used_mb = serializers.IntegerField(min_value=0, max_value=MAX_DEVICE_MEMORY_MB)
+    utilization_pct = serializers.IntegerField(
+        min_value=0, max_value=100, allow_null=True, required=False, default=None
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["memory_used_mb"] > attrs["memory_total_mb"]:
+            # A driver can count a little over; the device is full, not bigger than it is.
+            attrs["memory_used_mb"] = attrs["memory_total_mb"]
+        return attrs
+
+
 class HeartbeatInput(TypedSerializer):
     capacity = CapacityInput()
+    devices = DeviceInput(
+        many=True,
+        required=False,
+        default=list,
+        max_length=MAX_DEVICES,  # type: ignore[call-arg]
+        help_text=(
+            "its GPUs as its agent found them (NVML or nvidia-smi) or was told (--gpus); memory "
+            "used counts every process on the device"
+        ),
+    )
+    devices_source = serializers.ChoiceField(
+        choices=["nvml", "nvidia-smi", "flags", ""], required=False, default=""
+    )
+    engine_backends = serializers.ListField(
+        child=serializers.CharField(max_length=40),
+        required=False,
+        default=list,
+        max_length=MAX_BACKENDS,
+        help_text="the backends its llama-server was built with (--list-devices): CPU, CUDA, ...",
+    )
     address = serializers.CharField(
         required=False,
         allow_blank=True,
@@ -127,6 +170,14 @@ class HeartbeatInput(TypedSerializer):
     )
     agent = serializers.DictField(required=False)
     replicas = ReplicaReportInput(many=True, required=False, default=list, max_length=10000)  # type: ignore[call-arg]
+
+    def validate_devices(self, devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        indices = [d["index"] for d in devices]
+        if len(set(indices)) != len(indices):
+            raise serializers.ValidationError(
+                "two devices have the same index; report each GPU once (NVML's index)"
+            )
+        return sorted(devices, key=lambda d: d["index"])
 
 
 # How often agents are asked to report; node_lost_after should be several of these.
@@ -219,6 +270,22 @@ class PortRangeOut(serializers.Serializer):
     last = serializers.IntegerField()
 
 
+class DeviceOut(serializers.Serializer):
+    index = serializers.IntegerField()
+    uuid = serializers.CharField()
+    name = serializers.CharField()
+    memory_total_gb = serializers.FloatField()
+    reserved_gb = serializers.FloatField(help_text="what llmgw's replicas on it reserve")
+    used_by_others_gb = serializers.FloatField(
+        help_text="observed in use beyond llmgw's reservations: other programs"
+    )
+    used_gb = serializers.FloatField(help_text="observed in use, by every process")
+    free_gb = serializers.FloatField(
+        help_text="what placement may still give: the total less the larger of reserved and used"
+    )
+    utilization_pct = serializers.IntegerField(allow_null=True)
+
+
 class NodeOut(serializers.Serializer):
     name = serializers.CharField()
     state = serializers.CharField()
@@ -246,6 +313,14 @@ class NodeOut(serializers.Serializer):
     )
     warnings = serializers.ListField(
         child=serializers.CharField(), help_text="reported figures not believed, and why"
+    )
+    devices = DeviceOut(many=True, help_text="its GPUs, each with its memory")
+    devices_source = serializers.CharField(
+        help_text="where the GPUs were found: nvml, nvidia-smi, flags (--gpus), or empty"
+    )
+    engine_backends = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="the backends its engine was built with (CPU, CUDA): GPU replicas need one",
     )
 
 

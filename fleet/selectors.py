@@ -40,10 +40,15 @@ def nodes_view(*, addresses: bool, name: str | None = None) -> list[dict[str, An
         )
     }
     names: dict[int, list[str]] = defaultdict(list)
-    for node_id, model_name in Replica.objects.filter(withdrawn_at__isnull=True).values_list(
-        "node_id", "model_name"
-    ):
+    # GB llmgw reserved on each device of each node: a replica's GPU memory split evenly over
+    # the devices it was placed on (as placement splits it).
+    on_device: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    for node_id, model_name, devices, gpu_memory in Replica.objects.filter(
+        withdrawn_at__isnull=True
+    ).values_list("node_id", "model_name", "devices", "gpu_memory_gb"):
         names[node_id].append(model_name)
+        for index in devices or []:
+            on_device[node_id][index] += (gpu_memory or 0) / len(devices)
     views = []
     nodes = Node.objects.all() if name is None else Node.objects.filter(name=name)
     for node in nodes:
@@ -81,6 +86,37 @@ def nodes_view(*, addresses: bool, name: str | None = None) -> list[dict[str, An
                 ),
                 "reported": node.reported_capacity or None,
                 "warnings": node.capacity_notes(),
+                "devices": device_views(node.devices or [], on_device.get(node.pk, {})),
+                "devices_source": node.devices_source,
+                "engine_backends": list(node.engine_backends or []),
+            }
+        )
+    return views
+
+
+MB_PER_GB = 1024
+
+
+def device_views(devices: list[dict[str, Any]], reserved: dict[int, float]) -> list[dict[str, Any]]:
+    """Each GPU's memory as placement counts it: reserved by llmgw's replicas, used by other
+    programs (what is observed in use beyond llmgw's reservations), and free: the total less the
+    larger of what llmgw reserved and what is observed in use (fleet.placement's rule)."""
+    views = []
+    for device in devices:
+        total = device.get("memory_total_mb", 0) / MB_PER_GB
+        used = device.get("memory_used_mb", 0) / MB_PER_GB
+        ours = reserved.get(device.get("index", -1), 0.0)
+        views.append(
+            {
+                "index": device.get("index"),
+                "uuid": device.get("uuid", ""),
+                "name": device.get("name", ""),
+                "memory_total_gb": _num(total),
+                "reserved_gb": _num(ours),
+                "used_by_others_gb": _num(max(0.0, used - ours)),
+                "used_gb": _num(used),
+                "free_gb": _num(max(0.0, total - max(ours, used))),
+                "utilization_pct": device.get("utilization_pct"),
             }
         )
     return views

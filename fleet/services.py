@@ -243,6 +243,11 @@ def node_heartbeat(
         node.address = address
         node.port_first, node.port_last = first_port, last_port
         node.agent = report.get("agent") or {}
+        # The devices believed are as many as the GPUs believed (fleet.trust): a node that
+        # reports more than it registered gets placements on its first ones only.
+        node.devices = list(report.get("devices") or [])[: capacity.gpus]
+        node.devices_source = report.get("devices_source") or ""
+        node.engine_backends = list(report.get("engine_backends") or [])
         node.heard_since = node.heard_since_with(now, lost_after=current_config().node_lost_after)
         node.last_heartbeat = now
         came_back = node.lost
@@ -251,6 +256,7 @@ def node_heartbeat(
         # allow-list or accepted its capacity since it was read, and that must not be undone.
         written = ["memory_gb", "cores", "gpus", "gpu_memory_gb", "reported_capacity"]
         written += ["address", "port_first", "port_last", "agent", "last_heartbeat", "lost"]
+        written += ["devices", "devices_source", "engine_backends"]
         written.append("heard_since")
         if first_report:
             written.append("registered_capacity")

@@ -96,6 +96,9 @@ MAY_BE_EMPTY = {
     ("ReplicaReportInputRequest", "message"),
     ("ReplicaReportInputRequest", "sha256"),
     ("ModelDefinitionRequest", "description"),
+    # A GPU's uuid and name are empty where the driver does not say them (--gpus given).
+    ("DeviceInputRequest", "uuid"),
+    ("DeviceInputRequest", "name"),
 }
 
 

@@ -4,30 +4,29 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('fleet', '0006_node_heard_since'),
+        ("fleet", "0006_node_heard_since"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='node',
-            name='devices',
+            model_name="node",
+            name="devices",
             field=models.JSONField(blank=True, default=list),
         ),
         migrations.AddField(
-            model_name='node',
-            name='devices_source',
-            field=models.CharField(blank=True, default='', max_length=20),
+            model_name="node",
+            name="devices_source",
+            field=models.CharField(blank=True, default="", max_length=20),
         ),
         migrations.AddField(
-            model_name='node',
-            name='engine_backends',
+            model_name="node",
+            name="engine_backends",
             field=models.JSONField(blank=True, default=list),
         ),
         migrations.AddField(
-            model_name='replica',
-            name='devices',
+            model_name="replica",
+            name="devices",
             field=models.JSONField(blank=True, default=list),
         ),
     ]

@@ -45,9 +45,40 @@ def cmd_nodes(client: Client, args: argparse.Namespace) -> None:
             ["NAME", "STATE", "CAPACITY", "RESERVED", "FREE", "REPLICAS", "LAST HEARTBEAT (UTC)"],
         )
     )
+    _print_devices(nodes)
     # Capacity a node reports and is not believed: CAPACITY above is what placement counts on.
     for warning in (w for n in nodes for w in n.get("warnings") or []):
         print(warning)
+
+
+def _print_devices(nodes: list[dict[str, Any]]) -> None:
+    """Each GPU's memory: what llmgw reserved, what other programs use, and what is free."""
+    rows = [
+        [
+            n["name"],
+            str(d["index"]),
+            d["name"] or "-",
+            f"{d['memory_total_gb']:g} GB",
+            f"{d['reserved_gb']:g} GB",
+            f"{d['used_by_others_gb']:g} GB",
+            f"{d['free_gb']:g} GB",
+            "-" if d.get("utilization_pct") is None else f"{d['utilization_pct']}%",
+        ]
+        for n in nodes
+        for d in n.get("devices") or []
+    ]
+    if rows:
+        print()
+        headers = ["NODE", "GPU", "NAME", "MEMORY", "LLMGW", "OTHERS", "FREE", "BUSY"]
+        print(table(rows, headers))
+    for n in nodes:
+        backends = n.get("engine_backends") or []
+        if n.get("devices") and backends and all(b == "CPU" for b in backends):
+            print(
+                f"Node {n['name']} has GPUs but its engine is built for the CPU only: no replica "
+                "with GPUs is placed there until it runs a GPU build (make setup "
+                "LLMGW_ENGINE=cuda on that machine, then restart its agent)."
+            )
 
 
 def add_node(sub: Any) -> None:
