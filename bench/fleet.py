@@ -1,0 +1,389 @@
+"""The cost of a fleet as it grows: N simulated nodes heartbeating one whole control plane.
+
+For each N (100, 1,000, 5,000 by default) a control plane of its own (gateway, web, worker, beat,
+as the run command starts them) on a PostgreSQL database and a Redis queue of its own, N nodes
+registered, and N simulated agents: asyncio clients that heartbeat as the node agent does
+(capacity, address, ports, every replica they are told to run), report each replica they are
+given as ready at once, and wait the interval the answer asks for. Then models with
+`--replicas-per-node` x N replicas in all (at most 1,000 a model, the catalog's ceiling) are
+added through the API and placed by the real reconciler.
+
+Printed per N: heartbeats/s, their p50/p99/max, errors, the CPU of the web, the gateway, the
+worker and beat together and PostgreSQL in the steady state, seconds from the first `model add`
+to every replica ready, nodes marked lost that were heartbeating, and the reconcile pass duration
+(the worker's histogram), beside issue 25's targets.
+
+The simulator runs on the same machine and takes CPU of its own (its share is printed); the
+figures of a 2-core machine are figures of a machine the simulator shares.
+
+Run: .venv/bin/python bench/fleet.py [--nodes 100,1000] [--steady 30] [--replicas-per-node 4]
+(DATABASE_URL names the PostgreSQL server: postgres://postgres@127.0.0.1:5432/test if unset)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PER_MODEL_CEILING = 1000
+TARGETS = {
+    "p99_ms": 200,
+    "errors": 0,
+    "wrongly_lost": 0,
+    "cores": 1.0,
+    "ready_s_20000": 60,
+}
+
+
+@dataclass
+class Stats:
+    """What the simulated agents saw; reset at the start of the steady window."""
+
+    latencies: list[float] = field(default_factory=list)
+    errors: int = 0
+    error_kinds: dict[str, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, seconds: float, error: str | None) -> None:
+        with self.lock:
+            if error is None:
+                self.latencies.append(seconds)
+            else:
+                self.errors += 1
+                self.error_kinds[error] = self.error_kinds.get(error, 0) + 1
+
+    def take(self) -> tuple[list[float], int, dict[str, int]]:
+        with self.lock:
+            taken = self.latencies, self.errors, self.error_kinds
+            self.latencies, self.errors, self.error_kinds = [], 0, {}
+            return taken
+
+
+class Simulator:
+    """N agents in one asyncio loop (a thread of its own), each on its own token."""
+
+    def __init__(self, url: str, tokens: list[str], timeout: float) -> None:
+        self.url = url
+        self.tokens = tokens
+        self.timeout = timeout
+        self.stats = Stats()
+        # Per node: the replica ids the last answer named, and those it reported ready since.
+        self.told: list[set[str]] = [set() for _ in tokens]
+        self.reported: list[set[str]] = [set() for _ in tokens]
+        self.stopping = threading.Event()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=30)
+
+    def replicas_told(self) -> int:
+        return sum(len(t) for t in self.told)
+
+    def replicas_reported_ready(self) -> int:
+        """Replicas a node was told to run and has since reported ready in a heartbeat that the
+        control plane answered: the control plane holds them as ready."""
+        return sum(len(t & r) for t, r in zip(self.told, self.reported, strict=True))
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._main())
+
+    async def _main(self) -> None:
+        import aiohttp
+
+        connector = aiohttp.TCPConnector(limit=512)
+        timeout = aiohttp.ClientTimeout(total=self.timeout)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            await asyncio.gather(*(self._agent(session, i) for i in range(len(self.tokens))))
+
+    async def _agent(self, session: Any, i: int) -> None:
+        import aiohttp
+
+        headers = {"Authorization": f"Bearer {self.tokens[i]}"}
+        interval = 2.0
+        await asyncio.sleep(random.random() * interval)  # agents start at different moments
+        first_port = 41000
+        while not self.stopping.is_set():
+            told = sorted(self.told[i])
+            body = {
+                "capacity": {"memory_gb": 64, "cores": 32},
+                "address": "127.0.0.1",
+                "port_range": {"first": first_port, "last": first_port + 999},
+                "agent": {"version": "bench"},
+                "replicas": [
+                    {"id": r, "state": "ready", "port": first_port + n} for n, r in enumerate(told)
+                ],
+            }
+            started = time.perf_counter()
+            error = None
+            try:
+                async with session.post(
+                    f"{self.url}/api/v1/node/heartbeat", json=body, headers=headers
+                ) as response:
+                    text = await response.read()
+                    if response.status != 200:
+                        error = f"HTTP {response.status}"
+                    else:
+                        answer = json.loads(text)
+                        interval = float(answer.get("heartbeat_interval") or 2)
+                        self.reported[i] = set(told)
+                        self.told[i] = {r["id"] for r in answer.get("replicas", [])}
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                error = type(exc).__name__
+            self.stats.record(time.perf_counter() - started, error)
+            # The agent's own pace: the interval from the start of the last heartbeat.
+            await asyncio.sleep(max(0.05, interval - (time.perf_counter() - started)))
+
+
+def register_nodes(system: Any, count: int) -> list[str]:
+    """N nodes straight into the database (the API would take minutes for 5,000), each with a
+    token of its own; only the tokens' digests are stored, as `node add` does."""
+    tokens = [f"llmgw-node-bench-{i:05d}-{os.urandom(8).hex()}" for i in range(count)]
+    Path(system.folder, "tokens.json").write_text(json.dumps(tokens))
+    code = (
+        "import json\n"
+        "from fleet.models import Node, hash_token\n"
+        f"tokens = json.load(open({str(Path(system.folder, 'tokens.json'))!r}))\n"
+        "Node.objects.bulk_create([Node(name=f'sim-{i:05d}', token_hash=hash_token(t))"
+        " for i, t in enumerate(tokens)], batch_size=1000)\n"
+    )
+    system.manage("shell", "-c", code)
+    return tokens
+
+
+def db_count(system: Any, expression: str) -> int:
+    out = system.manage(
+        "shell", "-c", f"from fleet.models import Node, Replica\nprint({expression})"
+    )
+    return int(out.strip().splitlines()[-1])
+
+
+def process_cpu(system: Any) -> dict[str, float]:
+    """CPU seconds so far of each part: its process and every child (gunicorn's and Celery's
+    workers). PostgreSQL: every postgres process of the machine."""
+    import psutil
+
+    def tree(pid: int) -> float:
+        try:
+            process = psutil.Process(pid)
+            total = sum(process.cpu_times()[:2])
+            for child in process.children(recursive=True):
+                try:
+                    total += sum(child.cpu_times()[:2])
+                except psutil.NoSuchProcess:
+                    continue
+            return total
+        except psutil.NoSuchProcess:
+            return 0.0
+
+    parts = {
+        "web": tree(system.processes["web"].pid),
+        "gateway": tree(system.processes["gateway"].pid),
+        "worker+beat": tree(system.processes["worker"].pid) + tree(system.processes["beat"].pid),
+        "simulator": sum(psutil.Process().cpu_times()[:2]),
+    }
+    postgres = 0.0
+    for process in psutil.process_iter(["name"]):
+        if process.info["name"] in ("postgres", "postmaster"):
+            try:
+                postgres += sum(process.cpu_times()[:2])
+            except psutil.NoSuchProcess:
+                continue
+    parts["postgres"] = postgres
+    return parts
+
+
+def reconcile_histogram(system: Any) -> tuple[float, float]:
+    """The reconcile passes' total seconds and count so far, from /metrics."""
+    import requests
+
+    text = requests.get(f"{system.url}/metrics", timeout=30).text
+    total = count = 0.0
+    for line in text.splitlines():
+        if line.startswith("llmgw_reconcile_duration_seconds_sum"):
+            total += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("llmgw_reconcile_duration_seconds_count"):
+            count += float(line.rsplit(" ", 1)[1])
+    return total, count
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+def one_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
+    from tests.support.system import System, wait_for
+
+    folder = Path(tempfile.mkdtemp(prefix=f"llmgw-bench-fleet-{n}-"))
+    # The product's own cluster defaults (reconcile every 5 s, a node lost after 30 s).
+    system = System(folder, config={"cluster": {}})
+    simulator = None
+    try:
+        system.start()
+        tokens = register_nodes(system, n)
+        simulator = Simulator(system.url, tokens, timeout=args.timeout)
+        simulator.start()
+        started = time.monotonic()
+        wait_for(
+            lambda: (
+                db_count(system, "Node.objects.filter(last_heartbeat__isnull=False).count()") >= n
+            ),
+            timeout=300,
+            what=f"the first heartbeat of all {n} simulated nodes",
+        )
+        warm = time.monotonic() - started
+        # Models: replicas_per_node x N replicas, at most 1,000 a model.
+        total = args.replicas_per_node * n
+        models = math.ceil(total / PER_MODEL_CEILING)
+        added = time.monotonic()
+        for m in range(models):
+            count = total // models + (1 if m < total % models else 0)
+            system.api(
+                "POST",
+                "models?source_check=false",
+                json={
+                    "name": f"fleet-{m:02d}",
+                    "source": f"{system.url}/mirror/acme/fleet-{m}/0123abc/m.gguf",
+                    "min_replicas": count,
+                    "max_replicas": count,
+                    "profiles": [{"name": "cpu", "memory_gb": 1, "cores": 1}],
+                },
+            )
+        ready_s: float | None = None
+        deadline = added + args.ready_timeout
+        while time.monotonic() < deadline:
+            if simulator.replicas_reported_ready() >= total:
+                ready_s = time.monotonic() - added
+                break
+            time.sleep(0.5)
+        # Steady state: every replica ready (or the wait given up), nothing being placed.
+        simulator.stats.take()
+        cpu_before = process_cpu(system)
+        passes_before = reconcile_histogram(system)
+        window_start = time.monotonic()
+        time.sleep(args.steady)
+        window = time.monotonic() - window_start
+        latencies, errors, kinds = simulator.stats.take()
+        cpu_after = process_cpu(system)
+        passes_after = reconcile_histogram(system)
+        lost = db_count(system, "Node.objects.filter(lost=True).count()")
+        cores = {k: (cpu_after[k] - cpu_before[k]) / window for k in cpu_before}
+        passes = passes_after[1] - passes_before[1]
+        return {
+            "nodes": n,
+            "replicas": total,
+            "models": models,
+            "first_heartbeats_s": warm,
+            "ready_s": ready_s,
+            "replicas_ready": simulator.replicas_reported_ready(),
+            "heartbeats_per_s": len(latencies) / window,
+            "p50_ms": percentile(latencies, 0.5) * 1000,
+            "p99_ms": percentile(latencies, 0.99) * 1000,
+            "max_ms": max(latencies, default=float("nan")) * 1000,
+            "errors": errors,
+            "error_kinds": kinds,
+            "wrongly_lost": lost,
+            "cores": cores,
+            "reconcile_ms": (
+                (passes_after[0] - passes_before[0]) / passes * 1000 if passes else float("nan")
+            ),
+            "reconcile_passes": passes,
+        }
+    finally:
+        if simulator is not None:
+            simulator.stop()
+        system.close()
+
+
+def show(rows: list[dict[str, Any]]) -> None:
+    def num(value: float | None, digits: int = 0) -> str:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "-"
+        return f"{value:,.{digits}f}"
+
+    print()
+    print(
+        "| nodes | replicas | hb/s | p50 ms | p99 ms | max ms | errors | lost | web | gateway |"
+        " worker+beat | postgres | control plane | simulator | model add to ready | reconcile |"
+    )
+    print("|" + " --- |" * 16)
+    for r in rows:
+        c = r["cores"]
+        plane = c["web"] + c["gateway"] + c["worker+beat"] + c["postgres"]
+        ready = (
+            f"{r['ready_s']:.1f} s"
+            if r["ready_s"] is not None
+            else f"not all ({r['replicas_ready']:,}/{r['replicas']:,})"
+        )
+        print(
+            f"| {r['nodes']:,} | {r['replicas']:,} | {num(r['heartbeats_per_s'])} |"
+            f" {num(r['p50_ms'], 1)} | {num(r['p99_ms'], 1)} | {num(r['max_ms'], 1)} |"
+            f" {r['errors']} | {r['wrongly_lost']} | {c['web']:.2f} | {c['gateway']:.2f} |"
+            f" {c['worker+beat']:.2f} | {c['postgres']:.2f} | {plane:.2f} | {c['simulator']:.2f} |"
+            f" {ready} | {num(r['reconcile_ms'], 0)} ms |"
+        )
+        if r["error_kinds"]:
+            print(f"    errors at {r['nodes']:,} nodes: {r['error_kinds']}")
+    print()
+    print(
+        "Targets (issue 25, 5,000 nodes with 4 ready replicas each, PostgreSQL): heartbeat p99 <="
+        f" {TARGETS['p99_ms']} ms, {TARGETS['errors']} errors, {TARGETS['wrongly_lost']} nodes"
+        f" wrongly lost, the control plane's processes together <= {TARGETS['cores']:g} core"
+        f" in steady state; 20,000 replicas from model add to all ready <="
+        f" {TARGETS['ready_s_20000']} s. Cores are CPU seconds per second of the steady window."
+    )
+
+
+def main() -> int:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
+    os.environ.setdefault("LLMGW_VAR_DIR", tempfile.mkdtemp(prefix="llmgw-bench-fleet-var-"))
+    os.environ.setdefault("LLMGW_CONFIG", "/nonexistent/server.yaml")
+    os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")
+    import django
+
+    django.setup()
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--nodes", default="100,1000,5000", help="fleet sizes, comma separated")
+    parser.add_argument("--replicas-per-node", type=int, default=4)
+    parser.add_argument("--steady", type=float, default=30, help="seconds of steady state")
+    parser.add_argument("--timeout", type=float, default=10, help="a heartbeat's timeout, s")
+    parser.add_argument(
+        "--ready-timeout", type=float, default=300, help="seconds to wait for every replica"
+    )
+    args = parser.parse_args()
+    sizes = [int(x) for x in args.nodes.split(",") if x.strip()]
+    rows = []
+    for n in sizes:
+        print(f"== {n:,} simulated nodes ==", flush=True)
+        row = one_size(n, args)
+        rows.append(row)
+        show([row])
+    if len(rows) > 1:
+        show(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
