@@ -140,25 +140,26 @@ def node_devices(node: Node) -> tuple[placement.Device, ...]:
     """The node's GPUs for the planner: as its agent reported them (devices whose figures are
     not numbers are left out: a report is hostile until checked), or, from an agent that
     reports none but declares GPUs (an older agent), one device per declared GPU of the
-    declared memory each, with nothing observed in use."""
+    declared memory each, with nothing observed in use. A use above the total is taken as
+    the total."""
     devices: dict[int, placement.Device] = {}
     for device in node.devices or []:
         if not isinstance(device, dict):
             continue
         index, total, used = (device.get(k) for k in ("index", "memory_total_mb", "memory_used_mb"))
-        if not all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (index, total)
-        ):
-            continue
-        if not isinstance(used, int) or isinstance(used, bool) or used < 0:
-            used = 0
-        assert isinstance(index, int) and isinstance(total, int)
+        if not all(_count(v) for v in (index, total, used)):
+            continue  # a figure that is not a count: the device is not believed
+        assert isinstance(index, int) and isinstance(total, int) and isinstance(used, int)
         devices.setdefault(
             index, placement.Device(index, total / MIB_PER_GB, min(used, total) / MIB_PER_GB)
         )
     if devices:
         return tuple(devices[i] for i in sorted(devices))
     return tuple(placement.Device(i, float(node.gpu_memory_gb)) for i in range(node.gpus))
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def planner_node(node: Node) -> placement.Node:
