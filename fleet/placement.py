@@ -127,6 +127,7 @@ class Profile:
 
     ``note`` explains the memory reservation when it is more than the profile declares (its
     engine's KV cache, fleet.footprint); refusals short of memory end with it.
+    ``resources.gpu_memory_gb`` is over all its ``gpus``: each of its devices holds an even share.
     """
 
     name: str

@@ -228,3 +228,18 @@ def test_a_gpu_replica_reserves_the_estimate_on_its_device(fleet: Any, tiny_url:
     one_slot = 2048 * KV_PER_TOKEN
     assert replica.gpu_memory_gb * 1024**3 == pytest.approx(row.weights_bytes + one_slot)
     assert replica.memory_gb * 1024**3 == pytest.approx(one_slot)
+
+
+def test_plan_shows_what_a_gpu_profile_holds_on_its_gpus(api: Any, tiny_url: str) -> None:
+    from tests.factories import definition as make
+
+    gpu = {"name": "gpu", "memory_gb": 0, "gpus": 1, "gpu_layers": 1}
+    plan = api("bob").post("/api/v1/plan", make(source=tiny_url, profiles=[gpu]), format="json")
+    estimate = plan.json()["estimate"]
+    # 1 of the tiny model's 2 layers: half its weights and KV cache on the GPU.
+    on_layers = estimate["weights_bytes"] + estimate["kv_cache_bytes"]
+    assert (estimate["gpus"], estimate["gpu_layers"], estimate["offloaded"]) == (1, 1, 0.5)
+    assert estimate["gpu_bytes"] == on_layers // 2
+    assert estimate["host_bytes"] == estimate["total_bytes"] - estimate["gpu_bytes"]
+    assert estimate["gpu_reserved_gb_per_gpu"] == round(on_layers / 2 / 1024**3, 3)
+    assert estimate["reserved_gb"] == round(estimate["host_bytes"] / 1024**3, 3)

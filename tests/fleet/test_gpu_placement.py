@@ -249,3 +249,56 @@ def test_no_device_is_overcommitted_and_a_second_pass_changes_nothing(fleet) -> 
     ]
     again = plan_placement(seen, models, after)
     assert again.starts == again.stops == again.preemptions == ()
+
+
+def _seen(nodes: list[Node], replicas: list[Replica]) -> list[Node]:
+    """The nodes as the next pass sees them: the replicas' engines' memory observed in use."""
+    held: dict[tuple[str, int], float] = {}
+    for replica in replicas:
+        for index in replica.devices:
+            key = (replica.node, index)
+            held[key] = held.get(key, 0.0) + replica.resources.gpu_memory_gb / len(replica.devices)
+    return [
+        Node(
+            n.name,
+            n.capacity,
+            devices=tuple(
+                Device(
+                    d.index, d.total_gb, min(d.total_gb, d.used_gb + held.get((n.name, d.index), 0))
+                )
+                for d in n.devices
+            ),
+            gpu_engine=n.gpu_engine,
+        )
+        for n in nodes
+    ]
+
+
+@PROPERTY_SETTINGS
+@given(device_fleets(), st.randoms(use_true_random=False))
+def test_preemption_never_overcommits_a_device_either(fleet, rng) -> None:
+    nodes, models, _ = fleet
+    first = apply(plan_placement(nodes, models, []), [], "first")
+    # The catalog changes: more replicas wanted, classes shuffled.
+    changed = [
+        ModelDemand(
+            m.name,
+            rng.choice(["critical", "standard", "opportunistic"]),
+            m.desired + 1,
+            m.desired + 1,
+            m.profiles,
+        )
+        for m in models
+    ]
+    after = apply(plan_placement(_seen(nodes, first), changed, first), first, "second")
+    others = {(n.name, d.index): d.used_gb for n in nodes for d in n.devices}
+    reserved: dict[tuple[str, int], float] = {}
+    for replica in after:
+        for index in replica.devices:
+            key = (replica.node, index)
+            share = replica.resources.gpu_memory_gb / len(replica.devices)
+            reserved[key] = reserved.get(key, 0.0) + share
+    for node in nodes:
+        for device in node.devices:
+            key = (node.name, device.index)
+            assert reserved.get(key, 0.0) <= device.total_gb - others[key] + EPSILON, key
