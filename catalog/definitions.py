@@ -40,6 +40,10 @@ MAX_SLOTS = 256
 # memory what it was (one context of KV cache); raise it where memory allows.
 DEFAULT_SLOTS = 1
 MAX_NAME = 100
+# Layers offloaded to a GPU profile's GPUs: "all" (the default) or a count. No model has this
+# many layers; a count above the model's offloads them all, as llama-server does.
+ALL_LAYERS = "all"
+MAX_GPU_LAYERS = 10000
 
 
 def validate_name(value: str) -> None:
@@ -80,6 +84,27 @@ def validate_sha256(value: str) -> None:
 def _at_most(maximum: str) -> dict[str, Any]:
     """The refusals of a number field that is at least 0 and at most `maximum` (with its unit)."""
     return {"min_value": "must not be negative", "max_value": f"at most {maximum}"}
+
+
+class GPULayersField(serializers.Field):
+    """``gpu_layers``: "all" or a whole number of layers from 0 to MAX_GPU_LAYERS."""
+
+    MESSAGE = (
+        f'must be "{ALL_LAYERS}" (every layer on the GPUs, the default) or a whole number of '
+        f"layers from 0 to {MAX_GPU_LAYERS}"
+    )
+    default_error_messages = {"invalid": MESSAGE, "null": MESSAGE}
+
+    def to_internal_value(self, data: Any) -> str | int:
+        if data == ALL_LAYERS:
+            return ALL_LAYERS
+        # A bool is an int to Python, and "12" or 12.5 is a typo or a misunderstanding.
+        if isinstance(data, int) and not isinstance(data, bool) and 0 <= data <= MAX_GPU_LAYERS:
+            return data
+        self.fail("invalid")
+
+    def to_representation(self, value: Any) -> Any:
+        return value
 
 
 class ProfileSerializer(StrictSerializer):
@@ -127,10 +152,32 @@ class ProfileSerializer(StrictSerializer):
         },
     )
 
+    gpu_layers = GPULayersField(
+        required=False,
+        help_text=(
+            f'how many of the model\'s layers a GPU profile offloads to its GPUs: "{ALL_LAYERS}" '
+            "(the default) or a number; the rest run on the CPU from host memory. Placement "
+            "reserves GPU memory for the offloaded share of the weights and KV cache. Only for "
+            "a profile with gpus"
+        ),
+    )
+
     def validate_name(self, value: str) -> str:
         if not PROFILE_NAME_PATTERN.fullmatch(value):
             raise serializers.ValidationError("use letters, digits, '.', '_' and '-'")
         return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs.get("gpu_layers") is not None and not attrs.get("gpus"):
+            raise serializers.ValidationError(
+                {
+                    "gpu_layers": [
+                        "offloads layers to the profile's GPUs, and it has gpus 0: set gpus, or "
+                        "leave gpu_layers out"
+                    ]
+                }
+            )
+        return attrs
 
 
 class AdapterSerializer(StrictSerializer):
@@ -289,6 +336,7 @@ def normalize(attrs: dict[str, Any]) -> dict[str, Any]:
             "gpu_memory_gb": whole_if_possible(p["gpu_memory_gb"]),
             # Only when given, so that a definition without it reads back as it was written.
             **({"slots": p["slots"]} if p.get("slots") is not None else {}),
+            **({"gpu_layers": p["gpu_layers"]} if p.get("gpu_layers") is not None else {}),
         }
         for p in attrs["profiles"]
     ]

@@ -525,6 +525,35 @@ class TargetAPI(APIView):
 class PlacementOut(serializers.Serializer):
     node = serializers.CharField()
     profile = serializers.CharField()
+    devices = serializers.ListField(
+        child=serializers.IntegerField(),
+        help_text="the node's GPUs (indices) the replica would hold; empty for a CPU profile",
+    )
+    gpu_memory_gb_per_device = serializers.FloatField(
+        help_text="GPU memory it would reserve on each of them (its total split evenly)"
+    )
+
+
+class DeviceRoomOut(serializers.Serializer):
+    node = serializers.CharField()
+    index = serializers.IntegerField()
+    total_gb = serializers.FloatField()
+    reserved_gb = serializers.FloatField(help_text="reserved by llmgw's replicas")
+    used_by_others_gb = serializers.FloatField(
+        help_text="observed in use beyond llmgw's reservations: other programs'"
+    )
+    free_gb = serializers.FloatField(help_text="total - reserved - used by others")
+    needed_gb = serializers.FloatField(help_text="what the replica needs on each of its GPUs")
+
+
+class PlanUnplacedOut(UnplacedOut):
+    devices = DeviceRoomOut(
+        many=True,
+        help_text=(
+            "for a GPU profile short of device memory: the devices of the node that came "
+            "closest, with their figures"
+        ),
+    )
 
 
 class PreemptionOut(serializers.Serializer):
@@ -539,7 +568,10 @@ class EstimateOut(serializers.Serializer):
     prompt_cache_gb = serializers.FloatField(help_text="the engine's store of earlier prompts")
     total_gb = serializers.FloatField()
     reserved_gb = serializers.FloatField(
-        help_text="what placement reserves per replica: the larger of memory_gb and total_gb"
+        help_text=(
+            "what placement reserves per replica in host memory: the larger of memory_gb and "
+            "total_gb (for a GPU profile, and host_bytes instead of total_gb)"
+        )
     )
     weights_bytes = serializers.IntegerField(help_text="the GB figures round a small model to 0")
     kv_cache_bytes = serializers.IntegerField()
@@ -547,6 +579,16 @@ class EstimateOut(serializers.Serializer):
     total_bytes = serializers.IntegerField()
     context_length = serializers.IntegerField(allow_null=True)
     slots = serializers.IntegerField()
+    gpus = serializers.IntegerField(help_text="GPUs of the first profile (0: a CPU profile)")
+    gpu_layers = serializers.JSONField(help_text='the layers it offloads: "all" or a count')
+    offloaded = serializers.FloatField(help_text="the share of the model's layers on its GPUs")
+    gpu_bytes = serializers.IntegerField(
+        help_text="of total_bytes, what its GPUs hold together (offloaded weights and KV cache)"
+    )
+    host_bytes = serializers.IntegerField(help_text="of total_bytes, what stays in host memory")
+    gpu_reserved_gb_per_gpu = serializers.FloatField(
+        help_text="what placement reserves on each GPU: the larger of gpu_memory_gb and the share"
+    )
 
 
 class PlanOut(serializers.Serializer):
@@ -554,7 +596,7 @@ class PlanOut(serializers.Serializer):
     desired = serializers.IntegerField()
     placements = PlacementOut(many=True)
     preemptions = PreemptionOut(many=True)
-    unplaced = UnplacedOut(many=True)
+    unplaced = PlanUnplacedOut(many=True)
     warnings = serializers.ListField(child=serializers.CharField())
     estimate = EstimateOut(allow_null=True, help_text="memory from the GGUF header, if read")
 
@@ -564,10 +606,36 @@ def _plan_view(model: Model, others: list[Model]) -> dict[str, Any]:
     facts = footprint.facts_for_plan(model)
     now = timezone.now()
     plan = selectors.simulate([*others, model], now)
-    starts = [{"node": s.node, "profile": s.profile} for s in plan.starts if s.model == model.name]
+    starts = [
+        {
+            "node": s.node,
+            "profile": s.profile,
+            "devices": list(s.devices),
+            "gpu_memory_gb_per_device": round(s.gb_per_device, 3),
+        }
+        for s in plan.starts
+        if s.model == model.name
+    ]
     preempted = [{"model": p.model, "node": p.node, "reason": p.reason} for p in plan.preemptions]
     unplaced = [
-        {"count": u.count, "reason": u.reason} for u in plan.unplaced if u.model == model.name
+        {
+            "count": u.count,
+            "reason": u.reason,
+            "devices": [
+                {
+                    "node": d.node,
+                    "index": d.index,
+                    "total_gb": round(d.total_gb, 3),
+                    "reserved_gb": round(d.reserved_gb, 3),
+                    "used_by_others_gb": round(d.others_gb, 3),
+                    "free_gb": round(d.free_gb, 3),
+                    "needed_gb": round(d.needed_gb, 3),
+                }
+                for d in u.devices
+            ],
+        }
+        for u in plan.unplaced
+        if u.model == model.name
     ]
     result: dict[str, Any] = {
         "model": model.name,
@@ -596,14 +664,21 @@ def _memory_estimate(model: Model, facts: footprint.FileFacts | str) -> dict[str
         }
     warnings = [
         f"profile {m.profile} declares {m.declared_gb:g} GB, below the estimated "
-        f"{format_bytes(m.estimate.total_bytes)} ({m.estimate.words()}); placement reserves "
-        "the estimate"
+        f"{format_bytes(m.host_bytes)} ({m.host_words()}); placement reserves the estimate"
         for m in memories
         if m.estimate is not None and m.above_declared
+    ]
+    warnings += [
+        f"profile {m.profile} declares gpu_memory_gb {m.declared_gpu_gb:g}, below the estimated "
+        f"{format_bytes(m.gpu_bytes // m.gpus)} per GPU ({m.gpu_words()}); placement reserves "
+        "the estimate"
+        for m in memories
+        if m.estimate is not None and m.gpu_above_declared
     ]
     # Each profile's replicas hold a KV cache per slot; the estimate shown is the first's.
     first = memories[0].estimate
     assert first is not None
+    shown = memories[0]
     gib = 1024**3
     return {
         "estimate": {
@@ -620,6 +695,12 @@ def _memory_estimate(model: Model, facts: footprint.FileFacts | str) -> dict[str
             "total_bytes": first.total_bytes,
             "context_length": first.context_length,
             "slots": first.slots,
+            "gpus": shown.gpus,
+            "gpu_layers": shown.gpu_layers,
+            "offloaded": round(shown.offloaded, 4),
+            "gpu_bytes": shown.gpu_bytes,
+            "host_bytes": shown.host_bytes,
+            "gpu_reserved_gb_per_gpu": round(shown.gpu_memory_gb_per_gpu, 3) if shown.gpus else 0,
         },
         "warnings": warnings,
     }

@@ -13,6 +13,15 @@ llmgw.gguf.memory's arithmetic, the node's too).
 A declared figure above the estimate is kept (it may count what the estimate does not: compute
 buffers, a tokenizer, headroom).
 
+A GPU profile's engine holds the layers it offloads on its GPUs (``gpu_layers``: "all" by
+default, or a count of the model's layers): the offloaded share of the weights and of the
+slots' KV cache, split evenly over its GPUs (``--split-mode layer``); the rest, and the prompt
+cache (``--cache-ram`` keeps it in host memory), stay in host memory. So a GPU profile reserves
+on each of its GPUs the larger of its declared ``gpu_memory_gb`` (per GPU) and that share, and
+in host memory the larger of ``memory_gb`` and what is left. A count of layers is taken as a
+share of the header's block_count; when that is unknown, the whole model counts as offloaded
+(the GPU side is the one a replica cannot borrow from).
+
 The header is read once per model file (source URL and sha256) over HTTP Range requests and
 kept in :class:`~fleet.models.ModelFile`; a reconcile pass reads the headers it does not know
 yet before it plans. Until a header is read (the source does not answer, the mirror has not got
@@ -38,7 +47,7 @@ from llmgw.engine import serving_context
 from llmgw.units import format_bytes
 
 from .models import ModelFile
-from .specs import profile_slots
+from .specs import profile_gpu_layers, profile_slots
 
 log = logging.getLogger("llmgw.footprint")
 
@@ -63,6 +72,7 @@ class FileFacts:
     weights_bytes: int
     kv_bytes_per_token: int  # K and V of every layer for one position, f16
     trained_context: int | None
+    block_count: int | None = None  # the model's layers
 
 
 @dataclass(frozen=True)
@@ -90,33 +100,104 @@ class Estimate:
 
 @dataclass(frozen=True)
 class Footprint:
-    """What one replica of a profile reserves of memory, and how that was decided."""
+    """What one replica of a profile reserves of memory, and how that was decided.
+
+    For a GPU profile (``gpus`` > 0), ``offloaded`` is the share of the model's layers on its
+    GPUs (1.0 for "all"); the rest is in host memory."""
 
     profile: str
     declared_gb: float
     estimate: Estimate | None
     unknown: str = ""  # why there is no estimate
+    gpus: int = 0
+    declared_gpu_gb: float = 0.0  # the profile's gpu_memory_gb: per GPU
+    gpu_layers: int | str = 0
+    offloaded: float = 0.0
+
+    @property
+    def gpu_bytes(self) -> int:
+        """The estimate's bytes on the GPUs, all of them together: the offloaded share of the
+        weights and the slots' KV cache (the prompt cache stays in host memory)."""
+        if self.estimate is None or not self.gpus:
+            return 0
+        on_layers = self.estimate.weights_bytes + self.estimate.kv_cache_bytes
+        return int(on_layers * self.offloaded)
+
+    @property
+    def host_bytes(self) -> int:
+        """The estimate's bytes in host memory: what is not offloaded."""
+        if self.estimate is None:
+            return 0
+        return self.estimate.total_bytes - self.gpu_bytes
 
     @property
     def memory_gb(self) -> float:
-        """The reservation: the declared memory_gb, or the estimate when it is larger."""
+        """The host memory reservation: the declared memory_gb, or the estimate when larger."""
         if self.estimate is None:
             return self.declared_gb
-        return max(self.declared_gb, self.estimate.total_bytes / GIB)
+        return max(self.declared_gb, self.host_bytes / GIB)
+
+    @property
+    def gpu_memory_gb_per_gpu(self) -> float:
+        """What each of its GPUs holds: the declared gpu_memory_gb, or the estimate's share."""
+        if not self.gpus:
+            return self.declared_gpu_gb
+        return max(self.declared_gpu_gb, self.gpu_bytes / self.gpus / GIB)
+
+    @property
+    def gpu_memory_gb(self) -> float:
+        """GPU memory over all its GPUs, as placement reserves it."""
+        return self.gpu_memory_gb_per_gpu * self.gpus if self.gpus else self.declared_gpu_gb
 
     @property
     def above_declared(self) -> bool:
         return self.memory_gb > self.declared_gb
 
+    @property
+    def gpu_above_declared(self) -> bool:
+        return bool(self.gpus) and self.gpu_memory_gb_per_gpu > self.declared_gpu_gb
+
     def note(self) -> str:
         """Words for a refusal when the estimate, not the declaration, set the reservation."""
-        if self.estimate is None or not self.above_declared:
+        if self.estimate is None:
             return ""
+        notes = []
+        if self.above_declared:
+            notes.append(
+                f"profile {self.profile} reserves {format_bytes(self.host_bytes)} "
+                f"({self.host_words()}), more than its memory_gb {self.declared_gb:g}"
+            )
+        if self.gpu_above_declared:
+            notes.append(
+                f"profile {self.profile} reserves {format_bytes(self.gpu_bytes // self.gpus)} "
+                f"on each of its {self.gpus} GPU{'' if self.gpus == 1 else 's'} "
+                f"({self.gpu_words()}), more than its gpu_memory_gb {self.declared_gpu_gb:g}"
+            )
+        if not notes:
+            return ""
+        return "; ".join(notes) + "; fewer slots or a shorter context_length need less"
+
+    def host_words(self) -> str:
+        assert self.estimate is not None
+        if not self.gpu_bytes:
+            return self.estimate.words()
+        return f"{self.estimate.words()}, less {format_bytes(self.gpu_bytes)} on its GPUs"
+
+    def gpu_words(self) -> str:
+        assert self.estimate is not None
+        layers = "every layer" if self.offloaded >= 1 else f"{self.gpu_layers} layers"
         return (
-            f"profile {self.profile} reserves {format_bytes(self.estimate.total_bytes)} "
-            f"({self.estimate.words()}), more than its memory_gb {self.declared_gb:g}; "
-            "fewer slots or a shorter context_length need less"
+            f"{layers} of weights {format_bytes(self.estimate.weights_bytes)} + KV cache "
+            f"{format_bytes(self.estimate.kv_cache_bytes)}, split over its GPUs"
         )
+
+
+def offloaded_share(gpu_layers: int | str, block_count: int | None) -> float:
+    """The share of a model's layers on its GPUs for a profile's gpu_layers: all of them when
+    the layer count is unknown (the side a replica cannot borrow from)."""
+    if not isinstance(gpu_layers, int) or not block_count:
+        return 1.0
+    return min(gpu_layers, block_count) / block_count
 
 
 def footprint(
@@ -128,8 +209,11 @@ def footprint(
     """What a replica of ``profile`` reserves, given its model file's facts (or why they are
     unknown) and the model's declared context_length."""
     declared = float(profile["memory_gb"])
+    gpus = int(profile.get("gpus") or 0)
+    declared_gpu = float(profile.get("gpu_memory_gb") or 0)
+    layers = profile_gpu_layers(profile)
     if isinstance(facts, str):
-        return Footprint(profile["name"], declared, None, facts)
+        return Footprint(profile["name"], declared, None, facts, gpus, declared_gpu, layers)
     slots = profile_slots(profile)
     context = serving_context(context_length, facts.trained_context)
     memory = gguf.serving_memory(
@@ -145,7 +229,8 @@ def footprint(
         context_length=context,
         slots=slots,
     )
-    return Footprint(profile["name"], declared, estimate)
+    offloaded = offloaded_share(layers, facts.block_count) if gpus else 0.0
+    return Footprint(profile["name"], declared, estimate, "", gpus, declared_gpu, layers, offloaded)
 
 
 def model_footprints(model: Model, facts: FileFacts | str) -> list[Footprint]:
@@ -182,7 +267,9 @@ def known_facts(models: Iterable[Model]) -> dict[str, FileFacts | str]:
 def _facts_of(row: ModelFile) -> FileFacts | str:
     if row.error or row.weights_bytes is None or row.kv_bytes_per_token is None:
         return row.error or "its GGUF header could not be read"
-    return FileFacts(row.weights_bytes, row.kv_bytes_per_token, row.trained_context)
+    return FileFacts(
+        row.weights_bytes, row.kv_bytes_per_token, row.trained_context, row.block_count
+    )
 
 
 def learn_facts(models: Iterable[Model], *, now: datetime | None = None) -> int:
@@ -240,7 +327,9 @@ def read_facts(model: Model, *, now: datetime | None = None) -> FileFacts | str:
         if header.file_size is None:
             raise gguf.GGUFError("the server did not say how large the file is")
         per_token = gguf.kv_bytes_per_token(header)
-        facts: FileFacts | str = FileFacts(header.file_size, per_token, header.context_length)
+        facts: FileFacts | str = FileFacts(
+            header.file_size, per_token, header.context_length, header.block_count
+        )
     except gguf.GGUFError as exc:
         facts = exc.__cause__.message if isinstance(exc.__cause__, URLRefused) else str(exc)
         log.info("memory of %s not estimated: %s", model.name, facts)
@@ -253,6 +342,7 @@ def read_facts(model: Model, *, now: datetime | None = None) -> FileFacts | str:
             if isinstance(facts, FileFacts)
             else None,
             "trained_context": facts.trained_context if isinstance(facts, FileFacts) else None,
+            "block_count": facts.block_count if isinstance(facts, FileFacts) else None,
             "error": facts if isinstance(facts, str) else "",
             "read_at": now or timezone.now(),
         },

@@ -206,6 +206,9 @@ class ModelFile(models.Model):
     weights_bytes = models.BigIntegerField(null=True, blank=True)
     kv_bytes_per_token = models.BigIntegerField(null=True, blank=True)
     trained_context = models.PositiveIntegerField(null=True, blank=True)
+    # Its layers (the header's block_count): a profile offloading some of them reserves that
+    # share of the weights and KV cache on its GPUs.
+    block_count = models.PositiveIntegerField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     read_at = models.DateTimeField(default=timezone.now)
 

@@ -40,6 +40,22 @@ Rules, in the order the planner applies them:
    allowed victim on a node would not make room there.
 6. Replicas that are running stay where they are (no rebalancing) unless scaled down
    or preempted.
+7. GPUs: a profile with ``gpus`` = k > 0 goes only to a node whose engine has a GPU
+   backend (``Node.gpu_engine``), and, on a node that lists its devices, to k distinct
+   devices each with room for its share of the GPU memory (the replica's GPU memory split
+   evenly over its k devices, as llama.cpp's ``--split-mode layer`` splits layers). A
+   device's free memory is its total less what llmgw reserved on it and less what other
+   programs hold: the observed use beyond llmgw's reservations, taken once when the pass
+   starts (``max(reserved, used)`` at that moment) and kept for the whole pass, since
+   stopping or starting llmgw replicas does not change what other programs hold. Devices
+   are shared by memory: several replicas may sit on one device while it has room. Among
+   the devices with room, the emptiest (most free memory, then lowest index) are chosen.
+   Node choice (rule 4) and preemption (rule 5) consider only nodes where such a device
+   assignment exists, with the victims' shares given back (preemption is conservative:
+   it frees only what the victims reserved, never memory other programs hold).
+   A node without a device list (capacity declared the old way) keeps the aggregate rule:
+   its ``gpus`` are counted out whole and its ``gpu_memory_gb`` is one pool, and its
+   starts name no devices.
 
 A resource a replica does not need (zero) never blocks it: "cores 0" reserves no cores.
 Quantities are compared with a small tolerance (:data:`EPSILON`) so that sums of float
@@ -49,7 +65,7 @@ reservations do not flip a fit on rounding noise.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 #: Class ranks: a higher rank is served first and may preempt lower ranks.
@@ -69,7 +85,8 @@ _NOTHING: _Vec = (0.0, 0.0, 0.0, 0.0)
 class Resources:
     """An amount of node resources: a node's capacity, free room, or a reservation.
 
-    ``gpu_memory_gb`` is the total GPU memory reserved (or available) across the GPUs.
+    ``gpu_memory_gb`` is the total GPU memory reserved (or available) across the GPUs: a
+    replica of 2 GPUs reserving 10 GB on each has 20 here.
     """
 
     memory_gb: float = 0
@@ -79,12 +96,29 @@ class Resources:
 
 
 @dataclass(frozen=True)
+class Device:
+    """One GPU of a node: its total memory and the memory observed in use on it by every
+    process (llmgw's engines included), in GB."""
+
+    index: int
+    total_gb: float
+    used_gb: float = 0
+
+
+@dataclass(frozen=True)
 class Node:
-    """A machine replicas run on. Cordoned or lost nodes are not ``schedulable``."""
+    """A machine replicas run on. Cordoned or lost nodes are not ``schedulable``.
+
+    ``devices``: its GPUs, when known; then GPU profiles are placed on them one by one (rule 7)
+    and ``capacity.gpus`` / ``capacity.gpu_memory_gb`` are not used. ``gpu_engine``: whether
+    its engine binary has a GPU backend (CUDA); a node without one takes no GPU profile.
+    """
 
     name: str
     capacity: Resources
     schedulable: bool = True
+    devices: tuple[Device, ...] = ()
+    gpu_engine: bool = True
 
 
 @dataclass(frozen=True)
@@ -93,6 +127,7 @@ class Profile:
 
     ``note`` explains the memory reservation when it is more than the profile declares (its
     engine's KV cache, fleet.footprint); refusals short of memory end with it.
+    ``resources.gpu_memory_gb`` is over all its ``gpus``: each of its devices holds an even share.
     """
 
     name: str
@@ -119,23 +154,36 @@ class ModelDemand:
 
 @dataclass(frozen=True)
 class Replica:
-    """A replica that is running or starting on a node, with what it reserves there."""
+    """A replica that is running or starting on a node, with what it reserves there.
+
+    ``devices``: the indices of the node's GPUs it holds, its ``resources.gpu_memory_gb``
+    split evenly over them. A GPU replica without them (placed before devices were known)
+    is given the emptiest devices when the pass starts, for the pass's accounting only.
+    """
 
     id: str
     model: str
     node: str
     profile: str
     resources: Resources
+    devices: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
 class Start:
-    """Start one replica of ``model`` on ``node`` with ``profile``."""
+    """Start one replica of ``model`` on ``node`` with ``profile``; ``devices`` are the
+    indices of the GPUs chosen for it (in index order; none for a CPU profile or a node
+    without a device list), each holding ``resources.gpu_memory_gb / len(devices)``."""
 
     model: str
     node: str
     profile: str
     resources: Resources
+    devices: tuple[int, ...] = ()
+
+    @property
+    def gb_per_device(self) -> float:
+        return self.resources.gpu_memory_gb / len(self.devices) if self.devices else 0.0
 
 
 @dataclass(frozen=True)
@@ -149,12 +197,31 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class DeviceRoom:
+    """One GPU's memory after the plan, against what one share of a profile needs, in GB:
+    the figures behind a refusal of a GPU profile. ``others_gb`` is memory other programs
+    hold (observed use beyond llmgw's reservations); ``free_gb`` = total - reserved - others."""
+
+    node: str
+    index: int
+    total_gb: float
+    reserved_gb: float
+    others_gb: float
+    free_gb: float
+    needed_gb: float
+
+
+@dataclass(frozen=True)
 class Unplaced:
-    """``count`` replicas of ``model`` fit nowhere, even with preemption; ``reason`` says why."""
+    """``count`` replicas of ``model`` fit nowhere, even with preemption; ``reason`` says why.
+
+    ``devices``: for a GPU profile refused for lack of device memory, the devices of the node
+    that came closest, with their figures (the reason says the same in words)."""
 
     model: str
     count: int
     reason: str
+    devices: tuple[DeviceRoom, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -219,6 +286,29 @@ def _fits(need: Sequence[float], room: Sequence[float]) -> bool:
     )
 
 
+def _devices(node: Node) -> dict[int, _Device]:
+    devices: dict[int, _Device] = {}
+    for device in sorted(node.devices, key=lambda d: d.index):
+        if device.index in devices:
+            raise ValueError(f"node {node.name!r}: duplicate device {device.index}")
+        if device.index < 0 or device.total_gb < 0 or device.used_gb < 0:
+            raise ValueError(f"node {node.name!r}: device {device.index} is negative")
+        devices[device.index] = _Device(device.index, float(device.total_gb), float(device.used_gb))
+    return devices
+
+
+def _charge(node: _NodeState, need: _Vec) -> _Vec:
+    """What a replica takes from its node's free room: on a node that lists its devices, the
+    GPU count is not used up (devices are shared by memory; the devices hold the rest)."""
+    if node.devices and need[2]:
+        return (need[0], need[1], 0.0, need[3])
+    return need
+
+
+def _gb(x: float) -> str:
+    return f"{round(x, 2):g}"
+
+
 def _bigness(slot: _Slot) -> tuple[float, float, float, float, str]:
     return slot.bigness
 
@@ -252,13 +342,31 @@ class _Slot:
     need: _Vec
     rank: int
     start: int | None = None  # key of the planned Start, if it is one
+    devices: tuple[int, ...] = ()  # the node's GPUs it holds (on a node that lists them)
     # Victim order within a class: biggest reservation first (memory, then cores, GPUs,
     # GPU memory), then replica key for determinism.
     bigness: tuple[float, float, float, float, str] = field(init=False)
+    share: float = field(init=False)  # GPU memory on each of its devices
 
     def __post_init__(self) -> None:
         memory, cores, gpus, gpu_memory = self.need
         self.bigness = (-memory, -cores, -gpus, -gpu_memory, self.key)
+        self.share = gpu_memory / len(self.devices) if self.devices else 0.0
+
+
+@dataclass(slots=True, eq=False)
+class _Device:
+    """A GPU as the planner tracks it (rule 7 of the module doc)."""
+
+    index: int
+    total: float
+    used: float  # observed, every process's
+    reserved: float = 0.0  # by llmgw replicas, running and planned
+    others: float = 0.0  # held by other programs: set once the running replicas are adopted
+
+    @property
+    def free(self) -> float:
+        return self.total - self.reserved - self.others
 
 
 @dataclass(slots=True, eq=False)
@@ -286,6 +394,9 @@ class _NodeState:
     spare_load: dict[int, list[float]] = field(default_factory=dict)
     # Bumped whenever what the victim search sees on this node may have changed.
     version: int = 0
+    # Its GPUs by index, when it lists them; GPU profiles then go to devices (rule 7).
+    devices: dict[int, _Device] = field(default_factory=dict)
+    gpu_engine: bool = True
 
 
 class _FreeIndex:
@@ -314,9 +425,14 @@ class _FreeIndex:
             self._where[node.name] = (gpus, entry)
 
     def best_fit(
-        self, need: _Vec, nodes: dict[str, _NodeState], avoid: dict[str, int]
+        self,
+        need: _Vec,
+        nodes: dict[str, _NodeState],
+        avoid: dict[str, int],
+        placeable: Callable[[_NodeState], bool] | None = None,
     ) -> str | None:
-        """The best-fit schedulable node for ``need`` among nodes not in ``avoid``."""
+        """The best-fit schedulable node for ``need`` among nodes not in ``avoid`` (and, when
+        given, where ``placeable`` says the GPUs can take it)."""
         memory, cores, gpus, gpu_memory = need
         best: tuple[float, float, str] | None = None
         for bucket_gpus, bucket in self._buckets.items():
@@ -334,6 +450,8 @@ class _FreeIndex:
                     continue
                 if gpu_memory > 0 and nodes[name].free[3] + EPSILON < gpu_memory:
                     continue
+                if placeable is not None and not placeable(nodes[name]):
+                    continue
                 best = entry
                 break
         return None if best is None else best[2]
@@ -348,13 +466,23 @@ class _Planner:
         for node in sorted(nodes, key=lambda n: n.name):
             if node.name in self.nodes:
                 raise ValueError(f"duplicate node {node.name!r}")
+            devices = _devices(node)
+            free = list(_vec(node.capacity))
+            if devices:
+                # The devices replace the declared figures: the GPU count is what a replica
+                # may span (devices are shared by memory, so it is never used up), and the
+                # GPU memory pool is their sum (less other programs' share, once adopted).
+                free[2] = float(len(devices))
+                free[3] = sum(d.total for d in devices.values())
             state = _NodeState(
                 name=node.name,
                 schedulable=node.schedulable,
-                free=list(_vec(node.capacity)),
+                free=free,
                 by_rank={rank: [] for rank in CLASS_RANK.values()},
                 load_upto={rank: [0.0] * _DIMENSIONS for rank in CLASS_RANK.values()},
                 spare_load={rank: [0.0] * _DIMENSIONS for rank in CLASS_RANK.values()},
+                devices=devices,
+                gpu_engine=node.gpu_engine,
             )
             self.nodes[node.name] = state
             self.index.update(state)
@@ -388,6 +516,8 @@ class _Planner:
         bisect.insort(node.by_rank[slot.rank], slot, key=_bigness)
         for d in range(_DIMENSIONS):
             node.free[d] -= slot.need[d]
+        for index in slot.devices:
+            node.devices[index].reserved += slot.share
         for rank, load in node.load_upto.items():
             if rank >= slot.rank:
                 for d in range(_DIMENSIONS):
@@ -415,6 +545,8 @@ class _Planner:
         del same_rank[bisect.bisect_left(same_rank, slot.bigness, key=_bigness)]
         for d in range(_DIMENSIONS):
             node.free[d] += slot.need[d]
+        for index in slot.devices:
+            node.devices[index].reserved -= slot.share
         for rank, load in node.load_upto.items():
             if rank >= slot.rank:
                 for d in range(_DIMENSIONS):
@@ -445,11 +577,62 @@ class _Planner:
             self.nodes[name].version += 1
 
     def start(self, model: ModelDemand, profile: Profile, need: _Vec, node: str) -> None:
+        state = self.nodes[node]
+        devices = self.devices_for(state, need)
+        assert devices is not None, "a start is planned only where its devices fit"
         key = self.next_start
         self.next_start += 1
-        self.starts[key] = Start(model.name, node, profile.name, profile.resources)
+        self.starts[key] = Start(model.name, node, profile.name, profile.resources, devices)
         rank = self.rank[model.name]
-        self.add(_Slot(f"start#{key}", model.name, node, profile.name, need, rank, key))
+        charge = _charge(state, need)
+        self.add(_Slot(f"start#{key}", model.name, node, profile.name, charge, rank, key, devices))
+
+    # -- devices (rule 7) ---------------------------------------------------------------
+
+    def devices_for(
+        self, node: _NodeState, need: _Vec, given_back: dict[int, float] | None = None
+    ) -> tuple[int, ...] | None:
+        """The devices ``need`` would get on ``node`` (in index order), or None when it cannot
+        go there. () for a CPU need, and on a node without a device list (the aggregate rule).
+
+        ``given_back``: GPU memory per device that victims would free (preemption).
+        """
+        if need[2] <= 0:
+            return ()
+        if not node.gpu_engine:
+            return None
+        if not node.devices:
+            return ()
+        count = int(need[2] + EPSILON)
+        if count > len(node.devices):
+            return None
+        share = need[3] / count
+        room = []
+        for device in node.devices.values():
+            free = device.free + (given_back.get(device.index, 0.0) if given_back else 0.0)
+            if share <= 0 or share <= free + EPSILON:
+                room.append((-free, device.index))
+        if len(room) < count:
+            return None
+        room.sort()  # the emptiest first, then the lowest index
+        return tuple(sorted(index for _, index in room[:count]))
+
+    def placeable(self, need: _Vec) -> Callable[[_NodeState], bool] | None:
+        """The device test for ``need`` (None for a CPU need: nothing to test)."""
+        if need[2] <= 0:
+            return None
+        return lambda node: self.devices_for(node, need) is not None
+
+    def settle_devices(self) -> None:
+        """Once the running replicas are adopted: what other programs hold on each device is
+        what is observed in use beyond llmgw's reservations, for the rest of the pass."""
+        for node in self.nodes.values():
+            if not node.devices:
+                continue
+            for device in node.devices.values():
+                device.others = max(0.0, device.used - device.reserved)
+                node.free[3] -= device.others
+            self.index.update(node)
 
     # -- steps --------------------------------------------------------------------------
 
@@ -469,10 +652,33 @@ class _Planner:
                 self.stops.append(Stop(replica.id, replica.model, replica.node, reason))
             else:
                 rank = self.rank[replica.model]
+                node = self.nodes[replica.node]
                 need = _vec(replica.resources)
-                self.add(
-                    _Slot(replica.id, replica.model, replica.node, replica.profile, need, rank)
+                devices = self.held_devices(node, replica, need)
+                slot = _Slot(
+                    replica.id,
+                    replica.model,
+                    replica.node,
+                    replica.profile,
+                    _charge(node, need),
+                    rank,
+                    devices=devices,
                 )
+                self.add(slot)
+        self.settle_devices()
+
+    def held_devices(self, node: _NodeState, replica: Replica, need: _Vec) -> tuple[int, ...]:
+        """The devices a running replica is accounted on: those it was placed on that the node
+        still lists, or, for a GPU replica without them, the emptiest ones (bookkeeping only:
+        it is not moved)."""
+        if need[2] <= 0 or not node.devices:
+            return ()
+        known = tuple(sorted({i for i in replica.devices if i in node.devices}))
+        if known:
+            return known
+        count = min(int(need[2] + EPSILON), len(node.devices))
+        emptiest = sorted(node.devices.values(), key=lambda d: (-d.free, d.index))
+        return tuple(sorted(d.index for d in emptiest[:count]))
 
     def scale_down(self) -> None:
         """Stop replicas beyond ``desired`` (rule 2 of the module doc picks which)."""
@@ -568,14 +774,19 @@ class _Planner:
     def best_free_node(self, model: str, need: _Vec) -> str | None:
         """Spread first, then best fit, among nodes where ``need`` fits in free room."""
         spread = self.spread[model]
+        placeable = self.placeable(need)
         # A node without this model always wins the spread, so look there first.
-        node = self.index.best_fit(need, self.nodes, spread)
+        node = self.index.best_fit(need, self.nodes, spread, placeable)
         if node is not None:
             return node
         best: tuple[int, float, float, str] | None = None
         for name, replicas in spread.items():
             state = self.nodes[name]
-            if state.schedulable and _fits(need, state.free):
+            if (
+                state.schedulable
+                and _fits(need, state.free)
+                and (placeable is None or placeable(state))
+            ):
                 key = (replicas, state.free[0], state.free[1], name)
                 if best is None or key < best:
                     best = key
@@ -649,7 +860,7 @@ class _Planner:
                 if need[0] > 0 and bound + EPSILON < need[0]:
                     break
                 room = room_of(nodes[name], rank, tier)
-                if _fits(need, room):
+                if _fits(need, room) and (need[2] <= 0 or nodes[name].gpu_engine):
                     roomy.append((-room[0], name))
             roomy.sort()
             best_key: tuple[int, int, int] | None = None
@@ -699,25 +910,43 @@ class _Planner:
         """The victims (of class ``tier`` or lower) to stop on ``node`` to fit ``need``.
 
         Taken greedily in victim order until the need fits, then any victim that turned
-        out unnecessary is given back, so no replica is stopped for nothing.
+        out unnecessary is given back, so no replica is stopped for nothing. For a GPU need
+        on a node that lists its devices, "fits" also means that the devices can take it
+        once the victims' shares are given back (rule 7).
         """
+        by_device = need[2] > 0 and bool(node.devices)
+
+        def fits_without(room: Sequence[float], victims: Sequence[_Slot]) -> bool:
+            if not _fits(need, room):
+                return False
+            if not by_device:
+                return True
+            given_back: dict[int, float] = {}
+            for victim in victims:
+                for index in victim.devices:
+                    given_back[index] = given_back.get(index, 0.0) + victim.share
+            return self.devices_for(node, need, given_back) is not None
+
         room = list(node.free)
         victims: list[_Slot] = []
-        if not _fits(need, room):
+        if not fits_without(room, victims):
             for slot in self.victim_order(node, rank, tier).slots:
                 victims.append(slot)
                 for d in range(_DIMENSIONS):
                     room[d] += slot.need[d]
-                if _fits(need, room):
+                if fits_without(room, victims):
                     break
             else:
                 return None
         kept: list[_Slot] = []
+        remaining = list(victims)
         for slot in reversed(victims):  # latest picked (least wanted) first
             without = [room[0] - slot.need[0], room[1] - slot.need[1]]
             without += [room[2] - slot.need[2], room[3] - slot.need[3]]
-            if _fits(need, without):
+            others = [v for v in remaining if v is not slot]
+            if fits_without(without, others):
                 room = without
+                remaining = others
             else:
                 kept.append(slot)
         kept.reverse()
@@ -788,9 +1017,9 @@ class _Planner:
     # -- result -------------------------------------------------------------------------
 
     def plan(self) -> Plan:
-        explain = _Explainer(self.nodes)
+        explain = _Explainer(self.nodes, self)
         unplaced = [
-            Unplaced(model.name, model.desired - self.count[name], explain.why(model))
+            Unplaced(model.name, model.desired - self.count[name], *explain.why(model))
             for name, model in sorted(self.models.items(), key=lambda kv: -self.rank[kv[0]])
             if self.count[name] < model.desired
         ]
@@ -827,47 +1056,120 @@ class _Explainer:
     )
     _NAMES = ("memory", "cores", "GPUs", "GPU memory")
 
-    def __init__(self, nodes: dict[str, _NodeState]) -> None:
+    def __init__(self, nodes: dict[str, _NodeState], planner: _Planner) -> None:
         self.nodes = [node for node in nodes.values() if node.schedulable]  # sorted by name
-        # The most free per resource and where: the first node by name wins a tie.
-        self.most: list[tuple[float, str]] = []
-        for d in range(_DIMENSIONS):
-            best = max(self.nodes, key=lambda n: n.free[d], default=None)
-            self.most.append((best.free[d], best.name) if best else (0.0, ""))
-        self._said: dict[tuple[str, _Vec, str], str] = {}
+        self.gpu_nodes = [node for node in self.nodes if node.gpu_engine]
+        self.planner = planner
+        self._most: dict[bool, list[tuple[float, str]]] = {}
+        self._said: dict[tuple[str, _Vec, str], tuple[str, tuple[DeviceRoom, ...]]] = {}
 
-    def why(self, model: ModelDemand) -> str:
+    def most(self, gpu: bool) -> list[tuple[float, str]]:
+        """The most free per resource and where, among the nodes a need may go to (those with a
+        GPU engine for a GPU need): the first node by name wins a tie."""
+        found = self._most.get(gpu)
+        if found is None:
+            nodes = self.gpu_nodes if gpu else self.nodes
+            found = []
+            for d in range(_DIMENSIONS):
+                best = max(nodes, key=lambda n: n.free[d], default=None)
+                found.append((best.free[d], best.name) if best else (0.0, ""))
+            self._most[gpu] = found
+        return found
+
+    def why(self, model: ModelDemand) -> tuple[str, tuple[DeviceRoom, ...]]:
         if not model.profiles:
-            return "the model has no profiles"
+            return "the model has no profiles", ()
         if not self.nodes:
-            return "no schedulable nodes"
+            return "no schedulable nodes", ()
         profile = model.profiles[0]
         need = _vec(profile.resources)
         # Many models share a profile shape; the words only depend on it.
-        words = self._said.get((profile.name, need, profile.note))
-        if words is None:
-            words = self._words(profile.name, need)
+        said = self._said.get((profile.name, need, profile.note))
+        if said is None:
+            words, devices = self._words(profile.name, need)
             if profile.note and "memory" in words:
                 words += f" ({profile.note})"
-            self._said[profile.name, need, profile.note] = words
-        return words
+            said = self._said[profile.name, need, profile.note] = (words, devices)
+        return said
 
-    def _words(self, profile: str, need: _Vec) -> str:
+    def _words(self, profile: str, need: _Vec) -> tuple[str, tuple[DeviceRoom, ...]]:
+        gpu = need[2] > 0
+        nodes = self.gpu_nodes if gpu else self.nodes
+        if not nodes:
+            return self._no_gpu_engine(profile, need), ()
+        most = self.most(gpu)
+        by_device = [n for n in nodes if n.devices] if gpu else []
+        # Nodes that list their devices are explained device by device below, not by the pool.
+        dims = range(3) if by_device else range(_DIMENSIONS)
         short = [
             self._SHORT[d].format(
                 need=_num(need[d]),
                 profile=profile,
-                best=_num(self.most[d][0]),
-                node=self.most[d][1],
+                best=_num(most[d][0]),
+                node=most[d][1],
             )
-            for d in range(_DIMENSIONS)
-            if need[d] > 0 and self.most[d][0] + EPSILON < need[d]
+            for d in dims
+            if need[d] > 0 and most[d][0] + EPSILON < need[d]
         ]
         if short:
-            return "; ".join(short)
-        return self._closest(profile, need)
+            return "; ".join(short), ()
+        if by_device and not any(self._placeable(n, need) for n in nodes):
+            return self._short_of_devices(profile, need, by_device)
+        return self._closest(profile, need, nodes), ()
 
-    def _closest(self, profile: str, need: _Vec) -> str:
+    def _placeable(self, node: _NodeState, need: _Vec) -> bool:
+        return _fits(need, node.free) and self.planner.devices_for(node, need) is not None
+
+    def _no_gpu_engine(self, profile: str, need: _Vec) -> str:
+        names = ", ".join(n.name for n in self.nodes[:3]) + (", ..." if len(self.nodes) > 3 else "")
+        gpus = int(need[2] + EPSILON)
+        return (
+            "no node has a GPU engine (llama-server built with CUDA): profile "
+            f"{profile} needs {gpus} GPU{'' if gpus == 1 else 's'}, and the engine of every "
+            f"schedulable node ({names}) has only its CPU backend. On a machine with NVIDIA "
+            "GPUs, build the engine with `LLMGW_ENGINE=cuda make setup` (the README's fleet "
+            "section says how) and restart its node agent; or give the model a CPU profile"
+        )
+
+    def _short_of_devices(
+        self, profile: str, need: _Vec, nodes: list[_NodeState]
+    ) -> tuple[str, tuple[DeviceRoom, ...]]:
+        """No node's devices can take the need: name the closest, with each device's figures."""
+        count = int(need[2] + EPSILON)
+        share = need[3] / count
+
+        def closeness(node: _NodeState) -> tuple[int, float]:
+            frees = sorted((d.free for d in node.devices.values()), reverse=True)
+            with_room = sum(1 for free in frees if share <= free + EPSILON)
+            kth = frees[count - 1] if len(frees) >= count else float("-inf")
+            return (min(with_room, count), kth)
+
+        node = max(nodes, key=closeness)  # the first by name wins a tie
+        rooms = tuple(
+            DeviceRoom(
+                node=node.name,
+                index=d.index,
+                total_gb=d.total,
+                reserved_gb=d.reserved,
+                others_gb=d.others,
+                free_gb=d.free,
+                needed_gb=share,
+            )
+            for d in node.devices.values()
+        )
+        each = " each" if count > 1 else ""
+        figures = "; ".join(
+            f"GPU {r.index}: {_gb(r.total_gb)} GB, {_gb(r.reserved_gb)} GB reserved by llmgw, "
+            f"{_gb(r.others_gb)} GB used by other programs, {_gb(r.free_gb)} GB free"
+            for r in rooms
+        )
+        words = (
+            f"no node has {count} GPU{'' if count == 1 else 's'} with {_gb(share)} GB of GPU "
+            f"memory free{each} for profile {profile}; the closest is {node.name} ({figures})"
+        )
+        return words, rooms
+
+    def _closest(self, profile: str, need: _Vec, nodes: list[_NodeState]) -> str:
         # Each resource is free somewhere, just not all on one node: name the node that
         # is short on the fewest resources and what it lacks.
         def lacks(node: _NodeState) -> list[int]:
@@ -875,7 +1177,7 @@ class _Explainer:
                 d for d in range(_DIMENSIONS) if need[d] > 0 and node.free[d] + EPSILON < need[d]
             ]
 
-        node = min(self.nodes, key=lambda n: len(lacks(n)))
+        node = min(nodes, key=lambda n: len(lacks(n)))
         missing = lacks(node)
         if not missing:
             # Free room fits, so what stood in the way were replicas it may not preempt.

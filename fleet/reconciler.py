@@ -103,11 +103,13 @@ def _resources(replica: Replica) -> placement.Resources:
 
 
 def planner_profile(profile: dict[str, Any], memory: Footprint) -> placement.Profile:
+    """A profile as the planner reserves it: host memory and GPU memory from its footprint
+    (fleet.footprint), the GPU memory over all its GPUs (the planner splits it evenly)."""
     resources = placement.Resources(
         memory.memory_gb,
         profile.get("cores", 0),
         profile.get("gpus", 0),
-        profile.get("gpu_memory_gb", 0),
+        memory.gpu_memory_gb,
     )
     return placement.Profile(profile["name"], resources, memory.note())
 
@@ -126,11 +128,47 @@ def model_demand(model: Model, desired: int, facts: FileFacts | str) -> placemen
     )
 
 
+MIB_PER_GB = 1024
+
+
+def has_gpu_engine(node: Node) -> bool:
+    """Whether the node's engine binary has a GPU backend: any backend besides the CPU's."""
+    return any(str(backend).upper() != "CPU" for backend in node.engine_backends or [])
+
+
+def node_devices(node: Node) -> tuple[placement.Device, ...]:
+    """The node's GPUs for the planner: as its agent reported them (devices whose figures are
+    not numbers are left out: a report is hostile until checked), or, from an agent that
+    reports none but declares GPUs (an older agent), one device per declared GPU of the
+    declared memory each, with nothing observed in use. A use above the total is taken as
+    the total."""
+    devices: dict[int, placement.Device] = {}
+    for device in node.devices or []:
+        if not isinstance(device, dict):
+            continue
+        index, total, used = (device.get(k) for k in ("index", "memory_total_mb", "memory_used_mb"))
+        if not all(_count(v) for v in (index, total, used)):
+            continue  # a figure that is not a count: the device is not believed
+        assert isinstance(index, int) and isinstance(total, int) and isinstance(used, int)
+        devices.setdefault(
+            index, placement.Device(index, total / MIB_PER_GB, min(used, total) / MIB_PER_GB)
+        )
+    if devices:
+        return tuple(devices[i] for i in sorted(devices))
+    return tuple(placement.Device(i, float(node.gpu_memory_gb)) for i in range(node.gpus))
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def planner_node(node: Node) -> placement.Node:
     return placement.Node(
         name=node.name,
         capacity=placement.Resources(node.memory_gb, node.cores, node.gpus, node.gpu_memory_gb),
         schedulable=node.schedulable,
+        devices=node_devices(node),
+        gpu_engine=has_gpu_engine(node),
     )
 
 
@@ -144,6 +182,7 @@ def planner_replica(replica: Replica, node_names: dict[int, str]) -> placement.R
         node=node_names[replica.node_id],
         profile=replica.profile,
         resources=_resources(replica),
+        devices=tuple(i for i in replica.devices or [] if isinstance(i, int)),
     )
 
 
@@ -384,6 +423,7 @@ def _apply(
                 cores=start.resources.cores,
                 gpus=start.resources.gpus,
                 gpu_memory_gb=start.resources.gpu_memory_gb,
+                devices=list(start.devices),
                 slots=spec["slots"],
                 spec=spec,
                 spec_key=spec_key(spec),

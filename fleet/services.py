@@ -22,7 +22,7 @@ from llmgw.bearer import NODE_TOKEN
 from . import trust
 from .models import Node, Replica, hash_token
 from .signals import fleet_changed, replica_state_changed
-from .specs import engine_key
+from .specs import engine_key, gpu_order
 
 log = logging.getLogger("llmgw.fleet")
 
@@ -137,10 +137,13 @@ def authenticate_node(token: str) -> Node | None:
     return Node.objects.filter(token_hash=hash_token(token)).first()
 
 
-def replica_order(replica: Replica) -> dict[str, Any]:
-    """What the node is told to run for one replica."""
+def replica_order(replica: Replica, node: Node | None = None) -> dict[str, Any]:
+    """What the node is told to run for one replica. ``node``, when given, is the replica's
+    (saves a query per GPU replica: its devices' UUIDs are read from the node)."""
     spec = replica.spec
     cores = spec.get("resources", {}).get("cores") or 0
+    devices = [i for i in replica.devices or [] if isinstance(i, int)]
+    node_devices = ((node or replica.node).devices or []) if devices else []
     return {
         "id": str(replica.pk),
         "model": replica.model_name,
@@ -151,6 +154,7 @@ def replica_order(replica: Replica) -> dict[str, Any]:
         "threads": max(1, int(cores)) if cores else None,
         "slots": replica.slots,
         "engine_key": engine_key(str(replica.pk)),
+        **gpu_order(spec, devices, node_devices),
     }
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.utils.crypto import salted_hmac
 
-from catalog.definitions import DEFAULT_SLOTS
+from catalog.definitions import ALL_LAYERS, DEFAULT_SLOTS
 from catalog.models import Model
 
 
@@ -29,8 +29,22 @@ def profile_slots(profile: dict[str, Any]) -> int:
     return int(profile.get("slots") or DEFAULT_SLOTS)
 
 
+def profile_gpu_layers(profile: dict[str, Any]) -> int | str:
+    """Layers a replica of this profile offloads to its GPUs: none without GPUs, else the
+    profile's gpu_layers ("all" when it does not say)."""
+    if not profile.get("gpus"):
+        return 0
+    layers = profile.get("gpu_layers")
+    return ALL_LAYERS if layers is None else layers
+
+
 def replica_spec(model: Model, profile: dict[str, Any]) -> dict[str, Any]:
-    """Everything that, when it changes, means a running replica must be replaced."""
+    """Everything that, when it changes, means a running replica must be replaced.
+
+    ``gpu_layers`` is in it only for a GPU profile: a CPU replica's spec stays what it was, and
+    a GPU replica started before layers were offloaded (a CPU-only engine) is out of date, so
+    it is replaced by one that uses its GPUs."""
+    gpu = {"gpu_layers": profile_gpu_layers(profile)} if profile.get("gpus") else {}
     return {
         "source": model.source,
         "sha256": model.sha256 or None,
@@ -52,6 +66,26 @@ def replica_spec(model: Model, profile: dict[str, Any]) -> dict[str, Any]:
             "gpus": profile.get("gpus", 0),
             "gpu_memory_gb": profile.get("gpu_memory_gb", 0),
         },
+        **gpu,
+    }
+
+
+def gpu_order(spec: dict[str, Any], devices: list[int], node_devices: list[Any]) -> dict[str, Any]:
+    """What a node is told about a replica's GPUs (the heartbeat answer): the device indices it
+    was placed on, their UUIDs as the node reported them ("" when unknown), the layers to
+    offload, and the share of the layers each device takes when there are several (even, as
+    placement splits the replica's GPU memory evenly)."""
+    uuids = {
+        d["index"]: str(d.get("uuid") or "")[:100]
+        for d in node_devices
+        if isinstance(d, dict) and isinstance(d.get("index"), int)
+    }
+    split = [round(1 / len(devices), 6)] * len(devices) if len(devices) >= 2 else []
+    return {
+        "devices": list(devices),
+        "device_uuids": [uuids.get(i, "") for i in devices],
+        "gpu_layers": spec.get("gpu_layers", 0) if devices else 0,
+        "tensor_split": split,
     }
 
 

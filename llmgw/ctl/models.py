@@ -220,7 +220,8 @@ def _print_target(target: dict[str, Any]) -> None:
         extra = "" if r["up_to_date"] else " (out of date)"
         detail = r["withdraw_reason"] if r["state"] == "withdrawn" else r["message"]
         port = f":{r['port']}" if r["port"] else ""
-        print(f"  {r['node']}{port}  {r['state']}{extra}  {detail}".rstrip())
+        gpus = f" GPU {', '.join(str(i) for i in r['devices'])}" if r.get("devices") else ""
+        print(f"  {r['node']}{port}{gpus}  {r['state']}{extra}  {detail}".rstrip())
     for u in target["unplaced"]:
         print(f"  {u['count']} not placed: {u['reason']}")
 
@@ -256,9 +257,22 @@ def cmd_model_plan(client: Client, args: argparse.Namespace) -> None:
         return
     print(f"{plan['model']}: {plan['desired']} replica(s) wanted (nothing is changed by this plan)")
     for p in plan["placements"]:
-        print(f"  would run on {p['node']} (profile {p['profile']})")
+        devices = p.get("devices") or []
+        on = (
+            f" GPU{'' if len(devices) == 1 else 's'} {', '.join(str(i) for i in devices)} "
+            f"({p['gpu_memory_gb_per_device']:g} GB{' each' if len(devices) > 1 else ''})"
+            if devices
+            else ""
+        )
+        print(f"  would run on {p['node']}{on} (profile {p['profile']})")
     for u in plan["unplaced"]:
         print(f"  {u['count']} could not be placed: {u['reason']}")
+        for d in u.get("devices") or []:
+            print(
+                f"    {d['node']} GPU {d['index']}: {d['total_gb']:g} GB, {d['reserved_gb']:g} GB "
+                f"reserved by llmgw, {d['used_by_others_gb']:g} GB used by other programs, "
+                f"{d['free_gb']:g} GB free; needs {d['needed_gb']:g} GB"
+            )
     for p in plan["preemptions"]:
         print(f"  would stop a replica of {p['model']} on {p['node']}: {p['reason']}")
     if plan.get("estimate"):
@@ -273,6 +287,14 @@ def cmd_model_plan(client: Client, args: argparse.Namespace) -> None:
             f"  memory estimate: {_size(e, 'total')} (weights {_size(e, 'weights')} + KV cache "
             f"{_size(e, 'kv_cache')} for {slots}{e['context_length']} tokens{prompt_cache})"
         )
+        if e.get("gpus"):
+            layers = "every layer" if e["gpu_layers"] == "all" else f"{e['gpu_layers']} layers"
+            print(
+                f"  on its {e['gpus']} GPU{'' if e['gpus'] == 1 else 's'}: "
+                f"{format_bytes(e['gpu_bytes'])} ({layers}, {e['offloaded']:.0%} of the model), "
+                f"{e['gpu_reserved_gb_per_gpu']:g} GB reserved on each; in host memory: "
+                f"{format_bytes(e['host_bytes'])}"
+            )
     for warning in plan["warnings"]:
         print(f"  warning: {warning}")
 

@@ -156,3 +156,32 @@ def test_names_that_urls_or_command_lines_would_misread_are_refused(name: str) -
 
 def test_a_dotted_name_inside_is_fine() -> None:
     clean_definition(definition(name="qwen2.5-0.5b"))
+
+
+def test_a_gpu_profile_says_how_many_layers_it_offloads() -> None:
+    gpu = {"name": "gpu", "memory_gb": 4, "gpus": 1, "gpu_memory_gb": 8}
+    # Left out, it stays out (a definition reads back as written): every layer is the default.
+    assert "gpu_layers" not in clean_definition(definition(profiles=[gpu]))["profiles"][0]
+    for layers in ["all", 0, 20, 10000]:
+        clean = clean_definition(definition(profiles=[{**gpu, "gpu_layers": layers}]))
+        assert clean["profiles"][0]["gpu_layers"] == layers
+
+
+@pytest.mark.parametrize("layers", [-1, 10001, "most", "12", 12.5, True, None, [1]])
+def test_gpu_layers_other_than_all_or_a_count_are_refused(layers: object) -> None:
+    gpu = {"name": "gpu", "memory_gb": 4, "gpus": 1, "gpu_layers": layers}
+    error = refusal(definition(profiles=[gpu]))
+    assert (error.problems[0].field, error.problems[0].message) == (
+        "profiles[0].gpu_layers",
+        'must be "all" (every layer on the GPUs, the default) or a whole number of layers from 0 '
+        "to 10000",
+    )
+
+
+def test_gpu_layers_on_a_profile_without_gpus_is_refused() -> None:
+    error = refusal(definition(profiles=[{"name": "cpu", "memory_gb": 4, "gpu_layers": 10}]))
+    assert (error.problems[0].field, error.problems[0].message) == (
+        "profiles[0].gpu_layers",
+        "offloads layers to the profile's GPUs, and it has gpus 0: set gpus, or leave gpu_layers "
+        "out",
+    )

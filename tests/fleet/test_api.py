@@ -170,7 +170,9 @@ def test_plan_shows_placements_and_preemptions_without_changing_anything(api: An
 
     body = make(name="vip", profiles=[{"name": "cpu", "memory_gb": 1}], **{"class": "critical"})
     plan = api("bob").post("/api/v1/plan", body, format="json").json()
-    assert plan["placements"] == [{"node": "node-a", "profile": "cpu"}]
+    assert plan["placements"] == [
+        {"node": "node-a", "profile": "cpu", "devices": [], "gpu_memory_gb_per_device": 0}
+    ]
     assert [p["model"] for p in plan["preemptions"]] == ["filler"]
     assert Replica.objects.filter(withdrawn_at__isnull=True).count() == 2
     from catalog.models import Model
@@ -190,7 +192,13 @@ def test_plan_wants_what_the_reconciler_wants_of_an_on_demand_model(api: Any) ->
 
     api("alice").post("/api/v1/models/lazy/demand")
     asked = api("bob").get("/api/v1/models/lazy/plan").json()
-    assert (asked["desired"], asked["placements"]) == (1, [{"node": "node-a", "profile": "cpu"}])
+    cpu_placement = {
+        "node": "node-a",
+        "profile": "cpu",
+        "devices": [],
+        "gpu_memory_gb_per_device": 0,
+    }
+    assert (asked["desired"], asked["placements"]) == (1, [cpu_placement])
 
     from tests.factories import definition as make
 

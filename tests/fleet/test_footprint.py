@@ -161,3 +161,85 @@ def test_what_a_plan_read_is_forgotten_when_no_model_uses_it(
         f"{tiny_url}?v=1",
     }
     assert ModelFile.objects.filter(key=file_key(kept)).exists()
+
+
+# -- GPU profiles: the offloaded share on the GPUs, the rest in host memory --------------------
+
+
+def gpu_facts() -> FileFacts:
+    # 100 MB of weights, 1 KB of KV cache per token, 10 layers.
+    return FileFacts(100 * MIB, 1024, trained_context=8192, block_count=10)
+
+
+def test_a_gpu_profile_holds_every_layer_on_its_gpus_by_default() -> None:
+    # 2 slots x 2048 tokens x 1 KB = 4 MB of KV cache, and a 2 MB prompt cache in host memory.
+    profile = {"name": "gpu", "memory_gb": 0, "slots": 2, "gpus": 1, "gpu_memory_gb": 0}
+    memory = footprint(profile, gpu_facts(), context_length=2048)
+    assert memory.offloaded == 1.0
+    assert memory.gpu_bytes == 104 * MIB
+    assert memory.host_bytes == 2 * MIB  # the prompt cache (--cache-ram) stays in host memory
+    assert memory.gpu_memory_gb_per_gpu == pytest.approx(104 / 1024)
+    assert memory.memory_gb == pytest.approx(2 / 1024)
+    assert memory.note().startswith(
+        "profile gpu reserves 2.00 MB (weights 100.00 MB + KV cache 4.00 MB for 2 slots x 2048 "
+        "tokens + prompt cache 2.00 MB, less 104.00 MB on its GPUs), more than its memory_gb 0; "
+        "profile gpu reserves 104.00 MB on each of its 1 GPU (every layer of weights 100.00 MB + "
+        "KV cache 4.00 MB, split over its GPUs), more than its gpu_memory_gb 0"
+    )
+
+
+def test_gpu_layers_offload_their_share_and_gpus_split_it() -> None:
+    profile = {"name": "gpu", "memory_gb": 0, "slots": 2, "gpus": 2, "gpu_layers": 4}
+    memory = footprint(profile, gpu_facts(), context_length=2048)
+    # 4 of 10 layers: 40% of 104 MB on the GPUs (20.8 MB on each of 2), the rest in host memory.
+    assert memory.offloaded == 0.4
+    assert memory.gpu_bytes == int(104 * MIB * 0.4)
+    assert memory.host_bytes == 106 * MIB - memory.gpu_bytes
+    assert memory.gpu_memory_gb_per_gpu == pytest.approx(104 * 0.4 / 2 / 1024)
+    assert memory.gpu_memory_gb == pytest.approx(2 * memory.gpu_memory_gb_per_gpu)
+
+
+def test_the_declared_gpu_memory_is_a_floor_and_an_unknown_layer_count_offloads_all() -> None:
+    profile = {"name": "gpu", "memory_gb": 0, "gpus": 1, "gpu_memory_gb": 8, "gpu_layers": 3}
+    memory = footprint(profile, gpu_facts(), context_length=2048)
+    assert memory.gpu_memory_gb_per_gpu == 8 and not memory.gpu_above_declared
+    unknown = FileFacts(100 * MIB, 1024, trained_context=8192, block_count=None)
+    profile = {**profile, "gpu_memory_gb": 0}
+    assert footprint(profile, unknown, context_length=2048).offloaded == 1.0
+    # A count above the model's layers offloads them all, as llama-server does.
+    profile = {**profile, "gpu_layers": 99}
+    assert footprint(profile, gpu_facts(), context_length=2048).offloaded == 1.0
+
+
+def test_a_gpu_replica_reserves_the_estimate_on_its_device(fleet: Any, tiny_url: str) -> None:
+    node = fleet.node("g", memory_gb=1)
+    node.devices = [
+        {"index": 0, "uuid": "", "name": "x", "memory_total_mb": 1024, "memory_used_mb": 0}
+    ]
+    node.engine_backends = ["CPU", "CUDA"]
+    node.save(update_fields=["devices", "engine_backends"])
+    fleet.add("chat", source=tiny_url, profiles=[{"name": "gpu", "memory_gb": 0, "gpus": 1}])
+    reconcile_pass()  # reads the header, then places
+    [row] = ModelFile.objects.all()
+    assert row.block_count == 2  # the tiny model's layers
+    [replica] = Replica.objects.all()
+    assert replica.devices == [0]
+    # Weights + 1 slot of KV cache on the GPU; the prompt cache in host memory.
+    one_slot = 2048 * KV_PER_TOKEN
+    assert replica.gpu_memory_gb * 1024**3 == pytest.approx(row.weights_bytes + one_slot)
+    assert replica.memory_gb * 1024**3 == pytest.approx(one_slot)
+
+
+def test_plan_shows_what_a_gpu_profile_holds_on_its_gpus(api: Any, tiny_url: str) -> None:
+    from tests.factories import definition as make
+
+    gpu = {"name": "gpu", "memory_gb": 0, "gpus": 1, "gpu_layers": 1}
+    plan = api("bob").post("/api/v1/plan", make(source=tiny_url, profiles=[gpu]), format="json")
+    estimate = plan.json()["estimate"]
+    # 1 of the tiny model's 2 layers: half its weights and KV cache on the GPU.
+    on_layers = estimate["weights_bytes"] + estimate["kv_cache_bytes"]
+    assert (estimate["gpus"], estimate["gpu_layers"], estimate["offloaded"]) == (1, 1, 0.5)
+    assert estimate["gpu_bytes"] == on_layers // 2
+    assert estimate["host_bytes"] == estimate["total_bytes"] - estimate["gpu_bytes"]
+    assert estimate["gpu_reserved_gb_per_gpu"] == round(on_layers / 2 / 1024**3, 3)
+    assert estimate["reserved_gb"] == round(estimate["host_bytes"] / 1024**3, 3)

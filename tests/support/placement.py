@@ -26,7 +26,7 @@ def apply(plan: Plan, replicas: Sequence[Replica], tag: str = "new") -> list[Rep
     gone = {stop.replica_id for stop in plan.stops + plan.preemptions}
     kept = [r for r in replicas if r.id not in gone]
     started = [
-        Replica(f"{tag}-{i}", s.model, s.node, s.profile, s.resources)
+        Replica(f"{tag}-{i}", s.model, s.node, s.profile, s.resources, s.devices)
         for i, s in enumerate(plan.starts)
     ]
     return kept + started
