@@ -494,6 +494,10 @@ class ReplicaOut(serializers.Serializer):
     engine = EngineNumbersOut(
         allow_null=True, help_text="what the engine last reported; null when not recent"
     )
+    devices = serializers.ListField(
+        child=serializers.IntegerField(),
+        help_text="the indices of its node's GPUs it was placed on; empty for a CPU replica",
+    )
 
 
 class TargetOut(serializers.Serializer):

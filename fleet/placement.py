@@ -263,6 +263,24 @@ def fits(need: Resources, room: Resources) -> bool:
     return _fits(_vec(need), _vec(room))
 
 
+def fits_on_empty(need: Resources, node: Node) -> bool:
+    """Whether ``need`` fits on ``node`` with nothing of llmgw on it: what the gateway asks of
+    an on-demand model before it wakes it (gateway.state._unplaceable). A GPU need asks for a
+    GPU engine and, on a node that lists its devices, ``need.gpus`` devices whose total memory
+    holds an even share (rule 7); what other programs hold now is not counted, as it may be
+    given back by the time the model is placed."""
+    if need.gpus <= 0:
+        return fits(need, node.capacity)
+    if not node.gpu_engine:
+        return False
+    if not node.devices:
+        return fits(need, node.capacity)
+    share = need.gpu_memory_gb / need.gpus
+    roomy = sum(1 for d in node.devices if share <= d.total_gb + EPSILON)
+    host = Resources(need.memory_gb, need.cores)
+    return roomy >= need.gpus and fits(host, node.capacity)
+
+
 # --- internals -------------------------------------------------------------------------
 
 

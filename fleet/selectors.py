@@ -138,6 +138,7 @@ def replica_view(replica: Replica, node_name: str, up_to_date: bool) -> dict[str
         "created_at": replica.created_at.isoformat(),
         "slots": replica.slots,
         "engine": engine_numbers(replica),
+        "devices": list(replica.devices or []),
     }
 
 

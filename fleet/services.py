@@ -310,7 +310,7 @@ def node_heartbeat(
     return {
         "node": node.name,
         "heartbeat_interval": interval,
-        "replicas": [replica_order(r) for r in wanted],
+        "replicas": [replica_order(r, node) for r in wanted],
         "keep": _previous_revisions({r.model_id for r in wanted if r.model_id is not None}),
         "warnings": node.capacity_notes(),
     }

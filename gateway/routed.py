@@ -64,7 +64,16 @@ REPLICA_IN_ROUTING = ("withdrawn_at", "state", "model")
 
 # -- fleet.Node -------------------------------------------------------------------------------
 # _unplaceable: what a node has room for, and whether it is schedulable (Node.schedulable).
-NODE_PLACING = ("memory_gb", "cores", "gpus", "gpu_memory_gb", "cordoned", "lost", "last_heartbeat")
+NODE_PLACING = (
+    "memory_gb",
+    "cores",
+    "gpus",
+    "gpu_memory_gb",
+    "engine_backends",
+    "cordoned",
+    "lost",
+    "last_heartbeat",
+)
 # Its address is read through its replicas (node__address above), and watched from there.
 # A node's heartbeat counts only as having come at all: its first one makes the node schedulable,
 # and the beats after change nothing routing sees (every beat would otherwise re-read).

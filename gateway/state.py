@@ -46,10 +46,11 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from catalog.models import Model
+from fleet import placement
 from fleet.footprint import known_facts, model_footprints
 from fleet.models import Node, Replica
-from fleet.placement import Resources, fits
-from fleet.reconciler import planner_profile
+from fleet.placement import fits_on_empty
+from fleet.reconciler import has_gpu_engine, planner_profile
 from fleet.selectors import engine_numbers
 
 from . import limits, routed, services, traffic, triggers
@@ -480,7 +481,7 @@ def _engines() -> tuple[EngineFigures, ...]:
 def _unplaceable(catalog: Catalog) -> dict[str, str]:
     """On-demand models none of whose profiles fits on any schedulable node, even an empty one.
 
-    Whether a profile fits is the planner's rule (fleet.placement.fits), asked of what the
+    Whether a profile fits is the planner's rule (fleet.placement.fits_on_empty), asked of what the
     planner itself would reserve (fleet.reconciler.planner_profile): the gateway must not refuse
     a model the reconciler would place, nor wake one it cannot.
     """
@@ -490,7 +491,7 @@ def _unplaceable(catalog: Catalog) -> dict[str, str]:
     # The fields are gateway.routed's, which the triggers watch: add one there, not here (one
     # left out would be loaded row by row, and its change would not reach the gateway).
     nodes = [n for n in Node.objects.order_by().only(*routed.NODE_PLACING) if n.schedulable]
-    capacities = [Resources(n.memory_gb, n.cores, n.gpus, n.gpu_memory_gb) for n in nodes]
+    planned = [_as_placed(n) for n in nodes]
     why: dict[str, str] = {}
     models = list(Model.objects.order_by().filter(name__in=on_demand).only(*routed.MODEL_PLACING))
     facts = known_facts(models)
@@ -503,7 +504,7 @@ def _unplaceable(catalog: Catalog) -> dict[str, str]:
             continue
         profiles = list(zip(model.profiles, model_footprints(model, facts[name]), strict=True))
         needs = [planner_profile(profile, memory).resources for profile, memory in profiles]
-        if any(fits(need, room) for need in needs for room in capacities):
+        if any(fits_on_empty(need, node) for need in needs for node in planned):
             continue
         largest = max(nodes, key=lambda n: (n.memory_gb, n.cores))
         described = "; ".join(_describe(p, memory) for p, memory in profiles) or "no profile"
@@ -511,8 +512,33 @@ def _unplaceable(catalog: Catalog) -> dict[str, str]:
             f"it fits on no node: its profiles need {described}, and the largest node has "
             f"{largest.memory_gb:g} GB and {largest.cores:g} cores"
             + (f", {largest.gpus} GPUs" if largest.gpus else "")
+            + _gpu_engine_words(profiles, planned)
         )
     return why
+
+
+def _as_placed(node: Node) -> placement.Node:
+    """A node as the planner sees it, with its GPUs as many as it has of the memory its agent
+    reports for each (the smallest GPU's): Node.devices is not read, as the memory in use in it
+    moves with every heartbeat and the gateway would read everything again each time. A node
+    of GPUs of different sizes may so be thought too small for a model its biggest GPU holds."""
+    devices = tuple(placement.Device(i, float(node.gpu_memory_gb)) for i in range(node.gpus))
+    return placement.Node(
+        name=str(node.pk),  # its name is not read (nor watched): only a key is needed
+        capacity=placement.Resources(node.memory_gb, node.cores, node.gpus, node.gpu_memory_gb),
+        schedulable=True,
+        devices=devices,
+        gpu_engine=has_gpu_engine(node),
+    )
+
+
+def _gpu_engine_words(profiles: list[Any], nodes: list[Any]) -> str:
+    if any(p.get("gpus") for p, _ in profiles) and not any(n.gpu_engine for n in nodes):
+        return (
+            "; and no node's engine has a GPU backend (build it with LLMGW_ENGINE=cuda make "
+            "setup on a machine with NVIDIA GPUs)"
+        )
+    return ""
 
 
 def _describe(profile: dict[str, Any], memory: Footprint) -> str:

@@ -96,6 +96,33 @@ def test_the_snapshot_holds_what_a_request_needs(
     assert "its profiles need cpu: 99 GB, 1 cores" in snapshot.unplaceable["huge"]
 
 
+def test_an_on_demand_gpu_model_wakes_only_where_a_gpu_engine_and_its_devices_are(
+    catalog: Any,
+) -> None:
+    """The gateway's "fits on no node" asks the planner's rule with the node's GPU engine and
+    devices: the reconciler would leave such a model unplaced, so it must not be woken."""
+    from fleet.models import Node
+    from gateway.state import read_snapshot
+
+    gpu = {"name": "gpu", "memory_gb": 1, "cores": 1, "gpus": 1, "gpu_memory_gb": 20}
+    catalog.add("vision", min_replicas=0, max_replicas=1, profiles=[gpu])
+    device = {"index": 0, "uuid": "GPU-1", "name": "L4", "memory_used_mb": 0}
+    node = Node.objects.get()
+    node.gpus, node.gpu_memory_gb = 1, 24
+    node.devices = [{**device, "memory_total_mb": 24 * 1024}]
+    node.engine_backends = ["CPU"]
+    node.save()
+    why = read_snapshot().unplaceable["vision"]
+    assert "no node's engine has a GPU backend" in why and "LLMGW_ENGINE=cuda" in why
+    node.engine_backends = ["CPU", "CUDA"]
+    node.save()
+    assert "vision" not in read_snapshot().unplaceable
+    # Its one GPU is too small for the profile's 20 GB.
+    node.gpu_memory_gb = 16
+    node.save()
+    assert "vision" in read_snapshot().unplaceable
+
+
 def test_keys_with_limits_are_held_apart_and_follow_each_change(
     keys: dict[str, str], users: dict[str, Any]
 ) -> None:
