@@ -279,7 +279,7 @@ class GpuDetector:
         if self._smi_failed_at is not None and now - self._smi_failed_at < SMI_RETRY_SECONDS:
             return self._last  # what it said last, rather than GPUs that vanish and come back
         try:
-            found = run_nvidia_smi(executable)
+            found = run_nvidia_smi(executable, timeout=SMI_TIMEOUT_SECONDS)
         except subprocess.TimeoutExpired:
             self._smi_failed(now, f"nvidia-smi did not answer within {SMI_TIMEOUT_SECONDS:g} s")
             return self._last
