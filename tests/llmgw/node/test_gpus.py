@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from llmgw.cli import build_parser
 from llmgw.node import gpus
+from llmgw.node.cli import config_from_args
+from llmgw.node.config import NodeConfig
 from llmgw.node.gpus import GpuDetector, capacity, declared_devices, parse_nvidia_smi
 from tests.support.fake_nvml import FakeGpu, FakeNvml
 
@@ -265,3 +268,33 @@ def test_declared_gpus_replace_detection() -> None:
 def test_declaring_no_gpus_reports_none_whatever_is_there() -> None:
     assert GpuDetector(nvml=nvml_two_gpus(), declared=(0, 0)).devices() == ([], "flags")
     assert capacity([]) == (0, 0)
+
+
+def node_config(monkeypatch: pytest.MonkeyPatch, *options: str) -> NodeConfig:
+    monkeypatch.setenv("LLMGW_NODE_TOKEN", "t")
+    args = build_parser().parse_args(
+        ["node", "--server", "http://cp", "--memory", "8", "--cores", "2", *options]
+    )
+    return config_from_args(args)
+
+
+def test_the_command_line_declares_gpus_only_with_their_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    detected = node_config(monkeypatch)
+    assert (detected.gpus, detected.gpu_memory_gb) == (None, None)
+    declared = node_config(monkeypatch, "--gpus", "2", "--gpu-memory", "24")
+    assert (declared.gpus, declared.gpu_memory_gb) == (2, 24)
+    assert node_config(monkeypatch, "--gpus", "0").gpus == 0
+
+    with pytest.raises(SystemExit) as refused:
+        node_config(monkeypatch, "--gpus", "2")
+    assert str(refused.value) == (
+        "llmgw node: --gpus 2 needs --gpu-memory GB, the memory of each GPU."
+    )
+    with pytest.raises(SystemExit) as refused:
+        node_config(monkeypatch, "--gpu-memory", "24")
+    assert str(refused.value) == (
+        "llmgw node: --gpu-memory goes with --gpus N (the GPUs it describes); without --gpus "
+        "the GPUs and their memory are detected."
+    )
