@@ -96,11 +96,7 @@ def engine_record(gpu_machine: dict[str, str]) -> dict[str, Any]:
 
 def gpu_replica(mirror: Mirror, **fields: Any) -> dict[str, Any]:
     return replica_spec(
-        mirror,
-        devices=[1],
-        device_uuids=[UUID_B],
-        gpu_layers="all",
-        **fields,
+        mirror, **{"devices": [1], "device_uuids": [UUID_B], "gpu_layers": "all", **fields}
     )
 
 
