@@ -43,8 +43,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,15 @@ class EngineSettings:
     # A file holding the key every request but /health must send (llama-server's
     # --api-key-file): a file, not --api-key, so that no command line shows it.
     api_key_file: str | None = None
+    # GPUs (see "GPUs" below). devices: the node's device indices (NVML's, the PCI bus order);
+    # device_uuids: theirs, "" when unknown; gpu_layers: "all" or a number, None for a CPU
+    # replica; tensor_split: one proportion per device when there are 2+.
+    devices: tuple[int, ...] = ()
+    device_uuids: tuple[str, ...] = ()
+    gpu_layers: int | str | None = None
+    tensor_split: tuple[float, ...] = ()
+    # A CPU replica on an engine built with a GPU backend: keep it off every GPU.
+    hide_gpus: bool = False
 
 
 def key_headers(key: str | None) -> dict[str, str]:
@@ -160,7 +170,7 @@ def engine_command(settings: EngineSettings, executable: str) -> list[str]:
             )
         # Scale 0 at start: each request asks for its adapter (lora_request).
         command += ["--lora-scaled", f"{adapter.path}:0"]
-    return command
+    return command + _gpu_arguments(settings)
 
 
 def lora_request(adapters: Sequence[Any], name: str) -> list[dict[str, Any]] | None:
@@ -188,8 +198,11 @@ def lora_request(adapters: Sequence[Any], name: str) -> list[dict[str, Any]] | N
     return lora
 
 
-def start_engine(command: Sequence[str], log_path: Path) -> subprocess.Popen[bytes]:
-    """Start the engine in its own session, its output appended to ``log_path``."""
+def start_engine(
+    command: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start the engine in its own session, its output appended to ``log_path``; ``env`` is
+    added to this process's environment (engine_environment)."""
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             list(command),
@@ -198,7 +211,217 @@ def start_engine(command: Sequence[str], log_path: Path) -> subprocess.Popen[byt
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
+            env={**os.environ, **env} if env else None,
         )
+
+
+# -- GPUs ---------------------------------------------------------------------------------------
+#
+# What llama-server (the llama.cpp tree of llama-cpp-python 0.3.36) does with GPUs, read from its
+# source and --help:
+# - --n-gpu-layers takes a number, "auto" or "all"; its default is "auto", so an engine built
+#   with CUDA puts a CPU replica's layers on whatever GPU it sees unless told otherwise.
+# - --device none keeps the model off every GPU device of every backend; a CPU-only build
+#   accepts it (it names no device to look up).
+# - --fit (default on) changes arguments not given to fit device memory; the control plane
+#   sized the replica, so a GPU replica runs with --fit off: it fails loudly instead of quietly
+#   holding other memory than it reserved.
+# - Loading a model with a GPU backend logs "load_tensors: offloaded N/M layers to GPU" and one
+#   "<buffer> model buffer size = X MiB" line per buffer (CUDA0, CPU_Mapped...); without a
+#   usable GPU neither the offload line nor a GPU buffer appears. /props says nothing of devices,
+#   so the log is what proves the offload (offload_report).
+# - --list-devices prints "Available devices:" and one "  CUDA0: NAME (T MiB, F MiB free)" line
+#   per non-CPU device, or "  (none)"; a CUDA build without a usable driver also prints
+#   "ggml_cuda_init: failed to initialize CUDA: ..." (engine_backends).
+
+
+def _gpu_arguments(settings: EngineSettings) -> list[str]:
+    if settings.gpu_layers is None:
+        # A CPU replica: its command line is what it was before GPUs, unless the engine could
+        # reach a GPU, which it then must not (nothing reserved any GPU memory for it).
+        return ["--device", "none"] if settings.hide_gpus else []
+    arguments = ["--n-gpu-layers", str(settings.gpu_layers), "--fit", "off"]
+    if len(settings.devices) > 1:
+        split = settings.tensor_split or tuple(1.0 for _ in settings.devices)
+        arguments += ["--split-mode", "layer", "--tensor-split", ",".join(f"{x:g}" for x in split)]
+    return arguments
+
+
+def engine_environment(settings: EngineSettings) -> dict[str, str]:
+    """What the engine's environment gains: for a GPU replica, CUDA_VISIBLE_DEVICES naming its
+    devices (their UUIDs, which cannot be misread, or their indices when a UUID is unknown) in
+    PCI bus order, the order NVML and nvidia-smi number them in, so that the engine sees exactly
+    its devices, as CUDA0, CUDA1... Nothing for a CPU replica."""
+    if settings.gpu_layers is None:
+        return {}
+    if settings.device_uuids and all(settings.device_uuids):
+        visible = ",".join(settings.device_uuids)
+    else:
+        visible = ",".join(str(index) for index in settings.devices)
+    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": visible}
+
+
+LIST_DEVICES_TIMEOUT_SECONDS = 20.0
+LIST_DEVICES_MAX_BYTES = 64 * 1024
+MAX_BACKENDS = 16
+# Device names as ggml's backends give them ("CUDA0", "Vulkan1", "ROCm0", "MTL0"...).
+_DEVICE_LINE = re.compile(r"^\s+([A-Za-z][A-Za-z_]*?)\d+:\s")
+_BACKEND_NAMES = {
+    "CUDA": "CUDA",
+    "ROCm": "ROCm",
+    "HIP": "ROCm",
+    "Vulkan": "Vulkan",
+    "MTL": "Metal",
+    "Metal": "Metal",
+    "SYCL": "SYCL",
+    "CANN": "CANN",
+    "OpenCL": "OpenCL",
+    "RPC": "RPC",
+}
+# What a build prints when it has a backend whose devices cannot be used here.
+_INIT_LINES = {
+    "ggml_cuda_init": "CUDA",
+    "ggml_vulkan": "Vulkan",
+    "ggml_metal_init": "Metal",
+    "ggml_sycl_init": "SYCL",
+}
+
+
+def parse_backends(output: str) -> list[str]:
+    """The backends ``llama-server --list-devices`` output shows: "CPU" always, then each GPU
+    backend whose devices it lists or whose initialisation it prints (a CUDA build on a machine
+    without a usable driver still has CUDA)."""
+    backends = ["CPU"]
+    for line in output.splitlines():
+        match = _DEVICE_LINE.match(line)
+        found = _BACKEND_NAMES.get(match.group(1)) if match else None
+        if found is None:
+            found = next((name for mark, name in _INIT_LINES.items() if mark in line), None)
+        if found is not None and found not in backends and len(backends) < MAX_BACKENDS:
+            backends.append(found)
+    return backends
+
+
+def engine_backends(
+    executable: str | None, *, timeout: float = LIST_DEVICES_TIMEOUT_SECONDS
+) -> tuple[list[str], str | None]:
+    """(backends, problem): the engine binary's backends from its --list-devices, and why they
+    could not be read (then ["CPU"], which every build has). Bounded: ``timeout`` seconds and
+    LIST_DEVICES_MAX_BYTES of output."""
+    if executable is None:
+        return ["CPU"], "no llama-server to ask"
+    command = f"{executable} --list-devices"
+    try:
+        code, output = run_bounded(
+            [executable, "--list-devices"], timeout=timeout, max_bytes=LIST_DEVICES_MAX_BYTES
+        )
+    except subprocess.TimeoutExpired:
+        return ["CPU"], f"{command} did not finish within {timeout:g} s"
+    except OSError as exc:
+        return ["CPU"], f"{command} cannot run: {exc.strerror or exc}"
+    if code != 0:
+        return ["CPU"], f"{command} exited with code {code}"
+    return parse_backends(output.decode(errors="replace")), None
+
+
+def run_bounded(
+    argv: Sequence[str], *, timeout: float, max_bytes: int, stderr: bool = True
+) -> tuple[int, bytes]:
+    """Run a short command: (exit code, at most ``max_bytes`` of its output, with stderr
+    unless told otherwise). Raises OSError when it cannot start and TimeoutExpired when it
+    runs past ``timeout`` seconds (it is killed, with its process group)."""
+    with subprocess.Popen(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if stderr else subprocess.DEVNULL,
+        start_new_session=True,
+    ) as process:
+        assert process.stdout is not None
+        output = bytearray()
+        reader = threading.Thread(
+            target=_read_bounded, args=(process.stdout, output, max_bytes), daemon=True
+        )
+        reader.start()
+        try:
+            code = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
+        finally:
+            reader.join(timeout=1)
+    return code, bytes(output[:max_bytes])
+
+
+def _read_bounded(stream: Any, into: bytearray, max_bytes: int) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        while len(into) < max_bytes:
+            chunk = stream.read1(max_bytes - len(into))
+            if not chunk:
+                return
+            into += chunk
+        # The rest is read and dropped, so that a chatty command is not blocked on a full pipe.
+        while stream.read1(1 << 16):
+            pass
+
+
+# "llama_model_load_from_file_impl: ... load_tensors: offloaded 5/5 layers to GPU"
+_OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
+_BUFFER = re.compile(r"load_tensors:\s+(\S+) model buffer size =\s+([0-9.]+) MiB")
+OFFLOAD_LOG_MAX_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class OffloadReport:
+    """What an engine's log says of where its layers went."""
+
+    offloaded: int | None  # None: the log has no offload line (no usable GPU backend)
+    layers: int | None
+    buffers: tuple[tuple[str, float], ...]  # (buffer, MiB) of the model's weights
+
+
+def offload_report(text: str) -> OffloadReport:
+    offloaded = layers = None
+    for match in _OFFLOADED.finditer(text):  # the last load counts
+        offloaded, layers = int(match.group(1)), int(match.group(2))
+    buffers = tuple((m.group(1), float(m.group(2))) for m in _BUFFER.finditer(text))
+    return OffloadReport(offloaded, layers, buffers)
+
+
+def read_log_from(log_path: Path, offset: int, max_bytes: int = OFFLOAD_LOG_MAX_BYTES) -> str:
+    """At most ``max_bytes`` of a log from ``offset`` (where this engine's output starts)."""
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(offset)
+            return log.read(max_bytes).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def offload_problem(
+    report: OffloadReport, gpu_layers: int | str, devices: Sequence[int]
+) -> str | None:
+    """Why an engine asked for ``gpu_layers`` on ``devices`` did not put them there, or None
+    when its log says it did."""
+    asked = "all layers" if gpu_layers == "all" else f"{gpu_layers} layers"
+    where = f"CUDA device{'s' if len(devices) > 1 else ''} {', '.join(map(str, devices))}"
+    if report.offloaded is None or report.layers is None:
+        return (
+            f"asked for {asked} on {where}, the engine's log does not say it offloaded any "
+            '(no "offloaded N/M layers to GPU" line): is llama-server built with CUDA and are '
+            "the devices visible to it (driver, CUDA_VISIBLE_DEVICES)? `llama-server "
+            "--list-devices` shows what it can use"
+        )
+    wanted = report.layers if gpu_layers == "all" else min(int(gpu_layers), report.layers)
+    if report.offloaded < wanted:
+        return (
+            f"asked for {asked} on {where}, the engine offloaded {report.offloaded}/"
+            f"{report.layers}: is it built with CUDA? `llama-server --list-devices` shows what "
+            "it can use"
+        )
+    return None
 
 
 # -- processes ----------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from llmgw import engine
 
 from .cache import BlobCache
 from .config import NodeConfig
+from .gpus import GpuDetector, capacity
 from .replica import KEY_FILE, Replica, now_iso
 from .spec import AnswerError, ReplicaSpec, parse_answer
 
@@ -63,6 +64,11 @@ class Agent:
         self._warnings: tuple[str, ...] = ()
         self.exit_signal: str | None = None
         self._lock_file: TextIO | None = None
+        declared = None
+        if config.gpus is not None:
+            declared = (config.gpus, config.gpu_memory_gb or 0.0)
+        self.gpus = GpuDetector(declared=declared)
+        self._engine_backends: list[str] | None = None
         self.session = requests.Session()
         self.session.headers["Authorization"] = f"Bearer {config.token}"
         self.session.headers["User-Agent"] = f"llmgw-node/{_agent_version()}"
@@ -171,16 +177,35 @@ class Agent:
 
     # -- the heartbeat --------------------------------------------------------------------------
 
+    @property
+    def engine_backends(self) -> list[str]:
+        """The backends of the engine binary (``llama-server --list-devices``), asked once: a
+        binary is not rebuilt under a running agent (a rebuilt one needs a restarted agent)."""
+        if self._engine_backends is None:
+            executable = self.config.engine or engine.find_engine()
+            backends, problem = engine.engine_backends(executable)
+            if problem is not None and executable is not None:
+                log.warning(
+                    "cannot tell which backends the engine has (%s); reporting CPU only", problem
+                )
+            self._engine_backends = backends
+        return self._engine_backends
+
     def heartbeat_body(self) -> dict[str, Any]:
         with self.lock:
             replicas = list(self.replicas.values())
+        devices, source = self.gpus.devices()
+        gpus, gpu_memory_gb = capacity(devices)
         return {
             "capacity": {
                 "memory_gb": self.config.memory_gb,
                 "cores": self.config.cores,
-                "gpus": self.config.gpus,
-                "gpu_memory_gb": self.config.gpu_memory_gb,
+                "gpus": gpus,
+                "gpu_memory_gb": gpu_memory_gb,
             },
+            "devices": devices,
+            "devices_source": source,
+            "engine_backends": self.engine_backends,
             "address": self.config.address,
             # The control plane routes only to replicas on these ports (fleet.trust).
             "port_range": {
@@ -407,7 +432,16 @@ class Agent:
                 sys.executable,
             )
         else:
-            log.info("engines run %s", executable)
+            log.info("engines run %s (backends: %s)", executable, ", ".join(self.engine_backends))
+        devices, source = self.gpus.devices()
+        if devices:
+            log.info(
+                "GPUs (%s): %s",
+                source,
+                "; ".join(
+                    f"{d['index']}: {d['name']}, {d['memory_total_mb']} MiB" for d in devices
+                ),
+            )
         others = f" (then {', '.join(self.servers[1:])} when it does not answer)"
         log.info(
             "node agent %s (pid %s) heartbeating to %s%s; cache %s; engines on %s, ports %s-%s",

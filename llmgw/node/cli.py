@@ -95,13 +95,24 @@ def _add_capacity_options(group: Any) -> None:
         metavar="N",
         help="CPU cores the control plane may hand out to replicas on this machine",
     )
-    group.add_argument("--gpus", type=int, default=0, metavar="N", help="GPUs (default 0)")
+    group.add_argument(
+        "--gpus",
+        type=_gpu_count,
+        default=None,
+        metavar="N",
+        help=(
+            "declare N GPUs instead of detecting them (by default NVIDIA GPUs are found through "
+            "NVML, else nvidia-smi, and their memory in use is reported every few seconds); for "
+            "machines where neither works. --gpus 0 declares none, so no replica is placed on "
+            "this machine's GPUs"
+        ),
+    )
     group.add_argument(
         "--gpu-memory",
-        type=float,
-        default=0,
+        type=_positive_float,
+        default=None,
         metavar="GB",
-        help="memory of each GPU (default 0)",
+        help="memory of each declared GPU; needed with --gpus N above 0",
     )
 
 
@@ -203,6 +214,13 @@ def _port_range(text: str) -> tuple[int, int]:
     return low, high
 
 
+def _gpu_count(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"{text} is not a number of GPUs from 0 to 64")
+    return value
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if value <= 0:
@@ -231,6 +249,15 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
     if not servers:
         raise SystemExit("llmgw node: give the control plane's URL with --server (or LLMGW_URL).")
     token = _token(args)
+    if args.gpu_memory is not None and args.gpus is None:
+        raise SystemExit(
+            "llmgw node: --gpu-memory goes with --gpus N (the GPUs it describes); without "
+            "--gpus the GPUs and their memory are detected."
+        )
+    if args.gpus and args.gpu_memory is None:
+        raise SystemExit(
+            f"llmgw node: --gpus {args.gpus} needs --gpu-memory GB, the memory of each GPU."
+        )
     return NodeConfig(
         server=servers[0],
         more_servers=tuple(dict.fromkeys(servers[1:])),

@@ -18,8 +18,9 @@ class NodeConfig:
     token: str
     memory_gb: float
     cores: int
-    gpus: int = 0
-    gpu_memory_gb: float = 0
+    # Declared GPUs (--gpus/--gpu-memory), which replace detection; None: detect them.
+    gpus: int | None = None
+    gpu_memory_gb: float | None = None
     port_range: tuple[int, int] = DEFAULT_PORT_RANGE
     cache: Path = field(default_factory=lambda: default_cache_dir())
     address: str = "127.0.0.1"

@@ -60,6 +60,9 @@ class Host(Protocol):
     wake: threading.Event  # set to heartbeat now: a state changed
     exiting: threading.Event  # set when the agent exits: start no engine any more
 
+    @property
+    def engine_backends(self) -> list[str]: ...
+
     def allocate_port(self, replica: Replica) -> int | None: ...
 
     def evict(self) -> None: ...
@@ -91,6 +94,8 @@ class Replica:
         # folder's engine.key for an adopted one. None: an engine without a key.
         self.key = spec.engine_key
         self._metrics_read: tuple[float, dict[str, float]] | None = None
+        self._log_start = 0  # where the output of the engine this agent started begins
+        self._offload = ""  # what its log says of its layers on GPUs, for the ready message
 
     @property
     def label(self) -> str:
@@ -274,6 +279,13 @@ class Replica:
         return context, max(1, -(-one_slot // (1 << 20)))
 
     def _start_engine(self, weights: Path, adapters: list[tuple[AdapterSpec, Path]]) -> None:
+        if self.spec.on_gpus and self.agent.engine_backends == ["CPU"]:
+            raise ReplicaFailed(
+                f"it is placed on GPU device(s) {', '.join(map(str, self.spec.devices))}, but "
+                "this node's llama-server has no GPU backend (`llama-server --list-devices` "
+                "shows none): build it with CUDA (LLMGW_ENGINE=cuda make setup) and restart "
+                "the agent; no engine was started"
+            )
         port = self.agent.allocate_port(self)
         if port is None:
             low, high = self.agent.config.port_range
@@ -303,22 +315,60 @@ class Replica:
             threads=self.spec.threads,
             adapters=tuple(engine.AdapterEntry(a.name, str(path), a.scale) for a, path in adapters),
             api_key_file=str(key_file) if key_file else None,
+            **self._gpu_settings(),
         )
         try:
             command = engine.engine_command(settings, executable)
         except engine.BadAdapterPath as exc:
             raise ReplicaFailed(f"{exc}; no engine was started") from None
+        log_path = self.folder / "engine.log"
+        try:
+            self._log_start = log_path.stat().st_size
+        except OSError:
+            self._log_start = 0
         with self.lock:
             # Checked under the lock that stop() and the agent's exit take, so an engine is
             # never started after either has looked for one to stop (it would be an orphan).
             if self.stop_requested.is_set() or self.agent.exiting.is_set():
                 raise Cancelled
-            self.process = engine.start_engine(command, self.folder / "engine.log")
+            self.process = engine.start_engine(
+                command, log_path, engine.engine_environment(settings)
+            )
             self.pid = self.process.pid
             self.command = command
             self.started_at = now_iso()
             self._persist_locked()
         self._set("starting", f"starting the engine (pid {self.pid}) on port {port}")
+
+    def _gpu_settings(self) -> dict[str, Any]:
+        """The engine's GPU settings: the replica's devices and layers; for a CPU replica on an
+        engine that has a GPU backend, none of its GPUs (its default would offload to any it
+        sees, into memory nobody reserved)."""
+        spec = self.spec
+        if not spec.on_gpus:
+            gpu_engine = any(backend != "CPU" for backend in self.agent.engine_backends)
+            return {"hide_gpus": gpu_engine}
+        return {
+            "devices": spec.devices,
+            "device_uuids": spec.device_uuids,
+            "gpu_layers": spec.gpu_layers,
+            "tensor_split": spec.tensor_split,
+        }
+
+    def _check_offload(self) -> None:
+        """A GPU replica's engine must say in its log that it put the layers asked for on its
+        GPUs; an engine without a usable GPU backend would otherwise serve from the CPU,
+        slowly, on memory the control plane did not reserve for it."""
+        text = engine.read_log_from(self.folder / "engine.log", self._log_start)
+        report = engine.offload_report(text)
+        problem = engine.offload_problem(report, self.spec.gpu_layers, self.spec.devices)
+        if problem is not None:
+            self._kill_engine()
+            raise ReplicaFailed(f"{problem}; the engine was stopped")
+        on_gpus = [f"{name} {mib:g} MiB" for name, mib in report.buffers if "CPU" not in name]
+        self._offload = f"{report.offloaded}/{report.layers} layers on GPU" + (
+            f" ({', '.join(on_gpus)})" if on_gpus else ""
+        )
 
     # -- the worker for an adopted engine -------------------------------------------------------
 
@@ -406,6 +456,9 @@ class Replica:
                 self.stop_requested.wait(POLL_SECONDS)
                 continue
             break
+        if not adopted and self.spec.on_gpus:
+            # Before it is reported ready, so that nothing is routed to an engine on the CPU.
+            self._check_offload()
         self._set("ready", self._ready_text(adopted))
 
     def _adapter_entries(self) -> tuple[engine.AdapterEntry, ...]:
@@ -416,6 +469,8 @@ class Replica:
         text = f"ready on port {self.port}"
         if self.spec.slots > 1:
             text += f", {self.spec.slots} slots"
+        if self._offload:
+            text += f", {self._offload}"
         if self.spec.adapters:
             names = ", ".join(f"{a.name} (scale {a.scale:g})" for a in self.spec.adapters)
             text += f", serving {self.spec.model} and its adapters {names}"

@@ -11,12 +11,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_SLOTS = 256
+MAX_DEVICES = 64  # devices per node, as the heartbeat reports them
+MAX_GPU_LAYERS = 100_000
+MAX_SPLIT = 1_000_000.0
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 # A replica id becomes a folder name: no separators, no "." or "..".
 _REPLICA_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # An engine's key goes into a file and an HTTP header: letters, digits, "-" and "_" only.
 _ENGINE_KEY = re.compile(r"[A-Za-z0-9_-]{16,128}")
+# A GPU's UUID goes into the engine's CUDA_VISIBLE_DEVICES ("GPU-1c2e...", "MIG-..."): no commas.
+_DEVICE_UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_/-]{0,99}")
 
 
 class AnswerError(Exception):
@@ -45,6 +50,18 @@ class ReplicaSpec:
     slots: int = 1  # requests the engine serves at once
     # The key the engine is started with (never written with the spec: see Replica.key).
     engine_key: str | None = field(default=None, compare=False, repr=False)
+    # The GPUs the control plane placed it on (empty: a CPU replica): the node's device
+    # indices, their UUIDs ("" when unknown), the layers to offload ("all" or a number; 0 for
+    # a CPU replica) and, over 2+ devices, each one's share of the layers.
+    devices: tuple[int, ...] = ()
+    device_uuids: tuple[str, ...] = ()
+    gpu_layers: int | str = 0
+    tensor_split: tuple[float, ...] = ()
+
+    @property
+    def on_gpus(self) -> bool:
+        """Whether its engine is started on GPUs (it has devices and offloads layers)."""
+        return bool(self.devices) and self.gpu_layers != 0
 
     @classmethod
     def from_json(cls, data: Any) -> ReplicaSpec:
@@ -68,6 +85,7 @@ class ReplicaSpec:
             threads=_positive_int(data.get("threads"), "threads", where) or None,
             slots=min(_positive_int(data.get("slots"), "slots", where) or 1, MAX_SLOTS),
             engine_key=_engine_key(data.get("engine_key"), where),
+            **_gpus(data, where),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -83,6 +101,10 @@ class ReplicaSpec:
             "context_length": self.context_length,
             "threads": self.threads,
             "slots": self.slots,
+            "devices": list(self.devices),
+            "device_uuids": list(self.device_uuids),
+            "gpu_layers": self.gpu_layers,
+            "tensor_split": list(self.tensor_split),
         }
 
 
@@ -115,6 +137,64 @@ def _positive_int(value: Any, key: str, where: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise AnswerError(f"{where}: {key} is {value!r}, not a whole number >= 0")
     return value
+
+
+def _gpus(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """The GPU fields of a replica, checked together: a control plane from before GPUs sends
+    none of them, which is a CPU replica."""
+    devices = data.get("devices") or []
+    if not isinstance(devices, list) or len(devices) > MAX_DEVICES:
+        raise AnswerError(f"{where}: devices is not a list of at most {MAX_DEVICES} indices")
+    for index in devices:
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < MAX_DEVICES:
+            raise AnswerError(
+                f"{where}: a device index is {index!r}, not a whole number 0-{MAX_DEVICES - 1}"
+            )
+    if len(set(devices)) != len(devices):
+        raise AnswerError(f"{where}: devices lists one device twice")
+    uuids = data.get("device_uuids") or []
+    if not isinstance(uuids, list) or (uuids and len(uuids) != len(devices)):
+        raise AnswerError(f"{where}: device_uuids is not a list with one entry per device")
+    for uuid in uuids:
+        if not isinstance(uuid, str) or (uuid and not _DEVICE_UUID.fullmatch(uuid)):
+            raise AnswerError(f"{where}: a device uuid is {str(uuid)[:120]!r}, not a GPU's UUID")
+    layers = data.get("gpu_layers")
+    if layers is None:
+        layers = "all" if devices else 0
+    if layers != "all" and (
+        isinstance(layers, bool) or not isinstance(layers, int) or not 0 <= layers <= MAX_GPU_LAYERS
+    ):
+        raise AnswerError(
+            f'{where}: gpu_layers is {layers!r}, not "all" or a whole number 0-{MAX_GPU_LAYERS}'
+        )
+    if layers != 0 and not devices:
+        raise AnswerError(f"{where}: gpu_layers is {layers!r} but no devices are given")
+    split = data.get("tensor_split") or []
+    if not isinstance(split, list):
+        raise AnswerError(f"{where}: tensor_split is not a list")
+    if split:
+        if len(devices) < 2 or len(split) != len(devices):
+            raise AnswerError(
+                f"{where}: tensor_split has {len(split)} entries for {len(devices)} devices "
+                "(one per device, over 2 or more)"
+            )
+        for share in split:
+            if (
+                isinstance(share, bool)
+                or not isinstance(share, int | float)
+                or not 0 <= share <= MAX_SPLIT
+            ):
+                raise AnswerError(
+                    f"{where}: a tensor_split share is {share!r}, not 0-{MAX_SPLIT:g}"
+                )
+        if sum(split) <= 0:
+            raise AnswerError(f"{where}: tensor_split gives the devices no share of the layers")
+    return {
+        "devices": tuple(devices),
+        "device_uuids": tuple(uuids),
+        "gpu_layers": layers,
+        "tensor_split": tuple(float(share) for share in split),
+    }
 
 
 def _adapter(data: Any, where: str) -> AdapterSpec:
