@@ -226,8 +226,17 @@ class System:
         )
 
     def start_agent(
-        self, name: str, token: str, *, memory_gb: float, cores: int
+        self,
+        name: str,
+        token: str,
+        *,
+        memory_gb: float,
+        cores: int,
+        env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
     ) -> subprocess.Popen[bytes]:
+        """An agent for node `name`; `env` and `args` are added to its environment and its
+        command line (a GPU machine's fake nvidia-smi and engine, say)."""
         cache = self.folder / "nodes" / name
         # Each agent ever started here gets ports of its own: an agent killed in a test may
         # leave engines holding its ports, and a later agent must not be handed them.
@@ -253,9 +262,11 @@ class System:
             "--ready-timeout",
             "60",
             "--stop-engines-on-exit",
+            *args,
         ]
         # The token goes in the environment: a command line is visible to everyone in `ps`.
-        return self._spawn(f"node-{name}", argv, env={**self.env, "LLMGW_NODE_TOKEN": token})
+        environment = {**self.env, **(env or {}), "LLMGW_NODE_TOKEN": token}
+        return self._spawn(f"node-{name}", argv, env=environment)
 
     def stop_process(self, name: str, sig: int = signal.SIGTERM) -> None:
         process = self.processes.pop(name)
