@@ -17,6 +17,7 @@ from django.utils.html import format_html
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework import exceptions, status
 from rest_framework.permissions import BasePermission
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 
 LOGIN_NEEDED = (
@@ -51,6 +52,13 @@ class SchemaView(SpectacularAPIView):
 
     def permission_denied(self, request: Request, message: Any = None, code: Any = None) -> None:
         raise DocsNeedLogin()
+
+    def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
+        # A refusal in the API's JSON shape, not in the schema's YAML renderer.
+        if getattr(response, "exception", False):
+            request.accepted_renderer = JSONRenderer()
+            request.accepted_media_type = JSONRenderer.media_type
+        return super().finalize_response(request, response, *args, **kwargs)
 
 
 class DocsView(SpectacularSwaggerView):
