@@ -46,8 +46,17 @@ def test_as_an_ordinary_user_it_says_what_to_install_and_succeeds() -> None:
     # As `nobody`, which has no sudo: the script is read from stdin, as nobody may not be able
     # to read the checkout.
     result = subprocess.run(
-        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
-        + ["bash", "-s", "--", "bash", ABSENT],
+        [
+            "setpriv",
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            "bash",
+            "-s",
+            "--",
+            "bash",
+            ABSENT,
+        ],
         input=SCRIPT.read_text(),
         cwd="/",
         capture_output=True,
