@@ -9,7 +9,7 @@ its JSON error would be rendered as a bare "401 Unauthorized" by the page's HTML
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 from django.conf import settings
 from django.http import HttpResponse
@@ -19,6 +19,7 @@ from rest_framework import exceptions, status
 from rest_framework.permissions import BasePermission
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
+from rest_framework.views import APIView
 
 LOGIN_NEEDED = (
     "The API schema and docs are for logged-in users: log in to the console at /login/ and "
@@ -47,12 +48,18 @@ class DocsReaders(BasePermission):
         return bool(request.user and request.user.is_authenticated)
 
 
-class SchemaView(SpectacularAPIView):
+class LoginToRead(APIView):
+    """For the views below: DocsReaders only, and their refusal says how to log in."""
+
     permission_classes = [DocsReaders]
 
-    def permission_denied(self, request: Request, message: Any = None, code: Any = None) -> None:
+    def permission_denied(
+        self, request: Request, message: Any = None, code: Any = None
+    ) -> NoReturn:
         raise DocsNeedLogin()
 
+
+class SchemaView(LoginToRead, SpectacularAPIView):
     def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
         # A refusal in the API's JSON shape, not in the schema's YAML renderer.
         if getattr(response, "exception", False):
@@ -61,12 +68,7 @@ class SchemaView(SpectacularAPIView):
         return super().finalize_response(request, response, *args, **kwargs)
 
 
-class DocsView(SpectacularSwaggerView):
-    permission_classes = [DocsReaders]
-
-    def permission_denied(self, request: Request, message: Any = None, code: Any = None) -> None:
-        raise DocsNeedLogin()
-
+class DocsView(LoginToRead, SpectacularSwaggerView):
     def handle_exception(self, exc: Exception) -> Any:
         if isinstance(exc, DocsNeedLogin):
             page = format_html(
