@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import requests
-from django.core.management.base import OutputWrapper
 
 from tests.support.system import ROOT, free_port, wait_for
 
@@ -37,8 +36,9 @@ def command(settings: Any, tmp_path: Path) -> Any:
     current_config.cache_clear()
 
 
-def said(stream: OutputWrapper) -> str:
-    return stream._out.getvalue()
+def said(stream: Any) -> str:
+    """What the command wrote to one of its streams (an OutputWrapper around a StringIO)."""
+    return str(stream._out.getvalue())
 
 
 def nothing_started(settings: Any) -> bool:
