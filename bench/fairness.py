@@ -48,11 +48,13 @@ from bench.gateway import (  # noqa: E402
     LITELLM_INSTALL_SECONDS,
     LITELLM_KEY,
     LITELLM_VENV,
+    LITELLM_VERSION,
     WORKERS,
     Processes,
     free_port,
     gateway_env,
     litellm_install,
+    litellm_installed,
     percentile,
     prepare_database,
     start_litellm,
@@ -479,7 +481,7 @@ def main() -> int:
                         installing.wait(timeout=LITELLM_INSTALL_SECONDS)
                     except subprocess.TimeoutExpired:
                         os.killpg(installing.pid, signal.SIGKILL)
-                if (LITELLM_VENV / "bin" / "litellm").exists():
+                if litellm_installed():
                     try:
                         litellm = start_litellm(processes, folder, engine_port, (MODEL,))
                         both = {"Authorization": f"Bearer {LITELLM_KEY}"}
@@ -488,11 +490,13 @@ def main() -> int:
                             measure(litellm + url_path, both, both, engine, victims)
                         )
                         outcome.note = "one master key for both: LiteLLM has no per-key order"
-                        results.append(("LiteLLM", outcome))
+                        results.append((f"LiteLLM {LITELLM_VERSION}", outcome))
                     except RuntimeError as exc:
                         print(f"LiteLLM's proxy did not start ({exc}); measured without it.")
                 else:
-                    print(f"litellm[proxy] could not be installed into {LITELLM_VENV}.")
+                    print(
+                        f"litellm[proxy]=={LITELLM_VERSION} could not be installed into {LITELLM_VENV}."
+                    )
         finally:
             processes.stop_all()
     print(

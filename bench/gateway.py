@@ -4,7 +4,7 @@ llmgw's gateway and through LiteLLM's proxy, in alternating rounds.
 
 The gateway runs as the run command starts it (uvicorn, 2 worker processes) on a SQLite database
 with one replica of each bench model pointing at the fake upstream. LiteLLM's proxy (litellm[proxy],
-2 workers, no database) gets the same two models. LiteLLM is installed into a venv of its own
+pinned to LITELLM_VERSION, 2 workers, no database) gets the same two models. LiteLLM is installed into a venv of its own
 (LLMGW_BENCH_LITELLM_VENV, default /tmp/llmgw-bench-litellm) the first time, in the background while
 the rest starts; when it cannot be installed the bench says so and measures without it.
 
@@ -29,6 +29,7 @@ import asyncio
 import json
 import math
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -53,6 +54,11 @@ MODES = {
 STREAM_SECONDS = 20 * 0.05
 LEVELS = [1, 8, 32, 128, 512]
 LITELLM_VENV = Path(os.environ.get("LLMGW_BENCH_LITELLM_VENV", "/tmp/llmgw-bench-litellm"))
+# The LiteLLM the figures were measured against: a figure beside "LiteLLM" means this version.
+# The newest whose proxy extra installs on Python 3.11 from the package index (checked with
+# `pip install --dry-run 'litellm[proxy]==1.108.7'`, 2026-12-04; 1.109 and later need
+# litellm-proxy-extras versions the index did not have). Raise it deliberately, not by chance.
+LITELLM_VERSION = "1.108.7"
 LITELLM_INSTALL_SECONDS = 600
 WORKERS = 2
 LITELLM_KEY = "sk-llmgw-bench-0123456789abcdef0123456789abcdef"
@@ -336,13 +342,24 @@ print(json.dumps({{"bench": bench, "limited": limited_secret}}))
     return env, json.loads(prepare_database(script, env))
 
 
+def litellm_installed() -> bool:
+    """LITELLM_VERSION is in the venv (another version there, from before the pin, is not)."""
+    found = LITELLM_VENV.glob(f"lib/python*/site-packages/litellm-{LITELLM_VERSION}.dist-info")
+    return (LITELLM_VENV / "bin" / "litellm").exists() and any(found)
+
+
 def litellm_install() -> subprocess.Popen[bytes] | None:
-    """Start installing litellm[proxy] into its own venv, unless it is there already."""
-    if (LITELLM_VENV / "bin" / "litellm").exists():
+    """Start installing litellm[proxy]==LITELLM_VERSION into its own venv, unless it is there."""
+    if litellm_installed():
         return None
-    print(f"installing litellm[proxy] into {LITELLM_VENV} in the background ...", flush=True)
+    print(
+        f"installing litellm[proxy]=={LITELLM_VERSION} into {LITELLM_VENV} in the background ...",
+        flush=True,
+    )
+    venv, pip = shlex.quote(str(LITELLM_VENV)), shlex.quote(str(LITELLM_VENV / "bin" / "pip"))
     command = (
-        f"python3 -m venv {LITELLM_VENV} && {LITELLM_VENV}/bin/pip install --quiet 'litellm[proxy]'"
+        f"{{ test -x {pip} || python3 -m venv {venv}; }} && "
+        f"{pip} install --quiet 'litellm[proxy]=={LITELLM_VERSION}'"
     )
     return subprocess.Popen(
         ["sh", "-c", command],
@@ -821,7 +838,7 @@ def main() -> int:
                         installing.wait(timeout=LITELLM_INSTALL_SECONDS)
                     except subprocess.TimeoutExpired:
                         os.killpg(installing.pid, signal.SIGKILL)
-                if (LITELLM_VENV / "bin" / "litellm").exists():
+                if litellm_installed():
                     try:
                         litellm = start_litellm(processes, folder, upstream_port)
                         paths["litellm"] = (
@@ -835,10 +852,12 @@ def main() -> int:
                         )
                 else:
                     print(
-                        f"litellm[proxy] could not be installed into {LITELLM_VENV}; measuring without it."
+                        f"litellm[proxy]=={LITELLM_VERSION} could not be installed into "
+                        f"{LITELLM_VENV}; measuring without it."
                     )
             print(
-                f"gateway bench{' (quick)' if args.quick else ''}: {', '.join(paths)}; {WORKERS} workers each; "
+                f"gateway bench{' (quick)' if args.quick else ''}: {', '.join(paths)}"
+                f"{f' (LiteLLM {LITELLM_VERSION})' if 'litellm' in paths else ''}; {WORKERS} workers each; "
                 f"{os.cpu_count()} cores shared by the upstream, the proxies and the load generator"
             )
             results = asyncio.run(measure(paths, upstream, levels, args.quick))

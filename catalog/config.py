@@ -47,6 +47,10 @@ class ClusterConfig:
     update_check: int = 6 * 3600
     mirror_root: Path = Path("var/mirror")
     registry_endpoint: str = DEFAULT_REGISTRY
+    # Who named the registry: "LLMGW_REGISTRY_ENDPOINT", "registry.endpoint in PATH", or "" when
+    # nobody did and the default is in force. Only then does the run command put its demo
+    # registry in its place: a user who names Hugging Face itself means Hugging Face.
+    registry_named_by: str = ""
     registry_token: str = ""
     allowed_hosts: tuple[str, ...] | None = None
     models: list[dict[str, Any]] = field(default_factory=list)
@@ -86,7 +90,8 @@ class _MirrorSection(StrictSerializer):
 
 
 class _RegistrySection(StrictSerializer):
-    endpoint = serializers.URLField(required=False, default=DEFAULT_REGISTRY)
+    # No default here: ClusterConfig needs to know whether the file named one (registry_named_by).
+    endpoint = serializers.URLField(required=False)
     token = serializers.CharField(required=False, allow_blank=True, default="")
 
     def validate_endpoint(self, value: str) -> str:
@@ -165,6 +170,14 @@ def parse_config(text: str, path: Path) -> ClusterConfig:
     sources = values.get("sources", {})
     root = Path(mirror.get("root") or settings.VAR_DIR / "mirror")
     hosts = sources.get("allowed_hosts")
+    # The environment wins, as for allowed hosts: the run command points it at its demo
+    # registry when nobody named one.
+    if settings.LLMGW_REGISTRY_ENDPOINT:
+        endpoint, named_by = settings.LLMGW_REGISTRY_ENDPOINT, "LLMGW_REGISTRY_ENDPOINT"
+    elif "endpoint" in registry:
+        endpoint, named_by = registry["endpoint"], f"registry.endpoint in {path}"
+    else:
+        endpoint, named_by = DEFAULT_REGISTRY, ""
     return ClusterConfig(
         path=path,
         reconcile_interval=cluster.get("reconcile_interval", 5),
@@ -172,10 +185,8 @@ def parse_config(text: str, path: Path) -> ClusterConfig:
         node_lost_after=cluster.get("node_lost_after", 30),
         update_check=mirror.get("update_check", 6 * 3600),
         mirror_root=root if root.is_absolute() else settings.BASE_DIR / root,
-        # The environment wins, as for allowed hosts: the run command points it at its demo
-        # registry when the file names none.
-        registry_endpoint=settings.LLMGW_REGISTRY_ENDPOINT
-        or registry.get("endpoint", DEFAULT_REGISTRY),
+        registry_endpoint=endpoint,
+        registry_named_by=named_by,
         registry_token=registry.get("token", ""),
         allowed_hosts=tuple(hosts) if hosts is not None else None,
         models=models,

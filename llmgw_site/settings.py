@@ -11,6 +11,7 @@ import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import quote
 
 from core.durations import DurationError, parse_duration
 from core.env import EnvError, database_from_url, env_bool, env_int, env_list, env_str
@@ -165,9 +166,14 @@ TEMPLATES = [
 
 WSGI_APPLICATION = "llmgw_site.wsgi.application"
 
+# SQLite in var/ unless DATABASE_URL says otherwise: it moves with LLMGW_VAR_DIR, beside the
+# secret key and the broker it goes with (without LLMGW_VAR_DIR, still ./var/llmgw.sqlite3 of the
+# checkout, where earlier versions kept it).
 DATABASES = {
     "default": database_from_url(
-        env_str("DATABASE_URL", "sqlite:///var/llmgw.sqlite3"), base_dir=BASE_DIR
+        # Quoted: a folder's name may hold what a URL reads otherwise ('#', '?', '%').
+        env_str("DATABASE_URL", f"sqlite:///{quote(str(VAR_DIR / 'llmgw.sqlite3'))}"),
+        base_dir=BASE_DIR,
     )
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -209,6 +215,11 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
+
+# The API's schema (/api/v1/schema) and its docs page (/api/v1/docs) answer only those logged in
+# (a console session or an API token), as the rest of /api/v1/ does: the schema maps every
+# operation, which is more than an anonymous visitor needs. true opens both to everyone.
+LLMGW_PUBLIC_API_DOCS = env_bool("LLMGW_PUBLIC_API_DOCS", False)
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "llmgw control plane API",

@@ -1,6 +1,5 @@
 from django.contrib import admin
 from django.urls import include, path, re_path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from catalog.urls import model_urlpatterns
 from registry import mirror_files
@@ -8,11 +7,13 @@ from registry.selectors import model_answers
 
 from . import api_errors
 from .access import mirror_access
+from .api_docs import DocsView, SchemaView
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("api/v1/schema", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/v1/docs", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    # For those logged in unless LLMGW_PUBLIC_API_DOCS=true (llmgw_site.api_docs).
+    path("api/v1/schema", SchemaView.as_view(), name="api-schema"),
+    path("api/v1/docs", DocsView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/", include("fleet.urls")),
     # A model's answer holds its replicas and its latest rollout as well as its definition.
     path("api/v1/", include(model_urlpatterns(describe=model_answers))),

@@ -38,6 +38,29 @@ def test_cluster_settings_are_read(tmp_path: Path) -> None:
     assert config.registry_endpoint == "http://127.0.0.1:9000"
 
 
+def test_a_registry_named_in_the_file_is_known_to_be_named_even_hugging_face(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "server.yaml"
+    config = parse_config("registry: {endpoint: 'https://huggingface.co'}\n", path)
+    assert config.registry_endpoint == "https://huggingface.co"
+    assert config.registry_named_by == f"registry.endpoint in {path}"
+
+
+def test_no_registry_named_leaves_the_default_unnamed(tmp_path: Path) -> None:
+    config = parse_config("registry: {token: abc}\n", tmp_path / "server.yaml")
+    assert (config.registry_endpoint, config.registry_named_by) == ("https://huggingface.co", "")
+
+
+def test_the_environment_names_the_registry_over_the_file(tmp_path: Path, settings: Any) -> None:
+    settings.LLMGW_REGISTRY_ENDPOINT = "https://huggingface.co"
+    config = parse_config("registry: {endpoint: 'http://127.0.0.1:9000'}\n", tmp_path / "s.yaml")
+    assert (config.registry_endpoint, config.registry_named_by) == (
+        "https://huggingface.co",
+        "LLMGW_REGISTRY_ENDPOINT",
+    )
+
+
 @pytest.mark.parametrize(
     "text, message",
     [

@@ -302,16 +302,28 @@ class Command(BaseCommand):
         return token_file
 
     def _demo_registry(self) -> Child | None:
-        """olah serving the demo repository, so updates can be tried; None when left out."""
-        from catalog.config import DEFAULT_REGISTRY, current_config
+        """olah serving the demo repository, so updates can be tried; None when left out.
 
-        named = settings.LLMGW_REGISTRY_ENDPOINT or current_config().registry_endpoint
-        if named != DEFAULT_REGISTRY:
-            self.stdout.write(f"  Demo registry:     left out (the registry is {named})")
+        It stands in for the registry only when nobody named one: a registry named in
+        server.yaml or LLMGW_REGISTRY_ENDPOINT is used as named, Hugging Face itself included.
+        Without git-lfs (`make run` without root cannot install it) the run goes on without the
+        demo, saying so in one line, rather than stopping."""
+        from catalog.config import current_config
+
+        config = current_config()
+        if config.registry_named_by:
+            self.stdout.write(
+                f"  Registry:          {config.registry_endpoint} ({config.registry_named_by}); "
+                "no demo registry or demo model"
+            )
             return None
         why = localhub.unavailable()
         if why is not None:
-            self.stderr.write(f"  Demo registry:     left out: {why}")
+            self.stderr.write(
+                f"  Demo registry:     left out, and the demo model with it: {why}. Install it "
+                "and run again, or serve a model of your own: llmgw ctl model serve ORG/NAME "
+                "--file '*Q4_K_M.gguf'"
+            )
             return None
         hub = demo.hub(settings.VAR_DIR / "demo-registry", port=settings.LLMGW_DEMO_REGISTRY_PORT)
         if hub.answers():
