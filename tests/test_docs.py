@@ -63,7 +63,9 @@ def test_every_documented_variable_exists_in_the_code() -> None:
 
 # A number default as the code gives it: env_int("NAME", 15 ...) in the settings, or
 # _number("NAME", 32 * 1024 ...) in the gateway's.
-NUMBER_DEFAULT = re.compile(r"(?:env_int|_number)\(\s*\"(LLMGW_[A-Z0-9_]+)\",\s*([0-9][0-9 *]*)[,)]")
+NUMBER_DEFAULT = re.compile(
+    r"(?:env_int|_number)\(\s*\"(LLMGW_[A-Z0-9_]+)\",\s*([0-9][0-9 *]*)[,)]"
+)
 
 
 def test_documented_number_defaults_are_the_codes() -> None:
@@ -116,7 +118,7 @@ def test_every_server_yaml_key_is_documented_with_its_default() -> None:
             keys.add(name)
             assert name in rows, f"server.yaml's {name} is not in docs/configuration.md"
             if isinstance(child, DurationField):
-                default = f"`{format_duration(child.default)}`"
+                default = f"`{format_duration(int(child.default))}`"
                 assert rows[name][2].strip() == default, (name, rows[name][2], default)
     assert "models" in rows
     assert set(rows) == keys, f"documented keys server.yaml does not have: {set(rows) - keys}"
@@ -184,7 +186,9 @@ def test_the_units_verify(tmp_path: Path) -> None:
     user = getpass.getuser()
     for unit in units():
         text = unit.read_text()
-        text = text.replace("/opt/llmgw/.venv/bin/", f"{venv_bin}/").replace("/opt/llmgw", str(ROOT))
+        text = text.replace("/opt/llmgw/.venv/bin/", f"{venv_bin}/").replace(
+            "/opt/llmgw", str(ROOT)
+        )
         text = re.sub(r"(?m)^(User|Group)=llmgw$", rf"\1={user}", text)
         text = text.replace("EnvironmentFile=/", "EnvironmentFile=-/")
         (tmp_path / unit.name).write_text(text)
