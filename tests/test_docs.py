@@ -118,7 +118,8 @@ def test_every_server_yaml_key_is_documented_with_its_default() -> None:
             keys.add(name)
             assert name in rows, f"server.yaml's {name} is not in docs/configuration.md"
             if isinstance(child, DurationField):
-                default = f"`{format_duration(int(child.default))}`"
+                assert isinstance(child.default, int), name
+                default = f"`{format_duration(child.default)}`"
                 assert rows[name][2].strip() == default, (name, rows[name][2], default)
     assert "models" in rows
     assert set(rows) == keys, f"documented keys server.yaml does not have: {set(rows) - keys}"
@@ -257,6 +258,9 @@ def _engine_missing() -> str | None:
 def started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from tests.support.first_run import FirstRun
 
+    why = _engine_missing()
+    if why:
+        pytest.skip(why)
     run = FirstRun(tmp_path_factory.mktemp("docs-run"))
     try:
         run.start()
@@ -278,9 +282,6 @@ def test_the_runnable_blocks_run(page: Path, started: object, tmp_path: Path) ->
     """Every block marked runnable on the page, in order, in one shell (as a reader pastes them
     into one terminal), from a folder whose .venv is this one, after the `export` line the run
     command printed; the run's own address replaces http://127.0.0.1:8000."""
-    why = _engine_missing()
-    if why:
-        pytest.skip(why)
     url, token = started.url, started.token  # type: ignore[attr-defined]
     (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
     script = ["set -e"]
