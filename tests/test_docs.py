@@ -257,6 +257,7 @@ def _engine_missing() -> str | None:
 @pytest.fixture(scope="module")
 def started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from tests.support.first_run import FirstRun
+    from tests.support.system import wait_for
 
     why = _engine_missing()
     if why:
@@ -264,6 +265,8 @@ def started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     run = FirstRun(tmp_path_factory.mktemp("docs-run"))
     try:
         run.start()
+        # "llmgw is running" comes as the processes start, not once they listen.
+        wait_for(lambda: run.api("GET", "models") is not None, what="the API answering")
         yield run
     except BaseException:
         print(run.log()[-6000:])
