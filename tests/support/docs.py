@@ -31,14 +31,27 @@ def python_files(*, everywhere: bool = False) -> list[Path]:
     return files
 
 
+# In the Makefile and scripts/: $NAME or ${NAME…}.
+SHELL_READ = re.compile(r"\$\{?(LLMGW_[A-Z0-9_]*[A-Z0-9])")
+
+
+def shell_files() -> list[Path]:
+    return [ROOT / "Makefile", *sorted(p for p in (ROOT / "scripts").iterdir() if p.is_file())]
+
+
 def read_names(*, everywhere: bool = False) -> dict[str, str]:
-    """Each variable name the code reads, with one file that reads it. `everywhere` includes
-    the tests and benchmarks, and any mention of the name (a documented name must at least be
-    mentioned somewhere)."""
+    """Each variable name the code reads, with one file that reads it: the Python outside
+    tests/ and bench/, the Makefile and scripts/. `everywhere` includes the tests and
+    benchmarks, and any mention of the name (a documented name must at least be mentioned
+    somewhere)."""
     found: dict[str, str] = {}
     pattern = NAME if everywhere else READ
     for path in python_files(everywhere=everywhere):
         for name in pattern.findall(path.read_text(errors="replace")):
+            found.setdefault(name, str(path.relative_to(ROOT)))
+    for path in shell_files():
+        shell_pattern = NAME if everywhere else SHELL_READ
+        for name in shell_pattern.findall(path.read_text(errors="replace")):
             found.setdefault(name, str(path.relative_to(ROOT)))
     return found
 
