@@ -21,8 +21,10 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -315,3 +317,77 @@ def test_the_runnable_blocks_run(page: Path, started: object, tmp_path: Path) ->
         answer_line, _, printed = result.stdout.partition("\n")
         assert '"object":"chat.completion"' in answer_line.replace(" ", ""), result.stdout
         assert printed.rstrip("\n") != "", result.stdout
+
+
+# -- backup.md, followed --------------------------------------------------------------------------
+
+
+@pytest.mark.engine
+def test_a_backup_restored_into_a_fresh_install_serves(tmp_path: Path) -> None:
+    """docs/backup.md: an online SQLite backup, the secret key, the token files and the mirror,
+    taken while the install serves, restored into an empty folder: the restored install knows
+    the old API token and gateway key and serves the model from the restored mirror."""
+    why = _engine_missing()
+    if why:
+        pytest.skip(why)
+    import requests
+
+    from llmgw import demo
+    from tests.support.first_run import FirstRun
+    from tests.support.restore import RestoredRun, backup, restore
+    from tests.support.system import wait_for
+
+    def ready(api: Any) -> bool:
+        return bool(api("GET", f"models/{demo.DEMO_MODEL}")["ready"] >= 1)
+
+    def chat(url: str, key: str) -> requests.Response:
+        return requests.post(
+            f"{url}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json={
+                "model": demo.DEMO_MODEL,
+                "messages": [{"role": "user", "content": "hello"}],
+                "max_tokens": 4,
+            },
+            timeout=60,
+        )
+
+    first = FirstRun(tmp_path / "first")
+    (tmp_path / "first").mkdir()
+    try:
+        first.start()
+        wait_for(lambda: ready(first.api), what="the demo model ready", timeout=240)
+        key = first.api("POST", "keys", json={"name": "kept"})["key"]
+        assert chat(first.url, key).status_code == 200
+        backup(first.folder, tmp_path / "saved")
+    finally:
+        first.stop()
+
+    restore(tmp_path / "saved", tmp_path / "second")
+    second = RestoredRun(tmp_path / "second", first)
+    try:
+        second.start()
+        assert not second.printed_a_new_token()  # it found the restored admin
+        # The database was saved with a replica ready on an engine that stopped with the first
+        # run: until the node's heartbeats say otherwise and it starts the replica again from
+        # the restored mirror, requests to it fail (502). Then it serves.
+        started_at = time.monotonic()
+        wait_for(
+            lambda: chat(second.url, key).status_code == 200,
+            what="the restored install answering",
+            timeout=240,
+            interval=1,
+        )
+        print(
+            f"the restored install answered {time.monotonic() - started_at:.1f} s after it started"
+        )
+        answer = chat(second.url, key)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["message"]["role"] == "assistant"
+        audit = second.api("GET", f"audit?model={demo.DEMO_MODEL}")
+        assert audit, "the audit came back with the database"
+    except BaseException:
+        print(second.log()[-6000:])
+        raise
+    finally:
+        second.stop()
