@@ -1145,8 +1145,8 @@ class _Explainer:
             "no node has a GPU engine (llama-server built with CUDA): profile "
             f"{profile} needs {gpus} GPU{'' if gpus == 1 else 's'}, and the engine of every "
             f"schedulable node ({names}) has only its CPU backend. On a machine with NVIDIA "
-            "GPUs, build the engine with `LLMGW_ENGINE=cuda make setup` (the README's fleet "
-            "section says how) and restart its node agent; or give the model a CPU profile"
+            "GPUs, build the engine with `LLMGW_ENGINE=cuda make setup` (docs/nodes.md, "
+            "GPU nodes) and restart its node agent; or give the model a CPU profile"
         )
 
     def _short_of_devices(
