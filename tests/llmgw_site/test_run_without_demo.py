@@ -137,6 +137,7 @@ def test_the_run_command_goes_on_without_git_lfs(tmp_path: Path, no_git_lfs: Pat
                 return False
 
         wait_for(answers, timeout=180, what="the run command's web behind its gateway")
+        wait_for(lambda: "llmgw is running at" in out.read_text(), what="the banner")
         text = out.read_text()
         assert text.count("Demo registry:     left out") == 1, text
         assert "git-lfs is not installed" in text

@@ -65,7 +65,9 @@ class FirstRun:
             lambda: re.search(r"LLMGW_TOKEN=(\S+)", self.log()), what="the run command's token"
         )
         self.token = found.group(1)
-        wait_for(lambda: "llmgw is running" in self.log(), what="the run command's processes")
+        wait_for(
+            lambda: "llmgw is running" in self.log(), timeout=180, what="the run command answering"
+        )
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -86,7 +86,9 @@ class RestoredRun:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
-        wait_for(lambda: "llmgw is running" in self.log(), what="the restored run's processes")
+        wait_for(
+            lambda: "llmgw is running" in self.log(), timeout=180, what="the restored run answering"
+        )
         wait_for(lambda: self.api("GET", "models") is not None, what="the restored API")
 
     def log(self) -> str:

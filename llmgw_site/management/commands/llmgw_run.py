@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import requests
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
@@ -175,6 +177,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# The start-up banner waits this long for the public port to answer.
+UP_WITHIN_SECONDS = 120
+
+
 class Command(BaseCommand):
     help = "Run web, worker+beat and a local node (with a demo model) until interrupted."
 
@@ -266,8 +272,27 @@ class Command(BaseCommand):
         for name, command in commands.items():
             environment = {"LLMGW_LOG_FILE": str(logs / f"{name}.log")} if name in LOGGED else {}
             supervisor.start(Child(name, command, env=environment))
-        self.stdout.write(f"llmgw is running at {settings.LLMGW_PUBLIC_URL}/ — Ctrl-C stops it.")
+        threading.Thread(
+            target=self._say_when_up, args=(settings.LLMGW_PUBLIC_URL,), daemon=True
+        ).start()
         supervisor.run()
+
+    def _say_when_up(self, url: str) -> None:
+        """Says that llmgw is running once its public port answers through to the web (the
+        login page): a first `llmgw ctl` call made on reading it must find someone there."""
+        session = requests.Session()
+        session.trust_env = False  # no proxy from the environment between us and 127.0.0.1
+        deadline = time.monotonic() + UP_WITHIN_SECONDS
+        while time.monotonic() < deadline:
+            with contextlib.suppress(requests.RequestException):
+                if session.get(f"{url}/login/", timeout=2, allow_redirects=False).ok:
+                    self.stdout.write(f"llmgw is running at {url}/ — Ctrl-C stops it.")
+                    return
+            time.sleep(0.2)
+        self.stderr.write(
+            f"llmgw started, but {url}/login/ has not answered within {UP_WITHIN_SECONDS} s: "
+            f"see the logs in {settings.VAR_DIR / 'log'} (gateway.log, web.log)."
+        )
 
     def _metrics_token(self) -> None:
         """/metrics needs a scrape token unless one is set or it is left open deliberately:
