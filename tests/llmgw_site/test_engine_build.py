@@ -256,13 +256,42 @@ def test_a_built_engine_is_kept_and_linked(tmp_path: Path, fake_bin: Path) -> No
         assert os.readlink(link) == f"../{expected.parent.parent.name}/bin/llama-server"
 
 
+def test_auto_keeps_the_cuda_engine_asked_for_before(tmp_path: Path, fake_bin: Path) -> None:
+    """`make setup LLMGW_ENGINE=cuda`, then `make run` (auto) on a machine without nvcc: the
+    CUDA engine stays linked, built for sm_89 as it was (no GPU here says otherwise); a GPU it
+    was built for keeps it too. With the CPU engine linked, auto stays on the CPU."""
+    base = tmp_path / "venv" / f"llama.cpp-{VERSION}"
+    cpu = fake_engine(base, "backend=cpu\ncuda_architectures=\n")
+    cuda = fake_engine(Path(f"{base}-cuda"), "backend=cuda\ncuda_architectures=89;90\n")
+    link = tmp_path / "venv" / "bin" / "llama-server"
+    link.parent.mkdir(parents=True)
+    python = str(executable(tmp_path / "no-python", "echo must not be called; exit 1\n"))
+
+    def auto() -> subprocess.CompletedProcess[str]:
+        return run_script(
+            tmp_path, fake_bin, engine_choice="auto", python=python, dry_run=False, link=link
+        )
+
+    link.symlink_to(cuda)
+    assert auto().returncode == 0 and link.resolve() == cuda
+    found = choice(run_script(tmp_path, fake_bin, engine_choice="auto", link=link))
+    assert (found["backend"], found["dest"]) == ("cuda", f"{base}-cuda")
+    assert found["cuda_architectures"] == "89;90"
+    fake_gpus(fake_bin, "8.9")
+    assert auto().returncode == 0 and link.resolve() == cuda
+    link.unlink()
+    link.symlink_to(cpu)
+    assert auto().returncode == 0 and link.resolve() == cpu
+
+
 @pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is not installed")
 def test_a_failed_build_says_why_and_leaves_the_previous_engine(
     tmp_path: Path, fake_bin: Path
 ) -> None:
-    """A CUDA engine built for another GPU must be rebuilt; when that fails (here: the package
-    index refuses), the message names the step and quotes its log, and the old engine and the
-    link stay as they were."""
+    """A CUDA engine built for another GPU than the one here must be rebuilt; when that fails
+    (here: the package index refuses), the message names the step and quotes its log, and the
+    old engine and the link stay as they were."""
+    fake_gpus(fake_bin, "9.0")
     base = tmp_path / "venv" / f"llama.cpp-{VERSION}"
     old = fake_engine(Path(f"{base}-cuda"), "backend=cuda\ncuda_architectures=80\n")
     cpu = fake_engine(base, "backend=cpu\ncuda_architectures=\n")
