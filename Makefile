@@ -6,13 +6,20 @@ PIP_EXTRAS ?= dev
 LLAMA_CPP_PYTHON := 0.3.36
 ENGINE_DIR := $(VENV)/llama.cpp-$(LLAMA_CPP_PYTHON)
 
-.PHONY: run setup test test-sqlite lint bench
+# LLMGW_ENGINE: which engine `make setup` builds and links as $(VENV)/bin/llama-server: cpu, cuda
+# (in $(ENGINE_DIR)-cuda, about 20 minutes on 2 cores per GPU architecture), or auto (the
+# default: cuda when a system nvcc is found and nvidia-smi lists a GPU, else cpu). See
+# scripts/build-llama-server.
+LLMGW_ENGINE ?= auto
+export LLMGW_ENGINE
+
+.PHONY: run setup engine test test-sqlite lint bench
 
 run: setup
 	@scripts/system-deps git-lfs
 	$(PY) manage.py llmgw_run $(ARGS)
 
-setup: $(VENV)/.installed $(VENV)/bin/llama-server
+setup: $(VENV)/.installed engine
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -20,14 +27,21 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[$(PIP_EXTRAS)]'
 	touch $@
 
-# Built once per version (about 4 minutes on 2 cores) and kept: a second setup does not rebuild.
+# The engine LLMGW_ENGINE asks for, built once per version and backend and kept (a second setup
+# only checks that it runs), then linked as $(VENV)/bin/llama-server.
+engine: | $(VENV)/.installed
+	scripts/build-llama-server $(LLAMA_CPP_PYTHON) $(ENGINE_DIR) $(PY) $(VENV)/bin/llama-server
+
+# `make test` needs an engine, not a particular one: it keeps whichever setup linked, and builds
+# one only when there is none (the CPU one unless LLMGW_ENGINE is given): a GPU machine's
+# `make test` does not start a 20-minute CUDA build of its own.
 $(VENV)/bin/llama-server: | $(VENV)/.installed
-	scripts/build-llama-server $(LLAMA_CPP_PYTHON) $(ENGINE_DIR) $(PY)
-	ln -sfn ../llama.cpp-$(LLAMA_CPP_PYTHON)/bin/llama-server $@
+	LLMGW_ENGINE=$(if $(filter command line environment,$(origin LLMGW_ENGINE)),$(LLMGW_ENGINE),cpu) \
+		scripts/build-llama-server $(LLAMA_CPP_PYTHON) $(ENGINE_DIR) $(PY) $@
 
 # The whole suite on the database in DATABASE_URL (SQLite when unset), then the smoke part on
 # SQLite as well when the first run used another database.
-test: setup
+test: $(VENV)/.installed $(VENV)/bin/llama-server
 	@scripts/system-deps git-lfs chromium
 	$(PY) -m pytest
 	@if [ -n "$$DATABASE_URL" ] && [ "$${DATABASE_URL#sqlite}" = "$$DATABASE_URL" ]; then \
