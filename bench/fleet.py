@@ -39,6 +39,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from llmgw.node.agent import FULL_REPORT_SECONDS, report_digest  # noqa: E402
+
 PER_MODEL_CEILING = 1000
 TARGETS = {
     "p99_ms": 200,
@@ -54,32 +56,36 @@ class Stats:
     """What the simulated agents saw; reset at the start of the steady window."""
 
     latencies: list[float] = field(default_factory=list)
+    renewals: int = 0
     errors: int = 0
     error_kinds: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def record(self, seconds: float, error: str | None) -> None:
+    def record(self, seconds: float, error: str | None, renewal: bool = False) -> None:
         with self.lock:
             if error is None:
                 self.latencies.append(seconds)
+                self.renewals += renewal
             else:
                 self.errors += 1
                 self.error_kinds[error] = self.error_kinds.get(error, 0) + 1
 
-    def take(self) -> tuple[list[float], int, dict[str, int]]:
+    def take(self) -> tuple[list[float], int, dict[str, int], int]:
         with self.lock:
-            taken = self.latencies, self.errors, self.error_kinds
-            self.latencies, self.errors, self.error_kinds = [], 0, {}
+            taken = self.latencies, self.errors, self.error_kinds, self.renewals
+            self.latencies, self.errors, self.error_kinds, self.renewals = [], 0, {}, 0
             return taken
 
 
 class Simulator:
     """N agents in one asyncio loop (a thread of its own), each on its own token."""
 
-    def __init__(self, url: str, tokens: list[str], timeout: float) -> None:
+    def __init__(self, url: str, tokens: list[str], timeout: float, renewals: bool) -> None:
         self.url = url
         self.tokens = tokens
         self.timeout = timeout
+        self.renewals = renewals  # False: whole reports only, as agents before renewals
+        self.killed: set[int] = set()  # agents that stopped (a node killed)
         self.stats = Stats()
         # Per node: the replica ids the last answer named, and those it reported ready since.
         self.told: list[set[str]] = [set() for _ in tokens]
@@ -122,9 +128,17 @@ class Simulator:
         interval = 2.0
         await asyncio.sleep(random.random() * interval)  # agents start at different moments
         first_port = 41000
+        # As the agent does (llmgw.node.agent): the whole report when it changed (or every
+        # FULL_REPORT_SECONDS), else a renewal naming its digest and the answer's generation.
+        acked: str | None = None
+        acked_at = 0.0
+        generation: int | None = None
         while not self.stopping.is_set():
+            if i in self.killed:
+                await asyncio.sleep(0.5)
+                continue
             told = sorted(self.told[i])
-            body = {
+            body: dict[str, Any] = {
                 "capacity": {"memory_gb": 64, "cores": 32},
                 "address": "127.0.0.1",
                 "port_range": {"first": first_port, "last": first_port + 999},
@@ -133,11 +147,21 @@ class Simulator:
                     {"id": r, "state": "ready", "port": first_port + n} for n, r in enumerate(told)
                 ],
             }
+            digest = report_digest(body)
+            renew = (
+                self.renewals
+                and digest == acked
+                and time.monotonic() - acked_at < FULL_REPORT_SECONDS
+            )
             started = time.perf_counter()
             error = None
             try:
+                if renew:
+                    path, sent = "renew", {"generation": generation, "report_digest": digest}
+                else:
+                    path, sent = "heartbeat", {**body, "report_digest": digest}
                 async with session.post(
-                    f"{self.url}/api/v1/node/heartbeat", json=body, headers=headers
+                    f"{self.url}/api/v1/node/{path}", json=sent, headers=headers
                 ) as response:
                     text = await response.read()
                     if response.status != 200:
@@ -145,13 +169,23 @@ class Simulator:
                     else:
                         answer = json.loads(text)
                         interval = float(answer.get("heartbeat_interval") or 2)
-                        self.reported[i] = set(told)
-                        self.told[i] = {r["id"] for r in answer.get("replicas", [])}
+                        if not renew:
+                            acked, acked_at = digest, time.monotonic()
+                            self.reported[i] = set(told)
+                        if answer.get("report") == "send":
+                            acked = None  # the whole report goes at once
+                            interval = 0.0
+                        elif "replicas" in answer:
+                            self.told[i] = {r["id"] for r in answer["replicas"]}
+                            generation = answer.get("generation")
             except (TimeoutError, aiohttp.ClientError) as exc:
                 error = type(exc).__name__
-            self.stats.record(time.perf_counter() - started, error)
-            # The agent's own pace: the interval from the start of the last heartbeat.
-            await asyncio.sleep(max(0.05, interval - (time.perf_counter() - started)))
+            self.stats.record(time.perf_counter() - started, error, renew)
+            # The agent's own pace: the interval from the start of the last heartbeat; a change
+            # to report (new replicas to say ready) goes at once, as the agent's wake does.
+            changed = set(self.told[i]) != set(told)
+            pause = 0.05 if changed else interval - (time.perf_counter() - started)
+            await asyncio.sleep(max(0.05, pause))
 
 
 def register_nodes(system: Any, count: int) -> list[str]:
@@ -243,7 +277,7 @@ def one_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
     try:
         system.start()
         tokens = register_nodes(system, n)
-        simulator = Simulator(system.url, tokens, timeout=args.timeout)
+        simulator = Simulator(system.url, tokens, timeout=args.timeout, renewals=not args.no_renew)
         simulator.start()
         started = time.monotonic()
         wait_for(
@@ -285,10 +319,19 @@ def one_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         window_start = time.monotonic()
         time.sleep(args.steady)
         window = time.monotonic() - window_start
-        latencies, errors, kinds = simulator.stats.take()
+        latencies, errors, kinds, renewals = simulator.stats.take()
         cpu_after = process_cpu(system)
         passes_after = reconcile_histogram(system)
         lost = db_count(system, "Node.objects.filter(lost=True).count()")
+        # A node killed: its agent stops; the time until the control plane marks it lost.
+        simulator.killed.add(0)
+        killed_at = time.monotonic()
+        noticed_s: float | None = None
+        while time.monotonic() - killed_at < 120:
+            if db_count(system, "int(Node.objects.get(name='sim-00000').lost)"):
+                noticed_s = time.monotonic() - killed_at
+                break
+            time.sleep(1)
         cores = {k: (cpu_after[k] - cpu_before[k]) / window for k in cpu_before}
         passes = passes_after[1] - passes_before[1]
         return {
@@ -305,6 +348,8 @@ def one_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
             "errors": errors,
             "error_kinds": kinds,
             "wrongly_lost": lost,
+            "renewal_share": renewals / len(latencies) if latencies else float("nan"),
+            "killed_noticed_s": noticed_s,
             "cores": cores,
             "reconcile_ms": (
                 (passes_after[0] - passes_before[0]) / passes * 1000 if passes else float("nan")
@@ -327,8 +372,9 @@ def show(rows: list[dict[str, Any]]) -> None:
     print(
         "| nodes | replicas | hb/s | p50 ms | p99 ms | max ms | errors | lost | web | gateway |"
         " worker+beat | postgres | control plane | simulator | model add to ready | reconcile |"
+        " renewals | killed node lost after |"
     )
-    print("|" + " --- |" * 16)
+    print("|" + " --- |" * 18)
     for r in rows:
         c = r["cores"]
         plane = c["web"] + c["gateway"] + c["worker+beat"] + c["postgres"]
@@ -342,7 +388,8 @@ def show(rows: list[dict[str, Any]]) -> None:
             f" {num(r['p50_ms'], 1)} | {num(r['p99_ms'], 1)} | {num(r['max_ms'], 1)} |"
             f" {r['errors']} | {r['wrongly_lost']} | {c['web']:.2f} | {c['gateway']:.2f} |"
             f" {c['worker+beat']:.2f} | {c['postgres']:.2f} | {plane:.2f} | {c['simulator']:.2f} |"
-            f" {ready} | {num(r['reconcile_ms'], 0)} ms |"
+            f" {ready} | {num(r['reconcile_ms'], 0)} ms | {num(r['renewal_share'] * 100, 0)} % |"
+            f" {num(r['killed_noticed_s'], 0)} s |"
         )
         if r["error_kinds"]:
             print(f"    errors at {r['nodes']:,} nodes: {r['error_kinds']}")
@@ -352,7 +399,9 @@ def show(rows: list[dict[str, Any]]) -> None:
         f" {TARGETS['p99_ms']} ms, {TARGETS['errors']} errors, {TARGETS['wrongly_lost']} nodes"
         f" wrongly lost, the control plane's processes together <= {TARGETS['cores']:g} core"
         f" in steady state; 20,000 replicas from model add to all ready <="
-        f" {TARGETS['ready_s_20000']} s. Cores are CPU seconds per second of the steady window."
+        f" {TARGETS['ready_s_20000']} s; a killed node noticed within node_lost_after (30 s)."
+        " Cores are CPU seconds per second of the steady window; renewals: the share of the"
+        " window's heartbeats that were renewals."
     )
 
 
@@ -371,6 +420,11 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=10, help="a heartbeat's timeout, s")
     parser.add_argument(
         "--ready-timeout", type=float, default=300, help="seconds to wait for every replica"
+    )
+    parser.add_argument(
+        "--no-renew",
+        action="store_true",
+        help="whole reports at every heartbeat, as agents did before renewals (the baseline)",
     )
     args = parser.parse_args()
     sizes = [int(x) for x in args.nodes.split(",") if x.strip()]

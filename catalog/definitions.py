@@ -10,6 +10,7 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.outbound import URLRefused, parse_target
@@ -86,6 +87,14 @@ def _at_most(maximum: str) -> dict[str, Any]:
     return {"min_value": "must not be negative", "max_value": f"at most {maximum}"}
 
 
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "enum": [ALL_LAYERS]},
+            {"type": "integer", "minimum": 0, "maximum": MAX_GPU_LAYERS},
+        ]
+    }
+)
 class GPULayersField(serializers.Field):
     """``gpu_layers``: "all" or a whole number of layers from 0 to MAX_GPU_LAYERS."""
 

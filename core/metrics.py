@@ -1,4 +1,5 @@
-"""Prometheus metrics of the control plane's work: reconcile passes, Celery tasks, fetches.
+"""Prometheus metrics of the control plane's work: reconcile passes, Celery tasks, fetches,
+node heartbeats.
 
 They are counted where the work happens, in the Celery worker's processes, and written (with
 LLMGW_METRICS_DIR set, as the run command sets it for every process it starts) to the folder the
@@ -58,6 +59,8 @@ class ControlMetrics:
     fetches: Any
     fetch_bytes: Any
     fetch_seconds: Any
+    node_heartbeats: Any
+    renewals_pending: Any
     registry: Any  # single-process mode: where the metrics are; multiprocess: None
 
 
@@ -82,7 +85,7 @@ def created() -> ControlMetrics | None:
 
 def _create(folder: str | None) -> ControlMetrics:
     registry = prepare(folder)
-    from prometheus_client import Counter, Histogram
+    from prometheus_client import Counter, Gauge, Histogram
 
     where: dict[str, Any] = {"registry": registry}
     return ControlMetrics(
@@ -127,6 +130,21 @@ def _create(folder: str | None) -> ControlMetrics:
             "llmgw_fetch_duration_seconds",
             "How long a fetch took, from its start to done or failed.",
             buckets=WORK_BUCKETS,
+            **where,
+        ),
+        node_heartbeats=Counter(
+            "llmgw_node_heartbeats",
+            "Node heartbeats the web process answered: kind is full (a whole report) or renewal "
+            "(liveness only); answer is unchanged (nothing to run changed), changed (the replicas "
+            "to run sent in full) or report (the node was asked for its whole report).",
+            ["kind", "answer"],
+            **where,
+        ),
+        renewals_pending=Gauge(
+            "llmgw_node_renewals_pending",
+            "Renewals taken and not yet written (they are written together every second; at "
+            "most fleet.liveness.MAX_PENDING per web process).",
+            multiprocess_mode="livesum",
             **where,
         ),
         registry=registry,

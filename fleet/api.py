@@ -21,6 +21,7 @@ from catalog.definitions import ModelDefinitionSerializer, clean_definition
 from catalog.models import Model
 from catalog.services import apply_definition, get_model
 from core.api import actor_of, answers, out, validated
+from core.metrics import control_metrics
 from core.serializers import StrictSerializer, TypedSerializer
 from llmgw.units import format_bytes
 
@@ -169,6 +170,16 @@ class HeartbeatInput(TypedSerializer):
         help_text="the ports its engines listen on (llmgw node --port-range); 41000-41999 if absent",
     )
     agent = serializers.DictField(required=False)
+    report_digest = serializers.RegexField(
+        r"^[0-9a-f]{64}$",
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text=(
+            "the agent's digest of this report (sha256, hex): its renewals name it while "
+            "nothing on the node changes"
+        ),
+    )
     replicas = ReplicaReportInput(many=True, required=False, default=list, max_length=10000)  # type: ignore[call-arg]
 
     def validate_devices(self, devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -180,13 +191,18 @@ class HeartbeatInput(TypedSerializer):
         return sorted(devices, key=lambda d: d["index"])
 
 
-# How often agents are asked to report; node_lost_after should be several of these.
-HEARTBEAT_SECONDS = 2
+GENERATION_HELP = (
+    "the version of what the node should run that this answer holds; null while it changes on "
+    "its own (a replica draining): a renewal naming it is answered without the replicas"
+)
 
 
 class HeartbeatOut(serializers.Serializer):
     node = serializers.CharField()
-    heartbeat_interval = serializers.IntegerField(help_text="seconds until the next heartbeat")
+    heartbeat_interval = serializers.IntegerField(
+        help_text="seconds until the next heartbeat or renewal; grows with the fleet"
+    )
+    generation = serializers.IntegerField(allow_null=True, help_text=GENERATION_HELP)
     replicas = serializers.ListField(
         child=serializers.DictField(), help_text="every replica the node should run, in full"
     )
@@ -220,11 +236,89 @@ class HeartbeatAPI(APIView):
         answer = services.node_heartbeat(
             node=node,
             report=dict(data.validated_data),
-            interval=HEARTBEAT_SECONDS,
+            interval=services.heartbeat_interval(),
             # The peer the web saw; behind the gateway, the gateway's own peer (gateway.forwarded).
             peer=request.META.get("REMOTE_ADDR") or "",
         )
+        control_metrics().node_heartbeats.labels("full", "changed").inc()
         return Response(out(HeartbeatOut, answer))
+
+
+class RenewInput(TypedSerializer):
+    generation = serializers.IntegerField(
+        min_value=0,
+        allow_null=True,
+        required=False,
+        default=None,
+        help_text="the generation of the last answer the node acted on",
+    )
+    report_digest = serializers.RegexField(
+        r"^[0-9a-f]{64}$", help_text="the digest of the node's last full report, which still holds"
+    )
+
+
+class RenewOut(serializers.Serializer):
+    node = serializers.CharField()
+    heartbeat_interval = serializers.IntegerField(
+        help_text="seconds until the next heartbeat or renewal; grows with the fleet"
+    )
+    report = serializers.ChoiceField(
+        choices=["current", "send"],
+        help_text=(
+            "current: the renewal was taken; send: it was not, send the whole report now (a "
+            "heartbeat): the control plane holds another report, or the node is, or may be, lost"
+        ),
+    )
+    changed = serializers.BooleanField(
+        help_text="whether replicas, keep and warnings follow: what the node should run changed"
+    )
+    generation = serializers.IntegerField(allow_null=True, help_text=GENERATION_HELP)
+    replicas = serializers.ListField(
+        child=serializers.DictField(),
+        required=False,
+        help_text="only when changed: every replica the node should run, in full",
+    )
+    keep = serializers.ListField(
+        child=serializers.DictField(),
+        required=False,
+        help_text="only when changed: as a heartbeat's",
+    )
+    warnings = serializers.ListField(
+        child=serializers.CharField(),
+        required=False,
+        help_text="only when changed: as a heartbeat's",
+    )
+
+
+class RenewAPI(APIView):
+    """The cheap heartbeat: liveness, without the report, while nothing on the node changed."""
+
+    authentication_classes = [NodeTokenAuthentication]
+    permission_classes = [IsNode]
+
+    @extend_schema(
+        summary="A node's renewal: it is alive and its last report holds; the answer says "
+        "whether what it should run changed",
+        request=RenewInput,
+        responses=answers({200: RenewOut}, 403, body=True),
+    )
+    def post(self, request: Request) -> Response:
+        data = RenewInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        node = request.user
+        assert isinstance(node, Node)
+        answer = services.node_renew(
+            node=node,
+            generation=data.validated_data["generation"],
+            report_digest=data.validated_data["report_digest"],
+        )
+        outcome = (
+            "report"
+            if answer["report"] == "send"
+            else ("changed" if answer["changed"] else "unchanged")
+        )
+        control_metrics().node_heartbeats.labels("renewal", outcome).inc()
+        return Response(out(RenewOut, answer))
 
 
 # -- nodes, for people --------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from django.db import models
@@ -17,6 +18,16 @@ from .trust import Capacity, believed
 def hash_token(token: str) -> str:
     """What Node.token_hash keeps of a node's token: every bearer secret's digest (llmgw.bearer)."""
     return bearer.digest(token)
+
+
+def bump_generation(node_ids: Iterable[int]) -> None:
+    """Tell these nodes that what they should run changed (Node.generation): called in the
+    transaction that changed it, so that no renewal sees the new generation without the change."""
+    ids = sorted(set(node_ids))
+    for start in range(0, len(ids), 1000):
+        Node.objects.filter(pk__in=ids[start : start + 1000]).update(
+            generation=models.F("generation") + 1
+        )
 
 
 class Node(models.Model):
@@ -77,6 +88,13 @@ class Node(models.Model):
     # The backends its engine binary was built with (llama-server --list-devices), like
     # ["CPU", "CUDA"]: a replica with GPUs goes only to a node whose engine has a GPU backend.
     engine_backends = models.JSONField(default=list, blank=True)
+    # What the node should run, versioned: bumped (in the transaction that changes it) whenever
+    # a replica is placed on it or withdrawn from it, or its warnings change. A renewal that
+    # names the current generation is answered "nothing changed" without reading its replicas.
+    generation = models.PositiveBigIntegerField(default=0)
+    # The digest its agent gave of its last full report (llmgw.node.report): a renewal with the
+    # same digest says nothing changed on the node since.
+    report_digest = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

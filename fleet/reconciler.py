@@ -31,7 +31,7 @@ from core.metrics import control_metrics
 
 from . import placement
 from .footprint import FileFacts, Footprint, known_facts, learn_facts, model_footprints
-from .models import Lease, Node, Replica
+from .models import Lease, Node, Replica, bump_generation
 from .specs import current_keys, replica_revision, replica_spec, spec_key
 
 log = logging.getLogger("llmgw.reconciler")
@@ -283,6 +283,7 @@ def _mark_lost_nodes(run: _Pass) -> None:
         withdrawn_at=run.now,
         withdraw_reason=f"its node sent no heartbeat for {seconds}s and is lost",
     )
+    bump_generation(ids)
     run.report.nodes_lost = [name for _, name in silent]
     log.warning("nodes lost (no heartbeat for %ss): %s", seconds, ", ".join(run.report.nodes_lost))
 
@@ -442,6 +443,9 @@ def _apply(
             ["rollout_failures", "rollout_halted", "rollout_spec_key"],
             batch_size=500,
         )
+    # The nodes whose answer changed learn it at their next renewal (services.node_renew).
+    touched = {r.node_id for r in new} | {active[i].node_id for i in run.withdraw}
+    bump_generation(touched)
     run.report.unplaced = list(plan.unplaced)
     if new or run.withdraw:
         log.info(

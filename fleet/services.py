@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import math
 import socket
+import time
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,7 +22,7 @@ from core.refusals import Refused, conflict
 from llmgw.bearer import NODE_TOKEN
 
 from . import trust
-from .models import Node, Replica, hash_token
+from .models import Node, Replica, bump_generation, hash_token
 from .signals import fleet_changed, replica_state_changed
 from .specs import engine_key, gpu_order
 
@@ -110,6 +112,7 @@ def node_accept_capacity(*, actor: Actor, name: str) -> Node:
         node.save(
             update_fields=["registered_capacity", "memory_gb", "cores", "gpus", "gpu_memory_gb"]
         )
+        bump_generation([node.pk])  # its warnings change
         transaction.on_commit(lambda: fleet_changed.send(sender=Node))
     return node
 
@@ -252,6 +255,7 @@ def node_heartbeat(
         node.devices = list(report.get("devices") or [])[: capacity.gpus]
         node.devices_source = report.get("devices_source") or ""
         node.engine_backends = list(report.get("engine_backends") or [])
+        node.report_digest = report.get("report_digest") or ""
         node.heard_since = node.heard_since_with(now, lost_after=current_config().node_lost_after)
         node.last_heartbeat = now
         came_back = node.lost
@@ -260,7 +264,7 @@ def node_heartbeat(
         # allow-list or accepted its capacity since it was read, and that must not be undone.
         written = ["memory_gb", "cores", "gpus", "gpu_memory_gb", "reported_capacity"]
         written += ["address", "port_first", "port_last", "agent", "last_heartbeat", "lost"]
-        written += ["devices", "devices_source", "engine_backends"]
+        written += ["devices", "devices_source", "engine_backends", "report_digest"]
         written.append("heard_since")
         if first_report:
             written.append("registered_capacity")
@@ -276,12 +280,7 @@ def node_heartbeat(
         changed, gone, wanted = [], [], []
         for replica in Replica.objects.filter(node=node).order_by("created_at"):
             seen = reported.get(str(replica.pk))
-            draining = (
-                replica.withdrawn_at is not None
-                and replica.state == Replica.READY
-                and now < replica.withdrawn_at + timedelta(seconds=DRAIN_SECONDS)
-            )
-            if replica.withdrawn_at is None or draining:
+            if _wanted(replica, now):
                 wanted.append(replica)
             elif seen is None:
                 gone.append(replica.pk)  # withdrawn and stopped: nothing left to track
@@ -310,10 +309,77 @@ def node_heartbeat(
     return {
         "node": node.name,
         "heartbeat_interval": interval,
+        **_orders(node, wanted, now),
+    }
+
+
+def _wanted(replica: Replica, now: Any) -> bool:
+    """Whether the node should run it: not withdrawn, or withdrawn while serving and still
+    draining (requests sent to it finish before its engine stops)."""
+    if replica.withdrawn_at is None:
+        return True
+    return replica.state == Replica.READY and now < replica.withdrawn_at + timedelta(
+        seconds=DRAIN_SECONDS
+    )
+
+
+def _orders(node: Node, wanted: list[Replica], now: Any) -> dict[str, Any]:
+    """What a node is told to run, with the generation it was read at (`node` as loaded before
+    its replicas were, so that a change committed in between makes the generation older, never
+    newer, than what is sent). No generation while a replica drains: when its drain ends the
+    answer changes without a write, so the node is answered in full until then."""
+    draining = any(r.withdrawn_at is not None for r in wanted)
+    return {
+        "generation": None if draining else node.generation,
         "replicas": [replica_order(r, node) for r in wanted],
         "keep": _previous_revisions({r.model_id for r in wanted if r.model_id is not None}),
         "warnings": node.capacity_notes(),
     }
+
+
+# The heartbeat interval the control plane asks for grows with the fleet, so that the heartbeats
+# of a large one cost what a few hundred nodes' do: 2 s up to NODES_PER_SECOND x 2 nodes, then one
+# heartbeat a second per NODES_PER_SECOND nodes, and never above a third of node_lost_after (a
+# node is lost only after three missed heartbeats). A replica's change is still reported at once.
+HEARTBEAT_SECONDS = 2
+NODES_PER_SECOND = 500
+_fleet_size: list[float] = [0.0, 0.0]  # [nodes, when counted (monotonic)]
+FLEET_COUNT_SECONDS = 30.0
+
+
+def heartbeat_interval() -> int:
+    """Seconds between a node's heartbeats, for a fleet of the size counted lately."""
+    clock = time.monotonic()
+    if not _fleet_size[1] or clock - _fleet_size[1] > FLEET_COUNT_SECONDS:
+        _fleet_size[:] = [float(Node.objects.count()), clock]
+    ceiling = max(HEARTBEAT_SECONDS, int(current_config().node_lost_after // 3))
+    wanted = math.ceil(_fleet_size[0] / NODES_PER_SECOND)
+    return max(HEARTBEAT_SECONDS, min(ceiling, wanted))
+
+
+def node_renew(*, node: Node, generation: int | None, report_digest: str) -> dict[str, Any]:
+    """A renewal: the node is alive, and its report is still the one whose digest it names.
+
+    Answers `report: "send"` (nothing recorded) when the control plane wants the whole report
+    instead: it holds another digest (a report it never got, or lost with a restore), the node is
+    lost, or it was silent long enough to have been. Otherwise records the renewal
+    (fleet.liveness) and answers `changed: false` when `generation` is the node's, or the
+    replicas to run in full (as a heartbeat's answer) when it is not."""
+    from . import liveness
+
+    now = timezone.now()
+    base: dict[str, Any] = {"node": node.name, "heartbeat_interval": heartbeat_interval()}
+    silent = node.last_heartbeat is None or now - node.last_heartbeat > timedelta(
+        seconds=current_config().node_lost_after
+    )
+    if node.lost or silent or not node.report_digest or report_digest != node.report_digest:
+        return {**base, "report": "send", "changed": False, "generation": None}
+    liveness.renewed(node.pk, now)
+    if generation is not None and generation == node.generation:
+        return {**base, "report": "current", "changed": False, "generation": generation}
+    replicas = Replica.objects.filter(node=node).order_by("created_at")
+    wanted = [r for r in replicas if _wanted(r, now)]
+    return {**base, "report": "current", "changed": True, **_orders(node, wanted, now)}
 
 
 def _previous_revisions(model_ids: set[int]) -> list[dict[str, Any]]:

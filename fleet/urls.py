@@ -4,6 +4,7 @@ from . import api
 
 urlpatterns = [
     path("node/heartbeat", api.HeartbeatAPI.as_view(), name="api-node-heartbeat"),
+    path("node/renew", api.RenewAPI.as_view(), name="api-node-renew"),
     path("nodes", api.NodesAPI.as_view(), name="api-nodes"),
     path("nodes/<str:name>", api.NodeAPI.as_view(), name="api-node"),
     path("nodes/<str:name>/cordon", api.NodeCordonAPI.as_view(), name="api-node-cordon"),

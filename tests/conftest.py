@@ -15,6 +15,9 @@ def _fast_passwords(settings: Any) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     # Tests run reconcile passes themselves; no broker needed for a kick.
     settings.LLMGW_KICK_RECONCILE = False
+    # A node's renewal is written in its request, not by a thread a second later (whose own
+    # database connection would outlive the test); tests of fleet.liveness set it themselves.
+    settings.LLMGW_RENEWAL_FLUSH_SECONDS = 0
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -11,6 +12,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any, TextIO
@@ -29,6 +31,28 @@ from .spec import AnswerError, ReplicaSpec, parse_answer
 log = logging.getLogger("llmgw.node")
 
 HEARTBEAT_TIMEOUT = (5, 10)  # (connect, read) seconds
+# While nothing on the node changes it renews (POST /api/v1/node/renew, a few dozen bytes) instead
+# of sending its whole report; the whole report goes at least this often all the same.
+FULL_REPORT_SECONDS = 120.0
+# GPU memory used by others moves by a few MiB all the time: the digest counts it in these steps.
+DIGEST_MEMORY_STEP_MB = 256
+
+
+def report_digest(body: dict[str, Any]) -> str:
+    """What a renewal names: the sha256 of the report, less what moves on its own all the time
+    (a GPU's utilisation, its memory used in steps of DIGEST_MEMORY_STEP_MB), which the next whole
+    report carries."""
+    steady = dict(body)
+    steady["devices"] = [
+        {
+            **{k: v for k, v in device.items() if k != "utilization_pct"},
+            "memory_used_mb": int(device.get("memory_used_mb") or 0) // DIGEST_MEMORY_STEP_MB,
+        }
+        for device in body.get("devices") or []
+    ]
+    steady.pop("report_digest", None)
+    text = json.dumps(steady, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _agent_version() -> str:
@@ -69,6 +93,13 @@ class Agent:
             declared = (config.gpus, config.gpu_memory_gb or 0.0)
         self.gpus = GpuDetector(declared=declared)
         self._engine_backends: list[str] | None = None
+        # The renewal's state: the generation of the last answer acted on, the digest of the last
+        # whole report the control plane took, and when (monotonic). renewing turns off for good
+        # when the control plane has no renewal (an older one answers 404).
+        self.generation: int | None = None
+        self.acked_digest: str | None = None
+        self.acked_at = 0.0
+        self.renewing = True
         self.session = requests.Session()
         self.session.headers["Authorization"] = f"Bearer {config.token}"
         self.session.headers["User-Agent"] = f"llmgw-node/{_agent_version()}"
@@ -220,18 +251,21 @@ class Agent:
             "replicas": [replica.report() for replica in replicas],
         }
 
-    def send_heartbeat(self, body: dict[str, Any]) -> requests.Response | None:
-        """POST the heartbeat to the control plane in use; when nothing answers there (or it
-        answers with a server error, as a gateway whose web process died does), to the next
-        of the others in turn. The first that answers is used from then on: all of them share
-        one database, so any may take the heartbeat. None when none answered (said once)."""
+    def send_heartbeat(
+        self, body: dict[str, Any], path: str = "heartbeat"
+    ) -> requests.Response | None:
+        """POST the heartbeat (or the renewal, `path` "renew") to the control plane in use; when
+        nothing answers there (or it answers with a server error, as a gateway whose web process
+        died does), to the next of the others in turn. The first that answers is used from then
+        on: all of them share one database, so any may take the heartbeat. None when none
+        answered (said once)."""
         failures: list[tuple[str, str, str]] = []  # (server, kind, detail)
         server_error: tuple[str, requests.Response] | None = None
         start = self.servers.index(self.server)
         for server in self.servers[start:] + self.servers[:start]:
             try:
                 response = self.session.post(
-                    f"{server}/api/v1/node/heartbeat", json=body, timeout=HEARTBEAT_TIMEOUT
+                    f"{server}/api/v1/node/{path}", json=body, timeout=HEARTBEAT_TIMEOUT
                 )
             except requests.ConnectionError:
                 failures.append((server, "unreachable", "nothing answered"))
@@ -283,22 +317,77 @@ class Agent:
             self._problem(f"the heartbeat to {server} failed: {detail}. Trying again.")
 
     def heartbeat(self) -> None:
-        response = self.send_heartbeat(self.heartbeat_body())
-        if response is None:
+        """One beat: a renewal while the report is the one the control plane last took (and
+        took lately), else the whole report. A renewal the control plane does not take (it
+        wants the report) is followed by the report at once."""
+        body = self.heartbeat_body()
+        digest = report_digest(body)
+        if (
+            self.renewing
+            and digest == self.acked_digest
+            and time.monotonic() - self.acked_at < FULL_REPORT_SECONDS
+            and self.renew(digest)
+        ):
             return
+        body["report_digest"] = digest
+        sent_at = time.monotonic()
+        if self.full_heartbeat(body):
+            self.acked_digest, self.acked_at = digest, sent_at
+
+    def renew(self, digest: str) -> bool:
+        """POST a renewal; False when the whole report should go now instead."""
+        response = self.send_heartbeat(
+            {"generation": self.generation, "report_digest": digest}, path="renew"
+        )
+        if response is None:
+            return True  # nothing answered: the report would not have been heard either
+        if response.status_code == 404:
+            # A control plane without renewals (an older one; the renewal itself never answers
+            # 404): whole reports from now on.
+            log.info(
+                "the control plane at %s takes no renewals; sending whole reports", self.server
+            )
+            self.renewing = False
+            return False
+        if response.status_code != 200:
+            return False  # the heartbeat says what is wrong, as it always has
+        try:
+            answer = response.json()
+            if not isinstance(answer, dict):
+                raise ValueError("not an object")
+            if answer.get("report") != "current":
+                self.acked_digest = None
+                return False
+            if not answer.get("changed"):
+                self._recovered(response)
+                self._set_interval(answer.get("heartbeat_interval"))
+                return True
+        except ValueError:
+            return False
+        return self._act_on(response)
+
+    def full_heartbeat(self, body: dict[str, Any]) -> bool:
+        """Send the whole report and act on the answer; whether the control plane took it."""
+        response = self.send_heartbeat(body)
+        if response is None:
+            return False
         if response.status_code == 401:
             self._problem(
                 f"the control plane at {self.server} does not know this node's token; was the "
                 "node removed? Register it again and restart the agent with the new token. "
                 "Keeping the engines running and trying again."
             )
-            return
+            return False
         if response.status_code != 200:
             self._problem(
                 f"the control plane at {self.server} refused the heartbeat "
                 f"(HTTP {response.status_code}): {_detail(response)}. Trying again."
             )
-            return
+            return False
+        return self._act_on(response)
+
+    def _act_on(self, response: requests.Response) -> bool:
+        """Make what runs here what a 200 answer asks for; whether it was understood."""
         try:
             answer = parse_answer(response.json())
         except (ValueError, AnswerError) as exc:
@@ -306,15 +395,23 @@ class Agent:
                 f"the control plane at {self.server} answered something this agent does not "
                 f"understand ({exc}); nothing changes until it answers properly."
             )
-            return
+            self.generation = None
+            return False
         self._recovered(response)
         self._warn(response)
-        if answer.interval is not None and answer.interval != self.interval:
-            log.info("heartbeating every %g s, as the control plane asks", answer.interval)
-            self.interval = answer.interval
+        self._set_interval(answer.interval)
         self.kept = answer.keep
         self.reconcile(answer.replicas)
+        self.generation = answer.generation
         self.evict()
+        return True
+
+    def _set_interval(self, interval: Any) -> None:
+        if isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0:
+            return
+        if interval != self.interval:
+            log.info("heartbeating every %g s, as the control plane asks", interval)
+            self.interval = float(interval)
 
     def _problem(self, text: str) -> None:
         # Said once, not every two seconds; said again when it changes.

@@ -221,10 +221,13 @@ class Answer:
     # Files to keep in the cache though no replica here uses them now: the previous revisions
     # of the models this node runs, which a rollback would start again. (source, sha256)
     keep: tuple[tuple[str, str | None], ...] = ()
+    # The version of what to run this answer holds (None: not one a renewal may name).
+    generation: int | None = None
 
 
 def parse_answer(body: Any) -> Answer:
-    """The wanted replicas, the heartbeat interval and the files to keep, from a 200 answer;
+    """The wanted replicas, the heartbeat interval, the files to keep and the generation, from a
+    200 answer (a heartbeat's, or a renewal's that changed);
     AnswerError if the answer is malformed anywhere (then nothing changes: a half-understood
     answer must not stop replicas)."""
     if not isinstance(body, dict):
@@ -247,4 +250,7 @@ def parse_answer(body: Any) -> Answer:
         for item in keep
         if isinstance(item, dict)
     )
-    return Answer(specs, interval, kept)
+    generation = body.get("generation")
+    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+        generation = None
+    return Answer(specs, interval, kept, generation)

@@ -55,6 +55,7 @@ def test_a_heartbeat_reports_capacity_and_gets_what_to_run(api: Any) -> None:
     assert response.json() == {
         "node": "n1",
         "heartbeat_interval": 2,
+        "generation": 0,
         "replicas": [],
         "keep": [],
         "warnings": [],

@@ -1,0 +1,95 @@
+"""Node renewals, written together: one UPDATE a second for every node renewed, not one a node.
+
+A renewal (services.node_renew) says only "this node is alive and nothing on it changed". Its
+one effect is the node's last_heartbeat, which the reconciler reads to decide that a node is lost
+(node_lost_after, 30 s by default). So each web process keeps the renewals it took in memory, the
+earliest time per node, and writes them every FLUSH_SECONDS in one statement. A process that dies
+loses at most that second of renewals: the nodes renew again at their next interval, long before
+node_lost_after.
+
+Bounded: at most MAX_PENDING nodes wait in one process (the keys are nodes that authenticated, so
+the fleet's size bounds them anyway); past it a renewal writes the batch at once. The gauge
+llmgw_node_renewals_pending shows how many wait.
+
+With LLMGW_RENEWAL_FLUSH_SECONDS = 0 a renewal is written at once, in the request (tests that
+look at the database right after a renewal).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import datetime
+
+from django.conf import settings
+from django.db import close_old_connections, connection
+
+from core.metrics import control_metrics
+
+from .models import Node
+
+log = logging.getLogger("llmgw.fleet")
+
+MAX_PENDING = 100_000
+
+_lock = threading.Lock()
+_pending: dict[int, datetime] = {}
+_flusher: threading.Thread | None = None
+
+
+def flush_seconds() -> float:
+    return float(getattr(settings, "LLMGW_RENEWAL_FLUSH_SECONDS", 1.0))
+
+
+def renewed(node_id: int, at: datetime) -> None:
+    """Record that the node renewed at `at`; written within flush_seconds()."""
+    global _flusher
+    if flush_seconds() <= 0:
+        _write({node_id: at})
+        return
+    with _lock:
+        _pending.setdefault(node_id, at)  # the earliest: the node is not claimed alive too long
+        full = len(_pending) >= MAX_PENDING
+        if _flusher is None or not _flusher.is_alive():
+            _flusher = threading.Thread(target=_flush_forever, name="renewals", daemon=True)
+            _flusher.start()
+        control_metrics().renewals_pending.set(len(_pending))
+    if full:
+        flush()
+
+
+def flush() -> int:
+    """Write every pending renewal now; returns how many nodes were written."""
+    with _lock:
+        batch = dict(_pending)
+        _pending.clear()
+        control_metrics().renewals_pending.set(0)
+    if batch:
+        _write(batch)
+    return len(batch)
+
+
+def _write(batch: dict[int, datetime]) -> None:
+    """One UPDATE for the batch, at its earliest time. Only nodes not lost (a lost node comes
+    back through a full report, which starts its heard_since again), and never back in time (a
+    full report may have written a later time since)."""
+    at = min(batch.values())
+    ids = sorted(batch)
+    for start in range(0, len(ids), 5000):
+        Node.objects.filter(
+            pk__in=ids[start : start + 5000], lost=False, last_heartbeat__lt=at
+        ).update(last_heartbeat=at)
+
+
+def _flush_forever() -> None:
+    while True:
+        time.sleep(flush_seconds() or 1.0)
+        try:
+            close_old_connections()
+            flush()
+        except Exception:
+            # The database may be away for a moment; the renewals of this second are lost
+            # (the nodes renew again) and the next second is tried as usual.
+            log.exception("writing node renewals failed")
+            connection.close()

@@ -1,0 +1,179 @@
+"""The agent's cheap heartbeat against the real control plane (pytest-django's live server): it
+renews while nothing on the node changes, reports a change at once, and converges after a
+restart or an answer lost on the way back (level-triggered)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from core.actor import Actor
+from fleet.models import Node, Replica
+from fleet.reconciler import reconcile_pass
+from fleet.services import node_add
+from llmgw.node import agent as agent_module
+from llmgw.node.agent import Agent, report_digest
+from llmgw.node.config import NodeConfig
+from tests.support.fleet import Fleet
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+class Sent:
+    """What the agent POSTs, by path, through its real session; `drop` loses the next answer
+    on the way back (the control plane did the work; the agent never hears of it)."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.paths: list[str] = []
+        self.drop = 0
+        real = agent.session.post
+
+        def post(url: str, **kwargs: Any) -> requests.Response:
+            self.paths.append(url.rsplit("/", 1)[-1])
+            response = real(url, **kwargs)
+            if self.drop:
+                self.drop -= 1
+                raise requests.ConnectionError("the answer was lost on the way back")
+            return response
+
+        agent.session.post = post  # type: ignore[method-assign]
+
+    def take(self) -> list[str]:
+        taken, self.paths = self.paths, []
+        return taken
+
+
+@pytest.fixture
+def fleet(users: dict[str, Any]) -> Fleet:
+    return Fleet(users["staff"], users["alice"])
+
+
+@pytest.fixture
+def node(live_server: Any, users: dict[str, Any], tmp_path: Path) -> Any:
+    """node(name) -> (agent, sent): a registered node's agent, not started, and its requests."""
+
+    def make(name: str = "n1") -> tuple[Agent, Sent]:
+        _, token = node_add(actor=Actor.for_user(users["staff"], "api"), name=name)
+        config = NodeConfig(
+            server=live_server.url,
+            token=token,
+            memory_gb=8,
+            cores=4,
+            cache=tmp_path / name,
+            port_range=(43000, 43099),
+        )
+        agent = Agent(config)
+        agent.cache.prepare()
+        return agent, Sent(agent)
+
+    return make
+
+
+def restarted(agent: Agent) -> tuple[Agent, Sent]:
+    again = Agent(NodeConfig(**agent.config.__dict__))
+    again.cache.prepare()
+    return again, Sent(again)
+
+
+def test_it_renews_while_nothing_changes_and_reports_in_full_every_few_minutes(
+    node: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent, sent = node()
+    agent.heartbeat()
+    stored = Node.objects.get()
+    assert stored.report_digest == agent.acked_digest == report_digest(agent.heartbeat_body())
+    agent.heartbeat()
+    agent.heartbeat()
+    assert sent.take() == ["heartbeat", "renew", "renew"]
+    assert Node.objects.get().last_heartbeat > stored.last_heartbeat
+    # The whole report goes again once FULL_REPORT_SECONDS have passed since the last.
+    monkeypatch.setattr(agent_module, "FULL_REPORT_SECONDS", 0.0)
+    agent.heartbeat()
+    assert sent.take() == ["heartbeat"]
+
+
+def test_new_orders_arrive_by_renewal_and_the_change_they_make_is_reported_at_once(
+    node: Any, fleet: Fleet
+) -> None:
+    agent, sent = node()
+    agent.heartbeat()
+    sent.take()
+    fleet.add("m", min_replicas=1, max_replicas=1)
+    reconcile_pass()
+    (replica,) = Replica.objects.all()
+    agent.heartbeat()  # a renewal, answered with the replica to run
+    assert sent.take() == ["renew"]
+    assert list(agent.replicas) == [str(replica.pk)]
+    assert agent.generation == Node.objects.get().generation
+    # The replica is fetching now (its source does not answer; it fails soon): the report
+    # changed, so the next beat carries it whole, without waiting for FULL_REPORT_SECONDS.
+    agent.heartbeat()
+    assert sent.take() == ["heartbeat"]
+    replica.refresh_from_db()
+    assert replica.state in ("fetching", "failed")
+
+
+def test_an_answer_lost_on_the_way_back_is_asked_for_again(node: Any, fleet: Fleet) -> None:
+    agent, sent = node()
+    agent.heartbeat()
+    sent.take()
+    fleet.add("m", min_replicas=1, max_replicas=1)
+    reconcile_pass()
+    sent.drop = 1
+    agent.heartbeat()  # the renewal's answer (the new replica) never arrives
+    assert agent.replicas == {}
+    agent.heartbeat()  # the agent still names the old generation: the orders come again
+    assert sent.take() == ["renew", "renew"]
+    assert [r.spec.id for r in agent.replicas.values()] == [str(Replica.objects.get().pk)]
+
+
+def test_a_whole_report_whose_answer_was_lost_is_sent_again(node: Any) -> None:
+    agent, sent = node()
+    sent.drop = 1
+    agent.heartbeat()
+    assert agent.acked_digest is None  # the control plane took it; the agent cannot know
+    agent.heartbeat()
+    agent.heartbeat()
+    assert sent.take() == ["heartbeat", "heartbeat", "renew"]
+
+
+def test_a_restarted_agent_reports_whole_and_gets_everything_it_should_run(
+    node: Any, fleet: Fleet
+) -> None:
+    agent, _ = node()
+    agent.heartbeat()
+    fleet.add("m", min_replicas=1, max_replicas=1)
+    reconcile_pass()
+    # The agent dies before its next beat; a new one starts with nothing known.
+    again, sent = restarted(agent)
+    again.heartbeat()
+    assert sent.take() == ["heartbeat"]
+    assert [r.spec.id for r in again.replicas.values()] == [str(Replica.objects.get().pk)]
+
+
+def test_a_control_plane_that_lost_the_report_asks_for_it(node: Any) -> None:
+    """A database restored from a backup holds an older report: the renewal is refused and the
+    whole report follows in the same beat."""
+    agent, sent = node()
+    agent.heartbeat()
+    Node.objects.update(report_digest="0" * 64)
+    agent.heartbeat()
+    assert sent.take() == ["heartbeat", "renew", "heartbeat"]
+    assert Node.objects.get().report_digest == agent.acked_digest
+
+
+def test_a_control_plane_without_renewals_gets_whole_reports(node: Any) -> None:
+    from tests.support.fake_control_plane import fake_control_plane
+
+    agent, _ = node()
+    with fake_control_plane(token=agent.config.token) as plane:
+        agent.servers = (plane.url,)
+        agent.server = plane.url
+        agent.heartbeat()
+        agent.heartbeat()
+        agent.heartbeat()
+        assert len(plane.heartbeats) == 3
+    assert agent.renewing is False
