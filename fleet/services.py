@@ -6,7 +6,7 @@ import logging
 import math
 import socket
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -342,9 +342,15 @@ def _orders(node: Node, wanted: list[Replica], now: Any) -> dict[str, Any]:
 # heartbeat a second per NODES_PER_SECOND nodes, and never above a third of node_lost_after (a
 # node is lost only after three missed heartbeats). A replica's change is still reported at once.
 HEARTBEAT_SECONDS = 2
-NODES_PER_SECOND = 500
+NODES_PER_SECOND = 250
 _fleet_size: list[float] = [0.0, 0.0]  # [nodes, when counted (monotonic)]
 FLEET_COUNT_SECONDS = 30.0
+
+
+def interval_for(nodes: int, lost_after: float) -> int:
+    """Seconds between a node's heartbeats in a fleet of `nodes` (see NODES_PER_SECOND)."""
+    ceiling = max(HEARTBEAT_SECONDS, int(lost_after // 3))
+    return max(HEARTBEAT_SECONDS, min(ceiling, math.ceil(nodes / NODES_PER_SECOND)))
 
 
 def heartbeat_interval() -> int:
@@ -352,9 +358,23 @@ def heartbeat_interval() -> int:
     clock = time.monotonic()
     if not _fleet_size[1] or clock - _fleet_size[1] > FLEET_COUNT_SECONDS:
         _fleet_size[:] = [float(Node.objects.count()), clock]
-    ceiling = max(HEARTBEAT_SECONDS, int(current_config().node_lost_after // 3))
-    wanted = math.ceil(_fleet_size[0] / NODES_PER_SECOND)
-    return max(HEARTBEAT_SECONDS, min(ceiling, wanted))
+    return interval_for(int(_fleet_size[0]), current_config().node_lost_after)
+
+
+def renewal_wants_report(
+    *,
+    lost: bool,
+    last_heartbeat: datetime | None,
+    stored_digest: str,
+    digest: str,
+    now: datetime,
+    lost_after: float,
+) -> bool:
+    """Whether a renewal must be refused for the whole report: the control plane holds another
+    report (or none: an agent that never sent a digest), or the node is lost, or was silent long
+    enough to have been (its coming back starts its heard_since again, in the report's path)."""
+    silent = last_heartbeat is None or now - last_heartbeat > timedelta(seconds=lost_after)
+    return lost or silent or not stored_digest or digest != stored_digest
 
 
 def node_renew(*, node: Node, generation: int | None, report_digest: str) -> dict[str, Any]:
@@ -369,10 +389,14 @@ def node_renew(*, node: Node, generation: int | None, report_digest: str) -> dic
 
     now = timezone.now()
     base: dict[str, Any] = {"node": node.name, "heartbeat_interval": heartbeat_interval()}
-    silent = node.last_heartbeat is None or now - node.last_heartbeat > timedelta(
-        seconds=current_config().node_lost_after
-    )
-    if node.lost or silent or not node.report_digest or report_digest != node.report_digest:
+    if renewal_wants_report(
+        lost=node.lost,
+        last_heartbeat=node.last_heartbeat,
+        stored_digest=node.report_digest,
+        digest=report_digest,
+        now=now,
+        lost_after=current_config().node_lost_after,
+    ):
         return {**base, "report": "send", "changed": False, "generation": None}
     liveness.renewed(node.pk, now)
     if generation is not None and generation == node.generation:

@@ -15,7 +15,7 @@ from django.db import DatabaseError, close_old_connections
 from catalog.config import ConfigError
 from core import requestid
 
-from . import conf, errors, http, relay, selectors
+from . import conf, errors, http, relay, renewals, selectors
 from .errors import Refusal
 from .http import Receive, Scope, Send
 from .metrics import control_plane_exposition, exposition, model_exposition
@@ -53,6 +53,14 @@ class Application:
                         await handler(gateway, scope, receive, send)
                 elif path == "/metrics":
                     await _metrics(gateway, scope, send)
+                elif path == renewals.PATH:
+                    web, budget = gateway.web, gateway.forward_budget
+                    await renewals.renew(
+                        scope,
+                        receive,
+                        send,
+                        lambda replay: forward(web, budget, scope, replay, send),
+                    )
                 else:
                     await forward(gateway.web, gateway.forward_budget, scope, receive, send)
             finally:

@@ -71,6 +71,7 @@ class Metrics:
     key_uses_entries: Any
     demand_entries: Any
     snapshot_entries: Any
+    nodes_held: Any
     prefix_entries: Any
     queue_flows_entries: Any
     limits_redis_pending_entries: Any
@@ -274,6 +275,13 @@ def _create(folder: str | None) -> Metrics:
             "Rows of the routing snapshot a gateway process holds, keys aside "
             "(llmgw_gateway_keys_held): catalog names, replicas in routing, teams, budgets, "
             "unplaceable models and engines' figures; bounded by what the database holds.",
+            multiprocess_mode="livemax",
+            **where,
+        ),
+        nodes_held=Gauge(
+            "llmgw_gateway_nodes_held",
+            "Nodes a gateway process holds to answer their renewals itself (gateway.renewals): "
+            "one small row per node the database holds, read again every second.",
             multiprocess_mode="livemax",
             **where,
         ),

@@ -130,6 +130,38 @@ def test_a_model_becomes_ready_and_answers(
     assert "node-a" in nodes and "node-b" in nodes
 
 
+def node_heartbeats(system: System, kind: str, answer: str) -> float:
+    """llmgw_node_heartbeats_total{kind, answer} from the gateway's /metrics (every process's)."""
+    text = requests.get(f"{system.url}/metrics", timeout=10).text
+    total = 0.0
+    for line in text.splitlines():
+        name, _, rest = line.partition("{")
+        if name == "llmgw_node_heartbeats_total":
+            labels, _, value = rest.rpartition(" ")
+            if f'kind="{kind}"' in labels and f'answer="{answer}"' in labels:
+                total += float(value)
+    return total
+
+
+def test_idle_agents_renew_at_the_gateway_and_a_change_still_reaches_them(
+    system: System, ctl: Any
+) -> None:
+    """With nothing changing on the nodes, their agents renew and the gateway answers them itself;
+    the nodes stay alive on renewals alone. A change of what a node runs (a second replica) still
+    arrives, by the answer to a renewal that names the older generation."""
+    wait_ready(system, "chat", 1)
+    renewed = node_heartbeats(system, "renewal", "unchanged")
+    heard = {n["name"]: n["last_heartbeat"] for n in system.api("GET", "nodes")}
+    time.sleep(8)  # several intervals of 2 s
+    assert node_heartbeats(system, "renewal", "unchanged") >= renewed + 4
+    later = {n["name"]: n["last_heartbeat"] for n in system.api("GET", "nodes")}
+    assert all(later[name] > heard[name] for name in heard), (heard, later)
+    changed = node_heartbeats(system, "renewal", "changed")
+    ctl("scale", "chat", "--min", "2")
+    wait_ready(system, "chat", 2)
+    assert node_heartbeats(system, "renewal", "changed") > changed
+
+
 def test_scaling_up_spreads_and_scaling_down_stops(system: System, ctl: Any) -> None:
     ctl("scale", "chat", "--min", "2")
     ready = wait_ready(system, "chat", 2)

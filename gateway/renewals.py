@@ -1,0 +1,211 @@
+"""Node renewals answered by the gateway itself, without the hop to the web process.
+
+A renewal (POST /api/v1/node/renew, fleet.services.node_renew) is the heartbeat of a node on which
+nothing changed; in a large fleet it is nearly every request the control plane gets. The web
+process answers one in a few milliseconds of CPU (WSGI, middleware, DRF); the gateway, which
+receives it first anyway, answers the common case, "nothing changed", in a fraction of that:
+
+- each gateway process holds every node's few facts that decide it (`NodeRow`: its token's
+  digest, generation, last report's digest, lost, last heartbeat), read whole from the database
+  every READ_SECONDS by a thread of its own (`NodeTable`), started by the first renewal;
+- a renewal whose node is there and which fleet.services.renewal_wants_report lets through, and
+  whose generation is the node's, is recorded (fleet.liveness, written once a second) and
+  answered here, as node_renew would answer it;
+- anything else (a token not held, another generation, a report wanted, a body that is not a
+  small JSON object) goes to the web process as it came, which answers it in full.
+
+The copy may be up to READ_SECONDS old: a generation moved in that time (a replica placed on the
+node) reaches the node at its next renewal, one interval later; nothing is lost, since the node
+keeps naming the generation it acted on until an answer moves it.
+
+Bounded: the table holds one row per node of the database (llmgw_gateway_nodes_held); a renewal's
+body is read only up to MAX_BODY bytes, within the body timeout every request has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import close_old_connections, connection
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from catalog.config import current_config
+from core.metrics import control_metrics
+from fleet import liveness
+from fleet.services import interval_for, renewal_wants_report
+from llmgw import bearer
+
+from . import conf, errors, http
+from .http import Receive, Scope, Send
+from .metrics import metrics
+
+log = logging.getLogger("llmgw.gateway")
+
+PATH = "/api/v1/node/renew"
+READ_SECONDS = 1.0
+MAX_BODY = 4096
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    pk: int
+    name: str
+    generation: int
+    lost: bool
+    report_digest: str
+    last_heartbeat: datetime | None
+
+
+class NodeTable:
+    """Every node's row by its token's digest, read whole every READ_SECONDS."""
+
+    def __init__(self) -> None:
+        self.rows: Mapping[str, NodeRow] = {}
+        self.lost_after = 30.0
+        self.ready = threading.Event()
+        self._started = False
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        threading.Thread(target=self._run, name="node-table", daemon=True).start()
+
+    def read(self) -> None:
+        """Read the table again (one query), replacing the copy whole."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT token_hash, id, name, generation, lost, report_digest, last_heartbeat "
+                "FROM fleet_node"
+            )
+            rows = {
+                token_hash: NodeRow(pk, name, generation, bool(lost), digest, _aware(heard))
+                for token_hash, pk, name, generation, lost, digest, heard in cursor.fetchall()
+            }
+        self.rows = rows
+        self.lost_after = float(current_config().node_lost_after)
+        metrics().nodes_held.set(len(rows))
+        self.ready.set()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                close_old_connections()
+                self.read()
+            except Exception as exc:
+                # The database may be away: renewals go to the web, which says so, meanwhile.
+                log.warning("gateway: cannot read the nodes for renewals: %s", exc)
+                self.rows = {}
+                connection.close()
+            time.sleep(READ_SECONDS)
+
+
+def _aware(value: Any) -> datetime | None:
+    """A raw cursor's timestamp as an aware datetime: PostgreSQL hands one, SQLite text or a
+    naive one (it keeps UTC)."""
+    if value is None:
+        return None
+    parsed = value if isinstance(value, datetime) else parse_datetime(str(value))
+    if parsed is not None and timezone.is_naive(parsed):
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed
+
+
+table = NodeTable()
+
+
+def held_row(
+    rows: Mapping[str, NodeRow], authorization: str, body: bytes, now: datetime, lost_after: float
+) -> NodeRow | None:
+    """The node's row when this renewal's answer is "nothing changed" and the copy can tell;
+    None when the web must answer it."""
+    keyword, _, token = authorization.partition(" ")
+    if keyword.lower() not in ("bearer", "token") or not token.strip():
+        return None
+    row = rows.get(bearer.digest(token.strip()))
+    if row is None:
+        return None
+    try:
+        sent = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(sent, dict):
+        return None
+    generation, digest = sent.get("generation"), sent.get("report_digest")
+    if isinstance(generation, bool) or not isinstance(generation, int):
+        return None
+    if not isinstance(digest, str) or generation != row.generation:
+        return None
+    if renewal_wants_report(
+        lost=row.lost,
+        last_heartbeat=row.last_heartbeat,
+        stored_digest=row.report_digest,
+        digest=digest,
+        now=now,
+        lost_after=lost_after,
+    ):
+        return None
+    return row
+
+
+async def renew(scope: Scope, receive: Receive, send: Send, to_web: Any) -> None:
+    """Answer the renewal here if it is "nothing changed", else pass it to the web (`to_web`,
+    called with a receive that hands the body read here)."""
+    table.start()
+    try:
+        body = await http.read_body(receive, MAX_BODY)
+    except http.TooBig:
+        await http.refuse(send, errors.too_large(MAX_BODY))
+        return
+    except http.Slow:
+        await http.refuse(send, errors.too_slow(conf.body_seconds()))
+        return
+    except http.Disconnected:
+        return
+    now = timezone.now()
+    rows, lost_after = table.rows, table.lost_after
+    row = None
+    if scope["method"] == "POST" and table.ready.is_set():
+        row = held_row(rows, http.header(scope, b"authorization"), body, now, lost_after)
+    if row is None:
+        await to_web(_replay(body, receive))
+        return
+    if liveness.flush_seconds() <= 0:
+        await asyncio.to_thread(liveness.renewed, row.pk, now)
+    else:
+        liveness.renewed(row.pk, now)
+    control_metrics().node_heartbeats.labels("renewal", "unchanged").inc()
+    # As fleet.services.node_renew answers it.
+    answer = {
+        "node": row.name,
+        "heartbeat_interval": interval_for(len(rows), lost_after),
+        "report": "current",
+        "changed": False,
+        "generation": row.generation,
+    }
+    await http.whole(send, 200, json.dumps(answer).encode())
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that gives the body already read, then whatever the client sends next."""
+    given = False
+
+    async def again() -> Any:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return again
