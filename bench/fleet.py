@@ -124,9 +124,14 @@ class Simulator:
     async def _agent(self, session: Any, i: int) -> None:
         import aiohttp
 
+        from fleet.services import NODES_PER_SECOND
+
         headers = {"Authorization": f"Bearer {self.tokens[i]}"}
         interval = 2.0
-        await asyncio.sleep(random.random() * interval)  # agents start at different moments
+        # Agents start at different moments: over the interval the control plane will ask of a
+        # fleet this size (machines of a real fleet are not all switched on in the same second).
+        spread = max(2.0, len(self.tokens) / NODES_PER_SECOND)
+        await asyncio.sleep(random.random() * spread)
         first_port = 41000
         # As the agent does (llmgw.node.agent): the whole report when it changed (or every
         # FULL_REPORT_SECONDS), else a renewal naming its digest and the answer's generation.
@@ -181,10 +186,12 @@ class Simulator:
             except (TimeoutError, aiohttp.ClientError) as exc:
                 error = type(exc).__name__
             self.stats.record(time.perf_counter() - started, error, renew)
+            # As the agent does after a failure: a random part of an interval more.
+            wait = interval * (1 + random.random()) if error is not None else interval
             # The agent's own pace: the interval from the start of the last heartbeat; a change
             # to report (new replicas to say ready) goes at once, as the agent's wake does.
             changed = set(self.told[i]) != set(told)
-            pause = 0.05 if changed else interval - (time.perf_counter() - started)
+            pause = 0.05 if changed else wait - (time.perf_counter() - started)
             await asyncio.sleep(max(0.05, pause))
 
 

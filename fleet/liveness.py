@@ -23,7 +23,7 @@ import time
 from datetime import datetime
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import close_old_connections, connection, transaction
 
 from core.metrics import control_metrics
 
@@ -73,13 +73,22 @@ def flush() -> int:
 def _write(batch: dict[int, datetime]) -> None:
     """One UPDATE for the batch, at its earliest time. Only nodes not lost (a lost node comes
     back through a full report, which starts its heard_since again), and never back in time (a
-    full report may have written a later time since)."""
+    full report may have written a later time since).
+
+    Rows another transaction holds are skipped, not waited for (PostgreSQL's SKIP LOCKED): a
+    heartbeat writing the node's row is its liveness anyway, and waiting on a reconcile pass's
+    rows, or another process's batch in another order, is how two batches deadlock."""
     at = min(batch.values())
     ids = sorted(batch)
     for start in range(0, len(ids), 5000):
-        Node.objects.filter(
-            pk__in=ids[start : start + 5000], lost=False, last_heartbeat__lt=at
-        ).update(last_heartbeat=at)
+        free = (
+            Node.objects.filter(pk__in=ids[start : start + 5000], lost=False, last_heartbeat__lt=at)
+            .order_by("pk")
+            .select_for_update(skip_locked=True)
+            .values("pk")
+        )
+        with transaction.atomic():
+            Node.objects.filter(pk__in=free).update(last_heartbeat=at)
 
 
 def _flush_forever() -> None:

@@ -214,6 +214,19 @@ class Lease(models.Model):
         return f"{self.name} held by {self.holder or 'nobody'} until {self.expires_at}"
 
 
+class ReconcileRun(models.Model):
+    """The last reconcile pass that ran to its end (one row): when it started and how long it
+    took. A kick older than its start was seen by it; a periodic pass waits a few of its
+    durations after it (fleet.reconciler.reconcile_wanted)."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    started_at = models.DateTimeField()
+    seconds = models.FloatField(default=0)
+
+    def __str__(self) -> str:
+        return f"reconcile pass at {self.started_at} ({self.seconds:.2f} s)"
+
+
 class ModelFile(models.Model):
     """What a model file's GGUF header says about its memory, read once per file (source and
     sha256) so that placement can count the KV cache without asking the source every pass

@@ -389,9 +389,11 @@ class _Device:
 
 @dataclass(slots=True, eq=False)
 class _VictimOrder:
-    """A node's preemptible replicas in victim order, as of ``version`` of the node."""
+    """A node's preemptible replicas in victim order, as of ``version`` of the node and the
+    replica counts (``counts``) of the models on it."""
 
     version: int
+    counts: tuple[int, ...] = ()
     slots: list[_Slot] = field(default_factory=list)
     beyond: int = 0  # how many of them are beyond their model's minimum
     biggest: list[float] = field(default_factory=lambda: [0.0] * _DIMENSIONS)  # per resource
@@ -585,14 +587,24 @@ class _Planner:
             load[d] += sign * slot.need[d]
 
     def touch(self, slot: _Slot) -> None:
-        """Invalidate cached victim searches that this replica coming or going affects.
+        """Invalidate cached victim searches of the node this replica came to or left.
 
-        Its own node changed, and its model's count changed, which decides which of the
-        model's replicas count as beyond its minimum on every node that hosts it.
-        """
+        Its model's count changed too, which decides which of the model's replicas count as
+        beyond its minimum on every node that hosts it: a cached search holds the counts of its
+        node's models and is made again when they differ (`_model_counts`), rather than every
+        such node being touched here (a model of 1,000 replicas would touch 1,000 nodes at each
+        of its starts)."""
         self.nodes[slot.node].version += 1
-        for name in self.spread[slot.model]:
-            self.nodes[name].version += 1
+
+    def _model_counts(self, node: _NodeState, tier: int) -> tuple[int, ...]:
+        """The replica counts of the models a victim search of ``node`` up to ``tier`` sees, in
+        the order it sees them (fixed for a version of the node)."""
+        return tuple(
+            self.count[slot.model]
+            for rank in sorted(node.by_rank)
+            if rank <= tier
+            for slot in node.by_rank[rank]
+        )
 
     def start(self, model: ModelDemand, profile: Profile, need: _Vec, node: str) -> None:
         state = self.nodes[node]
@@ -983,9 +995,10 @@ class _Planner:
         """
         key = (node.name, tier, rank)
         hit = self.order_cache.get(key)
-        if hit is not None and hit.version == node.version:
+        counts = self._model_counts(node, tier)
+        if hit is not None and hit.version == node.version and hit.counts == counts:
             return hit
-        order = _VictimOrder(node.version)
+        order = _VictimOrder(node.version, counts)
         spare: dict[str, int] = {}
         for victim_rank in sorted(node.by_rank):
             if victim_rank > tier:

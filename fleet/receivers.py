@@ -7,6 +7,7 @@ from typing import Any
 
 from django.conf import settings
 from django.dispatch import receiver
+from django.utils import timezone
 
 from catalog.signals import catalog_changed
 
@@ -23,6 +24,8 @@ def kick_reconcile(sender: Any, **kwargs: Any) -> None:
     if not settings.LLMGW_KICK_RECONCILE:
         return
     try:
-        reconcile.delay()
+        # After the commit (the signals are sent on_commit): any pass that starts later sees
+        # the change, and the kicks of a burst of changes make one pass, not one each.
+        reconcile.delay(kicked_at=timezone.now().isoformat())
     except Exception as exc:  # the broker being down must not fail the change itself
         log.warning("could not queue a reconcile pass (%s); beat will run one shortly", exc)

@@ -1,3 +1,5 @@
+from datetime import datetime
+
 from celery import shared_task
 
 from catalog.models import Model
@@ -7,9 +9,19 @@ from .reconciler import reconcile_pass
 
 
 @shared_task(ignore_result=True, soft_time_limit=90, time_limit=120)
-def reconcile() -> None:
-    """One reconcile pass; a pass already running elsewhere makes this one a no-op."""
-    reconcile_pass()
+def reconcile(kicked_at: str | None = None) -> None:
+    """One reconcile pass; a pass already running elsewhere makes this one a no-op, and so does
+    one that started after the change that kicked this one (`kicked_at`, ISO 8601), or, for
+    beat's periodic pass (no `kicked_at`), the last pass having been too recent
+    (fleet.reconciler.reconcile_wanted)."""
+    if kicked_at is None:
+        reconcile_pass(periodic=True)
+        return
+    try:
+        when = datetime.fromisoformat(kicked_at)
+    except (TypeError, ValueError):
+        when = None
+    reconcile_pass(kicked_at=when)
 
 
 @shared_task(ignore_result=True, soft_time_limit=50, time_limit=60)

@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import sys
@@ -100,6 +101,10 @@ class Agent:
         self.acked_digest: str | None = None
         self.acked_at = 0.0
         self.renewing = True
+        # The last beat got no answer, or a server error: the next waits a random part of an
+        # interval more, so that a fleet whose control plane was overloaded or away does not
+        # come back all in the same second.
+        self.failing = False
         self.session = requests.Session()
         self.session.headers["Authorization"] = f"Bearer {config.token}"
         self.session.headers["User-Agent"] = f"llmgw-node/{_agent_version()}"
@@ -281,7 +286,9 @@ class Agent:
                 server_error = server_error or (server, response)
                 continue
             self._use(server, failures)
+            self.failing = response.status_code >= 500
             return response
+        self.failing = True
         if server_error is not None:  # an answer, if not a good one: said as a refusal
             self._use(server_error[0], failures)
             return server_error[1]
@@ -558,7 +565,8 @@ class Agent:
             except Exception:
                 # A bug in handling one answer must not take the engines' supervisor down.
                 log.exception("the heartbeat failed unexpectedly; trying again")
-            self.wake.wait(self.interval)
+            pause = self.interval * (1 + random.random()) if self.failing else self.interval
+            self.wake.wait(pause)
             # State changes wake the loop early; a short pause keeps a burst to one heartbeat.
             self.shutdown.wait(0.05)
         log.info("received %s; exiting", self.exit_signal or "a stop request")

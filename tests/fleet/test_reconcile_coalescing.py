@@ -1,0 +1,72 @@
+"""Kicked passes coalesce, and periodic passes keep to a duty cycle (fleet.reconciler.reconcile_wanted):
+a burst of changes makes one pass, not one each, and a large fleet's idle passes stay cheap, while a
+silent node is still declared lost in time."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from fleet import tasks
+from fleet.models import Node, ReconcileRun, Replica
+from fleet.reconciler import DUTY_FACTOR, reconcile_pass, reconcile_wanted
+from tests.support.fleet import Fleet
+
+pytestmark = [pytest.mark.django_db]
+
+
+def test_the_first_pass_always_runs() -> None:
+    assert reconcile_wanted(None, timezone.now())
+    assert reconcile_wanted(timezone.now(), timezone.now())
+
+
+def test_a_kick_is_served_by_any_pass_that_started_after_it(fleet: Fleet) -> None:
+    fleet.node("n1")
+    kicked = timezone.now()
+    fleet.add("m", min_replicas=1, max_replicas=1)
+    assert not reconcile_pass(kicked_at=timezone.now()).skipped  # placed m
+    assert Replica.objects.count() == 1
+    # Kicks from before that pass started (a burst of heartbeats) find nothing to do.
+    assert reconcile_pass(kicked_at=kicked).skipped
+    assert not reconcile_pass(kicked_at=timezone.now() + timedelta(seconds=1)).skipped
+
+
+def test_the_task_takes_the_kick_time_as_text(fleet: Fleet) -> None:
+    fleet.node("n1")
+    tasks.reconcile(kicked_at=timezone.now().isoformat())
+    first = ReconcileRun.objects.get()
+    tasks.reconcile(kicked_at=(first.started_at - timedelta(seconds=1)).isoformat())
+    assert ReconcileRun.objects.get().started_at == first.started_at  # skipped
+    tasks.reconcile(kicked_at="not a time")  # taken as no kick time: a pass
+    assert ReconcileRun.objects.get().started_at > first.started_at
+
+
+def test_a_periodic_pass_waits_a_few_of_the_last_durations(fleet: Fleet) -> None:
+    fleet.node("n1")
+    now = timezone.now()
+    ReconcileRun.objects.create(started_at=now - timedelta(seconds=5), seconds=2.0)
+    assert DUTY_FACTOR * 2.0 > 5
+    assert reconcile_pass(periodic=True).skipped
+    ReconcileRun.objects.filter(pk=1).update(started_at=now - timedelta(seconds=11))
+    assert not reconcile_pass(periodic=True).skipped
+
+
+def test_a_periodic_pass_too_soon_still_declares_a_silent_node_lost(
+    fleet: Fleet, settings: Any
+) -> None:
+    fleet.node("n1")
+    fleet.node("n2")
+    fleet.add("m", min_replicas=2, max_replicas=2)
+    reconcile_pass()
+    now = timezone.now()
+    # n1 went silent past node_lost_after (30 s) while n2 kept heartbeating.
+    Node.objects.update(heard_since=now - timedelta(minutes=5))
+    Node.objects.filter(name="n1").update(last_heartbeat=now - timedelta(seconds=40))
+    ReconcileRun.objects.filter(pk=1).update(started_at=now, seconds=60)  # a pass just ran
+    report = reconcile_pass(periodic=True)
+    assert not report.skipped and report.nodes_lost == ["n1"]
+    assert Node.objects.get(name="n1").lost
+    assert not Replica.objects.filter(node__name="n1", withdrawn_at__isnull=True).exists()
