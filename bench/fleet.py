@@ -57,6 +57,7 @@ class Stats:
 
     latencies: list[float] = field(default_factory=list)
     renewals: int = 0
+    full: list[float] = field(default_factory=list)  # the whole reports' latencies among them
     errors: int = 0
     error_kinds: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -66,14 +67,17 @@ class Stats:
             if error is None:
                 self.latencies.append(seconds)
                 self.renewals += renewal
+                if not renewal:
+                    self.full.append(seconds)
             else:
                 self.errors += 1
                 self.error_kinds[error] = self.error_kinds.get(error, 0) + 1
 
-    def take(self) -> tuple[list[float], int, dict[str, int], int]:
+    def take(self) -> tuple[list[float], int, dict[str, int], int, list[float]]:
         with self.lock:
-            taken = self.latencies, self.errors, self.error_kinds, self.renewals
+            taken = self.latencies, self.errors, self.error_kinds, self.renewals, self.full
             self.latencies, self.errors, self.error_kinds, self.renewals = [], 0, {}, 0
+            self.full = []
             return taken
 
 
@@ -326,7 +330,7 @@ def one_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         window_start = time.monotonic()
         time.sleep(args.steady)
         window = time.monotonic() - window_start
-        latencies, errors, kinds, renewals = simulator.stats.take()
+        latencies, errors, kinds, renewals, full = simulator.stats.take()
         cpu_after = process_cpu(system)
         passes_after = reconcile_histogram(system)
         lost = db_count(system, "Node.objects.filter(lost=True).count()")
@@ -356,6 +360,7 @@ def one_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
             "error_kinds": kinds,
             "wrongly_lost": lost,
             "renewal_share": renewals / len(latencies) if latencies else float("nan"),
+            "full_p99_ms": percentile(full, 0.99) * 1000,
             "killed_noticed_s": noticed_s,
             "cores": cores,
             "reconcile_ms": (
@@ -397,6 +402,10 @@ def show(rows: list[dict[str, Any]]) -> None:
             f" {c['worker+beat']:.2f} | {c['postgres']:.2f} | {plane:.2f} | {c['simulator']:.2f} |"
             f" {ready} | {num(r['reconcile_ms'], 0)} ms | {num(r['renewal_share'] * 100, 0)} % |"
             f" {num(r['killed_noticed_s'], 0)} s |"
+        )
+        print(
+            f"    whole reports at {r['nodes']:,} nodes: p99 {num(r['full_p99_ms'], 1)} ms"
+            f" ({100 - r['renewal_share'] * 100:.1f} % of the heartbeats)"
         )
         if r["error_kinds"]:
             print(f"    errors at {r['nodes']:,} nodes: {r['error_kinds']}")

@@ -77,6 +77,14 @@ def forwarded_headers(scope: Scope) -> list[tuple[str, str]]:
     return headers
 
 
+# Connections to the web process a gateway process opens at most; requests beyond them wait in
+# the gateway (their bodies already read, within the forward budget). The web serves 16 at once
+# (gunicorn's 2 workers x 8 threads in the run command), so 32 a gateway process keep it busy,
+# while a burst (thousands of nodes reporting at once) no longer opens a connection per request
+# until gunicorn stops accepting and connections time out in its backlog.
+WEB_CONNECTIONS = 32
+
+
 class Web:
     """Pooled connections to the web process."""
 
@@ -86,7 +94,9 @@ class Web:
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=proxy.IDLE_SECONDS),
+                connector=aiohttp.TCPConnector(
+                    limit=WEB_CONNECTIONS, keepalive_timeout=proxy.IDLE_SECONDS
+                ),
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600),
