@@ -53,6 +53,9 @@ class Application:
                         await handler(gateway, scope, receive, send)
                 elif path == "/metrics":
                     await _metrics(gateway, scope, send)
+                elif path == renewals.REPORT_PATH:
+                    renewals.note_alive(scope)
+                    await forward(gateway.web, gateway.forward_budget, scope, receive, send)
                 elif path == renewals.PATH:
                     web, budget = gateway.web, gateway.forward_budget
                     await renewals.renew(

@@ -12,7 +12,9 @@ receives it first anyway, answers the common case, "nothing changed", in a fract
   whose generation is the node's, is recorded (fleet.liveness, written once a second) and
   answered here, as node_renew would answer it;
 - anything else (a token not held, another generation, a report wanted, a body that is not a
-  small JSON object) goes to the web process as it came, which answers it in full.
+  small JSON object) goes to the web process as it came, which answers it in full;
+- a whole report (POST /api/v1/node/heartbeat) goes to the web, but renews its node here first
+  (`note_alive`): a node is not lost because the web was slow to take its report.
 
 The copy may be up to READ_SECONDS old: a generation moved in that time (a replica placed on the
 node) reaches the node at its next renewal, one interval later; nothing is lost, since the node
@@ -51,6 +53,7 @@ from .metrics import metrics
 log = logging.getLogger("llmgw.gateway")
 
 PATH = "/api/v1/node/renew"
+REPORT_PATH = "/api/v1/node/heartbeat"
 READ_SECONDS = 1.0
 MAX_BODY = 4096
 
@@ -195,6 +198,30 @@ async def renew(scope: Scope, receive: Receive, send: Send, to_web: Any) -> None
         "generation": row.generation,
     }
     await http.whole(send, 200, json.dumps(answer).encode())
+
+
+def note_alive(scope: Scope) -> None:
+    """A whole report on its way to the web (POST /api/v1/node/heartbeat) from a node held here:
+    the node is alive whatever becomes of the report, so it is renewed now. When thousands of
+    nodes report at once (a model of thousands of replicas placed) the web takes a while to
+    answer them all; without this, a node whose reports waited past node_lost_after would be
+    declared lost for the web's slowness, its replicas withdrawn and placed again, and the
+    burst made worse. Only a node not lost and heard lately: one coming back goes through the
+    report, which starts its heard_since again."""
+    table.start()
+    if scope["method"] != "POST" or not table.ready.is_set():
+        return
+    keyword, _, token = http.header(scope, b"authorization").partition(" ")
+    if keyword.lower() not in ("bearer", "token") or not token.strip():
+        return
+    row = table.rows.get(bearer.digest(token.strip()))
+    if row is None or row.lost or row.last_heartbeat is None:
+        return
+    now = timezone.now()
+    if (now - row.last_heartbeat).total_seconds() > table.lost_after:
+        return
+    if liveness.flush_seconds() > 0:  # else the report's own write is enough
+        liveness.renewed(row.pk, now)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -4,7 +4,7 @@ silent node is still declared lost in time."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -70,3 +70,46 @@ def test_a_periodic_pass_too_soon_still_declares_a_silent_node_lost(
     assert not report.skipped and report.nodes_lost == ["n1"]
     assert Node.objects.get(name="n1").lost
     assert not Replica.objects.filter(node__name="n1", withdrawn_at__isnull=True).exists()
+
+
+def test_the_kicks_of_a_burst_queue_one_pass_after_it(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleet import receivers
+
+    settings.LLMGW_KICK_RECONCILE = True
+    queued: list[dict[str, Any]] = []
+    monkeypatch.setattr(
+        receivers.reconcile, "apply_async", lambda **options: queued.append(options)
+    )
+    monkeypatch.setattr(receivers, "_window_ends", [0.0])
+    before = timezone.now()
+    for _ in range(50):  # fifty nodes reporting a replica ready in the same moment
+        receivers.kick_reconcile(sender=Node)
+    (first,) = queued
+    assert first["countdown"] == receivers.KICK_WINDOW_SECONDS
+    # Its kick time is the window's end: a pass that starts later saw every change of it.
+    kicked_at = datetime.fromisoformat(first["kwargs"]["kicked_at"])
+    assert kicked_at >= before + timedelta(seconds=receivers.KICK_WINDOW_SECONDS)
+    receivers._window_ends[0] = 0.0  # the window is over
+    receivers.kick_reconcile(sender=Node)
+    assert len(queued) == 2
+
+
+def test_a_kick_the_broker_refused_is_tried_again_at_the_next_change(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleet import receivers
+
+    settings.LLMGW_KICK_RECONCILE = True
+    calls: list[int] = []
+
+    def refuse(**options: Any) -> None:
+        calls.append(1)
+        raise ConnectionError("the broker is away")
+
+    monkeypatch.setattr(receivers.reconcile, "apply_async", refuse)
+    monkeypatch.setattr(receivers, "_window_ends", [0.0])
+    receivers.kick_reconcile(sender=Node)
+    receivers.kick_reconcile(sender=Node)
+    assert len(calls) == 2

@@ -11,6 +11,7 @@ import pytest
 from django.utils import timezone
 
 from fleet.models import Node
+from gateway import renewals
 from gateway.renewals import NodeRow, NodeTable, held_row
 from llmgw import bearer
 from tests.support.fleet import Fleet
@@ -77,3 +78,37 @@ def test_the_copy_holds_each_node_by_its_tokens_digest(users: dict[str, Any]) ->
     assert row.last_heartbeat is not None and row.last_heartbeat.tzinfo is not None
     assert abs(row.last_heartbeat - timezone.now()) < timedelta(minutes=1)
     assert table.ready.is_set() and table.lost_after == 30
+
+
+def scope(token: str, method: str = "POST") -> dict[str, Any]:
+    return {"method": method, "headers": [(b"authorization", f"Bearer {token}".encode())]}
+
+
+@pytest.mark.parametrize(
+    ("held", "request_scope", "renewed"),
+    [
+        (rows(), scope(TOKEN), True),
+        (rows(), scope("another-token"), False),
+        (rows(), scope(TOKEN, "GET"), False),
+        (rows(lost=True), scope(TOKEN), False),  # a lost node comes back through its report
+        (rows(last_heartbeat=NOW - timedelta(minutes=5)), scope(TOKEN), False),
+        (rows(last_heartbeat=None), scope(TOKEN), False),
+    ],
+)
+def test_a_whole_report_renews_its_node_before_it_goes_to_the_web(
+    held: Any,
+    request_scope: dict[str, Any],
+    renewed: bool,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings.LLMGW_RENEWAL_FLUSH_SECONDS = 3600  # held in memory; nothing written here
+    table = NodeTable()
+    table.rows, table.lost_after = held, 30.0
+    table.ready.set()
+    table._started = True  # no reading thread in this test
+    monkeypatch.setattr(renewals, "table", table)
+    taken: list[int] = []
+    monkeypatch.setattr(renewals.liveness, "renewed", lambda pk, at: taken.append(pk))
+    renewals.note_alive(request_scope)
+    assert taken == ([7] if renewed else [])
