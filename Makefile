@@ -72,3 +72,4 @@ bench: setup
 	$(PY) bench/fairness.py
 	$(PY) bench/limits.py
 	$(PY) bench/faults.py
+	$(PY) bench/fleet.py

@@ -246,13 +246,23 @@ def process_cpu(system: Any) -> dict[str, float]:
         "worker+beat": tree(system.processes["worker"].pid) + tree(system.processes["beat"].pid),
         "simulator": sum(psutil.Process().cpu_times()[:2]),
     }
+    # PostgreSQL: the postmaster's own CPU, its live backends', and (children_user and
+    # children_system) that of the backends that exited, which a sum over the live ones misses.
     postgres = 0.0
-    for process in psutil.process_iter(["name"]):
-        if process.info["name"] in ("postgres", "postmaster"):
-            try:
-                postgres += sum(process.cpu_times()[:2])
-            except psutil.NoSuchProcess:
-                continue
+    for process in psutil.process_iter(["name", "ppid"]):
+        if process.info["name"] not in ("postgres", "postmaster"):
+            continue
+        try:
+            parent = psutil.Process(process.info["ppid"]).name()
+        except psutil.Error:
+            parent = ""
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        postgres += times.user + times.system
+        if parent not in ("postgres", "postmaster"):  # the postmaster
+            postgres += times.children_user + times.children_system
     parts["postgres"] = postgres
     return parts
 
@@ -323,7 +333,9 @@ def one_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 ready_s = time.monotonic() - added
                 break
             time.sleep(0.5)
-        # Steady state: every replica ready (or the wait given up), nothing being placed.
+        # Steady state: every replica ready (or the wait given up), then --settle seconds for
+        # what the placement burst left (reports still queued, nodes whose orders came late).
+        time.sleep(args.settle)
         simulator.stats.take()
         cpu_before = process_cpu(system)
         passes_before = reconcile_histogram(system)
@@ -433,6 +445,12 @@ def main() -> int:
     parser.add_argument("--nodes", default="100,1000,5000", help="fleet sizes, comma separated")
     parser.add_argument("--replicas-per-node", type=int, default=4)
     parser.add_argument("--steady", type=float, default=30, help="seconds of steady state")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=30,
+        help="seconds between every replica ready and the steady window",
+    )
     parser.add_argument("--timeout", type=float, default=10, help="a heartbeat's timeout, s")
     parser.add_argument(
         "--ready-timeout", type=float, default=300, help="seconds to wait for every replica"

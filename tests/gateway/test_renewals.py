@@ -85,24 +85,27 @@ def scope(token: str, method: str = "POST") -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("held", "request_scope", "renewed"),
+    ("changes", "request_scope", "renewed"),
     [
-        (rows(), scope(TOKEN), True),
-        (rows(), scope("another-token"), False),
-        (rows(), scope(TOKEN, "GET"), False),
-        (rows(lost=True), scope(TOKEN), False),  # a lost node comes back through its report
-        (rows(last_heartbeat=NOW - timedelta(minutes=5)), scope(TOKEN), False),
-        (rows(last_heartbeat=None), scope(TOKEN), False),
+        ({}, scope(TOKEN), True),
+        ({}, scope("another-token"), False),
+        ({}, scope(TOKEN, "GET"), False),
+        ({"lost": True}, scope(TOKEN), False),  # a lost node comes back through its report
+        ({"heard_ago": timedelta(minutes=5)}, scope(TOKEN), False),
+        ({"last_heartbeat": None}, scope(TOKEN), False),
     ],
 )
 def test_a_whole_report_renews_its_node_before_it_goes_to_the_web(
-    held: Any,
+    changes: dict[str, Any],
     request_scope: dict[str, Any],
     renewed: bool,
     settings: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings.LLMGW_RENEWAL_FLUSH_SECONDS = 3600  # held in memory; nothing written here
+    changes = dict(changes)
+    ago = changes.pop("heard_ago", timedelta(seconds=2))
+    held = rows(**{"last_heartbeat": timezone.now() - ago, **changes})
     table = NodeTable()
     table.rows, table.lost_after = held, 30.0
     table.ready.set()
