@@ -39,7 +39,7 @@ _flusher: threading.Thread | None = None
 
 
 def flush_seconds() -> float:
-    return float(getattr(settings, "LLMGW_RENEWAL_FLUSH_SECONDS", 1.0))
+    return float(settings.LLMGW_RENEWAL_FLUSH_SECONDS)
 
 
 def renewed(node_id: int, at: datetime) -> None:

@@ -76,6 +76,9 @@ LLMGW_NODE_MAX_GPUS = env_int("LLMGW_NODE_MAX_GPUS", 64, minimum=0)
 LLMGW_NODE_MAX_GPU_MEMORY_GB = env_int("LLMGW_NODE_MAX_GPU_MEMORY_GB", 1024, minimum=0)
 # The ports nodes may declare for their engines (llmgw node --port-range): below 1024 are the
 # machine's own services (ssh, http); narrow them to what your agents use.
+# How often (seconds) a process writes the node renewals it took, all in one UPDATE
+# (fleet.liveness); 0 writes each at once.
+LLMGW_RENEWAL_FLUSH_SECONDS = env_int("LLMGW_RENEWAL_FLUSH_SECONDS", 1, minimum=0)
 LLMGW_NODE_PORT_MIN = env_int("LLMGW_NODE_PORT_MIN", 1024, minimum=1)
 LLMGW_NODE_PORT_MAX = env_int("LLMGW_NODE_PORT_MAX", 65535, minimum=1)
 # Active gateway keys one user may hold (staff too; revoked keys do not count): every gateway
