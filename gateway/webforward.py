@@ -77,42 +77,37 @@ def forwarded_headers(scope: Scope) -> list[tuple[str, str]]:
     return headers
 
 
-# Nodes' heartbeats and renewals (NODE_PATHS) reach the web over a pool of their own, of at most
-# NODE_CONNECTIONS a gateway process: when thousands of nodes report at once (a model of thousands
-# of replicas placed), their requests wait in the gateway (bodies already read, within the forward
-# budget) and hold at most 2 x 4 of the web's 16 threads (gunicorn's 2 workers x 8 threads in the
-# run command), instead of opening a connection each until gunicorn stops accepting; people's
-# requests (console, API, admin, the mirror's downloads) keep a pool of their own and the rest of
-# the threads.
-NODE_PATHS = "/api/v1/node/"
-NODE_CONNECTIONS = 4
+# Connections to the web process a gateway process opens at most; requests beyond them wait in
+# the gateway (their bodies already read, within the forward budget). The web serves 16 at once
+# (gunicorn's 2 workers x 8 threads in the run command), so 32 a gateway process keep it busy,
+# while a burst (thousands of nodes reporting at once) no longer opens a connection per request
+# until gunicorn stops accepting and connections time out in its backlog.
+WEB_CONNECTIONS = 32
 
 
 class Web:
-    """Pooled connections to the web process: one pool for nodes' heartbeats, one for the rest."""
+    """Pooled connections to the web process."""
 
     def __init__(self) -> None:
-        self._sessions: dict[bool, aiohttp.ClientSession] = {}
+        self._session: aiohttp.ClientSession | None = None
 
-    def session(self, path: str = "") -> aiohttp.ClientSession:
-        nodes = path.startswith(NODE_PATHS)
-        session = self._sessions.get(nodes)
-        if session is None or session.closed:
-            session = self._sessions[nodes] = aiohttp.ClientSession(
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(
-                    limit=NODE_CONNECTIONS if nodes else 0, keepalive_timeout=proxy.IDLE_SECONDS
+                    limit=WEB_CONNECTIONS, keepalive_timeout=proxy.IDLE_SECONDS
                 ),
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600),
                 cookie_jar=aiohttp.DummyCookieJar(),
             )
-        return session
+        return self._session
 
     async def close(self) -> None:
-        sessions, self._sessions = list(self._sessions.values()), {}
-        for session in sessions:
-            await session.close()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
 
 class Budget:
@@ -209,7 +204,7 @@ async def _forward_held(
     if scope.get("query_string"):
         url += "?" + scope["query_string"].decode("latin-1")
     try:
-        response = await web.session(scope["path"]).request(
+        response = await web.session().request(
             scope["method"],
             URL(url, encoded=True),
             data=body or None,

@@ -252,7 +252,7 @@ def test_only_a_trusted_proxy_names_the_client(
     settings.LLMGW_GATEWAY_FORWARD_TO = echo
     # The connections to the web belong to one event loop: this server makes its own.
     assert application.gateway is not None
-    monkeypatch.setattr(application.gateway.web, "_sessions", {})
+    monkeypatch.setattr(application.gateway.web, "_session", None)
     server = GatewayServer(proxy_headers=True, forwarded_allow_ips=trusted)
     try:
         response = requests.get(

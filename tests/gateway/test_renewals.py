@@ -115,25 +115,3 @@ def test_a_whole_report_renews_its_node_before_it_goes_to_the_web(
     monkeypatch.setattr(renewals.liveness, "renewed", lambda pk, at: taken.append(pk))
     renewals.note_alive(request_scope)
     assert taken == ([7] if renewed else [])
-
-
-def test_nodes_reach_the_web_over_a_pool_of_their_own() -> None:
-    """A burst of node reports waits for NODE_CONNECTIONS connections; people's requests have a
-    pool of their own, so the burst does not hold theirs."""
-    import asyncio
-
-    from gateway.webforward import NODE_CONNECTIONS, Web
-
-    async def pools() -> tuple[int, int, bool]:
-        web = Web()
-        try:
-            nodes = web.session("/api/v1/node/heartbeat")
-            people = web.session("/api/v1/models")
-            assert web.session("/api/v1/node/renew") is nodes
-            assert web.session("/console/") is people
-            return nodes.connector.limit, people.connector.limit, nodes is people
-        finally:
-            await web.close()
-
-    node_limit, people_limit, shared = asyncio.run(pools())
-    assert node_limit == NODE_CONNECTIONS and people_limit == 0 and not shared
