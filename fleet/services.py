@@ -377,6 +377,18 @@ def renewal_wants_report(
     return lost or silent or not stored_digest or digest != stored_digest
 
 
+def unchanged_answer(*, node: str, interval: int, generation: int) -> dict[str, Any]:
+    """A renewal's answer when nothing the node should run changed: what the web and the
+    gateway (gateway.renewals) both answer."""
+    return {
+        "node": node,
+        "heartbeat_interval": interval,
+        "report": "current",
+        "changed": False,
+        "generation": generation,
+    }
+
+
 def node_renew(*, node: Node, generation: int | None, report_digest: str) -> dict[str, Any]:
     """A renewal: the node is alive, and its report is still the one whose digest it names.
 
@@ -400,7 +412,9 @@ def node_renew(*, node: Node, generation: int | None, report_digest: str) -> dic
         return {**base, "report": "send", "changed": False, "generation": None}
     liveness.renewed(node.pk, now)
     if generation is not None and generation == node.generation:
-        return {**base, "report": "current", "changed": False, "generation": generation}
+        return unchanged_answer(
+            node=node.name, interval=base["heartbeat_interval"], generation=generation
+        )
     replicas = Replica.objects.filter(node=node).order_by("created_at")
     wanted = [r for r in replicas if _wanted(r, now)]
     return {**base, "report": "current", "changed": True, **_orders(node, wanted, now)}

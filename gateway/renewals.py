@@ -43,7 +43,7 @@ from django.utils.dateparse import parse_datetime
 from catalog.config import current_config
 from core.metrics import control_metrics
 from fleet import liveness
-from fleet.services import interval_for, renewal_wants_report
+from fleet.services import interval_for, renewal_wants_report, unchanged_answer
 from llmgw import bearer
 
 from . import conf, errors, http
@@ -128,20 +128,26 @@ def _aware(value: Any) -> datetime | None:
 table = NodeTable()
 
 
+def _node_of(rows: Mapping[str, NodeRow], authorization: str) -> NodeRow | None:
+    """The held row of the node whose token the Authorization header carries (either scheme the
+    web's node authentication takes), or None."""
+    keyword, _, token = authorization.partition(" ")
+    if keyword.lower() not in ("bearer", "token") or not token.strip():
+        return None
+    return rows.get(bearer.digest(token.strip()))
+
+
 def held_row(
     rows: Mapping[str, NodeRow], authorization: str, body: bytes, now: datetime, lost_after: float
 ) -> NodeRow | None:
     """The node's row when this renewal's answer is "nothing changed" and the copy can tell;
     None when the web must answer it."""
-    keyword, _, token = authorization.partition(" ")
-    if keyword.lower() not in ("bearer", "token") or not token.strip():
-        return None
-    row = rows.get(bearer.digest(token.strip()))
+    row = _node_of(rows, authorization)
     if row is None:
         return None
     try:
         sent = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # 4 KB of "[" nests deeper than the parser recurses
         return None
     if not isinstance(sent, dict):
         return None
@@ -189,14 +195,11 @@ async def renew(scope: Scope, receive: Receive, send: Send, to_web: Any) -> None
     else:
         liveness.renewed(row.pk, now)
     control_metrics().node_heartbeats.labels("renewal", "unchanged").inc()
-    # As fleet.services.node_renew answers it.
-    answer = {
-        "node": row.name,
-        "heartbeat_interval": interval_for(len(rows), lost_after),
-        "report": "current",
-        "changed": False,
-        "generation": row.generation,
-    }
+    answer = unchanged_answer(
+        node=row.name,
+        interval=interval_for(len(rows), lost_after),
+        generation=row.generation,
+    )
     await http.whole(send, 200, json.dumps(answer).encode())
 
 
@@ -211,10 +214,7 @@ def note_alive(scope: Scope) -> None:
     table.start()
     if scope["method"] != "POST" or not table.ready.is_set():
         return
-    keyword, _, token = http.header(scope, b"authorization").partition(" ")
-    if keyword.lower() not in ("bearer", "token") or not token.strip():
-        return
-    row = table.rows.get(bearer.digest(token.strip()))
+    row = _node_of(table.rows, http.header(scope, b"authorization"))
     if row is None or row.lost or row.last_heartbeat is None:
         return
     now = timezone.now()

@@ -260,3 +260,20 @@ def test_the_pending_renewals_are_bounded(
     assert len(liveness._pending) == 0
     assert Node.objects.filter(last_heartbeat=now).count() == 2
     assert isinstance(liveness._flusher, threading.Thread)
+
+
+def test_ten_times_the_bound_of_renewals_never_holds_more_than_it(
+    fleet: Fleet, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.LLMGW_RENEWAL_FLUSH_SECONDS = 3600
+    monkeypatch.setattr(liveness, "MAX_PENDING", 2)
+    nodes = [fleet.node(f"n{i}") for i in range(20)]
+    Node.objects.update(last_heartbeat=timezone.now() - timedelta(seconds=20))
+    now = timezone.now()
+    held = []
+    for node in nodes:
+        liveness.renewed(node.pk, now)
+        held.append(len(liveness._pending))
+    liveness.flush()
+    assert max(held) < 2  # written each time the bound is reached
+    assert Node.objects.filter(last_heartbeat=now).count() == 20  # none lost

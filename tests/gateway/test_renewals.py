@@ -56,6 +56,7 @@ def test_a_current_renewal_of_a_held_node_is_answered_here() -> None:
         (rows(), f"Bearer {TOKEN}", body(report_digest="e" * 64)),  # another report
         (rows(), f"Bearer {TOKEN}", b"not json"),
         (rows(), f"Bearer {TOKEN}", b"[1, 2]"),
+        (rows(), f"Bearer {TOKEN}", b"[" * 4096),  # deeper than the parser recurses
         (rows(lost=True), f"Bearer {TOKEN}", body()),
         (rows(report_digest=""), f"Bearer {TOKEN}", body(report_digest="")),
         (rows(last_heartbeat=None), f"Bearer {TOKEN}", body()),
