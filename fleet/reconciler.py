@@ -447,13 +447,17 @@ def _apply(
         )
         run.report.preempted.append(stop.replica_id)
 
-    # The nodes whose answer changes learn it at their next renewal (services.node_renew). Their
-    # rows are locked first, as a heartbeat locks its node's row before its replicas': taken in
-    # the other order, a heartbeat and this pass could deadlock.
+    # The nodes whose answer changes learn it at their next renewal (services.node_renew), by
+    # their generation, moved in this transaction. Nodes losing a replica are locked first, as a
+    # heartbeat locks its node's row before its replicas': taken in the other order, a heartbeat
+    # and this pass could deadlock on a replica withdrawn here. Nodes only given new replicas
+    # (rows no one else sees before the commit) are locked last, just before the commit: locked
+    # first, thousands of them (a model of thousands placed) would stay locked for the whole
+    # insert, their heartbeats waiting on the web's threads and their renewals not written
+    # (fleet.liveness skips locked rows), until they were declared lost.
     node_ids = {n.name: n.pk for n in nodes}
-    touched = {node_ids[s.node] for s in plan.starts}
-    touched |= {active[i].node_id for i in run.withdraw}
-    bump_generation(touched)
+    losing = {active[i].node_id for i in run.withdraw}
+    bump_generation(losing)
     if run.withdraw:
         withdrawn = []
         for replica_id, reason in run.withdraw.items():
@@ -491,6 +495,7 @@ def _apply(
     if new:
         Replica.objects.bulk_create(new, batch_size=500)
         run.report.started = [str(r.pk) for r in new]
+    bump_generation({node_ids[s.node] for s in plan.starts} - losing)
     if run.audit:
         AuditEntry.objects.bulk_create(run.audit, batch_size=500)
     if run.dirty_models:

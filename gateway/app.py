@@ -55,7 +55,10 @@ class Application:
                     await _metrics(gateway, scope, send)
                 elif path == renewals.REPORT_PATH:
                     renewals.note_alive(scope)
-                    await forward(gateway.web, gateway.forward_budget, scope, receive, send)
+                    web, budget = gateway.web, gateway.forward_budget
+                    await renewals.gate.through(
+                        send, lambda: forward(web, budget, scope, receive, send)
+                    )
                 elif path == renewals.PATH:
                     web, budget = gateway.web, gateway.forward_budget
                     await renewals.renew(

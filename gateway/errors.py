@@ -201,6 +201,17 @@ def busy(seconds: int) -> Refusal:
     )
 
 
+def nodes_busy(seconds: int) -> Refusal:
+    return openai_error(
+        503,
+        "The web process has as many nodes' reports to answer as it takes at once; this node is "
+        f"counted alive: send the report again in {seconds} seconds.",
+        code="nodes_busy",
+        kind="server_error",
+        headers={"Retry-After": str(seconds)},
+    )
+
+
 def wrong_method(path: str, method: str) -> Refusal:
     return openai_error(
         405,

@@ -72,6 +72,8 @@ class Metrics:
     demand_entries: Any
     snapshot_entries: Any
     nodes_held: Any
+    node_requests_waiting: Any
+    node_requests_shed: Any
     prefix_entries: Any
     queue_flows_entries: Any
     limits_redis_pending_entries: Any
@@ -283,6 +285,20 @@ def _create(folder: str | None) -> Metrics:
             "Nodes a gateway process holds to answer their renewals itself (gateway.renewals): "
             "one small row per node the database holds, read again every second.",
             multiprocess_mode="livemax",
+            **where,
+        ),
+        node_requests_waiting=Gauge(
+            "llmgw_gateway_node_requests_to_web",
+            "Nodes' requests a gateway process has on their way to the web process, in flight or "
+            "waiting for one of its connections (at most gateway.renewals.NODE_REQUESTS).",
+            multiprocess_mode="livesum",
+            **where,
+        ),
+        node_requests_shed=Counter(
+            "llmgw_gateway_node_requests_shed",
+            "Nodes' whole reports and renewals a gateway process answered 503 (come back later) "
+            "instead of queueing them for the web process, which had NODE_REQUESTS of them already; "
+            "each node was renewed first, so none is lost for it.",
             **where,
         ),
         prefix_entries=Gauge(

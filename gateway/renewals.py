@@ -13,15 +13,24 @@ receives it first anyway, answers the common case, "nothing changed", in a fract
   answered here, as node_renew would answer it;
 - anything else (a token not held, another generation, a report wanted, a body that is not a
   small JSON object) goes to the web process as it came, which answers it in full;
-- a whole report (POST /api/v1/node/heartbeat) goes to the web, but renews its node here first
-  (`note_alive`): a node is not lost because the web was slow to take its report.
+- a whole report (POST /api/v1/node/heartbeat), and a renewal the web must answer, go to the
+  web, but renew their node here first (`note_alive`): a node is not lost because the web was
+  slow to answer it.
 
 The copy may be up to READ_SECONDS old: a generation moved in that time (a replica placed on the
 node) reaches the node at its next renewal, one interval later; nothing is lost, since the node
 keeps naming the generation it acted on until an answer moves it.
 
+Nodes' requests the web must answer (whole reports, renewals it answers) go through a gate of
+NODE_REQUESTS a process (`NodeGate`). When thousands of nodes report at once, past it a node is
+told to come back later (503, Retry-After) at once, its liveness already noted, instead of
+waiting in the gateway until it gives up: the web then spends its time on requests whose node
+still waits for the answer, a node's retry finds the queue shorter, and people's requests to the
+web (the console, the API) keep the rest of the gateway's connections to it.
+
 Bounded: the table holds one row per node of the database (llmgw_gateway_nodes_held); a renewal's
-body is read only up to MAX_BODY bytes, within the body timeout every request has.
+body is read only up to MAX_BODY bytes, within the body timeout every request has; at most
+NODE_REQUESTS nodes' requests wait for the web (llmgw_gateway_node_requests_to_web).
 """
 
 from __future__ import annotations
@@ -56,6 +65,11 @@ PATH = "/api/v1/node/renew"
 REPORT_PATH = "/api/v1/node/heartbeat"
 READ_SECONDS = 1.0
 MAX_BODY = 4096
+# Nodes' requests one gateway process has on their way to the web at once (in flight, or waiting
+# for one of its WEB_CONNECTIONS); one more is answered 503 with Retry-After at once, its node
+# renewed first (`NodeGate`).
+NODE_REQUESTS = 24
+RETRY_AFTER_SECONDS = 5
 
 
 @dataclass(frozen=True)
@@ -188,7 +202,10 @@ async def renew(scope: Scope, receive: Receive, send: Send, to_web: Any) -> None
     if scope["method"] == "POST" and table.ready.is_set():
         row = held_row(rows, http.header(scope, b"authorization"), body, now, lost_after)
     if row is None:
-        await to_web(_replay(body, receive))
+        # A renewal the web answers (the node's generation moved: a replica placed on it) still
+        # says the node is alive, however long the web takes to answer it.
+        note_alive(scope)
+        await gate.through(send, lambda: to_web(_replay(body, receive)))
         return
     if liveness.flush_seconds() <= 0:
         await asyncio.to_thread(liveness.renewed, row.pk, now)
@@ -204,8 +221,9 @@ async def renew(scope: Scope, receive: Receive, send: Send, to_web: Any) -> None
 
 
 def note_alive(scope: Scope) -> None:
-    """A whole report on its way to the web (POST /api/v1/node/heartbeat) from a node held here:
-    the node is alive whatever becomes of the report, so it is renewed now. When thousands of
+    """A whole report on its way to the web (POST /api/v1/node/heartbeat), or a renewal the web
+    must answer, from a node held here: the node is alive whatever becomes of the request, so it
+    is renewed now. When thousands of
     nodes report at once (a model of thousands of replicas placed) the web takes a while to
     answer them all; without this, a node whose reports waited past node_lost_after would be
     declared lost for the web's slowness, its replicas withdrawn and placed again, and the
@@ -222,6 +240,31 @@ def note_alive(scope: Scope) -> None:
         return
     if liveness.flush_seconds() > 0:  # else the report's own write is enough
         liveness.renewed(row.pk, now)
+
+
+class NodeGate:
+    """At most NODE_REQUESTS nodes' requests of this process on their way to the web."""
+
+    def __init__(self, limit: int = NODE_REQUESTS) -> None:
+        self.limit = limit
+        self.held = 0
+
+    async def through(self, send: Send, to_web: Any) -> None:
+        """Call `to_web` if there is room, else answer 503 with Retry-After."""
+        if self.held >= self.limit:
+            metrics().node_requests_shed.inc()
+            await http.refuse(send, errors.nodes_busy(RETRY_AFTER_SECONDS))
+            return
+        self.held += 1
+        metrics().node_requests_waiting.inc()
+        try:
+            await to_web()
+        finally:
+            self.held -= 1
+            metrics().node_requests_waiting.dec()
+
+
+gate = NodeGate()
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -140,9 +140,11 @@ class Candidate:
         return not entry.adapter or entry.name in self.adapters
 
 
-def read_replicas(models: Iterable[str] | None = None) -> dict[str, list[Candidate]]:
+def read_replicas(
+    models: Iterable[str] | None = None, ids: Iterable[str] | None = None
+) -> dict[str, list[Candidate]]:
     """The replicas in routing (not withdrawn, not failed), by model, in one query; all
-    models' unless `models` names some."""
+    models' unless `models` names some, all replicas unless `ids` names some."""
     found: dict[str, list[Candidate]] = {}
     # The fields, and those it filters by, are gateway.routed's, which the triggers watch.
     rows = (
@@ -153,6 +155,8 @@ def read_replicas(models: Iterable[str] | None = None) -> dict[str, list[Candida
     )
     if models is not None:
         rows = rows.filter(model_name__in=list(models))
+    if ids is not None:
+        rows = rows.filter(id__in=list(ids))
     for row in rows:
         state, port, spec = row["state"], row["port"], row["spec"]
         if state == Replica.READY and port is None:

@@ -9,6 +9,14 @@ commits; on SQLite by reading one version number every POLL_SECONDS. It reads
 the catalog and replicas again then, and every SAFETY_SECONDS anyway, in case a
 notification was lost (a dropped connection).
 
+Replicas are the exception on PostgreSQL: a fleet of thousands of nodes runs tens of
+thousands of them, and placing a model changes hundreds a second. Each replica's
+notification names it, and the refresher reads again only the replicas named
+(`Changes`, `refresh_replicas`), not all of them; everything is read whole when
+anything else changed, at most MAX_NAMED replicas apart, and every FULL_SECONDS in
+case a notification was lost. The engines' figures and the budgets' tokens, which
+no notification covers, are read again every SAFETY_SECONDS.
+
 Keys are the exception: there may be millions, so they are read once whole and
 then only those changed since the last read (`Keys`), kept in one table per
 process that every Snapshot shares rather than copies. A revoked key, a key of a
@@ -37,7 +45,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +74,13 @@ log = logging.getLogger("llmgw.gateway")
 
 POLL_SECONDS = 0.05
 SAFETY_SECONDS = 5.0
+# Everything is read whole at least this often, replicas included (see the docstring).
+FULL_SECONDS = 60.0
+# More replicas named by the notifications of one look than this: everything is read whole
+# (one read of all is cheaper than this many by name), and no more names are kept.
+MAX_NAMED = 5_000
+# A burst of notifications is taken for at most this long before the look reads.
+BURST_SECONDS = 0.2
 # After a look that failed (the database away, a broken connection), the refresher starts over
 # (a new connection, a new watcher) this much later; requests are served from memory meanwhile.
 RETRY_SECONDS = 1.0
@@ -391,6 +406,8 @@ class Snapshot:
     teams: dict[int, Limits] = field(default_factory=dict)
     budgets: Budgets = field(default_factory=no_budgets)
     read_at: float = field(default_factory=time.monotonic)
+    # When the catalog and every replica were last read whole (refresh_replicas keeps it).
+    full_at: float = field(default_factory=time.monotonic)
 
     def size(self) -> int:
         """Its entries, keys aside (see the class's docstring)."""
@@ -429,6 +446,32 @@ def read_snapshot(
         teams=teams,
         budgets=budgets,
     )
+
+
+def refresh_replicas(previous: Snapshot, named: set[str]) -> Snapshot:
+    """`previous` with the replicas in `named` read again (and dropped where they are no longer
+    in routing, or no longer there), everything else kept as it was."""
+    fresh = read_replicas(ids=named)
+    replicas = {}
+    for model, candidates in previous.replicas.items():
+        if any(c.id in named for c in candidates):
+            kept = [c for c in candidates if c.id not in named]
+            if kept:
+                replicas[model] = kept
+        else:
+            replicas[model] = candidates
+    for model, candidates in fresh.items():
+        replicas[model] = [*replicas.get(model, ()), *candidates]
+    return replace(previous, replicas=replicas, read_at=time.monotonic())
+
+
+def refresh_figures(previous: Snapshot, counters: limits.SharedCounters | None) -> Snapshot:
+    """`previous` with what no notification covers read again: the engines' figures and the
+    budgets' tokens."""
+    budgets = previous.budgets
+    if previous.keys.budgeted() or any(team.budgeted for team in previous.teams.values()):
+        budgets = limits.read_budgets(counters.writers() if counters is not None else ())
+    return replace(previous, engines=_engines(), budgets=budgets, read_at=time.monotonic())
 
 
 def read_teams() -> dict[int, Limits]:
@@ -700,8 +743,20 @@ class GatewayState:
     # -- the refresher ------------------------------------------------------------------
 
     def reload(self) -> Snapshot:
+        """Read everything again."""
         previous = self._snapshot
-        snapshot = read_snapshot(previous.keys if previous is not None else None, self.counters)
+        return self._replace(
+            read_snapshot(previous.keys if previous is not None else None, self.counters)
+        )
+
+    def refresh(self, changes: Changes) -> Snapshot:
+        """Read again what `changes` says changed: everything, or the replicas it names."""
+        previous = self._snapshot
+        if previous is None or changes.everything:
+            return self.reload()
+        return self._replace(refresh_replicas(previous, changes.replicas))
+
+    def _replace(self, snapshot: Snapshot) -> Snapshot:
         self._snapshot = snapshot
         board = metrics()
         board.keys_held.set(len(snapshot.keys))
@@ -739,12 +794,16 @@ class GatewayState:
                     began = time.monotonic()
                     self.reload()
                     self.looked_at = began
-                changed = watcher.changed(POLL_SECONDS, self._wake)
+                changes = watcher.changed(POLL_SECONDS, self._wake)
                 self._wake.clear()
                 snapshot = self._snapshot
-                stale = snapshot is None or time.monotonic() - snapshot.read_at >= SAFETY_SECONDS
-                if changed or stale:
+                clock = time.monotonic()
+                if snapshot is None or clock - snapshot.full_at >= FULL_SECONDS:
                     self.reload()
+                elif changes:
+                    self.refresh(changes if isinstance(changes, Changes) else Changes.all())
+                elif clock - snapshot.read_at >= SAFETY_SECONDS:
+                    self._replace(refresh_figures(snapshot, self.counters))
                 self.looked_at = watcher.seen_from
                 self.flush()
                 if lost_at is not None:
@@ -786,12 +845,39 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
 
 
+@dataclass
+class Changes:
+    """What the notifications of one look say changed: everything, or only the replicas named
+    (at most MAX_NAMED of them: past that, everything). False when nothing did."""
+
+    everything: bool = False
+    replicas: set[str] = field(default_factory=set)
+
+    @classmethod
+    def all(cls) -> Changes:
+        return cls(everything=True)
+
+    def __bool__(self) -> bool:
+        return self.everything or bool(self.replicas)
+
+    def take(self, payload: str) -> None:
+        """One notification's payload (gateway.triggers): a replica's id after REPLICA_PREFIX,
+        anything else for a change of something else."""
+        if self.everything:
+            return
+        if payload.startswith(triggers.REPLICA_PREFIX) and len(self.replicas) < MAX_NAMED:
+            self.replicas.add(payload[len(triggers.REPLICA_PREFIX) :])
+        else:
+            self.everything = True
+            self.replicas.clear()
+
+
 class _Watcher:
     # Set by changed(): every change committed before this moment (monotonic) is in what it
     # reported, so a reload after it holds them.
     seen_from = float("-inf")
 
-    def changed(self, timeout: float, wake: threading.Event) -> bool:
+    def changed(self, timeout: float, wake: threading.Event) -> Changes | bool:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -817,15 +903,15 @@ class _VersionPoll(_Watcher):
             cursor.close()
         return int(row[0]) if row else 0
 
-    def changed(self, timeout: float, wake: threading.Event) -> bool:
+    def changed(self, timeout: float, wake: threading.Event) -> Changes:
         wake.wait(timeout)
         # A change committed before the read bumped the version it reads.
         self.seen_from = time.monotonic()
         version = self._read()
         if version == self.version:
-            return False
+            return Changes()
         self.version = version
-        return True
+        return Changes.all()
 
 
 class _Listen(_Watcher):
@@ -839,17 +925,24 @@ class _Listen(_Watcher):
         self.conn = psycopg.connect(**params, autocommit=True)
         self.conn.execute(f"LISTEN {triggers.CHANNEL}")
 
-    def changed(self, timeout: float, wake: threading.Event) -> bool:
+    def changed(self, timeout: float, wake: threading.Event) -> Changes:
         # A change committed before the wait notified by then; its notification is read in it.
         self.seen_from = time.monotonic()
-        got = False
-        for _ in self.conn.notifies(timeout=timeout, stop_after=1):
-            got = True
-        if got:
-            # Take the rest of a burst at once: one read for all of them.
-            for _ in self.conn.notifies(timeout=0.01):
-                pass
-        return got
+        changes = Changes()
+        for notice in self.conn.notifies(timeout=timeout, stop_after=1):
+            changes.take(notice.payload)
+        if changes:
+            # Take the rest of a burst at once: one read for all of them, but not forever: a
+            # burst that goes on (a model of thousands placed) is read a part at a time.
+            until = time.monotonic() + BURST_SECONDS
+            while time.monotonic() < until:
+                took = 0
+                for notice in self.conn.notifies(timeout=0.01, stop_after=1000):
+                    changes.take(notice.payload)
+                    took += 1
+                if not took:
+                    break
+        return changes
 
     def close(self) -> None:
         self.conn.close()

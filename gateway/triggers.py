@@ -45,6 +45,11 @@ from django.db import transaction
 from . import routed
 
 CHANNEL = "llmgw_routing"
+# On PostgreSQL a replica's change notifies with this and the replica's id, so that a gateway
+# process reads again only the replicas named (gateway.state.Changes); every other table's
+# change notifies with an empty payload: read everything again.
+REPLICA_PREFIX = "replica "
+REPLICA_TABLE = "fleet_replica"
 
 # Keys are read by what changed since the last read (below), not whole as the routed tables are;
 # that a key changed notifies as they do: its changed_at moves with whatever a key opens, its
@@ -127,8 +132,9 @@ def ensure(connection: Any) -> None:
             if all(t in tables for t in _KEY_TABLES):
                 _sqlite_key_triggers(cursor, _key_columns(present))
     elif connection.vendor == "postgresql":
-        # CREATE OR REPLACE: a trigger made by an older version is replaced by today's.
-        with connection.cursor() as cursor:
+        # CREATE OR REPLACE: a trigger made by an older version is replaced by today's. One
+        # transaction, as on SQLite: no write between a trigger dropped and made again.
+        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
             cursor.execute(
                 "INSERT INTO gateway_routingversion (id, version) VALUES (1, 0) "
                 "ON CONFLICT (id) DO NOTHING"
@@ -137,20 +143,33 @@ def ensure(connection: Any) -> None:
                 "CREATE OR REPLACE FUNCTION llmgw_routing_notify() RETURNS trigger AS $$ "
                 f"BEGIN PERFORM pg_notify('{CHANNEL}', ''); RETURN NULL; END $$ LANGUAGE plpgsql"
             )
+            # A replica's notification names it (one a row; PostgreSQL sends one of each
+            # payload a transaction, however often the row changed in it).
+            cursor.execute(
+                "CREATE OR REPLACE FUNCTION llmgw_routing_notify_replica() RETURNS trigger AS $$ "
+                f"BEGIN PERFORM pg_notify('{CHANNEL}', '{REPLICA_PREFIX}' || "
+                "CASE WHEN TG_OP = 'DELETE' THEN OLD.id ELSE NEW.id END::text); "
+                "RETURN NULL; END $$ LANGUAGE plpgsql"
+            )
             for w in watched:
                 name = f"llmgw_routing_{w.table}"
+                by_row = w.table == REPLICA_TABLE
+                function = "llmgw_routing_notify_replica" if by_row else "llmgw_routing_notify"
                 if w.rows:
+                    # (A trigger's level cannot be replaced: one made by a statement before
+                    # replicas were named goes first.)
+                    cursor.execute(f"DROP TRIGGER IF EXISTS {name}_insert_delete ON {w.table}")
                     cursor.execute(
-                        f"CREATE OR REPLACE TRIGGER {name}_insert_delete "
+                        f"CREATE TRIGGER {name}_insert_delete "
                         f"AFTER INSERT OR DELETE ON {w.table} "
-                        "FOR EACH STATEMENT EXECUTE FUNCTION llmgw_routing_notify()"
+                        f"FOR EACH {'ROW' if by_row else 'STATEMENT'} EXECUTE FUNCTION {function}()"
                     )
                 when = _changed(w, present[w.table], "IS DISTINCT FROM")
                 if when:
                     cursor.execute(
                         f"CREATE OR REPLACE TRIGGER {name}_update AFTER UPDATE "
                         f"ON {w.table} FOR EACH ROW WHEN ({when}) "
-                        "EXECUTE FUNCTION llmgw_routing_notify()"
+                        f"EXECUTE FUNCTION {function}()"
                     )
             if all(t in tables for t in _KEY_TABLES):
                 _postgresql_key_triggers(cursor, _key_columns(present))
@@ -288,3 +307,4 @@ def drop(connection: Any) -> None:
                     )
         if connection.vendor == "postgresql":
             cursor.execute("DROP FUNCTION IF EXISTS llmgw_routing_notify()")
+            cursor.execute("DROP FUNCTION IF EXISTS llmgw_routing_notify_replica()")

@@ -33,8 +33,16 @@ log = logging.getLogger("llmgw.node")
 
 HEARTBEAT_TIMEOUT = (5, 10)  # (connect, read) seconds
 # While nothing on the node changes it renews (POST /api/v1/node/renew, a few dozen bytes) instead
-# of sending its whole report; the whole report goes at least this often all the same.
+# of sending its whole report; the whole report goes at least this often all the same, give or
+# take a quarter at random (full_report_seconds): nodes started together, or told at once to send
+# it, would otherwise all send it again in the same second, every time.
 FULL_REPORT_SECONDS = 120.0
+
+
+def full_report_seconds() -> float:
+    """Seconds until the next whole report is due, from one the control plane took."""
+    return FULL_REPORT_SECONDS * random.uniform(0.75, 1.25)
+
 # GPU memory used by others moves by a few MiB all the time: the digest counts it in these steps.
 DIGEST_MEMORY_STEP_MB = 256
 
@@ -100,6 +108,7 @@ class Agent:
         self.generation: int | None = None
         self.acked_digest: str | None = None
         self.acked_at = 0.0
+        self.full_every = FULL_REPORT_SECONDS
         self.renewing = True
         # The last beat got no answer, or a server error: the next waits a random part of an
         # interval more, so that a fleet whose control plane was overloaded or away does not
@@ -332,7 +341,7 @@ class Agent:
         if (
             self.renewing
             and digest == self.acked_digest
-            and time.monotonic() - self.acked_at < FULL_REPORT_SECONDS
+            and time.monotonic() - self.acked_at < self.full_every
             and self.renew(digest)
         ):
             return
@@ -340,6 +349,7 @@ class Agent:
         sent_at = time.monotonic()
         if self.full_heartbeat(body):
             self.acked_digest, self.acked_at = digest, sent_at
+            self.full_every = full_report_seconds()
 
     def renew(self, digest: str) -> bool:
         """POST a renewal; False when the whole report should go now instead."""

@@ -1,0 +1,127 @@
+"""A replica's change reaches a running gateway process by name (PostgreSQL): the process reads
+again the replicas named, not every replica, and still holds exactly what the database holds.
+
+A fleet of thousands of nodes runs tens of thousands of replicas, and placing one model changes
+hundreds of them a second; reading them all again at each change kept both gateway processes
+busy for the whole placement (measured by bench/fleet.py at 5,000 nodes)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from catalog.models import Model
+from fleet.models import Replica
+from gateway import state as gateway_state
+from gateway import triggers
+from gateway.routing import read_replicas
+from gateway.state import MAX_NAMED, Changes, GatewayState, refresh_replicas, state
+from tests.gateway.conftest import Catalog, GatewayServer
+
+WITHIN = 2.0
+
+
+def soon(check: Callable[[], bool], within: float = WITHIN) -> bool:
+    started = time.monotonic()
+    while time.monotonic() - started < within:
+        if check():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def held() -> dict[str, set[tuple[str, str, int]]]:
+    return {
+        model: {(c.id, c.state, c.port) for c in candidates}
+        for model, candidates in state.get().replicas.items()
+    }
+
+
+def in_database() -> dict[str, set[tuple[str, str, int]]]:
+    return {
+        model: {(c.id, c.state, c.port) for c in candidates}
+        for model, candidates in read_replicas().items()
+    }
+
+
+@pytest.fixture
+def front(transactional_db: Any, monkeypatch: Any) -> Iterator[GatewayServer]:
+    if connection.vendor != "postgresql":
+        pytest.skip("replicas are named in notifications on PostgreSQL only")
+    # No whole read but the first: only the notifications bring changes.
+    monkeypatch.setattr(gateway_state, "FULL_SECONDS", 3600.0)
+    monkeypatch.setattr(gateway_state, "SAFETY_SECONDS", 3600.0)
+    running = GatewayServer(lifespan=True)
+    yield running
+    running.stop()
+
+
+def test_changes_name_replicas_until_the_bound_then_say_everything() -> None:
+    changes = Changes()
+    assert not changes
+    changes.take(f"{triggers.REPLICA_PREFIX}a")
+    changes.take(f"{triggers.REPLICA_PREFIX}a")
+    assert changes and not changes.everything and changes.replicas == {"a"}
+    for n in range(MAX_NAMED):
+        changes.take(f"{triggers.REPLICA_PREFIX}{n}")
+    assert changes.everything and changes.replicas == set()  # the names are not kept past it
+    other = Changes()
+    other.take(f"{triggers.REPLICA_PREFIX}a")
+    other.take("")  # a model, a node, a key: read everything
+    assert other.everything and other.replicas == set()
+
+
+def test_a_replica_changed_is_read_again_by_name_and_the_rest_kept(
+    db: Any, catalog: Catalog
+) -> None:
+    catalog.add("chat", min_replicas=0, max_replicas=4)
+    catalog.add("other", min_replicas=0, max_replicas=4)
+    one, two = catalog.replica("chat", 8001), catalog.replica("chat", 8002)
+    three = catalog.replica("other", 8003)
+    refresher = GatewayState()
+    before = refresher.reload()
+    Replica.objects.filter(pk=one.pk).update(port=9001)
+    Replica.objects.filter(pk=two.pk).update(withdrawn_at=timezone.now())
+    four = catalog.replica("other", 8004)
+    with CaptureQueriesContext(connection) as queries:
+        after = refresher.refresh(Changes(replicas={str(one.pk), str(two.pk), str(four.pk)}))
+    assert len(queries.captured_queries) == 1
+    assert one.pk.hex in queries.captured_queries[0]["sql"].replace("-", "")
+    assert {(c.id, c.port) for c in after.replicas["chat"]} == {(str(one.pk), 9001)}
+    assert {c.id for c in after.replicas["other"]} == {str(three.pk), str(four.pk)}
+    # The rest is the previous snapshot's, not read again; that one is unchanged.
+    assert after.catalog is before.catalog and after.full_at == before.full_at
+    assert {c.port for c in before.replicas["chat"]} == {8001, 8002}
+    # A model whose last replica went is gone from the map, as a whole read leaves it out.
+    Replica.objects.filter(pk=one.pk).delete()
+    gone = refresh_replicas(after, {str(one.pk)})
+    assert "chat" not in gone.replicas
+
+
+def test_a_running_gateway_holds_what_the_database_holds_through_inserts_updates_and_deletes(
+    front: GatewayServer, catalog: Catalog
+) -> None:
+    catalog.add("chat", min_replicas=0, max_replicas=50)
+    assert soon(lambda: state.get().catalog.entries.get("chat") is not None)
+    first = state.get()
+    made = [catalog.replica("chat", 8000 + n, state=Replica.STARTING) for n in range(20)]
+    assert soon(lambda: len(held().get("chat", ())) == 20)
+    Replica.objects.filter(pk__in=[r.pk for r in made[:10]]).update(state=Replica.READY)
+    Replica.objects.filter(pk=made[10].pk).update(state=Replica.FAILED)
+    Replica.objects.filter(pk=made[11].pk).delete()
+    Replica.objects.filter(pk=made[12].pk).update(withdrawn_at=timezone.now())
+    assert soon(lambda: held() == in_database())
+    ready = {c.id for c in state.get().replicas["chat"] if c.state == Replica.READY}
+    assert ready == {str(r.pk) for r in made[:10]} and len(held()["chat"]) == 17
+    # All of it by name: the catalog was never read again after the first read.
+    assert state.get().full_at == first.full_at
+    # A model's change is read whole: its replicas go with it.
+    Model.objects.filter(name="chat").delete()
+    assert soon(lambda: "chat" not in held())
+    assert state.get().full_at > first.full_at
