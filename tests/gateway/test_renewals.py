@@ -129,7 +129,8 @@ def test_a_renewal_the_web_answers_renews_its_node_here_and_reaches_the_web_whol
 
     settings.LLMGW_RENEWAL_FLUSH_SECONDS = 3600  # held in memory; nothing written here
     table = NodeTable()
-    table.rows, table.lost_after = rows(), 30.0
+    table.rows = rows(last_heartbeat=timezone.now() - timedelta(seconds=2))
+    table.lost_after = 30.0
     table.ready.set()
     table._started = True  # no reading thread in this test
     monkeypatch.setattr(renewals, "table", table)
