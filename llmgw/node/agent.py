@@ -43,6 +43,7 @@ def full_report_seconds() -> float:
     """Seconds until the next whole report is due, from one the control plane took."""
     return FULL_REPORT_SECONDS * random.uniform(0.75, 1.25)
 
+
 # GPU memory used by others moves by a few MiB all the time: the digest counts it in these steps.
 DIGEST_MEMORY_STEP_MB = 256
 

@@ -268,8 +268,10 @@ def test_rpm_over_two_gateway_machines(
         # The ends waiting to be written to Redis: each is written at the next flush (every
         # 50 ms), so none is left once the last request has had its flush.
         wait_for(
-            lambda: "llmgw_gateway_limits_redis_pending_entries 0.0"
-            in requests.get(f"{urls[0]}/metrics", timeout=5).text,
+            lambda: (
+                "llmgw_gateway_limits_redis_pending_entries 0.0"
+                in requests.get(f"{urls[0]}/metrics", timeout=5).text
+            ),
             timeout=10,
             what="every end written to Redis",
         )
