@@ -57,7 +57,7 @@ class Application:
                     renewals.note_alive(scope)
                     web, budget = gateway.web, gateway.forward_budget
                     await renewals.gate.through(
-                        send, lambda: forward(web, budget, scope, receive, send)
+                        scope, send, lambda: forward(web, budget, scope, receive, send)
                     )
                 elif path == renewals.PATH:
                     web, budget = gateway.web, gateway.forward_budget

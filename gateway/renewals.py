@@ -30,7 +30,7 @@ web (the console, the API) keep the rest of the gateway's connections to it.
 
 Bounded: the table holds one row per node of the database (llmgw_gateway_nodes_held); a renewal's
 body is read only up to MAX_BODY bytes, within the body timeout every request has; at most
-NODE_REQUESTS nodes' requests wait for the web (llmgw_gateway_node_requests_to_web).
+NODE_REQUESTS nodes' requests, one a node, wait for the web (llmgw_gateway_node_requests_to_web).
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ async def renew(scope: Scope, receive: Receive, send: Send, to_web: Any) -> None
         # A renewal the web answers (the node's generation moved: a replica placed on it) still
         # says the node is alive, however long the web takes to answer it.
         note_alive(scope)
-        await gate.through(send, lambda: to_web(_replay(body, receive)))
+        await gate.through(scope, send, lambda: to_web(_replay(body, receive)))
         return
     if liveness.flush_seconds() <= 0:
         await asyncio.to_thread(liveness.renewed, row.pk, now)
@@ -243,24 +243,36 @@ def note_alive(scope: Scope) -> None:
 
 
 class NodeGate:
-    """At most NODE_REQUESTS nodes' requests of this process on their way to the web."""
+    """At most NODE_REQUESTS nodes' requests of this process on their way to the web, and one a
+    node: a node's room is taken only by a request carrying its token, so a client that is no
+    node of the copy (a token not held: the web answers it, 401 or a node newer than the copy)
+    passes beside the gate, as any other request to the web does, and cannot fill it with slow
+    bodies; nor can one node take more than one place."""
 
     def __init__(self, limit: int = NODE_REQUESTS) -> None:
         self.limit = limit
-        self.held = 0
+        self.nodes: set[int] = set()  # the nodes holding a place; at most `limit`
 
-    async def through(self, send: Send, to_web: Any) -> None:
-        """Call `to_web` if there is room, else answer 503 with Retry-After."""
-        if self.held >= self.limit:
+    @property
+    def held(self) -> int:
+        return len(self.nodes)
+
+    async def through(self, scope: Scope, send: Send, to_web: Any) -> None:
+        """Call `to_web` if the request's node has room, else answer 503 with Retry-After."""
+        row = _node_of(table.rows, http.header(scope, b"authorization"))
+        if row is None:
+            await to_web()
+            return
+        if self.held >= self.limit or row.pk in self.nodes:
             metrics().node_requests_shed.inc()
             await http.refuse(send, errors.nodes_busy(RETRY_AFTER_SECONDS))
             return
-        self.held += 1
+        self.nodes.add(row.pk)
         metrics().node_requests_waiting.inc()
         try:
             await to_web()
         finally:
-            self.held -= 1
+            self.nodes.discard(row.pk)
             metrics().node_requests_waiting.dec()
 
 

@@ -801,7 +801,7 @@ class GatewayState:
                 if snapshot is None or clock - snapshot.full_at >= FULL_SECONDS:
                     self.reload()
                 elif changes:
-                    self.refresh(changes if isinstance(changes, Changes) else Changes.all())
+                    self.refresh(changes)
                 elif clock - snapshot.read_at >= SAFETY_SECONDS:
                     self._replace(refresh_figures(snapshot, self.counters))
                 self.looked_at = watcher.seen_from
@@ -877,7 +877,7 @@ class _Watcher:
     # reported, so a reload after it holds them.
     seen_from = float("-inf")
 
-    def changed(self, timeout: float, wake: threading.Event) -> Changes | bool:
+    def changed(self, timeout: float, wake: threading.Event) -> Changes:
         raise NotImplementedError
 
     def close(self) -> None:

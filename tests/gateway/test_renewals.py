@@ -157,13 +157,24 @@ def test_a_renewal_the_web_answers_renews_its_node_here_and_reaches_the_web_whol
     assert forwarded == [sent] and taken == []
 
 
-def test_past_its_room_the_node_gate_answers_503_at_once_and_lets_the_next_through() -> None:
+def test_past_its_room_the_node_gate_answers_503_at_once_and_lets_the_next_through(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Thousands of nodes reporting at once: past NODE_REQUESTS a process has on their way to the
     web, a node is told to come back (503, Retry-After) at once, instead of waiting in the gateway
-    past its own timeout while the web answers requests nobody waits for any more."""
+    past its own timeout while the web answers requests nobody waits for any more. A place is
+    a node's, one at most: a client whose token is no node's passes beside the gate (it cannot
+    fill it with slow bodies), and a node already waiting is told to come back."""
     import asyncio
 
     from gateway.metrics import metrics
+
+    table = NodeTable()
+    table.rows = {
+        bearer.digest(f"llmgw-node-{n}"): NodeRow(pk, n, 3, False, DIGEST, NOW)
+        for pk, n in enumerate("abcd", start=1)
+    }
+    monkeypatch.setattr(renewals, "table", table)
 
     async def run() -> tuple[list[dict[str, Any]], list[str]]:
         gate = renewals.NodeGate(limit=2)
@@ -181,21 +192,33 @@ def test_past_its_room_the_node_gate_answers_503_at_once_and_lets_the_next_throu
 
             return go
 
-        held = [asyncio.ensure_future(gate.through(send, to_web(n))) for n in ("a", "b")]
+        def through(name: str, token: str | None = None) -> Any:
+            return gate.through(scope(token or f"llmgw-node-{name}"), send, to_web(name))
+
+        held = [asyncio.ensure_future(through(n)) for n in ("a", "b")]
         await asyncio.sleep(0)
         assert gate.held == 2
-        await gate.through(send, to_web("c"))  # answered at once, not queued
+        await through("c")  # answered at once, not queued
+        stranger = asyncio.ensure_future(through("x", token="no-node-of-ours"))
+        await asyncio.sleep(0)
+        assert "x" in reached and gate.held == 2  # beside the gate, not in it
         release.set()
-        await asyncio.gather(*held)
+        await asyncio.gather(*held, stranger)
         assert gate.held == 0
-        await gate.through(send, to_web("d"))
+        release.clear()
+        again = asyncio.ensure_future(through("d"))
+        await asyncio.sleep(0)
+        await through("d")  # the same node, while its first request waits: told to come back
+        release.set()
+        await again
         return answers, reached
 
     shed = metrics().node_requests_shed._value.get()
     answers, reached = asyncio.run(run())
-    assert reached == ["a", "b", "d"]
+    assert reached == ["a", "b", "x", "d"]
     start = answers[0]
     assert start["status"] == 503
     assert (b"retry-after", str(renewals.RETRY_AFTER_SECONDS).encode()) in start["headers"]
     assert b"nodes_busy" in b"".join(m.get("body", b"") for m in answers)
-    assert metrics().node_requests_shed._value.get() == shed + 1
+    assert [m["status"] for m in answers if "status" in m] == [503, 503]
+    assert metrics().node_requests_shed._value.get() == shed + 2

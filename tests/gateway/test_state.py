@@ -178,11 +178,11 @@ def test_a_key_committed_during_a_look_waits_for_the_next_look(monkeypatch: Any)
     go: queue.Queue[None] = queue.Queue()
 
     class Poll(gateway_state._Watcher):
-        def changed(self, timeout: float, wake: threading.Event) -> bool:
+        def changed(self, timeout: float, wake: threading.Event) -> gateway_state.Changes:
             self.seen_from = time.monotonic()  # the version read: nothing new
             entered.put(None)
             go.get(timeout=10)
-            return False
+            return gateway_state.Changes()
 
     monkeypatch.setattr(gateway_state, "_watcher", Poll)
     refresher = GatewayState()
