@@ -300,6 +300,10 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
+# How often the placement's progress is printed.
+PROGRESS_SECONDS = 10.0
+
+
 def one_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
     from tests.support.system import System, wait_for
 
@@ -341,12 +345,23 @@ def one_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
                     "profiles": [{"name": "cpu", "memory_gb": 1, "cores": 1}],
                 },
             )
+        print(f"  {models} models added in {time.monotonic() - added:.1f} s", flush=True)
         ready_s: float | None = None
         deadline = added + args.ready_timeout
+        progress_at = added + PROGRESS_SECONDS
         while time.monotonic() < deadline:
             if simulator.replicas_reported_ready() >= total:
                 ready_s = time.monotonic() - added
                 break
+            if time.monotonic() >= progress_at:
+                progress_at += PROGRESS_SECONDS
+                placed = db_count(system, "SELECT count(*) FROM fleet_replica")
+                print(
+                    f"    {time.monotonic() - added:5.1f} s: {placed:,} placed, "
+                    f"{simulator.replicas_told():,} told to their nodes, "
+                    f"{simulator.replicas_reported_ready():,} ready",
+                    flush=True,
+                )
             time.sleep(0.5)
         print(
             f"  {simulator.replicas_reported_ready():,} of {total:,} replicas ready after"

@@ -22,7 +22,7 @@ from catalog.models import Model
 from catalog.services import apply_definition, get_model
 from core.api import actor_of, answers, out, validated
 from core.metrics import control_metrics
-from core.serializers import StrictSerializer, TypedSerializer
+from core.serializers import FieldsOncePerThread, StrictSerializer, TypedSerializer
 from llmgw.units import format_bytes
 
 from . import footprint, selectors, services
@@ -134,7 +134,7 @@ class DeviceInput(TypedSerializer):
         return attrs
 
 
-class HeartbeatInput(TypedSerializer):
+class HeartbeatInput(FieldsOncePerThread, TypedSerializer):
     capacity = CapacityInput()
     devices = DeviceInput(
         many=True,

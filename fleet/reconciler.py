@@ -470,10 +470,17 @@ def _apply(
 
     by_name = {m.name: m for m in models.values()}
     new = []
+    # One spec (and its key) per model and profile, however many replicas share it: a model of
+    # 1,000 replicas placed at once would otherwise build the same spec 1,000 times.
+    specs: dict[tuple[str, str], tuple[dict[str, Any], str]] = {}
     for start in plan.starts:
         model = by_name[start.model]
-        profile = next(p for p in model.profiles if p["name"] == start.profile)
-        spec = replica_spec(model, profile)
+        made = specs.get((start.model, start.profile))
+        if made is None:
+            profile = next(p for p in model.profiles if p["name"] == start.profile)
+            spec = replica_spec(model, profile)
+            made = specs[(start.model, start.profile)] = (spec, spec_key(spec))
+        spec, key = made
         new.append(
             Replica(
                 model=model,
@@ -487,7 +494,7 @@ def _apply(
                 devices=list(start.devices),
                 slots=spec["slots"],
                 spec=spec,
-                spec_key=spec_key(spec),
+                spec_key=key,
                 created_at=run.now,
                 state_changed_at=run.now,
             )

@@ -73,6 +73,7 @@ class Metrics:
     snapshot_entries: Any
     nodes_held: Any
     node_requests_waiting: Any
+    node_requests_queued: Any
     node_requests_shed: Any
     prefix_entries: Any
     queue_flows_entries: Any
@@ -294,10 +295,18 @@ def _create(folder: str | None) -> Metrics:
             multiprocess_mode="livesum",
             **where,
         ),
+        node_requests_queued=Gauge(
+            "llmgw_gateway_node_requests_queued",
+            "Nodes' requests a gateway process holds waiting for a place on the way to the web "
+            "(at most gateway.renewals.NODE_QUEUE, each for at most QUEUE_SECONDS).",
+            multiprocess_mode="livesum",
+            **where,
+        ),
         node_requests_shed=Counter(
             "llmgw_gateway_node_requests_shed",
             "Nodes' whole reports and renewals a gateway process answered 503 (come back later) "
-            "instead of queueing them for the web process, which had NODE_REQUESTS of them already; "
+            "instead of sending them to the web process, which had NODE_REQUESTS of them already and "
+            "NODE_QUEUE more waiting, or which gave it no place within QUEUE_SECONDS; "
             "each node was renewed first, so none is lost for it.",
             **where,
         ),

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -31,6 +32,8 @@ def rows(**changes: Any) -> dict[str, NodeRow]:
         "last_heartbeat": NOW - timedelta(seconds=2),
         **changes,
     }
+    heard = row.pop("last_heartbeat")
+    row["heard"] = None if heard is None else heard.timestamp()
     return {bearer.digest(TOKEN): NodeRow(**row)}
 
 
@@ -77,7 +80,7 @@ def test_the_copy_holds_each_node_by_its_tokens_digest(users: dict[str, Any]) ->
     assert table.rows == {Node.objects.get().token_hash: row}
     assert (row.name, row.generation, row.report_digest, row.lost) == ("n1", 5, DIGEST, False)
     assert row.last_heartbeat is not None and row.last_heartbeat.tzinfo is not None
-    assert abs(row.last_heartbeat - timezone.now()) < timedelta(minutes=1)
+    assert abs(row.last_heartbeat - Node.objects.get().last_heartbeat) < timedelta(milliseconds=1)
     assert table.ready.is_set() and table.lost_after == 30
 
 
@@ -157,28 +160,29 @@ def test_a_renewal_the_web_answers_renews_its_node_here_and_reaches_the_web_whol
     assert forwarded == [sent] and taken == []
 
 
-def test_past_its_room_the_node_gate_answers_503_at_once_and_lets_the_next_through(
+def test_past_its_room_the_node_gate_queues_briefly_then_answers_503_and_lets_the_next_through(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Thousands of nodes reporting at once: past NODE_REQUESTS a process has on their way to the
-    web, a node is told to come back (503, Retry-After) at once, instead of waiting in the gateway
-    past its own timeout while the web answers requests nobody waits for any more. A place is
-    a node's, one at most: a client whose token is no node's passes beside the gate (it cannot
-    fill it with slow bodies), and a node already waiting is told to come back."""
+    web, a node waits for a place, first come first served, but only within the queue's bound and
+    for at most its wait; past either it is told to come back (503, Retry-After), instead of
+    waiting in the gateway past its own timeout while the web answers requests nobody waits for
+    any more. A place is a node's, one at most: a client whose token is no node's passes beside
+    the gate (it cannot fill it with slow bodies), and a node already in is told to come back."""
     import asyncio
 
     from gateway.metrics import metrics
 
     table = NodeTable()
     table.rows = {
-        bearer.digest(f"llmgw-node-{n}"): NodeRow(pk, n, 3, False, DIGEST, NOW)
-        for pk, n in enumerate("abcd", start=1)
+        bearer.digest(f"llmgw-node-{n}"): NodeRow(pk, n, 3, False, DIGEST, NOW.timestamp())
+        for pk, n in enumerate("abcdefg", start=1)
     }
     monkeypatch.setattr(renewals, "table", table)
 
     async def run() -> tuple[list[dict[str, Any]], list[str]]:
-        gate = renewals.NodeGate(limit=2)
-        release = asyncio.Event()
+        gate = renewals.NodeGate(limit=2, queue=1, wait=0.3)
+        done = {name: asyncio.Event() for name in "abcdefgx"}
         reached: list[str] = []
         answers: list[dict[str, Any]] = []
 
@@ -188,37 +192,53 @@ def test_past_its_room_the_node_gate_answers_503_at_once_and_lets_the_next_throu
         def to_web(name: str) -> Any:
             async def go() -> None:
                 reached.append(name)
-                await release.wait()
+                await done[name].wait()
 
             return go
 
         def through(name: str, token: str | None = None) -> Any:
-            return gate.through(scope(token or f"llmgw-node-{name}"), send, to_web(name))
+            return asyncio.ensure_future(
+                gate.through(scope(token or f"llmgw-node-{name}"), send, to_web(name))
+            )
 
-        held = [asyncio.ensure_future(through(n)) for n in ("a", "b")]
+        a, b = through("a"), through("b")
         await asyncio.sleep(0)
-        assert gate.held == 2
-        await through("c")  # answered at once, not queued
-        stranger = asyncio.ensure_future(through("x", token="no-node-of-ours"))
+        assert gate.held == 2 and reached == ["a", "b"]
+        c = through("c")
+        await asyncio.sleep(0)
+        assert gate.queued == 1 and "c" not in reached  # waits for a place
+        await through("d")  # the queue is full: told to come back at once
+        stranger = through("x", token="no-node-of-ours")
         await asyncio.sleep(0)
         assert "x" in reached and gate.held == 2  # beside the gate, not in it
-        release.set()
-        await asyncio.gather(*held, stranger)
-        assert gate.held == 0
-        release.clear()
-        again = asyncio.ensure_future(through("d"))
+        done["a"].set()
+        await a
+        await asyncio.sleep(0.05)  # the handed place wakes c's wait
+        assert reached[-1] == "c" and gate.held == 2 and gate.queued == 0  # a's place, handed on
+        await through("c")  # the same node, while its first request is in: told to come back
+        started = time.monotonic()
+        await through("e")  # no place within the wait: told to come back
+        assert 0.25 < time.monotonic() - started < 2
+        # A client that goes away while it waits leaves neither a place nor its turn behind.
+        f = through("f")
         await asyncio.sleep(0)
-        await through("d")  # the same node, while its first request waits: told to come back
-        release.set()
-        await again
+        f.cancel()
+        await asyncio.gather(f, return_exceptions=True)
+        assert gate.queued == 0 and gate.nodes == {2, 3}
+        g = through("g")
+        await asyncio.sleep(0)
+        for name in "bcgx":
+            done[name].set()
+        await asyncio.gather(b, c, g, stranger)
+        assert gate.held == 0 and gate.queued == 0 and not gate.nodes
         return answers, reached
 
     shed = metrics().node_requests_shed._value.get()
     answers, reached = asyncio.run(run())
-    assert reached == ["a", "b", "x", "d"]
+    assert reached == ["a", "b", "x", "c", "g"]
     start = answers[0]
     assert start["status"] == 503
     assert (b"retry-after", str(renewals.RETRY_AFTER_SECONDS).encode()) in start["headers"]
     assert b"nodes_busy" in b"".join(m.get("body", b"") for m in answers)
-    assert [m["status"] for m in answers if "status" in m] == [503, 503]
-    assert metrics().node_requests_shed._value.get() == shed + 2
+    assert [m["status"] for m in answers if "status" in m] == [503, 503, 503]
+    assert metrics().node_requests_shed._value.get() == shed + 3

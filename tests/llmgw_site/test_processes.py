@@ -161,6 +161,10 @@ def test_the_run_command_starts_again_a_process_that_dies(env: dict[str, str]) -
         )
         children = [pid for name in ("gateway", "web", "worker") for pid in started(name)]
         assert all(_alive(pid) for pid in children)  # nothing else was started again or stopped
+        # Background work yields the cores to requests, beat started again included.
+        niceness = {name: _niceness(started(name)[-1]) for name in ("beat", "worker", "gateway")}
+        assert niceness == {"beat": 10, "worker": 10, "gateway": 0}, niceness
+        assert _niceness(started("web")[-1]) == 0
     finally:
         run_command.send_signal(signal.SIGINT)
         run_command.wait(timeout=90)
@@ -182,6 +186,45 @@ def test_stopping_a_child_takes_its_whole_process_group() -> None:
     stop_child(child, grace=1)  # type: ignore[arg-type]
     assert child.returncode == -signal.SIGKILL
     wait_for(lambda: not _alive(grandchild), timeout=10, what="the grandchild gone")
+
+
+def test_the_run_command_stops_the_node_then_beat_then_the_rest_at_once(tmp_path: Path) -> None:
+    """The node first (its engines stop while the web answers), then beat (it hands its lease on
+    at once: a worker slow to stop must not hold the schedule back until the lease runs out),
+    then the rest together: two that ignore SIGTERM cost one grace period, not two."""
+    from llmgw_site.management.commands.llmgw_run import Child, Supervisor
+
+    marks = tmp_path / "marks"
+
+    def child(name: str, on_term: str) -> Child:
+        script = f'trap "echo {name} >> {marks}; {on_term}" TERM; while :; do sleep 0.05; done'
+        return Child(name, ["sh", "-c", script])
+
+    supervisor = Supervisor(None, None)
+    for one in (
+        child("gateway", "exit 0"),
+        child("web", ""),  # ignores SIGTERM
+        child("worker", ""),  # ignores SIGTERM
+        child("beat", "sleep 0.3; exit 0"),
+        child("node", "sleep 0.3; exit 0"),
+    ):
+        one.start()
+        supervisor.adopt(one)
+    time.sleep(0.3)  # the traps are set
+    started = time.monotonic()
+    supervisor.stop_all()
+    took = time.monotonic() - started
+    order = marks.read_text().split()
+    assert order[:2] == ["node", "beat"], order
+    assert sorted(order[2:]) == ["gateway", "web", "worker"], order
+    assert 20 <= took < 30, took  # one grace (20 s) for both that ignored SIGTERM
+    for one in supervisor.children.values():
+        assert one.process is not None and one.process.returncode is not None
+
+
+def _niceness(pid: int) -> int:
+    """The process's nice value (/proc/PID/stat's 19th field)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().split(") ")[1].split()[16])
 
 
 def _alive(pid: int) -> bool:

@@ -49,9 +49,21 @@ from llmgw_site.private_files import FILE_MODE, kept_secret, restrict, write_sec
 # the processes themselves, before (or without) Django's apps being loaded.
 
 
+# The worker and beat run at this niceness: their work (reconcile passes, fetches, hashing) can
+# wait a few milliseconds, requests cannot. A pass over 20,000 replicas is seconds of CPU; at the
+# same priority it took the cores the gateway's event loops answer nodes and clients on.
+BACKGROUND_NICENESS = 10
+
+
+def background(argv: list[str]) -> list[str]:
+    """`argv` run at BACKGROUND_NICENESS (nice executes it: the pid is the command's own)."""
+    nice = shutil.which("nice")
+    return [nice, "-n", str(BACKGROUND_NICENESS), *argv] if nice else argv
+
+
 def worker_command(bin_dir: Path) -> list[str]:
-    """A Celery worker (beat runs beside it, beat_command)."""
-    return [
+    """A Celery worker (beat runs beside it, beat_command), at BACKGROUND_NICENESS."""
+    return background([
         str(bin_dir / "celery"),
         "-A",
         "llmgw_site",
@@ -60,7 +72,7 @@ def worker_command(bin_dir: Path) -> list[str]:
         "INFO",
         "--concurrency",
         "2",
-    ]
+    ])  # fmt: skip
 
 
 def beat_command(bin_dir: Path, schedule: Path) -> list[str]:
@@ -70,8 +82,8 @@ def beat_command(bin_dir: Path, schedule: Path) -> list[str]:
     that process dies, and stays up itself, so the schedule would stop with nothing noticing.
     As a process of its own, the run command (or systemd) sees it die and starts it again. It
     sends only while it holds the beat lease when the database is shared (llmgw_site.beat), so
-    the run command may run on several machines at once."""
-    return [
+    the run command may run on several machines at once. At BACKGROUND_NICENESS."""
+    return background([
         str(bin_dir / "celery"),
         "-A",
         "llmgw_site",
@@ -80,7 +92,7 @@ def beat_command(bin_dir: Path, schedule: Path) -> list[str]:
         "INFO",
         "--schedule",
         str(schedule),
-    ]
+    ])  # fmt: skip
 
 
 def gateway_command(bin_dir: Path, host: str, port: int, *, workers: int) -> list[str]:
@@ -481,13 +493,20 @@ class Supervisor:
                     break
                 time.sleep(0.5)
         finally:
-            for name in sorted(self.children, key=lambda n: n != "node"):
-                process = self.children[name].process
-                if process is not None:
-                    stop_child(process)
+            self.stop_all()
         if failed is not None:
             # A process that stopped on its own is a failure, whatever its exit code said.
             raise SystemExit(failed or 1)
+
+    def stop_all(self) -> None:
+        """The node first, waited for (its engines stop while the web still answers); then beat,
+        waited for (it hands its lease to another machine's beat at once, rather than leaving it
+        to run out); then the rest together, within one grace period."""
+        running = {name: c.process for name, c in self.children.items() if c.process is not None}
+        for first in STOP_FIRST:
+            if first in running:
+                stop_child(running.pop(first))
+        stop_children(list(running.values()))
 
     def _tend(self, now: float) -> int | None:
         """Start again what is due; note what exited. The exit code that stops everything, if
@@ -517,16 +536,29 @@ class Supervisor:
         return None
 
 
-def stop_child(child: subprocess.Popen[bytes], grace: float = 20) -> None:
-    """SIGTERM, `grace` seconds to finish, then SIGKILL to whatever is left of its process group.
+# Stopped one at a time, in this order, before the rest (Supervisor.stop_all).
+STOP_FIRST = ("node", "beat")
+
+
+def stop_children(children: list[subprocess.Popen[bytes]], grace: float = 20) -> None:
+    """SIGTERM to each, `grace` seconds for all of them together to finish, then SIGKILL to
+    whatever is left of each one's process group.
 
     Each child leads a process group of its own (so Ctrl-C reaches only this command, which
     stops them in order). A worker killed while it stops would leave its pool processes behind,
     holding the terminal and the broker; the group goes with it."""
-    if child.poll() is None:
-        child.send_signal(signal.SIGTERM)
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for child in children:
         with contextlib.suppress(subprocess.TimeoutExpired):
-            child.wait(timeout=grace)
-    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone already
-        os.killpg(child.pid, signal.SIGKILL)
-    child.wait()
+            child.wait(timeout=max(0.0, deadline - time.monotonic()))
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone already
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+
+
+def stop_child(child: subprocess.Popen[bytes], grace: float = 20) -> None:
+    """stop_children for one."""
+    stop_children([child], grace)
