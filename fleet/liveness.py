@@ -20,10 +20,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
+from django.utils import timezone
 
 from core.metrics import control_metrics
 
@@ -32,6 +33,9 @@ from .models import Node
 log = logging.getLogger("llmgw.fleet")
 
 MAX_PENDING = 100_000
+# A renewal skipped because another transaction held its node's row is tried again at the next
+# write while it is younger than this (_write).
+RETRY_SECONDS = 20.0
 
 _lock = threading.Lock()
 _pending: dict[int, datetime] = {}
@@ -75,20 +79,35 @@ def _write(batch: dict[int, datetime]) -> None:
     back through a full report, which starts its heard_since again), and never back in time (a
     full report may have written a later time since).
 
-    Rows another transaction holds are skipped, not waited for (PostgreSQL's SKIP LOCKED): a
-    heartbeat writing the node's row is its liveness anyway, and waiting on a reconcile pass's
-    rows, or another process's batch in another order, is how two batches deadlock."""
+    Rows another transaction holds are skipped, not waited for (PostgreSQL's SKIP LOCKED):
+    waiting on a reconcile pass's rows, or another process's batch in another order, is how two
+    batches deadlock. A skipped node's renewal waits for the next write, for at most
+    RETRY_SECONDS: a pass that holds thousands of nodes' rows for a while (the nodes given a
+    model of thousands of replicas) must not cost them their liveness until they are declared
+    lost; past that, the node renews again anyway."""
     at = min(batch.values())
     ids = sorted(batch)
+    skipped: set[int] = set()
     for start in range(0, len(ids), 5000):
-        free = (
-            Node.objects.filter(pk__in=ids[start : start + 5000], lost=False, last_heartbeat__lt=at)
-            .order_by("pk")
-            .select_for_update(skip_locked=True)
-            .values("pk")
-        )
+        chunk = ids[start : start + 5000]
         with transaction.atomic():
-            Node.objects.filter(pk__in=free).update(last_heartbeat=at)
+            free = list(
+                Node.objects.filter(pk__in=chunk)
+                .order_by("pk")
+                .select_for_update(skip_locked=True)
+                .values_list("pk", flat=True)
+            )
+            Node.objects.filter(pk__in=free, lost=False, last_heartbeat__lt=at).update(
+                last_heartbeat=at
+            )
+        skipped.update(set(chunk) - set(free))  # held by another, or removed since
+    if skipped and flush_seconds() > 0:
+        oldest = timezone.now() - timedelta(seconds=RETRY_SECONDS)
+        with _lock:
+            for pk in skipped:
+                if batch[pk] >= oldest:
+                    _pending.setdefault(pk, batch[pk])
+            control_metrics().renewals_pending.set(len(_pending))
 
 
 def _flush_forever() -> None:

@@ -45,6 +45,7 @@ LEASE_SECONDS = 120
 @dataclass
 class PassReport:
     skipped: bool = False
+    busy: bool = False  # skipped because another pass held the lease
     started: list[str] = field(default_factory=list)
     withdrawn: list[str] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
@@ -104,7 +105,7 @@ def reconcile_pass(
     holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     if not claim_lease("reconcile", holder, LEASE_SECONDS, now=now):
         board.reconcile_passes.labels("skipped").inc()
-        return PassReport(skipped=True)
+        return PassReport(skipped=True, busy=True)
     started = time.monotonic()
     started_at = timezone.now()
     outcome = "failed"

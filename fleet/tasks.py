@@ -1,11 +1,12 @@
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from celery import shared_task
+from django.utils import timezone
 
 from catalog.models import Model
 
 from . import capacity, footprint
-from .reconciler import reconcile_pass
+from .reconciler import LEASE_SECONDS, reconcile_pass
 
 
 @shared_task(ignore_result=True, soft_time_limit=90, time_limit=120)
@@ -21,7 +22,22 @@ def reconcile(kicked_at: str | None = None) -> None:
         when = datetime.fromisoformat(kicked_at)
     except (TypeError, ValueError):
         when = None
-    reconcile_pass(kicked_at=when)
+    if when is not None and timezone.is_naive(when):
+        when = when.replace(tzinfo=UTC)
+    report = reconcile_pass(kicked_at=when)
+    eager = reconcile.app.conf.task_always_eager  # would ask again at once, in this same call
+    if report.busy and when is not None and timezone.now() - when < BUSY_GIVE_UP and not eager:
+        # Another pass holds the lease, and it may have started before this change committed
+        # (a pass over thousands of replicas takes seconds): dropped, the change would wait for
+        # the periodic pass, DUTY_FACTOR times a long pass later. Asked again once it may be done;
+        # a pass that started after the change serves it then (reconcile_wanted).
+        reconcile.apply_async(kwargs={"kicked_at": kicked_at}, countdown=BUSY_RETRY_SECONDS)
+
+
+# A kicked pass that found another holding the lease asks again this often, for at most as long
+# as a lease lasts (a pass that died holding it: the periodic pass takes over then).
+BUSY_RETRY_SECONDS = 1.0
+BUSY_GIVE_UP = timedelta(seconds=LEASE_SECONDS)
 
 
 @shared_task(ignore_result=True, soft_time_limit=50, time_limit=60)

@@ -234,7 +234,8 @@ def test_renewals_wait_in_memory_and_are_written_together(fleet: Fleet, settings
     with CaptureQueriesContext(connection) as queries:
         assert liveness.flush() == 2
     statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
-    assert len(statements) == 1 and statements[0].startswith("UPDATE")  # one for the batch
+    # One UPDATE for the batch, after one look at which rows no one else holds.
+    assert [sql.split()[0] for sql in statements] == ["SELECT", "UPDATE"]
     assert Node.objects.get(pk=a.pk).last_heartbeat == first
     assert Node.objects.get(pk=b.pk).last_heartbeat == old  # lost: only a report brings it back
     # Never back in time: a whole report wrote a later time since.
@@ -244,6 +245,65 @@ def test_renewals_wait_in_memory_and_are_written_together(fleet: Fleet, settings
     liveness.flush()
     assert Node.objects.get(pk=a.pk).last_heartbeat == later
     assert liveness.flush() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_renewal_of_a_node_whose_row_another_holds_is_written_once_it_is_free(
+    fleet: Fleet, settings: Any
+) -> None:
+    """A reconcile pass placing thousands of replicas holds their nodes' rows until it commits;
+    the renewals skipped meanwhile are written at the next flush, not dropped (dropped, a node
+    held through several flushes went unrenewed until it was declared lost)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite has no row locks: nothing is ever skipped")
+    settings.LLMGW_RENEWAL_FLUSH_SECONDS = 3600  # the writer thread sleeps; flush() writes
+    a, b = fleet.node("a"), fleet.node("b")
+    old = timezone.now() - timedelta(seconds=20)
+    Node.objects.update(last_heartbeat=old)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        from django.db import connection as theirs
+        from django.db import transaction
+
+        try:
+            with transaction.atomic():
+                Node.objects.select_for_update().get(pk=a.pk)
+                held.set()
+                release.wait(30)
+        finally:
+            theirs.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        now = timezone.now()
+        liveness.renewed(a.pk, now)
+        liveness.renewed(b.pk, now)
+        assert liveness.flush() == 2
+        assert Node.objects.get(pk=b.pk).last_heartbeat == now
+        assert Node.objects.get(pk=a.pk).last_heartbeat == old  # held: skipped, not waited for
+        assert liveness._pending == {a.pk: now}  # kept for the next flush
+    finally:
+        release.set()
+        holder.join(10)
+    assert liveness.flush() == 1
+    assert Node.objects.get(pk=a.pk).last_heartbeat == now
+    # One too old to matter is not kept: the node has renewed again since, or will.
+    liveness._pending.clear()
+    holder = threading.Thread(target=hold)
+    held.clear()
+    release.clear()
+    holder.start()
+    try:
+        assert held.wait(10)
+        liveness.renewed(a.pk, timezone.now() - timedelta(seconds=liveness.RETRY_SECONDS + 1))
+        liveness.flush()
+        assert liveness._pending == {}
+    finally:
+        release.set()
+        holder.join(10)
 
 
 def test_the_pending_renewals_are_bounded(

@@ -14,7 +14,6 @@ from core.actor import Actor
 from fleet.models import Node, Replica
 from fleet.reconciler import reconcile_pass
 from fleet.services import node_add
-from llmgw.node import agent as agent_module
 from llmgw.node.agent import FULL_REPORT_SECONDS, Agent, full_report_seconds, report_digest
 from llmgw.node.config import NodeConfig
 from tests.support.fleet import Fleet
