@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import hmac
 import json
 from typing import Any
 
-from django.utils.crypto import salted_hmac
+from django.conf import settings
 
 from catalog.definitions import ALL_LAYERS, DEFAULT_SLOTS
 from catalog.models import Model
@@ -21,7 +23,19 @@ def engine_key(replica_id: str) -> str:
     its own replicas (in its heartbeat's answer). Changing the secret changes every key: running
     engines then refuse the gateway until they are started again (stop each node's agent with
     its engines, `--stop-engines-on-exit`, and start it again)."""
-    return salted_hmac("llmgw.engine-key", replica_id, algorithm="sha256").hexdigest()
+    # Django's salted_hmac(ENGINE_KEY_SALT, replica_id, algorithm="sha256"), with its key made
+    # once per secret rather than once a replica: a gateway process reading 20,000 replicas
+    # spent 40 % of the read here.
+    key = _engine_hmac_key(ENGINE_KEY_SALT, settings.SECRET_KEY)
+    return hmac.new(key, replica_id.encode(), hashlib.sha256).hexdigest()
+
+
+ENGINE_KEY_SALT = "llmgw.engine-key"
+
+
+@functools.lru_cache(maxsize=4)  # one secret at a time; a test may set another
+def _engine_hmac_key(salt: str, secret: str) -> bytes:
+    return hashlib.sha256((salt + secret).encode()).digest()
 
 
 def profile_slots(profile: dict[str, Any]) -> int:

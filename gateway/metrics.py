@@ -71,6 +71,7 @@ class Metrics:
     key_uses_entries: Any
     demand_entries: Any
     snapshot_entries: Any
+    replicas_reread: Any
     nodes_held: Any
     node_requests_waiting: Any
     node_requests_queued: Any
@@ -279,6 +280,13 @@ def _create(folder: str | None) -> Metrics:
             "(llmgw_gateway_keys_held): catalog names, replicas in routing, teams, budgets, "
             "unplaceable models and engines' figures; bounded by what the database holds.",
             multiprocess_mode="livemax",
+            **where,
+        ),
+        replicas_reread=Counter(
+            "llmgw_gateway_replicas_reread",
+            "Replicas a gateway process read again because its periodic look (every 60 s, on "
+            "PostgreSQL) found their rows changed since it read them: a notification lost, or "
+            "not yet taken.",
             **where,
         ),
         nodes_held=Gauge(

@@ -19,6 +19,9 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
+from django.db.models import CharField, Value
+from django.db.models.expressions import RawSQL
+
 from catalog.definitions import MAX_NAME, NAME_PATTERN
 from catalog.models import CanaryRouting, Model, canary_routing, is_on_demand, is_parked
 from fleet.models import Replica
@@ -114,6 +117,9 @@ class Candidate:
     revision: str = ""
     # Its engine's key (fleet.specs.engine_key), sent with every request; "" for none.
     key: str = field(default="", repr=False)
+    # Its row's version when it was read (PostgreSQL's xmin; "" on SQLite): what
+    # replica_versions is compared with.
+    version: str = field(default="", repr=False, compare=False)
 
     @cached_property
     def headers(self) -> dict[str, str]:
@@ -140,19 +146,40 @@ class Candidate:
         return not entry.adapter or entry.name in self.adapters
 
 
+def _in_routing() -> Any:
+    """The replicas in routing: not withdrawn, not failed, of a model in the catalog."""
+    # The fields, and those it filters by, are gateway.routed's, which the triggers watch.
+    return (
+        Replica.objects.filter(model__isnull=False, withdrawn_at__isnull=True)
+        .exclude(state=Replica.FAILED)
+        .order_by()
+    )
+
+
+def _with_version(rows: Any) -> Any:
+    """`rows` with each one's version (see Candidate.version)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return rows.annotate(version=Value("", output_field=CharField()))
+    return rows.annotate(version=RawSQL(f'"{Replica._meta.db_table}"."xmin"::text', ()))
+
+
+def replica_versions() -> dict[str, tuple[str, str]]:
+    """Every replica in routing, by id: (its row's version, its node's address). Much cheaper
+    than read_replicas (no spec to decode, nothing to build): compared with what a process
+    holds, it names the replicas to read again (gateway.state)."""
+    rows = _with_version(_in_routing()).values_list("id", "version", "node__address")
+    return {str(pk): (version, address) for pk, version, address in rows}
+
+
 def read_replicas(
     models: Iterable[str] | None = None, ids: Iterable[str] | None = None
 ) -> dict[str, list[Candidate]]:
     """The replicas in routing (not withdrawn, not failed), by model, in one query; all
     models' unless `models` names some, all replicas unless `ids` names some."""
     found: dict[str, list[Candidate]] = {}
-    # The fields, and those it filters by, are gateway.routed's, which the triggers watch.
-    rows = (
-        Replica.objects.filter(model__isnull=False, withdrawn_at__isnull=True)
-        .exclude(state=Replica.FAILED)
-        .order_by()
-        .values(*routed.REPLICA_ROUTING)
-    )
+    rows = _with_version(_in_routing()).values(*routed.REPLICA_ROUTING, "version")
     if models is not None:
         rows = rows.filter(model_name__in=list(models))
     if ids is not None:
@@ -161,9 +188,10 @@ def read_replicas(
         state, port, spec = row["state"], row["port"], row["spec"]
         if state == Replica.READY and port is None:
             continue  # cannot happen with a well-behaved agent; nothing to send to
+        replica_id = str(row["id"])
         found.setdefault(row["model_name"], []).append(
             Candidate(
-                id=str(row["id"]),
+                id=replica_id,
                 model=row["model_name"],
                 state=state,
                 address=row["node__address"],
@@ -175,7 +203,8 @@ def read_replicas(
                     for a in (spec or {}).get("adapters", [])
                 ),
                 revision=replica_revision(spec),
-                key=engine_key(str(row["id"])),
+                key=engine_key(replica_id),
+                version=row["version"],
             )
         )
     return found
