@@ -40,7 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from llmgw.node.agent import FULL_REPORT_SECONDS, full_report_seconds, report_digest  # noqa: E402
+from llmgw.node.agent import next_full_report, report_digest  # noqa: E402
 
 PER_MODEL_CEILING = 1000
 TARGETS = {
@@ -151,8 +151,7 @@ class Simulator:
         # As the agent does (llmgw.node.agent): the whole report when it changed (or every
         # FULL_REPORT_SECONDS), else a renewal naming its digest and the answer's generation.
         acked: str | None = None
-        acked_at = 0.0
-        full_every = FULL_REPORT_SECONDS
+        full_due: float | None = None
         generation: int | None = None
         while not self.stopping.is_set():
             if i in self.killed:
@@ -169,7 +168,9 @@ class Simulator:
                 ],
             }
             digest = report_digest(body)
-            renew = self.renewals and digest == acked and time.monotonic() - acked_at < full_every
+            now = time.monotonic()
+            due = full_due is None or now >= full_due
+            renew = self.renewals and digest == acked and not due
             started = time.perf_counter()
             error = None
             try:
@@ -187,8 +188,9 @@ class Simulator:
                         answer = json.loads(text)
                         interval = float(answer.get("heartbeat_interval") or 2)
                         if not renew:
-                            acked, acked_at = digest, time.monotonic()
-                            full_every = full_report_seconds()
+                            acked = digest
+                            if due:  # the periodic one keeps its own pace, as the agent's
+                                full_due = next_full_report(full_due, now)
                             self.reported[i] = set(told)
                         if answer.get("report") == "send":
                             acked = None  # the whole report goes at once

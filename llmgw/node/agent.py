@@ -34,14 +34,25 @@ log = logging.getLogger("llmgw.node")
 HEARTBEAT_TIMEOUT = (5, 10)  # (connect, read) seconds
 # While nothing on the node changes it renews (POST /api/v1/node/renew, a few dozen bytes) instead
 # of sending its whole report; the whole report goes at least this often all the same, give or
-# take a quarter at random (full_report_seconds): nodes started together, or told at once to send
-# it, would otherwise all send it again in the same second, every time.
+# take a quarter at random (full_report_seconds): nodes started together would otherwise all send
+# it again in the same second, every time. Its schedule keeps its own pace (next_full_report): a
+# report sent because something changed does not move it, or a model placed on thousands of
+# nodes at once (each reporting its new replicas in the same minute) would line their periodic
+# reports up into a wave every two minutes.
 FULL_REPORT_SECONDS = 120.0
 
 
 def full_report_seconds() -> float:
-    """Seconds until the next whole report is due, from one the control plane took."""
+    """Seconds from one periodic whole report to the next."""
     return FULL_REPORT_SECONDS * random.uniform(0.75, 1.25)
+
+
+def next_full_report(due: float | None, now: float) -> float:
+    """When the periodic whole report is due next, one period after the one `due` (None: after
+    the first report, `now`), never in the past (a node away for a while reports once, not once
+    for each period it missed)."""
+    following = (now if due is None else due) + full_report_seconds()
+    return following if following > now else now + full_report_seconds()
 
 
 # GPU memory used by others moves by a few MiB all the time: the digest counts it in these steps.
@@ -108,8 +119,7 @@ class Agent:
         # when the control plane has no renewal (an older one answers 404).
         self.generation: int | None = None
         self.acked_digest: str | None = None
-        self.acked_at = 0.0
-        self.full_every = FULL_REPORT_SECONDS
+        self.full_due: float | None = None  # monotonic; None until the first report is taken
         self.renewing = True
         # The last beat got no answer, or a server error: the next waits a random part of an
         # interval more, so that a fleet whose control plane was overloaded or away does not
@@ -339,18 +349,15 @@ class Agent:
         wants the report) is followed by the report at once."""
         body = self.heartbeat_body()
         digest = report_digest(body)
-        if (
-            self.renewing
-            and digest == self.acked_digest
-            and time.monotonic() - self.acked_at < self.full_every
-            and self.renew(digest)
-        ):
+        now = time.monotonic()
+        due = self.full_due is None or now >= self.full_due
+        if self.renewing and digest == self.acked_digest and not due and self.renew(digest):
             return
         body["report_digest"] = digest
-        sent_at = time.monotonic()
         if self.full_heartbeat(body):
-            self.acked_digest, self.acked_at = digest, sent_at
-            self.full_every = full_report_seconds()
+            self.acked_digest = digest
+            if due:  # the periodic one (or the first): the next is a period on
+                self.full_due = next_full_report(self.full_due, now)
 
     def renew(self, digest: str) -> bool:
         """POST a renewal; False when the whole report should go now instead."""

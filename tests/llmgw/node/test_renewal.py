@@ -4,6 +4,7 @@ restart or an answer lost on the way back (level-triggered)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,13 @@ from core.actor import Actor
 from fleet.models import Node, Replica
 from fleet.reconciler import reconcile_pass
 from fleet.services import node_add
-from llmgw.node.agent import FULL_REPORT_SECONDS, Agent, full_report_seconds, report_digest
+from llmgw.node.agent import (
+    FULL_REPORT_SECONDS,
+    Agent,
+    full_report_seconds,
+    next_full_report,
+    report_digest,
+)
 from llmgw.node.config import NodeConfig
 from tests.support.fleet import Fleet
 
@@ -89,14 +96,34 @@ def test_it_renews_while_nothing_changes_and_reports_in_full_every_few_minutes(
     assert sent.take() == ["heartbeat", "renew", "renew"]
     assert Node.objects.get().last_heartbeat > stored.last_heartbeat
     # The whole report goes again once FULL_REPORT_SECONDS (give or take a quarter) have passed
-    # since the last.
-    assert 0.75 * FULL_REPORT_SECONDS <= agent.full_every <= 1.25 * FULL_REPORT_SECONDS
-    agent.acked_at -= agent.full_every - 1
+    # since the first.
+    assert agent.full_due is not None
+    left = agent.full_due - time.monotonic()
+    assert 0.75 * FULL_REPORT_SECONDS - 1 <= left <= 1.25 * FULL_REPORT_SECONDS
+    # A report sent because something changed does not move the periodic one.
+    due = agent.full_due
+    agent.acked_digest = "0" * 64  # as if the report had changed since the last taken
+    agent.heartbeat()
+    assert sent.take() == ["heartbeat"] and agent.full_due == due
+    agent.full_due = time.monotonic() + 1
     agent.heartbeat()
     assert sent.take() == ["renew"]
-    agent.acked_at -= 1
+    agent.full_due = due = time.monotonic() - 0.001
     agent.heartbeat()
     assert sent.take() == ["heartbeat"]
+    assert 0.75 * FULL_REPORT_SECONDS <= agent.full_due - due <= 1.25 * FULL_REPORT_SECONDS
+
+
+def test_the_periodic_report_keeps_its_pace_and_never_catches_up() -> None:
+    now = 1000.0
+    first = next_full_report(None, now)
+    assert now + 0.75 * FULL_REPORT_SECONDS <= first <= now + 1.25 * FULL_REPORT_SECONDS
+    # Taken a little late (the beat's own interval): the next is a period after it was due.
+    second = next_full_report(first, first + 3)
+    assert first + 0.75 * FULL_REPORT_SECONDS <= second <= first + 1.25 * FULL_REPORT_SECONDS
+    # A node away for an hour reports once on its return, then a period later.
+    back = first + 3600
+    assert back < next_full_report(first, back) <= back + 1.25 * FULL_REPORT_SECONDS
 
 
 def test_the_whole_reports_period_differs_from_node_to_node() -> None:
