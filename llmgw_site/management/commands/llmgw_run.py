@@ -49,21 +49,9 @@ from llmgw_site.private_files import FILE_MODE, kept_secret, restrict, write_sec
 # the processes themselves, before (or without) Django's apps being loaded.
 
 
-# The worker and beat run at this niceness: their work (reconcile passes, fetches, hashing) can
-# wait a few milliseconds, requests cannot. A pass over 20,000 replicas is seconds of CPU; at the
-# same priority it took the cores the gateway's event loops answer nodes and clients on.
-BACKGROUND_NICENESS = 10
-
-
-def background(argv: list[str]) -> list[str]:
-    """`argv` run at BACKGROUND_NICENESS (nice executes it: the pid is the command's own)."""
-    nice = shutil.which("nice")
-    return [nice, "-n", str(BACKGROUND_NICENESS), *argv] if nice else argv
-
-
 def worker_command(bin_dir: Path) -> list[str]:
-    """A Celery worker (beat runs beside it, beat_command), at BACKGROUND_NICENESS."""
-    return background([
+    """A Celery worker (beat runs beside it, beat_command)."""
+    return [
         str(bin_dir / "celery"),
         "-A",
         "llmgw_site",
@@ -72,7 +60,7 @@ def worker_command(bin_dir: Path) -> list[str]:
         "INFO",
         "--concurrency",
         "2",
-    ])  # fmt: skip
+    ]
 
 
 def beat_command(bin_dir: Path, schedule: Path) -> list[str]:
@@ -82,8 +70,8 @@ def beat_command(bin_dir: Path, schedule: Path) -> list[str]:
     that process dies, and stays up itself, so the schedule would stop with nothing noticing.
     As a process of its own, the run command (or systemd) sees it die and starts it again. It
     sends only while it holds the beat lease when the database is shared (llmgw_site.beat), so
-    the run command may run on several machines at once. At BACKGROUND_NICENESS."""
-    return background([
+    the run command may run on several machines at once."""
+    return [
         str(bin_dir / "celery"),
         "-A",
         "llmgw_site",
@@ -92,7 +80,7 @@ def beat_command(bin_dir: Path, schedule: Path) -> list[str]:
         "INFO",
         "--schedule",
         str(schedule),
-    ])  # fmt: skip
+    ]
 
 
 def gateway_command(bin_dir: Path, host: str, port: int, *, workers: int) -> list[str]:
