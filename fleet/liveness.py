@@ -23,7 +23,7 @@ import time
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import close_old_connections, connection, transaction
+from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from core.metrics import control_metrics
@@ -90,17 +90,13 @@ def _write(batch: dict[int, datetime]) -> None:
     skipped: set[int] = set()
     for start in range(0, len(ids), 5000):
         chunk = ids[start : start + 5000]
-        with transaction.atomic():
-            free = list(
-                Node.objects.filter(pk__in=chunk)
-                .order_by("pk")
-                .select_for_update(skip_locked=True)
-                .values_list("pk", flat=True)
-            )
-            Node.objects.filter(pk__in=free, lost=False, last_heartbeat__lt=at).update(
+        if connection.vendor == "postgresql":
+            free = _write_free(chunk, at)
+            skipped.update(set(chunk) - free)  # held by another, or removed since
+        else:  # no row locks to skip
+            Node.objects.filter(pk__in=chunk, lost=False, last_heartbeat__lt=at).update(
                 last_heartbeat=at
             )
-        skipped.update(set(chunk) - set(free))  # held by another, or removed since
     if skipped and flush_seconds() > 0:
         oldest = timezone.now() - timedelta(seconds=RETRY_SECONDS)
         with _lock:
@@ -108,6 +104,27 @@ def _write(batch: dict[int, datetime]) -> None:
                 if batch[pk] >= oldest:
                     _pending.setdefault(pk, batch[pk])
             control_metrics().renewals_pending.set(len(_pending))
+
+
+# One statement, so that the rows are held only while it runs: a transaction of two (the
+# locking SELECT, then the UPDATE) held them across a round trip and whatever the writing
+# thread waited for in between, and heartbeats writing those nodes' rows waited as long.
+_WRITE_FREE = f"""
+WITH free AS (
+    SELECT id FROM {Node._meta.db_table} WHERE id = ANY(%s) ORDER BY id FOR UPDATE SKIP LOCKED
+), written AS (
+    UPDATE {Node._meta.db_table} SET last_heartbeat = %s
+    WHERE id IN (SELECT id FROM free) AND NOT lost AND last_heartbeat < %s
+)
+SELECT id FROM free
+"""
+
+
+def _write_free(ids: list[int], at: datetime) -> set[int]:
+    """Write `at` to the nodes of `ids` no other transaction holds; the ids of those."""
+    with connection.cursor() as cursor:
+        cursor.execute(_WRITE_FREE, [ids, at, at])
+        return {pk for (pk,) in cursor.fetchall()}
 
 
 def _flush_forever() -> None:

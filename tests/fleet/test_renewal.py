@@ -79,7 +79,7 @@ def test_an_unchanged_renewal_reads_no_replica_and_writes_one_row(
         assert renew(api, generation)["changed"] is False
     statements = [q["sql"] for q in queries.captured_queries]
     assert not any("fleet_replica" in sql for sql in statements), statements
-    writes = [sql for sql in statements if sql.startswith("UPDATE")]
+    writes = [sql for sql in statements if "UPDATE" in sql]
     assert len(writes) == 1 and "last_heartbeat" in writes[0], statements
 
 
@@ -234,8 +234,8 @@ def test_renewals_wait_in_memory_and_are_written_together(fleet: Fleet, settings
     with CaptureQueriesContext(connection) as queries:
         assert liveness.flush() == 2
     statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
-    # One UPDATE for the batch, after one look at which rows no one else holds.
-    assert [sql.split()[0] for sql in statements] == ["SELECT", "UPDATE"]
+    # One statement for the batch (on PostgreSQL it also says which rows no one else held).
+    assert len(statements) == 1 and ("UPDATE" in statements[0]), statements
     assert Node.objects.get(pk=a.pk).last_heartbeat == first
     assert Node.objects.get(pk=b.pk).last_heartbeat == old  # lost: only a report brings it back
     # Never back in time: a whole report wrote a later time since.
