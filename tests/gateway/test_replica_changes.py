@@ -77,13 +77,21 @@ def test_changes_name_replicas_until_the_bound_then_say_everything() -> None:
     assert other.everything and other.replicas == set()
 
 
+def three_replicas(catalog: Catalog) -> tuple[Replica, Replica, Replica]:
+    """Models chat (replicas on ports 8001 and 8002) and other (8003)."""
+    catalog.add("chat", min_replicas=0, max_replicas=4)
+    catalog.add("other", min_replicas=0, max_replicas=4)
+    return (
+        catalog.replica("chat", 8001),
+        catalog.replica("chat", 8002),
+        catalog.replica("other", 8003),
+    )
+
+
 def test_a_replica_changed_is_read_again_by_name_and_the_rest_kept(
     db: Any, catalog: Catalog
 ) -> None:
-    catalog.add("chat", min_replicas=0, max_replicas=4)
-    catalog.add("other", min_replicas=0, max_replicas=4)
-    one, two = catalog.replica("chat", 8001), catalog.replica("chat", 8002)
-    three = catalog.replica("other", 8003)
+    one, two, three = three_replicas(catalog)
     refresher = GatewayState()
     before = refresher.reload()
     Replica.objects.filter(pk=one.pk).update(port=9001)
@@ -113,10 +121,7 @@ def test_the_periodic_look_reads_again_only_the_replicas_whose_rows_changed(
     from fleet.models import Node
     from gateway.metrics import metrics
 
-    catalog.add("chat", min_replicas=0, max_replicas=4)
-    catalog.add("other", min_replicas=0, max_replicas=4)
-    one, two = catalog.replica("chat", 8001), catalog.replica("chat", 8002)
-    three = catalog.replica("other", 8003)
+    one, two, three = three_replicas(catalog)
     refresher = GatewayState()
     before = refresher.reload()
     if connection.vendor != "postgresql":
