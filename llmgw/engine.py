@@ -598,13 +598,20 @@ def rotate_log(log_path: Path, max_bytes: int) -> bool:
     """Keep an engine's log under ``max_bytes``: past it, the log is copied to ``<log>.1``
     (replacing the one before) and emptied in place. The engine keeps its file open for
     appending, so it goes on writing at the new end; a line written between the copy and the
-    emptying is lost, which a log can afford."""
+    emptying is lost, which a log can afford. The copy is written under a temporary name and
+    renamed once the log is emptied, so whoever sees ``<log>.1`` sees it whole and the log
+    already started afresh."""
+    rotated = log_path.with_name(log_path.name + ".1")
+    partial = log_path.with_name(log_path.name + ".1.partial")
     try:
         if log_path.stat().st_size <= max_bytes:
             return False
-        shutil.copyfile(log_path, log_path.with_name(log_path.name + ".1"))
+        shutil.copyfile(log_path, partial)
         os.truncate(log_path, 0)
+        os.replace(partial, rotated)
     except OSError:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
         return False
     return True
 
