@@ -7,7 +7,8 @@ a model "chat" that the traffic asks all along, and a registry of its own (olah 
 repository, tests.support.registry) that a second model, "reg", is served from.
 `run_cell(fleet, fault, operation, rng)` starts the operation, injects the fault at a moment drawn
 from `rng` in the phase of the operation it aims at, restarts what was killed the way an operator
-(or systemd) would, and checks:
+(or systemd) would, starts again any of web, worker and beat that exited on its own meanwhile, as
+the run command does (`Fleet.tend`; the cell's `restarted` says which), and checks:
 
 - the operation completes, or ends recorded as failed with a reason (else it is "lost");
 - no replica is placed twice: no more placed replicas than asked for, no two on one node and port;
@@ -121,6 +122,10 @@ CANARY_CHECK_SECONDS = 2
 # How long a killed process stays down before it is started again, and a stopped server.
 DOWN_SECONDS = {"postgres": 5.0, "redis": 3.0}
 DEFAULT_DOWN_SECONDS = 2.0
+# What tend() starts again when it exits on its own, and after how long (llmgw_run's
+# RESTART_DELAY, the first restart's delay).
+SUPERVISED = ("web", "worker", "beat")
+RESTART_DELAY = 1.0
 # The fault lands this long at most after the operation was asked for.
 LATEST_FAULT_SECONDS = 3.0
 OPERATION_TIMEOUT = 150.0
@@ -248,6 +253,7 @@ class CellResult:
     fault_note: str = ""
     phase: str = ""  # where the operation was when the fault landed, as the API showed it
     ending: str = ""  # how it ended, as the API recorded it (a rollout's message, a canary's)
+    restarted: list[str] = field(default_factory=list)  # parts that exited on their own (tend)
 
     @property
     def ok(self) -> bool:
@@ -266,6 +272,7 @@ class CellResult:
             f"{self.sent} requests, {self.failed} failed {self.statuses or ''} "
             f"({self.excused} excused); "
             f"recovered in {self.recover_seconds}s; {self.fault_note}; "
+            f"started again: {', '.join(self.restarted) or 'none'}; "
             f"double placements {self.double_placements}; orphan engines {self.orphans}; "
             f"audit: {self.audit_missing or 'ok'}; schedule: {self.schedule or 'ok'}; "
             f"unexcused failures {self.unexcused[:5]}"
@@ -304,6 +311,7 @@ class Fleet:
         self.registry: LocalRegistry | None = None
         self.head_seed = WEIGHT_SEEDS[0]  # the weights at the head of REPO
         self.serve_fetches: list[int] = []  # the fetches `model serve` started
+        self.restarted: list[str] = []  # what tend() started again, and why
 
     def __enter__(self) -> Fleet:
         try:
@@ -425,7 +433,35 @@ class Fleet:
         return not self.orphan_engines()
 
     def wait_settled(self, wanted: dict[str, int], timeout: float = OPERATION_TIMEOUT) -> None:
-        wait_for(lambda: self.settled(wanted), timeout=timeout, interval=0.5, what=f"{wanted}")
+        def tended_and_settled() -> bool:
+            self.tend()
+            return self.settled(wanted)
+
+        wait_for(tended_and_settled, timeout=timeout, interval=0.5, what=f"{wanted}")
+
+    def tend(self) -> None:
+        """Start again any of web, worker and beat that exited on its own, RESTART_DELAY after
+        it was seen gone, as the run command's supervisor does (systemd's Restart=on-failure
+        too). A part that a fault killed is not here (inject takes it out of the system's
+        processes until restore starts it). What was started again is added to `restarted`.
+
+        Why: a part may exit because of another part's fault. A Celery worker that loses Redis
+        while holding messages not yet acknowledged (a task due later, or prefetched) fails to
+        hand them back and exits with code 1 (kombu's Redis transport, AttributeError in
+        `_connparams` as the connection closes); the run command starts it again."""
+        system = self.sys
+        for name in SUPERVISED:
+            process = system.processes.get(name)
+            if process is None or process.poll() is None:
+                continue
+            time.sleep(RESTART_DELAY)
+            if name == "web":
+                system._spawn("web", [str(a) for a in process.args])  # type: ignore[union-attr]
+            elif name == "worker":
+                system.start_worker()
+            else:
+                system.start_beat()
+            self.restarted.append(f"{name} exited with code {process.returncode}")
 
     def engine_processes(self) -> dict[int, str]:
         """llama-server processes started under this fleet's folder: pid -> command line."""
@@ -468,12 +504,15 @@ class Fleet:
         """Back to one ready replica of "chat" and nothing else, between cells: no fetch of a
         `model serve` left to add its model later, the served model removed (with its
         rollout, its canary and its engines)."""
+
+        def fetches_ended() -> bool:
+            self.tend()
+            return not any(
+                self.fetch(pk)["state"] in ("queued", "running") for pk in self.serve_fetches
+            )
+
         wait_for(
-            lambda: (
-                not any(
-                    self.fetch(pk)["state"] in ("queued", "running") for pk in self.serve_fetches
-                )
-            ),
+            fetches_ended,
             timeout=OPERATION_TIMEOUT,
             interval=0.5,
             what="the fetches of `model serve` to end",
@@ -986,6 +1025,7 @@ def run_cell(fleet: Fleet, fault: str, operation: str, seed: int) -> CellResult:
     result = CellResult(fault, operation, seed)
     op = OPERATION_KINDS[operation](fleet)
     op.prepare()
+    restarted_before = len(fleet.restarted)
     with Traffic(fleet.sys.url, fleet.key, models=op.traffic) as traffic:
         time.sleep(1.0)
         audit_since = fleet.last_audit_id()
@@ -1004,6 +1044,7 @@ def run_cell(fleet: Fleet, fault: str, operation: str, seed: int) -> CellResult:
         settled_at = float("inf")
 
         def ended() -> tuple[str, str] | None:
+            fleet.tend()
             try:
                 return op.ended()
             except AssertionError:  # the API answered an error: a process is not back yet
@@ -1028,6 +1069,8 @@ def run_cell(fleet: Fleet, fault: str, operation: str, seed: int) -> CellResult:
             )
         except AssertionError:
             result.schedule = f"no periodic task sent in {SCHEDULE_BACK_SECONDS:.0f}s after"
+    fleet.tend()
+    result.restarted = fleet.restarted[restarted_before:]
     result.double_placements = _read(lambda: fleet.double_placements(op.wanted))
     result.orphans = _read(fleet.orphan_engines)
     result.audit_missing = _audit_missing(fleet, op, result.outcome, audit_since)
