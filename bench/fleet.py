@@ -40,7 +40,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from llmgw.node.agent import next_full_report, report_digest  # noqa: E402
+from llmgw.node.agent import (  # noqa: E402
+    next_full_report,
+    pause_after_failure,
+    report_digest,
+    retry_after,
+)
 
 PER_MODEL_CEILING = 1000
 TARGETS = {
@@ -198,6 +203,7 @@ class Simulator:
             renew = self.renewals and digest == acked and not due
             started = time.perf_counter()
             error = None
+            asked = None  # a 503's Retry-After
             try:
                 if renew:
                     path, sent = "renew", {"generation": generation, "report_digest": digest}
@@ -209,6 +215,7 @@ class Simulator:
                     text = await response.read()
                     if response.status != 200:
                         error = f"HTTP {response.status}"
+                        asked = retry_after(response.status, response.headers.get("Retry-After"))
                     else:
                         answer = json.loads(text)
                         interval = float(answer.get("heartbeat_interval") or 2)
@@ -226,8 +233,9 @@ class Simulator:
             except (TimeoutError, aiohttp.ClientError) as exc:
                 error = type(exc).__name__
             self.stats.record(time.perf_counter() - started, error, renew)
-            # As the agent does after a failure: a random part of an interval more.
-            wait = interval * (1 + random.random()) if error is not None else interval
+            # As the agent does after a failure: a random part of an interval more, or of the
+            # Retry-After a 503 asked for when that is sooner.
+            wait = pause_after_failure(interval, asked) if error is not None else interval
             # The agent's own pace: the interval from the start of the last heartbeat; a change
             # to report (new replicas to say ready) goes at once, as the agent's wake does.
             changed = set(self.told[i]) != set(told)

@@ -90,7 +90,7 @@ class FieldsOncePerThread(serializers.Serializer):
         fields = kept.get(type(self))
         if fields is None:
             # DRF's own fields, of a blank instance: bound to it, not to this request's.
-            fields = kept[type(self)] = serializers.Serializer.fields.func(type(self)())
+            fields = kept[type(self)] = serializers.Serializer.fields.func(type(self)())  # type: ignore[attr-defined]
         return fields
 
 

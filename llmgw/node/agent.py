@@ -55,6 +55,28 @@ def next_full_report(due: float | None, now: float) -> float:
     return following if following > now else now + full_report_seconds()
 
 
+def retry_after(status: int, header: str | None) -> float | None:
+    """The seconds a 503 answer asks the node to wait before its next beat (its Retry-After
+    header, in seconds; the gateway's gate says it when thousands of nodes report at once), or
+    None."""
+    value = (header or "").strip()
+    if status != 503 or not value.isdigit() or len(value) > 6:
+        return None
+    return float(value)
+
+
+def pause_after_failure(interval: float, asked: float | None) -> float:
+    """How long the next beat waits after one that got no answer or a server error: the
+    interval and a random part of it more, so that a fleet whose control plane was away does not
+    come back all in the same second; or, when the answer asked for less (Retry-After, at least
+    MIN_RETRY_SECONDS), that and a random part of it more: a node the gate turned away comes back
+    as soon as it was told to, not an interval later, which would make the tail of a placement."""
+    base = interval if asked is None else max(MIN_RETRY_SECONDS, min(interval, asked))
+    return base * (1 + random.random())
+
+
+MIN_RETRY_SECONDS = 1.0
+
 # GPU memory used by others moves by a few MiB all the time: the digest counts it in these steps.
 DIGEST_MEMORY_STEP_MB = 256
 
@@ -123,8 +145,10 @@ class Agent:
         self.renewing = True
         # The last beat got no answer, or a server error: the next waits a random part of an
         # interval more, so that a fleet whose control plane was overloaded or away does not
-        # come back all in the same second.
+        # come back all in the same second (pause_after_failure); sooner when its answer asked
+        # for less (retry_after).
         self.failing = False
+        self.retry_after: float | None = None
         self.session = requests.Session()
         self.session.headers["Authorization"] = f"Bearer {config.token}"
         self.session.headers["User-Agent"] = f"llmgw-node/{_agent_version()}"
@@ -307,10 +331,16 @@ class Agent:
                 continue
             self._use(server, failures)
             self.failing = response.status_code >= 500
+            self.retry_after = retry_after(
+                response.status_code, response.headers.get("Retry-After")
+            )
             return response
         self.failing = True
+        self.retry_after = None
         if server_error is not None:  # an answer, if not a good one: said as a refusal
             self._use(server_error[0], failures)
+            answer = server_error[1]
+            self.retry_after = retry_after(answer.status_code, answer.headers.get("Retry-After"))
             return server_error[1]
         self._unreachable(failures)
         return None
@@ -583,13 +613,18 @@ class Agent:
             except Exception:
                 # A bug in handling one answer must not take the engines' supervisor down.
                 log.exception("the heartbeat failed unexpectedly; trying again")
-            pause = self.interval * (1 + random.random()) if self.failing else self.interval
-            self.wake.wait(pause)
+            self.wake.wait(self.next_pause())
             # State changes wake the loop early; a short pause keeps a burst to one heartbeat.
             self.shutdown.wait(0.05)
         log.info("received %s; exiting", self.exit_signal or "a stop request")
         self.exit()
         return 0
+
+    def next_pause(self) -> float:
+        """Seconds until the next beat, unless a change wakes the loop first."""
+        if self.failing:
+            return pause_after_failure(self.interval, self.retry_after)
+        return self.interval
 
     def request_shutdown(self, signum: int, _frame: Any) -> None:
         # Only set flags here: the loop logs and exits (logging from a handler can interleave).
