@@ -12,11 +12,11 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from catalog.config import current_config
 from catalog.definitions import NAME_PATTERN
-from catalog.models import Model
 from core.actor import Actor, require_staff
 from core.refusals import Refused, conflict
 from llmgw.bearer import NODE_TOKEN
@@ -278,7 +278,7 @@ def node_heartbeat(
 
         reported = {r["id"]: r for r in report.get("replicas", [])}
         changed, gone, wanted = [], [], []
-        for replica in Replica.objects.filter(node=node).order_by("created_at"):
+        for replica in _node_replicas(node):
             seen = reported.get(str(replica.pk))
             if _wanted(replica, now):
                 wanted.append(replica)
@@ -332,7 +332,7 @@ def _orders(node: Node, wanted: list[Replica], now: Any) -> dict[str, Any]:
     return {
         "generation": None if draining else node.generation,
         "replicas": [replica_order(r, node) for r in wanted],
-        "keep": _previous_revisions({r.model_id for r in wanted if r.model_id is not None}),
+        "keep": _previous_revisions(wanted),
         "warnings": node.capacity_notes(),
     }
 
@@ -415,22 +415,28 @@ def node_renew(*, node: Node, generation: int | None, report_digest: str) -> dic
         return unchanged_answer(
             node=node.name, interval=base["heartbeat_interval"], generation=generation
         )
-    replicas = Replica.objects.filter(node=node).order_by("created_at")
-    wanted = [r for r in replicas if _wanted(r, now)]
+    wanted = [r for r in _node_replicas(node) if _wanted(r, now)]
     return {**base, "report": "current", "changed": True, **_orders(node, wanted, now)}
 
 
-def _previous_revisions(model_ids: set[int]) -> list[dict[str, Any]]:
-    """The weights a rollback of these models would start again: the node keeps them cached
-    even when its cache is full (llmgw node --cache-max-gb)."""
-    if not model_ids:
-        return []
-    previous = Model.objects.filter(pk__in=model_ids, previous__isnull=False).values_list(
-        "previous", flat=True
+def _node_replicas(node: Node) -> QuerySet[Replica]:
+    """The node's replicas, oldest first, each with its model's previous revision
+    (`model_previous`, for _previous_revisions): one query for what an answer holds."""
+    return (
+        Replica.objects.filter(node=node)
+        .annotate(model_previous=F("model__previous"))
+        .order_by("created_at")
     )
+
+
+def _previous_revisions(replicas: list[Replica]) -> list[dict[str, Any]]:
+    """The weights a rollback of these replicas' models would start again, once a model, by the
+    model's name: the node keeps them cached even when its cache is full (llmgw node
+    --cache-max-gb). `replicas` come from _node_replicas."""
+    previous = {r.model_name: r.model_previous for r in replicas if r.model_id is not None}  # type: ignore[attr-defined]
     return [
         {"source": p["source"], "sha256": p.get("sha256") or None}
-        for p in previous
+        for _, p in sorted(previous.items())
         if isinstance(p, dict) and p.get("source")
     ]
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from fleet.models import Node, Replica
@@ -329,3 +331,30 @@ def test_a_heartbeat_asks_to_keep_the_previous_revisions_of_its_models(
     answer = node_client(token).post("/api/v1/node/heartbeat", BEAT, format="json").json()
 
     assert answer["keep"] == [{"source": old, "sha256": "a" * 64}]
+
+
+def test_the_keep_list_names_each_models_previous_revision_once_in_name_order_in_one_read(
+    api: Any, fleet: Any
+) -> None:
+    token = api("staff").post("/api/v1/nodes", {"name": "n1"}, format="json").json()["token"]
+    big = {**BEAT, "capacity": {"memory_gb": 64, "cores": 32}}
+    node_client(token).post("/api/v1/node/heartbeat", big, format="json")
+    for name in ("zeta", "alpha", "plain"):
+        model = fleet.add(name, min_replicas=2, max_replicas=2)
+        if name != "plain":
+            model.previous = {"source": f"http://127.0.0.1:8000/mirror/acme/{name}/old.gguf"}
+            model.save(update_fields=["previous"])
+    reconcile_pass()
+    assert Replica.objects.filter(node__name="n1", withdrawn_at__isnull=True).count() == 6
+
+    with CaptureQueriesContext(connection) as queries:
+        answer = node_client(token).post("/api/v1/node/heartbeat", big, format="json").json()
+
+    assert answer["keep"] == [
+        {"source": "http://127.0.0.1:8000/mirror/acme/alpha/old.gguf", "sha256": None},
+        {"source": "http://127.0.0.1:8000/mirror/acme/zeta/old.gguf", "sha256": None},
+    ]
+    assert len(answer["replicas"]) == 6
+    # The replicas and their models' previous revisions come in one read, not two.
+    reads = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT")]
+    assert not [sql for sql in reads if sql.lstrip().startswith('SELECT "catalog_model"')], reads
