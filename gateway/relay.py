@@ -49,8 +49,10 @@ REVISION_HEADER = "X-LLMGW-Revision"
 REQUEST_ID_HEADER = requestid.HEADER
 # How often a request waiting for a replica looks at the (in-memory) state again.
 WAIT_POLL_SECONDS = 0.1
-# How long a request for something unknown waits for the state to be looked at again.
-FRESH_LOOK_SECONDS = 2 * POLL_SECONDS + 0.5
+# How long at most a request for something unknown (a key, a model) waits for the state to be
+# looked at again; it is answered as soon as a look that began after it arrived is done (within
+# a poll or two, idle), so the bound matters only when the refresher is slow (a loaded machine).
+FRESH_LOOK_SECONDS = 2 * POLL_SECONDS + 1.5
 # JSON bodies: a depth no OpenAI request comes near, and integers of sane size.
 MAX_DEPTH = 64
 

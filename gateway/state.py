@@ -629,7 +629,7 @@ class GatewayState:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        # monotonic time of the refresher's last look at the database (None: no refresher)
+        # monotonic time of the refresher's last look at the database (None: none yet)
         self.looked_at: float | None = None
         # Bounds (see MAX_PENDING_USES): _demand and _demand_written hold on-demand models of
         # the catalog, one entry each at most (llmgw_gateway_demand_entries); _used and
@@ -661,8 +661,13 @@ class GatewayState:
         return snapshot
 
     def looked_since(self, moment: float) -> bool:
-        """Has the refresher looked at the database since `moment` (or is there none to wait for)?"""
-        return self.looked_at is None or self.looked_at > moment
+        """Has the refresher looked at the database since `moment` (or is there none to wait
+        for)? A refresher still taking its first look has not: a key made while it reads is
+        waited for, not refused on what the process read as it started."""
+        if self._thread is None:
+            return True
+        looked = self.looked_at
+        return looked is not None and looked > moment
 
     # -- what requests leave to write -----------------------------------------------------
 

@@ -3,6 +3,7 @@ keys stop within a second, and a refresh reads only the keys that changed (gatew
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -87,6 +88,37 @@ def test_a_deleted_users_keys_stop_within_a_second(
     assert status(front, secret) == 200
     users["carol"].delete()  # the keys go with her
     assert seconds_until(front, secret, 401) < STOPS_WITHIN
+
+
+def test_a_key_made_while_the_refresher_takes_its_first_look_is_waited_for(
+    transactional_db: Any, users: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker reads the state as it starts, then its refresher reads it again (its first look,
+    slow on a loaded machine). A key made in between is not in what the worker read: a request
+    for it waits for the refresher, not refused at once."""
+    first_look = threading.Event()
+    reload = gateway_state.GatewayState.reload
+
+    def held(self: gateway_state.GatewayState) -> Any:
+        if threading.current_thread().name == gateway_state.REFRESHER_THREAD:
+            first_look.wait(timeout=10)
+        return reload(self)
+
+    monkeypatch.setattr(gateway_state.GatewayState, "reload", held)
+    running = GatewayServer(lifespan=True)
+    try:
+        secret = create_key(users["alice"])
+        answers: list[int] = []
+        asking = threading.Thread(target=lambda: answers.append(status(running, secret)))
+        asking.start()
+        time.sleep(0.3)  # the request waits for a look (a refusal would have come by now)
+        assert answers == []
+        first_look.set()
+        asking.join(timeout=15)
+        assert answers == [200]
+    finally:
+        first_look.set()
+        running.stop()
 
 
 def test_a_revoked_key_stops_within_a_second(front: GatewayServer, users: dict[str, Any]) -> None:
