@@ -1,12 +1,16 @@
-"""Shared fixtures: a few named users (owner, teammate, outsider, staff) and API clients for each."""
+"""Shared fixtures: a few named users (owner, teammate, outsider, staff) and API clients for each,
+and a redis-server of a test's own."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from tests.support.redis_server import RedisServer
 
 
 @pytest.fixture(autouse=True)
@@ -71,3 +75,12 @@ def server_yaml(tmp_path: Path, settings: Any) -> Any:
     current_config.cache_clear()
     yield write
     current_config.cache_clear()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own (tests.support.redis_server), stopped by its pid."""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    yield server
+    server.stop()

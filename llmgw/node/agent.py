@@ -55,6 +55,10 @@ def next_full_report(due: float | None, now: float) -> float:
     return following if following > now else now + full_report_seconds()
 
 
+# A 503's Retry-After is followed down to this (pause_after_failure).
+MIN_RETRY_SECONDS = 1.0
+
+
 def retry_after(status: int, header: str | None) -> float | None:
     """The seconds a 503 answer asks the node to wait before its next beat (its Retry-After
     header, in seconds; the gateway's gate says it when thousands of nodes report at once), or
@@ -74,8 +78,6 @@ def pause_after_failure(interval: float, asked: float | None) -> float:
     base = interval if asked is None else max(MIN_RETRY_SECONDS, min(interval, asked))
     return base * (1 + random.random())
 
-
-MIN_RETRY_SECONDS = 1.0
 
 # GPU memory used by others moves by a few MiB all the time: the digest counts it in these steps.
 DIGEST_MEMORY_STEP_MB = 256
@@ -341,7 +343,7 @@ class Agent:
             self._use(server_error[0], failures)
             answer = server_error[1]
             self.retry_after = retry_after(answer.status_code, answer.headers.get("Retry-After"))
-            return server_error[1]
+            return answer
         self._unreachable(failures)
         return None
 

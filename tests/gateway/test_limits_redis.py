@@ -10,7 +10,6 @@ from __future__ import annotations
 import shutil
 import time
 import tracemalloc
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +25,6 @@ from tests.support.redis_server import RedisServer
 from tests.support.system import free_port, wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
 
 
 def machine(folder: Path, url: str, errors: list[int] | None = None) -> SharedCounters:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,10 +27,7 @@ from llmgw_site.management.commands.llmgw_run import worker_command
 from tests.support.redis_server import RedisServer
 from tests.support.system import ROOT, wait_for
 
-pytestmark = pytest.mark.skipif(
-    subprocess.run(["which", "redis-server"], capture_output=True).returncode != 0,
-    reason="needs redis-server",
-)
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
 
 
 class Worker:
@@ -59,14 +56,6 @@ class Worker:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=10)
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_a_worker_holding_a_task_due_later_stays_up_through_a_redis_restart(

@@ -445,23 +445,26 @@ class Fleet:
         too). A part that a fault killed is not here (inject takes it out of the system's
         processes until restore starts it). What was started again is added to `restarted`.
 
-        Why: a part may exit because of another part's fault. A Celery worker that loses Redis
-        while holding messages not yet acknowledged (a task due later, or prefetched) fails to
-        hand them back and exits with code 1 (kombu's Redis transport, AttributeError in
-        `_connparams` as the connection closes); the run command starts it again."""
-        system = self.sys
+        Why: a part may exit because of another part's fault. A Celery 5.7.0 worker that lost
+        Redis while holding messages not yet acknowledged (a task due later, or prefetched)
+        exited with code 1 as it closed the connection (pyproject.toml keeps Celery below 5.7);
+        the run command starts such a part again, and so does this."""
         for name in SUPERVISED:
-            process = system.processes.get(name)
+            process = self.sys.processes.get(name)
             if process is None or process.poll() is None:
                 continue
             time.sleep(RESTART_DELAY)
-            if name == "web":
-                system._spawn("web", [str(a) for a in process.args])  # type: ignore[union-attr]
-            elif name == "worker":
-                system.start_worker()
-            else:
-                system.start_beat()
+            self._start_again(name, [str(a) for a in process.args])  # type: ignore[union-attr]
             self.restarted.append(f"{name} exited with code {process.returncode}")
+
+    def _start_again(self, name: str, argv: list[str]) -> None:
+        """Start web (with its command line `argv`), worker or beat again."""
+        if name == "web":
+            self.sys._spawn("web", argv)
+        elif name == "worker":
+            self.sys.start_worker()
+        else:
+            self.sys.start_beat()
 
     def engine_processes(self) -> dict[int, str]:
         """llama-server processes started under this fleet's folder: pid -> command line."""
@@ -661,8 +664,8 @@ class Fleet:
 
     def restore(self, fault: str, saved: dict[str, Any]) -> None:
         system = self.sys
-        if fault == "web":
-            system._spawn("web", saved["argv"])
+        if fault in ("web", "worker", "beat"):
+            self._start_again(fault, saved.get("argv", []))
         elif fault == "gateway-worker":
             # uvicorn's supervisor starts a worker in its place.
             wait_for(
@@ -670,10 +673,6 @@ class Fleet:
                 timeout=30,
                 what="uvicorn to replace its worker",
             )
-        elif fault == "worker":
-            system.start_worker()
-        elif fault == "beat":
-            system.start_beat()
         elif fault == "node":
             # The same command line, as systemd would run it again: its port range too (System
             # gives each agent it starts new ports; a node that moved its range would have its
