@@ -6,7 +6,7 @@ from django.utils import timezone
 from catalog.models import Model
 
 from . import capacity, footprint
-from .reconciler import LEASE_SECONDS, reconcile_pass
+from .reconciler import LEASE_SECONDS, kick_wait, reconcile_pass, running_pass_left
 
 
 @shared_task(ignore_result=True, soft_time_limit=90, time_limit=120)
@@ -24,19 +24,33 @@ def reconcile(kicked_at: str | None = None) -> None:
         when = None
     if when is not None and timezone.is_naive(when):
         when = when.replace(tzinfo=UTC)
-    report = reconcile_pass(kicked_at=when)
     eager = reconcile.app.conf.task_always_eager  # would ask again at once, in this same call
+    if when is not None and not eager:
+        wait = kick_wait(when, timezone.now())
+        if wait > 0:
+            # Too soon after the last pass (KICK_DUTY_FACTOR): asked again when it may run. The
+            # kicks queued meanwhile are served by that one pass (reconcile_wanted).
+            reconcile.apply_async(kwargs={"kicked_at": kicked_at}, countdown=wait)
+            return
+    report = reconcile_pass(kicked_at=when)
     if report.busy and when is not None and timezone.now() - when < BUSY_GIVE_UP and not eager:
         # Another pass holds the lease, and it may have started before this change committed
         # (a pass over thousands of replicas takes seconds): dropped, the change would wait for
         # the periodic pass, DUTY_FACTOR times a long pass later. Asked again once it may be done;
         # a pass that started after the change serves it then (reconcile_wanted).
-        reconcile.apply_async(kwargs={"kicked_at": kicked_at}, countdown=BUSY_RETRY_SECONDS)
+        # Asked again when the running pass is likely done (its last duration after it began),
+        # at least BUSY_RETRY_SECONDS on: during a placement over thousands of nodes, kicks
+        # every half second each asked again every second while a pass of tens of seconds ran,
+        # a third of the worker's time spent asking.
+        wait = max(BUSY_RETRY_SECONDS, min(running_pass_left(timezone.now()), BUSY_RETRY_MAX))
+        reconcile.apply_async(kwargs={"kicked_at": kicked_at}, countdown=wait)
 
 
-# A kicked pass that found another holding the lease asks again this often, for at most as long
-# as a lease lasts (a pass that died holding it: the periodic pass takes over then).
+# A kicked pass that found another holding the lease asks again once that pass is likely done,
+# at least this long after and at most BUSY_RETRY_MAX, for at most as long as a lease lasts (a
+# pass that died holding it: the periodic pass takes over then).
 BUSY_RETRY_SECONDS = 1.0
+BUSY_RETRY_MAX = 30.0
 BUSY_GIVE_UP = timedelta(seconds=LEASE_SECONDS)
 
 

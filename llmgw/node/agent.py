@@ -33,13 +33,17 @@ log = logging.getLogger("llmgw.node")
 
 HEARTBEAT_TIMEOUT = (5, 10)  # (connect, read) seconds
 # While nothing on the node changes it renews (POST /api/v1/node/renew, a few dozen bytes) instead
-# of sending its whole report; the whole report goes at least this often all the same, give or
-# take a quarter at random (full_report_seconds): nodes started together would otherwise all send
-# it again in the same second, every time. Its schedule keeps its own pace (next_full_report): a
-# report sent because something changed does not move it, or a model placed on thousands of
-# nodes at once (each reporting its new replicas in the same minute) would line their periodic
-# reports up into a wave every two minutes.
-FULL_REPORT_SECONDS = 120.0
+# of sending its whole report; the whole report goes at least this often all the same (as a
+# kubelet's status, every 5 minutes), give or take a quarter at random (full_report_seconds).
+# The first of them comes anywhere from a quarter of a period to a period and a quarter after the
+# agent starts (first_full_report_seconds): nodes started together (a fleet brought up at once,
+# every agent restarted by a configuration push) would otherwise send it in the same minute,
+# every period, and spread over a whole period they send it at the fleet's steady rate from the
+# start (5,000 nodes: 17 a second). Its schedule keeps its own pace (next_full_report): a report
+# sent because something changed does not move it, or a model placed on thousands of nodes at
+# once (each reporting its new replicas in the same minute) would line their periodic reports up
+# into a wave every period.
+FULL_REPORT_SECONDS = 300.0
 
 
 def full_report_seconds() -> float:
@@ -47,11 +51,18 @@ def full_report_seconds() -> float:
     return FULL_REPORT_SECONDS * random.uniform(0.75, 1.25)
 
 
+def first_full_report_seconds() -> float:
+    """Seconds from the agent's first whole report to its first periodic one."""
+    return FULL_REPORT_SECONDS * random.uniform(0.25, 1.25)
+
+
 def next_full_report(due: float | None, now: float) -> float:
-    """When the periodic whole report is due next, one period after the one `due` (None: after
-    the first report, `now`), never in the past (a node away for a while reports once, not once
-    for each period it missed)."""
-    following = (now if due is None else due) + full_report_seconds()
+    """When the periodic whole report is due next, one period after the one `due` (None: the
+    first periodic one, after the first report, `now`), never in the past (a node away for a
+    while reports once, not once for each period it missed)."""
+    if due is None:
+        return now + first_full_report_seconds()
+    following = due + full_report_seconds()
     return following if following > now else now + full_report_seconds()
 
 

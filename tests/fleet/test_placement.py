@@ -675,3 +675,21 @@ def test_planning_again_after_applying_the_plan_changes_nothing(fleet: Fleet) ->
 def test_start_and_stop_are_plain_values() -> None:
     # The reconciler stores and compares these; they must be hashable values.
     assert len({Start("m", "a", "cpu", res(8)), Start("m", "a", "cpu", res(8))}) == 1
+
+
+def test_the_index_built_in_one_sort_is_the_one_built_update_by_update() -> None:
+    """The planner's first steps defer the index of free room and sort it once; it must be
+    the same index as one updated node by node, and nothing may look a node up meanwhile."""
+    from fleet import placement
+
+    nodes, models, replicas = big_fleet(seed=3, n_models=40, n_nodes=60, memory_scale=0.5)
+    planner = placement._Planner(nodes, models)
+    planner.adopt(replicas)
+    by_update = placement._FreeIndex()
+    for state in planner.nodes.values():
+        by_update.update(state)
+    assert planner.index._buckets == by_update._buckets
+    assert planner.index._where == by_update._where
+    assert any(len(bucket) > 1 for bucket in by_update._buckets.values())
+    with planner.index.deferred(), pytest.raises(AssertionError, match="deferred"):
+        planner.index.best_fit((1.0, 1.0, 0.0, 0.0), planner.nodes, {})

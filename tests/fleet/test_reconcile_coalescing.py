@@ -12,7 +12,13 @@ from django.utils import timezone
 
 from fleet import tasks
 from fleet.models import Node, ReconcileRun, Replica
-from fleet.reconciler import DUTY_FACTOR, reconcile_pass, reconcile_wanted
+from fleet.reconciler import (
+    DUTY_FACTOR,
+    KICK_DUTY_FACTOR,
+    kick_wait,
+    reconcile_pass,
+    reconcile_wanted,
+)
 from tests.support.fleet import Fleet
 
 pytestmark = [pytest.mark.django_db]
@@ -71,6 +77,63 @@ def test_a_kick_that_finds_another_pass_running_asks_again_until_a_pass_serves_i
     release_lease("reconcile", "another-pass")
     tasks.reconcile(kicked_at=kicked)  # asked again: the lease is free, a pass serves it
     assert Replica.objects.count() == 1 and len(asked) == 1
+
+
+def test_a_kicked_pass_waits_twice_the_last_passs_duration_after_its_start(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reports of replicas ready kick a pass every half second while a model is placed over
+    thousands of nodes; passes of seconds each must not run back to back (a whole core)."""
+    fleet.node("n1")
+    now = timezone.now()
+    assert kick_wait(now, now) == 0  # no pass yet
+    ReconcileRun.objects.create(started_at=now - timedelta(seconds=1), seconds=3.0)
+    assert KICK_DUTY_FACTOR == 2
+    assert kick_wait(now, now) == pytest.approx(5.0)  # started 1 s ago, may start again at 6 s
+    assert kick_wait(now - timedelta(seconds=2), now) == 0  # that pass started after the kick
+    assert kick_wait(now, now + timedelta(seconds=10)) == 0
+
+    asked: list[dict[str, Any]] = []
+    monkeypatch.setattr(
+        tasks.reconcile,
+        "apply_async",
+        lambda kwargs, countdown: asked.append(kwargs | {"in": countdown}),
+    )
+    fleet.add("m", min_replicas=1, max_replicas=1)
+    kicked = timezone.now().isoformat()
+    tasks.reconcile(kicked_at=kicked)
+    # Asked again once the pace allows, and no pass ran meanwhile.
+    assert len(asked) == 1 and asked[0]["kicked_at"] == kicked
+    assert 4.0 < asked[0]["in"] <= 5.0
+    assert Replica.objects.count() == 0
+    # Once the last pass is far enough behind, the kick runs its pass.
+    ReconcileRun.objects.filter(pk=1).update(started_at=timezone.now() - timedelta(seconds=7))
+    tasks.reconcile(kicked_at=kicked)
+    assert Replica.objects.count() == 1 and len(asked) == 1
+
+
+def test_a_kick_that_finds_a_long_pass_running_asks_again_once_it_is_likely_done(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not every second: kicks every half second, each asking again every second while a pass
+    of tens of seconds ran, took a third of the worker's time during a placement."""
+    from fleet.reconciler import claim_lease
+
+    fleet.node("n1")
+    asked: list[float] = []
+    monkeypatch.setattr(
+        tasks.reconcile, "apply_async", lambda kwargs, countdown: asked.append(countdown)
+    )
+    # The last pass took 12 s; the one holding the lease began 2 s ago.
+    ReconcileRun.objects.create(started_at=timezone.now() - timedelta(seconds=60), seconds=12.0)
+    assert claim_lease("reconcile", "another-pass", 120, now=timezone.now() - timedelta(seconds=2))
+    tasks.reconcile(kicked_at=timezone.now().isoformat())
+    (wait,) = asked
+    assert 9.0 < wait <= 10.0
+    # A pass running longer than the last one took: asked again a second on, not at once.
+    ReconcileRun.objects.filter(pk=1).update(seconds=1.0)
+    tasks.reconcile(kicked_at=timezone.now().isoformat())
+    assert asked[1] == tasks.BUSY_RETRY_SECONDS
 
 
 def test_a_periodic_pass_waits_a_few_of_the_last_durations(fleet: Fleet) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -242,3 +243,17 @@ def test_past_its_room_the_node_gate_queues_briefly_then_answers_503_and_lets_th
     assert b"nodes_busy" in b"".join(m.get("body", b"") for m in answers)
     assert [m["status"] for m in answers if "status" in m] == [503, 503, 503]
     assert metrics().node_requests_shed._value.get() == shed + 3
+
+
+def test_the_node_gates_of_the_run_commands_gateway_leave_the_web_threads_for_people() -> None:
+    """Nodes' requests in flight to the web over all the gateway's processes stay below the
+    web's threads, with some to spare: people's requests (and the reconciler's reads of a model's
+    header from the mirror) otherwise wait in gunicorn's backlog behind thousands of nodes'."""
+    from llmgw_site.management.commands import llmgw_run
+
+    threads = llmgw_run.WEB_WORKERS * llmgw_run.WEB_THREADS
+    nodes = renewals.NODE_REQUESTS * llmgw_run.GATEWAY_WORKERS
+    assert nodes <= threads - 4, (nodes, threads)
+    command = llmgw_run.web_command(Path("/bin"), "127.0.0.1:1", timeout=30)
+    assert command[command.index("--threads") + 1] == str(llmgw_run.WEB_THREADS)
+    assert command[command.index("--workers") + 1] == str(llmgw_run.WEB_WORKERS)

@@ -118,6 +118,14 @@ def gateway_command(bin_dir: Path, host: str, port: int, *, workers: int) -> lis
     ]
 
 
+# The processes the run command starts: gunicorn's workers and threads, uvicorn's workers for the
+# gateway (whose node gate, gateway.renewals.NODE_REQUESTS a process, stays below the web's
+# threads: tests/gateway/test_renewals.py).
+WEB_WORKERS = 2
+WEB_THREADS = 8
+GATEWAY_WORKERS = 2
+
+
 def web_command(bin_dir: Path, bind: str, *, timeout: int) -> list[str]:
     """gunicorn serving the web process on `bind` (127.0.0.1 only: the gateway is its front).
 
@@ -128,9 +136,9 @@ def web_command(bin_dir: Path, bind: str, *, timeout: int) -> list[str]:
         "--bind",
         bind,
         "--workers",
-        "2",
+        str(WEB_WORKERS),
         "--threads",
-        "8",
+        str(WEB_THREADS),
         "--timeout",
         str(timeout),
         # Longer than clients keep idle connections (httpx: 5 s), so that a client never
@@ -222,7 +230,7 @@ class Command(BaseCommand):
         logs.mkdir(exist_ok=True)
         access_log = ["--access-logfile", str(logs / "web-access.log")]
         commands = {
-            "gateway": gateway_command(bin_dir, host, port, workers=2),
+            "gateway": gateway_command(bin_dir, host, port, workers=GATEWAY_WORKERS),
             "web": [
                 *web_command(bin_dir, web_bind, timeout=300),
                 *access_log,

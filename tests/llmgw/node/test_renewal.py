@@ -95,11 +95,10 @@ def test_it_renews_while_nothing_changes_and_reports_in_full_every_few_minutes(
     agent.heartbeat()
     assert sent.take() == ["heartbeat", "renew", "renew"]
     assert Node.objects.get().last_heartbeat > stored.last_heartbeat
-    # The whole report goes again once FULL_REPORT_SECONDS (give or take a quarter) have passed
-    # since the first.
+    # The whole report goes again between a quarter and a period and a quarter after the first.
     assert agent.full_due is not None
     left = agent.full_due - time.monotonic()
-    assert 0.75 * FULL_REPORT_SECONDS - 1 <= left <= 1.25 * FULL_REPORT_SECONDS
+    assert 0.25 * FULL_REPORT_SECONDS - 1 <= left <= 1.25 * FULL_REPORT_SECONDS
     # A report sent because something changed does not move the periodic one.
     due = agent.full_due
     agent.acked_digest = "0" * 64  # as if the report had changed since the last taken
@@ -117,7 +116,7 @@ def test_it_renews_while_nothing_changes_and_reports_in_full_every_few_minutes(
 def test_the_periodic_report_keeps_its_pace_and_never_catches_up() -> None:
     now = 1000.0
     first = next_full_report(None, now)
-    assert now + 0.75 * FULL_REPORT_SECONDS <= first <= now + 1.25 * FULL_REPORT_SECONDS
+    assert now + 0.25 * FULL_REPORT_SECONDS <= first <= now + 1.25 * FULL_REPORT_SECONDS
     # Taken a little late (the beat's own interval): the next is a period after it was due.
     second = next_full_report(first, first + 3)
     assert first + 0.75 * FULL_REPORT_SECONDS <= second <= first + 1.25 * FULL_REPORT_SECONDS
@@ -133,6 +132,22 @@ def test_the_whole_reports_period_differs_from_node_to_node() -> None:
     periods = [full_report_seconds() for _ in range(1000)]
     assert all(0.75 * FULL_REPORT_SECONDS <= p <= 1.25 * FULL_REPORT_SECONDS for p in periods)
     assert max(periods) - min(periods) > 0.4 * FULL_REPORT_SECONDS
+
+
+def test_nodes_started_together_spread_their_first_periodic_report_over_a_whole_period() -> None:
+    """5,000 nodes started within the same minute send their first periodic whole report at the
+    fleet's steady rate (a period's worth spread over a period), not in a wave a period later."""
+    firsts = sorted(next_full_report(None, 0.0) for _ in range(5000))
+    assert firsts[0] >= 0.25 * FULL_REPORT_SECONDS and firsts[-1] <= 1.25 * FULL_REPORT_SECONDS
+    assert firsts[-1] - firsts[0] > 0.9 * FULL_REPORT_SECONDS
+    # No minute holds much more than its share (5,000 nodes over 5 minutes: 1,000 a minute).
+    busiest = max(
+        sum(1 for f in firsts if start <= f < start + 60)
+        for start in range(
+            int(0.25 * FULL_REPORT_SECONDS), int(1.25 * FULL_REPORT_SECONDS) - 59, 10
+        )
+    )
+    assert busiest < 1.3 * 5000 * 60 / FULL_REPORT_SECONDS
 
 
 def test_new_orders_arrive_by_renewal_and_the_change_they_make_is_reported_at_once(
