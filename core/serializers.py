@@ -73,14 +73,15 @@ class TypedSerializer(serializers.Serializer):
 
 
 class FieldsOncePerThread(serializers.Serializer):
-    """An input whose fields (its nested serializers' included) are built once per thread and
-    kept, for the requests that come by the thousand (a node's report): DRF deep-copies every
-    declared field, nested ones and their validators, for each instance (a node's report
-    validated in 1.04 ms that way, 0.25 ms with its fields kept).
+    """An input or an output whose fields (its nested serializers' included) are built once per
+    thread and kept, for the requests that come by the thousand (a node's report and its
+    answer, a renewal): DRF deep-copies every declared field, nested ones and their validators,
+    for each instance (a node's report validated in 1.04 ms that way, 0.25 ms with its fields
+    kept; a renewal's answer spent 7 % of its CPU building its output's fields).
 
-    Safe only for an input whose validation keeps no state on its fields and reads no context:
-    the kept fields stay bound to a blank instance of the class, and one thread runs one
-    validation at a time."""
+    Safe only for a serializer whose validation or representation keeps no state on its fields
+    and reads no context: the kept fields stay bound to a blank instance of the class, and one
+    thread runs one validation or representation at a time."""
 
     _kept = threading.local()
 

@@ -197,7 +197,7 @@ GENERATION_HELP = (
 )
 
 
-class HeartbeatOut(serializers.Serializer):
+class HeartbeatOut(FieldsOncePerThread, serializers.Serializer):
     node = serializers.CharField()
     heartbeat_interval = serializers.IntegerField(
         help_text="seconds until the next heartbeat or renewal; grows with the fleet"
@@ -244,7 +244,7 @@ class HeartbeatAPI(APIView):
         return Response(out(HeartbeatOut, answer))
 
 
-class RenewInput(TypedSerializer):
+class RenewInput(FieldsOncePerThread, TypedSerializer):
     generation = serializers.IntegerField(
         min_value=0,
         allow_null=True,
@@ -257,7 +257,7 @@ class RenewInput(TypedSerializer):
     )
 
 
-class RenewOut(serializers.Serializer):
+class RenewOut(FieldsOncePerThread, serializers.Serializer):
     node = serializers.CharField()
     heartbeat_interval = serializers.IntegerField(
         help_text="seconds until the next heartbeat or renewal; grows with the fleet"

@@ -137,7 +137,8 @@ def node_cordon(*, actor: Actor, name: str, cordoned: bool) -> Node:
 
 
 def authenticate_node(token: str) -> Node | None:
-    return Node.objects.filter(token_hash=hash_token(token)).first()
+    # token_hash is unique: no ORDER BY to build (first() would add one), at every node request.
+    return next(iter(Node.objects.filter(token_hash=hash_token(token))[:1]), None)
 
 
 def replica_order(replica: Replica, node: Node | None = None) -> dict[str, Any]:
@@ -162,6 +163,17 @@ def replica_order(replica: Replica, node: Node | None = None) -> dict[str, Any]:
 
 
 REPORTED_STATES = {Replica.FETCHING, Replica.STARTING, Replica.READY, Replica.FAILED}
+# What a node's report changes of a replica (_update_replica).
+REPORTED_FIELDS = (
+    "state",
+    "message",
+    "port",
+    "weights_sha256",
+    "ready_at",
+    "state_changed_at",
+    "engine_metrics",
+    "engine_metrics_at",
+)
 
 
 def _untrusted(error: trust.Untrusted) -> Refused:
@@ -288,19 +300,13 @@ def node_heartbeat(
             if seen is not None and _update_replica(replica, seen, now, ports):
                 changed.append(replica)
                 settled = settled or replica.state in (Replica.READY, Replica.FAILED)
-        if changed:
-            Replica.objects.bulk_update(
-                changed,
-                [
-                    "state",
-                    "message",
-                    "port",
-                    "weights_sha256",
-                    "ready_at",
-                    "state_changed_at",
-                    "engine_metrics",
-                    "engine_metrics_at",
-                ],
+        for replica in changed:
+            # One UPDATE a replica rather than bulk_update's one: its CASE WHEN a row and a
+            # field cost more to build than the round trips save (a report of 4 replicas
+            # turning ready: 60 % of the report's CPU in the web, where 6 thousand of them
+            # come in within a minute when a model is placed over a large fleet).
+            Replica.objects.filter(pk=replica.pk).update(
+                **{field: getattr(replica, field) for field in REPORTED_FIELDS}
             )
         if gone:
             Replica.objects.filter(pk__in=gone).delete()
