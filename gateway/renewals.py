@@ -71,12 +71,13 @@ MAX_BODY = 4096
 # Nodes' requests one gateway process has on their way to the web at once (in flight, or waiting
 # for one of its WEB_CONNECTIONS); past it they queue (NODE_QUEUE), then are answered 503 with
 # Retry-After, their node renewed first (`NodeGate`). Fewer than the web has threads over all
-# the gateway's processes (the run command: 2 x 6 of gunicorn's 2 x 8), so that people's requests
-# (the console, the API, the reconciler reading a model's header from the mirror) find a thread
-# free: at 24 a process, the web's threads all held nodes' requests while thousands of nodes
-# reported, and each header read of a reconcile pass waited seconds in gunicorn's backlog
-# behind them (a pass placing 20,000 replicas began 10-20 s after the models were added).
-NODE_REQUESTS = 6
+# the gateway's processes (the run command: 2 x 12 of gunicorn's 2 x 16), so that people's
+# requests (the console, the API, the reconciler reading a model's header from the mirror) find
+# a thread free: at 24 a process and 2 x 8 threads, the web's threads all held nodes' requests
+# while thousands of nodes reported, and each header read of a reconcile pass waited seconds in
+# gunicorn's backlog behind them (a pass placing 20,000 replicas began 10-20 s after the models
+# were added).
+NODE_REQUESTS = 12
 # Past NODE_REQUESTS, up to NODE_QUEUE more nodes' requests a process wait for a place, in
 # arrival order, for at most QUEUE_SECONDS (well inside the agent's 10 s timeout: the web never
 # answers a request its node stopped waiting for); past either, 503 with Retry-After at once.

@@ -122,7 +122,7 @@ def gateway_command(bin_dir: Path, host: str, port: int, *, workers: int) -> lis
 # gateway (whose node gate, gateway.renewals.NODE_REQUESTS a process, stays below the web's
 # threads: tests/gateway/test_renewals.py).
 WEB_WORKERS = 2
-WEB_THREADS = 8
+WEB_THREADS = 16
 GATEWAY_WORKERS = 2
 
 
