@@ -36,12 +36,9 @@ def reconcile(kicked_at: str | None = None) -> None:
     if report.busy and when is not None and timezone.now() - when < BUSY_GIVE_UP and not eager:
         # Another pass holds the lease, and it may have started before this change committed
         # (a pass over thousands of replicas takes seconds): dropped, the change would wait for
-        # the periodic pass, DUTY_FACTOR times a long pass later. Asked again once it may be done;
-        # a pass that started after the change serves it then (reconcile_wanted).
-        # Asked again when the running pass is likely done (its last duration after it began),
-        # at least BUSY_RETRY_SECONDS on: during a placement over thousands of nodes, kicks
-        # every half second each asked again every second while a pass of tens of seconds ran,
-        # a third of the worker's time spent asking.
+        # the periodic pass, DUTY_FACTOR times a long pass later. Asked again when the running
+        # pass is likely done (BUSY_RETRY_SECONDS to BUSY_RETRY_MAX on); a pass that started
+        # after the change serves it then (reconcile_wanted).
         wait = max(BUSY_RETRY_SECONDS, min(running_pass_left(timezone.now()), BUSY_RETRY_MAX))
         reconcile.apply_async(kwargs={"kicked_at": kicked_at}, countdown=wait)
 
