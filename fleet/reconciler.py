@@ -27,6 +27,7 @@ from catalog.config import current_config
 from catalog.models import AuditEntry, Model
 from catalog.services import audit_entry
 from core.actor import SYSTEM
+from core.bulkinsert import insert_many
 from core.metrics import control_metrics
 
 from . import placement
@@ -528,7 +529,9 @@ def _apply(
             )
         )
     if new:
-        Replica.objects.bulk_create(new, batch_size=500)
+        # COPY on PostgreSQL: 20,000 new replicas took 2.5 s of this transaction with
+        # bulk_create's arrays, 0.45 s so (core.bulkinsert).
+        insert_many(Replica, new)
         run.report.started = [str(r.pk) for r in new]
     bump_generation({node_ids[s.node] for s in plan.starts} - losing)
     if run.audit:

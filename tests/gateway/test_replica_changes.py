@@ -17,6 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from catalog.models import Model
+from core.bulkinsert import insert_many
 from fleet.models import Replica
 from gateway import state as gateway_state
 from gateway import triggers
@@ -172,3 +173,31 @@ def test_a_running_gateway_holds_what_the_database_holds_through_inserts_updates
     Model.objects.filter(name="chat").delete()
     assert soon(lambda: "chat" not in held())
     assert state.get().full_at > first.full_at
+
+
+def test_replicas_the_reconciler_inserts_with_copy_reach_a_running_gateway_by_name(
+    front: GatewayServer, catalog: Catalog
+) -> None:
+    """The reconciler inserts new replicas with COPY (core.bulkinsert), which fires the row
+    triggers INSERT fires: each is named to the gateway."""
+    catalog.add("chat", min_replicas=0, max_replicas=50)
+    assert soon(lambda: state.get().catalog.entries.get("chat") is not None)
+    first = state.get()
+    model = Model.objects.get(name="chat")
+    rows = [
+        Replica(
+            model=model,
+            model_name="chat",
+            node=catalog.node,
+            profile="cpu",
+            spec={"adapters": []},
+            spec_key="k",
+            state=Replica.READY,
+            port=8100 + n,
+        )
+        for n in range(30)
+    ]
+    insert_many(Replica, rows)
+    assert soon(lambda: len(held().get("chat", ())) == 30)
+    assert held() == in_database()
+    assert state.get().full_at == first.full_at
