@@ -49,6 +49,8 @@ def insert_many(model: type[M], rows: Sequence[M], *, batch_size: int = 500) -> 
     if connection.vendor != "postgresql":
         model.objects.bulk_create(rows, batch_size=batch_size)  # type: ignore[attr-defined]
         return
+    if any(row.pk is None for row in rows):
+        raise ValueError(f"a new {model.__name__} has no primary key: use bulk_create")
     fields = [f for f in model._meta.concrete_fields]
     for f in fields:
         if getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False):
