@@ -65,14 +65,16 @@ def insert_many(model: type[M], rows: Sequence[M], *, batch_size: int = 500) -> 
     with connection.cursor() as cursor, cursor.cursor.copy(statement) as copy:
         for row in rows:
             copy.write_row([w(getattr(row, n)) for w, n in zip(writers, names, strict=True)])
+    for row in rows:  # saved, as bulk_create leaves them: a later save() updates the row
+        row._state.adding = False
+        row._state.db = connection.alias
 
 
 def _writer(field: models.Field[Any, Any]) -> Callable[[Any], Any]:
-    target = field.target_field if field.is_relation else field  # type: ignore[attr-defined]
-    kind = target.get_internal_type()
     if isinstance(field, models.JSONField):
         return _json_writer(field)
-    if kind in PLAIN:
+    target = field.target_field if field.is_relation else field  # type: ignore[attr-defined]
+    if target.get_internal_type() in PLAIN:
         return _as_is
     return lambda value: field.get_db_prep_save(value, connection)
 

@@ -529,9 +529,7 @@ def _apply(
             )
         )
     if new:
-        # COPY on PostgreSQL: 20,000 new replicas took 2.5 s of this transaction with
-        # bulk_create's arrays, 0.45 s so (core.bulkinsert).
-        insert_many(Replica, new)
+        insert_many(Replica, new)  # COPY on PostgreSQL: core.bulkinsert says why
         run.report.started = [str(r.pk) for r in new]
     bump_generation({node_ids[s.node] for s in plan.starts} - losing)
     if run.audit:

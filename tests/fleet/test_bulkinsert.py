@@ -71,6 +71,11 @@ def test_the_rows_inserted_are_the_rows_bulk_create_inserts(fleet: Any) -> None:
     assert len(_written([r.pk for r in copied])) == 12
     assert _written([r.pk for r in copied]) == _written([r.pk for r in created])
     assert Replica.objects.get(pk=copied[1].pk).message == AWKWARD
+    # Left as bulk_create leaves its rows: saved, so that a save() updates rather than inserts.
+    copied[0].message = "changed"
+    copied[0].save()
+    assert Replica.objects.get(pk=copied[0].pk).message == "changed"
+    assert [r._state.adding for r in copied] == [r._state.adding for r in created]
 
 
 def test_rows_needing_what_only_a_save_or_the_database_gives_are_refused() -> None:
