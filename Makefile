@@ -39,14 +39,19 @@ $(VENV)/bin/llama-server: | $(VENV)/.installed
 	LLMGW_ENGINE=$(if $(filter command line environment,$(origin LLMGW_ENGINE)),$(LLMGW_ENGINE),cpu) \
 		scripts/build-llama-server $(LLAMA_CPP_PYTHON) $(ENGINE_DIR) $(PY) $@
 
-# The whole suite on the database in DATABASE_URL (SQLite when unset), then the smoke part on
-# SQLite as well when the first run used another database.
+# The whole suite on the database in DATABASE_URL (SQLite when unset), on TEST_WORKERS processes
+# at once (pytest-xdist; most of a test's time is spent waiting on the processes it starts, so
+# more workers than cores), then, when the first run used another database, the SQLite part:
+# the tests marked `sqlite` (what differs on the embedded default), on SQLite as well. Each part
+# ends with its 25 slowest tests.
+TEST_WORKERS ?= 4
+PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup --durations=25
 test: $(VENV)/.installed $(VENV)/bin/llama-server
 	@scripts/system-deps git-lfs chromium
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_PARALLEL)
 	@if [ -n "$$DATABASE_URL" ] && [ "$${DATABASE_URL#sqlite}" = "$$DATABASE_URL" ]; then \
-		echo "== smoke tests on SQLite =="; \
-		env -u DATABASE_URL $(PY) -m pytest -m smoke -p no:cacheprovider; \
+		echo "== the SQLite part =="; \
+		env -u DATABASE_URL $(PY) -m pytest -m smoke -p no:cacheprovider $(PYTEST_PARALLEL); \
 	fi
 
 lint: setup
@@ -62,6 +67,7 @@ bench: setup
 	$(PY) bench/update_check.py
 	$(PY) bench/mirror_fetch.py
 	$(PY) bench/gateway.py --quick
+	$(PY) bench/validate.py
 	$(PY) bench/gateway_keys.py
 	$(PY) bench/gateway_frameworks.py
 	$(PY) bench/front_door.py

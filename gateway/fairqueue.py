@@ -67,15 +67,20 @@ Failure modes. A process that dies leaves its file behind; the others ignore it 
 when they see its pid gone (at most RESCAN_SECONDS later). Its waiters died with it, and what it
 had in flight, grants included, goes with its load file (gateway.load), so nothing stays
 counted. A process whose waiters have not written its heartbeat for STALE_SECONDS (hung, or its
-pid reused by another program) is not waited for. A reader can see an entry half written; at
-worst one grant goes out of order, never to nobody. No two processes hand out one slot, whenever
-their grace runs out: each finds the slot free and counts it under the grant lock. A process
-stopped while it holds the lock (descheduled, or paused in a debugger) delays the others' grants
-by as long; one that dies drops it with its file descriptors. A granted request whose block ends
-before its balancer chose gives its slot back then. The balancer's own choices (a retry, the
-queue turned off) are made without the lock, as they were before this module. A waiter keeps
-the candidates it was given: a replica withdrawn meanwhile is the proxy's to retry
-(gateway.proxy).
+pid reused by another program) is not waited for. Those seconds, and a grace, are counted in the
+judge's own beats, a gap between two counting PAUSE_SECONDS at most: when the machine stops for a
+second (a loaded host, a long garbage collection), or the judge does while it holds the grant
+lock that the others' dispatchers wait at, unable to beat, nobody is taken for hung for it. A
+process stopped alone still loses its turn after the grace, and its waiters are skipped after
+STALE_SECONDS: a slot does not idle for long for a hung process. A reader can see an entry half
+written; at worst one grant goes out of order, never to nobody. No two processes hand out one
+slot, whenever their grace runs out: each finds the slot free and counts it under the grant
+lock. A process stopped while it holds the lock (descheduled, or paused in a debugger) delays
+the others' grants by as long; one that dies drops it with its file descriptors. A granted
+request whose block ends before its balancer chose gives its slot back then. The balancer's own
+choices (a retry, the queue turned off) are made without the lock, as they were before this
+module. A waiter keeps the candidates it was given: a replica withdrawn meanwhile is the proxy's
+to retry (gateway.proxy).
 
 Only this machine's gateway processes are seen: each machine queues its own share, which the
 load balancer in front spreads evenly.
@@ -115,6 +120,10 @@ POLL_SECONDS = 0.01
 RESCAN_SECONDS = 1.0
 # A process whose waiters have not written its heartbeat for this long is not waited for.
 STALE_SECONDS = 1.0
+# Of a gap between two of a process's own beats, the most that counts towards another's
+# STALE_SECONDS or grace: its beats come every poll, a loaded loop's lag included; a longer gap
+# means it was not running (nor, perhaps, was the machine), and the others could not beat either.
+PAUSE_SECONDS = 0.1
 # Requests, waiting or in service, one process's file holds.
 ENTRIES = 8192
 # Models' queues a process keeps (one per model asked for); past this, the idle ones are dropped.
@@ -246,14 +255,20 @@ class _Board:
         self._spare: list[int] = []  # freed entries below the high water, reused first
         self._used = 0
         self._heartbeat = time.monotonic()
+        # The seconds this process has been running, as its beats tell (see beat): what the
+        # others' heartbeats and a grace are judged by.
+        self.awake = 0.0
         _HEADER.pack_into(self._buffer, 0, _MAGIC, self._heartbeat, 0)
         self._others: dict[int, mmap.mmap] = {}
+        # Per other board: the heartbeat last read there, and `awake` when it last changed.
+        self._heard: dict[int, tuple[float, float]] = {}
         self._scanned_at = -RESCAN_SECONDS
         self.granting = _GrantLock(folder / "grants.lock" if folder is not None else None)
 
     # writing (this process only)
 
     def beat(self, now: float) -> None:
+        self.awake += min(max(0.0, now - self._heartbeat), PAUSE_SECONDS)
         self._heartbeat = now
         _HEADER.pack_into(self._buffer, 0, _MAGIC, now, self._used)
 
@@ -315,8 +330,16 @@ class _Board:
         boards: list[tuple[int, Any, bool]] = [(self.pid, self._buffer, True)]
         for pid, buffer in self._others.items():
             magic, heartbeat, _ = _HEADER.unpack_from(buffer, 0)
-            if magic == _MAGIC:
-                boards.append((pid, buffer, now - heartbeat <= STALE_SECONDS))
+            if magic != _MAGIC:
+                continue
+            heard = self._heard.get(pid)
+            if heard is None:
+                # Read for the first time: as old as its clock says.
+                heard = (heartbeat, self.awake - max(0.0, now - heartbeat))
+            elif heard[0] != heartbeat:
+                heard = (heartbeat, self.awake)
+            self._heard[pid] = heard
+            boards.append((pid, buffer, self.awake - heard[1] <= STALE_SECONDS))
         return boards
 
     @staticmethod
@@ -385,6 +408,7 @@ class _Board:
                     self._others[pid] = opened
         for pid in [p for p in self._others if p not in seen]:
             self._others.pop(pid).close()
+            self._heard.pop(pid, None)
 
     def close(self) -> None:
         # What runs after this writes to memory of its own and reads nobody's.
@@ -392,6 +416,7 @@ class _Board:
         for buffer in self._others.values():
             buffer.close()
         self._others.clear()
+        self._heard.clear()
         self.granting.close()
         if self._map is not None:
             self._map.close()
@@ -510,6 +535,7 @@ class _ModelQueue:
     flows: dict[int, tuple[int, float]] = field(default_factory=dict)  # flow: (entries, finish)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    # When (the board's `awake`) a slot was first seen free for another process's first waiter.
     free_since: float | None = None
     # Seconds between two grants, smoothed: what a refusal's Retry-After is estimated from.
     grant_interval: float = 1.0
@@ -776,10 +802,10 @@ class FairQueue:
         first = self.board.others_first(q.hash, now)
         if first is None or (head.start, head.order, self.board.pid) < first:
             return True
-        # The first waiter is on another process: its turn, for GRACE_SECONDS.
+        # The first waiter is on another process: its turn, for GRACE_SECONDS of this one's.
         if q.free_since is None:
-            q.free_since = now
-        return now - q.free_since >= self.grace
+            q.free_since = self.board.awake
+        return self.board.awake - q.free_since >= self.grace
 
     def _first_that_fits(self, q: _ModelQueue, now: float) -> tuple[_Waiter, Candidate | None]:
         seen: dict[tuple[Candidate, ...], Candidate | None] = {}

@@ -1,16 +1,83 @@
 """Shared fixtures: a few named users (owner, teammate, outsider, staff) and API clients for each,
-and a redis-server of a test's own."""
+and a redis-server of a test's own; and the places each test process keeps to itself.
+
+The suite runs on several processes at once (pytest-xdist: `make test`). Each has a test database
+of its own (pytest-django names it after the worker), and, set here before any test runs:
+- a var folder of its own (LLMGW_VAR_DIR: the gateway's counters and queue files, the broker's
+  folders), in a temporary folder removed when the process ends, never the checkout's var/;
+- a Redis database of its own where REDIS_URL is set (its number plus the worker's, modulo 16):
+  the gateway's limit counters there are named after keys' ids, which every worker's database
+  numbers from 1.
+What a test starts (tests.support.system) inherits both through the environment.
+"""
 
 from __future__ import annotations
 
+import os
+import random
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import yaml
 
 from tests.support.redis_server import RedisServer
+
+REDIS_DATABASES = 16  # redis-server's default number of databases
+
+
+def worker_number() -> int | None:
+    """This process's number among pytest-xdist's workers (gw0 is 0), or None without xdist."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker.removeprefix("gw")) if worker.startswith("gw") else None
+
+
+def _redis_url_of_worker(url: str, number: int) -> str:
+    parts = urlsplit(url)
+    base = int(parts.path.strip("/") or 0)
+    return urlunsplit(parts._replace(path=f"/{(base + 1 + number) % REDIS_DATABASES}"))
+
+
+def _give_this_process_its_own_places() -> Path:
+    from django.conf import settings
+
+    var = Path(tempfile.mkdtemp(prefix="llmgw-test-var-"))
+    os.environ["LLMGW_VAR_DIR"] = str(var)
+    settings.VAR_DIR = var
+    options = getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {})
+    if "data_folder_in" in options:  # the broker kept in files (no REDIS_URL)
+        broker = var / "broker"
+        for sub in ("queue", "processed", "control"):
+            (broker / sub).mkdir(parents=True)
+        options.update(
+            data_folder_in=str(broker / "queue"),
+            data_folder_out=str(broker / "queue"),
+            processed_folder=str(broker / "processed"),
+            control_folder=str(broker / "control"),
+        )
+    number = worker_number()
+    if number is not None and os.environ.get("REDIS_URL"):
+        url = _redis_url_of_worker(os.environ["REDIS_URL"], number)
+        os.environ["REDIS_URL"] = url
+        settings.REDIS_URL = settings.CELERY_BROKER_URL = url
+    return var
+
+
+_VAR = _give_this_process_its_own_places()
+
+# The fault matrix draws its cells from a seed at collection (tests/test_fault_matrix.py); every
+# worker must draw the same ones, so the seed is drawn once, here in the process that starts
+# them (they inherit its environment), when LLMGW_FAULT_SEED does not give one.
+if worker_number() is None and not os.environ.get("LLMGW_FAULT_SEED", "").strip():
+    os.environ["LLMGW_FAULT_SEED"] = str(random.SystemRandom().randrange(1, 10**6))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(_VAR, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
@@ -84,3 +151,17 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that share a module-scoped fixture (a whole llmgw, an engine, a registry) are one
+    group for pytest-xdist (`--dist loadgroup`): one worker runs them all and starts what they
+    share once. (xdist hands out the groups before single tests, largest first.)"""
+    for item in items:
+        fixtures = getattr(item, "_fixtureinfo", None)
+        if fixtures is None or item.get_closest_marker("xdist_group"):
+            continue
+        scopes = {d.scope for defs in fixtures.name2fixturedefs.values() for d in defs}
+        if "module" in scopes:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))  # type: ignore[attr-defined]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -114,13 +113,19 @@ def test_publish_without_a_demo_registry_says_how_to_get_one(
 def test_the_run_command_stops_everything_it_started(tmp_path: Path) -> None:
     run = FirstRun(tmp_path)
     run.start()
-    time.sleep(1)
-    children = subprocess.run(
-        ["pgrep", "-P", str(run.process.pid if run.process else 0)],
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    assert len(children) >= 4, run.log()  # registry, web, worker, node
+
+    def started() -> list[str]:
+        return subprocess.run(
+            ["pgrep", "-P", str(run.process.pid if run.process else 0)],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+
+    children = wait_for(
+        lambda: len(pids := started()) >= 4 and pids,
+        timeout=30,
+        what=f"the run command's registry, web, worker and node (log: {run.log_path})",
+    )
     assert run.stop() == 0
     for pid in children:
         with pytest.raises(ProcessLookupError):

@@ -9,7 +9,6 @@ test-output/screenshots/update-*.png.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,17 +68,20 @@ def ready_replicas(system: System) -> list[dict[str, Any]]:
 def watch(page: Any, badge: Any, kind: str, name: str, timeout: float = 60) -> list[str]:
     """The states a rollout's badge shows until it is done; a screenshot of the first rolling one."""
     seen: list[str] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def finished() -> bool:
         text = badge.inner_text() if badge.count() else ""
         if text and (not seen or seen[-1] != text):
             seen.append(text)
             if text == f"{kind}: rolling":
                 shot(page, f"{name}-rolling-1280")
-        if text in (f"{kind}: done", f"{kind}: failed", f"{kind}: halted"):
-            return seen
-        time.sleep(0.2)
-    raise AssertionError(f"the {kind} did not finish in {timeout}s; the badge showed {seen}")
+        return text in (f"{kind}: done", f"{kind}: failed", f"{kind}: halted")
+
+    try:
+        wait_for(finished, timeout=timeout, interval=0.2, what=f"the {kind} to finish")
+    except AssertionError as unfinished:
+        raise AssertionError(f"{unfinished}; the badge showed {seen}") from None
+    return seen
 
 
 def test_serve_update_and_roll_back_in_the_browser(product: dict[str, Any], chromium: Any) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from fleet.models import Node, Replica, hash_token
 from gateway.limits import SharedCounters
 from tests.factories import definition
 from tests.gateway.fake_engine import FakeEngine, fake_engine
+from tests.support.waiting import wait_for
 
 
 def _refresher_reads_uncommitted(sender: Any, connection: Any, **kwargs: Any) -> None:
@@ -152,10 +152,7 @@ class GatewayServer:
         self.server = uvicorn.Server(uvicorn.Config(application, **settings))
         self.thread = threading.Thread(target=asyncio.run, args=(self._serve(),), daemon=True)
         self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.01)
+        wait_for(lambda: self.server.started, timeout=10, what="uvicorn to start")
         port = self.server.servers[0].sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
 

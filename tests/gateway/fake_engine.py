@@ -84,7 +84,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.close()
             return
         if self.engine.mode == "silent":
-            time.sleep(1.5)
+            time.sleep(1.5)  # time is what is tested: longer than the timeout the test sets
             return
         if self.engine.mode == "error":
             self._json(500, {"detail": "the engine fell over"})
@@ -137,7 +137,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "choices": [{"index": 0, "text": f"t{index}", "finish_reason": None}],
             }
             self._chunk(b"data: " + json.dumps(event).encode() + b"\r\n\r\n")
-            time.sleep(self.engine.delay)
+            time.sleep(self.engine.delay)  # paces the stream: a slow engine, as the test set it
         self._chunk(b"data: [DONE]\r\n\r\n")
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()

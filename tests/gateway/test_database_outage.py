@@ -23,6 +23,7 @@ from tests.gateway.fake_engine import FakeEngine
 from tests.support import postgres
 from tests.support.gateway_processes import chat_on_engine
 from tests.support.system import System, wait_for
+from tests.support.waiting import stays
 
 pytestmark = pytest.mark.skipif(not postgres.AVAILABLE, reason="needs PostgreSQL's initdb")
 
@@ -85,7 +86,7 @@ class Traffic:
                 self.answered += 1
             except Exception as exc:  # every failure is a finding: kept and shown
                 self.failed.append(f"{type(exc).__name__}: {exc}")
-            time.sleep(0.05)
+            time.sleep(0.05)  # paces the load generator: twenty requests a second
 
     def __enter__(self) -> Traffic:
         self._thread.start()
@@ -131,7 +132,11 @@ def test_the_gateway_answers_through_a_database_outage(
         log = system.logs["gateway"]
 
         with Traffic(system.url, secret) as traffic:
-            time.sleep(2)
+            wait_for(
+                lambda: traffic.answered >= 10 or traffic.failed,
+                timeout=30,
+                what="ten answers before the outage",
+            )
             server.stop()
             stopped_at = time.monotonic()
             wait_for(
@@ -140,7 +145,17 @@ def test_the_gateway_answers_through_a_database_outage(
                 what="the gateway to see the database gone",
             )
             answered_before_outage = traffic.answered
-            time.sleep(max(0.0, OUTAGE_SECONDS - (time.monotonic() - stopped_at)))
+            # Time is what is tested: the outage lasts OUTAGE_SECONDS, every request answered
+            # (the first failure ends the test, with what failed).
+            try:
+                stays(
+                    lambda: not traffic.failed,
+                    seconds=max(0.0, OUTAGE_SECONDS - (time.monotonic() - stopped_at)),
+                    interval=0.1,
+                    what="every request answered while the database is away",
+                )
+            except AssertionError as stopped:
+                raise AssertionError(f"{stopped}: {traffic.failed[:5]}") from None
             answered_in_outage = traffic.answered - answered_before_outage
             server.start()
             wait_for(
@@ -148,7 +163,11 @@ def test_the_gateway_answers_through_a_database_outage(
                 timeout=30,
                 what="the gateway to see the database back",
             )
-            time.sleep(1)
+            wait_for(
+                lambda: log.read_text().count("the database is back") >= 2,
+                timeout=30,
+                what="both gateway processes to log the database back",
+            )
 
         print(
             f"database outage of {OUTAGE_SECONDS} s: {traffic.answered} answered in all, "

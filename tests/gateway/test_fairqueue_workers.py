@@ -32,8 +32,10 @@ from typing import Any
 import pytest
 import requests
 
+from gateway.fairqueue import waiting_on_machine
 from tests.support.gateway_processes import chat_on_engine
-from tests.support.system import System, free_port, wait_for
+from tests.support.system import System, free_port
+from tests.support.waiting import wait_for
 
 MODEL = "chat"
 ANSWER_SECONDS = 0.3  # the engine's time for one answer, in its one slot
@@ -45,7 +47,6 @@ UNFAIR_TURNS = 2  # and with the fair queue off (each waits about 4 s)
 # queued in the engine (about 13 answers).
 FAIR_BOUND = 3 * ANSWER_SECONDS
 UNFAIR_AT_LEAST = 6 * ANSWER_SECONDS
-SETTLE_SECONDS = 1.0  # for the flood to fill the queue before the victim measures
 
 # The flood's and the victim's keys, after chat_on_engine's script (alice's `actor`).
 _KEYS = """
@@ -59,10 +60,12 @@ print("KEYS", key_create(actor=actor, name="flood")[1], key_create(actor=actor, 
 @dataclass
 class OneSlotEngine:
     """One answer at a time, ANSWER_SECONDS each; the rest wait first come, first served (an
-    asyncio.Semaphore wakes its waiters in order). Notes who was answered when. Told to
-    `hurry`, it answers what it holds at once (the test is done measuring, not waiting)."""
+    asyncio.Semaphore wakes its waiters in order). Notes who was answered when, and how many
+    requests it holds (answering or waiting for its slot). Told to `hurry`, it answers what it
+    holds at once (the test is done measuring, not waiting)."""
 
     answers: list[tuple[str, float, float]] = field(default_factory=list)  # prompt, began, ended
+    holding: int = 0
     hurried: bool = False
     _slot: asyncio.Semaphore | None = None
 
@@ -78,11 +81,18 @@ class OneSlotEngine:
         prompt = json.loads(raw or b"{}").get("prompt", "")
         if self._slot is None:
             self._slot = asyncio.Semaphore(1)
-        async with self._slot:
-            began = time.monotonic()
-            while not self.hurried and time.monotonic() < began + ANSWER_SECONDS:
-                await asyncio.sleep(min(0.01, began + ANSWER_SECONDS - time.monotonic()))
-            self.answers.append((prompt, began, time.monotonic()))
+        self.holding += 1
+        try:
+            async with self._slot:
+                began = time.monotonic()
+                while not self.hurried and time.monotonic() < began + ANSWER_SECONDS:
+                    # The answer's time (what the victim's wait is measured against), in steps
+                    # short enough to see `hurried`.
+                    left = began + ANSWER_SECONDS - time.monotonic()
+                    await asyncio.sleep(min(0.01, left))  # paces the answer: time is tested
+                self.answers.append((prompt, began, time.monotonic()))
+        finally:
+            self.holding -= 1
         body = json.dumps(
             {
                 "id": "cmpl-1",
@@ -275,7 +285,14 @@ def test_a_victim_is_served_within_two_answers_while_a_flood_fills_the_other_wor
 
         flood = Flood(flood_connections)
         flood.start()
-        time.sleep(SETTLE_SECONDS)
+        # The flood fills the queue before the victim measures: one request in the slot, the
+        # rest waiting in the gateway.
+        queue_folder = tmp_path / "var-on" / "gateway-queue"
+        wait_for(
+            lambda: waiting_on_machine(queue_folder, [MODEL])[MODEL] == FLOOD - 1,
+            timeout=30,
+            what=f"{FLOOD - 1} flood requests waiting in the gateway's queue",
+        )
         opened = time.monotonic()
         latencies: dict[str, list[float]] = {"the other worker": [], "the flood's worker": []}
         for turn in range(VICTIM_TURNS):
@@ -314,7 +331,12 @@ def test_a_victim_is_served_within_two_answers_while_a_flood_fills_the_other_wor
         flood = Flood([Connection(ports["off"], flood_key) for _ in range(FLOOD)])
         victim = Connection(ports["off"], victim_key)
         flood.start()
-        time.sleep(SETTLE_SECONDS)
+        # Without the fair queue the whole flood waits in the engine's own queue.
+        wait_for(
+            lambda: fake.holding == FLOOD,
+            timeout=30,
+            what=f"{FLOOD} flood requests held by the engine",
+        )
         unfair = [victim.ask(f"unfair-{turn}")[1] for turn in range(UNFAIR_TURNS)]
         fake.hurried = True
         flood.finish()
@@ -355,9 +377,14 @@ def start_gateways(system: System, tmp_path: Path, secret: str) -> dict[str, int
                 ).ok
             ),
             timeout=60,
+            interval=0.1,  # a look is an HTTP request to the gateway starting
             what=f"the gateway with the fair queue {mode} (log: {system.logs[f'gateway-{mode}']})",
         )
         # Each worker's queue is there once it has started.
         queues = tmp_path / f"var-{mode}" / "gateway-queue"
-        wait_for(lambda queues=queues: len(list(queues.glob("queue-*"))) == 2, timeout=30)
+        wait_for(
+            lambda queues=queues: len(list(queues.glob("queue-*"))) == 2,
+            timeout=30,
+            what=f"both workers' queue files in {queues}",
+        )
     return ports

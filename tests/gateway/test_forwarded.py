@@ -4,12 +4,12 @@ gateway passes on no client's word on who it is."""
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
 
 from gateway.forwarded import client_address_from_gateway
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.smoke
 
@@ -192,9 +192,11 @@ def test_bodies_held_for_the_web_have_a_budget(
             sock = socket.create_connection((host, int(port)))
             sock.sendall(b"POST /login/ HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\nab")
             held.append(sock)
-        deadline = time.monotonic() + 5
-        while budget.held < 2 * 1024 * 1024 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(
+            lambda: budget.held >= 2 * 1024 * 1024,
+            timeout=5,
+            what="the two unfinished uploads' 2 MiB held",
+        )
         assert budget.held == 2 * 1024 * 1024
         response = requests.post(f"{gateway_server.url}/login/", data=b"x" * 100, timeout=10)
         assert response.status_code == 503
@@ -203,10 +205,9 @@ def test_bodies_held_for_the_web_have_a_budget(
     finally:
         for sock in held:
             sock.close()
-    deadline = time.monotonic() + 5
-    while budget.held and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert budget.held == 0
+    wait_for(
+        lambda: budget.held == 0, timeout=5, what="the uploads' memory given back once they closed"
+    )
     response = requests.post(f"{gateway_server.url}/login/", data=b"x" * 100, timeout=10)
     assert response.status_code == 200
 

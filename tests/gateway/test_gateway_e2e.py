@@ -21,6 +21,7 @@ from llmgw.engine import find_engine
 from llmgw.tinygguf import EOS_ID, write_lora_adapter, write_tiny_model
 from tests.support.http_files import serve_directory
 from tests.support.system import System, wait_for
+from tests.support.waiting import stays
 
 pytestmark = [
     pytest.mark.engine,
@@ -233,8 +234,13 @@ def test_an_on_demand_model_wakes_on_its_first_request_and_sleeps_when_idle(
     woke_in = time.monotonic() - started
     assert raw.headers["X-LLMGW-Model"] == "lazy" and raw.parse().model == "lazy"
     assert [r["routable"] for r in target(system, "lazy")["replicas"]] == [True]
-    for _ in range(3):  # while it is used, it stays
-        time.sleep(2)
+    for _ in range(3):  # while it is used, it stays: time is what is tested
+        stays(
+            lambda: [r["routable"] for r in target(system, "lazy")["replicas"]] == [True],
+            seconds=2,
+            interval=0.5,
+            what="lazy's one replica, in use, ready",
+        )
         chat(client, "lazy")
     print(f"lazy woke in {woke_in:.1f}s")
     # Idle for 10s: withdrawn, drained, stopped.
@@ -288,9 +294,12 @@ def test_a_client_that_hangs_up_mid_stream_stops_the_engine_within_a_second(
     assert generating()
     gateway.close()  # the client hangs up
     hung_up = time.monotonic()
-    while generating():
-        assert time.monotonic() - hung_up < 1.0, "the engine was still generating after 1 s"
-        time.sleep(0.02)
+    wait_for(
+        lambda: not generating(),
+        timeout=1.0,
+        interval=0.02,
+        what="the engine to stop generating once the client hung up",
+    )
     print(f"the engine stopped {time.monotonic() - hung_up:.3f}s after the client hung up")
 
 
@@ -305,13 +314,19 @@ def test_a_fallback_answers_when_the_model_is_scaled_to_zero(system: System, cli
     # The gateway learns of the withdrawal from the database's change notification: within a
     # poll (50 ms on SQLite; at once on PostgreSQL), well inside the replica's drain, during which
     # a request still sent to it is answered.
-    withdrawn = time.monotonic()
-    raw = chat(client, "big")
-    while raw.headers["X-LLMGW-Model"] != "chat" and time.monotonic() - withdrawn < 1.0:
-        time.sleep(0.05)
-        raw = chat(client, "big")
-    assert raw.headers["X-LLMGW-Model"] == "chat"
-    assert raw.parse().model == "chat"
+    answers: list[Any] = []
+
+    def answered_by_the_fallback() -> bool:
+        answers.append(chat(client, "big"))
+        return answers[-1].headers["X-LLMGW-Model"] == "chat"
+
+    wait_for(
+        answered_by_the_fallback,
+        timeout=1.0,
+        interval=0.05,
+        what="a request for big answered by its fallback, chat",
+    )
+    assert answers[-1].parse().model == "chat"
 
 
 def test_a_rolling_restart_under_load_fails_no_request(system: System, client: Any) -> None:
@@ -348,7 +363,12 @@ def test_a_rolling_restart_under_load_fails_no_request(system: System, client: A
     for thread in threads:
         thread.start()
     try:
-        time.sleep(1)
+        wait_for(
+            lambda: outcomes["ok"] >= 10 or outcomes["failed"],
+            timeout=60,
+            interval=0.05,
+            what="the load under way (ten answers) before the restart",
+        )
         system.api("POST", "models/chat/restart")
 
         def replaced_and_old_ones_stopped() -> bool:
@@ -358,7 +378,13 @@ def test_a_rolling_restart_under_load_fails_no_request(system: System, client: A
             return len(ready) == 2 and not ids & before
 
         wait_for(replaced_and_old_ones_stopped, timeout=90, interval=0.5, what="the restart")
-        time.sleep(1)
+        restarted = outcomes["ok"]
+        wait_for(
+            lambda: outcomes["ok"] >= restarted + 10 or outcomes["failed"],
+            timeout=60,
+            interval=0.05,
+            what="ten answers from the new replicas alone",
+        )
     finally:
         stop.set()
         for thread in threads:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -17,6 +16,7 @@ from core.refusals import Refused
 from gateway.models import GatewayKey, hash_key
 from gateway.services import key_create, key_revoke, team_add
 from tests.gateway.conftest import Gateway
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.smoke
 
@@ -111,21 +111,23 @@ def test_two_creates_at_once_cannot_both_pass_the_limit(
     outcomes: list[str] = []
 
     def create(n: int) -> None:
+        def outcome() -> str | None:
+            try:
+                key_create(actor=Actor.for_user(users["alice"], "api"), name=f"racer {n}")
+            except Refused as exc:
+                return exc.code
+            except OperationalError as exc:
+                # SQLite's in-memory test database says "table is locked" at once where a
+                # database file waits its timeout for the other writer: look again instead.
+                assert "locked" in str(exc)
+                return None
+            return "created"
+
         start.wait()
         try:
-            for _ in range(200):
-                try:
-                    key_create(actor=Actor.for_user(users["alice"], "api"), name=f"racer {n}")
-                    outcomes.append("created")
-                    return
-                except Refused as exc:
-                    outcomes.append(exc.code)
-                    return
-                except OperationalError as exc:
-                    # SQLite's in-memory test database says "table is locked" at once where a
-                    # database file waits its timeout for the other writer: wait here instead.
-                    assert "locked" in str(exc)
-                    time.sleep(0.01)
+            outcomes.append(
+                wait_for(outcome, timeout=10, what=f"racer {n} created or refused", not_yet=())
+            )
         finally:
             connection.close()
 

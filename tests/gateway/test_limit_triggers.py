@@ -4,7 +4,6 @@ it: here a plain UPDATE, as the admin or a shell makes one."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -19,9 +18,11 @@ from gateway.models import GatewayKey, LimitFields, Team, hash_key
 from gateway.services import key_create
 from gateway.state import state
 from tests.gateway.conftest import GatewayServer
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.smoke
 
+# How soon a change reaches the running process: what these tests allow it.
 WITHIN = 1.0
 
 
@@ -33,15 +34,6 @@ def front(transactional_db: Any, monkeypatch: Any) -> Iterator[GatewayServer]:
     running = GatewayServer(lifespan=True)
     yield running
     running.stop()
-
-
-def soon(check: Callable[[], bool]) -> bool:
-    started = time.monotonic()
-    while time.monotonic() - started < WITHIN:
-        if check():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def held(secret: str) -> Any:
@@ -66,7 +58,11 @@ def test_a_change_of_a_keys_limits_team_or_expiry_reaches_the_gateway(
 ) -> None:
     team = Team.objects.create(name="research")
     key, secret = key_create(actor=Actor.for_user(users["alice"], "api"), name="app")
-    assert soon(lambda: state.get().keys.get(hash_key(secret)) is not None)
+    wait_for(
+        lambda: state.get().keys.get(hash_key(secret)) is not None,
+        timeout=WITHIN,
+        what="the new key held by the gateway",
+    )
     assert held(secret) is None  # a key without limits costs the gateway nothing more
 
     expires = timezone.now() + timedelta(days=3)
@@ -85,8 +81,10 @@ def test_a_change_of_a_keys_limits_team_or_expiry_reaches_the_gateway(
         stamped = GatewayKey.objects.get(pk=key.pk).changed_at
         GatewayKey.objects.filter(pk=key.pk).update(**{field: value})
         assert GatewayKey.objects.get(pk=key.pk).changed_at > stamped, field
-        assert soon(lambda arrived=arrived: held(secret) is not None and arrived(held(secret))), (
-            f"{field} did not reach the gateway within {WITHIN}s"
+        wait_for(
+            lambda arrived=arrived: held(secret) is not None and arrived(held(secret)),
+            timeout=WITHIN,
+            what=f"the key's {field} to reach the gateway",
         )
 
     # Lifted again, the key goes back to costing nothing.
@@ -101,14 +99,16 @@ def test_a_change_of_a_keys_limits_team_or_expiry_reaches_the_gateway(
         team=None,
         expires_at=None,
     )
-    assert soon(lambda: held(secret) is None)
+    wait_for(
+        lambda: held(secret) is None, timeout=WITHIN, what="the key's limits lifted in the gateway"
+    )
 
 
 def test_a_change_of_a_team_or_its_members_reaches_the_gateway(
     front: GatewayServer, users: dict[str, Any]
 ) -> None:
     team = Team.objects.create(name="research")
-    assert soon(lambda: team.pk in state.get().teams)
+    wait_for(lambda: team.pk in state.get().teams, timeout=WITHIN, what="the new team held")
     for field, value in [
         ("rpm", 50),
         ("tpm", 9000),
@@ -118,11 +118,17 @@ def test_a_change_of_a_team_or_its_members_reaches_the_gateway(
         ("weight", 2.5),
     ]:
         Team.objects.filter(pk=team.pk).update(**{field: value})
-        assert soon(
-            lambda field=field, value=value: getattr(state.get().teams[team.pk], field) == value
-        ), f"a team's {field} did not reach the gateway within {WITHIN}s"
+        wait_for(
+            lambda field=field, value=value: getattr(state.get().teams[team.pk], field) == value,
+            timeout=WITHIN,
+            what=f"a team's {field} to reach the gateway",
+        )
     Team.objects.filter(pk=team.pk).update(models=["a*", "b"])
-    assert soon(lambda: state.get().teams[team.pk].models == ("a*", "b"))
+    wait_for(
+        lambda: state.get().teams[team.pk].models == ("a*", "b"),
+        timeout=WITHIN,
+        what="a team's models to reach the gateway",
+    )
 
     # Members: the process reads again (a new snapshot) on each change of the members table.
     for change in (
@@ -131,7 +137,11 @@ def test_a_change_of_a_team_or_its_members_reaches_the_gateway(
     ):
         before = state.get()
         change()
-        assert soon(lambda before=before: state.get() is not before)
+        wait_for(
+            lambda before=before: state.get() is not before,
+            timeout=WITHIN,
+            what="the gateway to read again after a change of the team's members",
+        )
 
     Team.objects.filter(pk=team.pk).delete()
-    assert soon(lambda: team.pk not in state.get().teams)
+    wait_for(lambda: team.pk not in state.get().teams, timeout=WITHIN, what="the deleted team gone")

@@ -15,6 +15,7 @@ from gateway import limits
 from gateway.limits import Limits, SharedCounters, limits_of
 from gateway.models import GatewayKey, KeyUsageDay, Team, hash_key
 from tests.gateway.fake_engine import FakeEngine
+from tests.support.waiting import wait_for
 
 ASK = {"model": "chat", "prompt": "hi"}  # the fake engine answers it with 3 + 5 tokens
 
@@ -155,7 +156,7 @@ def test_requests_in_flight_are_limited_and_given_back_when_the_answer_ends(
     )
     assert refused.headers["Retry-After"] == "1"
     assert b"[DONE]" in b"".join(streaming.iter_content(chunk_size=None))
-    _wait_until(lambda: in_flight(limit_counters, key) == 0)
+    given_back(limit_counters, key)
     assert gw.post("/v1/completions", ASK).status_code == 200
 
 
@@ -187,17 +188,19 @@ def test_in_flight_is_given_back_however_the_request_ends(
     else:
         catalog.add("idle")
         assert gw.post("/v1/completions", {**ASK, "model": "idle"}).status_code == 503
-    _wait_until(lambda: in_flight(limit_counters, key) == 0)
+    given_back(limit_counters, key)
     chat.mode = "ok"
     chat.delay = 0
     assert gw.post("/v1/completions", ASK).status_code == 200
 
 
-def _wait_until(condition: Any, seconds: float = 5.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "the in-flight count was not given back"
-        time.sleep(0.02)
+def given_back(counters: SharedCounters, key: GatewayKey) -> None:
+    """Waits for the key's in-flight count to be given back (it is once the request ends)."""
+    wait_for(
+        lambda: in_flight(counters, key) == 0,
+        timeout=5,
+        what="the key's in-flight count given back",
+    )
 
 
 # -- budgets ----------------------------------------------------------------------------------

@@ -157,7 +157,15 @@ def test_with_redis_down_each_machine_counts_alone_and_comes_back(
         assert [isinstance(d, limits.Admission) for d in alone] == [True, True, True, False]
         assert len(errors) >= 1  # counted (llmgw_gateway_limits_redis_errors_total)
         redis_server.start()  # empty: what it counted is gone with it
-        time.sleep(0.6)
+        # Once its pause after a failure (DOWN_SECONDS) is over, machine one counts in Redis
+        # again: a probe of no limits (another ident, k1's counts untouched) is counted there.
+        assert one.remote is not None
+        remote = one.remote
+        wait_for(
+            lambda: remote.admit([("probe", None, None, None)], 0) is not None,
+            timeout=redislimits.DOWN_SECONDS + 1,
+            what="machine one counting in Redis again",
+        )
         back = one.admit(1, limited, None, no_budgets())
         assert isinstance(back, limits.Admission)
         assert one.remote is not None and one.remote.admit([("k1", None, 4, None)], 0)

@@ -12,6 +12,7 @@ import pytest
 
 from gateway import protocol
 from tests.gateway.rawhttp import closed, connect, exchange, read_answer
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.smoke
 
@@ -116,7 +117,12 @@ def test_connections_past_the_limit_are_closed_unread(gateway_server: Any, limit
     finally:
         for sock in held:
             sock.close()
-    time.sleep(0.2)  # the server notices the closes
+    connections = gateway_server.server.server_state.connections
+    wait_for(
+        lambda: len(connections) < 16,
+        timeout=10,
+        what="the server to notice the closes (room under its 16 connections)",
+    )
     status, _ = exchange(gateway_server.url, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
     assert status == 401
 

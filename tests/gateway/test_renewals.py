@@ -17,6 +17,7 @@ from gateway import renewals
 from gateway.renewals import NodeRow, NodeTable, held_row
 from llmgw import bearer
 from tests.support.fleet import Fleet
+from tests.support.waiting import wait_for_async
 
 TOKEN = "llmgw-node-abc"
 DIGEST = "d" * 64
@@ -203,18 +204,20 @@ def test_past_its_room_the_node_gate_queues_briefly_then_answers_503_and_lets_th
             )
 
         a, b = through("a"), through("b")
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # yield to the loop
         assert gate.held == 2 and reached == ["a", "b"]
         c = through("c")
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # yield to the loop
         assert gate.queued == 1 and "c" not in reached  # waits for a place
         await through("d")  # the queue is full: told to come back at once
         stranger = through("x", token="no-node-of-ours")
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # yield to the loop
         assert "x" in reached and gate.held == 2  # beside the gate, not in it
         done["a"].set()
         await a
-        await asyncio.sleep(0.05)  # the handed place wakes c's wait
+        await wait_for_async(
+            lambda: reached[-1] == "c", timeout=5, what="c let in to the place a handed on"
+        )
         assert reached[-1] == "c" and gate.held == 2 and gate.queued == 0  # a's place, handed on
         await through("c")  # the same node, while its first request is in: told to come back
         started = time.monotonic()
@@ -222,12 +225,12 @@ def test_past_its_room_the_node_gate_queues_briefly_then_answers_503_and_lets_th
         assert 0.25 < time.monotonic() - started < 2
         # A client that goes away while it waits leaves neither a place nor its turn behind.
         f = through("f")
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # yield to the loop
         f.cancel()
         await asyncio.gather(f, return_exceptions=True)
         assert gate.queued == 0 and gate.nodes == {2, 3}
         g = through("g")
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # yield to the loop
         for name in "bcgx":
             done[name].set()
         await asyncio.gather(b, c, g, stranger)

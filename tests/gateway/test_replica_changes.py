@@ -8,7 +8,7 @@ busy for the whole placement (measured by bench/fleet.py at 5,000 nodes)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,34 +24,25 @@ from gateway import triggers
 from gateway.routing import read_replicas
 from gateway.state import MAX_NAMED, Changes, GatewayState, Snapshot, refresh_replicas, state
 from tests.gateway.conftest import Catalog, GatewayServer
+from tests.support.waiting import wait_for
 
+# How soon a change reaches the running process: what these tests allow it.
 WITHIN = 2.0
-QUIET = 0.5
-
-
-def soon(check: Callable[[], bool], within: float = WITHIN) -> bool:
-    started = time.monotonic()
-    while time.monotonic() - started < within:
-        if check():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def settled() -> Snapshot:
-    """The process's state once no whole read has followed another for QUIET seconds: the
-    model a test adds may be read whole more than once (a CI run caught a second whole read
-    21 ms after the one that first showed it), and a test that counts on no whole read after
-    its own change must begin after them."""
-    last = state.get().full_at
-    deadline = time.monotonic() + 10 * QUIET
-    while time.monotonic() < deadline:
-        time.sleep(QUIET)
-        now = state.get()
-        if now.full_at == last:
-            return now
-        last = now.full_at
-    raise AssertionError("the gateway kept reading everything again")
+    """The process's state once it has read every change committed until now: the model a
+    test adds may be read whole more than once (a CI run caught a second whole read 21 ms after
+    the one that first showed it), and a test that counts on no whole read after its own change
+    must begin after them. A look that began after a commit has taken its notification
+    (gateway.state.GatewayState.looked_since)."""
+    now = time.monotonic()
+    wait_for(
+        lambda: state.looked_since(now),
+        timeout=10,
+        what="the gateway's refresher to take every change committed so far",
+    )
+    return state.get()
 
 
 def held() -> dict[str, set[tuple[str, str, int]]]:
@@ -173,22 +164,34 @@ def test_a_running_gateway_holds_what_the_database_holds_through_inserts_updates
     front: GatewayServer, catalog: Catalog
 ) -> None:
     catalog.add("chat", min_replicas=0, max_replicas=50)
-    assert soon(lambda: state.get().catalog.entries.get("chat") is not None)
+    wait_for(
+        lambda: state.get().catalog.entries.get("chat") is not None,
+        timeout=WITHIN,
+        what="chat in the catalog",
+    )
     first = settled()
     made = [catalog.replica("chat", 8000 + n, state=Replica.STARTING) for n in range(20)]
-    assert soon(lambda: len(held().get("chat", ())) == 20)
+    wait_for(
+        lambda: len(held().get("chat", ())) == 20, timeout=WITHIN, what="the 20 new replicas held"
+    )
     Replica.objects.filter(pk__in=[r.pk for r in made[:10]]).update(state=Replica.READY)
     Replica.objects.filter(pk=made[10].pk).update(state=Replica.FAILED)
     Replica.objects.filter(pk=made[11].pk).delete()
     Replica.objects.filter(pk=made[12].pk).update(withdrawn_at=timezone.now())
-    assert soon(lambda: held() == in_database())
+    wait_for(
+        lambda: held() == in_database(),
+        timeout=WITHIN,
+        what="the replicas held as the database holds them",
+    )
     ready = {c.id for c in state.get().replicas["chat"] if c.state == Replica.READY}
     assert ready == {str(r.pk) for r in made[:10]} and len(held()["chat"]) == 17
     # All of it by name: the catalog was never read again after the first read.
     assert state.get().full_at == first.full_at
     # A model's change is read whole: its replicas go with it.
     Model.objects.filter(name="chat").delete()
-    assert soon(lambda: "chat" not in held())
+    wait_for(
+        lambda: "chat" not in held(), timeout=WITHIN, what="chat's replicas gone with the model"
+    )
     assert state.get().full_at > first.full_at
 
 
@@ -198,7 +201,11 @@ def test_replicas_the_reconciler_inserts_with_copy_reach_a_running_gateway_by_na
     """The reconciler inserts new replicas with COPY (core.bulkinsert), which fires the row
     triggers INSERT fires: each is named to the gateway."""
     catalog.add("chat", min_replicas=0, max_replicas=50)
-    assert soon(lambda: state.get().catalog.entries.get("chat") is not None)
+    wait_for(
+        lambda: state.get().catalog.entries.get("chat") is not None,
+        timeout=WITHIN,
+        what="chat in the catalog",
+    )
     first = settled()
     model = Model.objects.get(name="chat")
     rows = [
@@ -215,6 +222,10 @@ def test_replicas_the_reconciler_inserts_with_copy_reach_a_running_gateway_by_na
         for n in range(30)
     ]
     insert_many(Replica, rows)
-    assert soon(lambda: len(held().get("chat", ())) == 30)
+    wait_for(
+        lambda: len(held().get("chat", ())) == 30,
+        timeout=WITHIN,
+        what="the 30 copied replicas held",
+    )
     assert held() == in_database()
     assert state.get().full_at == first.full_at

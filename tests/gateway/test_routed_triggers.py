@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,9 +24,11 @@ from gateway.models import Team
 from gateway.routing import read_catalog, read_replicas
 from gateway.state import _unplaceable, read_teams, state
 from tests.gateway.conftest import Catalog, GatewayServer
+from tests.support.waiting import stays, wait_for
 
 pytestmark = pytest.mark.smoke
 
+# How soon a change reaches the running process: what these tests allow it.
 WITHIN = 1.0
 
 
@@ -40,13 +42,15 @@ def front(transactional_db: Any, monkeypatch: Any) -> Iterator[GatewayServer]:
     running.stop()
 
 
-def soon(check: Callable[[], bool], within: float = WITHIN) -> bool:
-    started = time.monotonic()
-    while time.monotonic() - started < within:
-        if check():
-            return True
-        time.sleep(0.02)
-    return False
+def all_read() -> None:
+    """Waits for the running process to have read every change committed until now: a look
+    that began after a commit has taken its notification (GatewayState.looked_since)."""
+    now = time.monotonic()
+    wait_for(
+        lambda: state.looked_since(now),
+        timeout=10,
+        what="the gateway's refresher to take every change committed so far",
+    )
 
 
 @pytest.fixture
@@ -161,20 +165,26 @@ def test_the_reads_select_and_filter_by_nothing_the_triggers_do_not_watch(
 def test_a_change_of_every_routed_field_reaches_the_gateway(
     front: GatewayServer, rows: dict[type[models.Model], Any]
 ) -> None:
-    assert soon(lambda: "chat" in state.get().replicas)  # what the rows' writes notified is read
+    wait_for(
+        lambda: "chat" in state.get().replicas,
+        timeout=WITHIN,
+        what="the rows' writes read (chat's replica held)",
+    )
     changed = []
     for table in routed.routed():
         for name in table.fields:
             row = table.model._default_manager.get(pk=rows[table.model].pk)
             for model, field in routed.field_path(table.model, name):
                 if not routed.never_changes(field):
-                    time.sleep(2 * gateway_state.POLL_SECONDS)  # the last change's read is over
+                    all_read()  # the last change's read is over
                     before = state.get()
                     value = other_value(field, getattr(row, field.attname))
                     model._default_manager.filter(pk=row.pk).update(**{field.attname: value})
-                    assert soon(lambda before=before: state.get() is not before), (
-                        f"{name} ({model._meta.db_table}.{field.column}) changed and the gateway "
-                        f"did not read again within {WITHIN}s"
+                    wait_for(
+                        lambda before=before: state.get() is not before,
+                        timeout=WITHIN,
+                        what=f"the gateway to read again after {name} "
+                        f"({model._meta.db_table}.{field.column}) changed",
                     )
                     changed.append(f"{model._meta.db_table}.{field.column}")
                 row = model._default_manager.get(pk=row.pk)
@@ -188,14 +198,18 @@ def test_a_heartbeat_and_other_unrouted_writes_do_not_make_it_read_again(
     front: GatewayServer, rows: dict[type[models.Model], Any]
 ) -> None:
     Node.objects.update(last_heartbeat=timezone.now())
-    time.sleep(2 * gateway_state.POLL_SECONDS)
-    assert soon(lambda: state.get().replicas != {})
+    all_read()
+    assert state.get().replicas != {}
     before = state.get()
     Node.objects.update(last_heartbeat=timezone.now(), agent={"version": "2"})
     Replica.objects.update(message="loading", engine_metrics={"slots": 1})
     Model.objects.update(description="another word", demand_at=timezone.now())
     Team.objects.update(name=models.F("name"))
-    assert not soon(lambda: state.get() is not before, within=0.5)
+    stays(
+        lambda: state.get() is before,
+        seconds=0.5,
+        what="the gateway's state unchanged by unrouted writes",
+    )
 
 
 def test_ensure_makes_again_a_trigger_that_watches_the_columns_of_an_older_version(

@@ -5,8 +5,7 @@ gateway process started as a worker starts, with its queue file under var/gatewa
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from gateway.models import TrafficMinute
 from tests.console.pages import text_of
 from tests.gateway.conftest import Gateway, GatewayServer
 from tests.gateway.fake_engine import FakeEngine
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.smoke]
 
@@ -35,13 +35,6 @@ def worker(settings: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Ite
     running = GatewayServer(lifespan=True)
     yield running
     running.stop()
-
-
-def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "the condition did not come true in time"
-        time.sleep(0.01)
 
 
 def test_a_request_that_waited_for_a_busy_slot_is_counted_and_shown(
@@ -70,7 +63,11 @@ def test_a_request_that_waited_for_a_busy_slot_is_counted_and_shown(
     assert engine.stream_started.wait(10)
     waiter = threading.Thread(target=send, args=("waiter",))
     waiter.start()
-    until(lambda: traffic.waiting_now(["chat"])["chat"] == 1)
+    wait_for(
+        lambda: traffic.waiting_now(["chat"])["chat"] == 1,
+        timeout=10,
+        what="the second request waiting for chat's busy slot",
+    )
 
     page = Client()
     page.force_login(users["alice"])

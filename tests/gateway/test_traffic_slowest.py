@@ -4,7 +4,6 @@ gateway gives the book the ID its client sent (X-Request-ID)."""
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,6 +14,7 @@ from gateway import traffic
 from gateway.models import TrafficMinute
 from gateway.traffic import WINDOWS, Figures, TrafficBook
 from tests.gateway.fake_engine import FakeEngine
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.smoke]
 
@@ -184,13 +184,12 @@ def test_a_slow_requests_id_is_its_minutes_slowest_request(
     assert fast.status_code == 200
 
     # The stream is counted once its end is sent: wait for its count to reach the database.
-    deadline = time.monotonic() + 10
-    while True:
+    def written() -> list[TrafficMinute]:
         book.flush()
         rows = list(TrafficMinute.objects.filter(model="chat"))
-        if sum(row.requests for row in rows) == 3 or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+        return rows if sum(row.requests for row in rows) >= 3 else []
+
+    rows = wait_for(written, timeout=10, what="the three requests counted in the database")
     assert sum(row.requests for row in rows) == 3
     row = max(rows, key=lambda r: r.slowest_seconds)  # one row, unless a minute ended between
     assert row.slowest_request == "slow-req-42"

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
-import timeit
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ import requests
 from gateway.asgi import parse_body
 from gateway.validate import refusal
 from llmgw.engine import find_engine
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.smoke
 
@@ -317,7 +316,9 @@ def test_a_long_key_is_shortened_in_the_refusal() -> None:
     assert len(refused.body()) < 1000
 
 
-def test_a_body_of_a_thousand_messages_is_checked_in_well_under_a_millisecond() -> None:
+def test_a_body_of_a_thousand_messages_passes_the_check() -> None:
+    """How long the check takes is bench/validate.py's (a timing here would measure the
+    neighbours of a test process as much as the check)."""
     body = {
         "model": "tiny-chat",
         "messages": [
@@ -328,9 +329,6 @@ def test_a_body_of_a_thousand_messages_is_checked_in_well_under_a_millisecond() 
         "temperature": 0.7,
     }
     assert refusal("chat", body) is None
-    best = min(timeit.repeat(lambda: refusal("chat", body), number=20, repeat=5)) / 20
-    # About 0.27 ms on a shared 2-core machine; the bound leaves room for a busy one.
-    assert best < 0.002, f"{best * 1000:.2f} ms"
 
 
 # -- through a real gateway to a real engine ---------------------------------------------------
@@ -391,7 +389,9 @@ def test_through_the_gateway_each_body_the_engine_failed_on_is_a_400_that_never_
     def failures() -> int:
         return log.read_text(errors="replace").count("got exception")
 
-    deadline = time.monotonic() + 5
-    while failures() < len(ENGINE_500) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(
+        lambda: failures() >= len(ENGINE_500),
+        timeout=5,
+        what=f"the engine's log to say it failed on the {len(ENGINE_500)} bodies sent to it",
+    )
     assert failures() == len(ENGINE_500)

@@ -17,6 +17,7 @@ from catalog.models import Model
 from fleet.models import Replica
 from gateway import routing
 from tests.gateway.fake_engine import FakeEngine
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.smoke
 
@@ -194,7 +195,11 @@ def test_an_on_demand_model_is_asked_for_and_waited_for(
         )
     )
     waiting.start()
-    time.sleep(0.5)
+    wait_for(
+        lambda: state.sizes()[0] == 1,  # on-demand models held for writing (gateway.state)
+        timeout=10,
+        what="the request's demand for lazy noted by the gateway",
+    )
     assert not answered  # still waiting
     state.flush()  # what the refresher writes: the demand, which wakes the model
     assert Model.objects.get(name="lazy").demand_at is not None

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from gateway.fairqueue import ClientGone, FairQueue
 from gateway.routing import Balancer, Candidate
+from tests.support.waiting import wait_for_async
 
 
 @contextmanager
@@ -51,8 +52,12 @@ def requests_waiting(folder: Path, model: str, count: int) -> Iterator[None]:
 
         tasks = [asyncio.create_task(wait(key_id)) for key_id in range(1, count + 1)]
         try:
-            while queue.depth(model) < count and not any(t.done() for t in tasks):
-                await asyncio.sleep(0.001)
+            # Every wait queued, or one that ended already (its error is raised below).
+            await wait_for_async(
+                lambda: queue.depth(model) >= count or any(t.done() for t in tasks),
+                timeout=5,
+                what=f"{count} requests queued for {model}",
+            )
             queued.set()
             await stop.wait()
             for task in tasks:

@@ -11,7 +11,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import requests
 from llmgw import engine
 from llmgw.tinygguf import write_tiny_model
 from tests.support.engine import free_port
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "build-llama-server"
@@ -66,6 +66,8 @@ def run_script(
         if key not in {"LLMGW_ENGINE", "CMAKE_CUDA_ARCHITECTURES", "LLMGW_BUILD_DRY_RUN"}
     }
     environment["PATH"] = os.pathsep.join([str(fake_bin), *kept])
+    # Never this user's engine cache: a fake engine kept there would be copied by a real setup.
+    environment["LLMGW_ENGINE_CACHE"] = str(tmp_path / "engine-cache")
     if engine_choice is not None:
         environment["LLMGW_ENGINE"] = engine_choice
     if dry_run:
@@ -284,6 +286,103 @@ def test_auto_keeps_the_cuda_engine_asked_for_before(tmp_path: Path, fake_bin: P
     assert auto().returncode == 0 and link.resolve() == cpu
 
 
+def fake_build_tools(tmp_path: Path, fake_bin: Path) -> Path:
+    """A python whose `pip download` leaves a llama-cpp-python sdist with an empty llama.cpp
+    tree, and a cmake whose build makes an engine that prints a version: a whole CPU build in a
+    second. Returns the python."""
+    made = executable(tmp_path / "built-engine", "echo 'version: 1 (fake build)'\n")
+    executable(
+        fake_bin / "cmake",
+        'if [ "$1" = --build ]; then mkdir -p "$2/bin" && touch "$2/bin/libggml-fake.so" && '
+        f'cp {made} "$2/bin/llama-server"; fi\n',
+    )
+    tree = tmp_path / "sdist-tree" / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
+    tree.mkdir(parents=True)
+    return executable(
+        tmp_path / "python",
+        'while [ $# -gt 0 ]; do [ "$1" = -d ] && dir=$2; shift; done\n'
+        f'mkdir -p "$dir" && tar -czf "$dir/llama_cpp_python-{VERSION}.tar.gz" '
+        f"-C {tmp_path / 'sdist-tree'} llama_cpp_python-{VERSION}\n",
+    )
+
+
+def test_a_cpu_build_is_cached_and_the_next_checkout_copies_it(
+    tmp_path: Path, fake_bin: Path
+) -> None:
+    """A CPU build is kept in the engine cache; a second checkout's setup copies it into its own
+    folder (no download, no compiler) and links its own copy, which runs from there."""
+    python = fake_build_tools(tmp_path, fake_bin)
+    first = tmp_path / "first"
+    built = run_script(
+        first,
+        fake_bin,
+        engine_choice="cpu",
+        python=str(python),
+        dry_run=False,
+        LLMGW_ENGINE_CACHE=str(tmp_path / "engine-cache"),
+    )
+    assert built.returncode == 0, built.stderr
+    assert "built in" in built.stdout and "kept in the engine cache" in built.stdout
+    cached = tmp_path / "engine-cache" / f"llama.cpp-{VERSION}-cpu"
+    assert (cached / "bin" / "llama-server").exists() and (
+        cached / "bin" / "libggml-fake.so"
+    ).exists()
+    assert "backend=cpu" in (cached / ".built").read_text()
+
+    executable(fake_bin / "cmake", "echo must not be called >&2; exit 1\n")
+    second = tmp_path / "second"
+    link = second / "venv" / "bin" / "llama-server"
+    refuse = executable(tmp_path / "no-python", "echo must not be called >&2; exit 1\n")
+    copied = run_script(
+        second,
+        fake_bin,
+        engine_choice="cpu",
+        python=str(refuse),
+        dry_run=False,
+        link=link,
+        LLMGW_ENGINE_CACHE=str(tmp_path / "engine-cache"),
+    )
+    assert copied.returncode == 0, copied.stderr
+    assert "copied from the engine cache" in copied.stdout
+    engine_folder = second / "venv" / f"llama.cpp-{VERSION}"
+    assert link.resolve() == engine_folder / "bin" / "llama-server"
+    assert not (engine_folder / "bin" / "llama-server").is_symlink()
+    assert (engine_folder / ".built").read_text() == (cached / ".built").read_text()
+    runs = subprocess.run([str(link)], capture_output=True, text=True, timeout=10)
+    assert runs.stdout.strip() == "version: 1 (fake build)"
+    assert not list((second / "venv").glob("*.part*"))
+
+
+def test_a_cache_of_another_version_or_off_builds(tmp_path: Path, fake_bin: Path) -> None:
+    """An engine cached for another llama-cpp-python version is not copied; LLMGW_ENGINE_CACHE=off
+    neither reads nor writes a cache."""
+    python = fake_build_tools(tmp_path, fake_bin)
+    other = tmp_path / "engine-cache" / f"llama.cpp-{VERSION}-cpu"
+    fake_engine(other, "llama-cpp-python=0.0.1\nbackend=cpu\n")
+    result = run_script(
+        tmp_path / "a",
+        fake_bin,
+        engine_choice="cpu",
+        python=str(python),
+        dry_run=False,
+        LLMGW_ENGINE_CACHE=str(tmp_path / "engine-cache"),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "built in" in result.stdout
+    assert f"llama-cpp-python={VERSION}" in (other / ".built").read_text()  # replaced
+    off = run_script(
+        tmp_path / "b",
+        fake_bin,
+        engine_choice="cpu",
+        python=str(python),
+        dry_run=False,
+        LLMGW_ENGINE_CACHE="off",
+    )
+    assert off.returncode == 0, off.stderr
+    assert "built in" in off.stdout and "engine cache" not in off.stdout
+    assert not (tmp_path / "b" / "off").exists()
+
+
 @pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is not installed")
 def test_a_failed_build_says_why_and_leaves_the_previous_engine(
     tmp_path: Path, fake_bin: Path
@@ -426,14 +525,13 @@ def cpu_served_by_the_cuda_engine(tmp_path: Path) -> Iterator[str]:
     log = tmp_path / "engine.log"
     command = [*engine.engine_command(settings, str(CUDA_ENGINE)), "--n-gpu-layers", "0"]
     process = engine.start_engine(command, log)
+
+    def healthy() -> bool:
+        assert process.poll() is None, engine.last_output(log)
+        return engine.health("127.0.0.1", settings.port, timeout=1) is None
+
     try:
-        for _ in range(600):
-            if engine.health("127.0.0.1", settings.port, timeout=1) is None:
-                break
-            assert process.poll() is None, engine.last_output(log)
-            time.sleep(0.1)
-        else:
-            raise AssertionError(f"not healthy in time: {engine.last_output(log)}")
+        wait_for(healthy, timeout=60, what=f"the CUDA engine's /health to answer 200 (log: {log})")
         yield f"http://127.0.0.1:{settings.port}"
     finally:
         engine.stop_process_group(process.pid, child=process, grace=5)

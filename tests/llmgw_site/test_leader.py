@@ -1,20 +1,29 @@
 """The beat lease and the claim of each periodic send (llmgw_site.leader), on the test database.
 
 Expiry is decided by the database's clock, so the tests that need a lease to run out take one
-a second long and wait past it."""
+a second long and wait until the database calls it expired (`_expired`)."""
 
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from django.db import connection
 
 from llmgw_site import leader
 from llmgw_site.models import Lease, PeriodicRun
+from tests.support.waiting import stays, wait_for
 
 pytestmark = pytest.mark.django_db
+
+
+def _expired() -> None:
+    """Waits until the database's clock says the (one second) lease ran out."""
+    wait_for(
+        lambda: not leader.holder_of().live,  # type: ignore[union-attr]
+        timeout=3,
+        what="the 1 s lease to expire by the database's clock",
+    )
 
 
 def test_it_takes_a_free_lease() -> None:
@@ -43,7 +52,7 @@ def test_another_cannot_take_a_live_lease() -> None:
 def test_another_takes_it_only_after_it_expires() -> None:
     leader.take(holder="a", seconds=1)
     assert leader.take(holder="b", seconds=30) is None
-    time.sleep(1.2)
+    _expired()
     taken = leader.take(holder="b", seconds=30)
     assert taken is not None
     assert (taken.holder, taken.term, taken.previous) == ("b", 2, "a")
@@ -53,8 +62,7 @@ def test_another_takes_it_only_after_it_expires() -> None:
 
 def test_a_holder_renews_after_its_expiry_if_nobody_took_it() -> None:
     leader.take(holder="a", seconds=1)
-    time.sleep(1.2)
-    assert leader.holder_of().live is False  # type: ignore[union-attr]
+    _expired()
     renewed = leader.take(holder="a", seconds=30)
     assert renewed is not None and renewed.term == 1 and renewed.previous is None
 
@@ -117,15 +125,24 @@ def test_a_send_follows_the_last_one_by_at_least_its_interval() -> None:
     held = leader.take(holder="a", seconds=30)
     assert held is not None
     assert _claim("a", held.term, interval=2) == 1
-    assert _claim("a", held.term, interval=2) is None
-    time.sleep(1.1)  # 2 s less the tolerance (1 s) has passed
-    assert _claim("a", held.term, interval=2) == 2
+    # Time is what is tested: no send before 2 s less the tolerance (1 s), one soon after.
+    stays(
+        lambda: _claim("a", held.term, interval=2) is None,
+        seconds=0.6,
+        what="no second send within the interval less its tolerance",
+    )
+    second = wait_for(
+        lambda: _claim("a", held.term, interval=2),
+        timeout=1.0,
+        what="the second send, 1 s (2 s less the tolerance) after the first",
+    )
+    assert second == 2
 
 
 def test_a_holder_whose_lease_ran_out_sends_nothing() -> None:
     held = leader.take(holder="a", seconds=1)
     assert held is not None
-    time.sleep(1.2)
+    _expired()
     # Nobody took it, but it ran out: a paused beat that wakes up cannot send on it.
     assert _claim("a", held.term) is None
     assert leader.take(holder="b", seconds=30) is not None
@@ -136,7 +153,7 @@ def test_the_next_holder_continues_the_count_and_honours_the_interval() -> None:
     first = leader.take(holder="a", seconds=1)
     assert first is not None
     assert _claim("a", first.term, interval=30) == 1
-    time.sleep(1.2)
+    _expired()
     second = leader.take(holder="b", seconds=30)
     assert second is not None
     # a sent it a second ago: b may not send it again within the interval.
@@ -148,8 +165,9 @@ def test_a_send_runs_once_and_only_while_it_is_the_latest() -> None:
     held = leader.take(holder="a", seconds=30)
     assert held is not None
     one = _claim("a", held.term, interval=0.1)
-    time.sleep(0.15)
-    two = _claim("a", held.term, interval=0.1)
+    two = wait_for(
+        lambda: _claim("a", held.term, interval=0.1), timeout=3, what="the next send due"
+    )
     assert (one, two) == (1, 2)
     assert leader.ran_send(name="probe", send=1) is False  # superseded by send 2
     assert leader.ran_send(name="probe", send=2) is True

@@ -285,12 +285,22 @@ def test_one_beat_leads_and_the_other_takes_over_within_30_s(
     # -- exactly one leader ----------------------------------------------------------------
     wait_for(lambda: len(_runs(database)) >= 3, timeout=60, what="three runs of the probe")
     both_up = time.time()
-    time.sleep(4 * PROBE_SECONDS)
+    wait_for(
+        lambda: len([run for run in _runs(database) if run.sent >= both_up]) >= 3,
+        timeout=60,
+        interval=0.5,
+        what="three runs of the probe sent since both machines were up",
+    )
     held = _holder(database)
     assert held is not None and held[2], held
     leader_holder = held[0]
     leading = _owner(leader_holder, planes)
     standing = two if leading is one else one
+    wait_for(
+        lambda: "beat: standing by; " + leader_holder in standing.text(),
+        timeout=30,
+        what=f"{standing.name}'s beat to find the lease held and stand by",
+    )
     assert "runs the schedule now" in leading.text()
     assert "beat: standing by; " + leader_holder in standing.text()
     assert "runs the schedule now" not in standing.text()
@@ -350,7 +360,18 @@ def test_one_beat_leads_and_the_other_takes_over_within_30_s(
         timeout=30,
         what="the woken beat to stand by",
     )
-    time.sleep(3 * PROBE_SECONDS)
+    # Whatever the woken beat sent on waking is in the queue before what the new leader sends
+    # from now on: once two of those ran, so did it.
+    stood_by = time.time()
+    wait_for(
+        lambda: (
+            len([r for r in _runs(database) if r.beat == paused_taken[0] and r.sent >= stood_by])
+            >= 2
+        ),
+        timeout=30,
+        interval=0.5,
+        what="two probe runs sent by the new leader since the woken beat stood by",
+    )
     runs = _runs(database)
     took_over = min(run.sent for run in runs if run.beat == paused_taken[0])
     assert all(run.sent < took_over for run in runs if run.beat == leader_holder)
@@ -409,7 +430,15 @@ def test_one_beat_leads_and_the_other_takes_over_within_30_s(
         what="the probe's first run sent by the new leader",
     )
     first_run = time.monotonic() - killed_at
-    time.sleep(6 * PROBE_SECONDS)
+    # (The new leader may be the beat that was paused, which led before: its runs since the kill.)
+    wait_for(
+        lambda: (
+            len([r for r in _runs(database) if r.beat == new_holder and r.sent >= killed_wall]) >= 5
+        ),
+        timeout=60,
+        interval=0.5,
+        what="five probe runs sent by the new leader since the kill",
+    )
 
     # -- the runs: none twice, none skipped past one interval outside the takeover -----------
     runs = _runs(database)

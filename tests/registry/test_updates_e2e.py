@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import pytest
 from llmgw.cli import main
 from llmgw.engine import find_engine
 from llmgw.tinygguf import write_tiny_model
+from tests.support import waiting
 from tests.support.registry import LocalRegistry, available
 from tests.support.system import System, wait_for
 
@@ -87,11 +87,22 @@ def roll(system: System, argv: list[str], capsys: Any) -> tuple[str, int]:
     thread = threading.Thread(target=run)
     thread.start()
     lowest = 99
-    while thread.is_alive():
+
+    def watched_to_the_end() -> bool:
+        nonlocal lowest
         ready = [r for r in replicas(system) if r["routable"]]
         lowest = min(lowest, len(ready))
         assert ready, "no ready replica during the rollout"
-        time.sleep(0.1)
+        return not thread.is_alive()
+
+    # A look every 0.1 s while the command runs; not_yet=(): an API that fails fails the test.
+    waiting.wait_for(
+        watched_to_the_end,
+        timeout=600,
+        interval=0.1,
+        what=f"`llmgw ctl {' '.join(argv)}` to return",
+        not_yet=(),
+    )
     thread.join()
     out, err = capsys.readouterr()
     assert result["code"] == 0, err

@@ -3,19 +3,15 @@ benchmarks that talk to the engine itself. Stopped by its pid when the block end
 
 from __future__ import annotations
 
-import socket
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from llmgw import engine
+from tests.support.ports import free_port
+from tests.support.waiting import wait_for
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+__all__ = ["free_port", "running_engine"]
 
 
 @contextmanager
@@ -46,14 +42,17 @@ def running_engine(
         adapters=adapters,
     )
     process = engine.start_engine(engine.engine_command(settings, executable), log)
+
+    def healthy() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"llama-server exited: {engine.last_output(log)}")
+        return engine.health("127.0.0.1", settings.port, timeout=1) is None
+
     try:
-        deadline = time.monotonic() + ready_timeout
-        while engine.health("127.0.0.1", settings.port, timeout=1) is not None:
-            if process.poll() is not None:
-                raise RuntimeError(f"llama-server exited: {engine.last_output(log)}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"llama-server not healthy in time: {engine.last_output(log)}")
-            time.sleep(0.02)
+        try:
+            wait_for(healthy, timeout=ready_timeout, what="llama-server's /health to answer 200")
+        except AssertionError as slow:
+            raise RuntimeError(f"{slow}; its last output: {engine.last_output(log)}") from None
         yield f"http://127.0.0.1:{settings.port}"
     finally:
         engine.stop_process_group(process.pid, child=process, grace=5)

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
 
+from tests.support import waiting
+
 HEARTBEAT_PATH = "/api/v1/node/heartbeat"
 
 T = TypeVar("T")
@@ -101,10 +103,11 @@ class FakeControlPlane:
         since: int = 0,
     ) -> T:
         """Wait for a heartbeat (the ``since``-th or later) for which ``condition`` is truthy;
-        return what it returned."""
-        deadline = time.monotonic() + timeout
+        return what it returned. Each heartbeat is looked at once, in the order received."""
         seen = since
-        while True:
+
+        def fresh_match() -> T | None:
+            nonlocal seen
             with self._lock:
                 fresh = self._heartbeats[seen:]
                 seen = len(self._heartbeats)
@@ -113,12 +116,16 @@ class FakeControlPlane:
                     result = condition(heartbeat.body)
                     if result:
                         return result
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"timed out after {timeout} s waiting for {what}; "
-                    f"last heartbeat: {json.dumps(self.last(), indent=1)}"
-                )
-            time.sleep(0.02)
+            return None
+
+        try:
+            # not_yet=(): a condition that raises fails the wait, since the heartbeat it
+            # raised on would not be looked at again.
+            return waiting.wait_for(fresh_match, timeout=timeout, what=what, not_yet=())
+        except AssertionError as timed_out:
+            raise AssertionError(
+                f"{timed_out}; last heartbeat: {json.dumps(self.last(), indent=1)}"
+            ) from None
 
     # -- the server side ----------------------------------------------------------------------
 

@@ -81,7 +81,7 @@ import psutil
 import requests
 
 from llmgw.tinygguf import write_tiny_model
-from tests.support import postgres
+from tests.support import postgres, waiting
 from tests.support.http_files import serve_directory
 from tests.support.redis_server import RedisServer
 from tests.support.registry import LocalRegistry
@@ -130,6 +130,10 @@ RESTART_DELAY = 1.0
 LATEST_FAULT_SECONDS = 3.0
 OPERATION_TIMEOUT = 150.0
 CLIENT_TIMEOUT = 30.0
+TRAFFIC_CLIENTS = 2
+# Requests sent (and answered) after the operation ended, before the cell is judged: each client
+# three, the models in turn.
+SETTLED_ANSWERS = 3 * TRAFFIC_CLIENTS
 
 
 def seed_from_environment() -> int:
@@ -168,7 +172,11 @@ class Traffic:
     it) through the gateway with the official openai client, no retries."""
 
     def __init__(
-        self, url: str, key: str, clients: int = 2, models: tuple[str, ...] = ("chat",)
+        self,
+        url: str,
+        key: str,
+        clients: int = TRAFFIC_CLIENTS,
+        models: tuple[str, ...] = ("chat",),
     ) -> None:
         import openai
 
@@ -221,7 +229,13 @@ class Traffic:
             number += 1
             with self._lock:
                 self.answers.append(answer)
-            time.sleep(0.05)
+            time.sleep(0.05)  # paces the load generator: a client's next request
+
+    def answered_since(self, moment: float) -> int:
+        """How many requests sent at `moment` (time.monotonic()) or later have had their answer
+        (or failure)."""
+        with self._lock:
+            return sum(1 for answer in self.answers if answer.started >= moment)
 
     def __enter__(self) -> Traffic:
         for thread in self._threads:
@@ -453,7 +467,7 @@ class Fleet:
             process = self.sys.processes.get(name)
             if process is None or process.poll() is None:
                 continue
-            time.sleep(RESTART_DELAY)
+            time.sleep(RESTART_DELAY)  # time is what is imitated: the run command's delay
             self._start_again(name, [str(a) for a in process.args])  # type: ignore[union-attr]
             self.restarted.append(f"{name} exited with code {process.returncode}")
 
@@ -713,7 +727,7 @@ class Operation:
         raise NotImplementedError
 
     def aim(self, rng: random.Random) -> None:
-        time.sleep(rng.uniform(0, LATEST_FAULT_SECONDS))
+        time.sleep(rng.uniform(0, LATEST_FAULT_SECONDS))  # time is tested: the fault's moment
 
     def phase(self) -> str:
         return ""
@@ -770,7 +784,7 @@ class Serve(Operation):
         self.fetch_id = self.fleet.start_serve()
 
     def aim(self, rng: random.Random) -> None:
-        time.sleep(rng.uniform(0, FETCH_SECONDS + 2.0))
+        time.sleep(rng.uniform(0, FETCH_SECONDS + 2.0))  # time is tested: the fault's moment
 
     def phase(self) -> str:
         fetch = self.fleet.fetch(self.fetch_id)
@@ -875,7 +889,7 @@ class UpdateFetch(Update):
     name = "update-fetch"
 
     def aim(self, rng: random.Random) -> None:
-        time.sleep(rng.uniform(0, FETCH_SECONDS * 0.8))
+        time.sleep(rng.uniform(0, FETCH_SECONDS * 0.8))  # time is tested: the fault's moment
 
 
 class UpdateRoll(Update):
@@ -892,7 +906,7 @@ class UpdateRoll(Update):
                 interval=0.1,
                 what="the rollout to replace replicas",
             )
-        time.sleep(rng.uniform(0, 3.0))
+        time.sleep(rng.uniform(0, 3.0))  # time is tested: the fault's moment
 
 
 class Canary(Update):
@@ -914,7 +928,7 @@ class Canary(Update):
                 interval=0.2,
                 what="the canary's window to start",
             )
-        time.sleep(rng.uniform(0, CANARY_WINDOW_SECONDS))
+        time.sleep(rng.uniform(0, CANARY_WINDOW_SECONDS))  # time is tested: the fault's moment
 
     def phase(self) -> str:
         canary = self.canary()
@@ -1009,14 +1023,14 @@ def _excuse(fault: str, answer: Answer, fault_at: float, settled_at: float) -> b
 
 def _read(read: Any) -> Any:
     """`read()`, asked again for up to 20 s while the API answers an error (a part coming back)."""
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            return read()
-        except (AssertionError, requests.RequestException):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+    [value] = waiting.wait_for(
+        lambda: [read()],  # a list, since what is read may be falsy (no orphans: [])
+        timeout=20,
+        interval=0.5,
+        what=f"the API to answer {read}",
+        not_yet=(AssertionError, requests.RequestException),
+    )
+    return value
 
 
 def run_cell(fleet: Fleet, fault: str, operation: str, seed: int) -> CellResult:
@@ -1026,7 +1040,13 @@ def run_cell(fleet: Fleet, fault: str, operation: str, seed: int) -> CellResult:
     op.prepare()
     restarted_before = len(fleet.restarted)
     with Traffic(fleet.sys.url, fleet.key, models=op.traffic) as traffic:
-        time.sleep(1.0)
+        opened = time.monotonic()
+        wait_for(
+            lambda: traffic.answered_since(opened) >= TRAFFIC_CLIENTS,
+            timeout=CLIENT_TIMEOUT + 10,
+            interval=0.05,
+            what="the traffic flowing: an answer to each client",
+        )
         audit_since = fleet.last_audit_id()
         op.start()
         op.aim(rng)
@@ -1037,7 +1057,8 @@ def run_cell(fleet: Fleet, fault: str, operation: str, seed: int) -> CellResult:
         fault_at = time.monotonic()
         engines = _read(op.engines) if fault == "engine" else None
         result.fault_note, saved = fleet.inject(fault, rng, engines)
-        time.sleep(DOWN_SECONDS.get(fault, DEFAULT_DOWN_SECONDS))
+        down = DOWN_SECONDS.get(fault, DEFAULT_DOWN_SECONDS)
+        time.sleep(down)  # time is what is tested: the part stays down this long
         fleet.restore(fault, saved)
         log_offset = fleet.sys.logs["beat"].stat().st_size
         settled_at = float("inf")
@@ -1058,7 +1079,13 @@ def run_cell(fleet: Fleet, fault: str, operation: str, seed: int) -> CellResult:
         except AssertionError:
             result.outcome = _read(op.failure)
         # A little traffic after it settled: the gateway must serve it all.
-        time.sleep(1.0)
+        after = time.monotonic()
+        wait_for(
+            lambda: traffic.answered_since(after) >= SETTLED_ANSWERS,
+            timeout=CLIENT_TIMEOUT + 10,
+            interval=0.05,
+            what=f"{SETTLED_ANSWERS} requests sent after the operation ended answered",
+        )
     if fault in ("worker", "beat", "postgres", "redis"):
         try:
             wait_for(

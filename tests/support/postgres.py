@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from tests.support.system import free_port, wait_for
@@ -149,12 +148,16 @@ class PostgresServer:
             return
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGQUIT)  # immediate shutdown
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.05)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+        try:
+            wait_for(lambda: _gone(pid), timeout=10, what="PostgreSQL to exit on SIGQUIT")
+        except AssertionError:  # it did not exit: kill it
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False

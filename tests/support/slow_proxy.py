@@ -106,7 +106,7 @@ def _handler_class(upstream: str, own: list[str], rate: float) -> type[BaseHTTPR
                     for chunk in answer.iter_content(CHUNK_BYTES):
                         self.wfile.write(chunk)
                         self.wfile.flush()
-                        time.sleep(len(chunk) / rate)
+                        time.sleep(len(chunk) / rate)  # paces the download: time is the point
                 except (requests.RequestException, OSError):
                     self.close_connection = True
 

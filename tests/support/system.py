@@ -15,10 +15,8 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -28,30 +26,20 @@ from urllib.parse import urlsplit, urlunsplit
 import requests
 import yaml
 
+from tests.support import waiting
+from tests.support.ports import free_port, port_block
+
 ROOT = Path(__file__).resolve().parents[2]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["ROOT", "System", "free_port", "wait_for"]
 
 
 def wait_for(
-    check: Callable[[], Any], *, timeout: float = 60, interval: float = 0.2, what: str = "condition"
+    check: Callable[[], Any], *, timeout: float = 60, interval: float = 0.1, what: str = "condition"
 ) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except (requests.RequestException, KeyError, IndexError) as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+    """tests.support.waiting.wait_for, looking every 0.1 s: most checks here ask a process of
+    the system over HTTP, which a look every 0.02 s would keep busy."""
+    return waiting.wait_for(check, timeout=timeout, interval=interval, what=what)
 
 
 class _Database:
@@ -241,7 +229,7 @@ class System:
         # Each agent ever started here gets ports of its own: an agent killed in a test may
         # leave engines holding its ports, and a later agent must not be handed them.
         self.agents_started += 1
-        base = 42000 + ((self.port % 15) * 12 + self.agents_started) * 100
+        first, last = port_block(100)
         argv = [
             sys.executable,
             "-m",
@@ -256,7 +244,7 @@ class System:
             "--cache",
             str(cache),
             "--port-range",
-            f"{base}-{base + 99}",
+            f"{first}-{last}",
             "--heartbeat-interval",
             "1",
             "--ready-timeout",

@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import json
 import os
-import random
 import re
 import signal
 import socket
@@ -32,6 +31,8 @@ from llmgw import engine
 from llmgw.tinygguf import write_lora_adapter, write_tiny_model
 from tests.support.fake_control_plane import FakeControlPlane, fake_control_plane
 from tests.support.http_files import ServerStats, serve_directory
+from tests.support.ports import port_block
+from tests.support.waiting import stays, wait_for
 
 pytestmark = [
     pytest.mark.engine,
@@ -91,13 +92,9 @@ def plane() -> Iterator[FakeControlPlane]:
 
 
 def free_port_range(size: int = 20) -> str:
-    """A block of ports below Linux's ephemeral range (so outgoing connections do not take
-    them) whose first port is free now."""
-    for _ in range(50):
-        low = random.randrange(20000, 32000 - size)
-        if engine.port_is_free("127.0.0.1", low):
-            return f"{low}-{low + size - 1}"
-    raise RuntimeError("no free port block found")
+    """A block of ports of this test process's own, free now (tests.support.ports)."""
+    low, high = port_block(size)
+    return f"{low}-{high}"
 
 
 @dataclass
@@ -271,17 +268,6 @@ def settled(plane: FakeControlPlane, spec: dict[str, Any], state: str) -> dict[s
     return report
 
 
-def wait_until(condition: Callable[[], Any], *, timeout: float = 15, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
-
-
 def complete(
     port: int, model: str, prompt: str = "hi", lora: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
@@ -404,9 +390,9 @@ def test_it_stops_a_replica_removed_from_the_answer(
     plane.want([])
     plane.wait_for(lambda r: r["replicas"] == [], since=plane.count(), what="no replicas")
 
-    wait_until(lambda: not engine.process_alive(pid), what="the engine to exit")
+    wait_for(lambda: not engine.process_alive(pid), what="the engine to exit")
     assert not port_accepts(ready["port"])
-    wait_until(
+    wait_for(
         lambda: not (agent.cache / "replicas" / spec["id"]).exists(),
         what="the replica's folder to go",
     )
@@ -451,7 +437,7 @@ def test_it_adopts_its_engine_after_a_restart_and_stops_it_when_unwanted(
     assert complete(again["port"], MODEL)["model"] == MODEL
 
     plane.want([])
-    wait_until(lambda: not engine.process_alive(pid), what="the adopted engine to stop")
+    wait_for(lambda: not engine.process_alive(pid), what="the adopted engine to stop")
     assert second.alive()
 
 
@@ -528,7 +514,7 @@ def test_it_keeps_running_through_401_garbage_and_errors(
     agent, spec, _, pid = serving
 
     plane.token = "another-token"  # the node was removed
-    wait_until(lambda: "does not know this node's token" in agent.output(), what="the 401 line")
+    wait_for(lambda: "does not know this node's token" in agent.output(), what="the 401 line")
     since = plane.count()
     plane.wait_for(lambda r: True, since=since + 3, what="more heartbeats")
     assert agent.output().count("does not know this node's token") == 1
@@ -549,7 +535,7 @@ def test_it_keeps_running_through_401_garbage_and_errors(
         "answered something this agent does not understand",
         "refused the heartbeat (HTTP 500): the database is down",
     ):
-        wait_until(lambda line=line: line in agent.output(), what=f"the line {line!r}")
+        wait_for(lambda line=line: line in agent.output(), what=f"the line {line!r}")
     assert agent.alive()
     assert engine.process_alive(pid)
     still = plane.wait_for(
@@ -567,10 +553,14 @@ def test_it_keeps_trying_when_the_control_plane_is_unreachable(
         closed_port = placeholder.getsockname()[1]
     agent = agents.start(server=f"http://127.0.0.1:{closed_port}")
 
-    wait_until(lambda: "cannot reach the control plane" in agent.output(), what="the line")
-    time.sleep(0.6)  # a few more attempts
-    assert agent.alive()
-    assert agent.output().count("cannot reach the control plane") == 1
+    wait_for(lambda: "cannot reach the control plane" in agent.output(), what="the line")
+    # Time is what is tested: a closed port shows no attempt, so a few more attempts are a
+    # stretch of time in which the agent keeps going and says nothing again.
+    stays(
+        lambda: agent.alive() and agent.output().count("cannot reach the control plane") == 1,
+        seconds=0.6,
+        what="the agent running, having said it once",
+    )
 
 
 def test_it_gives_two_replicas_of_one_model_their_own_ports_and_fetches_once(
@@ -655,7 +645,7 @@ def test_it_fails_kills_and_reports_an_engine_that_stops_answering(
             "(no answer within 1 s), so it is hung, stopped or deadlocked; it was killed"
         )
         assert reported_after < 8, reported_after
-        wait_until(lambda: not engine.process_alive(pid), what="the hung engine killed")
+        wait_for(lambda: not engine.process_alive(pid), what="the hung engine killed")
         assert not port_accepts(ready["port"])
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -856,9 +846,9 @@ def test_it_rotates_an_engines_log(plane: FakeControlPlane, agents: Agents, mirr
     # The engine logs each request; enough of them pass 2 kB.
     for _ in range(10):
         complete(ready["port"], MODEL)
-    wait_until(lambda: (folder / "engine.log.1").exists(), timeout=20, what="a rotated log")
+    wait_for(lambda: (folder / "engine.log.1").exists(), timeout=20, what="a rotated log")
 
     assert (folder / "engine.log").stat().st_size < (folder / "engine.log.1").stat().st_size
     assert "rotated its engine log" in agent.output()
     complete(ready["port"], MODEL)
-    wait_until(lambda: (folder / "engine.log").stat().st_size > 0, what="logging to go on")
+    wait_for(lambda: (folder / "engine.log").stat().st_size > 0, what="logging to go on")
