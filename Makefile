@@ -13,7 +13,7 @@ ENGINE_DIR := $(VENV)/llama.cpp-$(LLAMA_CPP_PYTHON)
 LLMGW_ENGINE ?= auto
 export LLMGW_ENGINE
 
-.PHONY: run setup engine test test-sqlite lint bench
+.PHONY: run setup engine test coverage test-sqlite lint bench
 
 run: setup
 	@scripts/system-deps git-lfs
@@ -42,17 +42,23 @@ $(VENV)/bin/llama-server: | $(VENV)/.installed
 # The whole suite on the database in DATABASE_URL (SQLite when unset), on TEST_WORKERS processes
 # at once (pytest-xdist; most of a test's time is spent waiting on the processes it starts, so
 # more workers than cores), then, when the first run used another database, the SQLite part:
-# the tests marked `sqlite` (what differs on the embedded default), on SQLite as well. Each part
-# ends with its 25 slowest tests.
+# the tests marked `smoke` (what differs on the embedded default, and a sample of the rest), on
+# SQLite as well. Each part ends with its 25 slowest tests.
 TEST_WORKERS ?= 4
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup --durations=25
-test: $(VENV)/.installed $(VENV)/bin/llama-server
+# `make coverage`: the same runs, measuring the product's lines that the test processes run
+# (not those of the processes they start), then the report.
+PRODUCT = accounts catalog console core fleet gateway llmgw llmgw_site registry
+COVERAGE = $(addprefix --cov=,$(PRODUCT)) --cov-report=
+test coverage: $(VENV)/.installed $(VENV)/bin/llama-server
 	@scripts/system-deps git-lfs chromium
-	$(PY) -m pytest $(PYTEST_PARALLEL)
+	$(PY) -m pytest $(PYTEST_PARALLEL) $(if $(filter coverage,$@),$(COVERAGE))
 	@if [ -n "$$DATABASE_URL" ] && [ "$${DATABASE_URL#sqlite}" = "$$DATABASE_URL" ]; then \
 		echo "== the SQLite part =="; \
-		env -u DATABASE_URL $(PY) -m pytest -m smoke -p no:cacheprovider $(PYTEST_PARALLEL); \
+		env -u DATABASE_URL $(PY) -m pytest -m smoke -p no:cacheprovider $(PYTEST_PARALLEL) \
+			$(if $(filter coverage,$@),$(COVERAGE) --cov-append); \
 	fi
+	$(if $(filter coverage,$@),$(PY) -m coverage report --skip-covered --sort=cover)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -165,3 +165,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         scopes = {d.scope for defs in fixtures.name2fixturedefs.values() for d in defs}
         if "module" in scopes:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))  # type: ignore[attr-defined]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A worker whose groups did not take (pytest-xdist names a grouped test `ID@GROUP` for the
+    scheduler) would spread a module's tests over workers, each starting what they share and
+    the later ones finding it without what the earlier ones made: stop at once instead."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    lost = [
+        item.nodeid
+        for item in session.items
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid
+    ]
+    if lost:
+        raise pytest.UsageError(
+            f"pytest-xdist did not group {len(lost)} tests (first: {lost[0]}): this pytest "
+            f"({pytest.__version__}) and pytest-xdist do not work together; pyproject.toml "
+            "pins the versions that do."
+        )

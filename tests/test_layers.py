@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from tests.support.imports import circles, import_graph, upward_imports
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,8 +24,6 @@ LAYERS = {
     "console": 7,
     "llmgw_site": 8,
 }
-
-pytestmark = pytest.mark.smoke
 
 
 def test_no_module_imports_itself_round_a_circle() -> None:

@@ -10,7 +10,7 @@ from rest_framework.test import APIClient
 
 from tests.factories import definition
 
-pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
+pytestmark = pytest.mark.django_db
 
 NO_CHECK = "/api/v1/models?source_check=false"
 

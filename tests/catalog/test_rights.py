@@ -14,7 +14,7 @@ from llmgw.tinygguf import write_lora_adapter, write_tiny_model
 from tests.factories import definition
 from tests.support.http_files import serve_directory
 
-pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
+pytestmark = pytest.mark.django_db
 
 NO_CHECK = "/api/v1/models?source_check=false"
 BELONGS = "tiny-chat belongs to alice; only they or a staff user may change it."

@@ -48,7 +48,6 @@ def change_form(model: Model, **overrides: Any) -> dict[str, Any]:
     return add_form(yaml.safe_dump(wanted, sort_keys=False))
 
 
-@pytest.mark.smoke
 @pytest.mark.parametrize(
     "path",
     [

@@ -16,7 +16,7 @@ from gateway.models import GatewayKey, KeyUsageDay, TrafficMinute
 from gateway.traffic import LATENCY_BOUNDS, TrafficBook
 from tests.console.pages import text_of
 
-pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
+pytestmark = pytest.mark.django_db
 
 
 def _recent_minutes(model: str, minutes: list[int], requests: int = 3) -> list[datetime]:

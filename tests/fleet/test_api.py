@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 from fleet.models import Node, Replica
 from fleet.reconciler import reconcile_pass
 
-pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
+pytestmark = pytest.mark.django_db
 
 BEAT = {"capacity": {"memory_gb": 8, "cores": 4}, "replicas": []}
 

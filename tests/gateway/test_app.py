@@ -12,7 +12,7 @@ from gateway.app import Application
 from gateway.process import Gateway
 from gateway.state import GatewayState, state
 
-pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
+pytestmark = pytest.mark.django_db
 
 
 def test_it_makes_a_gateway_that_shares_nothing_with_another() -> None:

@@ -24,8 +24,6 @@ from registry.canary import (
 from registry.models import CanaryKeyMinute
 from tests.gateway.test_routing import entry
 
-pytestmark = pytest.mark.smoke
-
 NOW = datetime(2026, 12, 2, 12, 30, 20, tzinfo=UTC)
 
 

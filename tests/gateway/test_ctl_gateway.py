@@ -17,7 +17,7 @@ from tests.gateway.conftest import GatewayServer
 from tests.support.ctl import Ctl, ctl_as
 from tests.support.waiting import wait_for
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.smoke]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from llmgw.cli import main
 from tests.gateway.conftest import GatewayServer
 from tests.gateway.fake_engine import FakeEngine
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.smoke]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture

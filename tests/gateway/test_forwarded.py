@@ -11,9 +11,6 @@ import pytest
 from gateway.forwarded import client_address_from_gateway
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.smoke
-
-
 SECRET = "s3cret-of-this-start"
 
 

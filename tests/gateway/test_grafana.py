@@ -7,8 +7,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from core.metrics import control_metrics
 from gateway.metrics import (
     ControlPlaneFigures,
@@ -18,8 +16,6 @@ from gateway.metrics import (
     model_exposition,
 )
 from tests.gateway.fake_engine import FakeEngine
-
-pytestmark = [pytest.mark.smoke]
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "contrib" / "grafana" / "llmgw-gateway.json"
 

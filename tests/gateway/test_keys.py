@@ -61,6 +61,26 @@ def test_an_outsider_cannot_revoke_someone_elses_key(api: Any, users: dict[str, 
     assert key.revoked_at is None
 
 
+@pytest.mark.parametrize("key_id", [2**62, 2**63 - 1, 10**30])
+def test_an_id_past_what_a_database_holds_is_no_key(api: Any, key_id: int) -> None:
+    """An id no database integer could hold is refused as no such key (404 naming it), not
+    passed to the database to fail there."""
+    from gateway.models import GatewayKey
+
+    before = GatewayKey.objects.count()
+    for method, path, body in (
+        ("post", f"/api/v1/keys/{key_id}/revoke", None),
+        ("patch", f"/api/v1/keys/{key_id}/limits", {"rpm": 5}),
+    ):
+        response = getattr(api("staff"), method)(path, body, format="json")
+        assert response.status_code == 404, response.content
+        assert response.json() == {
+            "detail": f"There is no gateway key {key_id} of yours; `llmgw ctl keys` lists them.",
+            "code": "not_found",
+        }
+    assert GatewayKey.objects.count() == before
+
+
 def test_the_owner_and_staff_can_revoke(api: Any, users: dict[str, Any]) -> None:
     mine = key_create(actor=Actor.for_user(users["alice"], "api"), name="a")[0]
     theirs = key_create(actor=Actor.for_user(users["bob"], "api"), name="b")[0]

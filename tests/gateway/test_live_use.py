@@ -17,7 +17,7 @@ from gateway.models import GatewayKey
 from gateway.services import key_create, team_add
 from tests.support.gateway_files import admit, gateway_files
 
-pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
+pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from gateway.traffic import LATENCY_BOUNDS, TrafficBook
 from tests.factories import definition
 from tests.gateway.waiting import requests_waiting
 
-pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
+pytestmark = pytest.mark.django_db
 
 FIGURES = {
     "requests",

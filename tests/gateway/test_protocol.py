@@ -14,8 +14,6 @@ from gateway import protocol
 from tests.gateway.rawhttp import closed, connect, exchange, read_answer
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.smoke
-
 
 @pytest.fixture
 def limits(settings: Any) -> Iterator[Any]:

@@ -15,8 +15,6 @@ from gateway import proxy, routing
 from gateway.routing import Balancer, Candidate, Catalog, Entry, Serve, Unavailable, Wait, decide
 from tests.gateway.fake_engine import fake_engine
 
-pytestmark = pytest.mark.smoke
-
 
 def entry(name: str, **fields: Any) -> Entry:
     values: dict[str, Any] = {

@@ -13,8 +13,6 @@ from core.refusals import Refused
 from gateway.models import GatewayKey, Team
 from gateway.services import key_create, team_add, team_members
 
-pytestmark = pytest.mark.smoke
-
 
 def staff_adds(users: dict[str, Any], name: str = "research", **limits: Any) -> Team:
     members = limits.pop("members", ["alice"])

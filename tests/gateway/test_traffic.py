@@ -14,7 +14,7 @@ from gateway import traffic
 from gateway.models import GatewayKey, KeyUsageDay, TrafficMinute
 from gateway.traffic import LATENCY_BOUNDS, WINDOWS, Figures, TrafficBook
 
-pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
+pytestmark = pytest.mark.django_db
 
 NOW = datetime(2026, 12, 2, 12, 30, 20, tzinfo=UTC)
 

@@ -10,8 +10,6 @@ from gateway import traffic
 from gateway.models import GatewayKey, KeyUsageDay, TrafficMinute
 from tests.gateway.fake_engine import FakeEngine
 
-pytestmark = [pytest.mark.smoke]
-
 
 @pytest.fixture
 def book(monkeypatch: pytest.MonkeyPatch) -> traffic.TrafficBook:

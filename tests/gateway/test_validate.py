@@ -23,8 +23,6 @@ from gateway.validate import refusal
 from llmgw.engine import find_engine
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.smoke
-
 HI = [{"role": "user", "content": "hi"}]
 
 

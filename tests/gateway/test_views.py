@@ -19,8 +19,6 @@ from gateway import routing
 from tests.gateway.fake_engine import FakeEngine
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.smoke
-
 ROOT = Path(__file__).resolve().parents[2]
 
 

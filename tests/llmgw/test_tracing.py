@@ -13,8 +13,6 @@ from llmgw.tracing import _names_service, tracing_wanted
 from tests.support.otlp import MAX_BODY, OtlpReceiver
 from tests.support.system import ROOT
 
-pytestmark = pytest.mark.smoke
-
 ENDPOINT = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}
 
 

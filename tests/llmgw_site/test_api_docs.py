@@ -11,7 +11,7 @@ from django.test import Client
 
 from llmgw_site.api_docs import LOGIN_NEEDED
 
-pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
+pytestmark = pytest.mark.django_db
 
 
 def test_it_refuses_the_schema_to_anonymous_with_how_to_log_in() -> None:

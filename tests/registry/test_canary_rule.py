@@ -16,8 +16,6 @@ from registry.canary import (
     judge,
 )
 
-pytestmark = pytest.mark.smoke
-
 LIMITS = CanarySettings(percent=10, window_seconds=600, max_error_rate=0.05, max_latency_ratio=2.0)
 OLD = RevisionFigures(requests=100, errors=0, seconds=20.0)  # 0.2 s on average
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import threading
+
+from llmgw import engine
 
 BANDS_LOW = 20000
 BANDS_HIGH = 32000  # below the ephemeral range's usual start (32768)
@@ -36,12 +37,9 @@ def band() -> tuple[int, int]:
 
 
 def is_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-        return True
+    """Whether a server could bind the port now, as the node agent asks before it gives a port
+    to an engine (llmgw.engine.port_is_free)."""
+    return engine.port_is_free(host, port)
 
 
 class _Band:

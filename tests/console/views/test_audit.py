@@ -11,7 +11,6 @@ from tests.console.pages import text_of
 pytestmark = [pytest.mark.django_db]
 
 
-@pytest.mark.smoke
 def test_the_audit_page_lists_changes_newest_first(client_for: Any, running: Any) -> None:
     client_for("alice").post("/models/tiny-chat/scale", {"min": 2})
     response = client_for("carol").get("/audit/")

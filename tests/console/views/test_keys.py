@@ -25,7 +25,6 @@ def make_key(users: dict[str, Any], owner: str = "alice", **limits: Any) -> Gate
     )[0]
 
 
-@pytest.mark.smoke
 def test_the_page_lists_my_keys_with_use_against_each_limit(
     client_for: Any, users: dict[str, Any]
 ) -> None:

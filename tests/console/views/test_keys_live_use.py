@@ -27,7 +27,6 @@ def counters(tmp_path: Path, settings: Any) -> Iterator[SharedCounters]:
         yield mine
 
 
-@pytest.mark.smoke
 def test_the_page_shows_use_now_against_each_rate(
     client_for: Any,
     users: dict[str, Any],

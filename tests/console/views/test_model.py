@@ -16,7 +16,6 @@ from tests.factories import definition
 pytestmark = [pytest.mark.django_db]
 
 
-@pytest.mark.smoke
 def test_the_model_page_shows_definition_replicas_and_history(
     client_for: Any, running: Any
 ) -> None:

@@ -12,7 +12,7 @@ from gateway.traffic import TrafficBook
 from tests.console.pages import HTMX, text_of
 from tests.gateway.waiting import requests_waiting
 
-pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
+pytestmark = pytest.mark.django_db
 
 
 def _waits(minutes_ago: int, *waits: tuple[float, str]) -> None:

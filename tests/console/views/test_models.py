@@ -17,7 +17,6 @@ from tests.console.pages import row_of, text_of
 pytestmark = [pytest.mark.django_db]
 
 
-@pytest.mark.smoke
 def test_the_list_shows_each_model_with_where_its_replicas_run(
     client_for: Any, running: Any
 ) -> None:

@@ -13,7 +13,7 @@ from catalog.models import AuditEntry, Model
 from tests.factories import canary_record, definition
 from tests.llmgw.ctl.test_commands import ctl  # noqa: F401  (the fixture)
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.smoke]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 WATCHING = canary_record()
 

@@ -16,7 +16,7 @@ from llmgw.cli import main
 from tests.factories import definition
 from tests.support.ctl import Ctl, ctl_as
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.smoke]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from gateway.models import GatewayKey
 from gateway.services import team_add
 from tests.support.ctl import Ctl, ctl_as
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.smoke]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from gateway.services import key_create, team_add
 from tests.support.ctl import Ctl, ctl_as
 from tests.support.gateway_files import admit, gateway_files
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.smoke]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 NOW = {"requests_last_minute": 2, "tokens_last_minute": 1500, "in_flight": 1}
 

@@ -14,7 +14,7 @@ from llmgw.client import Client
 from tests.factories import definition
 from tests.llmgw.ctl.test_commands import ctl  # noqa: F401  (the fixture)
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.smoke]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 COMMIT = "0123abc" + "9" * 33
 ORIGIN = {

@@ -11,7 +11,7 @@ from catalog.models import AuditEntry
 from gateway.models import Team
 from tests.support.ctl import Ctl, ctl_as
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.smoke]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture

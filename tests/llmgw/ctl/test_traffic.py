@@ -14,7 +14,7 @@ from gateway.traffic import TrafficBook
 from tests.factories import definition
 from tests.support.ctl import Ctl, ctl_as
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.smoke]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
