@@ -282,11 +282,23 @@ class System:
                 continue
         return pids
 
+    def stop_processes(self, names: list[str], sig: int = signal.SIGTERM) -> None:
+        """stop_process for each at once: all are signalled, then each is waited for."""
+        stopping = {name: self.processes.pop(name) for name in names}
+        for process in stopping.values():
+            if process.poll() is None:
+                process.send_signal(sig)
+        for process in stopping.values():
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+
     def close(self) -> None:
-        for name in [n for n in self.processes if n.startswith("node-")]:
-            self.stop_process(name)
-        for name in list(self.processes):
-            self.stop_process(name)
+        # As the run command stops: the nodes first (they stop their engines), then the rest.
+        self.stop_processes([n for n in self.processes if n.startswith("node-")])
+        self.stop_processes(list(self.processes))
         for pid in self.engine_pids():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
