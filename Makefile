@@ -44,7 +44,7 @@ $(VENV)/bin/llama-server: | $(VENV)/.installed
 # more workers than cores), then, when the first run used another database, the SQLite part:
 # the tests marked `smoke` (what differs on the embedded default, and a sample of the rest), on
 # SQLite as well. Each part ends with its 25 slowest tests.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 3
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup --durations=25
 # `make coverage`: the same runs, measuring the product's lines that the test processes run
 # (not those of the processes they start), then the report.

@@ -69,9 +69,10 @@ def _give_this_process_its_own_places() -> Path:
 
 _VAR = _give_this_process_its_own_places()
 
-# The fault matrix draws its cells from a seed at collection (tests/test_fault_matrix.py); every
-# worker must draw the same ones, so the seed is drawn once, here in the process that starts
-# them (they inherit its environment), when LLMGW_FAULT_SEED does not give one.
+# The fault matrix's tests carry a seed drawn at collection in their ids, and may draw their
+# cells from it (tests/test_fault_matrix.py); every worker must collect the same tests, so the
+# seed is drawn once, here in the process that starts them (they inherit its environment), when
+# LLMGW_FAULT_SEED does not give one.
 if worker_number() is None and not os.environ.get("LLMGW_FAULT_SEED", "").strip():
     os.environ["LLMGW_FAULT_SEED"] = str(random.SystemRandom().randrange(1, 10**6))
 

@@ -314,19 +314,22 @@ def test_a_long_key_is_shortened_in_the_refusal() -> None:
     assert len(refused.body()) < 1000
 
 
+# A long conversation, for its check's time too (bench/validate.py).
+A_THOUSAND_MESSAGES = {
+    "model": "tiny-chat",
+    "messages": [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} of many"}
+        for i in range(1000)
+    ],
+    "max_tokens": 16,
+    "temperature": 0.7,
+}
+
+
 def test_a_body_of_a_thousand_messages_passes_the_check() -> None:
     """How long the check takes is bench/validate.py's (a timing here would measure the
     neighbours of a test process as much as the check)."""
-    body = {
-        "model": "tiny-chat",
-        "messages": [
-            {"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} of many"}
-            for i in range(1000)
-        ],
-        "max_tokens": 16,
-        "temperature": 0.7,
-    }
-    assert refusal("chat", body) is None
+    assert refusal("chat", A_THOUSAND_MESSAGES) is None
 
 
 # -- through a real gateway to a real engine ---------------------------------------------------
