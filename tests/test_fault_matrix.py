@@ -1,11 +1,9 @@
-"""The fault matrix (tests.support.faults), a few of its cells per run: a whole llmgw on a
+"""The fault matrix (tests.support.faults), a sample of its cells per run: a whole llmgw on a
 PostgreSQL and a Redis of its own, one part killed or stopped at a random moment of an operation
 with traffic through the gateway, and nothing lost once it is back.
 
-The suite runs two representative cells (CELLS): the database stopped while a model is served
-from the registry, and a Celery worker killed while a canary is watched. The moment of each fault
-is drawn by the seed, printed in each test's id (`seed=N`): LLMGW_FAULT_SEED=N replays a run.
-LLMGW_FAULT_CELLS names other cells ("web:add,engine:scale"), or a number of cells to draw.
+The cells are drawn by the seed, printed in each test's id (`seed=N`): LLMGW_FAULT_SEED=N replays a
+run, LLMGW_FAULT_CELLS sets how many cells run (2), or names them ("web:add,engine:scale").
 `bench/faults.py` runs every cell. The operations serve, update-fetch, update-roll and canary need
 a local registry (git, git-lfs and olah) and are skipped without one.
 Select these with `-m faults`.
@@ -26,10 +24,7 @@ from tests.support import faults, postgres
 from tests.support.registry import available as registry_available
 
 SEED = faults.seed_from_environment()
-REPRESENTATIVE = "postgres:serve,worker:canary"
-CELLS = faults.sample_cells(
-    random.Random(SEED), os.environ.get("LLMGW_FAULT_CELLS", "") or REPRESENTATIVE
-)
+CELLS = faults.sample_cells(random.Random(SEED), os.environ.get("LLMGW_FAULT_CELLS", "2"))
 
 pytestmark = [
     pytest.mark.faults,

@@ -319,7 +319,6 @@ class Fleet:
         self.stack = contextlib.ExitStack()
         self.system: System | None = None
         self.node_tokens: dict[str, str] = {}
-        self.agent_numbers: dict[str, int] = {}  # System.start_agent's count: the port range
         self.key = ""
         self.weights = ""
         self.registry: LocalRegistry | None = None
@@ -392,7 +391,6 @@ class Fleet:
         system.start()
         for name in NODES:
             self.node_tokens[name] = system.add_node(name, memory_gb=2, cores=2)
-            self.agent_numbers[name] = system.agents_started
         wait_for(
             lambda: all(n["state"] == "ready" for n in system.api("GET", "nodes")),
             what="every agent's first heartbeat",
@@ -691,12 +689,8 @@ class Fleet:
             # The same command line, as systemd would run it again: its port range too (System
             # gives each agent it starts new ports; a node that moved its range would have its
             # adopted engines refused, outside the ports it declares).
-            name, started = saved["node"], system.agents_started
-            system.agents_started = self.agent_numbers[name] - 1
-            try:
-                system.start_agent(name, self.node_tokens[name], memory_gb=2, cores=2)
-            finally:
-                system.agents_started = started
+            name = saved["node"]
+            system.start_agent(name, self.node_tokens[name], memory_gb=2, cores=2, same_ports=True)
         elif fault == "postgres":
             self.database.start()
         elif fault == "redis":

@@ -113,6 +113,7 @@ class System:
         self.token = ""
         self.admin_password = ""
         self.agents_started = 0
+        self.agent_ports: dict[str, tuple[int, int]] = {}  # by node: the last agent's range
 
     # -- processes ------------------------------------------------------------------
 
@@ -222,14 +223,19 @@ class System:
         cores: int,
         env: dict[str, str] | None = None,
         args: tuple[str, ...] = (),
+        same_ports: bool = False,
     ) -> subprocess.Popen[bytes]:
         """An agent for node `name`; `env` and `args` are added to its environment and its
-        command line (a GPU machine's fake nvidia-smi and engine, say)."""
+        command line (a GPU machine's fake nvidia-smi and engine, say). With `same_ports`, the
+        port range of the last agent started for `name` (a node started again as systemd would,
+        same command line: it adopts the engines its predecessor left on those ports)."""
         cache = self.folder / "nodes" / name
-        # Each agent ever started here gets ports of its own: an agent killed in a test may
-        # leave engines holding its ports, and a later agent must not be handed them.
+        # Otherwise each agent ever started here gets ports of its own: an agent killed in a
+        # test may leave engines holding its ports, and a later agent must not be handed them.
         self.agents_started += 1
-        first, last = port_block(100)
+        if not same_ports:
+            self.agent_ports[name] = port_block(100)
+        first, last = self.agent_ports[name]
         argv = [
             sys.executable,
             "-m",
