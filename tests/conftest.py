@@ -25,15 +25,10 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import yaml
 
+from tests.support.ports import worker_number
 from tests.support.redis_server import RedisServer
 
 REDIS_DATABASES = 16  # redis-server's default number of databases
-
-
-def worker_number() -> int | None:
-    """This process's number among pytest-xdist's workers (gw0 is 0), or None without xdist."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    return int(worker.removeprefix("gw")) if worker.startswith("gw") else None
 
 
 def _redis_url_of_worker(url: str, number: int) -> str:

@@ -26,11 +26,16 @@ BANDS_LOW = 20000
 BANDS_HIGH = 32000  # below the ephemeral range's usual start (32768)
 
 
+def worker_number() -> int | None:
+    """This process's number among pytest-xdist's workers (gw0 is 0), or None without xdist."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker.removeprefix("gw")) if worker.startswith("gw") else None
+
+
 def band() -> tuple[int, int]:
     """This process's ports: [low, high)."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
-    number = int(worker.removeprefix("gw")) if worker.startswith("gw") else 0
+    number = worker_number() or 0
     width = (BANDS_HIGH - BANDS_LOW) // max(count, 1)
     low = BANDS_LOW + number * width
     return low, low + width
