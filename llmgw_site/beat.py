@@ -183,6 +183,7 @@ class LeaderScheduler(PersistentScheduler):
         if self.shared and self.held is not None:
             from . import leader
 
+            _drop_cut_connection()
             try:
                 if leader.release(holder=self.holder):
                     log.info("beat: %s released the lease", self.holder)
@@ -210,6 +211,16 @@ class PeriodicTask(Task):
                 name,
             )
             raise Ignore()
+
+
+def _drop_cut_connection() -> None:
+    """Close the database connection if a stop signal cut a query short on it (it is still mid-
+    command and cannot run another); the next query opens a new one."""
+    raw = connection.connection
+    status = getattr(getattr(raw, "info", None), "transaction_status", None)
+    if status is not None and status.name in ("ACTIVE", "UNKNOWN"):
+        with contextlib.suppress(Exception):
+            connection.close()
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,6 +1,8 @@
 """The Celery app: `celery -A llmgw_site worker` and `celery -A llmgw_site beat`."""
 
 import os
+import signal
+import threading
 import time
 
 from celery import Celery
@@ -34,6 +36,25 @@ def _apply_config_on_worker_start(**_: object) -> None:
     from .startup import apply_config_on_start
 
     apply_config_on_start("worker")
+
+
+@beat_init.connect
+def stop_on_signal(**_: object) -> None:
+    """In a beat process, SIGTERM and SIGINT only raise SystemExit: Service.start's `finally`
+    closes the scheduler (releasing the lease) once the code the signal cut has unwound.
+
+    Celery's own handler closes the scheduler inside the handler, that is in the middle of
+    whatever the beat was doing: when that was a query (a renewal waiting on a row lock), the
+    release needs the same connection, whose lock the cut query holds, and the beat hangs until
+    it is killed."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # a beat thread inside a worker (-B): the worker handles its signals
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
 
 
 @beat_init.connect

@@ -1,21 +1,31 @@
 """The beat scheduler (llmgw_site.beat.LeaderScheduler) in this process, on the test database:
 what a standby does, and where a new leader starts its schedule from. Nothing is sent to a broker
-here; tests/llmgw_site/test_two_control_planes.py runs two real beats against each other."""
+here; tests/llmgw_site/test_two_control_planes.py runs two real beats against each other. One test
+runs a beat process, to stop it in the middle of a query."""
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import subprocess
+import sys
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from llmgw_site import leader
 from llmgw_site.beat import LeaderScheduler, PeriodicTask
 from llmgw_site.celery import app
-from llmgw_site.models import PeriodicRun
+from llmgw_site.models import Lease, PeriodicRun
+from tests.support.system import ROOT
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -74,6 +84,86 @@ def test_it_releases_the_lease_when_it_closes(tmp_path: Path) -> None:
     beat.close()
     assert leader.holder_of().live is False  # type: ignore[union-attr]
     assert leader.take(holder="next", seconds=30) is not None
+
+
+def _waiting_on_the_lease(url: str) -> list[str]:
+    """The statements of other connections to this database that wait on a row lock of the
+    lease table."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT query FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND query LIKE %s AND pid <> pg_backend_pid()",
+            [f'UPDATE "{Lease._meta.db_table}"%'],
+        ).fetchall()
+    return [query for (query,) in rows]
+
+
+@pytest.mark.skipif(
+    not os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")),
+    reason="the lease is taken on PostgreSQL only; a row lock holds the beat's query open",
+)
+def test_a_stop_signal_that_cuts_a_query_still_releases_the_lease_and_ends_the_beat(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM while the beat's renewal waits on the lease's row: the beat leaves the query,
+    releases the lease on a new connection and exits (Celery's own handler released it inside
+    the signal handler, on the connection the cut query held, and the beat hung)."""
+    import psycopg
+
+    table = Lease._meta.db_table
+    url = urlunsplit(
+        urlsplit(os.environ["DATABASE_URL"])._replace(path=f"/{connection.settings_dict['NAME']}")
+    )
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("DJANGO", "LLMGW", "PYTEST"))},
+        "DATABASE_URL": url,
+        "LLMGW_VAR_DIR": str(tmp_path / "var"),
+        "LLMGW_CONFIG": str(tmp_path / "server.yaml"),
+        "LLMGW_CELERY_QUEUE": f"llmgw-beat-{uuid.uuid4().hex[:8]}",
+        "LLMGW_BEAT_LEASE_SECONDS": "3",  # renewed every second
+    }
+    (tmp_path / "server.yaml").write_text("{}\n")
+    log = tmp_path / "beat.log"
+    with log.open("wb") as out:
+        beat = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "llmgw_site", "beat", "--loglevel", "info",
+             "--schedule", str(tmp_path / "schedule"), "--pidfile="],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        wait_for(
+            lambda: "runs the schedule now" in log.read_text(errors="replace"),
+            timeout=60,
+            what=f"the beat to take the lease (log: {log})",
+        )
+        with psycopg.connect(url) as blocker:  # a transaction, open until rolled back below
+            blocker.execute(f"SELECT 1 FROM \"{table}\" WHERE name = 'beat' FOR UPDATE")
+            wait_for(
+                lambda: any('"term"' in query for query in _waiting_on_the_lease(url)),
+                timeout=30,
+                what="the beat's renewal to wait on the locked row",
+            )
+            beat.send_signal(signal.SIGTERM)
+            # The release (which sets only the expiry) waits on the row in its turn.
+            wait_for(
+                lambda: any(
+                    query.startswith(f'UPDATE "{table}" SET "expires_at"')
+                    for query in _waiting_on_the_lease(url)
+                ),
+                timeout=15,
+                what=f"the stopping beat's release to reach the database (log: {log})",
+            )
+            blocker.rollback()
+        assert beat.wait(timeout=30) == 0
+        assert "released the lease" in log.read_text(errors="replace")
+        assert leader.holder_of().live is False  # type: ignore[union-attr]
+    finally:
+        if beat.poll() is None:
+            beat.kill()
+            beat.wait()
 
 
 def test_every_task_is_a_periodic_task() -> None:
