@@ -1,5 +1,6 @@
-"""Whether one key's flood holds up another key's requests: a victim key sending one request at a
-time, alone and while a flood key holds 32 streams open, against a fake engine that computes 4
+"""Whether one person's flood holds up another person's requests: a victim key sending one request
+at a time, alone and while another person holds 32 streams open from one key, or spread over 16
+keys of theirs (the fair queue shares slots between people, so many keys buy no more), against a fake engine that computes 4
 answers at once and queues the rest first come, first served (as llama-server does).
 
 The engine (this file run with --engine PORT) answers in 0.8-1.2 s (uniform, seeded: answers
@@ -66,6 +67,8 @@ SLOTS = 4
 ANSWER_SECONDS = (0.8, 1.2)
 EVENTS = 20
 FLOOD_STREAMS = 32
+# The keys of one person the flood is spread over in its last row (issue 37: a user's 16 keys).
+FLOOD_KEYS = 16
 # Time for the flood's 32 requests to reach the engine (or the gateway's queue) before the victim
 # starts measuring.
 SETTLE_SECONDS = 2.0
@@ -279,7 +282,7 @@ async def drain(session: Any, engine: str) -> None:
 
 
 async def measure(
-    url: str, victim: dict[str, str], flood: dict[str, str], engine: str, victims: int
+    url: str, victim: dict[str, str], floods: list[dict[str, str]], engine: str, victims: int
 ) -> Outcome:
     import aiohttp
 
@@ -301,7 +304,7 @@ async def measure(
         finished: list[float] = []
         stop = asyncio.Event()
 
-        async def flooding() -> None:
+        async def flooding(flood: dict[str, str]) -> None:
             while not stop.is_set():
                 result = await one(session, url, flood, True)
                 if isinstance(result, str):
@@ -310,7 +313,9 @@ async def measure(
                 else:
                     finished.append(time.monotonic())
 
-        streams = [asyncio.create_task(flooding()) for _ in range(FLOOD_STREAMS)]
+        streams = [
+            asyncio.create_task(flooding(floods[i % len(floods)])) for i in range(FLOOD_STREAMS)
+        ]
         await asyncio.sleep(SETTLE_SECONDS)
         before = await engine_stats(stats, engine)
         opened = time.monotonic()
@@ -342,7 +347,7 @@ async def measure(
 
 def report(name: str, outcome: Outcome) -> None:
     if not outcome.alone or not outcome.during:
-        print(f"{name:<22} no figures: {dict(outcome.errors)}")
+        print(f"{name:<30} no figures: {dict(outcome.errors)}")
         return
     alone = percentile(outcome.alone, 0.5)
     during = percentile(outcome.during, 0.5)
@@ -352,7 +357,7 @@ def report(name: str, outcome: Outcome) -> None:
     left = outcome.capacity - victim_rate
     kept = flood_rate / left if left > 0 else 0.0
     print(
-        f"{name:<22}{alone:>8.2f}{percentile(outcome.alone, 0.9):>8.2f}{during:>9.2f}"
+        f"{name:<30}{alone:>8.2f}{percentile(outcome.alone, 0.9):>8.2f}{during:>9.2f}"
         f"{percentile(outcome.during, 0.9):>8.2f}{ratio:>7.1f}x {'met' if ratio <= TARGET_RATIO else 'NOT met':<8}"
         f"{flood_rate:>7.2f}{victim_rate:>7.2f}{kept * 100:>7.0f}% "
         f"{'met' if kept >= TARGET_FLOOD_SHARE else 'NOT met':<8}"
@@ -360,13 +365,13 @@ def report(name: str, outcome: Outcome) -> None:
         f"{sum(outcome.errors.values()):>7}"
     )
     if outcome.errors:
-        print(f"{'':<22}errors: {dict(outcome.errors)}")
+        print(f"{'':<30}errors: {dict(outcome.errors)}")
     if outcome.note:
-        print(f"{'':<22}{outcome.note}")
+        print(f"{'':<30}{outcome.note}")
 
 
 HEADER = (
-    f"{'path':<22}{'alone':>8}{'p90':>8}{'flood':>9}{'p90':>8}{'ratio':>8} {'<=1.5x':<8}"
+    f"{'path':<30}{'alone':>8}{'p90':>8}{'flood':>9}{'p90':>8}{'ratio':>8} {'<=1.5x':<8}"
     f"{'flood/s':>7}{'vict/s':>7}{'kept':>8} {'>=85%':<8}{'of cap':>7}{'busy':>7}{'errors':>7}"
 )
 
@@ -374,8 +379,9 @@ HEADER = (
 # -- the processes --------------------------------------------------------------------------
 
 
-def prepare(folder: Path, engine_port: int) -> tuple[dict[str, str], str, str]:
-    """The bench database: the model with one 4-slot replica on the engine, and two keys."""
+def prepare(folder: Path, engine_port: int) -> tuple[dict[str, str], str, list[str]]:
+    """The bench database: the model with one 4-slot replica on the engine, the victim's key
+    (bob's) and the flood's FLOOD_KEYS keys (the bench user's)."""
     env = gateway_env(folder)
     script = (
         DATABASE_PRELUDE
@@ -386,11 +392,13 @@ model_add(actor=actor, source_check=False, definition=clean_definition({{
 Replica.objects.create(model=Model.objects.get(name="{MODEL}"), model_name="{MODEL}", node=node,
     profile="cpu", spec={{"slots": {SLOTS}}}, spec_key="bench", state=Replica.READY,
     port={engine_port})
-print(key_create(actor=actor, name="victim")[1], key_create(actor=actor, name="flood")[1])
+bob = Actor.for_user(get_user_model().objects.create_user("bob", password="bob-password-1"), "api")
+print(key_create(actor=bob, name="victim")[1],
+      *[key_create(actor=actor, name=f"flood-{{i}}")[1] for i in range({FLOOD_KEYS})])
 """
     )
-    victim, flood = prepare_database(script, env).split()
-    return env, victim, flood
+    victim, *floods = prepare_database(script, env).split()
+    return env, victim, floods
 
 
 def stop(processes: Processes, name: str) -> None:
@@ -448,12 +456,13 @@ def main() -> int:
             processes.start("engine", [sys.executable, __file__, "--engine", str(engine_port)])
             engine = f"http://127.0.0.1:{engine_port}"
             wait_http(f"{engine}/health", "the fake engine")
-            env, victim_key, flood_key = prepare(folder, engine_port)
+            env, victim_key, flood_keys = prepare(folder, engine_port)
             from llmgw_site.management.commands.llmgw_run import gateway_command
 
             url_path = "/v1/chat/completions"
             modes = ["off", "on"] if wired() else ["off"]
-            for mode in modes:
+            runs = [(mode, 1) for mode in modes] + ([("on", FLOOD_KEYS)] if "on" in modes else [])
+            for mode, keys in runs:
                 port = free_port()
                 argv = gateway_command(
                     Path(sys.executable).parent, "127.0.0.1", port, workers=WORKERS
@@ -462,12 +471,13 @@ def main() -> int:
                 gateway = f"http://127.0.0.1:{port}"
                 victim = {"Authorization": f"Bearer {victim_key}"}
                 wait_http(f"{gateway}/v1/models", "the gateway", headers=victim)
-                flood = {"Authorization": f"Bearer {flood_key}"}
-                print(f"measuring llmgw, fair queue {mode} ...", file=sys.stderr, flush=True)
-                outcome = asyncio.run(measure(gateway + url_path, victim, flood, engine, victims))
+                floods = [{"Authorization": f"Bearer {key}"} for key in flood_keys[:keys]]
+                named = f"llmgw fair queue {mode}" + (f", {keys} keys" if keys > 1 else "")
+                print(f"measuring {named} ...", file=sys.stderr, flush=True)
+                outcome = asyncio.run(measure(gateway + url_path, victim, floods, engine, victims))
                 if mode == "on" and not queue_metrics(gateway):
                     outcome.note = "no llmgw_gateway_queue_seconds in /metrics: is the queue wired?"
-                results.append((f"llmgw fair queue {mode}", outcome))
+                results.append((named, outcome))
                 stop(processes, f"llmgw-{mode}")
             if "on" not in modes:
                 print(
@@ -487,7 +497,7 @@ def main() -> int:
                         both = {"Authorization": f"Bearer {LITELLM_KEY}"}
                         print("measuring LiteLLM ...", file=sys.stderr, flush=True)
                         outcome = asyncio.run(
-                            measure(litellm + url_path, both, both, engine, victims)
+                            measure(litellm + url_path, both, [both], engine, victims)
                         )
                         outcome.note = "one master key for both: LiteLLM has no per-key order"
                         results.append((f"LiteLLM {LITELLM_VERSION}", outcome))

@@ -157,3 +157,14 @@ def queue_max() -> int:
     together (one more gets 429 at once); 0: none waits, a request finding every slot busy gets
     429."""
     return int(_number("LLMGW_QUEUE_MAX", 1000, minimum=0))
+
+
+def queue_max_per_user() -> int:
+    """Of LLMGW_QUEUE_MAX, the requests of one person's keys that may wait (a quarter of it by
+    default): one person cannot fill a model's queue and turn everyone else away."""
+    return int(_number("LLMGW_QUEUE_MAX_PER_USER", queue_max() // 4, minimum=0))
+
+
+def queue_max_per_key() -> int:
+    """Of those, the requests of one key that may wait (as many as its owner's by default)."""
+    return int(_number("LLMGW_QUEUE_MAX_PER_KEY", queue_max_per_user(), minimum=0))

@@ -1,14 +1,17 @@
 """Fair queueing: when every slot of a model is busy, requests wait here, and each freed slot goes
-to the next one in weighted-fair order between keys.
+to the next one in weighted-fair order between teams, then people, then keys.
 
 Without it a request that finds every slot busy is sent on anyway and waits in the engine's own
 first-come queue: one key holding 32 streams makes another key's single request wait behind all
 of them (about 8x its latency alone, bench/fairness.py). Here it waits in the gateway instead, and a
 freed slot goes to the waiter that is furthest behind its fair share, whichever key sent most.
 
-The order (start-time fair queueing). Requests are grouped into flows: a key's, or its team's
-when the key has a team (the team's keys then share one weight, the team's). Each request gets
-a start tag S and a finish tag F = S + 1/weight, where
+The order (start-time fair queueing). Requests are grouped into flows by person: the owner of
+the request's key (a key with no known owner is a person of its own). A flow's weight is its
+team's weight split equally between the team's people with requests waiting or in service, or,
+for a person without a team, the weight of their heaviest key in use (`share`): a person's
+sixteen keys get one person's share, and a key never used before starts no new flow. Each
+request gets a start tag S and a finish tag F = S + 1/weight, where
 
     S = max(V, the largest F among its flow's requests waiting or in service),
     V = the largest S among the model's requests in service (the one granted last), or the
@@ -22,7 +25,10 @@ so it waits for at most one request of each other backlogged flow: a key sending
 delays a key sending one by at most one freed slot, less than one answer's time. A flow's
 requests in service count in its F, so a key that keeps N streams going gets its share, not N
 slots. Between backlogged flows, slots go in proportion to their weights. Requests are tagged as
-if they cost the same: a key that sends long generations gets more compute per turn.
+if they cost the same: a key that sends long generations gets more compute per turn. Within a
+person's flow, each turn goes to whichever of their keys is furthest behind its share (by the
+keys' weights; the same tags one level down, kept by each process for its own waiters: _Inner),
+which takes the place in the order of the person's first waiter.
 
 Free slot: a candidate replica whose requests in flight, counted over every gateway process of
 the machine (gateway.load, through the balancer), are fewer than its slots. A grant is counted
@@ -47,14 +53,16 @@ waiter further back whose replicas have a free slot takes it.
 
 Bounds. A request waits at most LLMGW_QUEUE_TIMEOUT seconds (then QueueTimeout: 503 with
 Retry-After), and at most LLMGW_QUEUE_MAX requests wait per model on the machine (the next gets
-QueueFull: 429); two processes admitting at the same instant may overshoot by one each. A
-process's file holds ENTRIES requests (waiting or in service; 48 bytes each, 393 KiB a file);
+QueueFull: 429), of which at most LLMGW_QUEUE_MAX_PER_USER are one person's and
+LLMGW_QUEUE_MAX_PER_KEY one key's (a quarter of the queue by default: one person cannot fill it
+for everyone); two processes admitting at the same instant may overshoot by one each. A
+process's file holds ENTRIES requests (waiting or in service; 72 bytes each, 584 KiB a file);
 past that, a request that must wait is refused with 429 too, and one that finds a free slot goes
 through untracked (fairness suffers a little, nothing fails). In memory, a model's queue in a
 process holds its waiters (llmgw_gateway_queue_depth) and those who left them, until these
-outnumber the waiters by HEAP_SLACK: then they are dropped at once. Its flows (keys and teams
-with requests waiting or in service, their finish tags) are those of its file's entries, so at
-most ENTRIES (llmgw_gateway_queue_flows_entries); the models' queues, one per model asked for,
+outnumber the waiters by HEAP_SLACK: then they are dropped at once. Its flows (people with
+requests waiting or in service, their finish tags, teams and keys) are those of its file's
+entries, so at most ENTRIES each (llmgw_gateway_queue_flows_entries); the models' queues, one per model asked for,
 at most MAX_QUEUES: past that, those with nothing waiting or in service here are dropped (one
 asked for again starts as a model new to the process does). A client that hangs up
 leaves the queue at once: cancelling the wait (or `hangup` returning) removes it, and a slot
@@ -99,7 +107,7 @@ import mmap
 import os
 import struct
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -135,15 +143,20 @@ BUCKETS = 1024
 HEAP_SLACK = 64
 # The smallest weight taken: a weight of 0 would give a flow an infinite finish tag.
 MIN_WEIGHT = 0.01
+# The smallest share a flow gets (a team's weight split between many people and their keys).
+MIN_SHARE = 1e-6
 # Bounds of the Retry-After sent with a refusal.
 RETRY_AFTER_MIN, RETRY_AFTER_MAX = 1, 60
 
-_MAGIC = 0x31_71_66_77_67_6D_6C_6C  # "llmgwfq1"
+_MAGIC = 0x32_71_66_77_67_6D_6C_6C  # "llmgwfq2"
 _HEADER = struct.Struct("<qdq")  # magic, heartbeat (time.monotonic()), entries in use (high water)
 _HEADER_BYTES = 64
 _BUCKET = struct.Struct("<q")
-_ENTRY = struct.Struct("<qqddqq")  # model hash, flow hash, start, finish, arrival ns, state
-_STATE_OFFSET = 40
+# model hash, flow (key), member (user) and top (team, or the user) hashes, start, finish, the
+# key's weight, arrival ns, state
+_ENTRY = struct.Struct("<qqqqdddqq")
+_TAGS = struct.Struct("<dd")
+_TAGS_OFFSET, _ORDER_OFFSET, _STATE_OFFSET = 32, 56, 64
 _BUCKETS_AT = _HEADER_BYTES
 _ENTRIES_AT = _BUCKETS_AT + BUCKETS * _BUCKET.size
 FILE_BYTES = _ENTRIES_AT + ENTRIES * _ENTRY.size
@@ -157,9 +170,30 @@ def name_hash(*parts: str) -> int:
     return int.from_bytes(digest, "little", signed=True) or 1
 
 
-def flow_of(key_id: int | None, team_id: int | None) -> str:
-    """Whose share a request counts against: its key's, or its team's when the key has one."""
-    return f"team:{team_id}" if team_id is not None else f"key:{key_id}"
+@dataclass(frozen=True)
+class Who:
+    """Whose share a request counts against, level by level: its key (the flow), the key's
+    owner (a key without a known owner is a person of its own), and the owner's team (or,
+    without one, the owner again)."""
+
+    flow: str
+    member: str
+    top: str
+
+
+def who_of(key_id: int | None, user_id: int | None, team_id: int | None) -> Who:
+    flow = f"key:{key_id}"
+    member = f"user:{user_id}" if user_id is not None else flow
+    return Who(flow, member, f"team:{team_id}" if team_id is not None else member)
+
+
+def share(team_weight: float | None, members: int, key_weights: Sequence[float]) -> float:
+    """A member's weight in the order between members: its top's weight (the team's, or for a
+    person without a team their heaviest key's in use, `key_weights`), split equally between
+    the top's `members` in use. A person's sixteen keys get one person's share, not sixteen;
+    between them, each turn of the person's goes by the keys' weights (_Inner)."""
+    top = team_weight if team_weight is not None else max(key_weights)
+    return max(MIN_SHARE, top / max(1, members))
 
 
 # -- refusals -----------------------------------------------------------------------------
@@ -218,12 +252,18 @@ async def client_gone(receive: Callable[[], Awaitable[Mapping[str, Any]]]) -> No
 
 @dataclass
 class _Scan:
-    """What every process's board says about one model (and one flow of it)."""
+    """What every process's board says about one model (and one request's flow, member and top
+    of it)."""
 
     waiting: int = 0
     least_waiting_start: float = math.inf
     most_served_start: float = -math.inf
-    flow_finish: float = -math.inf
+    member_finish: float = -math.inf
+    flow_waiting: int = 0
+    member_waiting: int = 0
+    # In use (waiting or in service): the top's members, and the member's keys with their weights.
+    members: set[int] = field(default_factory=set)
+    key_weights: dict[int, float] = field(default_factory=dict)
 
     @property
     def virtual_time(self) -> float:
@@ -272,10 +312,8 @@ class _Board:
         self._heartbeat = now
         _HEADER.pack_into(self._buffer, 0, _MAGIC, now, self._used)
 
-    def add(
-        self, model: int, flow: int, start: float, finish: float, order: int, state: int
-    ) -> int | None:
-        """Write an entry; its index, or None when the file is full."""
+    def add(self, waiter: _Waiter, state: int) -> int | None:
+        """Write a waiter's entry; its index, or None when the file is full."""
         if self._spare:
             index = heapq.heappop(self._spare)
         elif self._used < ENTRIES:
@@ -284,7 +322,10 @@ class _Board:
             return None
         # Everything but the state first: a reader takes an entry by its state.
         at = _ENTRIES_AT + index * _ENTRY.size
-        _ENTRY.pack_into(self._buffer, at, model, flow, start, finish, order, FREE)
+        model = waiter.model_hash
+        _ENTRY.pack_into(self._buffer, at, model, waiter.flow_hash, waiter.member_hash,
+                         waiter.top_hash, waiter.start, waiter.finish, waiter.weight,
+                         waiter.order, FREE)  # fmt: skip
         if state == WAITING:
             self._bucket_add(model, 1)
         _BUCKET.pack_into(self._buffer, at + _STATE_OFFSET, state)
@@ -292,6 +333,12 @@ class _Board:
             self._used = index + 1
         self.beat(time.monotonic())
         return index
+
+    def retag(self, waiter: _Waiter) -> None:
+        """Write a waiter's new place in the order (start, finish, arrival) over its entry's."""
+        at = _ENTRIES_AT + waiter.index * _ENTRY.size  # type: ignore[operator]
+        _TAGS.pack_into(self._buffer, at + _TAGS_OFFSET, waiter.start, waiter.finish)
+        _BUCKET.pack_into(self._buffer, at + _ORDER_OFFSET, waiter.order)
 
     def serve(self, index: int, model: int) -> None:
         _BUCKET.pack_into(self._buffer, _ENTRIES_AT + index * _ENTRY.size + _STATE_OFFSET, SERVED)
@@ -361,13 +408,14 @@ class _Board:
             if pid != self.pid
         )
 
-    def scan(self, model: int, flow: int, now: float) -> _Scan:
+    def scan(self, model: int, now: float, flow: int = 0, member: int = 0, top: int = 0) -> _Scan:
         found = _Scan()
         for _, buffer, counts in self._boards(now):
-            for m, f, start, finish, _, state in self._entries(buffer):
+            for m, f, u, t, start, finish, weight, _, state in self._entries(buffer):
                 if m != model or state == FREE:
                     continue
-                if state == WAITING:
+                waiting = state == WAITING
+                if waiting:
                     if not counts:
                         continue
                     found.waiting += 1
@@ -375,7 +423,13 @@ class _Board:
                 elif state == SERVED:
                     found.most_served_start = max(found.most_served_start, start)
                 if f == flow:
-                    found.flow_finish = max(found.flow_finish, finish)
+                    found.flow_waiting += waiting
+                if t == top:
+                    found.members.add(u)
+                if u == member:
+                    found.member_finish = max(found.member_finish, finish)
+                    found.key_weights[f] = weight
+                    found.member_waiting += waiting
         return found
 
     def others_first(self, model: int, now: float) -> tuple[float, int, int] | None:
@@ -384,7 +438,7 @@ class _Board:
         for pid, buffer, counts in self._boards(now):
             if pid == self.pid or not counts or not self._has_waiters(buffer, model):
                 continue
-            for m, _, start, _, order, state in self._entries(buffer):
+            for m, _, _, _, start, _, _, order, state in self._entries(buffer):
                 if m == model and state == WAITING:
                     mark = (start, order, pid)
                     if first is None or mark < first:
@@ -485,7 +539,7 @@ def waiting_on_machine(folder: Path, models: Sequence[str]) -> dict[str, int]:
             magic, heartbeat, _ = _HEADER.unpack_from(buffer, 0)
             if magic != _MAGIC or now - heartbeat > STALE_SECONDS:
                 continue
-            for model_hash, _, _, _, _, state in _Board._entries(buffer):
+            for model_hash, *_, state in _Board._entries(buffer):
                 if state == WAITING and model_hash in hashes:
                     counts[hashes[model_hash]] += 1
         finally:
@@ -513,14 +567,33 @@ class _Waiter:
     model: str
     model_hash: int
     flow_hash: int
+    member_hash: int
+    top_hash: int
+    weight: float  # its key's
     start: float
     finish: float
     order: int
+    inner: float  # its tag among its member's requests in this process
     candidates: tuple[Candidate, ...]
     balancer: Balancer
     future: asyncio.Future[Hold]
     index: int | None = None
     hold: Hold | None = None
+
+
+@dataclass(eq=False)
+class _Inner:
+    """The order between one member's keys, in this process: start-time fair queueing again,
+    one level down. The member's turns come by the order between members; each goes to the
+    member's waiter here with the smallest inner tag (see FairQueue._next_of_member)."""
+
+    virtual: float = 0.0
+    finish: dict[int, float] = field(default_factory=dict)  # per key
+
+    def tag(self, flow_hash: int, weight: float) -> float:
+        start = max(self.virtual, self.finish.get(flow_hash, -math.inf))
+        self.finish[flow_hash] = start + 1.0 / weight
+        return start
 
 
 @dataclass(eq=False)
@@ -532,7 +605,15 @@ class _ModelQueue:
     heap: list[tuple[float, int, int, _Waiter]] = field(default_factory=list)
     waiting: int = 0
     virtual_time: float = 0.0
-    flows: dict[int, tuple[int, float]] = field(default_factory=dict)  # flow: (entries, finish)
+    # Per member (a person): entries here, and the largest finish tag among them.
+    flows: dict[int, tuple[int, float]] = field(default_factory=dict)
+    # Who is in use here, for a request that goes straight through (which reads no board):
+    # per top, its members' entries; per member, its keys' (entries, weight).
+    tops: dict[int, dict[int, int]] = field(default_factory=dict)
+    members: dict[int, dict[int, tuple[int, float]]] = field(default_factory=dict)
+    # Per member with requests waiting here: those requests, and the order between its keys.
+    waiting_of: dict[int, set[_Waiter]] = field(default_factory=dict)
+    inner: dict[int, _Inner] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     # When (the board's `awake`) a slot was first seen free for another process's first waiter.
@@ -579,30 +660,38 @@ class FairQueue:
         model: str,
         key_id: int | None,
         weight: float = 1.0,
+        user_id: int | None = None,
         team_id: int | None = None,
+        team_weight: float = 1.0,
         candidates: Sequence[Candidate],
         balancer: Balancer,
         hangup: Callable[[], Awaitable[Any]] | None = None,
         timeout: float | None = None,
         limit: int | None = None,
+        per_key: int | None = None,
+        per_user: int | None = None,
     ) -> _Turn:
         """``async with queue.turn(...) as granted:`` returns when one of `candidates` has a free
         slot and this request is next in fair order; the request is counted as in service until
-        the block ends. `weight` is its flow's: the team's when `team_id` is given. Raises
-        QueueFull, QueueTimeout, or ClientGone when `hangup` returns first. The block's balancer
+        the block ends. Slots are shared between teams (by `team_weight`) and people without
+        one, then between a team's people, then between a person's keys (by their `weight`): see
+        `share`. Raises QueueFull, QueueTimeout, or ClientGone when `hangup` returns first. The block's balancer
         choice takes `granted.hold` (`balancer.choose(..., hold=granted.hold)`), the slot counted
         for it until then; a block that chooses without it counts the request twice until it
         ends."""
         return _Turn(
             self,
             model=model,
-            flow=flow_of(key_id, team_id),
+            who=who_of(key_id, user_id, team_id),
             weight=max(MIN_WEIGHT, float(weight)),
+            team_weight=max(MIN_WEIGHT, float(team_weight)) if team_id is not None else None,
             candidates=tuple(candidates),
             balancer=balancer,
             hangup=hangup,
             timeout=conf.queue_timeout() if timeout is None else timeout,
             limit=conf.queue_max() if limit is None else limit,
+            per_key=_bound(per_key, limit, conf.queue_max_per_key),
+            per_user=_bound(per_user, limit, conf.queue_max_per_user),
         )
 
     # figures
@@ -614,7 +703,7 @@ class FairQueue:
     def depth(self, model: str) -> int:
         """Requests waiting for `model` on this machine, every process's."""
         model_hash = name_hash(model)
-        return self.board.scan(model_hash, 0, time.monotonic()).waiting
+        return self.board.scan(model_hash, time.monotonic()).waiting
 
     def size(self) -> tuple[int, int]:
         """(models' queues, flows) this process holds (see the module's Bounds): for /metrics,
@@ -632,39 +721,30 @@ class FairQueue:
     async def _enter(self, ticket: _Turn) -> tuple[_Waiter, Granted]:
         arrived = time.monotonic()
         q = self._queue(ticket.model)
-        flow_hash = name_hash(ticket.model, ticket.flow)
+        hashes = ticket.hashes
+        flow_hash, member_hash, top_hash = hashes
         hold = None if q.waiting else self._through(q, ticket, arrived)
         if hold is not None:
             # Nobody waits anywhere: straight through, tagged from what this process knows.
-            start = max(q.virtual_time, q.flows.get(flow_hash, (0, -math.inf))[1])
-            waiter = self._waiter(q, ticket, flow_hash, start, time.monotonic_ns())
+            start = max(q.virtual_time, q.flows.get(member_hash, (0, -math.inf))[1])
+            weight = ticket.share(q.tops.get(top_hash, {}), q.members.get(member_hash, {}))
+            waiter = self._waiter(q, ticket, start, weight, 0.0)
             waiter.hold = hold
-            waiter.index = self.board.add(
-                q.hash, flow_hash, start, waiter.finish, waiter.order, SERVED
-            )
+            waiter.index = self.board.add(waiter, SERVED)
             if waiter.index is not None:
                 self._count_flow(q, waiter, 1)
             q.virtual_time = max(q.virtual_time, start)
             self._observe(ticket.model, 0.0, "served")
             return waiter, Granted(hold.replica, 0.0, queued=False, hold=hold)
 
-        found = self.board.scan(q.hash, flow_hash, arrived)
-        local_finish = q.flows.get(flow_hash, (0, -math.inf))[1]
-        if found.waiting >= ticket.limit:
-            self._observe(ticket.model, 0.0, "full")
-            raise QueueFull(
-                ticket.model,
-                found.waiting,
-                ticket.limit,
-                self._retry_after(q, found.waiting),
-                f"{found.waiting} requests already wait for it on this machine, as many as its "
-                f"queue holds (LLMGW_QUEUE_MAX={ticket.limit})",
-            )
-        start = max(found.virtual_time, found.flow_finish, local_finish)
-        waiter = self._waiter(q, ticket, flow_hash, start, time.monotonic_ns())
-        waiter.index = self.board.add(
-            q.hash, flow_hash, start, waiter.finish, waiter.order, WAITING
-        )
+        found = self.board.scan(q.hash, arrived, *hashes)
+        self._check_room(q, ticket, found)
+        local_finish = q.flows.get(member_hash, (0, -math.inf))[1]
+        start = max(found.virtual_time, found.member_finish, local_finish)
+        weight = ticket.share(found.members, found.key_weights)
+        inner = q.inner.setdefault(member_hash, _Inner()).tag(flow_hash, ticket.weight)
+        waiter = self._waiter(q, ticket, start, weight, inner)
+        waiter.index = self.board.add(waiter, WAITING)
         if waiter.index is None:
             self._observe(ticket.model, 0.0, "full")
             raise QueueFull(
@@ -676,6 +756,7 @@ class FairQueue:
             )
         self._count_flow(q, waiter, 1)
         heapq.heappush(q.heap, (waiter.start, waiter.order, next(self._sequence), waiter))
+        q.waiting_of.setdefault(member_hash, set()).add(waiter)
         q.waiting += 1
         q.sets[waiter.candidates] = q.sets.get(waiter.candidates, 0) + 1
         self._depth_changed(q)
@@ -695,6 +776,26 @@ class FairQueue:
         waited = time.monotonic() - arrived
         self._observe(ticket.model, waited, "served")
         return waiter, Granted(hold.replica, waited, queued=True, hold=hold)
+
+    def _check_room(self, q: _ModelQueue, ticket: _Turn, found: _Scan) -> None:
+        """QueueFull when the model's queue on this machine, or the share of it one key or one
+        person may take, is full: one person cannot fill a model's queue for everyone else."""
+        bounds = [
+            (found.waiting, ticket.limit, "LLMGW_QUEUE_MAX",
+             "requests already wait for it on this machine, as many as its queue holds"),
+            (found.flow_waiting, ticket.per_key, "LLMGW_QUEUE_MAX_PER_KEY",
+             "requests of this key already wait for it, as many as one key may"),
+        ]  # fmt: skip
+        if ticket.who.member != ticket.who.flow:
+            bounds.append((found.member_waiting, ticket.per_user, "LLMGW_QUEUE_MAX_PER_USER",
+                           "requests of this key's owner already wait for it, as many as one "
+                           "person may"))  # fmt: skip
+        for waiting, bound, setting, words in bounds:
+            if waiting >= bound:
+                self._observe(ticket.model, 0.0, "full")
+                raise QueueFull(ticket.model, waiting, bound,
+                                self._retry_after(q, found.waiting),
+                                f"{waiting} {words} ({setting}={bound})")  # fmt: skip
 
     def _through(self, q: _ModelQueue, ticket: _Turn, now: float) -> Hold | None:
         """A slot held for a request that finds one free and nobody waiting anywhere."""
@@ -727,6 +828,7 @@ class FairQueue:
             waiter.future.cancel()
             q.waiting -= 1
             q.forget_set(waiter.candidates)
+            _stop_waiting(q, waiter)
             # Left in the heap, skipped when it comes up: removing from the middle costs O(n).
             # Until those who left are most of it: the heap is built again without them then
             # (O(n) once per n leaving, so still O(1) each). Else a replica busy for long, its
@@ -794,8 +896,10 @@ class FairQueue:
             if free is None:
                 q.free_since = None
                 return
-            if chosen is head and not self._my_turn(q, head, now):
-                return
+            if chosen is head:
+                if not self._my_turn(q, head, now):
+                    return
+                chosen = self._next_of_member(q, head)
             self._hand_over(q, chosen, free, now)
 
     def _my_turn(self, q: _ModelQueue, head: _Waiter, now: float) -> bool:
@@ -806,6 +910,29 @@ class FairQueue:
         if q.free_since is None:
             q.free_since = self.board.awake
         return self.board.awake - q.free_since >= self.grace
+
+    def _next_of_member(self, q: _ModelQueue, head: _Waiter) -> _Waiter:
+        """The head's member's turn goes to its waiter here that is first between its keys
+        (the smallest inner tag, among those the same replicas serve); that waiter and the head
+        swap their places in the order between members."""
+        best = head
+        for waiter in q.waiting_of.get(head.member_hash, ()):
+            if waiter.candidates == head.candidates and (waiter.inner, waiter.order) < (
+                best.inner,
+                best.order,
+            ):
+                best = waiter
+        if best is head:
+            return head
+        heapq.heappop(q.heap)  # the head's entry; the best's stays, skipped once it is served
+        head.start, best.start = best.start, head.start
+        head.finish, best.finish = best.finish, head.finish
+        head.order, best.order = best.order, head.order
+        for waiter in (head, best):
+            if waiter.index is not None:
+                self.board.retag(waiter)
+        heapq.heappush(q.heap, (head.start, head.order, next(self._sequence), head))
+        return best
 
     def _first_that_fits(self, q: _ModelQueue, now: float) -> tuple[_Waiter, Candidate | None]:
         seen: dict[tuple[Candidate, ...], Candidate | None] = {}
@@ -823,6 +950,10 @@ class FairQueue:
         # Its place in the heap is skipped when it comes up (its future is done).
         q.waiting -= 1
         q.forget_set(waiter.candidates)
+        _stop_waiting(q, waiter)
+        inner = q.inner.get(waiter.member_hash)
+        if inner is not None:
+            inner.virtual = max(inner.virtual, waiter.inner)
         q.free_since = None
         q.virtual_time = max(q.virtual_time, waiter.start)
         if q.granted_at is not None:
@@ -855,15 +986,20 @@ class FairQueue:
         return q
 
     def _waiter(
-        self, q: _ModelQueue, ticket: _Turn, flow_hash: int, start: float, order: int
+        self, q: _ModelQueue, ticket: _Turn, start: float, share: float, inner: float
     ) -> _Waiter:
+        flow_hash, member_hash, top_hash = ticket.hashes
         return _Waiter(
             model=ticket.model,
             model_hash=q.hash,
             flow_hash=flow_hash,
+            member_hash=member_hash,
+            top_hash=top_hash,
+            weight=ticket.weight,
             start=start,
-            finish=start + 1.0 / ticket.weight,
-            order=order,
+            finish=start + 1.0 / share,
+            order=time.monotonic_ns(),
+            inner=inner,
             candidates=ticket.candidates,
             balancer=ticket.balancer,
             future=asyncio.get_running_loop().create_future(),
@@ -883,12 +1019,25 @@ class FairQueue:
         return best
 
     def _count_flow(self, q: _ModelQueue, waiter: _Waiter, delta: int) -> None:
-        entries, finish = q.flows.get(waiter.flow_hash, (0, -math.inf))
+        entries, finish = q.flows.get(waiter.member_hash, (0, -math.inf))
         entries += delta
         if entries > 0:
-            q.flows[waiter.flow_hash] = (entries, max(finish, waiter.finish))
+            q.flows[waiter.member_hash] = (entries, max(finish, waiter.finish))
         else:
-            q.flows.pop(waiter.flow_hash, None)
+            q.flows.pop(waiter.member_hash, None)
+            q.inner.pop(waiter.member_hash, None)
+        members = q.tops.setdefault(waiter.top_hash, {})
+        _add(members, waiter.member_hash, delta)
+        if not members:
+            del q.tops[waiter.top_hash]
+        keys = q.members.setdefault(waiter.member_hash, {})
+        entries = keys.get(waiter.flow_hash, (0, 0.0))[0] + delta
+        if entries > 0:
+            keys[waiter.flow_hash] = (entries, waiter.weight)
+        else:
+            keys.pop(waiter.flow_hash, None)
+            if not keys:
+                del q.members[waiter.member_hash]
 
     def _retry_after(self, q: _ModelQueue, ahead: int) -> int:
         seconds = math.ceil(max(1, ahead) * q.grant_interval)
@@ -903,6 +1052,27 @@ class FairQueue:
             self.on_wait(model, seconds, outcome)
 
 
+def _stop_waiting(q: _ModelQueue, waiter: _Waiter) -> None:
+    waiting = q.waiting_of.get(waiter.member_hash)
+    if waiting is not None:
+        waiting.discard(waiter)
+        if not waiting:
+            del q.waiting_of[waiter.member_hash]
+
+
+def _bound(given: int | None, queue: int | None, setting: Callable[[], int]) -> int:
+    """A share's bound: the one given, else the queue's when that is given, else the setting."""
+    return given if given is not None else queue if queue is not None else setting()
+
+
+def _add(counts: dict[int, int], key: int, delta: int) -> None:
+    left = counts.get(key, 0) + delta
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
+
+
 class _Turn:
     """One request's place in the queue, from asking for a turn to the end of its answer."""
 
@@ -911,19 +1081,31 @@ class _Turn:
         queue: FairQueue,
         *,
         model: str,
-        flow: str,
+        who: Who,
         weight: float,
+        team_weight: float | None,
         candidates: tuple[Candidate, ...],
         balancer: Balancer,
         hangup: Callable[[], Awaitable[Any]] | None,
         timeout: float,
         limit: int,
+        per_key: int,
+        per_user: int,
     ) -> None:
         self.queue = queue
-        self.model, self.flow, self.weight = model, flow, weight
+        self.model, self.who, self.weight, self.team_weight = model, who, weight, team_weight
+        self.hashes = (name_hash(model, who.flow), name_hash(model, who.member),
+                       name_hash(model, who.top))  # fmt: skip
         self.candidates, self.balancer, self.hangup = candidates, balancer, hangup
-        self.timeout, self.limit = timeout, limit
+        self.timeout, self.limit, self.per_key, self.per_user = timeout, limit, per_key, per_user
         self._waiter: _Waiter | None = None
+
+    def share(self, members: Iterable[int], keys: Mapping[int, Any]) -> float:
+        """This request's member's share, given who is in use: the top's members, and the
+        member's keys (weights, or (entries, weight) as a process keeps them)."""
+        flow_hash, member_hash, _ = self.hashes
+        weights = [v[1] if isinstance(v, tuple) else v for k, v in keys.items() if k != flow_hash]
+        return share(self.team_weight, len({*members, member_hash}), [*weights, self.weight])
 
     async def __aenter__(self) -> Granted:
         self._waiter, granted = await self.queue._enter(self)

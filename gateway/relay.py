@@ -547,10 +547,9 @@ def _prepare(call: Call, asked: Asked, decision: routing.Serve) -> Prepared:
     prefix: list[int] = []
     if target.routing == "prefix" and len(decision.candidates) > 1:
         prefix = block_hashes(prompt_text(body), decision.engine_name)
-    # A team's keys share the team's weight (gateway.fairqueue).
-    team_id = key.team_id
-    team = snapshot.teams.get(team_id) if team_id is not None else None
-    weight = team.weight if team is not None else key.limits.weight if key.limits else 1.0
+    # The key's weight among its owner's keys (gateway.fairqueue; a team's weight is read at
+    # the turn).
+    weight = key.limits.weight if key.limits else 1.0
     return Prepared(decision, payload, rename, refresh, prefix, weight)
 
 
@@ -559,6 +558,7 @@ async def _send(call: Call, asked: Asked, prepared: Prepared, path: str) -> Repl
     gateway = call.gateway
     decision, entry, key = prepared.decision, asked.entry, asked.key
     team_id = key.team_id
+    team = asked.snapshot.teams.get(team_id) if team_id is not None else None
     turn: AbstractAsyncContextManager[Any] | None = None
     hold: routing.Hold | None = None
     if conf.fair_queue_on():
@@ -567,7 +567,9 @@ async def _send(call: Call, asked: Asked, prepared: Prepared, path: str) -> Repl
             model=decision.model,
             key_id=key.id,
             weight=prepared.weight,
+            user_id=key.owner_id,
             team_id=team_id,
+            team_weight=team.weight if team is not None else 1.0,
             candidates=decision.candidates,
             balancer=gateway.balancer,
             hangup=lambda: fairqueue.client_gone(call.receive),

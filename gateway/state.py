@@ -113,6 +113,8 @@ _KEYS_STALE_SECONDS = (DELETED_KEEP - timedelta(hours=1)).total_seconds()
 class KeyState:
     id: int
     active: bool
+    # Its owner's user id: the fair queue shares a model's slots between people, not keys.
+    owner_id: int | None = None
     # Its limits, team and expiry: None for a key with none of them (most), which then costs
     # a request nothing more.
     limits: Limits | None = None
@@ -141,9 +143,9 @@ class Keys(Mapping[str, KeyState]):
     A key of an inactive owner is dropped: it is refused as unknown.
 
     Memory, the bound: one dict entry per key, its sha256 as 32 raw bytes (72 bytes
-    allocated, against 113 for the hex text) and one int for its id, whether it opens and
-    whether it has limits (32 bytes), about 45 bytes of dict slot: about 150 bytes a key,
-    150 MB at 1 M keys (bench/gateway_keys.py measures it), with a second table during a full
+    allocated, against 113 for the hex text) and one int for its owner, its id, whether it
+    opens and whether it has limits (36 bytes), about 45 bytes of dict slot: about 155 bytes a
+    key, 155 MB at 1 M keys (bench/gateway_keys.py measures it), with a second table during a full
     read only (the first, and one after the database was away for most of DELETED_KEEP).
 
     Keys with any limit, a team, an expiry or a weight other than 1 are also in a second,
@@ -153,8 +155,8 @@ class Keys(Mapping[str, KeyState]):
     """
 
     def __init__(self, codes: dict[bytes, int] | None = None) -> None:
-        # digest -> id << 2 | limited << 1 | opens: one small int per key rather than an
-        # object; and the limits of the keys that have any, by id. One tuple, replaced whole
+        # digest -> (owner << 64 | id) << 2 | limited << 1 | opens (pack_key): one int per key
+        # rather than an object; and the limits of the keys that have any, by id. One tuple, replaced whole
         # by a full read, so a lookup never pairs one read's codes with another's limits.
         self._tables: tuple[dict[bytes, int], dict[int, Limits]] = (
             codes if codes is not None else {},
@@ -196,9 +198,10 @@ class Keys(Mapping[str, KeyState]):
             return default
         if code is None:
             return default
+        key_id, owner_id = (code >> 2) & _ID_MASK, code >> _OWNER_SHIFT
         if code & 2:
-            return KeyState(id=code >> 2, active=bool(code & 1), limits=limited.get(code >> 2))
-        return KeyState(id=code >> 2, active=bool(code & 1))
+            return KeyState(key_id, bool(code & 1), owner_id, limited.get(key_id))
+        return KeyState(key_id, bool(code & 1), owner_id)
 
     def __getitem__(self, digest: str) -> KeyState:
         key = self.get(digest)
@@ -298,8 +301,19 @@ def key_horizon() -> tuple[Any, Any]:
         return keys, deleted
 
 
+# A key's code (Keys): its owner and id (database integers, below 2**63), whether it has
+# limits and whether it opens.
+_ID_MASK = (1 << 64) - 1
+_OWNER_SHIFT = 66
+
+
+def pack_key(key_id: int, owner_id: int, *, limited: bool, opens: bool) -> int:
+    return (owner_id << 64 | key_id) << 2 | limited << 1 | opens
+
+
 _KEY_ROWS = (
-    "SELECT k.key_hash, k.id, k.revoked_at IS NULL, u.is_active, k.team_id, k.expires_at, "
+    "SELECT k.key_hash, k.id, k.owner_id, k.revoked_at IS NULL, u.is_active, k.team_id, "
+    "k.expires_at, "
     "k.rpm, k.tpm, k.max_parallel, k.tokens_per_day, k.tokens_per_month, k.models, k.weight "
     "FROM gateway_gatewaykey k JOIN auth_user u ON u.id = k.owner_id"
 )
@@ -323,7 +337,16 @@ def _read_keys(codes: dict[bytes, int], limited: dict[int, Limits], *, since: An
         cursor.execute(sql, params)
         while chunk := cursor.fetchmany(_CHUNK_ROWS):
             rows += len(chunk)
-            for key_hash, key_id, opens, owner_active, team_id, expires_at, *rest in chunk:
+            for (
+                key_hash,
+                key_id,
+                owner_id,
+                opens,
+                owner_active,
+                team_id,
+                expires_at,
+                *rest,
+            ) in chunk:
                 digest = bytes.fromhex(key_hash)
                 if not owner_active:
                     codes.pop(digest, None)
@@ -341,7 +364,7 @@ def _read_keys(codes: dict[bytes, int], limited: dict[int, Limits], *, since: An
                     and models in _NO_MODELS
                     and (weight is None or weight == 1)
                 ):
-                    codes[digest] = key_id << 2 | bool(opens)
+                    codes[digest] = pack_key(key_id, owner_id, limited=False, opens=opens)
                     limited.pop(key_id, None)
                     continue
                 limited[key_id] = limits_of(
@@ -356,7 +379,7 @@ def _read_keys(codes: dict[bytes, int], limited: dict[int, Limits], *, since: An
                     expires_at=expires_at,
                     ident=key_ident(key_hash),
                 )
-                codes[digest] = key_id << 2 | 2 | bool(opens)
+                codes[digest] = pack_key(key_id, owner_id, limited=True, opens=opens)
     return rows
 
 
@@ -371,7 +394,7 @@ def _read_deleted(codes: dict[bytes, int], limited: dict[int, Limits], *, since:
     for (key_hash,) in found:
         code = codes.pop(bytes.fromhex(key_hash), None)
         if code is not None:
-            limited.pop(code >> 2, None)
+            limited.pop((code >> 2) & _ID_MASK, None)
     return len(found)
 
 

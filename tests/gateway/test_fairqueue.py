@@ -19,6 +19,7 @@ import time
 import tracemalloc
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -102,6 +103,13 @@ class Room:
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
+def a_waiter_of_key_1() -> Any:
+    """What a board writes of a request waiting for model m: key 1's, with start tag 0."""
+    flow = name_hash("m", "key:1")
+    return SimpleNamespace(model_hash=name_hash("m"), flow_hash=flow, member_hash=flow,
+                           top_hash=flow, start=0.0, finish=1.0, weight=1.0, order=0)  # fmt: skip
+
+
 def busy_balancer(load: SharedLoad | None = None) -> Balancer:
     balancer = Balancer(load)
     balancer.load.add(REPLICA.id, 1)  # every slot busy: requests queue
@@ -176,6 +184,67 @@ def test_it_gives_a_teams_keys_one_share_between_them() -> None:
             await room.send("alone", key_id=3)
         served = Counter(await room.serve(20))
         assert abs(served["team"] - 10) <= 1 and abs(served["alone"] - 10) <= 1, served
+        await room.close()
+
+    asyncio.run(main())
+
+
+def test_a_persons_sixteen_keys_get_one_persons_share() -> None:
+    async def main() -> None:
+        room = Room(FairQueue(None, poll=0.005), busy_balancer())
+        for _ in range(5):
+            for key in range(1, 17):
+                await room.send("flood", key_id=key, user_id=1)
+        for _ in range(10):
+            await room.send("victim", key_id=100, user_id=2)
+        served = Counter(await room.serve(20))
+        assert abs(served["victim"] - 10) <= 1 and abs(served["flood"] - 10) <= 1, served
+        await room.close()
+
+    asyncio.run(main())
+
+
+def test_a_person_asking_once_waits_one_turn_behind_another_persons_sixteen_keys() -> None:
+    async def main() -> None:
+        room = Room(FairQueue(None, poll=0.005), busy_balancer())
+        for _ in range(3):
+            for key in range(1, 17):
+                await room.send("flood", key_id=key, user_id=1)
+        await room.serve(4)  # the flood is under way
+        await room.send("victim", key_id=100, user_id=2)
+        assert "victim" in await room.serve(2)
+        await room.close()
+
+    asyncio.run(main())
+
+
+def test_a_teams_people_share_its_share_equally_whatever_their_keys() -> None:
+    async def main() -> None:
+        room = Room(FairQueue(None, poll=0.005), busy_balancer())
+        for _ in range(20):
+            for key in (1, 2, 3):
+                await room.send("ann", key_id=key, user_id=1, team_id=7)
+            await room.send("bob", key_id=4, user_id=2, team_id=7)
+            await room.send("alone", key_id=5, user_id=3)
+        served = Counter(await room.serve(40))
+        assert abs(served["ann"] - 10) <= 1 and abs(served["bob"] - 10) <= 1, served
+        assert abs(served["alone"] - 20) <= 1, served
+        await room.close()
+
+    asyncio.run(main())
+
+
+def test_a_persons_keys_share_their_share_by_weight() -> None:
+    async def main() -> None:
+        room = Room(FairQueue(None, poll=0.005), busy_balancer())
+        for _ in range(30):
+            await room.send("heavy", key_id=1, user_id=1, weight=3)
+            await room.send("light", key_id=2, user_id=1, weight=1)
+            await room.send("other", key_id=3, user_id=2, weight=3)
+        served = Counter(await room.serve(40))
+        # The person's heaviest key in use sets their share (3, as the other's), split 3:1.
+        assert abs(served["other"] - 20) <= 1, served
+        assert abs(served["heavy"] - 15) <= 1 and abs(served["light"] - 5) <= 1, served
         await room.close()
 
     asyncio.run(main())
@@ -420,7 +489,7 @@ def test_it_hands_a_slot_on_after_the_grace_when_the_first_waiter_does_not_take_
 def test_it_ignores_the_waiters_of_a_dead_process(tmp_path: Path) -> None:
     async def main() -> None:
         dead = FairQueue(tmp_path / "queue", pid=NO_SUCH_PID)
-        dead.board.add(name_hash("m"), name_hash("m", "key:1"), 0.0, 1.0, 0, WAITING)
+        dead.board.add(a_waiter_of_key_1(), WAITING)
         here = FairQueue(tmp_path / "queue")
         async with here.turn(
             model="m", key_id=2, candidates=[REPLICA], balancer=Balancer(), timeout=1, limit=10
@@ -434,7 +503,7 @@ def test_it_ignores_the_waiters_of_a_dead_process(tmp_path: Path) -> None:
 def test_it_ignores_the_waiters_of_a_process_that_stopped_beating(tmp_path: Path) -> None:
     async def main() -> None:
         hung = FairQueue(tmp_path / "queue", pid=os.getppid())
-        hung.board.add(name_hash("m"), name_hash("m", "key:1"), 0.0, 1.0, 0, WAITING)
+        hung.board.add(a_waiter_of_key_1(), WAITING)
         hung.board.beat(time.monotonic() - 60)
         here = FairQueue(tmp_path / "queue")
         async with here.turn(
@@ -581,6 +650,46 @@ def test_it_answers_429_when_the_queue_is_full() -> None:
         await room.close()
 
     asyncio.run(main())
+
+
+def test_one_person_or_one_key_cannot_fill_a_models_queue() -> None:
+    async def main() -> None:
+        room = Room(FairQueue(None, poll=0.005), busy_balancer())
+        bounds = {"limit": 100, "per_user": 3, "per_key": 2}
+        await room.send("a", key_id=1, user_id=1, **bounds)
+        await room.send("a", key_id=1, user_id=1, **bounds)
+        with pytest.raises(QueueFull) as by_key:
+            async with room.queue.turn(model="m", key_id=1, user_id=1, candidates=[REPLICA],
+                                       balancer=room.balancer, **bounds):  # fmt: skip
+                pytest.fail("queued past the key's share")
+        assert "2 requests of this key already wait for it, as many as one key may " in (
+            by_key.value.refusal().body().decode()
+        )
+        assert "(LLMGW_QUEUE_MAX_PER_KEY=2)" in by_key.value.refusal().body().decode()
+        await room.send("b", key_id=2, user_id=1, **bounds)  # the person's third
+        with pytest.raises(QueueFull) as by_user:
+            async with room.queue.turn(model="m", key_id=3, user_id=1, candidates=[REPLICA],
+                                       balancer=room.balancer, **bounds):  # fmt: skip
+                pytest.fail("queued past the person's share")
+        refusal = by_user.value.refusal()
+        assert refusal.status == 429 and "Retry-After" in refusal.headers
+        assert (
+            "3 requests of this key's owner already wait for it, as many as one person may "
+            "(LLMGW_QUEUE_MAX_PER_USER=3)"
+        ) in refusal.body().decode()
+        # Someone else still gets in line.
+        await room.send("other", key_id=9, user_id=2, **bounds)
+        assert room.queue.depths() == {"m": 4}
+        await room.close()
+
+    asyncio.run(main())
+
+
+def test_the_shares_of_the_queue_default_to_a_quarter_of_it(settings: Any) -> None:
+    settings.LLMGW_QUEUE_MAX = 40
+    assert (conf.queue_max_per_user(), conf.queue_max_per_key()) == (10, 10)
+    settings.LLMGW_QUEUE_MAX_PER_KEY = 4
+    assert (conf.queue_max_per_user(), conf.queue_max_per_key()) == (10, 4)
 
 
 def test_requests_that_leave_behind_a_long_waiter_are_not_kept_in_memory() -> None:

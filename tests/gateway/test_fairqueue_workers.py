@@ -2,8 +2,8 @@
 (uvicorn --workers 2 on one port, sharing VAR_DIR/gateway-queue), against an engine with one
 slot and a first-come queue behind it, as llama-server has.
 
-A flood key keeps FLOOD requests going at once, all on one worker; a victim key sends one request
-at a time, by turns on a connection the other worker accepted and on one the flood's worker
+One person keeps FLOOD requests going at once, each from a key of her own (a person's many keys
+get one person's share), all on one worker; another person's key sends one request at a time, by turns on a connection the other worker accepted and on one the flood's worker
 accepted. Which worker holds a connection is read from the kernel (the worker process that owns
 the accepted socket), so the test knows, rather than hopes, that the victim's requests on the
 other worker got their turns ahead of a queue that process never saw: the flood's worker frees
@@ -48,9 +48,12 @@ UNFAIR_TURNS = 2  # and with the fair queue off (each waits about 4 s)
 FAIR_BOUND = 3 * ANSWER_SECONDS
 UNFAIR_AT_LEAST = 6 * ANSWER_SECONDS
 
-# The flood's and the victim's keys, after chat_on_engine's script (alice's `actor`).
-_KEYS = """
-print("KEYS", key_create(actor=actor, name="flood")[1], key_create(actor=actor, name="victim")[1])
+# The victim's key (bob's) and the flood's (alice's, one per request in flight), after
+# chat_on_engine's script (alice's `actor`).
+_KEYS = f"""
+bob = Actor.for_user(get_user_model().objects.create_user("bob", password="bob-password-1"), "api")
+flood = [key_create(actor=actor, name=f"flood-{{i}}")[1] for i in range({FLOOD})]
+print("KEYS", key_create(actor=bob, name="victim")[1], *flood)
 """
 
 
@@ -261,7 +264,8 @@ def test_a_victim_is_served_within_two_answers_while_a_flood_fills_the_other_wor
             "from django.core.management import call_command\n"
             "call_command('migrate', verbosity=0)\n" + chat_on_engine(engine_port) + _KEYS,
         )
-        flood_key, victim_key = printed.split("KEYS")[1].split()
+        victim_key, *flood_keys = printed.split("KEYS")[1].split()
+        flood_key = flood_keys[0]
         ports = start_gateways(system, tmp_path, victim_key)
         on = system.processes["gateway-on"].pid
 
@@ -269,6 +273,8 @@ def test_a_victim_is_served_within_two_answers_while_a_flood_fills_the_other_wor
         flood_connections, [elsewhere] = pinned(
             on, ports["on"], flood_key, on_busy=FLOOD, on_quiet=1
         )
+        for connection, key in zip(flood_connections, flood_keys, strict=True):
+            connection.secret = key
         flood_worker = owners(on, ports["on"])[flood_connections[0].local_port]
         elsewhere.secret = victim_key
         beside = Connection(ports["on"], victim_key)
@@ -328,7 +334,7 @@ def test_a_victim_is_served_within_two_answers_while_a_flood_fills_the_other_wor
         system.stop_process("gateway-on")
 
         # -- fair queue off: the victim waits behind the flood in the engine's queue ---------
-        flood = Flood([Connection(ports["off"], flood_key) for _ in range(FLOOD)])
+        flood = Flood([Connection(ports["off"], key) for key in flood_keys])
         victim = Connection(ports["off"], victim_key)
         flood.start()
         # Without the fair queue the whole flood waits in the engine's own queue.

@@ -154,6 +154,19 @@ def test_the_snapshot_holds_only_keys_of_active_users(users: dict[str, Any]) -> 
     assert len(keys) == 1
 
 
+def test_a_key_is_read_with_its_owner_whatever_its_id(users: dict[str, Any]) -> None:
+    """The fair queue shares slots between people: each key carries its owner's id, packed
+    beside the key's own (gateway.state.pack_key), with limits or without."""
+    plain = create_key(users["alice"])
+    limited = create_key(users["bob"])
+    GatewayKey.objects.filter(key_hash=digest(limited)).update(id=2**62 + 5, rpm=10)
+    keys = Keys.read()
+    assert (keys[digest(plain)].owner_id, keys[digest(plain)].limits) == (users["alice"].id, None)
+    far = keys[digest(limited)]
+    assert (far.id, far.owner_id, far.active) == (2**62 + 5, users["bob"].id, True)
+    assert far.limits is not None and far.limits.rpm == 10
+
+
 def test_a_refresh_reads_only_the_keys_that_changed(
     users: dict[str, Any], monkeypatch: Any
 ) -> None:
