@@ -77,6 +77,7 @@ bench: setup
 	$(PY) bench/gateway_keys.py
 	$(PY) bench/gateway_frameworks.py
 	$(PY) bench/front_door.py
+	$(PY) bench/web_door.py
 	$(PY) bench/traffic.py
 	$(PY) bench/engine.py
 	$(PY) bench/routing.py

@@ -103,8 +103,35 @@ def body_seconds() -> float:
 def forward_memory_bytes() -> int:
     """Request bodies for the web process held by one gateway process at once, all clients
     together: a body is held whole before it is passed on (so a slow client never holds a web
-    thread), and past this figure new ones wait for room, at most body_seconds(), then 503."""
+    thread), each byte counted as it arrives; a body that finds no room is answered 503."""
     return int(_number("LLMGW_GATEWAY_FORWARD_MEMORY", 64 * 1024 * 1024, minimum=1024 * 1024))
+
+
+def forward_reserve_bytes() -> int:
+    """Of forward_memory_bytes(), what only nodes' reports and small bodies (logins, API writes)
+    may fill, so that big uploads, however many, never shut them out; at most half of it."""
+    reserve = int(_number("LLMGW_GATEWAY_FORWARD_RESERVE", 8 * 1024 * 1024, minimum=0))
+    return min(reserve, forward_memory_bytes() // 2)
+
+
+def forward_client_bytes() -> int:
+    """Of forward_memory_bytes(), what the bodies of one client address may hold at once (an
+    IPv6 address with its /64): a few addresses cannot fill it for everyone. Nodes' reports
+    are not counted (the node gate bounds them)."""
+    return int(_number("LLMGW_GATEWAY_FORWARD_PER_CLIENT", 4 * 1024 * 1024, minimum=64 * 1024))
+
+
+def body_deadline() -> float:
+    """How long a request body for the web process may take to arrive whole (408 after),
+    however steadily it comes."""
+    return _number("LLMGW_GATEWAY_BODY_DEADLINE", 60, minimum=1)
+
+
+def body_min_rate() -> float:
+    """Bytes a second a request body for the web process must average once its first
+    seconds are over (408 below; 0: no such floor): one trickling a byte now and then is cut
+    off long before its deadline."""
+    return _number("LLMGW_GATEWAY_BODY_MIN_RATE", 1024, minimum=0)
 
 
 def trusted_proxies() -> list[str]:
@@ -150,6 +177,27 @@ def limits_redis_url() -> str | None:
             f"LLMGW_LIMITS_REDIS={raw!r} is not a Redis URL: write redis://HOST:PORT/DB, or off."
         )
     return url or None
+
+
+def limits_redis_timeout() -> float:
+    """How long a request waits for Redis's word on its limits (gateway.redislimits) before the
+    fallback decides it (LLMGW_LIMITS_REDIS_FALLBACK), and Redis is left alone a few seconds."""
+    return _number("LLMGW_LIMITS_REDIS_TIMEOUT", 0.25, minimum=0.01)
+
+
+def limits_redis_fallback() -> str:
+    """What decides the requests Redis would count while it cannot be reached: "alone" (each
+    machine by its own counts: a limit can be passed once per machine) or "refuse" (503: no
+    limit is ever passed, and limited keys wait for Redis)."""
+    configured = getattr(settings, "LLMGW_LIMITS_REDIS_FALLBACK", None)
+    raw = str(configured) if configured else os.environ.get("LLMGW_LIMITS_REDIS_FALLBACK") or ""
+    value = raw.strip().lower() or "alone"
+    if value not in ("alone", "refuse"):
+        raise EnvError(
+            f"LLMGW_LIMITS_REDIS_FALLBACK={raw!r} is not a fallback: write alone (each machine "
+            "counts alone while Redis cannot be reached) or refuse (limited requests are refused)."
+        )
+    return value
 
 
 def queue_max() -> int:

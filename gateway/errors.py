@@ -115,14 +115,31 @@ def limited(
     retry_after: float,
     resets_at: str,
     headers: dict[str, str],
+    reserved: int = 0,
 ) -> Refusal:
-    """429 for a key's or team's limit: which one, its figure, what is used and when it frees."""
+    """429 for a key's or team's limit: which one, its figure, what is used and when it frees;
+    `reserved`: the tokens requests in flight hold against it (gateway.limits.reservation)."""
     what, code, kind = _LIMITS[limit]
     whose = "This key's" if team is None else f"Its team {team}'s"
     seconds = max(1, int(retry_after + 0.999))
     figure_text = what.format(figure=figure)
     if figure == 1:
         figure_text = figure_text.replace("requests", "request").replace("tokens", "token")
+    if reserved and used < figure:
+        # Not used up: held by what requests in flight may still use. A rate, not a quota, for
+        # OpenAI clients: they retry it.
+        limit_or_budget = "budget" if code == "insufficient_quota" else "limit"
+        window = "used today" if limit == "tokens_per_day" else "used this month"
+        window = "tokens in the last minute" if limit == "tpm" else window
+        return openai_error(
+            429,
+            f"{whose} {limit_or_budget} of {figure_text} is held by requests in flight ({used:,} "
+            f"{window}, {reserved:,} more reserved by the requests in flight for what they may "
+            "still use); send the next one when one of them ends.",
+            code="rate_limit_exceeded",
+            kind="tokens",
+            headers={**headers, "Retry-After": str(seconds)},
+        )
     if limit == "max_parallel":
         message = (
             f"{whose} limit of {figure_text} is reached ({used:,} in flight); send the next "
@@ -169,6 +186,21 @@ def limits_full(slots: int) -> Refusal:
     )
 
 
+def limits_unreachable(team: str | None, retry_after: float) -> Refusal:
+    """503 for a request whose limits are counted in Redis while it cannot be reached, with
+    LLMGW_LIMITS_REDIS_FALLBACK=refuse (gateway.redislimits)."""
+    whose = "This key's limits" if team is None else f"Its team {team}'s limits"
+    seconds = max(1, int(retry_after + 0.999))
+    return openai_error(
+        503,
+        f"{whose} are counted over every gateway machine, and where they are counted cannot be "
+        f"reached just now; try again in {seconds}s.",
+        code="limits_unreachable",
+        kind="server_error",
+        headers={"Retry-After": str(seconds)},
+    )
+
+
 def bad_request(message: str, *, param: str | None = None) -> Refusal:
     return openai_error(400, message, code="invalid_request", param=param)
 
@@ -198,6 +230,38 @@ def busy(seconds: int) -> Refusal:
         code="gateway_busy",
         kind="server_error",
         headers={"Retry-After": str(seconds)},
+    )
+
+
+def client_busy(limit: int, seconds: int) -> Refusal:
+    return openai_error(
+        503,
+        f"Request bodies from your address already hold {limit:,} bytes in this gateway, as much "
+        f"as one address may at once; send this one again when those have gone through (try "
+        f"again in {seconds} seconds).",
+        code="client_busy",
+        kind="server_error",
+        headers={"Retry-After": str(seconds), "Connection": "close"},
+    )
+
+
+def too_slow_overall(seconds: float) -> Refusal:
+    return openai_error(
+        408,
+        f"The request body did not arrive whole within {seconds:g} seconds; send it at once, "
+        "over a faster connection if need be, then wait for the answer.",
+        code="request_timeout",
+        headers={"Connection": "close", "Retry-After": "1"},
+    )
+
+
+def too_slow_rate(rate: float) -> Refusal:
+    return openai_error(
+        408,
+        f"The request body arrived at under {rate:,.0f} bytes a second; send it at once, over a "
+        "faster connection if need be, then wait for the answer.",
+        code="request_timeout",
+        headers={"Connection": "close", "Retry-After": "1"},
     )
 
 

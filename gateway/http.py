@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 from core import requestid
@@ -77,20 +78,71 @@ class Disconnected(Exception):
 
 
 class Slow(Exception):
-    pass
+    """The body stopped arriving for longer than conf.body_seconds()."""
 
 
-async def read_body(receive: Receive, limit: int) -> bytes:
+class TooSlow(Slow):
+    """The body was not whole by its pace's deadline ("deadline"), or came slower than its
+    minimum rate ("rate")."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# The first seconds of a body, which its minimum rate does not count: a client may send the
+# head and start the body a moment later (after a 100 Continue, say).
+RATE_GRACE_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Pace:
+    """What a body must keep up besides the pause limit: to be whole within `deadline` seconds
+    and, after its first RATE_GRACE_SECONDS, to average `min_rate` bytes a second (0: no floor).
+    A client trickling a byte now and then holds its connection seconds, not minutes."""
+
+    deadline: float
+    min_rate: float
+
+    def due(self, started: float, received: int) -> tuple[float, str]:
+        """When the body fails its pace with `received` bytes come, and why then."""
+        due, reason = started + self.deadline, "deadline"
+        if self.min_rate > 0:
+            by_rate = started + RATE_GRACE_SECONDS + received / self.min_rate
+            if by_rate < due:
+                due, reason = by_rate, "rate"
+        return due, reason
+
+
+async def read_body(
+    receive: Receive,
+    limit: int,
+    *,
+    pace: Pace | None = None,
+    charge: Callable[[int], None] | None = None,
+) -> bytes:
     """The whole body, up to `limit` bytes (TooBig past it); a client that pauses longer than
-    conf.body_seconds() between two pieces is Slow."""
+    conf.body_seconds() between two pieces is Slow, one that falls behind `pace` TooSlow.
+
+    `charge` is called with each piece's size before the piece is kept (the bytes are held
+    from then on), and may raise to refuse the body there."""
     chunks: list[bytes] = []
     size = 0
     pause = conf.body_seconds()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
     while True:
+        wait, late = pause, None
+        if pace is not None:
+            due, reason = pace.due(started, size)
+            if due - loop.time() < wait:
+                wait, late = max(0.0, due - loop.time()), reason
         try:
-            async with asyncio.timeout(pause):
+            async with asyncio.timeout(wait):
                 message = await receive()
         except TimeoutError:
+            if late is not None:
+                raise TooSlow(late) from None
             raise Slow() from None
         if message["type"] == "http.disconnect":
             raise Disconnected()
@@ -98,6 +150,8 @@ async def read_body(receive: Receive, limit: int) -> bytes:
         size += len(chunk)
         if size > limit:
             raise TooBig()
+        if charge is not None and chunk:
+            charge(len(chunk))
         chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)

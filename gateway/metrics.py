@@ -59,6 +59,10 @@ class Metrics:
     retries: Any
     refused: Any
     forward_held: Any
+    forward_reading: Any
+    forward_clients: Any
+    forward_refused: Any
+    forwarded_for_ignored: Any
     keys_held: Any
     key_refresh: Any
     limited: Any
@@ -66,6 +70,8 @@ class Metrics:
     limit_slots_held: Any
     limits_redis_errors: Any
     limits_redis_dropped: Any
+    limits_redis_fallback: Any
+    limits_redis_down: Any
     replica_names: Any
     traffic_entries: Any
     key_uses_entries: Any
@@ -153,7 +159,8 @@ def _create(folder: str | None) -> Metrics:
             "llmgw_gateway_refused",
             "Requests the gateway's HTTP protocol refused before any application saw them, by "
             "reason: head_too_large, too_many_headers, head_timeout (431, 431, 408), "
-            "odd_request_line, bad_request (400), too_many_connections (closed unread).",
+            "odd_request_line, bad_request, bad_chunked_body (400), too_many_connections "
+            "(closed unread).",
             ["reason"],
             **where,
         ),
@@ -178,6 +185,37 @@ def _create(folder: str | None) -> Metrics:
             "Bytes of request bodies for the web process held now (bounded per process by "
             "LLMGW_GATEWAY_FORWARD_MEMORY).",
             multiprocess_mode="livesum",
+            **where,
+        ),
+        forward_reading=Gauge(
+            "llmgw_gateway_forward_bodies_reading",
+            "Request bodies for the web process being read now, however few of their bytes "
+            "have come (each within LLMGW_GATEWAY_BODY_DEADLINE and LLMGW_GATEWAY_BODY_MIN_RATE).",
+            multiprocess_mode="livesum",
+            **where,
+        ),
+        forward_clients=Gauge(
+            "llmgw_gateway_forward_clients_entries",
+            "Client addresses whose request bodies for the web a gateway process holds bytes of "
+            "now, each within LLMGW_GATEWAY_FORWARD_PER_CLIENT (at most one per open "
+            "connection, LLMGW_GATEWAY_MAX_CONNECTIONS).",
+            multiprocess_mode="livemax",
+            **where,
+        ),
+        forward_refused=Counter(
+            "llmgw_gateway_forward_refused",
+            "Requests for the web process refused while their body was read, by reason: budget "
+            "(503: LLMGW_GATEWAY_FORWARD_MEMORY is full, less its reserve for a big body), "
+            "reserve (503: full, reserve included), client_share (503: the client address's "
+            "LLMGW_GATEWAY_FORWARD_PER_CLIENT), pause, deadline, rate (408: "
+            "LLMGW_GATEWAY_BODY_TIMEOUT, _DEADLINE, _MIN_RATE), too_large (413).",
+            ["reason"],
+            **where,
+        ),
+        forwarded_for_ignored=Counter(
+            "llmgw_gateway_forwarded_for_ignored",
+            "Requests from a trusted proxy whose X-Forwarded-For named no address (the proxy's "
+            "own address was taken as the client's).",
             **where,
         ),
         keys_held=Gauge(
@@ -226,6 +264,21 @@ def _create(folder: str | None) -> Metrics:
             "llmgw_gateway_limits_redis_dropped",
             "Ends of requests not written to Redis because the queue of them was full (100,000 "
             "per process): each stays counted in flight until its process's name expires there.",
+            **where,
+        ),
+        limits_redis_fallback=Counter(
+            "llmgw_gateway_limits_redis_fallback",
+            "Requests of keys and teams counted in Redis (limited per minute or in flight) decided "
+            "while Redis could not be reached, by LLMGW_LIMITS_REDIS_FALLBACK: alone (by this "
+            "machine's own counts) or refuse (503).",
+            ["fallback"],
+            **where,
+        ),
+        limits_redis_down=Gauge(
+            "llmgw_gateway_limits_redis_down",
+            "1 while a gateway process finds Redis unreachable for the limits and lets "
+            "LLMGW_LIMITS_REDIS_FALLBACK decide; 0 once it reaches it again.",
+            multiprocess_mode="livemax",
             **where,
         ),
         database_up=Gauge(

@@ -10,7 +10,11 @@ What uvicorn's own protocol leaves open, and what this one does about it:
   sending 160 MB headers held a worker for tens of seconds. Here a head (request line and
   headers) longer than `max_head_bytes` is answered 431 and the connection closed; the bytes
   of a head are counted before the parser sees them, so at most `max_head_bytes` + 1 of them
-  are ever parsed.
+  are ever parsed. Each head is counted again as the parser reads it (its target and fields):
+  several pipelined requests arrive in one read, and only the first head of a read can be
+  counted before it is parsed.
+- **Pipelined requests.** A request refused while the one before it is still being answered
+  gets its refusal after that answer, then the connection is closed.
 - **Header count.** More than `max_headers` headers: 431.
 - **Slow heads.** A head must arrive whole within `head_seconds` of the connection (or of the
   end of the previous request on a kept-alive connection, where uvicorn's keep-alive timeout
@@ -25,9 +29,16 @@ What uvicorn's own protocol leaves open, and what this one does about it:
   can pin: at most max_connections times (max_head_bytes + one 256 KiB read) per process.
 - **Odd request lines.** Only origin-form targets (`/path?query`) are served: `OPTIONS *`, an
   absolute URL or an authority is a 400 from here, as is anything the parser rejects.
+- **Broken chunked bodies.** uvicorn closes the connection without a word; here the request
+  is answered 400 (its application is told the client went away), then the connection closed.
+- **A trusted proxy's X-Forwarded-For** (uvicorn's --forwarded-allow-ips) that names no address
+  where the client's should be (`unknown`, `<svg …>`) is dropped before uvicorn reads it, so the
+  proxy's own address is the client's; logged once a process, counted in
+  llmgw_gateway_forwarded_for_ignored.
 
-Every refusal is answered by this protocol itself (no application task is started), with
-`connection: close`, and counted by reason in /metrics (llmgw_gateway_refused).
+Every refusal is answered by this protocol itself (no application task is started, but for a
+broken body's request), with `connection: close`, and counted by reason in /metrics
+(llmgw_gateway_refused).
 """
 
 from __future__ import annotations
@@ -35,6 +46,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import http
+import ipaddress
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +58,8 @@ from core import requestid
 
 from . import conf
 from .metrics import metrics
+
+log = logging.getLogger("llmgw.gateway")
 
 
 @dataclass(frozen=True)
@@ -71,6 +86,10 @@ class _TooManyHeaders(Exception):
     pass
 
 
+class _HeadTooLarge(Exception):
+    pass
+
+
 class GatewayProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -78,9 +97,15 @@ class GatewayProtocol(HttpToolsProtocol):
         # Bytes of the current head seen so far; None between a head's end and the next
         # message's beginning (while its body is read and while the response is sent).
         self._head_bytes: int | None = 0
+        # Bytes of the current message's target and header fields as the parser gives them.
+        self._parsed_head = 0
         self._header_count = 0
         self._trailer_bytes = 0
+        self._in_body = False  # from a head's end to its message's end
+        self._heads = 0  # heads whose count began from 0 after a message (see data_received)
         self._head_timer: asyncio.TimerHandle | None = None
+        # A refusal waiting for the answer before it (a pipelined request): status, message.
+        self._refusal: tuple[int, str] | None = None
 
     # -- the connection ---------------------------------------------------------------------
 
@@ -97,31 +122,38 @@ class GatewayProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._refusal is not None:
             return
         self._unset_keepalive_if_required()
-        if self._head_bytes is not None:
+        while data:
+            if self._head_bytes is None:
+                # A body, or what follows a message: fed whole, the next head in it counted
+                # as the parser reads it (_count_parsed).
+                self._feed(data)
+                return
             # Feed no more of a head than the limit allows (plus one byte, to know it is over).
             room = self._limits.max_head_bytes + 1 - self._head_bytes
-            if len(data) > room:
-                if not self._feed(data[:room]):
-                    return
-                if self._head_bytes is not None:
-                    self._refuse(431, "head_too_large", self._head_too_large())
-                    return
-                data = data[room:]
-            else:
-                self._head_bytes += len(data)
-        self._feed(data)
-        if self._head_bytes is not None and self._head_bytes > self._limits.max_head_bytes:
-            self._refuse(431, "head_too_large", self._head_too_large())
+            piece, data = data[:room], data[room:]
+            heads = self._heads
+            self._head_bytes += len(piece)
+            if not self._feed(piece):
+                return
+            if (
+                self._heads == heads
+                and self._head_bytes is not None
+                and self._head_bytes > self._limits.max_head_bytes
+            ):
+                self._refuse(431, "head_too_large", self._head_too_large())
+                return
 
     def _feed(self, data: bytes) -> bool:
         """Give the parser `data`; False when that ended the connection."""
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
-            if isinstance(exc.__context__, _TooManyHeaders):
+            if isinstance(exc.__context__, _HeadTooLarge):
+                self._refuse(431, "head_too_large", self._head_too_large())
+            elif isinstance(exc.__context__, _TooManyHeaders):
                 self._refuse(
                     431,
                     "too_many_headers",
@@ -137,7 +169,15 @@ class GatewayProtocol(HttpToolsProtocol):
             # request was dispatched as a plain one, as uvicorn's own protocol does.
             pass
         except httptools.HttpParserError:
-            self._refuse(400, "bad_request", "The request is not valid HTTP/1.1.")
+            if self._in_body:
+                self._refuse(
+                    400,
+                    "bad_chunked_body",
+                    "The request body's chunked encoding is broken: each chunk is its size in "
+                    "hexadecimal, CRLF, that many bytes and CRLF, and a chunk of size 0 ends it.",
+                )
+            else:
+                self._refuse(400, "bad_request", "The request is not valid HTTP/1.1.")
             return False
         return not self.transport.is_closing()
 
@@ -153,10 +193,17 @@ class GatewayProtocol(HttpToolsProtocol):
         super().on_message_begin()
         if self._head_bytes is None:
             self._head_bytes = 0
+            self._heads += 1
+        self._parsed_head = 0
         self._header_count = 0
         self._trailer_bytes = 0
+        self._in_body = False
         if self._head_timer is None:  # counted from the connection for its first request
             self._start_head_timer()
+
+    def on_url(self, url: bytes) -> None:
+        self._count_parsed(len(url))
+        super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._head_bytes is None:
@@ -168,7 +215,13 @@ class GatewayProtocol(HttpToolsProtocol):
         self._header_count += 1
         if self._header_count > self._limits.max_headers:
             raise _TooManyHeaders()
+        self._count_parsed(len(name) + len(value) + 4)  # ": " and CRLF
         super().on_header(name, value)
+
+    def _count_parsed(self, size: int) -> None:
+        self._parsed_head += size
+        if self._parsed_head > self._limits.max_head_bytes:
+            raise _HeadTooLarge()
 
     def on_headers_complete(self) -> None:
         if self.parser.get_http_version() not in ("1.1", "1.0"):
@@ -179,20 +232,56 @@ class GatewayProtocol(HttpToolsProtocol):
                 f"(this server is no proxy and answers no {self.parser.get_method().decode()!s} *)."
             )
         self._head_bytes = None
+        self._in_body = True
         self._stop_head_timer()
+        if self.config.proxy_headers and self.client is not None:
+            _drop_forwarded_for_without_address(
+                self.headers, self.client[0], self.config.forwarded_allow_ips
+            )
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._in_body = False
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        if self._refusal is None or self.pipeline or self.transport.is_closing():
+            super().on_response_complete()
+            return
+        # The answer before a refused pipelined request is out: now its refusal.
+        self.server_state.total_requests += 1
+        self._answer(*self._refusal)
 
     # -- refusing -----------------------------------------------------------------------------
 
     def _refuse(self, status: int, reason: str, message: str) -> None:
         metrics().refused.labels(reason).inc()
         self._stop_head_timer()
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._refusal is not None:
             return
-        if self.cycle is not None and not self.cycle.response_complete:
-            # A pipelined request while the one before it is answered: no room for an answer.
-            self.transport.close()
+        cycle = self.cycle
+        # A pipelined request while the one before it is answered: its refusal comes after.
+        waits = bool(self.pipeline) or (cycle is not None and not cycle.response_complete)
+        if self._in_body and cycle is not None and not cycle.response_complete:
+            # The refusal answers the request whose body this is.
+            queued = next((entry for entry in self.pipeline if entry[0] is cycle), None)
+            if queued is not None:
+                self.pipeline.remove(queued)  # never started; those before it are answered first
+            elif cycle.response_started:
+                self.transport.close()  # its answer has begun: no room for this one
+                return
+            else:
+                # Its application waits for the rest of the body: it is told the client went.
+                cycle.disconnected = True
+                cycle.message_event.set()
+                waits = False
+        if waits:
+            self._refusal = (status, message)
             return
+        self._answer(status, message)
+
+    def _answer(self, status: int, message: str) -> None:
+        """Write a refusal of this protocol's own and close the connection."""
         body = message.encode("ascii", "replace")
         phrase = http.HTTPStatus(status).phrase.encode()
         self.transport.write(
@@ -225,3 +314,91 @@ class GatewayProtocol(HttpToolsProtocol):
 
 class _OddTarget(Exception):
     pass
+
+
+# -- a trusted proxy's word on the client ---------------------------------------------------
+
+
+class _ProxyWord:
+    """Whom uvicorn believes on the client's address (its --forwarded-allow-ips), read as it
+    reads them, to find the address it would take from an X-Forwarded-For."""
+
+    def __init__(self, allowed: str) -> None:
+        items = [item.strip() for item in allowed.split(",") if item.strip()]
+        self.everyone = "*" in items
+        self.networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+        self.literals: set[str] = set()
+        for item in items:
+            try:
+                self.networks.append(ipaddress.ip_network(item, strict=False))
+            except ValueError:
+                self.literals.add(item)
+        self.warned = False
+
+    def trusts(self, host: str) -> bool:
+        if self.everyone:
+            return True
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return host in self.literals
+        return any(address in network for network in self.networks)
+
+    def client(self, forwarded_for: str) -> str:
+        """The entry uvicorn takes for the client: the last one no trusted proxy wrote (the
+        first when every one is trusted), its port left off."""
+        entries = [entry.strip() for entry in forwarded_for.split(",")]
+        if not self.everyone:
+            for entry in reversed(entries):
+                host = _host_of(entry)
+                if not self.trusts(host):
+                    return host
+        return _host_of(entries[0])
+
+
+def _host_of(entry: str) -> str:
+    """`entry` less a port: `[2001:db8::1]:80` and `192.0.2.1:80` as uvicorn reads them."""
+    if entry.startswith("["):
+        end = entry.find("]")
+        return entry[1:end] if end != -1 else entry
+    if entry.count(":") == 1:
+        return entry.rsplit(":", 1)[0]
+    return entry
+
+
+@functools.cache
+def _proxy_word(allowed: str) -> _ProxyWord:
+    return _ProxyWord(allowed)
+
+
+def _drop_forwarded_for_without_address(
+    headers: list[tuple[bytes, bytes]], peer: str, allowed: str | list[str]
+) -> None:
+    """Drop the X-Forwarded-For fields of a request from a trusted proxy when the client they
+    name is no address: uvicorn would take `not-an-ip` or `<svg …>` as the client's address, to
+    be passed to the web, its logs and its throttles. Without them the peer is the client."""
+    values = [value for name, value in headers if name == b"x-forwarded-for"]
+    if not values:
+        return
+    word = _proxy_word(allowed if isinstance(allowed, str) else ",".join(allowed))
+    if not word.trusts(peer):
+        return
+    named = word.client(b", ".join(values).decode("latin-1"))
+    if not named:
+        return  # uvicorn keeps the peer
+    try:
+        ipaddress.ip_address(named)
+        return
+    except ValueError:
+        pass
+    headers[:] = [(name, value) for name, value in headers if name != b"x-forwarded-for"]
+    metrics().forwarded_for_ignored.inc()
+    if not word.warned:
+        word.warned = True
+        log.warning(
+            "gateway: the trusted proxy %s named the client %r in X-Forwarded-For, which is no "
+            "address; its own address is taken instead (logged once a process; counted in "
+            "llmgw_gateway_forwarded_for_ignored)",
+            peer,
+            named[:100],
+        )

@@ -161,7 +161,7 @@ class NodeTable:
 table = NodeTable()
 
 
-def _node_of(rows: Mapping[str, NodeRow], authorization: str) -> NodeRow | None:
+def node_of(rows: Mapping[str, NodeRow], authorization: str) -> NodeRow | None:
     """The held row of the node whose token the Authorization header carries (either scheme the
     web's node authentication takes), or None."""
     keyword, _, token = authorization.partition(" ")
@@ -175,7 +175,7 @@ def held_row(
 ) -> NodeRow | None:
     """The node's row when this renewal's answer is "nothing changed" and the copy can tell;
     None when the web must answer it."""
-    row = _node_of(rows, authorization)
+    row = node_of(rows, authorization)
     if row is None:
         return None
     try:
@@ -251,7 +251,7 @@ def note_alive(scope: Scope) -> None:
     table.start()
     if scope["method"] != "POST" or not table.ready.is_set():
         return
-    row = _node_of(table.rows, http.header(scope, b"authorization"))
+    row = node_of(table.rows, http.header(scope, b"authorization"))
     if row is None or row.lost or row.last_heartbeat is None:
         return
     now = timezone.now()
@@ -286,7 +286,7 @@ class NodeGate:
 
     async def through(self, scope: Scope, send: Send, to_web: Any) -> None:
         """Call `to_web` once the request's node has a place, else answer 503 with Retry-After."""
-        row = _node_of(table.rows, http.header(scope, b"authorization"))
+        row = node_of(table.rows, http.header(scope, b"authorization"))
         if row is None:
             await to_web()
             return

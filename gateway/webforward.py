@@ -2,12 +2,19 @@
 /mirror/) when LLMGW_GATEWAY_FORWARD_TO names it, so that one address serves both.
 
 A request's body is read whole before it is passed on (a slow client then never holds a web
-thread), within the web's own limit and this process's budget of bytes held for it; the web's
-answer comes back as it comes, a file of weights included.
+thread), within the web's own limit and this process's budget of bytes held for it (`Budget`),
+and within a pause limit, a deadline and a minimum rate (http.Pace); the web's answer comes back
+as it comes, a file of weights included.
+
+Why the budget counts bytes as they come, not the length a body declares: taking the declared
+length before a byte arrived let some 128 anonymous connections, each declaring a megabyte to
+POST /login/ and sending a byte every 20 seconds, hold all of it, so that every login, API write
+and node's report was answered 503 for as long as they kept trickling.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from collections.abc import AsyncIterator, Callable
 
@@ -17,7 +24,8 @@ from yarl import URL
 
 from core import requestid
 
-from . import conf, errors, http, proxy
+from . import conf, errors, http, proxy, renewals
+from .errors import Refusal
 from .forwarded import GATEWAY_SECRET_HEADER, gateway_secret
 from .http import Receive, Scope, Send
 from .metrics import Metrics
@@ -110,45 +118,163 @@ class Web:
             self._session = None
 
 
+# Bodies declaring at most this many bytes may fill the budget's reserve
+# (conf.forward_reserve_bytes): a login form or an API write is a few hundred bytes, a model's
+# definition a few kilobytes.
+SMALL_BODY = 64 * 1024
+# What a refusal for want of room tells the client to wait: bodies go through in well under it.
+RETRY_SECONDS = 1
+
+
+class NoRoom(Exception):
+    """A body's next bytes found no room in the budget: `reason` (a label of
+    llmgw_gateway_forward_refused) and the answer."""
+
+    def __init__(self, reason: str, refusal: Refusal) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.refusal = refusal
+
+
 class Budget:
     """Bytes of request bodies for the web held in this process, all clients together: a body
-    is read whole before it is passed on (a slow client then never holds a web thread), so
-    this bounds what clients not yet known can pin."""
+    is read whole before it is passed on (a slow client then never holds a web thread), so this
+    bounds what clients not yet known can pin.
+
+    A body is charged for the bytes that have come, as they come, never for the length it
+    declares: a client that declares a megabyte and trickles holds what it sent. Within
+    conf.forward_memory_bytes(), big bodies leave its reserve to nodes' reports and small ones,
+    and one client address holds at most conf.forward_client_bytes().
+
+    Bounded: `clients` has an entry per address holding bytes now, at most one per open
+    connection (llmgw_gateway_forward_clients_entries)."""
 
     def __init__(self, board: Metrics) -> None:
+        # Read once here so that a bad value stops the gateway at its start (Gateway.started
+        # makes the budget); each body reads them again, as every setting is read when used.
+        conf.forward_reserve_bytes(), conf.forward_client_bytes()
+        conf.body_deadline(), conf.body_min_rate()
         self.held = 0
-        self._board = board
+        self.clients: dict[str, int] = {}
+        self.board = board
 
-    def take(self, size: int) -> Callable[[], None] | None:
-        """Hold `size` bytes; None when there is no room. Returns what gives them back (once,
-        however often it is called)."""
-        if self.held + size > conf.forward_memory_bytes():
-            return None
+    def hold(self, client: str | None, *, reserve: bool) -> Hold:
+        """A body's account: `client` its address's share (None: counted in no share), `reserve`
+        whether it may fill the reserve."""
+        return Hold(self, client, reserve=reserve)
+
+    def add(self, client: str | None, size: int) -> None:
+        """Count `size` more bytes held, in `client`'s share (Hold.take decides whether)."""
         self.held += size
-        self._board.forward_held.inc(size)
-        given = False
+        self.board.forward_held.inc(size)
+        if client is not None:
+            self.clients[client] = self.clients.get(client, 0) + size
+            self.board.forward_clients.set(len(self.clients))
 
-        def give() -> None:
-            nonlocal given
-            if not given:
-                given = True
-                self.held -= size
-                self._board.forward_held.dec(size)
+    def remove(self, client: str | None, size: int) -> None:
+        """Count `size` bytes given back, from `client`'s share."""
+        self.held -= size
+        self.board.forward_held.dec(size)
+        if client is not None:
+            left = self.clients.get(client, 0) - size
+            if left > 0:
+                self.clients[client] = left
+            else:
+                self.clients.pop(client, None)
+            self.board.forward_clients.set(len(self.clients))
 
-        return give
+
+class Hold:
+    """The bytes one body holds in the budget: taken as they arrive, given back at once when the
+    web has them or the request ends (however often `give` is called)."""
+
+    def __init__(self, budget: Budget, client: str | None, *, reserve: bool) -> None:
+        self._budget = budget
+        self._client = client
+        total = conf.forward_memory_bytes()
+        self._ceiling = total if reserve else total - conf.forward_reserve_bytes()
+        self._reserve = reserve
+        self._share = conf.forward_client_bytes()
+        self.size = 0
+
+    def take(self, size: int) -> None:
+        """Hold `size` more bytes, or raise NoRoom."""
+        budget = self._budget
+        if budget.held + size > self._ceiling:
+            raise NoRoom("reserve" if self._reserve else "budget", errors.busy(RETRY_SECONDS))
+        client = self._client
+        if client is not None and budget.clients.get(client, 0) + size > self._share:
+            raise NoRoom("client_share", errors.client_busy(self._share, RETRY_SECONDS))
+        budget.add(client, size)
+        self.size += size
+
+    def give(self) -> None:
+        if self.size:
+            self._budget.remove(self._client, self.size)
+            self.size = 0
 
 
-async def _read_forwarded_body(receive: Receive, send: Send, limit: int) -> bytes | None:
-    """The request's body, at most `limit` bytes; None when the client was answered instead
-    (413, 408) or went away."""
+def client_share_key(scope: Scope) -> str | None:
+    """Whose share a request's body counts in: its client's address, an IPv6 one with its /64
+    (a single machine is commonly given a whole /64)."""
+    client = scope.get("client")
+    if not client:
+        return None
+    host = str(client[0])
     try:
-        return await http.read_body(receive, limit)
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if address.version == 6:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return host
+
+
+def _from_a_node(scope: Scope) -> bool:
+    """Whether the request is a node's report or renewal carrying the token of a node this
+    process holds (gateway.renewals): the node gate lets at most NODE_REQUESTS of those reach
+    here at once, one per node."""
+    if scope["path"] not in (renewals.REPORT_PATH, renewals.PATH):
+        return False
+    return renewals.node_of(renewals.table.rows, http.header(scope, b"authorization")) is not None
+
+
+async def _read_forwarded_body(
+    receive: Receive, send: Send, limit: int, hold: Hold, board: Metrics
+) -> bytes | None:
+    """The request's body, at most `limit` bytes, charged to `hold` as it comes; None when the
+    client was answered instead (413, 408, 503) or went away."""
+    refusal: Refusal
+    try:
+        return await http.read_body(
+            receive,
+            limit,
+            pace=http.Pace(conf.body_deadline(), conf.body_min_rate()),
+            charge=hold.take,
+        )
     except http.TooBig:
-        await http.refuse(send, errors.too_large(limit))
+        refusal, reason = errors.too_large(limit), "too_large"
+    except http.TooSlow as late:
+        reason = late.reason
+        if late.reason == "deadline":
+            refusal = errors.too_slow_overall(conf.body_deadline())
+        else:
+            refusal = errors.too_slow_rate(conf.body_min_rate())
     except http.Slow:
-        await http.refuse(send, errors.too_slow(conf.body_seconds()))
+        refusal, reason = errors.too_slow(conf.body_seconds()), "pause"
+    except NoRoom as full:
+        refusal, reason = full.refusal, full.reason
     except http.Disconnected:
-        pass
+        return None
+    hold.give()
+    board.forward_refused.labels(reason).inc()
+    extra = []
+    if refusal.status in (408, 503) and "Retry-After" not in refusal.headers:
+        extra.append((b"retry-after", b"%d" % RETRY_SECONDS))
+    if "Connection" not in refusal.headers:
+        # The rest of the body is not read: the connection cannot carry another request.
+        extra.append((b"connection", b"close"))
+    await http.refuse(send, refusal, extra)
     return None
 
 
@@ -169,22 +295,23 @@ async def forward(web: Web, budget: Budget, scope: Scope, receive: Receive, send
     limit = conf.max_body_bytes()  # what the web takes: more would only be refused there
     declared = http.header(scope, b"content-length")
     if declared.isdigit() and int(declared) > limit:
+        budget.board.forward_refused.labels("too_large").inc()
         await http.refuse(send, errors.too_large(limit))
         return
-    # Held from before the read until the web has the body: the declared length, or the
-    # limit when the body comes in chunks of unknown total.
-    if declared.isdigit():
-        held = int(declared)
-    else:
-        held = limit if http.header(scope, b"transfer-encoding") else 0
-    give_back = budget.take(held)
-    if give_back is None:
-        await http.refuse(send, errors.busy(1))
-        return
+    node = _from_a_node(scope)
+    small = declared.isdigit() and int(declared) <= SMALL_BODY
+    hold = budget.hold(None if node else client_share_key(scope), reserve=node or small)
+    board = budget.board
     try:
-        await _forward_held(web, scope, receive, send, target, limit, give_back)
+        board.forward_reading.inc()
+        try:
+            body = await _read_forwarded_body(receive, send, limit, hold, board)
+        finally:
+            board.forward_reading.dec()
+        if body is not None:
+            await _forward_held(web, scope, receive, send, target, body, hold.give)
     finally:
-        give_back()
+        hold.give()
 
 
 async def _forward_held(
@@ -193,12 +320,9 @@ async def _forward_held(
     receive: Receive,
     send: Send,
     target: str,
-    limit: int,
+    body: bytes,
     give_back: Callable[[], None],
 ) -> None:
-    body = await _read_forwarded_body(receive, send, limit)
-    if body is None:
-        return
     headers = forwarded_headers(scope)
     url = target + scope.get("raw_path", scope["path"].encode()).decode("latin-1")
     if scope.get("query_string"):

@@ -4,11 +4,13 @@ gateway passes on no client's word on who it is."""
 from __future__ import annotations
 
 import json
+import socket
 from typing import Any
 
 import pytest
 
 from gateway.forwarded import client_address_from_gateway
+from tests.gateway.rawhttp import connect, read_answer
 from tests.support.waiting import wait_for
 
 SECRET = "s3cret-of-this-start"
@@ -167,46 +169,152 @@ def test_a_forwarded_body_is_bounded_by_what_the_web_takes(
     assert response.json()["body_bytes"] == 1000
 
 
-def test_bodies_held_for_the_web_have_a_budget(
-    gateway_server: Any, echo: str, settings: Any
-) -> None:
-    """Unfinished uploads pin no more than LLMGW_GATEWAY_FORWARD_MEMORY: past it, a 503."""
-    import socket
+def post_head(url: str, length: int, path: str = "/login/") -> socket.socket:
+    """A connection whose request declares a body of `length` bytes, none of it sent yet."""
+    sock = connect(url)
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n".encode())
+    return sock
 
+
+def test_a_body_holds_the_bytes_it_sent_not_those_it_declares(
+    gateway_server: Any, echo: str, settings: Any, process_gateway: Any
+) -> None:
+    """Declaring a megabyte and trickling holds what was sent: uploads that declared the whole
+    budget leave room for the next request."""
     import requests
 
-    from gateway.asgi import application
-
-    assert application.gateway is not None
-    budget = application.gateway.forward_budget
+    budget = process_gateway.forward_budget
     settings.LLMGW_GATEWAY_FORWARD_TO = echo
-    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
     settings.LLMGW_GATEWAY_FORWARD_MEMORY = 2 * 1024 * 1024
-    host, port = gateway_server.url.removeprefix("http://").split(":")
-    held = []
+    held = [post_head(gateway_server.url, 1024 * 1024) for _ in range(3)]
     try:
-        for _ in range(2):
-            sock = socket.create_connection((host, int(port)))
-            sock.sendall(b"POST /login/ HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\nab")
-            held.append(sock)
-        wait_for(
-            lambda: budget.held >= 2 * 1024 * 1024,
-            timeout=5,
-            what="the two unfinished uploads' 2 MiB held",
-        )
-        assert budget.held == 2 * 1024 * 1024
+        for sock in held:
+            sock.sendall(b"a" * 1000)
+        wait_for(lambda: budget.held == 3000, timeout=5, what="the 3,000 bytes sent held")
         response = requests.post(f"{gateway_server.url}/login/", data=b"x" * 100, timeout=10)
-        assert response.status_code == 503
-        assert response.headers["Retry-After"] == "1"
-        assert response.json()["error"]["code"] == "gateway_busy"
+        assert response.status_code == 200, response.text
+        assert response.json()["body_bytes"] == 100
     finally:
         for sock in held:
             sock.close()
-    wait_for(
-        lambda: budget.held == 0, timeout=5, what="the uploads' memory given back once they closed"
-    )
-    response = requests.post(f"{gateway_server.url}/login/", data=b"x" * 100, timeout=10)
+    wait_for(lambda: budget.held == 0, timeout=5, what="the uploads' bytes given back")
+    assert budget.clients == {}
+
+
+def test_big_bodies_leave_the_reserve_to_small_ones(
+    gateway_server: Any, echo: str, settings: Any, process_gateway: Any
+) -> None:
+    """Past the budget less its reserve, a big body is refused 503 with Retry-After, and a
+    small one (a login) still goes through."""
+    import requests
+
+    budget = process_gateway.forward_budget
+    settings.LLMGW_GATEWAY_FORWARD_TO = echo
+    settings.LLMGW_GATEWAY_FORWARD_MEMORY = 2 * 1024 * 1024  # its reserve: at most half
+    settings.LLMGW_GATEWAY_FORWARD_RESERVE = 1024 * 1024
+    big = post_head(gateway_server.url, 1024 * 1024)
+    try:
+        big.sendall(b"a" * (1024 * 1024 - 1000))
+        wait_for(lambda: budget.held == 1024 * 1024 - 1000, timeout=5, what="the big body held")
+        with post_head(gateway_server.url, 100 * 1024) as another:
+            another.sendall(b"b" * 2000)
+            status, body = read_answer(another)
+        assert status == 503
+        refusal = json.loads(body)["error"]
+        assert refusal["code"] == "gateway_busy"
+        assert "try again in 1 seconds" in refusal["message"]
+        response = requests.post(f"{gateway_server.url}/login/", data=b"x" * 100, timeout=10)
+        assert response.status_code == 200, response.text
+    finally:
+        big.close()
+    wait_for(lambda: budget.held == 0, timeout=5, what="the big body's bytes given back")
+    assert refused(process_gateway, "budget") == 1
+
+
+def test_one_address_holds_at_most_its_share(
+    gateway_server: Any, echo: str, settings: Any, process_gateway: Any
+) -> None:
+    import requests
+
+    budget = process_gateway.forward_budget
+    settings.LLMGW_GATEWAY_FORWARD_TO = echo
+    settings.LLMGW_GATEWAY_FORWARD_PER_CLIENT = 64 * 1024
+    held = post_head(gateway_server.url, 1024 * 1024)
+    try:
+        held.sendall(b"a" * 60 * 1024)
+        wait_for(lambda: budget.clients == {"127.0.0.1": 60 * 1024}, timeout=5, what="60 KiB")
+        response = requests.post(f"{gateway_server.url}/login/", data=b"x" * 8192, timeout=10)
+        assert response.status_code == 503
+        assert response.headers["Retry-After"] == "1"
+        assert response.json()["error"]["code"] == "client_busy"
+        assert "65,536 bytes" in response.json()["error"]["message"]
+    finally:
+        held.close()
+    wait_for(lambda: budget.held == 0, timeout=5, what="the upload's bytes given back")
+    response = requests.post(f"{gateway_server.url}/login/", data=b"x" * 8192, timeout=10)
     assert response.status_code == 200
+    assert refused(process_gateway, "client_share") == 1
+
+
+@pytest.mark.parametrize(
+    ("settings_for", "said"),
+    [
+        pytest.param(
+            {"LLMGW_GATEWAY_BODY_DEADLINE": 1, "LLMGW_GATEWAY_BODY_MIN_RATE": 0},
+            "did not arrive whole within 1 seconds",
+            id="deadline",
+        ),
+        pytest.param(
+            {"LLMGW_GATEWAY_BODY_MIN_RATE": 100_000},
+            "arrived at under 100,000 bytes a second",
+            id="rate",
+        ),
+    ],
+)
+def test_a_body_that_keeps_coming_too_slowly_is_a_408(
+    gateway_server: Any,
+    echo: str,
+    settings: Any,
+    monkeypatch: Any,
+    process_gateway: Any,
+    settings_for: dict[str, float],
+    said: str,
+) -> None:
+    """A body sent steadily but too slowly is cut off by its deadline or its minimum rate,
+    not only one that stops (the pause limit)."""
+    from gateway import http
+
+    settings.LLMGW_GATEWAY_FORWARD_TO = echo
+    for name, value in settings_for.items():
+        setattr(settings, name, value)
+    settings.LLMGW_GATEWAY_BODY_TIMEOUT = 5  # the pause limit, which is not what cuts it off
+    monkeypatch.setattr(http, "RATE_GRACE_SECONDS", 0.1, raising=False)
+    with post_head(gateway_server.url, 1024 * 1024) as sock:
+        sock.sendall(b"a" * 1000)
+        status, headers, body = whole_answer(sock)
+    assert status == 408
+    assert headers["retry-after"] == "1"
+    assert headers["connection"] == "close"
+    assert said in json.loads(body)["error"]["message"]
+    reason = "deadline" if "whole" in said else "rate"
+    assert refused(process_gateway, reason) == 1
+    assert process_gateway.forward_budget.held == 0
+
+
+def whole_answer(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """The status, header fields and body of the one answer before the server closes."""
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    fields = dict(line.lower().split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), fields, body
+
+
+def refused(gateway: Any, reason: str) -> float:
+    """llmgw_gateway_forward_refused{reason} of the gateway under test."""
+    return float(gateway.metrics.forward_refused.labels(reason)._value.get())
 
 
 def test_without_a_web_process_only_the_gateway_answers(gateway_server: Any, settings: Any) -> None:
@@ -260,3 +368,46 @@ def test_only_a_trusted_proxy_names_the_client(
         server.stop()
     assert response.status_code == 200, (response.status_code, response.text)
     assert response.json()["headers"]["x-forwarded-for"] == seen_as
+
+
+def test_a_trusted_proxys_word_that_names_no_address_is_ignored(
+    echo: str, settings: Any, monkeypatch: Any, caplog: Any
+) -> None:
+    """`not-an-ip` or markup where the client's address should be is not taken as the client's
+    address: the proxy's own is (logged once, counted)."""
+    import logging
+
+    import requests
+
+    from gateway.asgi import application
+    from tests.gateway.conftest import GatewayServer
+
+    settings.LLMGW_GATEWAY_FORWARD_TO = echo
+    assert application.gateway is not None
+    monkeypatch.setattr(application.gateway.web, "_session", None)
+    caplog.set_level(logging.WARNING, logger="llmgw.gateway")
+    sent_and_seen = [
+        ("not-an-ip", "127.0.0.1"),
+        ('<svg onload="alert(1)">', "127.0.0.1"),
+        ("203.0.113.7, unknown", "127.0.0.1"),
+        ("not-an-ip, 203.0.113.7", "203.0.113.7"),
+        ("203.0.113.7:4711", "203.0.113.7"),
+    ]
+    # A list of trusted proxies no other test names: such a value is logged once a process
+    # for each list.
+    server = GatewayServer(proxy_headers=True, forwarded_allow_ips="127.0.0.1, 192.0.2.250")
+    try:
+        seen = [
+            requests.get(
+                f"{server.url}/login/", headers={"X-Forwarded-For": sent}, timeout=10
+            ).json()["headers"]["x-forwarded-for"]
+            for sent, _ in sent_and_seen
+        ]
+    finally:
+        server.stop()
+    assert seen == [expected for _, expected in sent_and_seen]
+    warnings = [r.getMessage() for r in caplog.records if "X-Forwarded-For" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "'not-an-ip'" in warnings[0]
+    ignored = application.gateway.metrics.forwarded_for_ignored
+    assert ignored._value.get() == 3

@@ -215,3 +215,84 @@ def test_pipelined_requests_are_answered_in_turn(gateway_server: Any) -> None:
             assert chunk, received
             received += chunk
     assert received.count(b"HTTP/1.1 401 ") == 3
+
+
+def answers(sock: Any) -> list[tuple[int, bytes]]:
+    """Every answer on `sock` until the server closes it (each with a content-length)."""
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except ConnectionResetError:
+        pass
+    got = []
+    while received:
+        head, _, rest = received.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        length = next(
+            int(line.split(b":", 1)[1])
+            for line in lines
+            if line.lower().startswith(b"content-length:")
+        )
+        got.append((int(lines[0].split()[1]), rest[:length]))
+        received = rest[length:]
+    return got
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["in one piece", "in two pieces"])
+def test_a_pipelined_head_past_the_limit_is_a_431(gateway_server: Any, split: bool) -> None:
+    """A head behind another request on the connection counts against the limit as the first
+    one does (60 kB passed the 32 KiB limit), and is answered 431 after the one before it."""
+    first = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+    second = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 60_000 + b"\r\n\r\n"
+    with connect(gateway_server.url, timeout=5) as sock:
+        if split:
+            # Each read then holds less than the limit: the second head is counted as parsed.
+            sock.sendall(first + second[:30_000])
+            sock.sendall(second[30_000:])
+        else:
+            sock.sendall(first + second)
+        got = answers(sock)
+    assert [status for status, _ in got] == [401, 431]
+    assert b"longer than 32768 bytes" in got[1][1]
+
+
+def test_pipelined_heads_each_under_the_limit_are_served(gateway_server: Any) -> None:
+    one = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n"
+    with connect(gateway_server.url, timeout=5) as sock:
+        sock.sendall(one * 3 + b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        got = answers(sock)
+    assert [status for status, _ in got] == [401, 401, 401, 401]
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        pytest.param(b"zz\r\nabc\r\n", id="a size that is not hexadecimal"),
+        pytest.param(b"3\r\nabcdef\r\n0\r\n\r\n", id="a chunk longer than its size"),
+    ],
+)
+def test_a_broken_chunked_body_is_a_400(
+    gateway_server: Any, echo: str, settings: Any, chunks: bytes
+) -> None:
+    settings.LLMGW_GATEWAY_FORWARD_TO = echo
+    with connect(gateway_server.url, timeout=5) as sock:
+        sock.sendall(
+            b"POST /login/ HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks
+        )
+        got = answers(sock)
+    assert [status for status, _ in got] == [400]
+    assert b"chunked encoding is broken" in got[0][1]
+
+
+def test_a_broken_chunked_body_behind_another_request_is_a_400_after_its_answer(
+    gateway_server: Any, echo: str, settings: Any
+) -> None:
+    settings.LLMGW_GATEWAY_FORWARD_TO = echo
+    with connect(gateway_server.url, timeout=5) as sock:
+        sock.sendall(
+            b"GET /login/ HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"POST /login/ HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
+        )
+        got = answers(sock)
+    assert [status for status, _ in got] == [200, 400]
