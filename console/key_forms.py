@@ -1,6 +1,7 @@
 """The Keys page's forms: they only turn text into the services' words; the services decide what
-is allowed (a key's limits at most its team's, a weight only staff raise), so that the console,
-the API, the admin and the CLI cannot disagree."""
+is allowed (a key's limits at most its team's and its ceilings, a weight only staff raise, a
+member's key kept in their teams), so that the console, the API, the admin and the CLI cannot
+disagree."""
 
 from __future__ import annotations
 
@@ -70,8 +71,16 @@ class KeyLimitsForm(ConsoleForm):
     SETTINGS = [*COUNTERS, "models", "weight", "team"]
 
     def __init__(
-        self, *args: Any, teams: list[str], view: dict[str, Any] | None = None, **kwargs: Any
+        self,
+        *args: Any,
+        teams: list[str],
+        view: dict[str, Any] | None = None,
+        no_team: bool = True,
+        **kwargs: Any,
     ) -> None:
+        """`teams` are those a key may go into; `no_team` whether it may be in none (a member
+        of a team with limits keeps their keys in one: the services refuse it, and the form does
+        not offer it, unless the key is in none now)."""
         if view is not None:
             kwargs.setdefault("auto_id", f"key-{view['id']}-%s")
             kwargs.setdefault("initial", _initial(view))
@@ -80,7 +89,8 @@ class KeyLimitsForm(ConsoleForm):
         names = sorted({*teams, *([current] if current else [])})
         team = self.fields["team"]
         assert isinstance(team, forms.ChoiceField)
-        team.choices = [("", "no team"), *((n, n) for n in names)]
+        offered = no_team or (view is not None and not current)
+        team.choices = [*([("", "no team")] if offered else []), *((n, n) for n in names)]
 
     def changes(self) -> dict[str, Any]:
         data = self.cleaned_data

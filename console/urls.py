@@ -63,7 +63,9 @@ urlpatterns = [
     path("keys/<int:key_id>/revoke", keys.key_revoke, name="console-key-revoke"),
     path("teams/", teams.teams_page, name="console-teams"),
     path("teams/create", teams.team_create, name="console-team-create"),
+    path("teams/policy", teams.default_policy, name="console-default-policy"),
     path("teams/<str:name>/limits", teams.team_limits, name="console-team-limits"),
     path("teams/<str:name>/members", teams.team_members, name="console-team-members"),
+    path("teams/<str:name>/policy", teams.team_policy, name="console-team-policy"),
     path("teams/<str:name>/remove", teams.team_remove, name="console-team-remove"),
 ]

@@ -1,8 +1,9 @@
 """Gateway keys and teams in the admin, changed through the same services as every other door.
 
 Keys are made by their owners (the key is shown once, to whoever creates it), so the admin
-does not add them; it changes a key's limits, team and expiry, and revokes keys. Teams are
-added, limited, given members and removed here. As in catalog.admin, the services are called
+does not add them; it changes a key's limits, team and expiry (what it sets becomes the key's
+ceilings: the admin is staff's), and revokes keys. Teams are added, limited, given members and
+removed here, and key policies set and removed. As in catalog.admin, the services are called
 from the form's clean(), so that a refusal (a key limit above its team's, an unknown user) is
 shown on the form rather than becoming a server error, and the audit says "admin" and who.
 """
@@ -24,8 +25,8 @@ from core.actor import Actor
 from core.admin import RemovedThroughServiceAdmin, RequestFormAdmin, admin_actor
 from core.refusals import Refused
 
-from . import services
-from .models import GatewayKey, Team
+from . import policies, services
+from .models import GatewayKey, KeyPolicy, Team
 
 
 def _counter_field(label: str, help_text: str) -> forms.IntegerField:
@@ -260,6 +261,8 @@ class GatewayKeyAdmin(ThroughServicesAdmin):
         "last_used_at",
         "revoked_at",
         "revoked_by",
+        "ceilings_shown",
+        "policy_shown",
     ]
     fieldsets = [
         (
@@ -278,8 +281,13 @@ class GatewayKeyAdmin(ThroughServicesAdmin):
         ),
         (
             "Limits, team and expiry",
-            {"fields": ["team", "expires_at", *services.COUNTERS, "models", "weight"]},
+            {
+                "fields": ["team", "expires_at", *services.COUNTERS, "models", "weight"],
+                "description": "What you set here is the key's ceiling: its owner may lower it "
+                "and never raise it; lifting a limit leaves the key to its key policy's.",
+            },
         ),
+        ("Ceilings its owner is held to", {"fields": ["ceilings_shown", "policy_shown"]}),
     ]
     actions = ["revoke"]
 
@@ -292,6 +300,19 @@ class GatewayKeyAdmin(ThroughServicesAdmin):
     @admin.display(description="limits")
     def limits_shown(self, obj: GatewayKey) -> str:
         return limits_text(obj)
+
+    @admin.display(description="ceilings")
+    def ceilings_shown(self, obj: GatewayKey) -> str:
+        policy = policies.policy_for(obj.team, obj.owner)
+        found = policies.ceilings_in_force(obj, policy)
+        return "; ".join(
+            f"{name} {found[name].figure} ({found[name].source})" for name in found
+        ) or ("none")
+
+    @admin.display(description="key policy")
+    def policy_shown(self, obj: GatewayKey) -> str:
+        policy = policies.policy_for(obj.team, obj.owner)
+        return policy.scope if policy is not None else "none"
 
     @admin.action(description="Revoke the selected keys")
     def revoke(self, request: HttpRequest, queryset: QuerySet[GatewayKey]) -> None:
@@ -307,3 +328,159 @@ class GatewayKeyAdmin(ThroughServicesAdmin):
             else "The selected keys were already revoked.",
             messages.SUCCESS if revoked else messages.INFO,
         )
+
+
+# -- key policies -------------------------------------------------------------------------------
+
+
+def _policy_field(label: str, help_text: str) -> forms.IntegerField:
+    return forms.IntegerField(
+        label=label,
+        required=False,
+        min_value=0,
+        max_value=services.MAX_COUNTER,
+        help_text=f"{help_text}; blank or 0 for none",
+    )
+
+
+DEFAULT_HELP = "what a new key gets when not given"
+CEILING_HELP = "the most an owner may set it to (keys above it are lowered to it)"
+
+
+class KeyPolicyForm(forms.ModelForm):
+    """A key policy's scope and each limit's default and ceiling; the services write them."""
+
+    kind = forms.ChoiceField(
+        label="Whose keys",
+        choices=KeyPolicy.KINDS,
+        help_text="a team's keys, one user's keys in no team, or everyone else's keys in no team",
+    )
+    team = forms.ModelChoiceField(
+        queryset=Team.objects.order_by("name"), required=False, help_text="for a team's policy"
+    )
+    user = forms.ModelChoiceField(
+        queryset=get_user_model().objects.order_by("username"),
+        required=False,
+        help_text="for a user's policy",
+    )
+    default_rpm = _policy_field("Default requests per minute", DEFAULT_HELP)
+    max_rpm = _policy_field("Ceiling of requests per minute", CEILING_HELP)
+    default_tpm = _policy_field("Default tokens per minute", DEFAULT_HELP)
+    max_tpm = _policy_field("Ceiling of tokens per minute", CEILING_HELP)
+    default_max_parallel = _policy_field("Default requests in flight", DEFAULT_HELP)
+    max_max_parallel = _policy_field("Ceiling of requests in flight", CEILING_HELP)
+    default_tokens_per_day = _policy_field("Default tokens per day", DEFAULT_HELP)
+    max_tokens_per_day = _policy_field("Ceiling of tokens per day", CEILING_HELP)
+    default_tokens_per_month = _policy_field("Default tokens per month", DEFAULT_HELP)
+    max_tokens_per_month = _policy_field("Ceiling of tokens per month", CEILING_HELP)
+
+    PARTS = (("defaults", "default"), ("ceilings", "max"))
+    # Set per request by the ModelAdmin's get_form: the services need to know who acts.
+    request: HttpRequest
+    lowered = 0
+
+    class Meta:
+        model = KeyPolicy
+        fields: list[str] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            # A policy's scope is what it is: another scope is another policy.
+            for name in ("kind", "team", "user"):
+                self.fields[name].disabled = True
+            # Also when bound: what the form changed is what differs from these.
+            for part, prefix in self.PARTS:
+                for name in services.COUNTERS:
+                    self.initial[f"{prefix}_{name}"] = getattr(self.instance, part).get(name)
+
+    def scope(self) -> str:
+        data = self.cleaned_data
+        if data["kind"] == "team":
+            if data["team"] is None:
+                raise Refused("Choose the team whose keys the policy holds.")
+            return f"team:{data['team'].name}"
+        if data["kind"] == "user":
+            if data["user"] is None:
+                raise Refused("Choose the user whose keys the policy holds.")
+            return f"user:{data['user'].get_username()}"
+        return "default"
+
+    def parts(self) -> dict[str, dict[str, Any]]:
+        """The figures the form changed (those given, for a new policy), as the service takes
+        them: blank or 0 takes a default or ceiling away."""
+        new = self.instance.pk is None
+        found: dict[str, dict[str, Any]] = {}
+        for part, prefix in self.PARTS:
+            found[part] = {}
+            for name in services.COUNTERS:
+                field = f"{prefix}_{name}"
+                value = self.cleaned_data.get(field)
+                if field in self.changed_data and (value is not None or not new):
+                    found[part][name] = value
+        return found
+
+    def clean(self) -> dict[str, Any] | None:
+        data = super().clean() or {}
+        if self.errors:
+            return data
+        try:
+            with transaction.atomic():
+                self.instance, self.lowered = services.policy_set(
+                    actor=admin_actor(self.request), scope=self.scope(), **self.parts()
+                )
+        except Refused as error:
+            self.add_error(None, error.message)
+            for problem in error.problems:
+                part, _, name = problem.field.partition(".")
+                field = f"{dict(self.PARTS).get(part, part)}_{name}"
+                self.add_error(field if field in self.fields else None, problem.message)
+        return data
+
+
+@admin.register(KeyPolicy)
+class KeyPolicyAdmin(RemovedThroughServiceAdmin, ThroughServicesAdmin):
+    form = KeyPolicyForm
+    list_display = ["__str__", "defaults_shown", "ceilings_shown", "changed_at"]
+    fieldsets = [
+        (None, {"fields": ["kind", "team", "user"]}),
+        (
+            "Defaults and ceilings of each key's limits",
+            {
+                "fields": [
+                    f"{prefix}_{name}"
+                    for name in services.COUNTERS
+                    for prefix in ("default", "max")
+                ]
+            },
+        ),
+    ]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[KeyPolicy]:
+        return super().get_queryset(request).select_related("team", "user")
+
+    @admin.display(description="defaults")
+    def defaults_shown(self, obj: KeyPolicy) -> str:
+        return _figures(obj.defaults)
+
+    @admin.display(description="ceilings")
+    def ceilings_shown(self, obj: KeyPolicy) -> str:
+        return _figures(obj.ceilings)
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        """The form's clean() made the change; this says what it did to the keys under it."""
+        if form.lowered:
+            self.message_user(request, f"{form.lowered} key(s) above a ceiling were lowered to it.")
+
+    def delete_model(self, request: HttpRequest, obj: KeyPolicy) -> None:
+        services.policy_remove(actor=admin_actor(request), scope=obj.scope)
+        self.message_user(request, "Its keys keep their limits.")
+
+    def refused_removal_url(self, object_id: str) -> str:
+        return reverse("admin:gateway_keypolicy_changelist")
+
+
+def _figures(figures: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{name} {figures[name]:,}" for name in services.COUNTERS if name in figures
+    ) or ("none")

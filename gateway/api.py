@@ -1,8 +1,11 @@
-"""Gateway keys and teams in the REST API under /api/v1/keys and /api/v1/teams, for `llmgw ctl`.
+"""Gateway keys, teams and key policies in the REST API under /api/v1/keys, /api/v1/teams and
+/api/v1/key-policies, for `llmgw ctl`.
 
 Any user creates keys of their own and sees, limits and revokes their own;
 staff see, limit and revoke everyone's. Staff add teams and set their limits
-and members; a user sees the teams they are in. (gateway.services has the rules.)
+and members; a user sees the teams they are in. Staff set key policies; a user
+sees those that may hold their keys. What staff set is a ceiling the owner may
+lower and never raise (gateway.services and gateway.policies have the rules).
 """
 
 from __future__ import annotations
@@ -65,6 +68,21 @@ class UsageOut(serializers.Serializer):
     )
 
 
+class CeilingsOut(serializers.Serializer):
+    rpm = serializers.IntegerField(allow_null=True, help_text="null: no ceiling")
+    tpm = serializers.IntegerField(allow_null=True)
+    max_parallel = serializers.IntegerField(allow_null=True)
+    tokens_per_day = serializers.IntegerField(allow_null=True)
+    tokens_per_month = serializers.IntegerField(allow_null=True)
+    weight = serializers.FloatField(help_text="the largest share its owner may give it")
+    models = serializers.ListField(
+        child=serializers.CharField(), help_text="the widest models it may have; []: any"
+    )
+    expires_at = serializers.DateTimeField(
+        allow_null=True, help_text="the latest expiry; null: any"
+    )
+
+
 class KeyOut(serializers.Serializer):
     id = serializers.IntegerField()
     name = serializers.CharField()
@@ -80,6 +98,14 @@ class KeyOut(serializers.Serializer):
     expired = serializers.BooleanField(help_text="past expires_at: it opens nothing")
     limits = LimitsOut()
     usage = UsageOut()
+    ceilings = CeilingsOut(
+        help_text="the most its owner may set each setting to: what staff set on the key, else "
+        "its key policy's; staff are held to none"
+    )
+    policy = serializers.CharField(
+        allow_null=True,
+        help_text="the key policy it is under: team:NAME, user:NAME or default; null: none",
+    )
 
 
 class NewKeyOut(KeyOut):
@@ -224,6 +250,19 @@ class KeyLimitsAPI(APIView):
 # -- teams ----------------------------------------------------------------------------------
 
 
+class PolicyFiguresOut(serializers.Serializer):
+    rpm = serializers.IntegerField(allow_null=True)
+    tpm = serializers.IntegerField(allow_null=True)
+    max_parallel = serializers.IntegerField(allow_null=True)
+    tokens_per_day = serializers.IntegerField(allow_null=True)
+    tokens_per_month = serializers.IntegerField(allow_null=True)
+
+
+class TeamPolicyOut(serializers.Serializer):
+    defaults = PolicyFiguresOut(help_text="what a member's new key gets of each limit not given")
+    ceilings = PolicyFiguresOut(help_text="the most a member may set a key's limit to")
+
+
 class TeamOut(serializers.Serializer):
     name = serializers.CharField()
     members = serializers.ListField(child=serializers.CharField(), help_text="usernames")
@@ -231,6 +270,9 @@ class TeamOut(serializers.Serializer):
     created_at = serializers.DateTimeField()
     limits = LimitsOut(help_text="over all the team's keys together")
     usage = UsageOut(help_text="all the team's keys together")
+    policy = TeamPolicyOut(
+        allow_null=True, help_text="its key policy, for each key in it; null: none"
+    )
 
 
 class TeamCreateInput(LimitsInput):
@@ -329,3 +371,100 @@ class TeamMembersAPI(APIView):
             remove=data.get("remove", []),
         )
         return Response(_team_answer(request, team.name))
+
+
+# -- key policies ---------------------------------------------------------------------------
+
+
+class KeyPolicyOut(serializers.Serializer):
+    scope = serializers.CharField(
+        help_text="default (every user's keys in no team), team:NAME (its keys) or user:NAME "
+        "(their keys in no team)"
+    )
+    defaults = PolicyFiguresOut(help_text="what a new key gets of each limit not given")
+    ceilings = PolicyFiguresOut(help_text="the most a key's owner may set each limit to")
+    changed_at = serializers.DateTimeField()
+
+
+class KeyPolicySetOut(KeyPolicyOut):
+    lowered = serializers.IntegerField(
+        help_text="keys under it that were above a ceiling (or without that limit), lowered to it"
+    )
+
+
+class PolicyFiguresInput(StrictSerializer):
+    rpm = _counter_field("requests per minute")
+    tpm = _counter_field("prompt + completion tokens per minute")
+    max_parallel = _counter_field("requests in flight at once")
+    tokens_per_day = _counter_field("tokens per UTC day")
+    tokens_per_month = _counter_field("tokens per UTC calendar month")
+
+
+class KeyPolicyInput(StrictSerializer):
+    """A limit not sent stays as it is; 0 or null takes its default or ceiling away."""
+
+    defaults = PolicyFiguresInput(
+        required=False, help_text="what a new key gets of each limit not given"
+    )
+    ceilings = PolicyFiguresInput(
+        required=False,
+        help_text="the most a key's owner may set each limit to; keys above one are lowered to it",
+    )
+
+
+class KeyPolicyRemovedOut(serializers.Serializer):
+    scope = serializers.CharField()
+
+
+class KeyPoliciesAPI(APIView):
+    @extend_schema(
+        summary="Key policies: every one (staff); those that may hold your keys (others)",
+        responses=answers({200: KeyPolicyOut(many=True)}),
+    )
+    def get(self, request: Request) -> Response:
+        found = selectors.policies_visible_to(actor_of(request))
+        return Response(out(KeyPolicyOut, [selectors.policy_view(p) for p in found], many=True))
+
+
+class KeyPolicyAPI(APIView):
+    @extend_schema(
+        summary="One key policy: default, team:NAME or user:NAME",
+        responses=answers({200: KeyPolicyOut}, 404),
+    )
+    def get(self, request: Request, scope: str) -> Response:
+        found = [p for p in selectors.policies_visible_to(actor_of(request)) if p.scope == scope]
+        if not found:
+            raise Refused(
+                f"There is no key policy {scope[:100]} that holds your keys; `llmgw ctl key "
+                "policies` lists them.",
+                code="not_found",
+                status=404,
+            )
+        return Response(out(KeyPolicyOut, selectors.policy_view(found[0])))
+
+    @extend_schema(
+        summary="Set a key policy's defaults and ceilings (staff), making it if there is none",
+        description="A limit not sent stays as it is; 0 or null takes it away. The keys under it "
+        "above a ceiling (or without that limit) are lowered to it, except staff's own keys and a "
+        "limit staff set on the key itself.",
+        request=KeyPolicyInput,
+        responses=answers({200: KeyPolicySetOut}, 403, 404, 409, body=True),
+    )
+    def patch(self, request: Request, scope: str) -> Response:
+        data = validated(KeyPolicyInput, request.data)
+        policy, lowered = services.policy_set(
+            actor=actor_of(request),
+            scope=scope,
+            defaults=data.get("defaults"),
+            ceilings=data.get("ceilings"),
+        )
+        return Response(out(KeyPolicySetOut, {**selectors.policy_view(policy), "lowered": lowered}))
+
+    @extend_schema(
+        summary="Remove a key policy (staff); its keys keep their limits",
+        request=None,
+        responses=answers({200: KeyPolicyRemovedOut}, 403, 404),
+    )
+    def delete(self, request: Request, scope: str) -> Response:
+        policy = services.policy_remove(actor=actor_of(request), scope=scope)
+        return Response(out(KeyPolicyRemovedOut, {"scope": policy.scope}))

@@ -146,6 +146,15 @@ class GatewayKey(LimitFields):
     # gateway process reads only the keys changed since its last read, by this index, rather
     # than every key on every change (1.2 M keys took 5.9 s a read).
     changed_at = models.DateTimeField(default=timezone.now, db_index=True, editable=False)
+    # What staff set on this key: the most its owner may set each of those settings to
+    # (gateway.policies). Counters, weight and models by their names, the expiry as
+    # "expires_at" in ISO 8601. The gateway does not read it: a ceiling is held when a limit is
+    # written, so the key's own figures are always within it.
+    ceilings = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="what staff set on the key: its owner may lower these and never raise them",
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -156,6 +165,67 @@ class GatewayKey(LimitFields):
 
     def state(self) -> str:
         return "revoked" if self.revoked_at else "active"
+
+
+class KeyPolicy(models.Model):
+    """What new keys get, and the most their owners may set: each limit's default and ceiling.
+
+    Of one team (for its members' keys in it), of one user (for their keys in no team), or the
+    default (for everyone else's keys in no team); gateway.policies.policy_for says which a key
+    is under. Only staff set them (gateway.services.policy_set), and a ceiling lowered lowers the
+    keys under it that are above it, so a key's figures are always within what is in force.
+    """
+
+    KINDS = [("default", "every user's keys in no team"), ("team", "a team"), ("user", "a user")]
+
+    kind = models.CharField(max_length=10, choices=KINDS)
+    team = models.OneToOneField(
+        Team, null=True, blank=True, on_delete=models.CASCADE, related_name="key_policy"
+    )
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="llmgw_key_policy",
+    )
+    # By counter name (gateway.services.COUNTERS); a name missing has no default or ceiling.
+    defaults = models.JSONField(
+        default=dict, blank=True, help_text="what a new key gets of each limit not given"
+    )
+    ceilings = models.JSONField(
+        default=dict, blank=True, help_text="the most a key's owner may set each limit to"
+    )
+    changed_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "key policy"
+        verbose_name_plural = "key policies"
+        constraints = [
+            models.CheckConstraint(
+                condition=(
+                    models.Q(kind="default", team__isnull=True, user__isnull=True)
+                    | models.Q(kind="team", team__isnull=False, user__isnull=True)
+                    | models.Q(kind="user", team__isnull=True, user__isnull=False)
+                ),
+                name="key_policy_one_scope",
+            ),
+            models.UniqueConstraint(
+                fields=["kind"], condition=models.Q(kind="default"), name="key_policy_one_default"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.scope
+
+    @property
+    def scope(self) -> str:
+        """How the API and the CLI name it: default, team:NAME or user:NAME."""
+        if self.team is not None:
+            return f"team:{self.team.name}"
+        if self.user is not None:
+            return f"user:{self.user.get_username()}"
+        return "default"
 
 
 class DeletedGatewayKey(models.Model):

@@ -13,8 +13,9 @@ from core.actor import Actor
 from fleet.models import Node
 from registry.models import Rollout
 
+from . import policies
 from .metrics import ControlPlaneFigures
-from .models import GatewayKey, KeyUsageDay, Team
+from .models import GatewayKey, KeyPolicy, KeyUsageDay, Team
 from .services import could_be_team, limits_of
 
 
@@ -28,8 +29,8 @@ def keys_visible_to(actor: Actor) -> QuerySet[GatewayKey]:
     return keys.filter(owner=actor.user)
 
 
-def key_view(key: GatewayKey, usage: dict[str, int] | None = None) -> dict[str, Any]:
-    """A key as every door shows it; `usage` as usage_now gives it (read here when not given)."""
+def key_view(key: GatewayKey, usage: dict[str, int], policy: KeyPolicy | None) -> dict[str, Any]:
+    """A key as every door shows it: `usage` as usage_now gives it, `policy` as policies_for."""
     return {
         "id": key.pk,
         "name": key.name,
@@ -44,15 +45,18 @@ def key_view(key: GatewayKey, usage: dict[str, int] | None = None) -> dict[str, 
         "expires_at": key.expires_at.isoformat() if key.expires_at else None,
         "expired": bool(key.expires_at and key.expires_at <= timezone.now()),
         "limits": limits_of(key),
-        "usage": usage if usage is not None else usage_now([key.pk])[key.pk],
+        "usage": usage,
+        "ceilings": policies.ceilings_view(key, policy),
+        "policy": policy.scope if policy is not None else None,
     }
 
 
 def key_views(keys: Iterable[GatewayKey]) -> list[dict[str, Any]]:
-    """Many keys, their usage read in one query."""
+    """Many keys, their usage and their policies each read in one query."""
     keys = list(keys)
     usage = usage_now([k.pk for k in keys])
-    return [key_view(k, usage[k.pk]) for k in keys]
+    held = policies.policies_for(keys)
+    return [key_view(k, usage[k.pk], held[k.pk]) for k in keys]
 
 
 def _today() -> date:
@@ -105,6 +109,7 @@ def teams_visible_to(actor: Actor) -> QuerySet[Team]:
     """Staff see every team; a user sees the teams they are a member of."""
     teams = (
         Team.objects.prefetch_related("members")
+        .select_related("key_policy")
         .annotate(key_count=Count("keys", filter=Q(keys__revoked_at__isnull=True)))
         .order_by("name")
     )
@@ -133,6 +138,7 @@ def team_view(team: Team, usage: dict[str, int] | None = None) -> dict[str, Any]
         "created_at": team.created_at.isoformat(),
         "limits": limits_of(team),
         "usage": usage,
+        "policy": policy_figures(getattr(team, "key_policy", None)),
     }
 
 
@@ -145,6 +151,37 @@ def team_views(teams: Iterable[Team]) -> list[dict[str, Any]]:
 def team_usage(team_ids: list[int]) -> dict[int, dict[str, int]]:
     """What each team's keys (revoked ones too: what they used still counts) used together."""
     return _usage_by("key__team_id", team_ids)
+
+
+# -- key policies -----------------------------------------------------------------------
+
+
+def policy_figures(policy: KeyPolicy | None) -> dict[str, dict[str, int | None]] | None:
+    """A policy's defaults and ceilings, each limit named (None: none); None without a policy."""
+    if policy is None:
+        return None
+    return {
+        part: {name: getattr(policy, part).get(name) for name in policies.COUNTERS}
+        for part in ("defaults", "ceilings")
+    }
+
+
+def policy_view(policy: KeyPolicy) -> dict[str, Any]:
+    figures = policy_figures(policy)
+    assert figures is not None
+    return {"scope": policy.scope, **figures, "changed_at": policy.changed_at.isoformat()}
+
+
+def policies_visible_to(actor: Actor) -> list[KeyPolicy]:
+    """Staff see every key policy; a user, those that may hold their keys (the default, their
+    own, their teams'). The default first, then teams' and users' by name."""
+    found = KeyPolicy.objects.select_related("team", "user")
+    if not actor.is_staff:
+        found = found.filter(
+            Q(kind="default") | Q(user=actor.user) | Q(team__members=actor.user)
+        ).distinct()
+    order = {"default": 0, "team": 1, "user": 2}
+    return sorted(found, key=lambda p: (order[p.kind], p.scope))
 
 
 def key_usage(

@@ -5,14 +5,16 @@ so they cannot disagree about who may do what. Who may set what:
 
 - any user creates keys of their own, and sets their own keys' limits, team
   and expiry; staff do the same for everyone's keys;
-- only staff add and remove teams and set a team's limits and members;
-- a key's limits may be at most its team's (a key limit above the team's would
-  never take effect, and lets nobody past the team's), and its weight at most
-  its team's (or the default, 1, without a team): an owner may lower what they
-  use, never raise it past what staff gave. A user puts a key only into a team
-  they are a member of.
+- only staff add and remove teams, set a team's limits and members, and set key
+  policies (each limit's default and ceiling for the keys of a team, of a user,
+  or of everyone else);
+- what staff set on a key, and its policy's ceilings, are ceilings: an owner may
+  lower what they use, never raise or lift it past what staff gave, nor take a
+  key out of the teams that hold it. gateway.policies.judge decides, for every
+  door. A key's limits are also at most its team's, and a user puts a key only
+  into a team they are a member of.
 
-Every change of a key's limits and of a team is in the audit, with who made it.
+Every change of a key's limits, of a team and of a key policy is in the audit, with who made it.
 """
 
 from __future__ import annotations
@@ -25,20 +27,24 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 from rest_framework import serializers
 
 from catalog import services as catalog_services
 from catalog.config import current_config
 from catalog.definitions import MAX_NAME, NAME_PATTERN, validate_name
-from catalog.services import record_change, record_event
+from catalog.models import AuditEntry
+from catalog.services import audit_entry, record_change, record_event
 from core.actor import Actor, require_staff
 from core.durations import DurationError, parse_duration
 from core.refusals import Problem, Refused, conflict, forbidden, invalid
 from llmgw.bearer import GATEWAY_KEY
 
+from . import policies
 from .limits import live_use
-from .models import GatewayKey, Team, hash_key
+from .models import GatewayKey, KeyPolicy, Team, hash_key
+from .policies import COUNTERS
 from .routing import Entry
 
 # A key's look (llmgw.bearer.GATEWAY_KEY): its fixed prefix, and what is kept of it in clear,
@@ -51,8 +57,6 @@ KEY_NAME_MAX = 100
 
 # -- limits: one reading of what each door was given -------------------------------------
 
-# The counters of gateway.models.LimitFields, in the order every door shows them.
-COUNTERS = ["rpm", "tpm", "max_parallel", "tokens_per_day", "tokens_per_month"]
 # What key_set_limits and team_set_limits take; a name missing from a change is left as it is.
 KEY_SETTINGS = [*COUNTERS, "models", "weight", "team", "expires"]
 TEAM_SETTINGS = [*COUNTERS, "models", "weight"]
@@ -254,6 +258,7 @@ def _key_record(key: GatewayKey) -> dict[str, Any]:
         "team": key.team.name if key.team else None,
         "expires_at": key.expires_at.isoformat() if key.expires_at else None,
         **limits_of(key),
+        "ceilings": dict(key.ceilings or {}),
     }
 
 
@@ -287,7 +292,8 @@ def key_create(
     """A new key owned by the actor; returns it and the key itself, which is shown only this once.
 
     `limits` holds any of COUNTERS; `team`, `models`, `expires` and `weight` as key_set_limits
-    takes them. Nothing is made when any of them is refused."""
+    takes them. Without a team, a member's key goes into their team with limits; the limits not
+    given are its key policy's defaults. Nothing is made when any of them is refused."""
     if actor.user is None:
         raise forbidden("Only a user can own a gateway key; log in first.")
     name = (name or "").strip()
@@ -313,7 +319,7 @@ def key_create(
             prefix=GATEWAY_KEY.shown_part(secret),
             key_hash=hash_key(secret),
         )
-        _apply_key_settings(actor, key, wanted, what="The key")
+        _apply_key_settings(actor, key, wanted, what="The key", new=True)
         key.save()
         record_change(actor, _key_subject(key), "key-create", None, _key_record(key))
     return key, secret
@@ -355,8 +361,9 @@ def key_set_limits(*, actor: Actor, key_id: int, changes: Mapping[str, Any]) -> 
 
     `changes` holds any of KEY_SETTINGS; what it does not name stays. A counter of 0 or none
     lifts that limit, models [] allows every model, a team of none takes the key out of its
-    team, expires none makes it never expire. All or nothing: one refused setting changes none.
-    """
+    team, expires none makes it never expire, each as gateway.policies.judge allows (an owner
+    stays within the ceilings and their teams). All or nothing: one refused setting changes
+    none."""
     wanted = _read_settings(changes, KEY_SETTINGS, what="The change")
     with transaction.atomic():
         key = _key_for_change(actor, key_id)
@@ -370,43 +377,29 @@ def key_set_limits(*, actor: Actor, key_id: int, changes: Mapping[str, Any]) -> 
 
 
 def _apply_key_settings(
-    actor: Actor, key: GatewayKey, wanted: dict[str, Any], *, what: str
+    actor: Actor, key: GatewayKey, wanted: dict[str, Any], *, what: str, new: bool = False
 ) -> None:
-    """Set what `wanted` holds on the key, within its team's limits (see the module's rules)."""
-    wanted_names = set(wanted)
+    """Set what `wanted` holds on the key, as gateway.policies.judge allows (see the module's
+    rules). A new key goes into its maker's team when they name none, and gets its policy's
+    defaults for the limits not given. What staff set becomes the key's ceilings."""
+    touched = set(wanted)
     for name, value in wanted.items():
         if name == "team":
             key.team = _team_for_key(actor, key, value)
         else:
             setattr(key, name, value)
-    problems: list[Problem] = []
-    team = key.team
-    # Only what this change touches is held to the team's figures: a team lowered since stays
-    # the ceiling in force, and the key's other settings can still be changed.
-    moved = "team" in wanted_names
-    for name in [c for c in COUNTERS if moved or c in wanted_names]:
-        mine, theirs = getattr(key, name), getattr(team, name, None)
-        # A key without a figure of its own is held to the team's: that is not above it.
-        if theirs is not None and mine is not None and mine > theirs:
-            problems.append(
-                Problem(
-                    name,
-                    f"{mine:,} is above the team {team}'s {theirs:,}; a key's limit is at most "
-                    "its team's (ask staff to raise the team's)",
-                )
-            )
-    ceiling = team.weight if team is not None else 1.0
-    if key.weight > ceiling and not actor.is_staff and (moved or "weight" in wanted_names):
-        whose = f"the team {team}'s" if team is not None else "the default"
-        problems.append(
-            Problem(
-                "weight",
-                f"{key.weight:g} is above {whose} {ceiling:g}; only staff give a key a larger "
-                "share",
-            )
-        )
-    if problems:
-        raise invalid(problems, what=what)
+    if new:
+        if "team" not in touched:
+            key.team = policies.team_for_new_key(actor, key.owner)
+        defaults = policies.defaults_of(policies.policy_for(key.team, key.owner))
+        for name, figure in defaults.items():
+            if name not in touched:
+                setattr(key, name, figure)
+    refusal = policies.judge(actor, key, touched, new=new).refusal(what)
+    if refusal is not None:
+        raise refusal
+    if policies.may_raise(actor):
+        policies.record_ceilings(key, touched)
 
 
 def _team_for_key(actor: Actor, key: GatewayKey, name: Any) -> Team | None:
@@ -577,6 +570,225 @@ def team_remove(*, actor: Actor, name: str) -> int:
         )
         team.delete()
     return keys
+
+
+# -- key policies ------------------------------------------------------------------------
+
+POLICY_PARTS = ("defaults", "ceilings")
+# Keys lowered to a new ceiling are written and audited this many at a time.
+LOWER_CHUNK = 500
+
+
+def _policy_subject(scope: str) -> str:
+    return f"key policy {scope}"[:100]  # the audit's subject column holds 100 characters
+
+
+def _policy_record(policy: KeyPolicy) -> dict[str, Any]:
+    return {"scope": policy.scope, "defaults": policy.defaults, "ceilings": policy.ceilings}
+
+
+def policy_scope(scope: Any) -> tuple[str, Team | None, Any]:
+    """A policy's scope as the API and CLI name it (default, team:NAME, user:NAME): its kind,
+    team and user. A team or user that does not exist is a 404, as the scope's own mistakes are."""
+    text = scope.strip() if isinstance(scope, str) else ""
+    kind, _, name = text.partition(":")
+    if text == "default":
+        return "default", None, None
+    if kind == "team" and name:
+        return "team", _team_named(name), None
+    if kind == "user" and name:
+        user = (
+            get_user_model().objects.filter(username=name).first()
+            if USERNAME.fullmatch(name)
+            else None
+        )
+        if user is None:
+            raise Refused(
+                f"There is no user named {name[:150]!r}; a user's key policy names an account "
+                "that exists (user:NAME).",
+                code="not_found",
+                status=404,
+            )
+        return "user", None, user
+    raise Refused(
+        f"{text[:100]!r} is not a key policy: name one as default (every user's keys in no "
+        "team), team:NAME or user:NAME.",
+        code="not_found",
+        status=404,
+    )
+
+
+def _policy_figures(part: str, raw: Any, problems: list[Problem]) -> dict[str, int | None]:
+    """One part of a policy change, a limit's name to its figure (None: take it away)."""
+    if not isinstance(raw, Mapping):
+        problems.append(
+            Problem(part, f'is an object of limits, like {{"rpm": 60}}, not {_shown(raw)}')
+        )
+        return {}
+    figures: dict[str, int | None] = {}
+    for name, figure in raw.items():
+        if name not in COUNTERS:
+            problems.append(
+                Problem(
+                    f"{part}.{str(name)[:40]}",
+                    f"is not a limit; the limits are {', '.join(COUNTERS)}",
+                )
+            )
+            continue
+        figures[name] = _counter(f"{part}.{name}", figure, problems)
+    return figures
+
+
+def policy_set(
+    *,
+    actor: Actor,
+    scope: str,
+    defaults: Mapping[str, Any] | None = None,
+    ceilings: Mapping[str, Any] | None = None,
+) -> tuple[KeyPolicy, int]:
+    """Set a key policy's defaults and ceilings (staff), making the policy when there is none.
+
+    A limit a change does not name stays; 0 or none takes its default or ceiling away. The keys
+    under the policy that are above a ceiling now (or without that limit) are lowered to it, each
+    in the audit: a ceiling holds for every key under it, not only the next ones. Staff's own keys,
+    and a limit staff set on a key itself, are left as they are. Returns the policy and how many
+    keys were lowered."""
+    require_staff(actor, "set key policies")
+    kind, team, user = policy_scope(scope)
+    problems: list[Problem] = []
+    given = {"defaults": defaults, "ceilings": ceilings}
+    wanted = {
+        part: _policy_figures(part, raw, problems) for part, raw in given.items() if raw is not None
+    }
+    if problems:
+        raise invalid(problems, what="The policy")
+    with transaction.atomic():
+        policy = (
+            KeyPolicy.objects.select_for_update().filter(kind=kind, team=team, user=user).first()
+        )
+        before = _policy_record(policy) if policy is not None else None
+        if policy is None:
+            policy = KeyPolicy(kind=kind, team=team, user=user)
+        for part, figures in wanted.items():
+            merged = dict(getattr(policy, part))
+            for name, figure in figures.items():
+                if figure is None:
+                    merged.pop(name, None)
+                else:
+                    merged[name] = figure
+            setattr(policy, part, {name: merged[name] for name in COUNTERS if name in merged})
+        for name in COUNTERS:
+            default, ceiling = policy.defaults.get(name), policy.ceilings.get(name)
+            if default is not None and ceiling is not None and default > ceiling:
+                problems.append(
+                    Problem(
+                        f"defaults.{name}",
+                        f"{default:,} is above its ceiling of {ceiling:,}; a new key's default is "
+                        "at most the ceiling",
+                    )
+                )
+        if problems:
+            raise invalid(problems, what="The policy")
+        after = _policy_record(policy)
+        if after == before:
+            return policy, 0
+        try:
+            with transaction.atomic():
+                policy.save()
+        except IntegrityError:  # the same policy made at the same moment
+            raise conflict(
+                f"The key policy {policy.scope} was just made by someone else; look at it "
+                "(`llmgw ctl key policy SCOPE`) and set it again.",
+                code="exists",
+            ) from None
+        lowered = _lower_keys_to(actor, policy)
+        note = f"{lowered} key(s) lowered to its ceilings" if lowered else ""
+        record_change(actor, _policy_subject(policy.scope), "key-policy", before, after, note=note)
+    return policy, lowered
+
+
+def policy_remove(*, actor: Actor, scope: str) -> KeyPolicy:
+    """Remove a key policy (staff). The keys under it keep their limits; their owners are held to
+    the next policy in line (a user's, then the default) from their next change."""
+    require_staff(actor, "remove key policies")
+    kind, team, user = policy_scope(scope)
+    with transaction.atomic():
+        policy = (
+            KeyPolicy.objects.select_for_update().filter(kind=kind, team=team, user=user).first()
+        )
+        if policy is None:
+            raise Refused(
+                f"There is no key policy {scope[:100]}; `llmgw ctl key policies` lists them.",
+                code="not_found",
+                status=404,
+            )
+        record_change(
+            actor,
+            _policy_subject(policy.scope),
+            "key-policy-remove",
+            _policy_record(policy),
+            None,
+            note="its keys keep their limits",
+        )
+        policy.delete()
+    return policy
+
+
+def keys_under(policy: KeyPolicy) -> Any:
+    """The active keys a policy holds whose owners are not staff (staff raise their own)."""
+    keys = GatewayKey.objects.filter(revoked_at__isnull=True, owner__is_staff=False)
+    if policy.kind == "team":
+        return keys.filter(team=policy.team)
+    # Keys in no team, or in a team without a policy of its own (no team has none either).
+    outside = keys.filter(team__key_policy__isnull=True)
+    if policy.kind == "user":
+        return outside.filter(owner=policy.user)
+    return outside.filter(owner__llmgw_key_policy__isnull=True)
+
+
+def _lower_keys_to(actor: Actor, policy: KeyPolicy) -> int:
+    """Lower the keys under `policy` to its ceilings, where staff set nothing on the key itself;
+    returns how many. Keys are locked and written a chunk at a time, each in the audit."""
+    over = Q()
+    for name, ceiling in policy.ceilings.items():
+        over |= (Q(**{f"{name}__isnull": True}) | Q(**{f"{name}__gt": ceiling})) & ~Q(
+            ceilings__has_key=name
+        )
+    if not over:
+        return 0
+    keys = keys_under(policy).filter(over).select_related("owner", "team").order_by("pk")
+    note = f"lowered to the ceilings of {policies.policy_words(policy)}"
+    lowered, after_id = 0, 0
+    while True:
+        chunk = list(keys.select_for_update(of=("self",)).filter(pk__gt=after_id)[:LOWER_CHUNK])
+        if not chunk:
+            return lowered
+        entries = []
+        # Each key lowered is lowered to the ceiling itself: one UPDATE a limit, not one a key.
+        lower: dict[str, list[int]] = {name: [] for name in policy.ceilings}
+        for key in chunk:
+            before = _key_record(key)
+            for name, ceiling in policy.ceilings.items():
+                figure = getattr(key, name)
+                if name not in key.ceilings and (figure is None or figure > ceiling):
+                    setattr(key, name, ceiling)
+                    lower[name].append(key.pk)
+            entries.append(
+                audit_entry(
+                    actor,
+                    _key_subject(key),
+                    "key-limits",
+                    note,
+                    before=before,
+                    after=_key_record(key),
+                )
+            )
+        for name, ids in lower.items():
+            if ids:
+                GatewayKey.objects.filter(pk__in=ids).update(**{name: policy.ceilings[name]})
+        AuditEntry.objects.bulk_create(entries)
+        lowered += len(chunk)
+        after_id = chunk[-1].pk
 
 
 def _users_named(names: list[str]) -> list[Any]:

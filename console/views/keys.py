@@ -18,9 +18,10 @@ from console import selectors as console_selectors
 from console.key_forms import KeyCreateForm, KeyLimitsForm
 from core.actor import Actor
 from core.refusals import Refused
-from gateway import selectors, services
+from gateway import policies, selectors, services
 from gateway.api import key_items
 from gateway.models import GatewayKey
+from gateway.services import COUNTERS
 
 from .pages import HtmxHttpRequest, actor, login_required, render_page, wants_partial
 
@@ -44,7 +45,7 @@ def keys_page(request: HtmxHttpRequest) -> HttpResponse:
         request,
         "console/keys.html",
         "keys-body",
-        _page(request, who, KeyCreateForm(teams=_teams(who))),
+        _page(request, who, KeyCreateForm(**_teams(who))),
     )
 
 
@@ -52,7 +53,7 @@ def keys_page(request: HtmxHttpRequest) -> HttpResponse:
 @login_required
 def key_create(request: HtmxHttpRequest) -> HttpResponse:
     who = actor(request)
-    form = KeyCreateForm(request.POST, teams=_teams(who))
+    form = KeyCreateForm(request.POST, **_teams(who))
     if not form.is_valid():
         return render_page(
             request, "console/keys.html", "keys-body", _page(request, who, form), 400
@@ -65,7 +66,7 @@ def key_create(request: HtmxHttpRequest) -> HttpResponse:
         return render_page(
             request, "console/keys.html", "keys-body", _page(request, who, form), error.status
         )
-    context = _page(request, who, KeyCreateForm(teams=_teams(who)))
+    context = _page(request, who, KeyCreateForm(**_teams(who)))
     context["created"] = {"id": key.pk, "name": key.name, "secret": secret}
     return render_page(request, "console/keys.html", "keys-body", context, 201)
 
@@ -77,7 +78,7 @@ def key_limits(request: HtmxHttpRequest, key_id: int) -> HttpResponse:
     view = _visible(who, key_id)
     if view is None:
         return _missing(request, who, key_id)
-    form = KeyLimitsForm(request.POST, teams=_teams(who), view=view)
+    form = KeyLimitsForm(request.POST, **_teams(who), view=view)
     done = ""
     status = 200
     if not form.is_valid():
@@ -109,9 +110,14 @@ def key_revoke(request: HtmxHttpRequest, key_id: int) -> HttpResponse:
 # -- the page's parts ---------------------------------------------------------------------
 
 
-def _teams(who: Actor) -> list[str]:
-    """The teams a key may be put in here: the user's own (staff: every team)."""
-    return [team.name for team in selectors.teams_visible_to(who)]
+def _teams(who: Actor) -> dict[str, Any]:
+    """The teams a key may be put in here, as the forms take them: the user's own (staff: every
+    team), only those with limits when they are in any (gateway.policies), and whether none."""
+    if not who.is_staff:
+        binding = policies.binding_teams(who.user)
+        if binding:
+            return {"teams": [team.name for team in binding], "no_team": False}
+    return {"teams": [team.name for team in selectors.teams_visible_to(who)], "no_team": True}
 
 
 def _page(request: HtmxHttpRequest, who: Actor, create_form: KeyCreateForm) -> dict[str, Any]:
@@ -122,7 +128,7 @@ def _page(request: HtmxHttpRequest, who: Actor, create_form: KeyCreateForm) -> d
     )
     views = key_items(page.object_list)
     return {
-        "cards": [_card(view, KeyLimitsForm(teams=teams, view=view)) for view in views],
+        "cards": [_card(view, KeyLimitsForm(**teams, view=view)) for view in views],
         "create_form": create_form,
         "staff": who.is_staff,
         "page": page,
@@ -164,6 +170,7 @@ def _card(view: dict[str, Any], form: KeyLimitsForm) -> dict[str, Any]:
     return {
         "view": view,
         "state": state,
+        "ceilings": ceilings_shown(view),
         "uses": uses_against_limits(view),
         "counted_now": usage.get("in_flight") is not None,
         "rates": rates,
@@ -173,6 +180,21 @@ def _card(view: dict[str, Any], form: KeyLimitsForm) -> dict[str, Any]:
         "last_used": _minute(view["last_used_at"]) + " UTC" if view["last_used_at"] else "",
         "form": form,
     }
+
+
+def ceilings_shown(view: dict[str, Any]) -> list[tuple[str, str]]:
+    """A key's ceilings, by the forms' labels: what its owner may lower and not raise."""
+    ceilings = view["ceilings"]
+    shown = [
+        (str(KeyLimitsForm.base_fields[name].label or name), f"{ceilings[name]:,}")
+        for name in COUNTERS
+        if ceilings[name] is not None
+    ]
+    if ceilings["models"]:
+        shown.append(("Models", ", ".join(ceilings["models"])))
+    if ceilings["expires_at"]:
+        shown.append(("Expires", _minute(ceilings["expires_at"]) + " UTC"))
+    return shown
 
 
 def _minute(when: str | None) -> str:
@@ -202,12 +224,12 @@ def _card_answer(
             messages.success(request, done)
             return HttpResponseRedirect(reverse("console-keys"))
         # The page, the refused form in the key's card (on top, as the key may be on another page).
-        context = _page(request, who, KeyCreateForm(teams=_teams(who)))
+        context = _page(request, who, KeyCreateForm(**_teams(who)))
         others = [c for c in context["cards"] if c["view"]["id"] != key_id]
-        context["cards"] = [_card(view, form or KeyLimitsForm(teams=_teams(who), view=view))]
+        context["cards"] = [_card(view, form or KeyLimitsForm(**_teams(who), view=view))]
         context["cards"] += others
         return render(request, "console/keys.html", context, status=status)
-    card = _card(view, form or KeyLimitsForm(teams=_teams(who), view=view))
+    card = _card(view, form or KeyLimitsForm(**_teams(who), view=view))
     context = {"card": card, "done": done, "staff": who.is_staff}
     return render(request, "console/keys.html#key-card", context, status=status)
 
@@ -215,6 +237,6 @@ def _card_answer(
 def _missing(request: HtmxHttpRequest, who: Actor, key_id: int) -> HttpResponse:
     # Someone else's key is reported as missing, as the API does.
     message = f"There is no gateway key {key_id} of yours; the Keys page lists them."
-    context = _page(request, who, KeyCreateForm(teams=_teams(who)))
+    context = _page(request, who, KeyCreateForm(**_teams(who)))
     context["refusal"] = message
     return render(request, "console/keys.html", context, status=404)

@@ -1,8 +1,9 @@
 """The Teams page: the teams whose members' keys share limits, with their use against each limit.
 
-Staff add teams here, set their limits and members and remove them; a user sees the teams they
-are in, read-only. Every change goes through gateway.services, as the API's and the CLI's do, so
-the audit records who made it and the three doors cannot disagree.
+Staff add teams here, set their limits, key policies and members and remove them, and set the
+default key policy (for everyone's keys in no team); a user sees the teams they are in and their
+policies, read-only. Every change goes through gateway.services, as the API's and the CLI's do,
+so the audit records who made it and the doors cannot disagree.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from core.actor import Actor
 from core.refusals import Refused
 from gateway import selectors, services
 from gateway.api import team_items
+from gateway.models import KeyPolicy
 from gateway.services import COUNTERS
 
 from .keys import uses_against_limits
@@ -111,6 +113,82 @@ class TeamCreateForm(TeamLimitsForm):
 
     def member_names(self) -> list[str]:
         return _usernames(self.cleaned_data["members"])
+
+
+def _policy_field(label: str, help_text: str) -> forms.CharField:
+    return forms.CharField(
+        label=label,
+        required=False,
+        max_length=30,
+        help_text=f"{help_text}; empty, 0 or none: none",
+        widget=forms.TextInput(attrs={"inputmode": "numeric", "placeholder": "none"}),
+    )
+
+
+class KeyPolicyForm(ConsoleForm):
+    """A key policy's default and ceiling of each limit, shown as they are; only what was
+    changed is sent."""
+
+    PARTS = (("defaults", "default"), ("ceilings", "max"))
+    problem_fields = {
+        f"{part}.{name}": f"{prefix}_{name}" for part, prefix in PARTS for name in COUNTERS
+    }
+
+    def __init__(
+        self, *args: Any, scope: str, policy: dict[str, Any] | None, **kwargs: Any
+    ) -> None:
+        kwargs.setdefault("auto_id", f"policy-{scope.replace(':', '-')}-%s")
+        if policy is not None:
+            kwargs.setdefault(
+                "initial",
+                {
+                    f"{prefix}_{name}": ""
+                    if policy[part][name] is None
+                    else str(policy[part][name])
+                    for part, prefix in self.PARTS
+                    for name in COUNTERS
+                },
+            )
+        super().__init__(*args, **kwargs)
+        for name in COUNTERS:
+            label = KeyLimitsForm.base_fields[name].label
+            self.fields[f"default_{name}"] = _policy_field(
+                f"{label}: default", "what a new key gets when not given"
+            )
+            self.fields[f"max_{name}"] = _policy_field(
+                f"{label}: ceiling", "the most an owner may set (keys above it are lowered)"
+            )
+
+    def parts(self) -> dict[str, dict[str, str]]:
+        data = self.cleaned_data
+        return {
+            part: {
+                name: data[f"{prefix}_{name}"]
+                for name in COUNTERS
+                if f"{prefix}_{name}" in self.changed_data
+            }
+            for part, prefix in self.PARTS
+        }
+
+
+def policy_done(lowered: int) -> str:
+    lower = f" {lowered} key(s) above a ceiling were lowered to it." if lowered else ""
+    return f"Key policy in force now: new keys get its defaults.{lower}"
+
+
+def policy_text(policy: dict[str, Any] | None) -> str:
+    """A key policy on one line, as the cards show it to members."""
+    if policy is None:
+        return ""
+    parts = []
+    for name in COUNTERS:
+        default, ceiling = policy["defaults"][name], policy["ceilings"][name]
+        if default is None and ceiling is None:
+            continue
+        figures = [f"default {default:,}"] if default is not None else []
+        figures += [f"ceiling {ceiling:,}"] if ceiling is not None else []
+        parts.append(f"{KeyLimitsForm.base_fields[name].label} {', '.join(figures)}")
+    return " · ".join(parts) or "no defaults or ceilings"
 
 
 class TeamMembersForm(ConsoleForm):
@@ -203,6 +281,62 @@ def team_limits(request: HtmxHttpRequest, name: str) -> HttpResponse:
 
 @require_POST
 @login_required
+def team_policy(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    who = actor(request)
+    view = _visible(who, name)
+    if view is None:
+        return _missing(request, who, name)
+    form = KeyPolicyForm(request.POST, scope=f"team:{name}", policy=view["policy"])
+    if not form.is_valid():
+        return _card_answer(request, who, name, policy_form=form, status=400)
+    try:
+        _, lowered = services.policy_set(actor=who, scope=f"team:{name}", **form.parts())
+    except Refused as refusal:
+        form.refuse(refusal)
+        return _card_answer(request, who, name, policy_form=form, refusal=refusal)
+    return _card_answer(request, who, name, done=policy_done(lowered))
+
+
+@require_POST
+@login_required
+def default_policy(request: HtmxHttpRequest) -> HttpResponse:
+    """The default key policy: for everyone's keys in no team (staff)."""
+    who = actor(request)
+    form = KeyPolicyForm(request.POST, scope="default", policy=_default_policy())
+    if not form.is_valid():
+        return _refused_policy(request, who, form, status=400)
+    try:
+        _, lowered = services.policy_set(actor=who, scope="default", **form.parts())
+    except Refused as refusal:
+        form.refuse(refusal)
+        return _refused_policy(request, who, form, refusal=refusal)
+    done = policy_done(lowered)
+    if not wants_partial(request):
+        messages.success(request, done)
+        return HttpResponseRedirect(reverse("console-teams"))
+    context = _page(request, who, TeamCreateForm())
+    context["done"] = done
+    return render_page(request, TEMPLATE, "teams-body", context)
+
+
+def _refused_policy(
+    request: HtmxHttpRequest,
+    who: Actor,
+    form: KeyPolicyForm,
+    *,
+    refusal: Refused | None = None,
+    status: int = 400,
+) -> HttpResponse:
+    context = _page(request, who, TeamCreateForm(), policy_form=form)
+    if refusal is not None and not who.is_staff:  # the form is not on their page: say why on top
+        context["refusal"] = refusal.message
+    return render_page(
+        request, TEMPLATE, "teams-body", context, refusal.status if refusal else status
+    )
+
+
+@require_POST
+@login_required
 def team_members(request: HtmxHttpRequest, name: str) -> HttpResponse:
     who = actor(request)
     view = _visible(who, name)
@@ -245,16 +379,34 @@ def team_remove(request: HtmxHttpRequest, name: str) -> HttpResponse:
 # -- the page's parts -------------------------------------------------------------------------
 
 
-def _page(request: HtmxHttpRequest, who: Actor, create_form: TeamCreateForm) -> dict[str, Any]:
+def _default_policy() -> dict[str, Any] | None:
+    found = KeyPolicy.objects.filter(kind="default").first()
+    return selectors.policy_figures(found)
+
+
+def _page(
+    request: HtmxHttpRequest,
+    who: Actor,
+    create_form: TeamCreateForm,
+    *,
+    policy_form: KeyPolicyForm | None = None,
+) -> dict[str, Any]:
     page = console_selectors.page_of(
         selectors.teams_visible_to(who), request.GET.get("page"), TEAMS_PER_PAGE
     )
-    return {
+    default = _default_policy()
+    context = {
         "cards": [_card(view, who) for view in team_items(page.object_list)],
         "create_form": create_form,
         "staff": who.is_staff,
         "page": page,
+        "default_policy": policy_text(default),
     }
+    if who.is_staff:
+        context["default_policy_form"] = policy_form or KeyPolicyForm(
+            scope="default", policy=default
+        )
+    return context
 
 
 def _card(
@@ -263,6 +415,7 @@ def _card(
     *,
     limits_form: TeamLimitsForm | None = None,
     members_form: TeamMembersForm | None = None,
+    policy_form: KeyPolicyForm | None = None,
 ) -> dict[str, Any]:
     limits, usage = view["limits"], view["usage"]
     rates = [
@@ -279,10 +432,14 @@ def _card(
         "rates": rates,
         "requests_today": f"{usage['requests_today']:,}",
         "weight": f"{limits['weight']:g}",
+        "policy": policy_text(view["policy"]),
     }
     if who.is_staff:  # only staff change a team: the others get no forms to fill in vain
         card["limits_form"] = limits_form or TeamLimitsForm(view=view)
         card["members_form"] = members_form or TeamMembersForm(view=view)
+        card["policy_form"] = policy_form or KeyPolicyForm(
+            scope=f"team:{view['name']}", policy=view["policy"]
+        )
     return card
 
 
@@ -298,6 +455,7 @@ def _card_answer(
     *,
     limits_form: TeamLimitsForm | None = None,
     members_form: TeamMembersForm | None = None,
+    policy_form: KeyPolicyForm | None = None,
     refusal: Refused | None = None,
     done: str = "",
     status: int = 200,
@@ -308,7 +466,9 @@ def _card_answer(
     view = _visible(who, name)
     if view is None:  # removed by someone else meanwhile
         return _missing(request, who, name)
-    card = _card(view, who, limits_form=limits_form, members_form=members_form)
+    card = _card(
+        view, who, limits_form=limits_form, members_form=members_form, policy_form=policy_form
+    )
     # A refusal without a form on the page (a member is not staff) is said in the card itself.
     card["error"] = refusal.message if refusal is not None and not who.is_staff else ""
     card["done"] = done

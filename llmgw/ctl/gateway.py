@@ -8,7 +8,7 @@ from typing import Any
 
 from llmgw.client import Client
 
-from .limits import add_limit_flags, limit_lines, limits_body
+from .limits import COUNTERS, add_limit_flags, counter_flag, limit_lines, limits_body
 from .output import print_json, table, table_wanted
 
 KEYS_HELP = """\
@@ -73,8 +73,10 @@ def add_key(sub: Any) -> None:
         "limits",
         help="change a key's limits, models, weight, team or expiry",
         description="Your own keys, or anyone's for staff; a flag not given leaves that setting "
-        "as it is, and 0 or none lifts a limit. A key's limits are at most its team's; only "
-        "staff raise a key's weight. The gateway holds them within a second.",
+        "as it is, and 0 or none lifts a limit. What staff set on a key, and its key policy's "
+        "ceilings, are ceilings: its owner may lower a limit and never raise or lift it past "
+        "one, nor take the key out of their teams with limits. A key's limits are at most its "
+        "team's; only staff raise a key's weight. The gateway holds them within a second.",
     )
     p.add_argument("id", type=_key_id, help="the key's ID, as `llmgw ctl keys` lists it")
     add_limit_flags(p, key=True)
@@ -88,6 +90,7 @@ def add_key(sub: Any) -> None:
     )
     p.add_argument("id", type=_key_id, help="the key's ID, as `llmgw ctl keys` lists it")
     p.set_defaults(run=cmd_key_revoke)
+    add_key_policies(ksub)
 
 
 def cmd_key_create(client: Client, args: argparse.Namespace) -> None:
@@ -123,10 +126,144 @@ def _has_settings(key: dict[str, Any]) -> bool:
 
 
 def _settings_lines(key: dict[str, Any]) -> list[str]:
-    """What is in force for a key: its team, expiry and limits (with today's use)."""
+    """What is in force for a key: its team, expiry and limits (with today's use), and the
+    ceilings its owner is held to, where there are any."""
     team = key["team"] or "none"
     expires = f"{_when(key['expires_at'])} UTC" if key["expires_at"] else "never"
-    return [f"  {'team':<17} {team}", f"  {'expires':<17} {expires}", *limit_lines(key)]
+    lines = [f"  {'team':<17} {team}", f"  {'expires':<17} {expires}", *limit_lines(key)]
+    ceilings = ceilings_text(key.get("ceilings") or {})
+    if ceilings:
+        policy = f"; key policy {key['policy']}" if key.get("policy") else ""
+        lines.append(f"  {'ceilings':<17} {ceilings} (the owner may lower, not raise{policy})")
+    return lines
+
+
+def ceilings_text(ceilings: dict[str, Any]) -> str:
+    """A key's ceilings on one line; the weight's only where staff set one above 1 or below."""
+    parts = [
+        f"{field.replace('_', '-')} {ceilings[field]:,}"
+        for field in COUNTERS
+        if ceilings.get(field) is not None
+    ]
+    if ceilings.get("models"):
+        parts.append("models " + ",".join(ceilings["models"]))
+    if ceilings.get("expires_at"):
+        parts.append(f"expires {_when(ceilings['expires_at'])} UTC")
+    return ", ".join(parts)
+
+
+# -- key policies ---------------------------------------------------------------------------
+
+POLICY_HELP = """A key policy gives the keys under it a default for each limit (what a new key
+gets when it is not given one) and a ceiling (the most the key's owner may set
+it to; keys above a new ceiling are lowered to it). SCOPE is which keys:
+  team:NAME   the keys in the team NAME
+  user:NAME   NAME's keys in no team (or in a team without a policy)
+  default     everyone else's keys in no team
+Staff set them; a user sees those that may hold their keys. What staff set on a
+key itself is its own ceiling, in place of its policy's."""
+
+
+def add_key_policies(ksub: Any) -> None:
+    p = ksub.add_parser(
+        "policies",
+        help="the key policies: each limit's default and ceiling for new and existing keys",
+        description=POLICY_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=cmd_key_policies)
+    p = ksub.add_parser(
+        "policy",
+        help="show a key policy, or set its defaults and ceilings (staff)",
+        description=POLICY_HELP
+        + "\n\nWith no flags it shows the policy; a flag not given leaves that figure as it "
+        "is, and 0 or none takes it away.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("scope", help="team:NAME, user:NAME or default")
+    for field, (meaning, _) in COUNTERS.items():
+        flag = field.replace("_", "-")
+        p.add_argument(
+            f"--default-{flag}",
+            dest=f"default_{field}",
+            type=counter_flag,
+            metavar="N",
+            help=f"what a new key gets of {meaning} when not given",
+        )
+        p.add_argument(
+            f"--max-{flag}",
+            dest=f"max_{field}",
+            type=counter_flag,
+            metavar="N",
+            help=f"the most an owner may set a key's {meaning} to",
+        )
+    p.add_argument(
+        "--remove",
+        action="store_true",
+        help="remove the policy: its keys keep their limits (staff)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=cmd_key_policy)
+
+
+def cmd_key_policies(client: Client, args: argparse.Namespace) -> None:
+    found = client.get("keys/policies")
+    none = "No key policies. Staff set one with: llmgw ctl key policy default --max-rpm N ..."
+    if not table_wanted(args, found, none):
+        return
+    rows = [
+        [p["scope"], _figures_text(p["defaults"]) or "none", _figures_text(p["ceilings"]) or "none"]
+        for p in found
+    ]
+    print(table(rows, ["SCOPE", "DEFAULTS", "CEILINGS"]))
+
+
+def cmd_key_policy(client: Client, args: argparse.Namespace) -> None:
+    if args.remove:
+        gone = client.delete(f"keys/policies/{args.scope}")
+        print(f"Key policy {gone['scope']} removed; its keys keep their limits.")
+        return
+    body: dict[str, dict[str, int]] = {}
+    for part, prefix in (("defaults", "default"), ("ceilings", "max")):
+        figures = {f: getattr(args, f"{prefix}_{f}") for f in COUNTERS}
+        given = {f: figure for f, figure in figures.items() if figure is not None}
+        if given:
+            body[part] = given
+    if not body:
+        policy = client.get(f"keys/policies/{args.scope}")
+        _print_policy(policy, args, f"Key policy {policy['scope']}:")
+        return
+    policy = client.request("PATCH", f"keys/policies/{args.scope}", json=body)
+    lowered = policy["lowered"]
+    then = (
+        f"{lowered} key(s) under it were above a ceiling and are lowered to it. " if lowered else ""
+    ) + "New keys get its defaults; the gateway holds the lowered limits within a second."
+    _print_policy(policy, args, f"Key policy {policy['scope']} now:", then)
+
+
+def _print_policy(
+    policy: dict[str, Any], args: argparse.Namespace, title: str, then: str = ""
+) -> None:
+    if args.json:
+        print_json(policy)
+        return
+    print(title)
+    for field, (_, unit) in COUNTERS.items():
+        default, ceiling = policy["defaults"][field], policy["ceilings"][field]
+        shown = "no default" if default is None else f"default {default:,}"
+        shown += ", no ceiling" if ceiling is None else f", ceiling {ceiling:,}"
+        print(f"  {field.replace('_', '-'):<17} {shown} ({unit})")
+    if then:
+        print(then)
+
+
+def _figures_text(figures: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{field.replace('_', '-')} {figures[field]:,}"
+        for field in COUNTERS
+        if figures.get(field) is not None
+    )
 
 
 def cmd_key_revoke(client: Client, args: argparse.Namespace) -> None:

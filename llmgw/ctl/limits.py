@@ -32,7 +32,7 @@ def add_limit_flags(parser: Any, *, key: bool) -> None:
         parser.add_argument(
             f"--{field.replace('_', '-')}",
             dest=field,
-            type=_counter,
+            type=counter_flag,
             metavar="N",
             help=f"{meaning}; 0 or none lifts the limit",
         )
@@ -68,7 +68,8 @@ def limits_body(args: argparse.Namespace) -> dict[str, Any]:
     return {f: getattr(args, f) for f in fields if getattr(args, f, None) is not None}
 
 
-def _counter(text: str) -> int:
+def counter_flag(text: str) -> int:
+    """A limit as a flag gives it: a whole number (1,000 and 1_000 too); 0 or none lifts it."""
     if text.strip().lower() == "none":
         return 0
     try:

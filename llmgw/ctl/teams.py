@@ -7,14 +7,16 @@ from typing import Any
 
 from llmgw.client import Client, CtlError
 
-from .limits import add_limit_flags, limit_lines, limits_body, limits_summary
+from .limits import COUNTERS, add_limit_flags, limit_lines, limits_body, limits_summary
 from .output import print_json, table, table_wanted
 
 TEAMS_HELP = """\
 A team groups users whose keys share limits: a team's limits count all its keys
 together, and each key's own limits (at most the team's) count that key alone.
-Staff add teams and set their limits and members; a user sees the teams they
-are in, and puts their keys into them (llmgw ctl key limits ID --team TEAM)."""
+Staff add teams and set their limits, members and key policy (llmgw ctl key
+policy team:NAME); a user sees the teams they are in, and puts their keys into
+them (llmgw ctl key limits ID --team TEAM). A member keeps their keys in their
+teams with limits or a key policy."""
 
 
 def add_teams(sub: Any) -> None:
@@ -150,8 +152,23 @@ def _print_team(team: dict[str, Any], args: argparse.Namespace, title: str, then
     print(f"  {'members':<17} {', '.join(team['members']) or 'none'}")
     print(f"  {'keys':<17} {team['keys']} active")
     print(*limit_lines(team), sep="\n")
+    policy = team.get("policy")
+    if policy:
+        print(f"  {'key policy':<17} {policy_summary(policy)}")
     if then:
         print(then)
+
+
+def policy_summary(policy: dict[str, Any]) -> str:
+    """A key policy on one line: "rpm default 60, ceiling 100; tokens-per-day ceiling 10,000"."""
+    parts = []
+    for field in COUNTERS:
+        default, ceiling = policy["defaults"][field], policy["ceilings"][field]
+        figures = [f"default {default:,}"] if default is not None else []
+        figures += [f"ceiling {ceiling:,}"] if ceiling is not None else []
+        if figures:
+            parts.append(f"{field.replace('_', '-')} {', '.join(figures)}")
+    return "; ".join(parts) or "no defaults or ceilings"
 
 
 def _users(names: list[str]) -> list[str]:

@@ -500,7 +500,9 @@ def test_the_admin_changes_a_keys_limits_through_the_service(
     assert (key.team_id, key.tpm, key.models) == (team.pk, 500, ["llama-*", "qwen"])
     entry = AuditEntry.objects.get(action="key-limits")
     assert (entry.actor_name, entry.door) == ("root", "admin")
-    assert set(entry.changes) == {"team", "tpm", "models"}
+    # What staff set on a key is its ceiling: the audit has that too.
+    assert set(entry.changes) == {"team", "tpm", "models", "ceilings"}
+    assert entry.changes["ceilings"] == [{}, {"tpm": 500, "models": ["llama-*", "qwen"]}]
 
 
 def test_usage_is_read_for_any_number_of_keys(
