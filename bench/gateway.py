@@ -19,7 +19,8 @@ with the key above (no limits) and with a key whose rpm, tpm and max_parallel ar
 the bench sends, in a team with an rpm (so that every check runs and none refuses), at 1 and 32
 clients: each key's median and p99, CPU per request, and the added median beside its target.
 
-Run: make bench, or .venv/bin/python bench/gateway.py [--quick] [--levels 1,8,32,128,512]
+Run: make bench, or .venv/bin/python bench/gateway.py [--quick] [--levels 1,8,32,128,512];
+--only-limits --baseline REV measures the limits section alone, on this revision and REV's.
 """
 
 from __future__ import annotations
@@ -68,9 +69,10 @@ LITELLM_KEY = "sk-llmgw-bench-0123456789abcdef0123456789abcdef"
 # at a time) and the bench measures what the gateway adds, not a queue.
 UPSTREAM_SLOTS = 4096
 
-# What a key's limits cost a request (issue 21): the clients, and the most they may add.
+# What a key's limits cost a request (issue 21; issue 37, with reservations of tokens): the
+# clients, and the most they may add at one.
 LIMIT_LEVELS = (1, 32)
-TARGET_LIMITS_ADDED_MS = 0.1
+TARGET_LIMITS_ADDED_MS = 0.15
 # The limited key's and its team's figures: far above anything the bench sends, so that every
 # limit is counted and checked and none refuses.
 LIMITED_KEY = "rpm=10**9, tpm=10**12, max_parallel=10**6"
@@ -627,39 +629,51 @@ def verdicts(
 
 
 async def limits_cost(
-    gateway: str, secrets: dict[str, str], pid: int, quick: bool
+    gateways: dict[str, tuple[str, int]], secrets: dict[str, str], quick: bool
 ) -> tuple[dict[int, dict[str, Sample]], bool]:
     """Whole answers with the unlimited key and the limited one, in interleaved rounds (the
     order swapped every round, so that a drift of the machine's load falls on both), per
-    LIMIT_LEVELS clients; and whether the limited key's answer said where its limits stand
-    (x-ratelimit-* headers: its limits were counted)."""
+    LIMIT_LEVELS clients, through each of `gateways` (its URL and pid, by name: this revision's,
+    and with --baseline the one before, on the same database); and whether the limited key's
+    answer said where its limits stand (x-ratelimit-* headers: its limits were counted)."""
     import aiohttp
 
-    url = f"{gateway}/v1/chat/completions"
     body = request_body("bench-fast", False)
     keys = {name: {"Authorization": f"Bearer {secrets[key]}"} for name, key in LIMIT_KEYS.items()}
+    paths = {
+        (gateway, name): (f"{url}/v1/chat/completions", headers, pid)
+        for gateway, (url, pid) in gateways.items()
+        for name, headers in keys.items()
+    }
     results: dict[int, dict[str, Sample]] = {}
     timeout = aiohttp.ClientTimeout(total=300)
     async with aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0), timeout=timeout, auto_decompress=False
     ) as session:
-        async with session.post(url, data=body, headers=keys["limited"]) as response:
-            await response.read()
-            counted = "x-ratelimit-limit-requests" in response.headers
-        for headers in keys.values():
+        counted = True
+        for url, headers, _ in paths.values():
+            async with session.post(url, data=body, headers=keys["limited"]) as response:
+                await response.read()
+                counted = counted and "x-ratelimit-limit-requests" in response.headers
             await run_cell(session, url, headers, body, 8, 64, Sample())  # warm
         for clients in LIMIT_LEVELS:
             rounds = 6 if quick else 12
             per_round = max(clients * 20, 200 if quick else 500)
-            cell = {name: Sample() for name in keys}
+            cell = {_limits_label(*path): Sample() for path in paths}
             for index in range(rounds):
-                for name in list(keys)[:: 1 if index % 2 == 0 else -1]:
+                for path in list(paths)[:: 1 if index % 2 == 0 else -1]:
+                    url, headers, pid = paths[path]
+                    sample = cell[_limits_label(*path)]
                     before = tree_cpu_seconds(pid)
-                    await run_cell(session, url, keys[name], body, clients, per_round, cell[name])
-                    cell[name].cpu += tree_cpu_seconds(pid) - before
+                    await run_cell(session, url, headers, body, clients, per_round, sample)
+                    sample.cpu += tree_cpu_seconds(pid) - before
             results[clients] = cell
             print(f"  measured limits at {clients} clients", file=sys.stderr, flush=True)
     return results, counted
+
+
+def _limits_label(gateway: str, key: str) -> str:
+    return key if gateway == "llmgw" else f"{gateway}: {key}"
 
 
 def report_limits(results: dict[int, dict[str, Sample]], counted: bool) -> None:
@@ -672,22 +686,23 @@ def report_limits(results: dict[int, dict[str, Sample]], counted: bool) -> None:
     if not counted:
         print("  the limited key's answers have no x-ratelimit-* headers: were its limits counted?")
     print(
-        f"{'clients':>7} {'key':<10}{'n':>6}{'p50 ms':>9}{'p99 ms':>9}{'errors':>7}"
+        f"{'clients':>7} {'key':<20}{'n':>6}{'p50 ms':>9}{'p99 ms':>9}{'errors':>7}"
         f"{'cpu ms/req':>11}{'+p50 ms':>9}  target"
     )
     for clients, cell in results.items():
-        base = percentile(cell["no limits"].totals, 0.5)
         for name, sample in cell.items():
+            gateway = name.rsplit(": ", 1)[0] if ": " in name else ""
+            base = percentile(cell[_limits_label(gateway or "llmgw", "no limits")].totals, 0.5)
             p50 = percentile(sample.totals, 0.5)
             added, target = "-", ""
-            if name != "no limits":
+            if not name.endswith("no limits"):
                 added = ms(p50 - base)
                 if clients == 1:
                     met = (p50 - base) * 1000 <= TARGET_LIMITS_ADDED_MS
                     target = f"<= {TARGET_LIMITS_ADDED_MS} ms: {'met' if met else 'NOT met'}"
             cpu = sample.cpu / max(1, sample.requests) * 1000
             print(
-                f"{clients:>7} {name:<10}{sample.requests:>6}{ms(p50):>9}"
+                f"{clients:>7} {name:<20}{sample.requests:>6}{ms(p50):>9}"
                 f"{ms(percentile(sample.totals, 0.99)):>9}{sample.errors:>7}{cpu:>11.3f}"
                 f"{added:>9}  {target}"
             )
@@ -767,8 +782,15 @@ def main() -> int:
         help="also run the gateway of git revision REV (as 'before'), in the same interleaved "
         "rounds: a change's cost measured before and after in one run",
     )
+    parser.add_argument(
+        "--only-limits",
+        action="store_true",
+        help="only the limits section (with --baseline, measured on both revisions)",
+    )
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
+    if args.only_limits:
+        args.no_litellm = True
     installing = None if args.no_litellm else litellm_install()
     with (
         tempfile.TemporaryDirectory(prefix="llmgw-bench-gw-") as tmp,
@@ -860,12 +882,15 @@ def main() -> int:
                 f"{f' (LiteLLM {LITELLM_VERSION})' if 'litellm' in paths else ''}; {WORKERS} workers each; "
                 f"{os.cpu_count()} cores shared by the upstream, the proxies and the load generator"
             )
-            results = asyncio.run(measure(paths, upstream, levels, args.quick))
-            report(results, levels, list(paths))
-            report_limits(
-                *asyncio.run(limits_cost(gateway, secrets, processes.pid("llmgw"), args.quick))
-            )
-            asyncio.run(spread(gateway, auth, [upstream, f"http://127.0.0.1:{second_port}"]))
+            if not args.only_limits:
+                results = asyncio.run(measure(paths, upstream, levels, args.quick))
+                report(results, levels, list(paths))
+            limited = {"llmgw": (gateway, processes.pid("llmgw"))}
+            if args.baseline:
+                limited["before"] = (paths["before"][0].rsplit("/v1/", 1)[0], paths["before"][2])
+            report_limits(*asyncio.run(limits_cost(limited, secrets, args.quick)))
+            if not args.only_limits:
+                asyncio.run(spread(gateway, auth, [upstream, f"http://127.0.0.1:{second_port}"]))
         finally:
             processes.stop_all()
             if args.baseline:

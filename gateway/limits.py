@@ -19,11 +19,17 @@ counting at once, as the requests did.
   admitted in, its tokens (prompt + completion, as the engine reported them; a stream's when
   it ends) in the bucket it ended in, and a bucket counts until 65 s after it began: never
   more than the limit in any 60 s, and what was used stops counting 60 to 65 s later (the
-  reset the headers give). Tokens are known only when a request ends, so a request is
-  admitted while the tokens counted are below the limit, and may take it over by its own.
+  reset the headers give).
 - Tokens today and this month: see `Budgets`.
+- Reservations. Tokens are known only when a request ends, so a request with a key or team
+  limited in tokens (tpm, a budget) reserves at admission what it may use (`reservation`: its
+  prompt at most and each answer's max_tokens), held in flight beside the tokens used, and
+  settles to what it used when it ends. A request is admitted while the tokens used and
+  reserved are below the limit: requests at once can take a limit over by one reservation at
+  most, however many there are (without reservations, every one admitted before the first
+  ended took it over by its own).
 
-Bound: SLOTS keys and teams per process file (32,768; 360 bytes each, 11.8 MB of file, of
+Bound: SLOTS keys and teams per process file (32,768; 368 bytes each, 12.1 MB of file, of
 which only the pages used take memory). A key or team takes a slot (open addressing from a
 hash of its id, at most PROBE places from its home, tagged with its id, so two keys never
 share a count) when it is first used, and gives it up to another only when the slot is idle:
@@ -49,7 +55,7 @@ import re
 import time
 import zlib
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from fnmatch import translate
 from pathlib import Path
@@ -70,8 +76,8 @@ PROBE = 64
 BUCKET_SECONDS = 5
 BUCKETS = 13  # 65 s: a bucket counts until 60 s after its last instant
 # int64 fields of a slot
-TAG, IN_FLIGHT, DAY, DAY_TOKENS, MONTH, MONTH_TOKENS = range(6)
-STAMPS = 6
+TAG, IN_FLIGHT, DAY, DAY_TOKENS, MONTH, MONTH_TOKENS, RESERVED = range(7)
+STAMPS = 7
 REQUESTS = STAMPS + BUCKETS
 TOKENS = REQUESTS + BUCKETS
 WIDTH = TOKENS + BUCKETS
@@ -82,6 +88,11 @@ HEADER = WIDTH  # slot indexes are offset by one slot: the header comes first
 WRITER_BYTES = 64
 STARTED = 10
 RESCAN_SECONDS = 1.0
+# Each process's file is FILE_PREFIX-PID. The prefix names the layout: a file of another layout
+# (a process of another version, during an upgrade) is neither read nor dropped.
+FILE_PREFIX = "limits-v2"
+# What a request reserves for its prompt beyond its body's bytes (see `reservation`).
+TEMPLATE_TOKENS = 64
 
 
 # -- what a key or team may use ---------------------------------------------------------------
@@ -126,6 +137,11 @@ class Limits:
     @property
     def budgeted(self) -> bool:
         return self.tokens_per_day is not None or self.tokens_per_month is not None
+
+    @property
+    def tokened(self) -> bool:
+        """Whether it limits tokens (per minute, or a budget): what a request reserves against."""
+        return self.tpm is not None or self.budgeted
 
     def allows(self, model: str) -> bool:
         """Whether a request may ask for `model` (a model or adapter name)."""
@@ -188,6 +204,38 @@ def team_ident(team_id: int, created_at: Any) -> str:
     same id was made at another moment)."""
     stamp = _unix(created_at)
     return f"t{team_id}-{0 if stamp is None else round(stamp * 1e6)}"
+
+
+def reservation(raw: bytes, body: dict[str, Any], most_tokens: int) -> int:
+    """The tokens a request may use, which it reserves against its key's and team's token
+    limits while it is in flight: its prompt at most, and each answer's most.
+
+    - The prompt: no tokenizer makes more tokens of a text than it has bytes (byte-level BPE
+      and SentencePiece with byte fallback give each token one byte or more), and the body
+      holds the prompt's text with more bytes around it (its JSON, a message's role) than a
+      chat template adds around a message; TEMPLATE_TOKENS more for what a template adds once
+      (the start token, a default system prompt).
+    - The answers: n of them (per prompt, where a completion asks for several), each at most
+      its max_tokens (max_completion_tokens), else `most_tokens` (the model's default: its
+      context, which an engine fills when nothing stops it sooner).
+    """
+    most = body.get("max_completion_tokens", body.get("max_tokens"))
+    if not isinstance(most, int) or isinstance(most, bool) or most < 1:
+        most = most_tokens
+    if body.get("input") is not None:  # embeddings: a prompt and no answer
+        most = 0
+    return len(raw) + TEMPLATE_TOKENS + answers(body) * min(most, most_tokens)
+
+
+def answers(body: dict[str, Any]) -> int:
+    """How many answers a request asks for: n, for each of its prompts (a completion's prompt
+    may be a list of them)."""
+    n = body.get("n")
+    count = n if isinstance(n, int) and n > 1 else 1
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        count *= len(prompt)
+    return count
 
 
 def key_tag(key_id: int) -> int:
@@ -323,18 +371,25 @@ def read_budgets(local_writers: Iterable[str]) -> Budgets:
 class Refused:
     """Why a request is refused: which limit, whose, its figure and when it frees."""
 
-    limit: str  # rpm | tpm | max_parallel | tokens_per_day | tokens_per_month | slots
+    # rpm | tpm | max_parallel | tokens_per_day | tokens_per_month | slots | redis (Redis
+    # cannot be reached, and LLMGW_LIMITS_REDIS_FALLBACK is refuse)
+    limit: str
     subject: str  # "key" | "team"
     team: str  # the team's name, for a team's limit
     figure: int
     used: int
     retry_after: float  # seconds
     headers: tuple[tuple[str, str], ...] = ()
+    # Tokens held by requests in flight, beside `used` (a token limit's refusal).
+    reserved: int = 0
+    # "alone" when Redis could not be reached and this machine decided by its own counts.
+    fallback: str = ""
 
 
 @dataclass(slots=True)
 class Admission:
-    """A request let through: what it holds (its in-flight counts) and what its answers say."""
+    """A request let through: what it holds (its in-flight counts and reservations) and what
+    its answers say."""
 
     slots: tuple[tuple[int, int], ...]  # (tag, own slot) of the key and its team
     headers: tuple[tuple[str, str], ...]
@@ -344,6 +399,10 @@ class Admission:
     released: bool = False
     # What Redis counted of it, where several machines count together (gateway.redislimits).
     remote: Decided | None = None
+    # The tokens it reserves against each of `slots` (0 where its subject limits no tokens).
+    reserved: tuple[int, ...] = ()
+    # "alone" when Redis could not be reached and this machine decided by its own counts.
+    fallback: str = ""
 
     def release(self, tokens: int) -> None:
         if self.counters is not None:
@@ -382,6 +441,7 @@ def _next_month(now: float) -> float:
 @dataclass(slots=True)
 class _Use:
     in_flight: int
+    reserved: int  # tokens reserved by requests in flight
     requests: list[int]  # by bucket age: 0 = the current bucket
     tokens: list[int]
     local: dict[str, tuple[int, int]]  # writer -> (tokens today, this month), live ones
@@ -402,7 +462,7 @@ class SharedCounters:
             os.ftruncate(self._lock_handle, 8)
         self._generation_map = mmap.mmap(self._lock_handle, 8)
         self._generation = memoryview(self._generation_map).cast("q")
-        self._file = folder / f"limits-{self.pid}"
+        self._file = folder / f"{FILE_PREFIX}-{self.pid}"
         self._map = map_own_file(self._file, FILE_BYTES)
         self._mine = memoryview(self._map).cast("q")
         self._mine[STARTED] = process_started(self.pid)
@@ -480,7 +540,7 @@ class SharedCounters:
             return
         self._seen_generation, self._scanned_at = generation, now
         seen: set[int] = set()
-        for pid, path in other_processes_files(self.folder, "limits", self.pid):
+        for pid, path in other_processes_files(self.folder, FILE_PREFIX, self.pid):
             if not _writer_alive(path, pid):
                 if pid in self._others:
                     _close(*self._others.pop(pid)[:2])
@@ -503,7 +563,7 @@ class SharedCounters:
     def _use(self, tag: int, bucket: int, day: int, month: int, *, local: bool = True) -> _Use:
         """What every live process counted for `tag`; with `local`, also each writer's tokens
         today and this month (what a budget needs)."""
-        use = _Use(0, [0] * BUCKETS, [0] * BUCKETS, {})
+        use = _Use(0, 0, [0] * BUCKETS, [0] * BUCKETS, {})
         requests, tokens = use.requests, use.tokens
         home = zlib.crc32(tag.to_bytes(8, "little")) % SLOTS
         for view, writer in self._views():
@@ -512,6 +572,7 @@ class SharedCounters:
                 continue
             row = view[base : base + WIDTH].tolist()  # one copy in C, then plain ints
             use.in_flight += row[IN_FLIGHT]
+            use.reserved += row[RESERVED]
             for stamp, asked, used in zip(
                 row[STAMPS:REQUESTS], row[REQUESTS:TOKENS], row[TOKENS:WIDTH], strict=True
             ):
@@ -529,7 +590,7 @@ class SharedCounters:
     def writers(self) -> list[str]:
         """The traffic-book writers of this machine's live gateway processes (from any thread)."""
         names = [self._writer] if self._writer else []
-        for pid, path in other_processes_files(self.folder, "limits", self.pid):
+        for pid, path in other_processes_files(self.folder, FILE_PREFIX, self.pid):
             if not _writer_alive(path, pid):
                 continue
             with contextlib.suppress(OSError, ValueError):
@@ -542,6 +603,61 @@ class SharedCounters:
 
     # -- the decision ----------------------------------------------------------------------
 
+    async def check(
+        self,
+        key_id: int,
+        key: Limits,
+        team: Limits | None,
+        budgets: Budgets,
+        *,
+        reserve: int = 0,
+    ) -> Admission | Refused:
+        """`admit`, over every machine first where Redis counts: one round trip, awaited (the
+        event loop serves other requests meanwhile), which counts the request when it goes.
+        When Redis cannot be reached, LLMGW_LIMITS_REDIS_FALLBACK decides: this machine's own
+        counts (alone), or a refusal (refuse) for a request Redis would have counted."""
+        remote = self.remote
+        if remote is None:
+            return self.admit(key_id, key, team, budgets, reserve=reserve)
+        now = time.time()
+        rated = self._rated(key_id, key, team)
+        if not rated:
+            return self.admit(key_id, key, team, budgets, now, reserve=reserve)
+        decided = await remote.admit(
+            [
+                (lim.ident, lim.max_parallel, lim.rpm, lim.tpm, reserve if lim.tokened else 0)
+                for _, lim, _ in rated
+            ],
+            int(now // BUCKET_SECONDS),
+        )
+        if decided is None:
+            if remote.fallback == "refuse":
+                _, limits, whose = rated[0]
+                return Refused("redis", whose, limits.name, 0, 0, remote.down_for())
+            done = self.admit(key_id, key, team, budgets, now, reserve=reserve)
+            if isinstance(done, Admission):
+                done.fallback = "alone"
+                return done
+            return replace(done, fallback="alone")
+        return self.admit(key_id, key, team, budgets, now, reserve=reserve, decided=decided)
+
+    def _subjects(
+        self, key_id: int, key: Limits, team: Limits | None
+    ) -> list[tuple[int, Limits, str]]:
+        """(tag, limits, whose) of the key and its team, where they count anything."""
+        subjects: list[tuple[int, Limits, str]] = []
+        if key.counted:
+            subjects.append((key_tag(key_id), key, "key"))
+        if team is not None and team.counted and key.team_id is not None:
+            subjects.append((team_tag(key.team_id), team, "team"))
+        return subjects
+
+    def _rated(
+        self, key_id: int, key: Limits, team: Limits | None
+    ) -> list[tuple[int, Limits, str]]:
+        """The subjects Redis counts: those with a per-minute or in-flight limit."""
+        return [s for s in self._subjects(key_id, key, team) if s[1].rated and s[1].ident]
+
     def admit(
         self,
         key_id: int,
@@ -549,44 +665,41 @@ class SharedCounters:
         team: Limits | None,
         budgets: Budgets,
         now: float | None = None,
+        *,
+        reserve: int = 0,
+        decided: Decided | None = None,
     ) -> Admission | Refused:
-        """Let one request through (counting it) or say which limit refuses it."""
+        """Let one request through (counting it, and reserving `reserve` tokens against its
+        token limits) or say which limit refuses it. `decided`: what Redis decided of it over
+        every machine (see check); this machine's counts also hold the budgets."""
         now = time.time() if now is None else now
         bucket = int(now // BUCKET_SECONDS)
         today, day, month = self._day_of(bucket, now)
-        subjects: list[tuple[int, Limits, str]] = []
-        if key.counted:
-            subjects.append((key_tag(key_id), key, "key"))
-        if team is not None and team.counted and key.team_id is not None:
-            subjects.append((team_tag(key.team_id), team, "team"))
-        # Over every machine first, where Redis counts (one round trip, which counts the
-        # request when it goes); then this machine's counts, which also hold the budgets.
-        remote, decided, wider = self.remote, None, {}
-        if remote is not None:
-            rated = [(tag, lim) for tag, lim, _ in subjects if lim.rated and lim.ident]
-            decided = remote.admit(
-                [(lim.ident, lim.max_parallel, lim.rpm, lim.tpm) for _, lim in rated], bucket
-            )
-            if decided is not None:
-                wider = dict(zip((tag for tag, _ in rated), decided.counted, strict=True))
+        subjects = self._subjects(key_id, key, team)
+        wider: dict[int, Counted] = {}
+        if decided is not None:
+            rated = (tag for tag, _, _ in self._rated(key_id, key, team))
+            wider = dict(zip(rated, decided.counted, strict=True))
         # Without the lock first. Each process admits one request at a time (its event loop),
         # so what a check cannot see is at most one admission under way in each other
-        # process: where every count is at least that many below its limit, the request goes
-        # without the lock, and the limits stay exact. Otherwise, and when the folder's files
-        # changed, the check is made again under the lock.
+        # process: where every count is at least that many below its limit (and every token
+        # limit that many reservations like this one), the request goes without the lock, and
+        # the limits stay exact. Otherwise, and when the folder's files changed, the check is
+        # made again under the lock.
         monotonic = time.monotonic()
         if (
             self._generation[0] == self._seen_generation
             and monotonic - self._scanned_at < RESCAN_SECONDS
         ):
             done = self._decide(subjects, bucket, day, month, today, now, budgets, wider,
-                                slack=len(self._others))  # fmt: skip
+                                reserve, slack=len(self._others))  # fmt: skip
             if done is not None:
                 return self._decided(done, decided, bucket)
         fcntl.flock(self._lock_handle, fcntl.LOCK_EX)
         try:
             self._rescan(monotonic)
-            done = self._decide(subjects, bucket, day, month, today, now, budgets, wider, slack=0)
+            done = self._decide(subjects, bucket, day, month, today, now, budgets, wider,
+                                reserve, slack=0)  # fmt: skip
             assert done is not None  # with no slack, every check is sure
         finally:
             fcntl.flock(self._lock_handle, fcntl.LOCK_UN)
@@ -602,6 +715,7 @@ class SharedCounters:
         now: float,
         budgets: Budgets,
         wider: dict[int, Counted],
+        reserve: int,
         *,
         slack: int,
     ) -> Admission | Refused | None:
@@ -609,13 +723,16 @@ class SharedCounters:
         its limit (see admit)."""
         headers: dict[str, tuple[int, int, float]] = {}
         slots = []
+        reserved = []
         for tag, limits, whose in subjects:
             use = self._use(tag, bucket, day, month, local=limits.budgeted)
+            mine = reserve if limits.tokened else 0
             if tag in wider:
                 _count_wider(use, wider[tag])  # decided in Redis, in one step: no slack
-                refused = _refusal(limits, whose, use, budgets, tag, today, now, headers, 0)
+                refused = _refusal(limits, whose, use, budgets, tag, today, now, headers, 0, mine)
             else:
-                refused = _refusal(limits, whose, use, budgets, tag, today, now, headers, slack)
+                refused = _refusal(limits, whose, use, budgets, tag, today, now, headers, slack,
+                                   mine)  # fmt: skip
             if refused is _UNSURE:
                 return None
             if refused is not None:
@@ -624,11 +741,13 @@ class SharedCounters:
             if slot is None:
                 return Refused("slots", whose, limits.name, SLOTS, SLOTS, 1.0)
             slots.append((tag, slot))
-        for _, slot in slots:
+            reserved.append(mine)
+        for (_, slot), mine in zip(slots, reserved, strict=True):
             base = HEADER + slot * WIDTH
             self._mine[base + IN_FLIGHT] += 1
+            self._mine[base + RESERVED] += mine
             self._add(base, REQUESTS, bucket, 1)
-        return Admission(tuple(slots), _headers(headers), self)
+        return Admission(tuple(slots), _headers(headers), self, reserved=tuple(reserved))
 
     def _decided(
         self, done: Admission | Refused, decided: Decided | None, bucket: int
@@ -663,22 +782,25 @@ class SharedCounters:
             if limits is None or (limits.rpm is None and limits.tpm is None):
                 continue
             use = self._use(tag, bucket, 0, 0)
-            for kind, limit, by_age in (
-                ("requests", limits.rpm, use.requests),
-                ("tokens", limits.tpm, use.tokens),
+            for kind, limit, by_age, held in (
+                ("requests", limits.rpm, use.requests, 0),
+                ("tokens", limits.tpm, use.tokens, use.reserved),
             ):
                 if limit is None:
                     continue
                 youngest = next((age for age in range(BUCKETS) if by_age[age]), None)
                 reset = 0.0 if youngest is None else (BUCKETS - youngest) * BUCKET_SECONDS
-                _tighter(headers, kind, (limit, limit - sum(by_age), max(0.0, reset - into_bucket)))
+                left = limit - sum(by_age) - held
+                _tighter(headers, kind, (limit, left, max(0.0, reset - into_bucket)))
         return _headers(headers)
 
     def release(self, admission: Admission, tokens: int, now: float | None = None) -> None:
-        """The request ended (however): it is no longer in flight, and its tokens count.
+        """The request ended (however): it is no longer in flight, its tokens count, and what
+        it reserved is given back.
 
         Only this process writes its file, and only lower (in flight) or what a check is
-        already allowed to lag by (tokens), so no lock is taken."""
+        already allowed to lag by (tokens), so no lock is taken. Its tokens are counted before
+        its reservation goes: a check between the two sees both, and refuses early at worst."""
         if admission.released or self.closed:
             return
         admission.released = True
@@ -688,7 +810,8 @@ class SharedCounters:
             self.remote.end(admission.remote, tokens, bucket)
         _, day, month = self._day_of(bucket, now)
         view = self._mine
-        for tag, slot in admission.slots:
+        reserved = admission.reserved or (0,) * len(admission.slots)
+        for (tag, slot), mine in zip(admission.slots, reserved, strict=True):
             base = HEADER + slot * WIDTH
             if view[base + TAG] != tag:
                 continue
@@ -703,6 +826,8 @@ class SharedCounters:
                     view[base + MONTH_TOKENS] = 0
                     view[base + MONTH] = month
                 view[base + MONTH_TOKENS] += tokens
+            if mine:
+                view[base + RESERVED] = max(0, view[base + RESERVED] - mine)
 
     def _add(self, base: int, column: int, bucket: int, amount: int) -> None:
         view = self._mine
@@ -734,8 +859,10 @@ class SharedCounters:
 
 def _count_wider(use: _Use, counted: Counted) -> None:
     """A subject's rates as every machine counts them (Redis), in place of this machine's: its
-    requests in flight and per minute (Redis counted this machine's too)."""
+    requests in flight and per minute, and the tokens reserved (Redis counted this machine's
+    too)."""
     use.in_flight = counted.in_flight
+    use.reserved = counted.reserved
     use.requests = list(counted.requests)
     use.tokens = list(counted.tokens)
 
@@ -770,10 +897,12 @@ def _refusal(
     now: float,
     headers: dict[str, tuple[int, int, float]],
     slack: int = 0,
+    reserve: int = 0,
 ) -> Refused | None:
     """The refusal of the first limit the request would pass, or None; _UNSURE where a count of
-    requests is below its limit by no more than `slack` (admissions other processes may have
-    under way unseen: see SharedCounters.admit)."""
+    requests is below its limit by no more than `slack`, or tokens by no more than `slack` + 1
+    reservations of `reserve` (admissions other processes may have under way unseen: see
+    SharedCounters.admit)."""
     team = limits.name if whose == "team" else ""
     into_bucket = now % BUCKET_SECONDS
 
@@ -807,10 +936,19 @@ def _refusal(
         # As OpenAI means it: until the window is back to empty, this request included.
         reset = BUCKETS * BUCKET_SECONDS - into_bucket
         _tighter(headers, "requests", (limits.rpm, limits.rpm - used - 1, reset))
+    held = use.reserved  # tokens reserved by requests in flight, this one not counted
     if limits.tpm is not None:
         used = sum(use.tokens)
-        if used >= limits.tpm:
-            wait = _frees_in(use.tokens, used - limits.tpm + 1, into_bucket)
+        if slack and used + held < limits.tpm < used + held + (slack + 1) * reserve:
+            return _UNSURE
+        if used + held >= limits.tpm:
+            # Past the limit by what was used: until enough has left the window; else by what
+            # requests in flight reserve: until one of them ends.
+            wait = (
+                _frees_in(use.tokens, used - limits.tpm + 1, into_bucket)
+                if used >= limits.tpm
+                else 1.0
+            )
             return Refused(
                 "tpm",
                 whose,
@@ -819,22 +957,24 @@ def _refusal(
                 used,
                 wait,
                 _headers({"tokens": (limits.tpm, 0, wait)}),
+                reserved=held,
             )
         # Until the newest tokens counted have left the window (this request's come later).
         reset = _frees_in(use.tokens, used, into_bucket) if used else 0.0
-        _tighter(headers, "tokens", (limits.tpm, limits.tpm - used, reset))
+        _tighter(headers, "tokens", (limits.tpm, limits.tpm - used - held, reset))
     if limits.budgeted:
         day_used, month_used = budgets.used(tag, use.local, today)
-        if limits.tokens_per_day is not None and day_used >= limits.tokens_per_day:
-            return Refused(
-                "tokens_per_day", whose, team, limits.tokens_per_day, day_used,
-                _next_midnight(now) - now,
-            )  # fmt: skip
-        if limits.tokens_per_month is not None and month_used >= limits.tokens_per_month:
-            return Refused(
-                "tokens_per_month", whose, team, limits.tokens_per_month, month_used,
-                _next_month(now) - now,
-            )  # fmt: skip
+        for budget, figure, used, resets_in in (
+            ("tokens_per_day", limits.tokens_per_day, day_used, _next_midnight(now) - now),
+            ("tokens_per_month", limits.tokens_per_month, month_used, _next_month(now) - now),
+        ):
+            if figure is None:
+                continue
+            if slack and used + held < figure < used + held + (slack + 1) * reserve:
+                return _UNSURE
+            if used + held >= figure:
+                wait = resets_in if used >= figure else 1.0
+                return Refused(budget, whose, team, figure, used, wait, reserved=held)
     return None
 
 
@@ -969,7 +1109,7 @@ def live_use(
     if not wanted or not folder.is_dir():
         return found
     totals = {tag: [0, 0, 0] for tag in wanted}
-    for pid, path in other_processes_files(folder, "limits", -1):
+    for pid, path in other_processes_files(folder, FILE_PREFIX, -1):
         if not _writer_alive(path, pid):
             continue
         opened = _open_for_reading(path)

@@ -132,7 +132,8 @@ def _create(folder: str | None) -> Metrics:
         tokens=Counter(
             "llmgw_gateway_tokens",
             "Tokens by the model that computed them; kind is prompt or completion. "
-            "Streamed answers count one completion token per chunk the engine sent.",
+            "A stream counts what the engine said its answers had; one cut short, its prompt "
+            "and a completion token per event sent (gateway.proxy.StreamTally).",
             ["model", "kind"],
             **where,
         ),

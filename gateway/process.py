@@ -93,7 +93,7 @@ class Gateway:
         conf.max_connections(), conf.queue_timeout(), conf.queue_max(), conf.fair_queue_on()
         conf.queue_max_per_user(), conf.queue_max_per_key(), conf.limits_redis_url()
         conf.forward_reserve_bytes(), conf.forward_client_bytes(), conf.body_deadline()
-        conf.body_min_rate()
+        conf.body_min_rate(), conf.limits_redis_timeout(), conf.limits_redis_fallback()
         current_config()  # and a server.yaml that does not validate (ConfigError)
         tracing.start()  # when OTEL_EXPORTER_OTLP_ENDPOINT asks for traces
         # The process's state: what other code of the process (and the benches) reads.

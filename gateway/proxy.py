@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -284,8 +285,15 @@ async def _post(
         if stream and response.status == 200:
             # The first chunk comes once the engine has started on this request: reading
             # it here means a replica that goes away while the request waits in its queue
-            # can still be retried, before the client has been sent anything.
+            # can still be retried, before the client has been sent anything. Its reports of
+            # the prompt's progress (with_progress) come first, while it reads the prompt:
+            # the answer starts with the event after them.
             first = await response.content.readany()
+            while first and _only_progress(first):
+                more = await response.content.readany()
+                if not more:
+                    break
+                first += more
             return Answer(candidate, 200, content_type, response, first=first)
         body = await response.read()
         response.release()
@@ -311,6 +319,15 @@ async def _post(
 # -- tokens -----------------------------------------------------------------------------
 
 _USAGE_NUMBER = re.compile(rb'"(prompt_tokens|completion_tokens)"\s*:\s*(\d+)')
+PROGRESS = b'"prompt_progress"'
+_PROGRESS_TOTAL = re.compile(rb'"prompt_progress"\s*:\s*\{[^}]*"total"\s*:\s*(\d+)')
+_PREDICTED = re.compile(rb'"predicted_n"\s*:\s*(\d+)')
+_INDEX = re.compile(rb'"index"\s*:\s*(\d+)')
+# Where an event of a stream ends: a blank line (llama.cpp writes "\n\n", others "\r\n\r\n").
+_EVENT_END = re.compile(rb"\r?\n\r?\n")
+# The most of an event not yet whole a stream holds back (a token's event is a few hundred
+# bytes); past it, it goes on as it is.
+MAX_PART_BYTES = 1024 * 1024
 
 
 def usage_of(body: bytes) -> tuple[int, int]:
@@ -322,31 +339,177 @@ def usage_of(body: bytes) -> tuple[int, int]:
     return int(numbers.get(b"prompt_tokens", 0)), int(numbers.get(b"completion_tokens", 0))
 
 
-class StreamTally:
-    """Tokens of a streamed answer, counted from the chunks as they pass.
+def with_progress(payload: bytes) -> bytes:
+    """A streamed request's body asking the engine to report its prompt's progress first
+    (llama.cpp's return_progress): the first report gives the prompt's tokens, as the engine
+    counts them (its chat template included), before any is generated, at no cost of a round
+    trip; so a stream cut short is charged its prompt. The gateway takes the reports out of
+    what the client is sent (StreamTally)."""
+    start = payload.find(b"{")
+    return payload[: start + 1] + b'"return_progress":true,' + payload[start + 1 :]
 
-    llama.cpp sends one event per generated token (its text may be empty while a
-    multi-byte character is incomplete), plus a first chat event with the role and a
-    last one with the finish reason; a "usage" event, when an engine sends one, wins.
+
+def _only_progress(data: bytes) -> bool:
+    """Whether `data` holds only whole events that report the prompt's progress."""
+    reports = data.count(PROGRESS)
+    return reports > 0 and reports == data.count(b"data:") and data.endswith((b"\n\n", b"\n\r\n"))
+
+
+class StreamTally:
+    """Tokens of a streamed answer, counted from the events as they pass; with `strip`, the
+    engine's reports of the prompt's progress (asked for by the gateway, with_progress) taken
+    out of what is passed on.
+
+    - The prompt: the engine's last "usage", else its first report of the prompt's progress
+      (its total), so that a stream cut before its end is charged its prompt.
+    - The answer: llama.cpp sends one event per generated token (its text may be empty while a
+      multi-byte character is incomplete), plus a first chat event with the role and a last
+      one with the finish reason, which says how many tokens its choice had ("timings"); a
+      "usage" event, when the engine sends one, wins. Each choice (n > 1) ends with its own:
+      the answer's tokens are every choice's.
+
+    `feed` passes on whole events only (a part of one, up to MAX_PART_BYTES, waits for its
+    end): a client reads an event when it is whole anyway.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, strip: bool = False) -> None:
         self.prompt = 0
         self.completion = 0
-        self._usage: tuple[int, int] | None = None
+        self.strip = strip
+        self._tail = b""
+        # Per choice (its index): its tokens as the engine said when it ended.
+        self._ended: dict[int, int] = {}
+        self._usage: dict[int, tuple[int, int]] = {}
+        self._last_ended = 0
 
-    def feed(self, chunk: bytes) -> None:
+    def feed(self, chunk: bytes) -> bytes:
+        """Count `chunk`'s whole events; what to pass on of it."""
+        if self._tail:
+            chunk, self._tail = self._tail + chunk, b""
+        cut = _events_end(chunk)
+        if cut < len(chunk) and len(chunk) - cut <= MAX_PART_BYTES:
+            chunk, self._tail = chunk[:cut], chunk[cut:]
+        if not chunk:
+            return b""
+        return self._count(chunk)
+
+    def end(self) -> bytes:
+        """What is left of the stream once it ended (an event without its blank line)."""
+        rest, self._tail = self._tail, b""
+        return self._count(rest) if rest else b""
+
+    def _count(self, events: bytes) -> bytes:
+        if PROGRESS not in events:
+            self._tokens(events)
+            if b'"usage"' in events or b'"predicted_n"' in events:
+                for event in _split_events(events):
+                    self._ending(event)
+            return events
+        kept = []
+        for event in _split_events(events):
+            if PROGRESS in event:
+                # A report of the prompt's progress (an empty event otherwise): its total is
+                # the prompt's tokens.
+                found = _PROGRESS_TOTAL.search(event)
+                if found is not None and not self.prompt:
+                    self.prompt = int(found.group(1))
+                if not self.strip:
+                    kept.append(event)
+                continue
+            self._tokens(event)
+            self._ending(event)
+            kept.append(event)
+        return b"".join(kept)
+
+    def _tokens(self, events: bytes) -> None:
         self.completion += (
-            chunk.count(b'"finish_reason": null')
-            + chunk.count(b'"finish_reason":null')
-            - chunk.count(b'"role":')
+            events.count(b'"finish_reason": null')
+            + events.count(b'"finish_reason":null')
+            - events.count(b'"role":')
         )
-        if b'"usage"' in chunk:
-            prompt, completion = usage_of(chunk)
+
+    def _ending(self, event: bytes) -> None:
+        """A choice's last event (its tokens, in "timings"), or a "usage" event (after the
+        choice that ended last, when it names none: a chat's has no choices)."""
+        if b'"finish_reason":"' in event or b'"finish_reason": "' in event:
+            found = _INDEX.search(event)
+            self._last_ended = int(found.group(1)) if found is not None else 0
+            predicted = _PREDICTED.search(event)
+            if predicted is not None:
+                self._ended[self._last_ended] = int(predicted.group(1))
+        if b'"usage"' in event:
+            prompt, completion = usage_of(event)
             if prompt or completion:
-                self._usage = (prompt, completion)
+                self._usage[self._last_ended] = (prompt, completion)
 
     def totals(self) -> tuple[int, int]:
-        if self._usage is not None:
-            return self._usage
-        return self.prompt, max(self.completion, 0)
+        """(prompt, completion) tokens: every choice's."""
+        ended = {**self._ended, **{i: c for i, (_, c) in self._usage.items()}}
+        prompt = max((p for p, _ in self._usage.values()), default=0) or self.prompt
+        # The choices that ended said how many tokens they had; a stream cut short has its
+        # events (the text of a character split over tokens waits for its end: a token or
+        # two fewer).
+        return prompt, max(self.completion, sum(ended.values()), 0)
+
+
+def _events_end(data: bytes) -> int:
+    """Where the last whole event of `data` ends (0: none does)."""
+    at = max(data.rfind(b"\n\n"), data.rfind(b"\n\r\n"))
+    return at + (2 if data[at : at + 2] == b"\n\n" else 3) if at >= 0 else 0
+
+
+def _split_events(data: bytes) -> list[bytes]:
+    """`data`'s events, each with its blank line."""
+    events, start = [], 0
+    for end in _EVENT_END.finditer(data):
+        events.append(data[start : end.end()])
+        start = end.end()
+    if start < len(data):
+        events.append(data[start:])
+    return events
+
+
+async def choice_tokens(
+    upstream: Upstream, candidate: Candidate, body: bytes, most: int | None
+) -> int:
+    """The tokens of every choice of a whole answer but its first, which llama.cpp's "usage"
+    counts alone (n > 1, or several prompts): a choice cut by its max_tokens had that many;
+    another's text is counted by the engine's tokenizer (/tokenize), else one a byte."""
+    try:
+        choices = json.loads(body).get("choices")
+    except (ValueError, AttributeError):
+        return 0
+    if not isinstance(choices, list) or len(choices) < 2:
+        return 0
+    texts = []
+    total = 0
+    for choice in choices:
+        if not isinstance(choice, dict) or choice.get("index", 0) == 0:
+            continue
+        if choice.get("finish_reason") == "length" and most is not None:
+            total += most
+            continue
+        message = choice.get("message")
+        text = choice.get("text") if message is None else message.get("content")
+        if isinstance(text, str) and text:
+            texts.append(text)
+    counted = await asyncio.gather(*(_tokenized(upstream, candidate, t) for t in texts))
+    return total + sum(counted)
+
+
+async def _tokenized(upstream: Upstream, candidate: Candidate, text: str) -> int:
+    session = upstream.session()
+    try:
+        async with session.post(
+            f"{candidate.endpoint}/tokenize",
+            data=json.dumps({"content": text, "add_special": False}),
+            headers=candidate.headers,
+            timeout=_read_timeout(CONNECT_TIMEOUT_SECONDS),
+        ) as response:
+            if response.status == 200:
+                tokens = (await response.json(content_type=None)).get("tokens")
+                if isinstance(tokens, list):
+                    return len(tokens)
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+        pass
+    return len(text.encode())

@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from core import jsontext, requestid
+from llmgw.engine import DEFAULT_CONTEXT_LENGTH
 
 from . import canary, conf, errors, fairqueue, http, limits, proxy, routing, tracing, validate
 from .errors import Refusal
@@ -352,7 +353,7 @@ async def _relay(call: Call, scope: Scope, path: str, streams: bool) -> None:
     entry = asked.entry
     admission = None
     if asked.key.limits is not None:
-        admitted = _admit(call, asked.key, asked.snapshot)
+        admitted = await _admit(call, asked)
         if isinstance(admitted, Refusal):
             await _answer(call, _refused(admitted, entry.name))
             return
@@ -423,9 +424,12 @@ async def _asked(call: Call, scope: Scope, path: str, streams: bool) -> Asked | 
     return Asked(key, body, raw, entry, snapshot, stream)
 
 
-def _admit(call: Call, key: KeyState, snapshot: Snapshot) -> limits.Admission | Refusal | None:
-    """Count the request against its key's and team's limits, or the refusal of the first
-    limit it would pass; None when nothing of theirs is counted."""
+async def _admit(call: Call, asked: Asked) -> limits.Admission | Refusal | None:
+    """Count the request against its key's and team's limits (reserving what it may use
+    against their token limits), or the refusal of the first limit it would pass; None when
+    nothing of theirs is counted. Where Redis counts over every machine, its word is awaited:
+    the event loop serves other requests meanwhile."""
+    key, snapshot = asked.key, asked.snapshot
     assert key.limits is not None
     call.unchecked = None  # the answer's headers are the decision's from here on
     team_id = key.limits.team_id
@@ -435,10 +439,20 @@ def _admit(call: Call, key: KeyState, snapshot: Snapshot) -> limits.Admission | 
     gateway = call.gateway
     counters = gateway.counters
     counters.set_writer(gateway.book.writer)
-    decided = counters.admit(key.id, key.limits, team, snapshot.budgets)
+    reserve = 0
+    if key.limits.tokened or (team is not None and team.tokened):
+        reserve = limits.reservation(asked.raw, asked.body, most_tokens(asked.entry))
+    decided = await counters.check(key.id, key.limits, team, snapshot.budgets, reserve=reserve)
     board = gateway.metrics
     board.limit_slots_held.set(counters.held())
     if isinstance(decided, limits.Refused):
+        if decided.limit == "redis":
+            board.limits_redis_fallback.labels("refuse").inc()
+            return errors.limits_unreachable(
+                decided.team if decided.subject == "team" else None, decided.retry_after
+            )
+        if decided.fallback:
+            board.limits_redis_fallback.labels(decided.fallback).inc()
         board.limited.labels(decided.limit, decided.subject).inc()
         if decided.limit == "slots":
             return errors.limits_full(decided.figure)
@@ -450,9 +464,18 @@ def _admit(call: Call, key: KeyState, snapshot: Snapshot) -> limits.Admission | 
             retry_after=decided.retry_after,
             resets_at=_utc(time.time() + decided.retry_after),
             headers=dict(decided.headers),
+            reserved=decided.reserved,
         )
+    if decided.fallback:
+        board.limits_redis_fallback.labels(decided.fallback).inc()
     call.limit_headers = tuple((k.encode(), v.encode()) for k, v in decided.headers)
     return decided
+
+
+def most_tokens(entry: routing.Entry) -> int:
+    """The most tokens one answer of `entry` may have without a max_tokens: its context (an
+    engine generates until it is full), llmgw.engine's default where the catalog sets none."""
+    return entry.context_length or DEFAULT_CONTEXT_LENGTH
 
 
 async def _route_and_send(call: Call, asked: Asked, path: str) -> Reply:
@@ -530,6 +553,8 @@ def _prepare(call: Call, asked: Asked, decision: routing.Serve) -> Prepared:
         if lora is not None:
             rewritten["lora"] = lora
         payload = json.dumps(rewritten).encode()
+    if _progress_asked(asked):
+        payload = proxy.with_progress(payload)  # the prompt's tokens, however the stream ends
     rename = (target.model, target.name) if target.adapter else None
     gateway = call.gateway
 
@@ -649,7 +674,7 @@ async def _sent(
         (REVISION_HEADER.lower().encode(), answer.candidate.revision.encode()),
     ]
     if answer.streaming:
-        streamed = Streamed(answer, prepared.rename, engine)
+        streamed = Streamed(answer, prepared.rename, engine, progress=_progress_asked(asked))
         return Reply(200, b"", headers, entry.name, decision.model, stream=streamed)
     gateway.balancer.release(answer.candidate)
     assert answer.body is not None
@@ -665,7 +690,14 @@ async def _sent(
             answer.body[:500],
         )
     if answer.status == 200:
-        call.tokens(decision.model, *proxy.usage_of(answer.body))
+        prompt, completion = proxy.usage_of(answer.body)
+        if limits.answers(asked.body) > 1:
+            # The engine's "usage" counts its first choice only: each other one is charged too.
+            most = asked.body.get("max_completion_tokens", asked.body.get("max_tokens"))
+            completion += await proxy.choice_tokens(
+                gateway.upstream, answer.candidate, answer.body, most
+            )
+        call.tokens(decision.model, prompt, completion)
         if prepared.rename is not None:
             body_out = _renamed(body_out, *prepared.rename)
     if engine is not None:
@@ -682,6 +714,14 @@ class Streamed:
     answer: proxy.Answer
     rename: tuple[str, str] | None
     engine: Any = None  # the engine call's span while tracing is on (gateway.tracing)
+    # The gateway asked the engine for the prompt's progress: taken out of the stream.
+    progress: bool = False
+
+
+def _progress_asked(asked: Asked) -> bool:
+    """Whether the gateway asks the engine to report the prompt's progress (proxy.with_progress):
+    for every stream, unless its client asked for the reports itself (then it gets them)."""
+    return asked.stream and "return_progress" not in asked.body
 
 
 # -- answering ---------------------------------------------------------------------------
@@ -708,7 +748,7 @@ async def _answer(call: Call, reply: Reply) -> None:
 async def _relay_stream(call: Call, reply: Reply, streamed: Streamed) -> None:
     status = 200
     answer = streamed.answer
-    tally = proxy.StreamTally()
+    tally = proxy.StreamTally(strip=streamed.progress)
     try:
         assert reply.headers is not None
         await http.start(
@@ -762,12 +802,18 @@ def _count(call: Call, name: str | None, answered_by: str, status: int) -> None:
 
 
 async def _chunks(answer: proxy.Answer, tally: proxy.StreamTally) -> AsyncIterator[bytes]:
-    tally.feed(answer.first)
-    yield answer.first
+    """The stream's chunks, counted (and the gateway's own reports taken out) as they pass."""
+    first = tally.feed(answer.first)
+    if first:
+        yield first
     try:
         async for chunk in answer.rest():
-            tally.feed(chunk)
-            yield chunk
+            passed = tally.feed(chunk)
+            if passed:
+                yield passed
+        rest = tally.end()
+        if rest:
+            yield rest
     except proxy.STREAM_ERRORS as exc:
         if answer.closed:
             return  # closed here, because the client went away

@@ -50,6 +50,7 @@ MODEL_ROUTING = (
     "created_at",
     "routing",
     "canary",
+    "context_length",
 )
 # _unplaceable: whether an on-demand model fits on a node (fleet.footprint reads its profiles,
 # its file by source and sha256, and the context its KV cache is sized for).

@@ -54,6 +54,9 @@ class Entry:
     routing: str = "prefix"
     # A canary update under way: its revision gets `percent` of the requests (gateway.canary).
     canary: CanaryRouting | None = None
+    # The context its engines are started with (None: llmgw.engine's default): the most tokens
+    # an answer without max_tokens may have, what a request reserves of a token limit.
+    context_length: int | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ def read_catalog() -> Catalog:
             created=int(row["created_at"].timestamp()),
             routing=row["routing"] or "prefix",
             canary=canary_routing(row["canary"]),
+            context_length=row["context_length"],
         )
         entries[model.name] = model
         for adapter in row["adapters"] or ():

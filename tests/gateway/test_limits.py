@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import zlib
@@ -392,7 +393,9 @@ def test_two_processes_files_count_together_and_a_dead_ones_are_dropped(tmp_path
     assert mine.writers() == ["a"]
     assert isinstance(mine.admit(8, key, None, budgets), limits.Admission)
     assert isinstance(mine.admit(8, key, None, budgets), limits.Admission)  # only its own count
-    assert sorted(p.name for p in folder.glob("limits-*")) == [f"limits-{os.getpid()}"]
+    assert sorted(p.name for p in folder.glob(f"{limits.FILE_PREFIX}-*")) == [
+        f"{limits.FILE_PREFIX}-{os.getpid()}"
+    ]
     for counters in (dead, reused, mine):
         counters.close()
 
@@ -526,7 +529,7 @@ def test_rpm_holds_across_two_gateway_processes_of_one_machine(
         assert statuses.count(200) == 10, statuses
         # Each process admitted some of them: the limit held across the two, not within one.
         folder = tmp_path / "system" / "var" / "gateway-limits"
-        files = sorted(folder.glob("limits-*"))
+        files = sorted(folder.glob(f"{limits.FILE_PREFIX}-*"))
         assert len(files) == 2
         counted = []
         for path in files:
@@ -543,3 +546,124 @@ def test_rpm_holds_across_two_gateway_processes_of_one_machine(
         assert all(counted), f"one process took every request: {counted}"
     finally:
         system.close()
+
+
+# -- reservations: what requests in flight may still use ---------------------------------------
+
+
+def tokens_limited(**fields: Any) -> Limits:
+    figures = dict(rpm=None, tpm=None, max_parallel=None, tokens_per_day=None,
+                   tokens_per_month=None, models=[], weight=1)  # fmt: skip
+    return limits_of(**{**figures, **fields})
+
+
+def test_a_request_reserves_its_prompt_at_most_and_each_answers_most() -> None:
+    def reserved(body: dict[str, Any]) -> int:
+        raw = json.dumps(body).encode()
+        return limits.reservation(raw, body, 2048) - len(raw) - limits.TEMPLATE_TOKENS
+
+    assert reserved({"model": "chat", "prompt": "hi", "max_tokens": 16}) == 16
+    assert reserved({"model": "chat", "prompt": "hi", "max_tokens": 16, "n": 3}) == 48
+    assert reserved({"model": "chat", "prompt": ["a", "b"], "max_tokens": 16}) == 32
+    chat = {"model": "chat", "messages": [], "max_tokens": 99, "max_completion_tokens": 10}
+    assert reserved(chat) == 10
+    # No max_tokens: what the engine would generate, the model's context; never more.
+    assert reserved({"model": "chat", "prompt": "hi"}) == 2048
+    assert reserved({"model": "chat", "prompt": "hi", "max_tokens": 10**6}) == 2048
+    assert reserved({"model": "chat", "input": "hi"}) == 0  # an embedding answers no tokens
+
+
+def test_requests_in_flight_hold_what_they_reserve_against_tokens_per_minute(
+    tmp_path: Path,
+) -> None:
+    counters = SharedCounters(tmp_path / "gateway-limits", writer="a")
+    key = tokens_limited(tpm=100)
+    budgets = limits.no_budgets()
+    try:
+        first = counters.admit(1, key, None, budgets, reserve=60)
+        second = counters.admit(1, key, None, budgets, reserve=60)
+        assert isinstance(first, limits.Admission) and isinstance(second, limits.Admission)
+        # Nothing used yet, 120 reserved: the limit is held by the two in flight.
+        assert dict(second.headers)["x-ratelimit-remaining-tokens"] == "40"
+        refused = counters.admit(1, key, None, budgets, reserve=60)
+        assert isinstance(refused, limits.Refused)
+        assert (refused.limit, refused.used, refused.reserved) == ("tpm", 0, 120)
+        assert refused.retry_after == 1.0  # when one of them ends
+        first.release(10)  # it used 10 of its 60
+        again = counters.admit(1, key, None, budgets, reserve=60)
+        assert isinstance(again, limits.Admission)  # 10 used and 60 reserved: below 100
+        second.release(50)
+        again.release(50)
+        refused = counters.admit(1, key, None, budgets, reserve=60)
+        assert isinstance(refused, limits.Refused)
+        assert (refused.used, refused.reserved) == (110, 0)
+        assert refused.retry_after > 1  # until the tokens leave the window
+    finally:
+        counters.close()
+
+
+def test_a_budget_counts_what_requests_in_flight_reserve(tmp_path: Path) -> None:
+    from gateway import errors
+
+    counters = SharedCounters(tmp_path / "gateway-limits", writer="a")
+    key = tokens_limited(tokens_per_day=100)
+    budgets = limits.no_budgets()
+    try:
+        held = counters.admit(1, key, None, budgets, reserve=150)
+        assert isinstance(held, limits.Admission)  # nothing used or held before it
+        refused = counters.admit(1, key, None, budgets, reserve=10)
+        assert isinstance(refused, limits.Refused)
+        assert (refused.limit, refused.used, refused.reserved) == ("tokens_per_day", 0, 150)
+        said = errors.limited(
+            refused.limit, team=None, figure=refused.figure, used=refused.used,
+            retry_after=refused.retry_after, resets_at="", headers={}, reserved=refused.reserved,
+        )  # fmt: skip
+        error = said.json()["error"]
+        assert error["message"] == (
+            "This key's budget of 100 tokens per day (UTC) is held by requests in flight (0 "
+            "used today, 150 more reserved by the requests in flight for what they may still "
+            "use); send the next one when one of them ends."
+        )
+        assert (error["code"], said.headers["Retry-After"]) == ("rate_limit_exceeded", "1")
+        held.release(30)
+        assert isinstance(counters.admit(1, key, None, budgets, reserve=10), limits.Admission)
+    finally:
+        counters.close()
+
+
+def test_near_a_token_limit_the_check_takes_the_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With another process counting, a request goes without the lock only while the tokens
+    used and reserved leave room for its reservation and one more per other process (what they
+    may be admitting unseen); nearer, the lock decides, and the limit is passed by one
+    reservation at most."""
+    folder = tmp_path / "gateway-limits"
+    key = tokens_limited(tpm=100)
+    budgets = limits.no_budgets()
+    mine = SharedCounters(folder, writer="a")
+    other = SharedCounters(folder, pid=os.getppid(), writer="b")
+    locked: list[int] = []
+    decisions: list[object] = []
+    real_flock = limits.fcntl.flock
+
+    def flock(handle: int, operation: int) -> None:
+        if operation == limits.fcntl.LOCK_EX:
+            locked.append(len(decisions))
+        real_flock(handle, operation)
+
+    monkeypatch.setattr(limits.fcntl, "flock", flock)
+    try:
+        assert isinstance(other.admit(1, key, None, budgets, reserve=20), limits.Admission)
+        mine.admit(2, key, None, budgets)  # reads the folder (under the lock)
+        locked.clear()
+        for _ in range(5):
+            decisions.append(mine.admit(1, key, None, budgets, reserve=20))
+        # At 20, 40 and 60 held there is room for this one's 20 and the other process's; at
+        # 80 the lock decides (below 100: let through, and 120 are held); at 120, refused,
+        # which needs no lock.
+        assert [isinstance(d, limits.Admission) for d in decisions] == [True] * 4 + [False]
+        assert locked == [3]
+    finally:
+        other.close()
+        mine.close()

@@ -7,6 +7,7 @@ shared on disk) and the same database and Redis.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import time
 import tracemalloc
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import requests
 
 from gateway import limits, redislimits
@@ -27,13 +29,30 @@ from tests.support.system import free_port, wait_for
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
 
 
-def machine(folder: Path, url: str, errors: list[int] | None = None) -> SharedCounters:
-    """One machine's counters (a gateway process's), counting together with others in Redis."""
-    counters = SharedCounters(folder, writer=f"w-{folder.name}")
-    counters.remote = RedisLimits(
-        url, on_error=None if errors is None else (lambda: errors.append(1))
-    )
-    return counters
+class Machine:
+    """One machine's counters (a gateway process's), counting together with others in Redis,
+    deciding on an event loop of their own as a gateway process does."""
+
+    def __init__(self, folder: Path, url: str, errors: list[int] | None = None, **options: Any):
+        self.counters = SharedCounters(folder, writer=f"w-{folder.name}")
+        self.remote = self.counters.remote = RedisLimits(
+            url, on_error=None if errors is None else (lambda: errors.append(1)), **options
+        )
+        self.runner = asyncio.Runner()
+
+    def admit(
+        self, key_id: int, key: limits.Limits, team: limits.Limits | None, budgets: Any,
+        reserve: int = 0,
+    ) -> limits.Admission | limits.Refused:  # fmt: skip
+        return self.runner.run(self.counters.check(key_id, key, team, budgets, reserve=reserve))
+
+    def close(self) -> None:
+        self.counters.close()
+        self.runner.close()
+
+
+def machine(folder: Path, url: str, errors: list[int] | None = None, **options: Any) -> Machine:
+    return Machine(folder, url, errors, **options)
 
 
 def key(ident: str = "k1", team_id: int | None = None, **limited: Any) -> limits.Limits:
@@ -94,6 +113,63 @@ def test_in_flight_over_two_machines_is_given_back_when_requests_end(
     finally:
         one.close()
         two.close()
+
+
+def test_tokens_reserved_on_one_machine_hold_the_limit_on_the_other(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    one = machine(tmp_path / "one", redis_server.url)
+    two = machine(tmp_path / "two", redis_server.url)
+    try:
+        limited = key(tpm=100)
+        first = one.admit(1, limited, None, no_budgets(), reserve=60)
+        second = two.admit(1, limited, None, no_budgets(), reserve=60)
+        assert isinstance(first, limits.Admission) and isinstance(second, limits.Admission)
+        refused = two.admit(1, limited, None, no_budgets(), reserve=60)
+        assert isinstance(refused, limits.Refused)
+        assert (refused.limit, refused.used, refused.reserved) == ("tpm", 0, 120)
+        first.release(10)  # it used 10 of its 60
+        one.remote.flush()
+        again = two.admit(1, limited, None, no_budgets(), reserve=60)
+        assert isinstance(again, limits.Admission)  # 10 used, 60 reserved on machine two
+        for admitted in (second, again):
+            admitted.release(0)
+        two.remote.flush()
+        client = redis.Redis.from_url(redis_server.url)
+        fields = client.hgetall(redislimits.KEY_PREFIX + "k1")
+        held = client.hgetall(redislimits.RESERVED_PREFIX + "k1")
+        client.close()
+        assert not [name for name in fields if name.startswith(b"f:")]  # all given back
+        assert not held
+    finally:
+        one.close()
+        two.close()
+
+
+def test_the_urls_password_and_database_are_used_and_lost_scripts_sent_again(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    client = redis.Redis.from_url(redis_server.url)
+    client.config_set("requirepass", "s3cret")
+    client.close()
+    url = f"redis://:s3cret@127.0.0.1:{redis_server.port}/3"
+    errors: list[int] = []
+    one = machine(tmp_path / "one", url, errors)
+    try:
+        limited = key(rpm=10)
+        assert isinstance(one.admit(1, limited, None, no_budgets()), limits.Admission)
+        database = redis.Redis.from_url(url)
+        assert database.exists(redislimits.KEY_PREFIX + "k1")
+        # Redis loses its scripts (SCRIPT FLUSH, or a failover to a replica without them):
+        # the admission sends it again, and is counted as ever.
+        database.script_flush()
+        second = one.admit(1, limited, None, no_budgets())
+        assert isinstance(second, limits.Admission) and not second.fallback
+        assert dict(second.headers)["x-ratelimit-remaining-requests"] == "8"
+        database.close()
+        assert errors == []
+    finally:
+        one.close()
 
 
 def test_a_team_counts_its_keys_on_every_machine_together(
@@ -159,16 +235,15 @@ def test_with_redis_down_each_machine_counts_alone_and_comes_back(
         redis_server.start()  # empty: what it counted is gone with it
         # Once its pause after a failure (DOWN_SECONDS) is over, machine one counts in Redis
         # again: a probe of no limits (another ident, k1's counts untouched) is counted there.
-        assert one.remote is not None
         remote = one.remote
         wait_for(
-            lambda: remote.admit([("probe", None, None, None)], 0) is not None,
+            lambda: one.runner.run(remote.admit([("probe", None, None, None, 0)], 0)) is not None,
             timeout=redislimits.DOWN_SECONDS + 1,
             what="machine one counting in Redis again",
         )
         back = one.admit(1, limited, None, no_budgets())
         assert isinstance(back, limits.Admission)
-        assert one.remote is not None and one.remote.admit([("k1", None, 4, None)], 0)
+        assert one.runner.run(remote.admit([("k1", None, 4, None, 0)], 0))
     finally:
         one.close()
         two.close()
