@@ -26,7 +26,7 @@ from core.admin import RemovedThroughServiceAdmin, RequestFormAdmin, admin_actor
 from core.refusals import Refused
 
 from . import policies, services
-from .models import GatewayKey, KeyPolicy, Team
+from .models import GatewayKey, KeyPolicy, Team, UserWeight
 
 
 def _counter_field(label: str, help_text: str) -> forms.IntegerField:
@@ -478,6 +478,56 @@ class KeyPolicyAdmin(RemovedThroughServiceAdmin, ThroughServicesAdmin):
 
     def refused_removal_url(self, object_id: str) -> str:
         return reverse("admin:gateway_keypolicy_changelist")
+
+
+class UserWeightForm(forms.ModelForm):
+    """A person's weight in the fair queue; the service writes it (and audits it)."""
+
+    request: HttpRequest  # set per request by RequestFormAdmin.get_form
+
+    class Meta:
+        model = UserWeight
+        fields = ["user", "weight"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            self.fields["user"].disabled = True  # another person's is another row
+
+    def clean(self) -> dict[str, Any] | None:
+        data = super().clean() or {}
+        if self.errors:
+            return data
+        try:
+            with transaction.atomic():
+                row = services.user_weight_set(
+                    actor=admin_actor(self.request),
+                    username=data["user"].get_username(),
+                    weight=data["weight"],
+                )
+            if row is not None:
+                self.instance = row
+        except Refused as error:
+            self.add_error(None, error.message)
+            for problem in error.problems:
+                self.add_error(problem.field if problem.field in self.fields else None,
+                               problem.message)  # fmt: skip
+        return data
+
+
+@admin.register(UserWeight)
+class UserWeightAdmin(RemovedThroughServiceAdmin, ThroughServicesAdmin):
+    form = UserWeightForm
+    list_display = ["user", "weight"]
+    search_fields = ["user__username"]
+
+    def delete_model(self, request: HttpRequest, obj: UserWeight) -> None:
+        services.user_weight_set(
+            actor=admin_actor(request), username=obj.user.get_username(), weight=None
+        )
+
+    def refused_removal_url(self, object_id: str) -> str:
+        return reverse("admin:gateway_userweight_changelist")
 
 
 def _figures(figures: dict[str, Any]) -> str:

@@ -373,6 +373,57 @@ class TeamMembersAPI(APIView):
         return Response(_team_answer(request, team.name))
 
 
+# -- people's weights in the fair queue ------------------------------------------------------
+
+
+class UserWeightOut(serializers.Serializer):
+    user = serializers.CharField(help_text="the person's username")
+    weight = serializers.FloatField(
+        allow_null=True, help_text="their weight in the fair queue; null: none set"
+    )
+
+
+class UserWeightsOut(serializers.Serializer):
+    people = UserWeightOut(many=True)
+
+
+class UserWeightInput(StrictSerializer):
+    weight = serializers.FloatField(
+        allow_null=True,
+        help_text="above 0, at most 1000: their share of a model's slots beside others when "
+        "requests queue (in a team: of the team's share); null: none (1 in a team, their "
+        "heaviest key's weight outside one)",
+    )
+
+
+class UserWeightsAPI(APIView):
+    @extend_schema(
+        summary="The people staff gave a weight in the fair queue (staff see everyone's)",
+        responses=answers({200: UserWeightsOut}),
+    )
+    def get(self, request: Request) -> Response:
+        people = services.user_weights(actor=actor_of(request))
+        return Response(out(UserWeightsOut, {"people": [
+            {"user": name, "weight": weight} for name, weight in people
+        ]}))  # fmt: skip
+
+
+class UserWeightAPI(APIView):
+    @extend_schema(
+        summary="Set a person's weight in the fair queue, or clear it with null (staff)",
+        request=UserWeightInput,
+        responses=answers({200: UserWeightOut}, 403, body=True),
+    )
+    def put(self, request: Request, username: str) -> Response:
+        data = validated(UserWeightInput, request.data)
+        row = services.user_weight_set(
+            actor=actor_of(request), username=username, weight=data["weight"]
+        )
+        return Response(
+            out(UserWeightOut, {"user": username, "weight": None if row is None else row.weight})
+        )
+
+
 # -- key policies ---------------------------------------------------------------------------
 
 

@@ -56,7 +56,7 @@ Retry-After), and at most LLMGW_QUEUE_MAX requests wait per model on the machine
 QueueFull: 429), of which at most LLMGW_QUEUE_MAX_PER_USER are one person's and
 LLMGW_QUEUE_MAX_PER_KEY one key's (a quarter of the queue by default: one person cannot fill it
 for everyone); two processes admitting at the same instant may overshoot by one each. A
-process's file holds ENTRIES requests (waiting or in service; 72 bytes each, 584 KiB a file);
+process's file holds ENTRIES requests (waiting or in service; 80 bytes each, 648 KiB a file);
 past that, a request that must wait is refused with 429 too, and one that finds a free slot goes
 through untracked (fairness suffers a little, nothing fails). In memory, a model's queue in a
 process holds its waiters (llmgw_gateway_queue_depth) and those who left them, until these
@@ -153,10 +153,10 @@ _HEADER = struct.Struct("<qdq")  # magic, heartbeat (time.monotonic()), entries 
 _HEADER_BYTES = 64
 _BUCKET = struct.Struct("<q")
 # model hash, flow (key), member (user) and top (team, or the user) hashes, start, finish, the
-# key's weight, arrival ns, state
-_ENTRY = struct.Struct("<qqqqdddqq")
+# key's weight, the person's, arrival ns, state
+_ENTRY = struct.Struct("<qqqqddddqq")
 _TAGS = struct.Struct("<dd")
-_TAGS_OFFSET, _ORDER_OFFSET, _STATE_OFFSET = 32, 56, 64
+_TAGS_OFFSET, _ORDER_OFFSET, _STATE_OFFSET = 32, 64, 72
 _BUCKETS_AT = _HEADER_BYTES
 _ENTRIES_AT = _BUCKETS_AT + BUCKETS * _BUCKET.size
 FILE_BYTES = _ENTRIES_AT + ENTRIES * _ENTRY.size
@@ -187,13 +187,21 @@ def who_of(key_id: int | None, user_id: int | None, team_id: int | None) -> Who:
     return Who(flow, member, f"team:{team_id}" if team_id is not None else member)
 
 
-def share(team_weight: float | None, members: int, key_weights: Sequence[float]) -> float:
-    """A member's weight in the order between members: its top's weight (the team's, or for a
-    person without a team their heaviest key's in use, `key_weights`), split equally between
-    the top's `members` in use. A person's sixteen keys get one person's share, not sixteen;
+def share(
+    team_weight: float | None,
+    person: float | None,
+    others: Iterable[float],
+    key_weights: Sequence[float],
+) -> float:
+    """A member's weight in the order between members. In a team: the team's weight, split
+    between its people in use by their weights (`person`, this one's, and `others`; 1 where
+    staff set none). Without one: the person's weight, or where staff set none their heaviest
+    key's in use (`key_weights`). A person's sixteen keys get one person's share, not sixteen;
     between them, each turn of the person's goes by the keys' weights (_Inner)."""
-    top = team_weight if team_weight is not None else max(key_weights)
-    return max(MIN_SHARE, top / max(1, members))
+    mine = person if person is not None else 1.0
+    if team_weight is not None:
+        return max(MIN_SHARE, team_weight * mine / (mine + sum(others)))
+    return max(MIN_SHARE, person if person is not None else max(key_weights))
 
 
 # -- refusals -----------------------------------------------------------------------------
@@ -262,7 +270,7 @@ class _Scan:
     flow_waiting: int = 0
     member_waiting: int = 0
     # In use (waiting or in service): the top's members, and the member's keys with their weights.
-    members: set[int] = field(default_factory=set)
+    members: dict[int, float] = field(default_factory=dict)  # member: its person's weight
     key_weights: dict[int, float] = field(default_factory=dict)
 
     @property
@@ -325,6 +333,7 @@ class _Board:
         model = waiter.model_hash
         _ENTRY.pack_into(self._buffer, at, model, waiter.flow_hash, waiter.member_hash,
                          waiter.top_hash, waiter.start, waiter.finish, waiter.weight,
+                         waiter.person,
                          waiter.order, FREE)  # fmt: skip
         if state == WAITING:
             self._bucket_add(model, 1)
@@ -411,7 +420,7 @@ class _Board:
     def scan(self, model: int, now: float, flow: int = 0, member: int = 0, top: int = 0) -> _Scan:
         found = _Scan()
         for _, buffer, counts in self._boards(now):
-            for m, f, u, t, start, finish, weight, _, state in self._entries(buffer):
+            for m, f, u, t, start, finish, weight, person, _, state in self._entries(buffer):
                 if m != model or state == FREE:
                     continue
                 waiting = state == WAITING
@@ -425,7 +434,7 @@ class _Board:
                 if f == flow:
                     found.flow_waiting += waiting
                 if t == top:
-                    found.members.add(u)
+                    found.members[u] = person
                 if u == member:
                     found.member_finish = max(found.member_finish, finish)
                     found.key_weights[f] = weight
@@ -438,7 +447,7 @@ class _Board:
         for pid, buffer, counts in self._boards(now):
             if pid == self.pid or not counts or not self._has_waiters(buffer, model):
                 continue
-            for m, _, _, _, start, _, _, order, state in self._entries(buffer):
+            for m, _, _, _, start, _, _, _, order, state in self._entries(buffer):
                 if m == model and state == WAITING:
                     mark = (start, order, pid)
                     if first is None or mark < first:
@@ -570,6 +579,7 @@ class _Waiter:
     member_hash: int
     top_hash: int
     weight: float  # its key's
+    person: float  # its person's (1 where staff set none)
     start: float
     finish: float
     order: int
@@ -609,7 +619,7 @@ class _ModelQueue:
     flows: dict[int, tuple[int, float]] = field(default_factory=dict)
     # Who is in use here, for a request that goes straight through (which reads no board):
     # per top, its members' entries; per member, its keys' (entries, weight).
-    tops: dict[int, dict[int, int]] = field(default_factory=dict)
+    tops: dict[int, dict[int, tuple[int, float]]] = field(default_factory=dict)
     members: dict[int, dict[int, tuple[int, float]]] = field(default_factory=dict)
     # Per member with requests waiting here: those requests, and the order between its keys.
     waiting_of: dict[int, set[_Waiter]] = field(default_factory=dict)
@@ -663,6 +673,7 @@ class FairQueue:
         user_id: int | None = None,
         team_id: int | None = None,
         team_weight: float = 1.0,
+        user_weight: float | None = None,
         candidates: Sequence[Candidate],
         balancer: Balancer,
         hangup: Callable[[], Awaitable[Any]] | None = None,
@@ -674,9 +685,9 @@ class FairQueue:
         """``async with queue.turn(...) as granted:`` returns when one of `candidates` has a free
         slot and this request is next in fair order; the request is counted as in service until
         the block ends. Slots are shared between teams (by `team_weight`) and people without
-        one, then between a team's people, then between a person's keys (by their `weight`): see
-        `share`. Raises QueueFull, QueueTimeout, or ClientGone when `hangup` returns first. The block's balancer
-        choice takes `granted.hold` (`balancer.choose(..., hold=granted.hold)`), the slot counted
+        one, then between a team's people (by `user_weight`, the one staff set), then between a
+        person's keys (by their `weight`): see `share`. Raises QueueFull, QueueTimeout, or
+        ClientGone when `hangup` returns first. The block's balancer choice takes `granted.hold` (`balancer.choose(..., hold=granted.hold)`), the slot counted
         for it until then; a block that chooses without it counts the request twice until it
         ends."""
         return _Turn(
@@ -685,6 +696,7 @@ class FairQueue:
             who=who_of(key_id, user_id, team_id),
             weight=max(MIN_WEIGHT, float(weight)),
             team_weight=max(MIN_WEIGHT, float(team_weight)) if team_id is not None else None,
+            user_weight=max(MIN_WEIGHT, float(user_weight)) if user_weight is not None else None,
             candidates=tuple(candidates),
             balancer=balancer,
             hangup=hangup,
@@ -996,6 +1008,7 @@ class FairQueue:
             member_hash=member_hash,
             top_hash=top_hash,
             weight=ticket.weight,
+            person=ticket.user_weight if ticket.user_weight is not None else 1.0,
             start=start,
             finish=start + 1.0 / share,
             order=time.monotonic_ns(),
@@ -1027,9 +1040,13 @@ class FairQueue:
             q.flows.pop(waiter.member_hash, None)
             q.inner.pop(waiter.member_hash, None)
         members = q.tops.setdefault(waiter.top_hash, {})
-        _add(members, waiter.member_hash, delta)
-        if not members:
-            del q.tops[waiter.top_hash]
+        entries = members.get(waiter.member_hash, (0, 0.0))[0] + delta
+        if entries > 0:
+            members[waiter.member_hash] = (entries, waiter.person)
+        else:
+            members.pop(waiter.member_hash, None)
+            if not members:
+                del q.tops[waiter.top_hash]
         keys = q.members.setdefault(waiter.member_hash, {})
         entries = keys.get(waiter.flow_hash, (0, 0.0))[0] + delta
         if entries > 0:
@@ -1060,6 +1077,19 @@ def _stop_waiting(q: _ModelQueue, waiter: _Waiter) -> None:
             del q.waiting_of[waiter.member_hash]
 
 
+def _weight_of(value: float | tuple[int, float]) -> float:
+    return value[1] if isinstance(value, tuple) else value
+
+
+def _bound(given: int | None, queue: int | None, setting: Callable[[], int]) -> int:
+    """A share's bound: the one given, else the queue's when that is given, else the setting."""
+    return given if given is not None else queue if queue is not None else setting()
+
+
+def _weight_of(value: float | tuple[int, float]) -> float:
+    return value[1] if isinstance(value, tuple) else value
+
+
 def _bound(given: int | None, queue: int | None, setting: Callable[[], int]) -> int:
     """A share's bound: the one given, else the queue's when that is given, else the setting."""
     return given if given is not None else queue if queue is not None else setting()
@@ -1084,6 +1114,7 @@ class _Turn:
         who: Who,
         weight: float,
         team_weight: float | None,
+        user_weight: float | None,
         candidates: tuple[Candidate, ...],
         balancer: Balancer,
         hangup: Callable[[], Awaitable[Any]] | None,
@@ -1094,18 +1125,20 @@ class _Turn:
     ) -> None:
         self.queue = queue
         self.model, self.who, self.weight, self.team_weight = model, who, weight, team_weight
+        self.user_weight = user_weight
         self.hashes = (name_hash(model, who.flow), name_hash(model, who.member),
                        name_hash(model, who.top))  # fmt: skip
         self.candidates, self.balancer, self.hangup = candidates, balancer, hangup
         self.timeout, self.limit, self.per_key, self.per_user = timeout, limit, per_key, per_user
         self._waiter: _Waiter | None = None
 
-    def share(self, members: Iterable[int], keys: Mapping[int, Any]) -> float:
-        """This request's member's share, given who is in use: the top's members, and the
+    def share(self, members: Mapping[int, Any], keys: Mapping[int, Any]) -> float:
+        """This request's member's share, given who is in use: the top's members and the
         member's keys (weights, or (entries, weight) as a process keeps them)."""
         flow_hash, member_hash, _ = self.hashes
-        weights = [v[1] if isinstance(v, tuple) else v for k, v in keys.items() if k != flow_hash]
-        return share(self.team_weight, len({*members, member_hash}), [*weights, self.weight])
+        others = [_weight_of(v) for k, v in members.items() if k != member_hash]
+        weights = [_weight_of(v) for k, v in keys.items() if k != flow_hash]
+        return share(self.team_weight, self.user_weight, others, [*weights, self.weight])
 
     async def __aenter__(self) -> Granted:
         self._waiter, granted = await self.queue._enter(self)

@@ -228,6 +228,26 @@ class KeyPolicy(models.Model):
         return "default"
 
 
+class UserWeight(models.Model):
+    """A person's weight in the fair queue (gateway.fairqueue.share): beside the other people
+    with no team, and within their team's share beside its other people. A person without one
+    weighs 1 within a team, and their heaviest key in use outside one. Only staff set it
+    (gateway.services.user_weight_set)."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="llmgw_weight"
+    )
+    weight = models.FloatField(
+        help_text=(
+            "their share of a model's slots when requests queue for them: a person of weight 2 "
+            "gets twice the slots of one of weight 1"
+        )
+    )
+
+    def __str__(self) -> str:
+        return f"{self.user} ({self.weight:g})"
+
+
 class DeletedGatewayKey(models.Model):
     """The hash of a gateway key whose row was deleted (its owner was deleted: keys go with them).
 

@@ -595,6 +595,7 @@ async def _send(call: Call, asked: Asked, prepared: Prepared, path: str) -> Repl
             user_id=key.owner_id,
             team_id=team_id,
             team_weight=team.weight if team is not None else 1.0,
+            user_weight=asked.snapshot.people.get(key.owner_id) if key.owner_id else None,
             candidates=decision.candidates,
             balancer=gateway.balancer,
             hangup=lambda: fairqueue.client_gone(call.receive),

@@ -35,7 +35,7 @@ from django.db import models
 from catalog.models import Model
 from fleet.models import Node, Replica
 
-from .models import Team
+from .models import Team, UserWeight
 
 # -- catalog.Model ----------------------------------------------------------------------------
 # read_catalog: the names requests ask for, and how each is served.
@@ -99,6 +99,10 @@ TEAM_LIMITS = (
 # makes the processes read the teams again, a few rows.
 TEAM_MEMBERS = ("team", "user")
 
+# -- gateway.UserWeight -----------------------------------------------------------------------
+# read_user_weights: each person's weight in the fair queue (few rows: read whole on a change).
+USER_WEIGHTS = ("user", "weight")
+
 
 @dataclass(frozen=True)
 class Routed:
@@ -119,6 +123,7 @@ def routed() -> list[Routed]:
         Routed(Node, NODE_PLACING, set_or_cleared=NODE_SET_OR_CLEARED),
         Routed(Team, TEAM_LIMITS),
         Routed(Team.members.through, TEAM_MEMBERS),
+        Routed(UserWeight, USER_WEIGHTS),
     ]
 
 

@@ -43,7 +43,7 @@ from llmgw.bearer import GATEWAY_KEY
 
 from . import policies
 from .limits import live_use
-from .models import GatewayKey, KeyPolicy, Team, hash_key
+from .models import GatewayKey, KeyPolicy, Team, UserWeight, hash_key
 from .policies import COUNTERS
 from .routing import Entry
 
@@ -791,7 +791,50 @@ def _lower_keys_to(actor: Actor, policy: KeyPolicy) -> int:
         after_id = chunk[-1].pk
 
 
-def _users_named(names: list[str]) -> list[Any]:
+# -- people's weights in the fair queue ------------------------------------------------------
+
+USER_SUBJECT = "user "
+
+
+def user_weight_set(*, actor: Actor, username: str, weight: Any) -> UserWeight | None:
+    """Set a person's weight in the fair queue (staff), or, with None, go back to none (1 in a
+    team; their heaviest key's outside one): gateway.fairqueue.share says how it counts."""
+    require_staff(actor, "set a person's weight in the fair queue")
+    problems: list[Problem] = []
+    wanted = None if weight is None else _weight(weight, problems)
+    if not isinstance(username, str) or not username.strip():
+        problems.append(Problem("user", "names the person whose weight this is; it is empty"))
+    if problems:
+        raise invalid(problems, what="The change")
+    with transaction.atomic():
+        (user,) = _users_named([username], field="user")
+        row = UserWeight.objects.select_for_update().filter(user=user).first()
+        before = None if row is None else {"weight": row.weight}
+        if wanted is None:
+            if row is not None:
+                row.delete()
+            row = None
+        elif row is None:
+            row = UserWeight.objects.create(user=user, weight=wanted)
+        elif row.weight != wanted:
+            row.weight = wanted
+            row.save(update_fields=["weight"])
+        after = None if row is None else {"weight": row.weight}
+        if after != before:
+            subject = f"{USER_SUBJECT}{user.get_username()}"[:100]
+            record_change(actor, subject, "user-weight", before, after)
+    return row
+
+
+def user_weights(*, actor: Actor) -> list[tuple[str, float]]:
+    """The people staff gave a weight, with it, by name: everyone's for staff, one's own else."""
+    rows = UserWeight.objects.select_related("user").order_by("user__username")
+    if not actor.is_staff:
+        rows = rows.filter(user=actor.user)
+    return [(row.user.get_username(), row.weight) for row in rows]
+
+
+def _users_named(names: list[str], *, field: str = "members") -> list[Any]:
     names = [n.strip() for n in names if isinstance(n, str) and n.strip()]
     # Only names a user could have are looked up (see could_be_team); the rest are missing.
     possible = [n for n in names if USERNAME.fullmatch(n)]
@@ -799,7 +842,7 @@ def _users_named(names: list[str]) -> list[Any]:
     missing = sorted(set(names) - {u.get_username() for u in found})
     if missing:
         raise invalid(
-            [Problem("members", f"there is no user named {n[:150]!r}") for n in missing],
+            [Problem(field, f"there is no user named {n[:150]!r}") for n in missing],
             what="The change",
         )
     return found

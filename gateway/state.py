@@ -64,7 +64,7 @@ from fleet.selectors import engine_numbers
 from . import limits, routed, services, traffic, triggers
 from .limits import Budgets, Limits, key_ident, limits_of, no_budgets, team_ident
 from .metrics import EngineFigures, metrics
-from .models import DeletedGatewayKey, Team
+from .models import DeletedGatewayKey, Team, UserWeight
 from .routing import Candidate, Catalog, Entry, read_catalog, read_replicas, replica_versions
 
 if TYPE_CHECKING:
@@ -428,6 +428,8 @@ class Snapshot:
     # database held this month for keys and teams with a budget (gateway.limits.Budgets).
     teams: dict[int, Limits] = field(default_factory=dict)
     budgets: Budgets = field(default_factory=no_budgets)
+    # The people staff gave a weight in the fair queue, by user id (few rows: read whole).
+    people: dict[int, float] = field(default_factory=dict)
     read_at: float = field(default_factory=time.monotonic)
     # When the catalog and every replica were last read whole (refresh_replicas keeps it).
     full_at: float = field(default_factory=time.monotonic)
@@ -438,6 +440,7 @@ class Snapshot:
             len(self.catalog.entries)
             + sum(len(candidates) for candidates in self.replicas.values())
             + len(self.teams)
+            + len(self.people)
             + len(self.budgets.by_subject)
             + len(self.unplaceable)
             + len(self.engines)
@@ -472,6 +475,7 @@ def read_snapshot(
         engines=_engines(),
         teams=teams,
         budgets=budgets,
+        people=read_user_weights(),
     )
 
 
@@ -539,6 +543,12 @@ def read_teams() -> dict[int, Limits]:
         # The fields are gateway.routed's, which the triggers watch: add one there, not here.
         for row in Team.objects.order_by().values(*routed.TEAM_LIMITS)
     }
+
+
+def read_user_weights() -> dict[int, float]:
+    """Each person's weight in the fair queue that staff set, by user id."""
+    # The fields are gateway.routed's, which the triggers watch: add one there, not here.
+    return dict(UserWeight.objects.order_by().values_list(*routed.USER_WEIGHTS))
 
 
 def _engines() -> tuple[EngineFigures, ...]:

@@ -6,7 +6,7 @@ import argparse
 from datetime import date
 from typing import Any
 
-from llmgw.client import Client
+from llmgw.client import Client, CtlError
 
 from .limits import COUNTERS, add_limit_flags, counter_flag, limit_lines, limits_body
 from .output import print_json, table, table_wanted
@@ -91,6 +91,7 @@ def add_key(sub: Any) -> None:
     p.add_argument("id", type=_key_id, help="the key's ID, as `llmgw ctl keys` lists it")
     p.set_defaults(run=cmd_key_revoke)
     add_key_policies(ksub)
+    add_user_weights(ksub)
 
 
 def cmd_key_create(client: Client, args: argparse.Namespace) -> None:
@@ -205,6 +206,57 @@ def add_key_policies(ksub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=cmd_key_policy)
+
+
+WEIGHT_HELP = """When every slot of a model is busy, requests wait in the gateway and take turns: between
+teams and people in no team, then between a team's people, then between a person's keys. A
+person's weight is their share beside the others (in a team: of the team's share); with none set
+it is 1 in a team, and their heaviest key's weight outside one."""
+
+
+def add_user_weights(ksub: Any) -> None:
+    p = ksub.add_parser(
+        "weights",
+        help="the people staff gave a weight in the fair queue",
+        description=WEIGHT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=cmd_user_weights)
+    p = ksub.add_parser(
+        "weight",
+        help="set a person's weight in the fair queue, or clear it (staff)",
+        description=WEIGHT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("user", help="the person's username")
+    p.add_argument("weight", nargs="?", type=float, help="above 0, at most 1000")
+    p.add_argument("--clear", action="store_true", help="set none (the default)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=cmd_user_weight)
+
+
+def cmd_user_weights(client: Client, args: argparse.Namespace) -> None:
+    found = client.get("keys/weights")
+    none = "Nobody has a weight of their own. Staff set one with: llmgw ctl key weight USER N"
+    if args.json:
+        print_json(found)
+    elif table_wanted(args, found["people"], none):
+        rows = [[p["user"], f"{p['weight']:g}"] for p in found["people"]]
+        print(table(rows, ["USER", "WEIGHT"]))
+
+
+def cmd_user_weight(client: Client, args: argparse.Namespace) -> None:
+    if args.clear == (args.weight is not None):
+        raise CtlError("give a weight (say, llmgw ctl key weight alice 2) or --clear, not both")
+    answer = client.request("PUT", f"keys/weights/{args.user}", json={"weight": args.weight})
+    if args.json:
+        print_json(answer)
+    elif answer["weight"] is None:
+        print(f"{answer['user']} has no weight of their own now (1 in a team; their heaviest "
+              "key's outside one).")  # fmt: skip
+    else:
+        print(f"{answer['user']} now weighs {answer['weight']:g} in the fair queue.")
 
 
 def cmd_key_policies(client: Client, args: argparse.Namespace) -> None:

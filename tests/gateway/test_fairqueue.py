@@ -107,7 +107,7 @@ def a_waiter_of_key_1() -> Any:
     """What a board writes of a request waiting for model m: key 1's, with start tag 0."""
     flow = name_hash("m", "key:1")
     return SimpleNamespace(model_hash=name_hash("m"), flow_hash=flow, member_hash=flow,
-                           top_hash=flow, start=0.0, finish=1.0, weight=1.0, order=0)  # fmt: skip
+                           top_hash=flow, start=0.0, finish=1.0, weight=1.0, person=1.0, order=0)  # fmt: skip
 
 
 def busy_balancer(load: SharedLoad | None = None) -> Balancer:
@@ -245,6 +245,34 @@ def test_a_persons_keys_share_their_share_by_weight() -> None:
         # The person's heaviest key in use sets their share (3, as the other's), split 3:1.
         assert abs(served["other"] - 20) <= 1, served
         assert abs(served["heavy"] - 15) <= 1 and abs(served["light"] - 5) <= 1, served
+        await room.close()
+
+    asyncio.run(main())
+
+
+def test_a_teams_share_goes_to_its_people_by_the_weights_staff_gave_them() -> None:
+    async def main() -> None:
+        room = Room(FairQueue(None, poll=0.005), busy_balancer())
+        for _ in range(30):
+            await room.send("lead", key_id=1, user_id=1, team_id=7, user_weight=3)
+            await room.send("intern", key_id=2, user_id=2, team_id=7)
+            await room.send("alone", key_id=3, user_id=3)
+        served = Counter(await room.serve(40))
+        assert abs(served["alone"] - 20) <= 1, served
+        assert abs(served["lead"] - 15) <= 1 and abs(served["intern"] - 5) <= 1, served
+        await room.close()
+
+    asyncio.run(main())
+
+
+def test_a_person_without_a_team_weighs_what_staff_gave_them_whatever_their_keys() -> None:
+    async def main() -> None:
+        room = Room(FairQueue(None, poll=0.005), busy_balancer())
+        for _ in range(30):
+            await room.send("heavy", key_id=1, user_id=1, weight=5, user_weight=1)
+            await room.send("other", key_id=2, user_id=2, user_weight=2)
+        served = Counter(await room.serve(30))
+        assert abs(served["other"] - 20) <= 1 and abs(served["heavy"] - 10) <= 1, served
         await room.close()
 
     asyncio.run(main())

@@ -20,9 +20,9 @@ from catalog.models import Model
 from fleet.models import Node, Replica, hash_token
 from gateway import routed, triggers
 from gateway import state as gateway_state
-from gateway.models import Team
+from gateway.models import Team, UserWeight
 from gateway.routing import read_catalog, read_replicas
-from gateway.state import _unplaceable, read_teams, state
+from gateway.state import _unplaceable, read_teams, read_user_weights, state
 from tests.gateway.conftest import Catalog, GatewayServer
 from tests.support.waiting import stays, wait_for
 
@@ -70,7 +70,9 @@ def rows(catalog: Catalog, users: dict[str, Any]) -> dict[type[models.Model], An
     Team.objects.create(name="ops")
     team.members.add(users["alice"])
     member = Team.members.through.objects.get(team=team, user=users["alice"])
-    return {Model: chat, Replica: replica, Node: catalog.node, Team: team, member.__class__: member}
+    weight = UserWeight.objects.create(user=users["alice"], weight=2)
+    return {Model: chat, Replica: replica, Node: catalog.node, Team: team, member.__class__: member,
+            UserWeight: weight}  # fmt: skip
 
 
 def other_value(field: models.Field, current: Any) -> Any:
@@ -134,6 +136,7 @@ def test_the_reads_select_and_filter_by_nothing_the_triggers_do_not_watch(
         read_replicas()
         assert _unplaceable(catalog) == {}  # it read the nodes and chat, an on-demand model
         read_teams()
+        read_user_weights()
     used: set[tuple[str, str]] = set()
     for query in queries.captured_queries:
         used |= set(re.findall(r'"(\w+)"\."(\w+)"', query["sql"]))
@@ -159,7 +162,7 @@ def test_the_reads_select_and_filter_by_nothing_the_triggers_do_not_watch(
     assert unwatched == set()
     # Each read one query (none loads a field it left out, row by row), and _unplaceable two
     # more (its nodes, and the file facts).
-    assert len(queries.captured_queries) == 6
+    assert len(queries.captured_queries) == 7
 
 
 def test_a_change_of_every_routed_field_reaches_the_gateway(
