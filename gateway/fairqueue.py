@@ -8,8 +8,9 @@ freed slot goes to the waiter that is furthest behind its fair share, whichever 
 
 The order (start-time fair queueing). Requests are grouped into flows by person: the owner of
 the request's key (a key with no known owner is a person of its own). A flow's weight is its
-team's weight split equally between the team's people with requests waiting or in service, or,
-for a person without a team, the weight of their heaviest key in use (`share`): a person's
+team's weight split between the team's people with requests waiting or in service by their
+weights (gateway.UserWeight; 1 where staff set none), or, for a person without a team, their
+weight, else the weight of their heaviest key in use (`share`): a person's
 sixteen keys get one person's share, and a key never used before starts no new flow. Each
 request gets a start tag S and a finish tag F = S + 1/weight, where
 
