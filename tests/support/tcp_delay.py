@@ -127,8 +127,7 @@ class TcpDelay:
                 due, data = queue[0]
             wait = due - time.monotonic()
             if wait > 0:
-                # The delay is what this proxy is for: each chunk goes on when it is due.
-                time.sleep(wait)
+                time.sleep(wait)  # paces the chunks: the delay is what this proxy is for
             with self._changed:
                 if self._holding:
                     continue
