@@ -10,7 +10,7 @@ import hmac
 import logging
 import time
 
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, connection
 
 from catalog.config import ConfigError
 from core import requestid
@@ -184,6 +184,8 @@ def _control_plane_text() -> bytes:
     except DatabaseError:
         return b""
     finally:
-        close_old_connections()
+        # Closed, not kept: this runs on whichever of the event loop's executor threads, each of
+        # which would otherwise hold a connection of its own open for the process's life.
+        connection.close()
     _control_plane_read = (time.monotonic(), text)
     return text

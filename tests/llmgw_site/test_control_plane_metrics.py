@@ -5,7 +5,9 @@ from the database at the scrape, the engines' numbers added up per model."""
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 import requests
@@ -139,12 +141,36 @@ def test_scrapes_read_the_database_at_most_once_in_a_while(monkeypatch: pytest.M
 
     monkeypatch.setattr(selectors, "control_plane_figures", figures)
     monkeypatch.setattr(app, "_control_plane_read", None)
-    # No database here: closing old connections would touch the one an earlier database test
+    # No database here: closing the connection would touch the one an earlier database test
     # left open, which pytest-django refuses outside a database test.
-    monkeypatch.setattr(app, "close_old_connections", lambda: None)
+    monkeypatch.setattr(app, "connection", SimpleNamespace(close=lambda: None))
     texts = {app._control_plane_text() for _ in range(100)}
     assert len(reads) == 1
     assert texts == {control_plane_exposition(ControlPlaneFigures({"done": 1}, {}))}
     monkeypatch.setattr(app, "CONTROL_PLANE_READ_SECONDS", 0.0)
     app._control_plane_text()
     assert len(reads) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_scrape_leaves_no_connection_open_in_the_thread_that_read_the_database(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The read runs on one of the event loop's executor threads (asyncio.to_thread): a
+    connection kept there (CONN_MAX_AGE) would stay open, one per thread, for the process's
+    life, and held the test databases open at the end of a run."""
+    from django.db import connection
+
+    from gateway import app
+
+    monkeypatch.setattr(app, "_control_plane_read", None)
+    held: list[object] = []
+
+    def scrape() -> None:
+        assert app._control_plane_text().startswith(b"# HELP")
+        held.append(connection.connection)
+
+    thread = threading.Thread(target=scrape)
+    thread.start()
+    thread.join(timeout=30)
+    assert held == [None]
