@@ -29,13 +29,13 @@ from . import policies, services
 from .models import GatewayKey, KeyPolicy, Team, UserWeight
 
 
-def _counter_field(label: str, help_text: str) -> forms.IntegerField:
+def _counter_field(label: str, help_text: str, blank: str = "no limit") -> forms.IntegerField:
     return forms.IntegerField(
         label=label,
         required=False,
         min_value=0,
         max_value=services.MAX_COUNTER,
-        help_text=f"{help_text}; blank or 0 for no limit",
+        help_text=f"{help_text}; blank or 0 for {blank}",
     )
 
 
@@ -334,13 +334,7 @@ class GatewayKeyAdmin(ThroughServicesAdmin):
 
 
 def _policy_field(label: str, help_text: str) -> forms.IntegerField:
-    return forms.IntegerField(
-        label=label,
-        required=False,
-        min_value=0,
-        max_value=services.MAX_COUNTER,
-        help_text=f"{help_text}; blank or 0 for none",
-    )
+    return _counter_field(label, help_text, blank="none")
 
 
 DEFAULT_HELP = "what a new key gets when not given"

@@ -246,20 +246,18 @@ def client_busy(limit: int, seconds: int) -> Refusal:
 
 
 def too_slow_overall(seconds: float) -> Refusal:
-    return openai_error(
-        408,
-        f"The request body did not arrive whole within {seconds:g} seconds; send it at once, "
-        "over a faster connection if need be, then wait for the answer.",
-        code="request_timeout",
-        headers={"Connection": "close", "Retry-After": "1"},
-    )
+    return _too_slow(f"did not arrive whole within {seconds:g} seconds")
 
 
 def too_slow_rate(rate: float) -> Refusal:
+    return _too_slow(f"arrived at under {rate:,.0f} bytes a second")
+
+
+def _too_slow(what: str) -> Refusal:
     return openai_error(
         408,
-        f"The request body arrived at under {rate:,.0f} bytes a second; send it at once, over a "
-        "faster connection if need be, then wait for the answer.",
+        f"The request body {what}; send it at once, over a faster connection if need be, then "
+        "wait for the answer.",
         code="request_timeout",
         headers={"Connection": "close", "Retry-After": "1"},
     )
