@@ -48,7 +48,7 @@ TEST_WORKERS ?= 3
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup --durations=25
 # `make coverage`: the same runs, measuring the product's lines that the test processes run
 # (not those of the processes they start), then the report.
-PRODUCT = accounts catalog console core fleet gateway llmgw llmgw_site registry
+PRODUCT = access accounts catalog console core fleet gateway llmgw llmgw_site registry
 COVERAGE = $(addprefix --cov=,$(PRODUCT)) --cov-report=
 test coverage: $(VENV)/.installed $(VENV)/bin/llama-server
 	@scripts/system-deps git-lfs chromium

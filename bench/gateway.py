@@ -263,7 +263,7 @@ from catalog.models import Model
 from core.actor import Actor
 from catalog.services import model_add
 from fleet.models import Node, Replica, hash_token
-from gateway.services import key_create
+from access.services import key_create
 user = get_user_model().objects.create_superuser("bench", password="bench-password-1")
 actor = Actor.for_user(user, "api")
 node = Node.objects.create(name="bench", token_hash=hash_token("bench"), address="127.0.0.1",
@@ -320,7 +320,7 @@ def prepare_gateway_keys(
         DATABASE_PRELUDE
         + f"""
 import json
-from gateway.models import GatewayKey, Team
+from access.models import GatewayKey, Team
 UPSTREAM_SLOTS = {UPSTREAM_SLOTS}
 for name, ports in (("bench-slow", [{upstream_port}]), ("bench-fast", [{upstream_port}]),
                     ("bench-pair", [{upstream_port}, {second_port}])):

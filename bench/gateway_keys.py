@@ -3,7 +3,7 @@ the key table holds), then how long a revoked key keeps working: the time from t
 commit to the running refresher holding the key as revoked, and what that refresh read.
 
 The keys are inserted in bulk straight into the table (COPY on PostgreSQL, executemany on
-SQLite), hashed as gateway.services.key_create hashes them, so the database's triggers stamp
+SQLite), hashed as access.services.key_create hashes them, so the database's triggers stamp
 them as they would any key. On PostgreSQL (DATABASE_URL) it works in a database of its own
 (test_<name>, dropped at the end); on SQLite in a temporary folder, removed at the end.
 
@@ -50,8 +50,8 @@ def insert_keys(owner_id: int, count: int) -> str:
     from django.db import connection, transaction
     from django.utils import timezone
 
-    from gateway.models import hash_key
-    from gateway.services import KEY_PREFIX, SHOWN_CHARS
+    from access.models import hash_key
+    from access.services import KEY_PREFIX, SHOWN_CHARS
 
     now = timezone.now()
     # SQLite keeps a time as Django writes it: UTC, without its offset.
@@ -94,7 +94,7 @@ def traced_mb(read: Any) -> tuple[Any, float]:
 
 def old_read() -> dict[str, Any]:
     """The read every change cost before: every key, as a dict of hex hash -> KeyState."""
-    from gateway.models import GatewayKey
+    from access.models import GatewayKey
     from gateway.state import KeyState
 
     return {
@@ -108,9 +108,9 @@ def old_read() -> dict[str, Any]:
 def revoked_after(owner: Any, secret: str) -> tuple[float, int, float]:
     """Revoke the key; seconds until the running refresher holds it as revoked, and that
     refresh's rows and seconds."""
+    from access.models import GatewayKey, hash_key
+    from access.services import key_revoke
     from core.actor import Actor
-    from gateway.models import GatewayKey, hash_key
-    from gateway.services import key_revoke
     from gateway.state import state
 
     digest = hash_key(secret)
@@ -211,7 +211,7 @@ def cleanup(owner_id: int) -> None:
     from django.contrib.auth import get_user_model
     from django.db import connection
 
-    from gateway.models import DeletedGatewayKey
+    from access.models import DeletedGatewayKey
 
     last = DeletedGatewayKey.objects.order_by("-id").values_list("id", flat=True).first() or 0
     # In one statement: Django's cascade would load a million keys first.

@@ -83,7 +83,7 @@ def prepare(folder: Path, upstream_port: int) -> tuple[dict[str, str], dict[str,
     script = (
         DATABASE_PRELUDE
         + f"""
-from gateway.models import GatewayKey, Team
+from access.models import GatewayKey, Team
 for name in ("bench-fast", "bench-slow"):
     model_add(actor=actor, source_check=False, definition=clean_definition({{
         "name": name, "source": "http://127.0.0.1:9/bench.gguf", "min_replicas": 1,

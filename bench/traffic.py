@@ -31,8 +31,8 @@ def per_request(requests: int, rounds: int) -> tuple[float, float]:
     """(record µs per request, flush µs per request), medians over rounds."""
     from django.contrib.auth import get_user_model
 
-    from gateway.models import GatewayKey
-    from gateway.traffic import TrafficBook
+    from access.models import GatewayKey
+    from access.traffic import TrafficBook
 
     owner = get_user_model().objects.create_user("bench-keys")
     keys = [
@@ -68,8 +68,8 @@ def per_request(requests: int, rounds: int) -> tuple[float, float]:
 def fill_week(model: str) -> None:
     from datetime import UTC, datetime, timedelta
 
-    from gateway.models import TrafficMinute
-    from gateway.traffic import LATENCY_BOUNDS
+    from access.models import TrafficMinute
+    from access.traffic import LATENCY_BOUNDS
 
     now = datetime.now(UTC).replace(second=0, microsecond=0)
     buckets = [3, 5, 2] + [0] * (len(LATENCY_BOUNDS) - 3)
@@ -105,10 +105,10 @@ def model_page(rounds: int) -> list[tuple[str, str, int, float]]:
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
 
+    from access.models import TrafficMinute
     from catalog.definitions import clean_definition
     from catalog.services import model_add
     from core.actor import Actor
-    from gateway.models import TrafficMinute
     from tests.factories import definition
 
     admin = get_user_model().objects.create_superuser("bench-admin", password="x")

@@ -1,17 +1,5 @@
-"""The catalog in the Django admin: the same changes as the API and the console, through the same services.
-
-A model is added and changed as its definition (YAML). The form parses and
-validates it with the API's schema, then hands each change to its service with
-the admin user as the actor and "admin" as the door, so the whole-catalog
-checks, the ownership rule, the declared-model rule and the audit entry are the
-ones every other door gets.
-
-The services are called from the form's clean(), not from save_model(): the
-admin offers no later hook that can still put a refusal on the form, and a
-refusal from a service (a taken name, a fallback loop, an unreachable source)
-must be shown there, not become a server error. The admin runs the whole view
-in one transaction, and the changes of one save run in a savepoint of their
-own, so a refused second change undoes the first.
+"""The catalog in the Django admin: the same changes as the API and the console, through the
+same services, with the admin user as the actor and "admin" as the door.
 """
 
 from __future__ import annotations
@@ -185,6 +173,10 @@ class ModelAdminForm(forms.ModelForm):
             self.initial["definition_yaml"] = definition_text(self.instance)
 
     def clean(self) -> dict[str, Any] | None:
+        # The services are called here, not from save_model(): the admin offers no later hook
+        # that can still put a service's refusal on the form rather than answer a server error.
+        # The admin runs the view in one transaction and the changes of one save in a savepoint,
+        # so a refused second change undoes the first.
         data = super().clean() or {}
         if self.errors:
             return data

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
@@ -491,71 +492,94 @@ def _config_owner(username: str | None) -> Any:
 
 def config_apply(config: ClusterConfig) -> dict[str, list[str]]:
     """Bring the declared models in line with server.yaml; refuse the whole file if it does not fit."""
-    result: dict[str, list[str]] = {"created": [], "updated": [], "removed": []}
     with transaction.atomic():
         lock_catalog()
         existing = {m.name: m for m in Model.objects.select_related("owner")}
         wanted = {d["name"]: d for d in config.models}
-        clashes = [n for n in wanted if n in existing and not existing[n].declared]
-        if clashes:
-            runtime = existing[clashes[0]]
-            raise conflict(
-                f"{clashes[0]} is declared in the file, but a model of that name was added at "
-                f"runtime (owner {runtime.owner.username if runtime.owner else 'none'}). Rename "
-                "the declared one, or remove the runtime one with `llmgw ctl model remove`.",
-                code="name_taken",
-            )
-        catalog = catalog_snapshot()
+        _refuse_runtime_clashes(existing, wanted)
         gone = [n for n, m in existing.items() if m.declared and n not in wanted]
-        for name in gone:
-            catalog.pop(name)
         # A runtime model that fell back to a declared one gone from the file loses that
         # fallback, as it does when its target is removed at runtime (a declared model that
         # still names it is the file's own problem, and refused below).
         stranded = [m for m in _falling_back_to(gone) if not m.declared]
-        for model in stranded:
-            catalog[model.name] = {
-                **catalog[model.name],
-                "fallbacks": [f for f in model.fallbacks if f not in gone],
-            }
-        catalog.update(wanted)
-        refuse_if_invalid(catalog, list(wanted))
-
-        for name, model in existing.items():
-            if model.declared and name not in wanted:
-                record_change(
-                    CONFIG,
-                    name,
-                    "remove",
-                    model.definition(),
-                    None,
-                    note=f"gone from {config.path}",
-                )
-                model.delete()
-                result["removed"].append(name)
+        _refuse_invalid_config(wanted, gone, stranded)
+        removed = _remove_gone_from_config(existing, gone, config.path)
         dropped = _drop_fallbacks(CONFIG, stranded, gone, why=f"gone from {config.path}")
-        for name, definition in wanted.items():
-            model = existing.get(name) or Model(name=name, declared=True)
-            before = model.definition() if model.pk else None
-            apply_definition(model, definition)
-            model.owner = _config_owner(definition.get("owner"))
-            after = model.definition()
-            if before == after:
-                continue
-            model.save()
-            record_change(
-                CONFIG,
-                name,
-                "update" if before else "add",
-                before,
-                after,
-                note=f"from {config.path}",
-            )
-            result["updated" if before else "created"].append(name)
-        changed = [n for names in result.values() for n in names] + dropped
+        created, updated = _write_declared(existing, wanted, config.path)
+        changed = [*created, *updated, *removed, *dropped]
         if changed:
             announce(*changed)
-    return result
+    return {"created": created, "updated": updated, "removed": removed}
+
+
+def _refuse_runtime_clashes(existing: dict[str, Model], wanted: dict[str, Any]) -> None:
+    """A declared name that a model added at runtime holds already is refused: neither wins."""
+    clashes = [n for n in wanted if n in existing and not existing[n].declared]
+    if clashes:
+        runtime = existing[clashes[0]]
+        raise conflict(
+            f"{clashes[0]} is declared in the file, but a model of that name was added at "
+            f"runtime (owner {runtime.owner.username if runtime.owner else 'none'}). Rename "
+            "the declared one, or remove the runtime one with `llmgw ctl model remove`.",
+            code="name_taken",
+        )
+
+
+def _refuse_invalid_config(wanted: dict[str, Any], gone: list[str], stranded: list[Model]) -> None:
+    """Validate the catalog the file would make: the declared models as written, those gone
+    from it removed, and the runtime models that fell back to those without that fallback."""
+    catalog = catalog_snapshot()
+    for name in gone:
+        catalog.pop(name)
+    for model in stranded:
+        catalog[model.name] = {
+            **catalog[model.name],
+            "fallbacks": [f for f in model.fallbacks if f not in gone],
+        }
+    catalog.update(wanted)
+    refuse_if_invalid(catalog, list(wanted))
+
+
+def _remove_gone_from_config(existing: dict[str, Model], gone: list[str], path: Path) -> list[str]:
+    for name in gone:
+        model = existing[name]
+        record_change(
+            CONFIG,
+            name,
+            "remove",
+            model.definition(),
+            None,
+            note=f"gone from {path}",
+        )
+        model.delete()
+    return list(gone)
+
+
+def _write_declared(
+    existing: dict[str, Model], wanted: dict[str, Any], path: Path
+) -> tuple[list[str], list[str]]:
+    """Add or update each declared model whose definition differs: (created, updated)."""
+    created: list[str] = []
+    updated: list[str] = []
+    for name, definition in wanted.items():
+        model = existing.get(name) or Model(name=name, declared=True)
+        before = model.definition() if model.pk else None
+        apply_definition(model, definition)
+        model.owner = _config_owner(definition.get("owner"))
+        after = model.definition()
+        if before == after:
+            continue
+        model.save()
+        record_change(
+            CONFIG,
+            name,
+            "update" if before else "add",
+            before,
+            after,
+            note=f"from {path}",
+        )
+        (updated if before else created).append(name)
+    return created, updated
 
 
 # -- runtime requests -----------------------------------------------------------

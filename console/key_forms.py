@@ -9,41 +9,29 @@ from typing import Any
 
 from django import forms
 
-from gateway.services import COUNTERS, KEY_NAME_MAX
+from access.forms import with_limit_fields
+from access.services import COUNTERS, KEY_NAME_MAX
+from llmgw.limitdefs import Limit
 
 from .forms import ConsoleForm
 
-COUNTER_LABELS = {
-    "rpm": ("Requests per minute", ""),
-    "tpm": (
-        "Tokens per minute",
-        "prompt + completion, as the engine reports them; a stream counts when it ends",
-    ),
-    "max_parallel": ("Requests in flight", "at once"),
-    "tokens_per_day": ("Tokens per day", "UTC days"),
-    "tokens_per_month": ("Tokens per month", "UTC calendar months"),
-}
+
+def _counter(limit: Limit) -> dict[str, forms.Field]:
+    return {
+        limit.name: forms.CharField(
+            label=limit.label,
+            required=False,
+            max_length=30,
+            help_text=f"{limit.meaning}; empty, 0 or none: no limit",
+            widget=forms.TextInput(attrs={"inputmode": "numeric", "placeholder": "no limit"}),
+        )
+    }
 
 
-def _counter(name: str) -> forms.CharField:
-    label, meaning = COUNTER_LABELS[name]
-    return forms.CharField(
-        label=label,
-        required=False,
-        max_length=30,
-        help_text=f"{meaning + '; ' if meaning else ''}empty, 0 or none: no limit",
-        widget=forms.TextInput(attrs={"inputmode": "numeric", "placeholder": "no limit"}),
-    )
-
-
+@with_limit_fields(_counter)
 class KeyLimitsForm(ConsoleForm):
     """A key's limits, team and expiry, shown as they are; only what was changed is sent."""
 
-    rpm = _counter("rpm")
-    tpm = _counter("tpm")
-    max_parallel = _counter("max_parallel")
-    tokens_per_day = _counter("tokens_per_day")
-    tokens_per_month = _counter("tokens_per_month")
     models = forms.CharField(
         label="Models",
         required=False,

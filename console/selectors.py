@@ -19,6 +19,7 @@ from django.db.models.functions import Coalesce
 from django.urls import reverse
 from django.utils import timezone
 
+from access.services import KEY_SUBJECT, TEAM_SUBJECT
 from catalog import selectors as catalog_selectors
 from catalog.config import current_config
 from catalog.models import CLASS_CHOICES, ON_DEMAND, AuditEntry, Model
@@ -26,7 +27,6 @@ from core.durations import format_duration
 from fleet.models import Node, Replica
 from fleet.selectors import model_target as fleet_target
 from fleet.selectors import node_engine_numbers
-from gateway.services import KEY_SUBJECT, TEAM_SUBJECT
 from llmgw.units import format_progress, format_size
 from registry import selectors as registry_selectors
 from registry.models import Fetch, MirrorFile, Rollout

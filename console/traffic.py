@@ -2,7 +2,7 @@
 list, the Usage page (requests and tokens per gateway key, model and day, with a CSV link),
 and the Nodes page's chart of reserved against capacity.
 
-The figures are the gateway's (gateway.traffic), read in one query per chart, whatever the
+The figures are the gateway's (access.traffic), read in one query per chart, whatever the
 window; the charts are SVG drawn here (console.charts) with the numbers in a table below.
 """
 
@@ -14,10 +14,10 @@ from urllib.parse import urlencode
 
 from django.utils.safestring import SafeString, mark_safe
 
+from access import selectors as gateway_selectors
+from access import traffic
 from core.actor import Actor
 from fleet import capacity as fleet_capacity
-from gateway import selectors as gateway_selectors
-from gateway import traffic
 
 from . import charts
 
@@ -47,7 +47,7 @@ def model_traffic(name: str, window: traffic.Window, now: datetime | None = None
             "completion_tokens": point.figures.completion_tokens,
             "tokens_per_second": round(point.tokens_per_second, 2),
             # The step's slowest answer and its request's ID, to follow to its log lines and
-            # trace (gateway.traffic).
+            # trace (access.traffic).
             "slowest_seconds": point.figures.slowest_seconds,
             "slowest_request": point.figures.slowest_request,
         }

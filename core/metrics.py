@@ -19,16 +19,24 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+
 # Seconds, from a pass over an empty catalog to an hour-long fetch.
 WORK_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 # The packages whose tasks are counted by name; any other task is counted as "other".
 TASK_PACKAGES = ("catalog.", "fleet.", "registry.", "gateway.", "accounts.", "llmgw_site.")
 
 
+@dataclass(frozen=True)
+class ControlPlaneFigures:
+    """The control plane's state as /metrics shows it (access.selectors reads it; the gateway's /metrics shows it)."""
+
+    rollouts: dict[str, int]  # state -> rollouts in it
+    heartbeat_ages: dict[str, float | None]  # node -> seconds since its last heartbeat
+
+
 def metrics_folder() -> str | None:
     """LLMGW_METRICS_DIR from the settings, else from the environment; None: single-process."""
-    from django.conf import settings
-
     configured = getattr(settings, "LLMGW_METRICS_DIR", None)
     return str(configured) if configured else os.environ.get("LLMGW_METRICS_DIR") or None
 
@@ -85,6 +93,7 @@ def created() -> ControlMetrics | None:
 
 def _create(folder: str | None) -> ControlMetrics:
     registry = prepare(folder)
+    # After prepare(): prometheus_client reads PROMETHEUS_MULTIPROC_DIR once, when first imported.
     from prometheus_client import Counter, Gauge, Histogram
 
     where: dict[str, Any] = {"registry": registry}

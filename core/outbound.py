@@ -1,32 +1,10 @@
 """Which hosts the control plane may fetch from, checked on every request it makes.
 
-The control plane fetches URLs that people give it: a model's or adapter's source
-(the existence check, the GGUF header reads behind adapter checks, `plan` and
-memory estimates), and the registry (its API and the mirror's downloads). So
-that none of these can be used to reach an internal address, every such request
-goes through this module, and is refused unless:
-
-1. The URL is unambiguous. Refused, before anything is sent: a scheme other than
-   http or https; a user name or password before the host (`user@host`); a
-   backslash anywhere; spaces, control characters or non-ASCII characters; a
-   percent sign, empty label or trailing dot in the host; an IPv4 address in any
-   form but dotted decimal (`127.1`, `0x7f.0.0.1`, `2130706433`); an IPv6 zone;
-   an empty or out-of-range port; and any URL for which Python's URL parser,
-   urllib3's (requests) and httpx's would name different hosts or ports.
-2. The host, with its port (the scheme's default when none is written), matches
-   an entry of `sources.allowed_hosts` in server.yaml (or
-   `LLMGW_SOURCE_ALLOWED_HOSTS`); by default the control plane's own host (the
-   mirror) and the registry's. An entry is `host` (any port), `host:port`,
-   `[v6]`, `[v6]:port`, or `*.domain` (any host under that domain). Registry
-   requests may also go to the registry endpoint's host, and for
-   huggingface.co to its download hosts (`*.huggingface.co`, `*.hf.co`).
-3. Every redirect hop is checked the same way: the check sits in the transport
-   (a requests adapter, an httpx request hook) that every hop passes through,
-   and the requests adapter connects to exactly the host and port it checked,
-   not to whatever its own parsing of the URL would give.
-
-Names are compared as written, not resolved: an allowed name reaches whatever it
-resolves to, which is what allowing it means.
+Sources people give (a model's or adapter's, `plan`, memory estimates) and the registry are all
+fetched through here, so that none can be used to reach an internal address: the URL must be
+plain (parse_target), its host on the allow-list (HostPolicy), and so must every redirect hop
+(GuardedAdapter, httpx_request_hook). Names are compared as written, not resolved: an allowed
+name reaches whatever it resolves to, which is what allowing it means.
 """
 
 from __future__ import annotations
@@ -123,7 +101,12 @@ def _port(text: str | None) -> int | None:
 
 
 def parse_target(url: str) -> Target:
-    """Where `url` sends a request; URLRefused when that is not plain (rule 1 above)."""
+    """Where `url` sends a request; URLRefused, before anything is sent, when it is not plain:
+    a scheme other than http or https; a user name or password before the host; a backslash
+    anywhere; spaces, control or non-ASCII characters; a percent sign, empty label or trailing
+    dot in the host; an IPv4 address in any form but dotted decimal (`127.1`, `0x7f.0.0.1`,
+    `2130706433`); an IPv6 zone; an empty or out-of-range port; and any URL for which Python's
+    URL parser, urllib3's (requests) and httpx's would name different hosts or ports."""
 
     def refuse(why: str) -> URLRefused:
         # A password before the host is not repeated in a message that may be logged.
@@ -241,7 +224,13 @@ def endpoint_hosts(endpoint: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class HostPolicy:
-    """The allow-list in force and where it was set, for refusals that say where to change it."""
+    """The allow-list in force and where it was set, for refusals that say where to change it.
+
+    A host, with its port (the scheme's default when none is written), must match an entry of
+    `sources.allowed_hosts` in server.yaml (or LLMGW_SOURCE_ALLOWED_HOSTS); by default the
+    control plane's own host (the mirror) and the registry's. An entry is `host` (any port),
+    `host:port`, `[v6]`, `[v6]:port`, or `*.domain`. Registry requests may also go to the
+    registry endpoint's host, and for huggingface.co to its download hosts."""
 
     allowed: tuple[str, ...]
     setting: str = "sources.allowed_hosts in server.yaml (nor LLMGW_SOURCE_ALLOWED_HOSTS)"

@@ -1,17 +1,9 @@
 """One request ID per request, in every process it passes through, and in every log line about it.
 
-The rule: a client's X-Request-ID is kept when it is sane, 1 to 64 characters of A-Z, a-z, 0-9,
-'.', '_' and '-' with at least one letter or digit among them; anything else (longer, other
-characters, a newline, empty) is replaced by a new one and never repeated anywhere. A new ID is
-128 random bits in 32 lowercase hex digits: the shape of a W3C trace ID, so that a trace can
-carry it as its own.
-
-The gateway applies the rule to the client's header; the web takes the gateway's word as it
-comes (only from a request that carries the gateway's secret, see gateway.forwarded) and
-applies the same rule to anyone else's. The ID of the request being served is in `current`
-(a context variable: each of the gateway's requests is a task of its own, each of the web's a
-thread), where the log formatter (llmgw_site.logformat) and the gateway's request to the
-engine find it without its being passed around.
+The gateway applies the rule (chosen) to the client's X-Request-ID; the web takes the gateway's
+word (only from a request carrying the gateway's secret) and applies the same rule to anyone
+else's. The ID being served is in `current`, where the log formatter and the gateway's request
+to the engine find it.
 """
 
 from __future__ import annotations
@@ -42,7 +34,9 @@ def sane(sent: bytes) -> bool:
 
 
 def chosen(sent: bytes | str) -> str:
-    """The client's ID when it is sane, else a new one."""
+    """The client's ID when it is sane (1 to 64 characters of A-Z, a-z, 0-9, '.', '_' and '-'
+    with at least one letter or digit), else a new one: 128 random bits in 32 lowercase hex
+    digits, the shape of a W3C trace ID, so that a trace can carry it as its own."""
     if isinstance(sent, str):
         sent = sent.encode("latin-1", "replace")
     return sent.decode("ascii") if sane(sent) else new()

@@ -1,25 +1,8 @@
 """YAML read with the line each value came from, so that errors can point at it.
 
-Every YAML the control plane reads (API bodies, console Add, the admin, plan,
-server.yaml) comes through `load_with_lines`, which reads it defensively, because
-a few hundred bytes of YAML can otherwise take a worker down:
-
-- anchors and aliases may repeat a value, but the document they expand to may not
-  exceed MAX_VALUES values or MAX_CHARACTERS characters of text ("billion
-  laughs": 400 bytes that expand to 10^9 values), and an alias may not refer to
-  the value it is inside of;
-- nesting may not go deeper than MAX_DEPTH (PyYAML's composer recurses, and a
-  deep enough document ends in RecursionError);
-- an integer may not have more than MAX_DIGITS characters (Python refuses to
-  convert beyond 4,300 digits, and no field takes a number that large), and a
-  float must be finite;
-- a key given twice in one mapping is refused (YAML says keys are unique; PyYAML
-  would keep the last one silently);
-- text must be Unicode: an escaped surrogate pair ("\\ud83d\\ude00") is joined into
-  its character, a lone surrogate is refused (it cannot be stored or shown).
-
-Each refusal is a YAMLSyntaxError naming the line. The JSON parser applies the
-same bounds through `check_document`.
+Every YAML the control plane reads (API bodies, console Add, the admin, plan, server.yaml) comes
+through `load_with_lines`, which reads it within bounds, because a few hundred bytes of YAML can
+otherwise take a worker down. The JSON parser applies the same bounds through `check_document`.
 """
 
 from __future__ import annotations
@@ -173,7 +156,13 @@ _BoundedLoader.add_constructor("tag:yaml.org,2002:float", _BoundedLoader.constru
 
 
 def load_with_lines(text: str) -> tuple[Any, dict[Path, int]]:
-    """Parse YAML text; return the data and a map from each value's path to its 1-based line."""
+    """Parse YAML text; return the data and a map from each value's path to its 1-based line.
+
+    Refused, each with a YAMLSyntaxError naming the line: aliases that expand past MAX_VALUES
+    values or MAX_CHARACTERS characters ("billion laughs"), or refer to the value they are
+    inside of; nesting deeper than MAX_DEPTH (PyYAML's composer recurses); an integer of more
+    than MAX_DIGITS characters, a float that is not finite; a key given twice in one mapping
+    (PyYAML would keep the last silently); a lone surrogate (an escaped pair is joined)."""
     loader: _BoundedLoader | None = None
     try:
         loader = _BoundedLoader(text)

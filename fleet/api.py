@@ -26,6 +26,7 @@ from core.serializers import FieldsOncePerThread, StrictSerializer, TypedSeriali
 from llmgw.units import format_bytes
 
 from . import footprint, selectors, services
+from .apps import this_process
 from .models import Node
 
 # -- node authentication ------------------------------------------------------------
@@ -236,7 +237,7 @@ class HeartbeatAPI(APIView):
         answer = services.node_heartbeat(
             node=node,
             report=dict(data.validated_data),
-            interval=services.heartbeat_interval(),
+            interval=this_process().fleet_size.heartbeat_interval(),
             # The peer the web saw; behind the gateway, the gateway's own peer (gateway.forwarded).
             peer=request.META.get("REMOTE_ADDR") or "",
         )
@@ -307,10 +308,13 @@ class RenewAPI(APIView):
         data.is_valid(raise_exception=True)
         node = request.user
         assert isinstance(node, Node)
+        process = this_process()
         answer = services.node_renew(
             node=node,
             generation=data.validated_data["generation"],
             report_digest=data.validated_data["report_digest"],
+            interval=process.fleet_size.heartbeat_interval(),
+            liveness=process.liveness,
         )
         outcome = (
             "report"

@@ -2,8 +2,8 @@
 
 A renewal (services.node_renew) says only "this node is alive and nothing on it changed". Its
 one effect is the node's last_heartbeat, which the reconciler reads to decide that a node is lost
-(node_lost_after, 30 s by default). So each web process keeps the renewals it took in memory, the
-earliest time per node, and writes them every FLUSH_SECONDS in one statement. A process that dies
+(node_lost_after, 30 s by default). So each process that takes renewals keeps them in memory (its
+`Liveness`), the earliest time per node, and writes them every FLUSH_SECONDS in one statement. A process that dies
 loses at most that second of renewals: the nodes renew again at their next interval, long before
 node_lost_after.
 
@@ -37,73 +37,93 @@ MAX_PENDING = 100_000
 # write while it is younger than this (_write).
 RETRY_SECONDS = 20.0
 
-_lock = threading.Lock()
-_pending: dict[int, datetime] = {}
-_flusher: threading.Thread | None = None
-
 
 def flush_seconds() -> float:
     return float(settings.LLMGW_RENEWAL_FLUSH_SECONDS)
 
 
-def renewed(node_id: int, at: datetime) -> None:
-    """Record that the node renewed at `at`; written within flush_seconds()."""
-    global _flusher
-    if flush_seconds() <= 0:
-        _write({node_id: at})
-        return
-    with _lock:
-        _pending.setdefault(node_id, at)  # the earliest: the node is not claimed alive too long
-        full = len(_pending) >= MAX_PENDING
-        if _flusher is None or not _flusher.is_alive():
-            _flusher = threading.Thread(target=_flush_forever, name="renewals", daemon=True)
-            _flusher.start()
-        control_metrics().renewals_pending.set(len(_pending))
-    if full:
-        flush()
+class Liveness:
+    """The renewals one process took and has not written yet, and the thread that writes them.
 
+    One per process that takes renewals: the web's, made with the fleet app (fleet.apps), and
+    each gateway process's, made with its renewals (fleet.renewals.Renewals)."""
 
-def flush() -> int:
-    """Write every pending renewal now; returns how many nodes were written."""
-    with _lock:
-        batch = dict(_pending)
-        _pending.clear()
-        control_metrics().renewals_pending.set(0)
-    if batch:
-        _write(batch)
-    return len(batch)
+    def __init__(self, max_pending: int = MAX_PENDING) -> None:
+        self.max_pending = max_pending
+        self.pending: dict[int, datetime] = {}  # node id -> its earliest renewal not written
+        self.flusher: threading.Thread | None = None
+        self._lock = threading.Lock()
 
+    def renewed(self, node_id: int, at: datetime) -> None:
+        """Record that the node renewed at `at`; written within flush_seconds()."""
+        if flush_seconds() <= 0:
+            self._write({node_id: at})
+            return
+        with self._lock:
+            # The earliest: the node is not claimed alive too long.
+            self.pending.setdefault(node_id, at)
+            full = len(self.pending) >= self.max_pending
+            if self.flusher is None or not self.flusher.is_alive():
+                self.flusher = threading.Thread(
+                    target=self._flush_forever, name="renewals", daemon=True
+                )
+                self.flusher.start()
+            control_metrics().renewals_pending.set(len(self.pending))
+        if full:
+            self.flush()
 
-def _write(batch: dict[int, datetime]) -> None:
-    """One UPDATE for the batch, at its earliest time. Only nodes not lost (a lost node comes
-    back through a full report, which starts its heard_since again), and never back in time (a
-    full report may have written a later time since).
+    def flush(self) -> int:
+        """Write every pending renewal now; returns how many nodes were written."""
+        with self._lock:
+            batch = dict(self.pending)
+            self.pending.clear()
+            control_metrics().renewals_pending.set(0)
+        if batch:
+            self._write(batch)
+        return len(batch)
 
-    Rows another transaction holds are skipped, not waited for (PostgreSQL's SKIP LOCKED):
-    waiting on a reconcile pass's rows, or another process's batch in another order, is how two
-    batches deadlock. A skipped node's renewal waits for the next write, for at most
-    RETRY_SECONDS: a pass that holds thousands of nodes' rows for a while (the nodes given a
-    model of thousands of replicas) must not cost them their liveness until they are declared
-    lost; past that, the node renews again anyway."""
-    at = min(batch.values())
-    ids = sorted(batch)
-    skipped: set[int] = set()
-    for start in range(0, len(ids), 5000):
-        chunk = ids[start : start + 5000]
-        if connection.vendor == "postgresql":
-            free = _write_free(chunk, at)
-            skipped.update(set(chunk) - free)  # held by another, or removed since
-        else:  # no row locks to skip
-            Node.objects.filter(pk__in=chunk, lost=False, last_heartbeat__lt=at).update(
-                last_heartbeat=at
-            )
-    if skipped and flush_seconds() > 0:
-        oldest = timezone.now() - timedelta(seconds=RETRY_SECONDS)
-        with _lock:
-            for pk in skipped:
-                if batch[pk] >= oldest:
-                    _pending.setdefault(pk, batch[pk])
-            control_metrics().renewals_pending.set(len(_pending))
+    def _write(self, batch: dict[int, datetime]) -> None:
+        """One UPDATE for the batch, at its earliest time. Only nodes not lost (a lost node
+        comes back through a full report, which starts its heard_since again), and never back
+        in time (a full report may have written a later time since).
+
+        Rows another transaction holds are skipped, not waited for (PostgreSQL's SKIP LOCKED):
+        waiting on a reconcile pass's rows, or another process's batch in another order, is how
+        two batches deadlock. A skipped node's renewal waits for the next write, for at most
+        RETRY_SECONDS: a pass that holds thousands of nodes' rows for a while (the nodes given a
+        model of thousands of replicas) must not cost them their liveness until they are
+        declared lost; past that, the node renews again anyway."""
+        at = min(batch.values())
+        ids = sorted(batch)
+        skipped: set[int] = set()
+        for start in range(0, len(ids), 5000):
+            chunk = ids[start : start + 5000]
+            if connection.vendor == "postgresql":
+                free = _write_free(chunk, at)
+                skipped.update(set(chunk) - free)  # held by another, or removed since
+            else:  # no row locks to skip
+                Node.objects.filter(pk__in=chunk, lost=False, last_heartbeat__lt=at).update(
+                    last_heartbeat=at
+                )
+        if skipped and flush_seconds() > 0:
+            oldest = timezone.now() - timedelta(seconds=RETRY_SECONDS)
+            with self._lock:
+                for pk in skipped:
+                    if batch[pk] >= oldest:
+                        self.pending.setdefault(pk, batch[pk])
+                control_metrics().renewals_pending.set(len(self.pending))
+
+    def _flush_forever(self) -> None:
+        while True:
+            time.sleep(flush_seconds() or 1.0)
+            try:
+                close_old_connections()
+                self.flush()
+            except Exception:
+                # The database may be away for a moment; the renewals of this second are lost
+                # (the nodes renew again) and the next second is tried as usual.
+                log.exception("writing node renewals failed")
+                connection.close()
 
 
 # One statement, so that the rows are held only while it runs: a transaction of two (the
@@ -125,16 +145,3 @@ def _write_free(ids: list[int], at: datetime) -> set[int]:
     with connection.cursor() as cursor:
         cursor.execute(_WRITE_FREE, [ids, at, at])
         return {pk for (pk,) in cursor.fetchall()}
-
-
-def _flush_forever() -> None:
-    while True:
-        time.sleep(flush_seconds() or 1.0)
-        try:
-            close_old_connections()
-            flush()
-        except Exception:
-            # The database may be away for a moment; the renewals of this second are lost
-            # (the nodes renew again) and the next second is tried as usual.
-            log.exception("writing node renewals failed")
-            connection.close()

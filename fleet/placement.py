@@ -257,19 +257,19 @@ def fits(need: Resources, room: Resources) -> bool:
     (a zero need never blocks), to within :data:`EPSILON`.
 
     The planner's own test. Why public: the gateway asks whether an on-demand model fits on any
-    node at all before it wakes the model (gateway.state._unplaceable); a second copy there once
-    compared without the tolerance, so a model the planner would place was refused as fitting
-    nowhere.
+    node at all before it wakes the model (fleet.selectors.unplaceable_models); a second copy
+    there once compared without the tolerance, so a model the planner would place was refused
+    as fitting nowhere.
     """
     return _fits(_vec(need), _vec(room))
 
 
 def fits_on_empty(need: Resources, node: Node) -> bool:
     """Whether ``need`` fits on ``node`` with nothing of llmgw on it: what the gateway asks of
-    an on-demand model before it wakes it (gateway.state._unplaceable). A GPU need asks for a
-    GPU engine and, on a node that lists its devices, ``need.gpus`` devices whose total memory
-    holds an even share (rule 7); what other programs hold now is not counted, as it may be
-    given back by the time the model is placed."""
+    an on-demand model before it wakes it (fleet.selectors.unplaceable_models). A GPU need asks
+    for a GPU engine and, on a node that lists its devices, ``need.gpus`` devices whose total
+    memory holds an even share (rule 7); what other programs hold now is not counted, as it may
+    be given back by the time the model is placed."""
     if need.gpus <= 0:
         return fits(need, node.capacity)
     if not node.gpu_engine:

@@ -118,14 +118,20 @@ def running_pass_left(now: datetime) -> float:
 
 
 def reconcile_pass(
-    *, now: datetime | None = None, kicked_at: datetime | None = None, periodic: bool = False
+    *,
+    now: datetime | None = None,
+    kicked_at: datetime | None = None,
+    periodic: bool = False,
+    silent: SilentNodes | None = None,
 ) -> PassReport:
     """One pass, counted in llmgw_reconcile_passes_total by outcome and timed in
     llmgw_reconcile_duration_seconds, unless skipped: another pass held the lease, a later pass
     already saw the change that kicked this one, or a periodic pass came too soon after the last
     (reconcile_wanted; it still looks for silent nodes then, and makes a whole pass of it when
-    it finds one)."""
+    it finds one). `silent` is what this process logged of silent nodes before (a worker keeps
+    one across its passes: fleet.apps); without it, a pass logs them afresh."""
     board = control_metrics()
+    silent = silent if silent is not None else SilentNodes()
     at = now or timezone.now()
     if kicked_at is not None and not reconcile_wanted(kicked_at, at):
         board.reconcile_passes.labels("skipped").inc()
@@ -141,7 +147,7 @@ def reconcile_pass(
         declared: list[str] = []
         if periodic and not reconcile_wanted(None, at):
             with transaction.atomic():
-                lost = _Pass(at)
+                lost = _Pass(at, silent)
                 _mark_lost_nodes(lost)
             if not lost.report.nodes_lost:
                 outcome = "skipped"
@@ -150,7 +156,7 @@ def reconcile_pass(
         # Before the transaction: a header read waits on HTTP, and a row lock should not.
         learn_facts(Model.objects.all(), now=now)
         with transaction.atomic():
-            report = _reconcile(now or timezone.now())
+            report = _reconcile(now or timezone.now(), silent)
         report.nodes_lost = declared + report.nodes_lost
         outcome = "done"
         ReconcileRun.objects.update_or_create(
@@ -261,8 +267,9 @@ def planner_replica(replica: Replica, node_names: dict[int, str]) -> placement.R
 
 
 class _Pass:
-    def __init__(self, now: datetime) -> None:
+    def __init__(self, now: datetime, silent: SilentNodes) -> None:
         self.now = now
+        self.silent = silent
         self.config = current_config()
         self.report = PassReport()
         self.withdraw: dict[str, str] = {}  # replica id -> reason
@@ -275,8 +282,8 @@ class _Pass:
         self.withdraw.setdefault(str(replica.pk), reason)
 
 
-def _reconcile(now: datetime) -> PassReport:
-    run = _Pass(now)
+def _reconcile(now: datetime, silent: SilentNodes) -> PassReport:
+    run = _Pass(now, silent)
     _mark_lost_nodes(run)
     models = {m.pk: m for m in Model.objects.all()}
     # Without what placement never reads (a node's agent and reports, a replica's engine
@@ -315,8 +322,27 @@ def _reconcile(now: datetime) -> PassReport:
     return run.report
 
 
-# The silent nodes last logged as not declared lost, so that the line is written once.
-_unheard_logged: dict[str, str] = {}
+class SilentNodes:
+    """The silent nodes a process last logged as not declared lost, so that the line is written
+    once, not at every pass: a worker makes one (fleet.apps) and hands it to each pass."""
+
+    def __init__(self) -> None:
+        self.logged = ""  # their names, as the line gave them; "": none logged
+
+    def heard_again(self) -> None:
+        """Someone is heard again: the next silence is logged, even of the same nodes."""
+        self.logged = ""
+
+    def not_declared(self, names: str, lost_after: float) -> None:
+        if names == self.logged:
+            return
+        self.logged = names
+        log.warning(
+            "no heartbeat from %s for %ss, but not declared lost: no other node has been "
+            "heard that long (the control plane itself may have been unreachable)",
+            names,
+            lost_after,
+        )
 
 
 def _mark_lost_nodes(run: _Pass) -> None:
@@ -345,16 +371,9 @@ def _mark_lost_nodes(run: _Pass) -> None:
     )
     if not hearing.exists():
         names = ", ".join(sorted(name for _, name in silent))
-        if names != _unheard_logged.get("names"):  # once, not at every pass
-            _unheard_logged["names"] = names
-            log.warning(
-                "no heartbeat from %s for %ss, but not declared lost: no other node has been "
-                "heard that long (the control plane itself may have been unreachable)",
-                names,
-                run.config.node_lost_after,
-            )
+        run.silent.not_declared(names, run.config.node_lost_after)
         return
-    _unheard_logged.pop("names", None)
+    run.silent.heard_again()
     ids = [pk for pk, _ in silent]
     Node.objects.filter(pk__in=ids).update(lost=True)
     seconds = run.config.node_lost_after
@@ -465,6 +484,8 @@ def _apply(
     nodes: list[Node],
     active: dict[str, Replica],
 ) -> None:
+    """Write the plan: its stops and preemptions withdrawn, its starts inserted, the nodes'
+    generations moved, the audit and the models' rollout fields written."""
     for stop in plan.stops:
         run.withdraw_replica(active[stop.replica_id], stop.reason)
     for stop in plan.preemptions:
@@ -487,16 +508,48 @@ def _apply(
     node_ids = {n.name: n.pk for n in nodes}
     losing = {active[i].node_id for i in run.withdraw}
     bump_generation(losing)
-    if run.withdraw:
-        withdrawn = []
-        for replica_id, reason in run.withdraw.items():
-            replica = active[replica_id]
-            replica.withdrawn_at = run.now
-            replica.withdraw_reason = reason
-            withdrawn.append(replica)
-        Replica.objects.bulk_update(withdrawn, ["withdrawn_at", "withdraw_reason"], batch_size=500)
-        run.report.withdrawn = list(run.withdraw)
+    _write_withdrawals(run, active)
+    new = _new_replicas(run, plan, models, node_ids)
+    if new:
+        insert_many(Replica, new)  # COPY on PostgreSQL: core.bulkinsert says why
+        run.report.started = [str(r.pk) for r in new]
+    bump_generation({node_ids[s.node] for s in plan.starts} - losing)
+    if run.audit:
+        AuditEntry.objects.bulk_create(run.audit, batch_size=500)
+    if run.dirty_models:
+        Model.objects.bulk_update(
+            list(run.dirty_models.values()),
+            ["rollout_failures", "rollout_halted", "rollout_spec_key"],
+            batch_size=500,
+        )
+    run.report.unplaced = list(plan.unplaced)
+    if new or run.withdraw:
+        log.info(
+            "reconcile: started %d, withdrew %d, unplaced %d",
+            len(new),
+            len(run.withdraw),
+            len(plan.unplaced),
+        )
 
+
+def _write_withdrawals(run: _Pass, active: dict[str, Replica]) -> None:
+    """Mark the replicas the pass withdraws, with their reasons, in one bulk update."""
+    if not run.withdraw:
+        return
+    withdrawn = []
+    for replica_id, reason in run.withdraw.items():
+        replica = active[replica_id]
+        replica.withdrawn_at = run.now
+        replica.withdraw_reason = reason
+        withdrawn.append(replica)
+    Replica.objects.bulk_update(withdrawn, ["withdrawn_at", "withdraw_reason"], batch_size=500)
+    run.report.withdrawn = list(run.withdraw)
+
+
+def _new_replicas(
+    run: _Pass, plan: placement.Plan, models: dict[int, Model], node_ids: dict[str, int]
+) -> list[Replica]:
+    """The rows of the plan's starts, not yet inserted."""
     by_name = {m.name: m for m in models.values()}
     new = []
     # One spec (and its key) per model and profile, however many replicas share it: a model of
@@ -528,23 +581,4 @@ def _apply(
                 state_changed_at=run.now,
             )
         )
-    if new:
-        insert_many(Replica, new)  # COPY on PostgreSQL: core.bulkinsert says why
-        run.report.started = [str(r.pk) for r in new]
-    bump_generation({node_ids[s.node] for s in plan.starts} - losing)
-    if run.audit:
-        AuditEntry.objects.bulk_create(run.audit, batch_size=500)
-    if run.dirty_models:
-        Model.objects.bulk_update(
-            list(run.dirty_models.values()),
-            ["rollout_failures", "rollout_halted", "rollout_spec_key"],
-            batch_size=500,
-        )
-    run.report.unplaced = list(plan.unplaced)
-    if new or run.withdraw:
-        log.info(
-            "reconcile: started %d, withdrew %d, unplaced %d",
-            len(new),
-            len(run.withdraw),
-            len(plan.unplaced),
-        )
+    return new

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -13,9 +14,15 @@ from catalog.config import current_config
 from catalog.models import Model
 
 from . import placement
-from .footprint import known_facts
+from .footprint import Footprint, known_facts, model_footprints
 from .models import Node, Replica
-from .reconciler import model_demand, planner_node, planner_replica
+from .reconciler import (
+    has_gpu_engine,
+    model_demand,
+    planner_node,
+    planner_profile,
+    planner_replica,
+)
 from .specs import current_keys
 
 
@@ -273,3 +280,81 @@ def model_target(model: Model) -> dict[str, Any]:
         "rollout_halted": model.rollout_halted or None,
         "generation": model.generation,
     }
+
+
+# -- whether an on-demand model fits on any node (the gateway asks before waking one) ----------
+
+
+def unplaceable_models(
+    names: Iterable[str], *, node_fields: Sequence[str], model_fields: Sequence[str]
+) -> dict[str, str]:
+    """The models of `names` none of whose profiles fits on any schedulable node, even an empty
+    one, each with why, in words for the person who asked for it.
+
+    Whether a profile fits is the planner's rule (fleet.placement.fits_on_empty), asked of what
+    the planner itself would reserve (fleet.reconciler.planner_profile): the gateway must not
+    refuse a model the reconciler would place, nor wake one it cannot. Only `node_fields` and
+    `model_fields` are read: the caller's, which its triggers watch (access.routed's
+    NODE_PLACING, MODEL_PLACING; a field left out would be loaded row by row)."""
+    names = list(names)
+    if not names:
+        return {}
+    nodes = [n for n in Node.objects.order_by().only(*node_fields) if n.schedulable]
+    planned = [_as_placed(n) for n in nodes]
+    why: dict[str, str] = {}
+    models = list(Model.objects.order_by().filter(name__in=names).only(*model_fields))
+    facts = known_facts(models)
+    for model in models:
+        name = model.name
+        if not nodes:
+            why[name] = (
+                "no node is ready to run it (none has sent a heartbeat, or all are cordoned or lost)"
+            )
+            continue
+        profiles = list(zip(model.profiles, model_footprints(model, facts[name]), strict=True))
+        needs = [planner_profile(profile, memory).resources for profile, memory in profiles]
+        if any(placement.fits_on_empty(need, node) for need in needs for node in planned):
+            continue
+        largest = max(nodes, key=lambda n: (n.memory_gb, n.cores))
+        described = "; ".join(_describe(p, memory) for p, memory in profiles) or "no profile"
+        why[name] = (
+            f"it fits on no node: its profiles need {described}, and the largest node has "
+            f"{largest.memory_gb:g} GB and {largest.cores:g} cores"
+            + (f", {largest.gpus} GPUs" if largest.gpus else "")
+            + _gpu_engine_words(profiles, planned)
+        )
+    return why
+
+
+def _as_placed(node: Node) -> placement.Node:
+    """A node as the planner sees it, with its GPUs as many as it has of the memory its agent
+    reports for each (the smallest GPU's): Node.devices is not read, as the memory in use in it
+    moves with every heartbeat and the gateway would read everything again each time. A node
+    of GPUs of different sizes may so be thought too small for a model its biggest GPU holds."""
+    devices = tuple(placement.Device(i, float(node.gpu_memory_gb)) for i in range(node.gpus))
+    return placement.Node(
+        name=str(node.pk),  # its name is not read (nor watched): only a key is needed
+        capacity=placement.Resources(node.memory_gb, node.cores, node.gpus, node.gpu_memory_gb),
+        schedulable=True,
+        devices=devices,
+        gpu_engine=has_gpu_engine(node),
+    )
+
+
+def _gpu_engine_words(
+    profiles: list[tuple[dict[str, Any], Footprint]], nodes: list[placement.Node]
+) -> str:
+    if any(p.get("gpus") for p, _ in profiles) and not any(n.gpu_engine for n in nodes):
+        return (
+            "; and no node's engine has a GPU backend (build it with LLMGW_ENGINE=cuda make "
+            "setup on a machine with NVIDIA GPUs)"
+        )
+    return ""
+
+
+def _describe(profile: dict[str, Any], memory: Footprint) -> str:
+    cores = float(profile.get("cores") or 0)
+    text = f"{profile.get('name', '?')}: {memory.memory_gb:g} GB, {cores:g} cores"
+    if profile.get("gpus"):
+        text += f", {profile['gpus']} GPUs"
+    return text

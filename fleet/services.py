@@ -7,7 +7,7 @@ import math
 import socket
 import time
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -22,6 +22,7 @@ from core.refusals import Refused, conflict
 from llmgw.bearer import NODE_TOKEN
 
 from . import trust
+from .liveness import Liveness
 from .models import Node, Replica, bump_generation, hash_token
 from .signals import fleet_changed, replica_state_changed
 from .specs import engine_key, gpu_order
@@ -226,7 +227,33 @@ def node_heartbeat(
     (Refused) and changes nothing.
     """
     now = timezone.now()
-    settled = False  # a replica became ready or failed: the reconciler should look now
+    believed = _believed_report(node, report, peer)
+    with transaction.atomic():
+        came_back = _record_node(node, report, believed, now)
+        wanted, settled = _record_replicas(node, report, believed.ports, now)
+        if settled or came_back:
+            transaction.on_commit(lambda: fleet_changed.send(sender=Node))
+    return {
+        "node": node.name,
+        "heartbeat_interval": interval,
+        **_orders(node, wanted, now),
+    }
+
+
+class _Believed(NamedTuple):
+    """What of a node's report the control plane takes (fleet.trust)."""
+
+    address: str
+    ports: _Ports
+    offered: trust.Capacity
+    registered: trust.Capacity
+    capacity: trust.Capacity
+    first_report: bool
+
+
+def _believed_report(node: Node, report: dict[str, Any], peer: str | None) -> _Believed:
+    """The report's address, ports and capacity as believed, or Refused when it may not claim
+    them."""
     offered = trust.Capacity.from_json(report["capacity"])
     try:
         if peer is None:
@@ -252,71 +279,80 @@ def node_heartbeat(
     )
     capacity, _ = trust.believed(offered, registered)
     ports = _Ports(first_port, last_port, _own_ports(address))
-    with transaction.atomic():
-        node.memory_gb = capacity.memory_gb
-        node.cores = capacity.cores
-        node.gpus = capacity.gpus
-        node.gpu_memory_gb = capacity.gpu_memory_gb
-        node.registered_capacity = registered.as_json()
-        node.reported_capacity = offered.as_json()
-        node.address = address
-        node.port_first, node.port_last = first_port, last_port
-        node.agent = report.get("agent") or {}
-        # The devices believed are as many as the GPUs believed (fleet.trust): a node that
-        # reports more than it registered gets placements on its first ones only.
-        node.devices = list(report.get("devices") or [])[: capacity.gpus]
-        node.devices_source = report.get("devices_source") or ""
-        node.engine_backends = list(report.get("engine_backends") or [])
-        node.report_digest = report.get("report_digest") or ""
-        node.heard_since = node.heard_since_with(now, lost_after=current_config().node_lost_after)
-        node.last_heartbeat = now
-        came_back = node.lost
-        node.lost = False
-        # Only what the heartbeat reports: staff may have cordoned the node, changed its
-        # allow-list or accepted its capacity since it was read, and that must not be undone.
-        written = ["memory_gb", "cores", "gpus", "gpu_memory_gb", "reported_capacity"]
-        written += ["address", "port_first", "port_last", "agent", "last_heartbeat", "lost"]
-        written += ["devices", "devices_source", "engine_backends", "report_digest"]
-        written.append("heard_since")
-        if first_report:
-            written.append("registered_capacity")
-        if not Node.objects.filter(pk=node.pk).update(**{f: getattr(node, f) for f in written}):
-            raise Refused(
-                f"Node {node.name} was removed; register it again and restart its agent with "
-                "the new token.",
-                code="not_found",
-                status=404,
-            )
+    return _Believed(address, ports, offered, registered, capacity, first_report)
 
-        reported = {r["id"]: r for r in report.get("replicas", [])}
-        changed, gone, wanted = [], [], []
-        for replica in _node_replicas(node):
-            seen = reported.get(str(replica.pk))
-            if _wanted(replica, now):
-                wanted.append(replica)
-            elif seen is None:
-                gone.append(replica.pk)  # withdrawn and stopped: nothing left to track
-                continue
-            if seen is not None and _update_replica(replica, seen, now, ports):
-                changed.append(replica)
-                settled = settled or replica.state in (Replica.READY, Replica.FAILED)
-        for replica in changed:
-            # One UPDATE a replica rather than bulk_update's one: its CASE WHEN a row and a
-            # field cost more to build than the round trips save (a report of 4 replicas
-            # turning ready: 60 % of the report's CPU in the web, where 6 thousand of them
-            # come in within a minute when a model is placed over a large fleet).
-            Replica.objects.filter(pk=replica.pk).update(
-                **{field: getattr(replica, field) for field in REPORTED_FIELDS}
-            )
-        if gone:
-            Replica.objects.filter(pk__in=gone).delete()
-        if settled or came_back:
-            transaction.on_commit(lambda: fleet_changed.send(sender=Node))
-    return {
-        "node": node.name,
-        "heartbeat_interval": interval,
-        **_orders(node, wanted, now),
-    }
+
+def _record_node(node: Node, report: dict[str, Any], believed: _Believed, now: datetime) -> bool:
+    """Write what the heartbeat reports of the node itself; whether it came back from lost.
+    Refused when the node was removed meanwhile."""
+    capacity = believed.capacity
+    node.memory_gb = capacity.memory_gb
+    node.cores = capacity.cores
+    node.gpus = capacity.gpus
+    node.gpu_memory_gb = capacity.gpu_memory_gb
+    node.registered_capacity = believed.registered.as_json()
+    node.reported_capacity = believed.offered.as_json()
+    node.address = believed.address
+    node.port_first, node.port_last = believed.ports.first, believed.ports.last
+    node.agent = report.get("agent") or {}
+    # The devices believed are as many as the GPUs believed (fleet.trust): a node that
+    # reports more than it registered gets placements on its first ones only.
+    node.devices = list(report.get("devices") or [])[: capacity.gpus]
+    node.devices_source = report.get("devices_source") or ""
+    node.engine_backends = list(report.get("engine_backends") or [])
+    node.report_digest = report.get("report_digest") or ""
+    node.heard_since = node.heard_since_with(now, lost_after=current_config().node_lost_after)
+    node.last_heartbeat = now
+    came_back = node.lost
+    node.lost = False
+    # Only what the heartbeat reports: staff may have cordoned the node, changed its
+    # allow-list or accepted its capacity since it was read, and that must not be undone.
+    written = ["memory_gb", "cores", "gpus", "gpu_memory_gb", "reported_capacity"]
+    written += ["address", "port_first", "port_last", "agent", "last_heartbeat", "lost"]
+    written += ["devices", "devices_source", "engine_backends", "report_digest"]
+    written.append("heard_since")
+    if believed.first_report:
+        written.append("registered_capacity")
+    if not Node.objects.filter(pk=node.pk).update(**{f: getattr(node, f) for f in written}):
+        raise Refused(
+            f"Node {node.name} was removed; register it again and restart its agent with "
+            "the new token.",
+            code="not_found",
+            status=404,
+        )
+    return came_back
+
+
+def _record_replicas(
+    node: Node, report: dict[str, Any], ports: _Ports, now: datetime
+) -> tuple[list[Replica], bool]:
+    """Write the states the node reports of its replicas, and forget those withdrawn and
+    stopped; the replicas it should run, and whether one became ready or failed (the
+    reconciler should look now)."""
+    reported = {r["id"]: r for r in report.get("replicas", [])}
+    settled = False
+    changed, gone, wanted = [], [], []
+    for replica in _node_replicas(node):
+        seen = reported.get(str(replica.pk))
+        if _wanted(replica, now):
+            wanted.append(replica)
+        elif seen is None:
+            gone.append(replica.pk)  # withdrawn and stopped: nothing left to track
+            continue
+        if seen is not None and _update_replica(replica, seen, now, ports):
+            changed.append(replica)
+            settled = settled or replica.state in (Replica.READY, Replica.FAILED)
+    for replica in changed:
+        # One UPDATE a replica rather than bulk_update's one: its CASE WHEN a row and a
+        # field cost more to build than the round trips save (a report of 4 replicas
+        # turning ready: 60 % of the report's CPU in the web, where 6 thousand of them
+        # come in within a minute when a model is placed over a large fleet).
+        Replica.objects.filter(pk=replica.pk).update(
+            **{field: getattr(replica, field) for field in REPORTED_FIELDS}
+        )
+    if gone:
+        Replica.objects.filter(pk__in=gone).delete()
+    return wanted, settled
 
 
 def _wanted(replica: Replica, now: Any) -> bool:
@@ -349,7 +385,6 @@ def _orders(node: Node, wanted: list[Replica], now: Any) -> dict[str, Any]:
 # node is lost only after three missed heartbeats). A replica's change is still reported at once.
 HEARTBEAT_SECONDS = 2
 NODES_PER_SECOND = 250
-_fleet_size: list[float] = [0.0, 0.0]  # [nodes, when counted (monotonic)]
 FLEET_COUNT_SECONDS = 30.0
 
 
@@ -359,12 +394,20 @@ def interval_for(nodes: int, lost_after: float) -> int:
     return max(HEARTBEAT_SECONDS, min(ceiling, math.ceil(nodes / NODES_PER_SECOND)))
 
 
-def heartbeat_interval() -> int:
-    """Seconds between a node's heartbeats, for a fleet of the size counted lately."""
-    clock = time.monotonic()
-    if not _fleet_size[1] or clock - _fleet_size[1] > FLEET_COUNT_SECONDS:
-        _fleet_size[:] = [float(Node.objects.count()), clock]
-    return interval_for(int(_fleet_size[0]), current_config().node_lost_after)
+class FleetSize:
+    """The number of nodes, counted again at most every FLEET_COUNT_SECONDS: one per web process,
+    made with the fleet app (fleet.apps), which answers the nodes' heartbeats and renewals."""
+
+    def __init__(self, nodes: int = 0, counted_at: float | None = None) -> None:
+        self.nodes = nodes
+        self.counted_at = counted_at  # time.monotonic() of the count; None: never counted
+
+    def heartbeat_interval(self) -> int:
+        """Seconds between a node's heartbeats, for a fleet of the size counted lately."""
+        clock = time.monotonic()
+        if self.counted_at is None or clock - self.counted_at > FLEET_COUNT_SECONDS:
+            self.nodes, self.counted_at = Node.objects.count(), clock
+        return interval_for(self.nodes, current_config().node_lost_after)
 
 
 def renewal_wants_report(
@@ -385,7 +428,7 @@ def renewal_wants_report(
 
 def unchanged_answer(*, node: str, interval: int, generation: int) -> dict[str, Any]:
     """A renewal's answer when nothing the node should run changed: what the web and the
-    gateway (gateway.renewals) both answer."""
+    gateway (fleet.renewals) both answer."""
     return {
         "node": node,
         "heartbeat_interval": interval,
@@ -395,18 +438,25 @@ def unchanged_answer(*, node: str, interval: int, generation: int) -> dict[str, 
     }
 
 
-def node_renew(*, node: Node, generation: int | None, report_digest: str) -> dict[str, Any]:
+def node_renew(
+    *,
+    node: Node,
+    generation: int | None,
+    report_digest: str,
+    interval: int,
+    liveness: Liveness,
+) -> dict[str, Any]:
     """A renewal: the node is alive, and its report is still the one whose digest it names.
 
     Answers `report: "send"` (nothing recorded) when the control plane wants the whole report
     instead: it holds another digest (a report it never got, or lost with a restore), the node is
     lost, or it was silent long enough to have been. Otherwise records the renewal
     (fleet.liveness) and answers `changed: false` when `generation` is the node's, or the
-    replicas to run in full (as a heartbeat's answer) when it is not."""
-    from . import liveness
-
+    replicas to run in full (as a heartbeat's answer) when it is not. `interval` is the
+    heartbeat interval to answer (FleetSize.heartbeat_interval), `liveness` this process's
+    renewals waiting to be written."""
     now = timezone.now()
-    base: dict[str, Any] = {"node": node.name, "heartbeat_interval": heartbeat_interval()}
+    base: dict[str, Any] = {"node": node.name, "heartbeat_interval": interval}
     if renewal_wants_report(
         lost=node.lost,
         last_heartbeat=node.last_heartbeat,

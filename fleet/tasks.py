@@ -1,12 +1,13 @@
 from datetime import UTC, datetime, timedelta
 
 from celery import shared_task
+from django.apps import apps
 from django.utils import timezone
 
 from catalog.models import Model
 
 from . import capacity, footprint
-from .reconciler import LEASE_SECONDS, kick_wait, reconcile_pass, running_pass_left
+from .reconciler import LEASE_SECONDS, SilentNodes, kick_wait, reconcile_pass, running_pass_left
 
 
 @shared_task(ignore_result=True, soft_time_limit=90, time_limit=120)
@@ -16,7 +17,7 @@ def reconcile(kicked_at: str | None = None) -> None:
     beat's periodic pass (no `kicked_at`), the last pass having been too recent
     (fleet.reconciler.reconcile_wanted)."""
     if kicked_at is None:
-        reconcile_pass(periodic=True)
+        reconcile_pass(periodic=True, silent=_silent_nodes())
         return
     try:
         when = datetime.fromisoformat(kicked_at)
@@ -32,7 +33,7 @@ def reconcile(kicked_at: str | None = None) -> None:
             # kicks queued meanwhile are served by that one pass (reconcile_wanted).
             reconcile.apply_async(kwargs={"kicked_at": kicked_at}, countdown=wait)
             return
-    report = reconcile_pass(kicked_at=when)
+    report = reconcile_pass(kicked_at=when, silent=_silent_nodes())
     if report.busy and when is not None and timezone.now() - when < BUSY_GIVE_UP and not eager:
         # Another pass holds the lease, and it may have started before this change committed
         # (a pass over thousands of replicas takes seconds): dropped, the change would wait for
@@ -41,6 +42,13 @@ def reconcile(kicked_at: str | None = None) -> None:
         # after the change serves it then (reconcile_wanted).
         wait = max(BUSY_RETRY_SECONDS, min(running_pass_left(timezone.now()), BUSY_RETRY_MAX))
         reconcile.apply_async(kwargs={"kicked_at": kicked_at}, countdown=wait)
+
+
+def _silent_nodes() -> SilentNodes:
+    """The silent nodes this worker last logged, which the fleet app keeps across its passes
+    (fleet.apps.FleetConfig; read through Django's registry, as fleet.apps imports this module
+    by its receivers)."""
+    return apps.get_app_config("fleet").silent_nodes  # type: ignore[attr-defined]
 
 
 # A kicked pass that found another holding the lease asks again once that pass is likely done,

@@ -12,10 +12,13 @@ import time
 
 from django.db import DatabaseError, connection
 
+from access import selectors
 from catalog.config import ConfigError
 from core import requestid
+from fleet import renewals
 
-from . import conf, errors, http, relay, renewals, selectors
+from . import conf, errors, http, relay
+from .endpoints import served
 from .errors import Refusal
 from .http import Receive, Scope, Send
 from .metrics import control_plane_exposition, exposition, model_exposition
@@ -54,18 +57,24 @@ class Application:
                 elif path == "/metrics":
                     await _metrics(gateway, scope, send)
                 elif path == renewals.REPORT_PATH:
-                    renewals.note_alive(scope)
-                    web, budget = gateway.web, gateway.forward_budget
-                    await renewals.gate.through(
-                        scope, send, lambda: forward(web, budget, scope, receive, send)
+                    nodes, web, budget = gateway.renewals, gateway.web, gateway.forward_budget
+                    nodes.note_alive(scope)
+                    await nodes.gate.through(
+                        scope,
+                        send,
+                        lambda: forward(
+                            web, budget, scope, receive, send, node=nodes.from_a_node(scope)
+                        ),
                     )
                 elif path == renewals.PATH:
-                    web, budget = gateway.web, gateway.forward_budget
-                    await renewals.renew(
+                    nodes, web, budget = gateway.renewals, gateway.web, gateway.forward_budget
+                    await nodes.renew(
                         scope,
                         receive,
                         send,
-                        lambda replay: forward(web, budget, scope, replay, send),
+                        lambda replay: forward(
+                            web, budget, scope, replay, send, node=nodes.from_a_node(scope)
+                        ),
                     )
                 else:
                     await forward(gateway.web, gateway.forward_budget, scope, receive, send)
@@ -105,8 +114,7 @@ application = Application()
 def _no_such_endpoint(path: str) -> Refusal:
     return errors.openai_error(
         404,
-        f"There is no endpoint {path}. The gateway serves GET /v1/models, POST "
-        "/v1/chat/completions, /v1/completions and /v1/embeddings.",
+        f"There is no endpoint {path}. The gateway serves {served()}.",
         code="unknown_url",
     )
 

@@ -1,21 +1,24 @@
 from django.apps import AppConfig
-from django.db.models.signals import post_migrate
 
 
 class GatewayConfig(AppConfig):
+    """The data plane holds no tables; as an app it hands the web its readers of what the
+    gateway processes on this machine count now (access.live)."""
+
     name = "gateway"
     verbose_name = "Gateway"
-    default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        post_migrate.connect(_ensure_triggers, sender=self)
+        # Here, not at the top: apps.py is imported while the apps load, before models exist.
+        from django.conf import settings
 
+        from access import live
 
-def _ensure_triggers(sender: object, using: str = "default", **kwargs: object) -> None:
-    """After every migrate: a migration that rebuilt a watched table (SQLite) dropped its triggers."""
-    # Here, not at the top: apps.py is imported while the apps load, before models exist.
-    from django.db import connections
+        from . import fairqueue, limits
 
-    from . import triggers
-
-    triggers.ensure(connections[using])
+        live.readers.register(
+            use=limits.live_use,
+            waiting=lambda models: fairqueue.waiting_on_machine(
+                settings.VAR_DIR / "gateway-queue", models
+            ),
+        )

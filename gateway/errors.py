@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 
 from core import requestid
+from llmgw.limitdefs import BY_NAME
 
 
 @dataclass(frozen=True)
@@ -86,26 +87,6 @@ def expired_key(expired_at: str) -> Refusal:
     )
 
 
-# What each limit is called in a refusal, and what kind of 429 it is (OpenAI's codes and types:
-# a rate is `rate_limit_exceeded` of type requests or tokens, a spent budget
-# `insufficient_quota`).
-_LIMITS = {
-    "rpm": ("{figure:,} requests per minute", "rate_limit_exceeded", "requests"),
-    "tpm": ("{figure:,} tokens per minute", "rate_limit_exceeded", "tokens"),
-    "max_parallel": ("{figure:,} requests in flight at once", "rate_limit_exceeded", "requests"),
-    "tokens_per_day": (
-        "{figure:,} tokens per day (UTC)",
-        "insufficient_quota",
-        "insufficient_quota",
-    ),
-    "tokens_per_month": (
-        "{figure:,} tokens per month (UTC)",
-        "insufficient_quota",
-        "insufficient_quota",
-    ),
-}
-
-
 def limited(
     limit: str,
     *,
@@ -119,28 +100,28 @@ def limited(
 ) -> Refusal:
     """429 for a key's or team's limit: which one, its figure, what is used and when it frees;
     `reserved`: the tokens requests in flight hold against it (gateway.limits.reservation)."""
-    what, code, kind = _LIMITS[limit]
+    # OpenAI's codes and types: a rate is `rate_limit_exceeded` of type requests or tokens, a
+    # spent budget `insufficient_quota`.
+    named = BY_NAME[limit]
+    code = "insufficient_quota" if named.budget else "rate_limit_exceeded"
+    kind = "insufficient_quota" if named.budget else named.unit
     whose = "This key's" if team is None else f"Its team {team}'s"
     seconds = max(1, int(retry_after + 0.999))
-    figure_text = what.format(figure=figure)
-    if figure == 1:
-        figure_text = figure_text.replace("requests", "request").replace("tokens", "token")
+    figure_text = named.figure(figure)
     if reserved and used < figure:
         # Not used up: held by what requests in flight may still use. A rate, not a quota, for
         # OpenAI clients: they retry it.
-        limit_or_budget = "budget" if code == "insufficient_quota" else "limit"
-        window = "used today" if limit == "tokens_per_day" else "used this month"
-        window = "tokens in the last minute" if limit == "tpm" else window
+        limit_or_budget = "budget" if named.budget else "limit"
         return openai_error(
             429,
             f"{whose} {limit_or_budget} of {figure_text} is held by requests in flight ({used:,} "
-            f"{window}, {reserved:,} more reserved by the requests in flight for what they may "
-            "still use); send the next one when one of them ends.",
+            f"{named.used_words}, {reserved:,} more reserved by the requests in flight for what "
+            "they may still use); send the next one when one of them ends.",
             code="rate_limit_exceeded",
             kind="tokens",
             headers={**headers, "Retry-After": str(seconds)},
         )
-    if limit == "max_parallel":
+    if named.window == "in flight":
         message = (
             f"{whose} limit of {figure_text} is reached ({used:,} in flight); send the next "
             "one when one of them ends."
@@ -152,9 +133,8 @@ def limited(
             "`llmgw ctl team limits`) to go on sooner."
         )
     else:
-        window = "requests in the last minute" if limit == "rpm" else "tokens in the last minute"
         message = (
-            f"{whose} limit of {figure_text} is reached ({used:,} {window}); try again in "
+            f"{whose} limit of {figure_text} is reached ({used:,} {named.used_words}); try again in "
             f"{_span(seconds)}."
         )
     return openai_error(

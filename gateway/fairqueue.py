@@ -41,8 +41,8 @@ and by a request that goes straight through alike. Without it two processes coul
 slot free before either counted it, and both hand it out.
 
 Across the machine's gateway processes. Each process writes its own waiting and in-service
-requests (model, flow, S, F, arrival, state) into a memory-mapped file of its own under one
-folder (one writer per file, no lock, as gateway.load does), with a count of its waiters per
+requests (model, flow, S, F, arrival, state) into its board (gateway.boards: a file of its
+own that the others read without a lock), with a count of its waiters per
 model-hash bucket so that the others skip a scan when it has none. A process hands a freed slot
 to its own head only when that head is first in the order over every process's waiters. When it
 is not, the first waiter (on another process) gets GRACE_SECONDS to take the slot; after that,
@@ -72,12 +72,12 @@ about 45 µs (2 processes; 10 of them the grant lock and the hold); one that mus
 every process's entries once (0.5-1 µs an entry), and so does a grant while another process has
 waiters.
 
-Failure modes. A process that dies leaves its file behind; the others ignore it and delete it
-when they see its pid gone (at most RESCAN_SECONDS later). Its waiters died with it, and what it
+Failure modes. A process that dies leaves its board behind; the others ignore it and remove it
+when they see it gone (gateway.boards, at most a rescan later). Its waiters died with it, and what it
 had in flight, grants included, goes with its load file (gateway.load), so nothing stays
 counted. A process whose waiters have not written its heartbeat for STALE_SECONDS (hung, or its
 pid reused by another program) is not waited for. Those seconds, and a grace, are counted in the
-judge's own beats, a gap between two counting PAUSE_SECONDS at most: when the machine stops for a
+judge's own beats, a gap between two counting boards.PAUSE_SECONDS at most: when the machine stops for a
 second (a loaded host, a long garbage collection), or the judge does while it holds the grant
 lock that the others' dispatchers wait at, unable to beat, nobody is taken for hung for it. A
 process stopped alone still loses its turn after the grace, and its waiters are skipped after
@@ -104,7 +104,6 @@ import hashlib
 import heapq
 import itertools
 import math
-import mmap
 import os
 import struct
 import time
@@ -114,8 +113,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from . import conf, errors
-from .load import map_own_file, other_processes_files, process_alive
+from . import boards, conf, errors
 from .routing import Balancer, Candidate, Hold
 
 # How long the first waiter, on another process, has to take a freed slot before this
@@ -125,14 +123,9 @@ GRACE_SECONDS = 0.05
 # How often a process with waiters looks for slots freed by the other processes (its own
 # frees wake it at once).
 POLL_SECONDS = 0.01
-# How often the folder is listed again for processes that started or stopped.
-RESCAN_SECONDS = 1.0
-# A process whose waiters have not written its heartbeat for this long is not waited for.
+# A process whose waiters have not written its heartbeat for this long is not waited for
+# (counted in this process's own beats: see gateway.boards.PAUSE_SECONDS).
 STALE_SECONDS = 1.0
-# Of a gap between two of a process's own beats, the most that counts towards another's
-# STALE_SECONDS or grace: its beats come every poll, a loaded loop's lag included; a longer gap
-# means it was not running (nor, perhaps, was the machine), and the others could not beat either.
-PAUSE_SECONDS = 0.1
 # Requests, waiting or in service, one process's file holds.
 ENTRIES = 8192
 # Models' queues a process keeps (one per model asked for); past this, the idle ones are dropped.
@@ -149,18 +142,18 @@ MIN_SHARE = 1e-6
 # Bounds of the Retry-After sent with a refusal.
 RETRY_AFTER_MIN, RETRY_AFTER_MAX = 1, 60
 
-_MAGIC = 0x32_71_66_77_67_6D_6C_6C  # "llmgwfq2"
-_HEADER = struct.Struct("<qdq")  # magic, heartbeat (time.monotonic()), entries in use (high water)
-_HEADER_BYTES = 64
+# A board's body: the entries in use (the high water), BUCKETS counts of waiters, ENTRIES entries.
+_LAYOUT = 1
+_USED = struct.Struct("<q")
 _BUCKET = struct.Struct("<q")
 # model hash, flow (key), member (user) and top (team, or the user) hashes, start, finish, the
 # key's weight, the person's, arrival ns, state
 _ENTRY = struct.Struct("<qqqqddddqq")
 _TAGS = struct.Struct("<dd")
 _TAGS_OFFSET, _ORDER_OFFSET, _STATE_OFFSET = 32, 64, 72
-_BUCKETS_AT = _HEADER_BYTES
+_BUCKETS_AT = 64
 _ENTRIES_AT = _BUCKETS_AT + BUCKETS * _BUCKET.size
-FILE_BYTES = _ENTRIES_AT + ENTRIES * _ENTRY.size
+BOARD_BYTES = _ENTRIES_AT + ENTRIES * _ENTRY.size
 
 FREE, WAITING, SERVED = 0, 1, 2
 
@@ -291,35 +284,22 @@ class _Board:
     machine read them (a bytearray of its own when there is no folder)."""
 
     def __init__(self, folder: Path | None, pid: int) -> None:
-        self.folder = folder
+        self.shared = boards.Board(folder, "queue", BOARD_BYTES, layout=_LAYOUT, pid=pid)
         self.pid = pid
-        self._file: Path | None = None
-        self._map: mmap.mmap | None = None
-        self._buffer: Any = bytearray(FILE_BYTES)
-        if folder is not None:
-            folder.mkdir(parents=True, exist_ok=True)
-            self._file = folder / f"queue-{pid}"
-            self._map = map_own_file(self._file, FILE_BYTES)
-            self._buffer = self._map
         self._spare: list[int] = []  # freed entries below the high water, reused first
         self._used = 0
-        self._heartbeat = time.monotonic()
-        # The seconds this process has been running, as its beats tell (see beat): what the
-        # others' heartbeats and a grace are judged by.
-        self.awake = 0.0
-        _HEADER.pack_into(self._buffer, 0, _MAGIC, self._heartbeat, 0)
-        self._others: dict[int, mmap.mmap] = {}
-        # Per other board: the heartbeat last read there, and `awake` when it last changed.
-        self._heard: dict[int, tuple[float, float]] = {}
-        self._scanned_at = -RESCAN_SECONDS
         self.granting = _GrantLock(folder / "grants.lock" if folder is not None else None)
+
+    @property
+    def awake(self) -> float:
+        """The seconds this process has been running, as its beats tell: what the others'
+        heartbeats and a grace are judged by."""
+        return self.shared.awake
 
     # writing (this process only)
 
     def beat(self, now: float) -> None:
-        self.awake += min(max(0.0, now - self._heartbeat), PAUSE_SECONDS)
-        self._heartbeat = now
-        _HEADER.pack_into(self._buffer, 0, _MAGIC, now, self._used)
+        self.shared.beat(now)
 
     def add(self, waiter: _Waiter, state: int) -> int | None:
         """Write a waiter's entry; its index, or None when the file is full."""
@@ -332,32 +312,34 @@ class _Board:
         # Everything but the state first: a reader takes an entry by its state.
         at = _ENTRIES_AT + index * _ENTRY.size
         model = waiter.model_hash
-        _ENTRY.pack_into(self._buffer, at, model, waiter.flow_hash, waiter.member_hash,
+        _ENTRY.pack_into(self.shared.body, at, model, waiter.flow_hash, waiter.member_hash,
                          waiter.top_hash, waiter.start, waiter.finish, waiter.weight,
                          waiter.person,
                          waiter.order, FREE)  # fmt: skip
         if state == WAITING:
             self._bucket_add(model, 1)
-        _BUCKET.pack_into(self._buffer, at + _STATE_OFFSET, state)
+        _BUCKET.pack_into(self.shared.body, at + _STATE_OFFSET, state)
         if index >= self._used:
             self._used = index + 1
+            _USED.pack_into(self.shared.body, 0, self._used)
         self.beat(time.monotonic())
         return index
 
     def retag(self, waiter: _Waiter) -> None:
         """Write a waiter's new place in the order (start, finish, arrival) over its entry's."""
         at = _ENTRIES_AT + waiter.index * _ENTRY.size  # type: ignore[operator]
-        _TAGS.pack_into(self._buffer, at + _TAGS_OFFSET, waiter.start, waiter.finish)
-        _BUCKET.pack_into(self._buffer, at + _ORDER_OFFSET, waiter.order)
+        _TAGS.pack_into(self.shared.body, at + _TAGS_OFFSET, waiter.start, waiter.finish)
+        _BUCKET.pack_into(self.shared.body, at + _ORDER_OFFSET, waiter.order)
 
     def serve(self, index: int, model: int) -> None:
-        _BUCKET.pack_into(self._buffer, _ENTRIES_AT + index * _ENTRY.size + _STATE_OFFSET, SERVED)
+        at = _ENTRIES_AT + index * _ENTRY.size + _STATE_OFFSET
+        _BUCKET.pack_into(self.shared.body, at, SERVED)
         self._bucket_add(model, -1)
 
     def remove(self, index: int, model: int) -> None:
         at = _ENTRIES_AT + index * _ENTRY.size + _STATE_OFFSET
-        (state,) = _BUCKET.unpack_from(self._buffer, at)
-        _BUCKET.pack_into(self._buffer, at, FREE)
+        (state,) = _BUCKET.unpack_from(self.shared.body, at)
+        _BUCKET.pack_into(self.shared.body, at, FREE)
         if state == WAITING:
             self._bucket_add(model, -1)
         heapq.heappush(self._spare, index)
@@ -367,43 +349,33 @@ class _Board:
                 self._used -= 1
             self._spare = [i for i in self._spare if i < self._used]
             heapq.heapify(self._spare)
-        _HEADER.pack_into(self._buffer, 0, _MAGIC, self._heartbeat, self._used)
+        _USED.pack_into(self.shared.body, 0, self._used)
 
     def _state(self, index: int) -> int:
         at = _ENTRIES_AT + index * _ENTRY.size + _STATE_OFFSET
-        return int(_BUCKET.unpack_from(self._buffer, at)[0])
+        return int(_BUCKET.unpack_from(self.shared.body, at)[0])
 
     def _bucket_add(self, model: int, delta: int) -> None:
         at = _BUCKETS_AT + (model % BUCKETS) * _BUCKET.size
-        (count,) = _BUCKET.unpack_from(self._buffer, at)
-        _BUCKET.pack_into(self._buffer, at, max(0, count + delta))
+        (count,) = _BUCKET.unpack_from(self.shared.body, at)
+        _BUCKET.pack_into(self.shared.body, at, max(0, count + delta))
 
     # reading (every process's board, this one's included)
 
     def _boards(self, now: float) -> list[tuple[int, Any, bool]]:
-        """(pid, buffer, whether its waiters count) for this process and every live other."""
-        if self.folder is not None and now - self._scanned_at >= RESCAN_SECONDS:
-            self._rescan(now)
-        boards: list[tuple[int, Any, bool]] = [(self.pid, self._buffer, True)]
-        for pid, buffer in self._others.items():
-            magic, heartbeat, _ = _HEADER.unpack_from(buffer, 0)
-            if magic != _MAGIC:
-                continue
-            heard = self._heard.get(pid)
-            if heard is None:
-                # Read for the first time: as old as its clock says.
-                heard = (heartbeat, self.awake - max(0.0, now - heartbeat))
-            elif heard[0] != heartbeat:
-                heard = (heartbeat, self.awake)
-            self._heard[pid] = heard
-            boards.append((pid, buffer, self.awake - heard[1] <= STALE_SECONDS))
-        return boards
+        """(pid, body, whether its waiters count) for this process and every live other."""
+        shared = self.shared
+        shared.rescan(now)
+        found: list[tuple[int, Any, bool]] = [(self.pid, shared.body, True)]
+        for pid, other in shared.others.items():
+            found.append((pid, other.body, shared.fresh(other, now, STALE_SECONDS)))
+        return found
 
     @staticmethod
-    def _entries(buffer: Any) -> Any:
-        (used,) = struct.unpack_from("<q", buffer, 16)
+    def _entries(body: Any) -> Any:
+        (used,) = _USED.unpack_from(body, 0)
         used = max(0, min(int(used), ENTRIES))
-        return _ENTRY.iter_unpack(buffer[_ENTRIES_AT : _ENTRIES_AT + used * _ENTRY.size])
+        return _ENTRY.iter_unpack(bytes(body[_ENTRIES_AT : _ENTRIES_AT + used * _ENTRY.size]))
 
     @staticmethod
     def _has_waiters(buffer: Any, model: int) -> bool:
@@ -455,41 +427,9 @@ class _Board:
                         first = mark
         return first
 
-    def _rescan(self, now: float) -> None:
-        self._scanned_at = now
-        assert self.folder is not None
-        seen: set[int] = set()
-        for pid, path in other_processes_files(self.folder, "queue", self.pid):
-            if not process_alive(pid):
-                # Its waiters died with it: nothing to wait for, nothing to hand on.
-                with contextlib.suppress(OSError):
-                    path.unlink()
-                continue
-            seen.add(pid)
-            if pid not in self._others:
-                opened = _open_for_reading(path)
-                if opened is not None:
-                    self._others[pid] = opened
-        for pid in [p for p in self._others if p not in seen]:
-            self._others.pop(pid).close()
-            self._heard.pop(pid, None)
-
     def close(self) -> None:
-        # What runs after this writes to memory of its own and reads nobody's.
-        self.folder = None
-        for buffer in self._others.values():
-            buffer.close()
-        self._others.clear()
-        self._heard.clear()
         self.granting.close()
-        if self._map is not None:
-            self._map.close()
-            self._map = None
-            self._buffer = bytearray(FILE_BYTES)
-        if self._file is not None:
-            with contextlib.suppress(OSError):
-                self._file.unlink()
-            self._file = None
+        self.shared.close()
 
 
 class _GrantLock:
@@ -518,42 +458,19 @@ class _GrantLock:
             os.close(handle)
 
 
-def _open_for_reading(path: Path) -> mmap.mmap | None:
-    try:
-        handle = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        if os.fstat(handle).st_size < FILE_BYTES:
-            return None  # still being created
-        return mmap.mmap(handle, FILE_BYTES, prot=mmap.PROT_READ)
-    finally:
-        os.close(handle)
-
-
 def waiting_on_machine(folder: Path, models: Sequence[str]) -> dict[str, int]:
     """Requests waiting per model in every live gateway process's queue under `folder`, read
     without a board of one's own (for a process that queues nothing: the web's model page)."""
     hashes = {name_hash(model): model for model in models}
     counts = dict.fromkeys(models, 0)
     now = time.monotonic()
-    for path in folder.glob("queue-*"):
-        try:
-            pid = int(path.name.removeprefix("queue-"))
-        except ValueError:
-            continue
-        buffer = _open_for_reading(path) if process_alive(pid) else None
-        if buffer is None:
-            continue
-        try:
-            magic, heartbeat, _ = _HEADER.unpack_from(buffer, 0)
-            if magic != _MAGIC or now - heartbeat > STALE_SECONDS:
+    with boards.reading(folder, "queue", BOARD_BYTES, layout=_LAYOUT) as found:
+        for other in found:
+            if now - other.heartbeat > STALE_SECONDS:
                 continue
-            for model_hash, *_, state in _Board._entries(buffer):
+            for model_hash, *_, state in _Board._entries(other.body):
                 if state == WAITING and model_hash in hashes:
                     counts[hashes[model_hash]] += 1
-        finally:
-            buffer.close()
     return counts
 
 
@@ -1076,15 +993,6 @@ def _stop_waiting(q: _ModelQueue, waiter: _Waiter) -> None:
         waiting.discard(waiter)
         if not waiting:
             del q.waiting_of[waiter.member_hash]
-
-
-def _weight_of(value: float | tuple[int, float]) -> float:
-    return value[1] if isinstance(value, tuple) else value
-
-
-def _bound(given: int | None, queue: int | None, setting: Callable[[], int]) -> int:
-    """A share's bound: the one given, else the queue's when that is given, else the setting."""
-    return given if given is not None else queue if queue is not None else setting()
 
 
 def _weight_of(value: float | tuple[int, float]) -> float:

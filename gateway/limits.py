@@ -1,16 +1,16 @@
 """Per-key and per-team limits, counted across every gateway process of this machine.
 
-What a key or team may use (gateway.models.LimitFields) is held in memory (gateway.state);
+What a key or team may use (access.models.LimitFields) is held in memory (gateway.state);
 this module counts what is used against it and decides, for one request, before any replica
 is chosen: in the order checked, the key's then its team's requests in flight, requests per
 minute, tokens per minute, tokens today and tokens this month (UTC).
 
-Counting. Each gateway process writes its counts into a memory-mapped file of its own under
-VAR_DIR/gateway-limits (one writer per file, as gateway.load does), and a check adds up every
-live process's file. A check and the count it admits are made under one lock (flock on a file
+Counting. Each gateway process writes its counts into its board under VAR_DIR/gateway-limits
+(gateway.boards: a file of its own, read by the others), and a check adds up every live
+process's. A check and the count it admits are made under one lock (flock on a file
 in the folder, held for microseconds), so two processes cannot both admit the last request a
 limit allows: the limits are exact across the processes of one machine. A process that dies
-takes its file with it (dropped by the next process that looks): what it had in flight stops
+takes its board with it (removed by the next process that looks): what it had in flight stops
 counting at once, as the requests did.
 
 - Requests in flight: one counter per key and team, up on admission, down when the request
@@ -64,9 +64,9 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Case, CharField, F, IntegerField, Q, Sum, Value, When
 
-from . import conf
-from .load import map_own_file, other_processes_files, process_alive
-from .models import KeyUsageDay
+from access.models import KeyUsageDay
+
+from . import boards, conf
 from .redislimits import Counted, Decided, RedisLimits, read_use
 
 log = logging.getLogger("llmgw.gateway")
@@ -81,16 +81,14 @@ STAMPS = 7
 REQUESTS = STAMPS + BUCKETS
 TOKENS = REQUESTS + BUCKETS
 WIDTH = TOKENS + BUCKETS
-FILE_BYTES = (SLOTS + 1) * WIDTH * 8  # the first slot's place holds the header
-HEADER = WIDTH  # slot indexes are offset by one slot: the header comes first
-# The header: int64 0 the writer's name's length, bytes 8-72 the name, int64 10 when the
-# writing process started (a file whose pid now names another process is a dead one's).
+BOARD_BYTES = (SLOTS + 1) * WIDTH * 8  # the first slot's place holds the writer's name
+HEADER = WIDTH  # slot indexes are offset by one slot: the writer's name comes first
+# int64 0 the length of the name of the traffic book's writer (Budgets), bytes 8-72 the name.
 WRITER_BYTES = 64
-STARTED = 10
-RESCAN_SECONDS = 1.0
-# Each process's file is FILE_PREFIX-PID. The prefix names the layout: a file of another layout
+# Each process's board is FILE_PREFIX-PID. The prefix names the layout: a file of another layout
 # (a process of another version, during an upgrade) is neither read nor dropped.
-FILE_PREFIX = "limits-v2"
+FILE_PREFIX = "limits-v3"
+LAYOUT = 3
 # What a request reserves for its prompt beyond its body's bytes (see `reservation`).
 TEMPLATE_TOKENS = 64
 
@@ -263,7 +261,7 @@ class Base:
 class Budgets:
     """Tokens used today and this month (UTC), for keys and teams with a budget.
 
-    The traffic book (gateway.traffic) of every gateway process writes each key's tokens per
+    The traffic book (access.traffic) of every gateway process writes each key's tokens per
     model and day as its own rows (`writer`), with the absolute totals it holds, every few
     seconds. A budget counts every writer once:
 
@@ -462,15 +460,11 @@ class SharedCounters:
             os.ftruncate(self._lock_handle, 8)
         self._generation_map = mmap.mmap(self._lock_handle, 8)
         self._generation = memoryview(self._generation_map).cast("q")
-        self._file = folder / f"{FILE_PREFIX}-{self.pid}"
-        self._map = map_own_file(self._file, FILE_BYTES)
-        self._mine = memoryview(self._map).cast("q")
-        self._mine[STARTED] = process_started(self.pid)
+        self.board = boards.Board(folder, FILE_PREFIX, BOARD_BYTES, layout=LAYOUT, fmt="q", pid=pid)
+        self._mine = self.board.body
         self._writer = ""
         self.set_writer(writer)
         self._slots: dict[int, int] = {}  # tag -> own slot
-        self._others: dict[int, tuple[mmap.mmap, memoryview, str]] = {}
-        self._scanned_at = float("-inf")
         self._seen_generation = -1
         self._calendar = (-1, date.min, 0, 0)  # bucket -> (today, its ordinal, month index)
         self._bump_generation()
@@ -485,7 +479,7 @@ class SharedCounters:
         if writer == self._writer:
             return
         raw = writer.encode()[:WRITER_BYTES]
-        self._map[8 : 8 + WRITER_BYTES] = raw.ljust(WRITER_BYTES, b"\0")
+        self._mine[1 : 1 + WRITER_BYTES // 8] = memoryview(raw.ljust(WRITER_BYTES, b"\0")).cast("q")
         self._mine[0] = len(raw)
         self._writer = writer
 
@@ -536,29 +530,14 @@ class SharedCounters:
 
     def _rescan(self, now: float) -> None:
         generation = self._generation[0]
-        if generation == self._seen_generation and now - self._scanned_at < RESCAN_SECONDS:
-            return
-        self._seen_generation, self._scanned_at = generation, now
-        seen: set[int] = set()
-        for pid, path in other_processes_files(self.folder, FILE_PREFIX, self.pid):
-            if not _writer_alive(path, pid):
-                if pid in self._others:
-                    _close(*self._others.pop(pid)[:2])
-                _drop(path)
-                self._generation[0] += 1  # under the lock: a check rescans under it
-                continue
-            seen.add(pid)
-            if pid not in self._others:
-                opened = _open_for_reading(path)
-                if opened is not None:
-                    self._others[pid] = opened
-        for pid in [p for p in self._others if p not in seen]:
-            _close(*self._others.pop(pid)[:2])
+        changed, self._seen_generation = generation != self._seen_generation, generation
+        if self.board.rescan(now, force=changed):
+            self._generation[0] += 1  # files removed; under the lock: a check rescans under it
 
-    def _views(self) -> Iterable[tuple[memoryview, str]]:
-        yield self._mine, self._writer
-        for _, view, writer in self._others.values():
-            yield view, writer
+    def _views(self) -> Iterable[memoryview]:
+        yield self._mine
+        for other in self.board.others.values():
+            yield other.body
 
     def _use(self, tag: int, bucket: int, day: int, month: int, *, local: bool = True) -> _Use:
         """What every live process counted for `tag`; with `local`, also each writer's tokens
@@ -566,7 +545,7 @@ class SharedCounters:
         use = _Use(0, 0, [0] * BUCKETS, [0] * BUCKETS, {})
         requests, tokens = use.requests, use.tokens
         home = zlib.crc32(tag.to_bytes(8, "little")) % SLOTS
-        for view, writer in self._views():
+        for view in self._views():
             base = _find(view, tag, home)
             if base is None:
                 continue
@@ -580,7 +559,8 @@ class SharedCounters:
                 if 0 <= age < BUCKETS:
                     requests[age] += asked
                     tokens[age] += used
-            if local and writer:
+            writer = (self._writer if view is self._mine else _writer_in(view)) if local else ""
+            if writer:
                 day_tokens = row[DAY_TOKENS] if row[DAY] == day else 0
                 month_tokens = row[MONTH_TOKENS] if row[MONTH] == month else 0
                 had = use.local.get(writer, (0, 0))
@@ -590,15 +570,8 @@ class SharedCounters:
     def writers(self) -> list[str]:
         """The traffic-book writers of this machine's live gateway processes (from any thread)."""
         names = [self._writer] if self._writer else []
-        for pid, path in other_processes_files(self.folder, FILE_PREFIX, self.pid):
-            if not _writer_alive(path, pid):
-                continue
-            with contextlib.suppress(OSError, ValueError):
-                with path.open("rb") as handle:
-                    head = handle.read(8 + WRITER_BYTES)
-                length = int.from_bytes(head[:8], "little")
-                if 0 < length <= WRITER_BYTES:
-                    names.append(head[8 : 8 + length].decode())
+        with _boards_in(self.folder, skip=self.pid) as found:
+            names += [name for other in found if (name := _writer_in(other.body))]
         return names
 
     # -- the decision ----------------------------------------------------------------------
@@ -687,12 +660,9 @@ class SharedCounters:
         # the limits stay exact. Otherwise, and when the folder's files changed, the check is
         # made again under the lock.
         monotonic = time.monotonic()
-        if (
-            self._generation[0] == self._seen_generation
-            and monotonic - self._scanned_at < RESCAN_SECONDS
-        ):
+        if self._generation[0] == self._seen_generation and not self.board.due(monotonic):
             done = self._decide(subjects, bucket, day, month, today, now, budgets, wider,
-                                reserve, slack=len(self._others))  # fmt: skip
+                                reserve, slack=len(self.board.others))  # fmt: skip
             if done is not None:
                 return self._decided(done, decided, bucket)
         fcntl.flock(self._lock_handle, fcntl.LOCK_EX)
@@ -845,12 +815,7 @@ class SharedCounters:
         self.closed = True
         if self.remote is not None:
             self.remote.close()
-        for view_map, view, _ in self._others.values():
-            _close(view_map, view)
-        self._others.clear()
-        self._mine.release()
-        self._map.close()
-        _drop(self._file)
+        self.board.close()
         self._bump_generation()
         self._generation.release()
         self._generation_map.close()
@@ -907,20 +872,7 @@ def _refusal(
     into_bucket = now % BUCKET_SECONDS
 
     if limits.max_parallel is not None and use.in_flight >= limits.max_parallel:
-        # Where its per-minute limits stand, this request not counted (it is not).
-        standing: dict[str, tuple[int, int, float]] = {}
-        for kind, limit, by_age in (
-            ("requests", limits.rpm, use.requests),
-            ("tokens", limits.tpm, use.tokens),
-        ):
-            if limit is not None:
-                used = sum(by_age)
-                reset = _frees_in(by_age, used, into_bucket) if used else 0.0
-                standing[kind] = (limit, limit - used, reset)
-        return Refused(
-            "max_parallel", whose, team, limits.max_parallel, use.in_flight, 1.0,
-            _headers(standing),
-        )  # fmt: skip
+        return _parallel_refusal(limits, whose, team, use, into_bucket)
     if limits.max_parallel is not None and use.in_flight + slack >= limits.max_parallel:
         return _UNSURE
     if limits.rpm is not None:
@@ -978,6 +930,26 @@ def _refusal(
     return None
 
 
+def _parallel_refusal(
+    limits: Limits, whose: str, team: str, use: _Use, into_bucket: float
+) -> Refused:
+    """Refused for its requests in flight, with where its per-minute limits stand (this
+    request not counted: it is not)."""
+    standing: dict[str, tuple[int, int, float]] = {}
+    for kind, limit, by_age in (
+        ("requests", limits.rpm, use.requests),
+        ("tokens", limits.tpm, use.tokens),
+    ):
+        if limit is not None:
+            used = sum(by_age)
+            reset = _frees_in(by_age, used, into_bucket) if used else 0.0
+            standing[kind] = (limit, limit - used, reset)
+    max_parallel = limits.max_parallel or 0
+    return Refused(
+        "max_parallel", whose, team, max_parallel, use.in_flight, 1.0, _headers(standing)
+    )
+
+
 # _refusal's answer where only the lock can decide.
 _UNSURE = Refused("", "", "", 0, 0, 0.0)
 
@@ -1014,57 +986,20 @@ def _headers(figures: dict[str, tuple[int, int, float]]) -> tuple[tuple[str, str
     return tuple(out)
 
 
-def process_started(pid: int) -> int:
-    """When process `pid` started, in clock ticks since boot (Linux); 0 where unknown."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-        return int(fields[19])  # the 22nd field; the first two are before the ")"
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def _writer_alive(path: Path, pid: int) -> bool:
-    """Whether the process that wrote `path` still runs: its pid exists and, where the file
-    says when its writer started, that is when the process with that pid started (a pid
-    taken again by another process would otherwise keep a crashed gateway's requests in
-    flight for ever)."""
-    if not process_alive(pid):
-        return False
-    try:
-        with path.open("rb") as handle:
-            handle.seek(STARTED * 8)
-            started = int.from_bytes(handle.read(8), "little")
-    except OSError:
-        return False
-    return started == 0 or started == process_started(pid)
-
-
-def _open_for_reading(path: Path) -> tuple[mmap.mmap, memoryview, str] | None:
-    try:
-        handle = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        if os.fstat(handle).st_size < FILE_BYTES:
-            return None  # still being created
-        view_map = mmap.mmap(handle, FILE_BYTES, prot=mmap.PROT_READ)
-    finally:
-        os.close(handle)
-    view = memoryview(view_map).cast("q")
+def _writer_in(view: memoryview) -> str:
+    """The traffic book's writer whose rows a board's tokens are ("" where it names none)."""
     length = view[0]
-    writer = view_map[8 : 8 + length].decode(errors="replace") if 0 < length <= 64 else ""
-    return view_map, view, writer
+    if not 0 < length <= WRITER_BYTES:
+        return ""
+    return view[1 : 1 + WRITER_BYTES // 8].tobytes()[:length].decode(errors="replace")
 
 
-def _close(view_map: mmap.mmap, view: memoryview) -> None:
-    view.release()
-    view_map.close()
-
-
-def _drop(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        path.unlink()
+def _boards_in(
+    folder: Path, skip: int = -1
+) -> contextlib.AbstractContextManager[list[boards.Other]]:
+    """Every live process's board under `folder` (but `skip`'s), mapped while the block runs:
+    read without the lock, from any thread."""
+    return boards.reading(folder, FILE_PREFIX, BOARD_BYTES, layout=LAYOUT, fmt="q", skip=skip)
 
 
 # -- what the web shows: use now, read from the gateway processes' files ----------------------
@@ -1109,14 +1044,8 @@ def live_use(
     if not wanted or not folder.is_dir():
         return found
     totals = {tag: [0, 0, 0] for tag in wanted}
-    for pid, path in other_processes_files(folder, FILE_PREFIX, -1):
-        if not _writer_alive(path, pid):
-            continue
-        opened = _open_for_reading(path)
-        if opened is None:
-            continue
-        view_map, view, _ = opened
-        try:
+    with _boards_in(folder) as files:
+        for view in (other.body for other in files):
             for tag, total in totals.items():
                 base = _find(view, tag, zlib.crc32(tag.to_bytes(8, "little")) % SLOTS)
                 if base is None:
@@ -1126,8 +1055,6 @@ def live_use(
                     if 0 <= bucket - view[base + STAMPS + index] < BUCKETS:
                         total[1] += view[base + REQUESTS + index]
                         total[2] += view[base + TOKENS + index]
-        finally:
-            _close(view_map, view)
     for tag, (in_flight, requests, tokens) in totals.items():
         found[wanted[tag]] = LiveUse(in_flight, requests, tokens)
     return found

@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.metrics import created, prepare
+from core.metrics import ControlPlaneFigures, created, prepare
 
 from . import conf
-from .load import process_alive
+from .boards import process_alive
 
 
 @dataclass(frozen=True)
@@ -35,14 +35,6 @@ class EngineFigures:
     replica: str
     node: str
     numbers: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class ControlPlaneFigures:
-    """The control plane's state as /metrics shows it (gateway.selectors reads it)."""
-
-    rollouts: dict[str, int]  # state -> rollouts in it
-    heartbeat_ages: dict[str, float | None]  # node -> seconds since its last heartbeat
 
 
 # Seconds, from a tiny model's few milliseconds to a long generation.
@@ -107,298 +99,364 @@ def metrics() -> Metrics:
     return _metrics
 
 
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric of the board: the Metrics attribute the code counts through, and what a
+    scrape shows (its name, type, help and labels)."""
+
+    attribute: str
+    kind: str  # "counter", "gauge" or "histogram"
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None  # histograms only
+    # Gauges only: how the processes' values add up in multiprocess mode.
+    multiprocess_mode: str | None = None
+
+
+# Every metric of the gateway, in the order a scrape shows them. The names, types and labels are
+# what dashboards and alerts query: tests/gateway/test_metrics_table.py holds them.
+GATEWAY_METRICS = (
+    MetricSpec(
+        "requests",
+        "counter",
+        "llmgw_gateway_requests",
+        "Requests to /v1/, by the name asked for, the model that answered "
+        "(a fallback, or empty when none did), endpoint and HTTP status.",
+        labels=("model", "answered_by", "endpoint", "status"),
+    ),
+    MetricSpec(
+        "latency",
+        "histogram",
+        "llmgw_gateway_request_duration_seconds",
+        "From the request's arrival to the last byte of the answer (waits for a replica included).",
+        labels=("model", "endpoint"),
+        buckets=LATENCY_BUCKETS,
+    ),
+    MetricSpec(
+        "tokens",
+        "counter",
+        "llmgw_gateway_tokens",
+        "Tokens by the model that computed them; kind is prompt or completion. "
+        "A stream counts what the engine said its answers had; one cut short, its prompt "
+        "and a completion token per event sent (gateway.proxy.StreamTally).",
+        labels=("model", "kind"),
+    ),
+    MetricSpec(
+        "in_flight",
+        "gauge",
+        "llmgw_gateway_requests_in_flight",
+        "Requests being answered now, by the name asked for.",
+        labels=("model",),
+        multiprocess_mode="livesum",
+    ),
+    MetricSpec(
+        "fallbacks",
+        "counter",
+        "llmgw_gateway_fallbacks",
+        "Requests answered by a fallback because the model asked for had no ready replica.",
+        labels=("model", "fallback"),
+    ),
+    MetricSpec(
+        "retries",
+        "counter",
+        "llmgw_gateway_retries",
+        "Requests sent again to another replica after the first one went away.",
+        labels=("model",),
+    ),
+    MetricSpec(
+        "refused",
+        "counter",
+        "llmgw_gateway_refused",
+        "Requests the gateway's HTTP protocol refused before any application saw them, by "
+        "reason: head_too_large, too_many_headers, head_timeout (431, 431, 408), "
+        "odd_request_line, bad_request, bad_chunked_body (400), too_many_connections "
+        "(closed unread).",
+        labels=("reason",),
+    ),
+    MetricSpec(
+        "queue_seconds",
+        "histogram",
+        "llmgw_gateway_queue_seconds",
+        "Seconds a request waited in the gateway's fair queue for a free slot (0 when one was "
+        "free), by model and outcome: served, timeout (503), full (429), gone (hung up).",
+        labels=("model", "outcome"),
+        buckets=LATENCY_BUCKETS,
+    ),
+    MetricSpec(
+        "queue_depth",
+        "gauge",
+        "llmgw_gateway_queue_depth",
+        "Requests waiting in the gateway's fair queue for a free slot of the model, every "
+        "gateway process of the machine together.",
+        labels=("model",),
+        multiprocess_mode="livesum",
+    ),
+    MetricSpec(
+        "forward_held",
+        "gauge",
+        "llmgw_gateway_forward_body_bytes",
+        "Bytes of request bodies for the web process held now (bounded per process by "
+        "LLMGW_GATEWAY_FORWARD_MEMORY).",
+        multiprocess_mode="livesum",
+    ),
+    MetricSpec(
+        "forward_reading",
+        "gauge",
+        "llmgw_gateway_forward_bodies_reading",
+        "Request bodies for the web process being read now, however few of their bytes "
+        "have come (each within LLMGW_GATEWAY_BODY_DEADLINE and LLMGW_GATEWAY_BODY_MIN_RATE).",
+        multiprocess_mode="livesum",
+    ),
+    MetricSpec(
+        "forward_clients",
+        "gauge",
+        "llmgw_gateway_forward_clients_entries",
+        "Client addresses whose request bodies for the web a gateway process holds bytes of "
+        "now, each within LLMGW_GATEWAY_FORWARD_PER_CLIENT (at most one per open "
+        "connection, LLMGW_GATEWAY_MAX_CONNECTIONS).",
+        multiprocess_mode="livemax",
+    ),
+    MetricSpec(
+        "forward_refused",
+        "counter",
+        "llmgw_gateway_forward_refused",
+        "Requests for the web process refused while their body was read, by reason: budget "
+        "(503: LLMGW_GATEWAY_FORWARD_MEMORY is full, less its reserve for a big body), "
+        "reserve (503: full, reserve included), client_share (503: the client address's "
+        "LLMGW_GATEWAY_FORWARD_PER_CLIENT), pause, deadline, rate (408: "
+        "LLMGW_GATEWAY_BODY_TIMEOUT, _DEADLINE, _MIN_RATE), too_large (413).",
+        labels=("reason",),
+    ),
+    MetricSpec(
+        "forwarded_for_ignored",
+        "counter",
+        "llmgw_gateway_forwarded_for_ignored",
+        "Requests from a trusted proxy whose X-Forwarded-For named no address (the proxy's "
+        "own address was taken as the client's).",
+    ),
+    MetricSpec(
+        "keys_held",
+        "gauge",
+        "llmgw_gateway_keys_held",
+        "Gateway keys of active users held in memory by a gateway process (about 140 bytes "
+        "each; every process holds them all, capped by LLMGW_MAX_KEYS_PER_USER per user).",
+        multiprocess_mode="livemax",
+    ),
+    MetricSpec(
+        "key_refresh",
+        "histogram",
+        "llmgw_gateway_key_refresh_seconds",
+        "How long one read of the keys changed since the last read took.",
+        buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),
+    ),
+    MetricSpec(
+        "limited",
+        "counter",
+        "llmgw_gateway_limited",
+        "Requests refused by a key's or team's limit (subject: key or team), by limit: rpm, "
+        "tpm, max_parallel (429 rate_limit_exceeded), tokens_per_day, tokens_per_month (429 "
+        "insufficient_quota), expired (401), slots (503: this process's limit counters are "
+        "all held, see llmgw_gateway_limit_slots_held).",
+        labels=("limit", "subject"),
+    ),
+    MetricSpec(
+        "keys_limited",
+        "gauge",
+        "llmgw_gateway_keys_limited",
+        "Gateway keys with limits, a team, an expiry or a weight, held in memory beside the "
+        "keys themselves (a few hundred bytes each).",
+        multiprocess_mode="livemax",
+    ),
+    MetricSpec(
+        "limit_slots_held",
+        "gauge",
+        "llmgw_gateway_limit_slots_held",
+        "Keys and teams with limits this process counts in its shared-memory file (at most "
+        "gateway.limits.SLOTS each; a slot is given up when idle a minute and unused this month).",
+        multiprocess_mode="livemax",
+    ),
+    MetricSpec(
+        "limits_redis_errors",
+        "counter",
+        "llmgw_gateway_limits_redis_errors",
+        "Calls to Redis for the limits over several machines that failed (no answer within "
+        "0.25 s, or refused); after one, the process counts alone for 5 s.",
+    ),
+    MetricSpec(
+        "limits_redis_dropped",
+        "counter",
+        "llmgw_gateway_limits_redis_dropped",
+        "Ends of requests not written to Redis because the queue of them was full (100,000 "
+        "per process): each stays counted in flight until its process's name expires there.",
+    ),
+    MetricSpec(
+        "limits_redis_fallback",
+        "counter",
+        "llmgw_gateway_limits_redis_fallback",
+        "Requests of keys and teams counted in Redis (limited per minute or in flight) decided "
+        "while Redis could not be reached, by LLMGW_LIMITS_REDIS_FALLBACK: alone (by this "
+        "machine's own counts) or refuse (503).",
+        labels=("fallback",),
+    ),
+    MetricSpec(
+        "limits_redis_down",
+        "gauge",
+        "llmgw_gateway_limits_redis_down",
+        "1 while a gateway process finds Redis unreachable for the limits and lets "
+        "LLMGW_LIMITS_REDIS_FALLBACK decide; 0 once it reaches it again.",
+        multiprocess_mode="livemax",
+    ),
+    MetricSpec(
+        "database_up",
+        "gauge",
+        "llmgw_gateway_database_up",
+        "1 when every gateway process reached the database at its last look, 0 while one "
+        "serves from memory because it cannot (keys, models and replicas as last read).",
+        multiprocess_mode="livemin",
+    ),
+    MetricSpec(
+        "database_outages",
+        "counter",
+        "llmgw_gateway_database_outages",
+        "Times a gateway process lost the database; what requests leave to write (traffic "
+        "figures, last uses, idle clocks) is kept and written when it is back.",
+    ),
+    MetricSpec(
+        "replica_names",
+        "gauge",
+        "llmgw_gateway_replica_names_entries",
+        "Replicas whose last name served (a base model or an adapter) a gateway process "
+        "remembers, to break ties towards the replica that will not switch (at most "
+        "gateway.routing.MAX_REMEMBERED_REPLICAS, 1,000; past that the replicas with "
+        "nothing in flight from the process are forgotten).",
+        multiprocess_mode="livemax",
+    ),
+    MetricSpec(
+        "traffic_entries",
+        "gauge",
+        "llmgw_gateway_traffic_entries",
+        "Entries of traffic figures a gateway process holds until they are written and over: "
+        "minutes per model and revision, days per key and model, canary keys' minutes "
+        "(access.traffic.TrafficBook).",
+        multiprocess_mode="livemax",
+    ),
+    MetricSpec(
+        "key_uses_entries",
+        "gauge",
+        "llmgw_gateway_key_uses_entries",
+        "Key ids a gateway process holds to write their last use: used since its last write "
+        "(at most gateway.state.MAX_PENDING_USES, 100,000; past that a key's use waits for "
+        "its next one) and written in the last minute or two (at most "
+        "gateway.state.MAX_WRITTEN_USES, 100,000; past that the older half is forgotten).",
+        multiprocess_mode="livemax",
+    ),
+    MetricSpec(
+        "demand_entries",
+        "gauge",
+        "llmgw_gateway_demand_entries",
+        "On-demand models a gateway process holds to write their idle clock: at most two "
+        "entries per on-demand model of the catalog.",
+        multiprocess_mode="livemax",
+    ),
+    MetricSpec(
+        "snapshot_entries",
+        "gauge",
+        "llmgw_gateway_snapshot_entries",
+        "Rows of the routing snapshot a gateway process holds, keys aside "
+        "(llmgw_gateway_keys_held): catalog names, replicas in routing, teams, budgets, "
+        "unplaceable models and engines' figures; bounded by what the database holds.",
+        multiprocess_mode="livemax",
+    ),
+    MetricSpec(
+        "replicas_reread",
+        "counter",
+        "llmgw_gateway_replicas_reread",
+        "Replicas a gateway process read again because its periodic look (every 60 s, on "
+        "PostgreSQL) found their rows changed since it read them: a notification lost, or "
+        "not yet taken.",
+    ),
+    MetricSpec(
+        "nodes_held",
+        "gauge",
+        "llmgw_gateway_nodes_held",
+        "Nodes a gateway process holds to answer their renewals itself (fleet.renewals): "
+        "one small row per node the database holds, read again every second.",
+        multiprocess_mode="livemax",
+    ),
+    MetricSpec(
+        "node_requests_waiting",
+        "gauge",
+        "llmgw_gateway_node_requests_to_web",
+        "Nodes' requests a gateway process has on their way to the web process, in flight or "
+        "waiting for one of its connections (at most fleet.renewals.NODE_REQUESTS).",
+        multiprocess_mode="livesum",
+    ),
+    MetricSpec(
+        "node_requests_queued",
+        "gauge",
+        "llmgw_gateway_node_requests_queued",
+        "Nodes' requests a gateway process holds waiting for a place on the way to the web "
+        "(at most fleet.renewals.NODE_QUEUE, each for at most QUEUE_SECONDS).",
+        multiprocess_mode="livesum",
+    ),
+    MetricSpec(
+        "node_requests_shed",
+        "counter",
+        "llmgw_gateway_node_requests_shed",
+        "Nodes' whole reports and renewals a gateway process answered 503 (come back later) "
+        "instead of sending them to the web process, which had NODE_REQUESTS of them already and "
+        "NODE_QUEUE more waiting, or which gave it no place within QUEUE_SECONDS; "
+        "each node was renewed first, so none is lost for it.",
+    ),
+    MetricSpec(
+        "prefix_entries",
+        "gauge",
+        "llmgw_gateway_prefix_entries",
+        "Entries in use in the prefix table every gateway process of the machine shares "
+        "(a fixed table of gateway.prefix.TABLE_ENTRIES, 65,536; a new prefix overwrites "
+        "the one in its place). Counted when /metrics is read.",
+        multiprocess_mode="livemax",
+    ),
+    MetricSpec(
+        "queue_flows_entries",
+        "gauge",
+        "llmgw_gateway_queue_flows_entries",
+        "Keys and teams (flows) with requests waiting or in service in a gateway process's "
+        "fair queue, all models together (at most gateway.fairqueue.ENTRIES, 8,192: the "
+        "requests its file tracks). Counted when /metrics is read.",
+        multiprocess_mode="livemax",
+    ),
+    MetricSpec(
+        "limits_redis_pending_entries",
+        "gauge",
+        "llmgw_gateway_limits_redis_pending_entries",
+        "Ends of requests a gateway process holds to write to Redis (at most "
+        "gateway.redislimits.MAX_PENDING, 100,000; past that the oldest is dropped and "
+        "counted in llmgw_gateway_limits_redis_dropped). Counted when /metrics is read.",
+        multiprocess_mode="livemax",
+    ),
+)
+
+
 def _create(folder: str | None) -> Metrics:
     registry = prepare(folder)
     # After prepare(): prometheus_client reads PROMETHEUS_MULTIPROC_DIR once, when first imported.
     from prometheus_client import Counter, Gauge, Histogram
 
+    kinds = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
+    made = {spec.attribute: _made(spec, kinds[spec.kind], registry) for spec in GATEWAY_METRICS}
+    return Metrics(**made, registry=registry, folder=folder)
+
+
+def _made(spec: MetricSpec, kind: Any, registry: Any) -> Any:
     # In multiprocess mode the registry only matters for collection, which reads the files.
-    where: dict[str, Any] = {"registry": registry}
-    return Metrics(
-        requests=Counter(
-            "llmgw_gateway_requests",
-            "Requests to /v1/, by the name asked for, the model that answered "
-            "(a fallback, or empty when none did), endpoint and HTTP status.",
-            ["model", "answered_by", "endpoint", "status"],
-            **where,
-        ),
-        latency=Histogram(
-            "llmgw_gateway_request_duration_seconds",
-            "From the request's arrival to the last byte of the answer (waits for a replica included).",
-            ["model", "endpoint"],
-            buckets=LATENCY_BUCKETS,
-            **where,
-        ),
-        tokens=Counter(
-            "llmgw_gateway_tokens",
-            "Tokens by the model that computed them; kind is prompt or completion. "
-            "A stream counts what the engine said its answers had; one cut short, its prompt "
-            "and a completion token per event sent (gateway.proxy.StreamTally).",
-            ["model", "kind"],
-            **where,
-        ),
-        in_flight=Gauge(
-            "llmgw_gateway_requests_in_flight",
-            "Requests being answered now, by the name asked for.",
-            ["model"],
-            multiprocess_mode="livesum",
-            **where,
-        ),
-        fallbacks=Counter(
-            "llmgw_gateway_fallbacks",
-            "Requests answered by a fallback because the model asked for had no ready replica.",
-            ["model", "fallback"],
-            **where,
-        ),
-        retries=Counter(
-            "llmgw_gateway_retries",
-            "Requests sent again to another replica after the first one went away.",
-            ["model"],
-            **where,
-        ),
-        refused=Counter(
-            "llmgw_gateway_refused",
-            "Requests the gateway's HTTP protocol refused before any application saw them, by "
-            "reason: head_too_large, too_many_headers, head_timeout (431, 431, 408), "
-            "odd_request_line, bad_request, bad_chunked_body (400), too_many_connections "
-            "(closed unread).",
-            ["reason"],
-            **where,
-        ),
-        queue_seconds=Histogram(
-            "llmgw_gateway_queue_seconds",
-            "Seconds a request waited in the gateway's fair queue for a free slot (0 when one was "
-            "free), by model and outcome: served, timeout (503), full (429), gone (hung up).",
-            ["model", "outcome"],
-            buckets=LATENCY_BUCKETS,
-            **where,
-        ),
-        queue_depth=Gauge(
-            "llmgw_gateway_queue_depth",
-            "Requests waiting in the gateway's fair queue for a free slot of the model, every "
-            "gateway process of the machine together.",
-            ["model"],
-            multiprocess_mode="livesum",
-            **where,
-        ),
-        forward_held=Gauge(
-            "llmgw_gateway_forward_body_bytes",
-            "Bytes of request bodies for the web process held now (bounded per process by "
-            "LLMGW_GATEWAY_FORWARD_MEMORY).",
-            multiprocess_mode="livesum",
-            **where,
-        ),
-        forward_reading=Gauge(
-            "llmgw_gateway_forward_bodies_reading",
-            "Request bodies for the web process being read now, however few of their bytes "
-            "have come (each within LLMGW_GATEWAY_BODY_DEADLINE and LLMGW_GATEWAY_BODY_MIN_RATE).",
-            multiprocess_mode="livesum",
-            **where,
-        ),
-        forward_clients=Gauge(
-            "llmgw_gateway_forward_clients_entries",
-            "Client addresses whose request bodies for the web a gateway process holds bytes of "
-            "now, each within LLMGW_GATEWAY_FORWARD_PER_CLIENT (at most one per open "
-            "connection, LLMGW_GATEWAY_MAX_CONNECTIONS).",
-            multiprocess_mode="livemax",
-            **where,
-        ),
-        forward_refused=Counter(
-            "llmgw_gateway_forward_refused",
-            "Requests for the web process refused while their body was read, by reason: budget "
-            "(503: LLMGW_GATEWAY_FORWARD_MEMORY is full, less its reserve for a big body), "
-            "reserve (503: full, reserve included), client_share (503: the client address's "
-            "LLMGW_GATEWAY_FORWARD_PER_CLIENT), pause, deadline, rate (408: "
-            "LLMGW_GATEWAY_BODY_TIMEOUT, _DEADLINE, _MIN_RATE), too_large (413).",
-            ["reason"],
-            **where,
-        ),
-        forwarded_for_ignored=Counter(
-            "llmgw_gateway_forwarded_for_ignored",
-            "Requests from a trusted proxy whose X-Forwarded-For named no address (the proxy's "
-            "own address was taken as the client's).",
-            **where,
-        ),
-        keys_held=Gauge(
-            "llmgw_gateway_keys_held",
-            "Gateway keys of active users held in memory by a gateway process (about 140 bytes "
-            "each; every process holds them all, capped by LLMGW_MAX_KEYS_PER_USER per user).",
-            multiprocess_mode="livemax",
-            **where,
-        ),
-        key_refresh=Histogram(
-            "llmgw_gateway_key_refresh_seconds",
-            "How long one read of the keys changed since the last read took.",
-            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),
-            **where,
-        ),
-        limited=Counter(
-            "llmgw_gateway_limited",
-            "Requests refused by a key's or team's limit (subject: key or team), by limit: rpm, "
-            "tpm, max_parallel (429 rate_limit_exceeded), tokens_per_day, tokens_per_month (429 "
-            "insufficient_quota), expired (401), slots (503: this process's limit counters are "
-            "all held, see llmgw_gateway_limit_slots_held).",
-            ["limit", "subject"],
-            **where,
-        ),
-        keys_limited=Gauge(
-            "llmgw_gateway_keys_limited",
-            "Gateway keys with limits, a team, an expiry or a weight, held in memory beside the "
-            "keys themselves (a few hundred bytes each).",
-            multiprocess_mode="livemax",
-            **where,
-        ),
-        limit_slots_held=Gauge(
-            "llmgw_gateway_limit_slots_held",
-            "Keys and teams with limits this process counts in its shared-memory file (at most "
-            "gateway.limits.SLOTS each; a slot is given up when idle a minute and unused this month).",
-            multiprocess_mode="livemax",
-            **where,
-        ),
-        limits_redis_errors=Counter(
-            "llmgw_gateway_limits_redis_errors",
-            "Calls to Redis for the limits over several machines that failed (no answer within "
-            "0.25 s, or refused); after one, the process counts alone for 5 s.",
-            **where,
-        ),
-        limits_redis_dropped=Counter(
-            "llmgw_gateway_limits_redis_dropped",
-            "Ends of requests not written to Redis because the queue of them was full (100,000 "
-            "per process): each stays counted in flight until its process's name expires there.",
-            **where,
-        ),
-        limits_redis_fallback=Counter(
-            "llmgw_gateway_limits_redis_fallback",
-            "Requests of keys and teams counted in Redis (limited per minute or in flight) decided "
-            "while Redis could not be reached, by LLMGW_LIMITS_REDIS_FALLBACK: alone (by this "
-            "machine's own counts) or refuse (503).",
-            ["fallback"],
-            **where,
-        ),
-        limits_redis_down=Gauge(
-            "llmgw_gateway_limits_redis_down",
-            "1 while a gateway process finds Redis unreachable for the limits and lets "
-            "LLMGW_LIMITS_REDIS_FALLBACK decide; 0 once it reaches it again.",
-            multiprocess_mode="livemax",
-            **where,
-        ),
-        database_up=Gauge(
-            "llmgw_gateway_database_up",
-            "1 when every gateway process reached the database at its last look, 0 while one "
-            "serves from memory because it cannot (keys, models and replicas as last read).",
-            multiprocess_mode="livemin",
-            **where,
-        ),
-        database_outages=Counter(
-            "llmgw_gateway_database_outages",
-            "Times a gateway process lost the database; what requests leave to write (traffic "
-            "figures, last uses, idle clocks) is kept and written when it is back.",
-            **where,
-        ),
-        replica_names=Gauge(
-            "llmgw_gateway_replica_names_entries",
-            "Replicas whose last name served (a base model or an adapter) a gateway process "
-            "remembers, to break ties towards the replica that will not switch (at most "
-            "gateway.routing.MAX_REMEMBERED_REPLICAS, 1,000; past that the replicas with "
-            "nothing in flight from the process are forgotten).",
-            multiprocess_mode="livemax",
-            **where,
-        ),
-        traffic_entries=Gauge(
-            "llmgw_gateway_traffic_entries",
-            "Entries of traffic figures a gateway process holds until they are written and over: "
-            "minutes per model and revision, days per key and model, canary keys' minutes "
-            "(gateway.traffic.TrafficBook).",
-            multiprocess_mode="livemax",
-            **where,
-        ),
-        key_uses_entries=Gauge(
-            "llmgw_gateway_key_uses_entries",
-            "Key ids a gateway process holds to write their last use: used since its last write "
-            "(at most gateway.state.MAX_PENDING_USES, 100,000; past that a key's use waits for "
-            "its next one) and written in the last minute or two (at most "
-            "gateway.state.MAX_WRITTEN_USES, 100,000; past that the older half is forgotten).",
-            multiprocess_mode="livemax",
-            **where,
-        ),
-        demand_entries=Gauge(
-            "llmgw_gateway_demand_entries",
-            "On-demand models a gateway process holds to write their idle clock: at most two "
-            "entries per on-demand model of the catalog.",
-            multiprocess_mode="livemax",
-            **where,
-        ),
-        snapshot_entries=Gauge(
-            "llmgw_gateway_snapshot_entries",
-            "Rows of the routing snapshot a gateway process holds, keys aside "
-            "(llmgw_gateway_keys_held): catalog names, replicas in routing, teams, budgets, "
-            "unplaceable models and engines' figures; bounded by what the database holds.",
-            multiprocess_mode="livemax",
-            **where,
-        ),
-        replicas_reread=Counter(
-            "llmgw_gateway_replicas_reread",
-            "Replicas a gateway process read again because its periodic look (every 60 s, on "
-            "PostgreSQL) found their rows changed since it read them: a notification lost, or "
-            "not yet taken.",
-            **where,
-        ),
-        nodes_held=Gauge(
-            "llmgw_gateway_nodes_held",
-            "Nodes a gateway process holds to answer their renewals itself (gateway.renewals): "
-            "one small row per node the database holds, read again every second.",
-            multiprocess_mode="livemax",
-            **where,
-        ),
-        node_requests_waiting=Gauge(
-            "llmgw_gateway_node_requests_to_web",
-            "Nodes' requests a gateway process has on their way to the web process, in flight or "
-            "waiting for one of its connections (at most gateway.renewals.NODE_REQUESTS).",
-            multiprocess_mode="livesum",
-            **where,
-        ),
-        node_requests_queued=Gauge(
-            "llmgw_gateway_node_requests_queued",
-            "Nodes' requests a gateway process holds waiting for a place on the way to the web "
-            "(at most gateway.renewals.NODE_QUEUE, each for at most QUEUE_SECONDS).",
-            multiprocess_mode="livesum",
-            **where,
-        ),
-        node_requests_shed=Counter(
-            "llmgw_gateway_node_requests_shed",
-            "Nodes' whole reports and renewals a gateway process answered 503 (come back later) "
-            "instead of sending them to the web process, which had NODE_REQUESTS of them already and "
-            "NODE_QUEUE more waiting, or which gave it no place within QUEUE_SECONDS; "
-            "each node was renewed first, so none is lost for it.",
-            **where,
-        ),
-        prefix_entries=Gauge(
-            "llmgw_gateway_prefix_entries",
-            "Entries in use in the prefix table every gateway process of the machine shares "
-            "(a fixed table of gateway.prefix.TABLE_ENTRIES, 65,536; a new prefix overwrites "
-            "the one in its place). Counted when /metrics is read.",
-            multiprocess_mode="livemax",
-            **where,
-        ),
-        queue_flows_entries=Gauge(
-            "llmgw_gateway_queue_flows_entries",
-            "Keys and teams (flows) with requests waiting or in service in a gateway process's "
-            "fair queue, all models together (at most gateway.fairqueue.ENTRIES, 8,192: the "
-            "requests its file tracks). Counted when /metrics is read.",
-            multiprocess_mode="livemax",
-            **where,
-        ),
-        limits_redis_pending_entries=Gauge(
-            "llmgw_gateway_limits_redis_pending_entries",
-            "Ends of requests a gateway process holds to write to Redis (at most "
-            "gateway.redislimits.MAX_PENDING, 100,000; past that the oldest is dropped and "
-            "counted in llmgw_gateway_limits_redis_dropped). Counted when /metrics is read.",
-            multiprocess_mode="livemax",
-            **where,
-        ),
-        registry=registry,
-        folder=folder,
-    )
+    options: dict[str, Any] = {"registry": registry}
+    if spec.buckets is not None:
+        options["buckets"] = spec.buckets
+    if spec.multiprocess_mode is not None:
+        options["multiprocess_mode"] = spec.multiprocess_mode
+    return kind(spec.name, spec.help, spec.labels, **options)
 
 
 _LIVE_FILE = re.compile(r"gauge_live\w*?_(\d+)\.db$")
@@ -531,11 +589,11 @@ def model_exposition(engines: Sequence[EngineFigures]) -> bytes:
     """Prometheus text for the engines' numbers added up per model."""
     totals: dict[str, dict[str, float]] = {}
     for engine in engines:
-        model = totals.setdefault(engine.model, {})
+        summed = totals.setdefault(engine.model, {})
         for _, _, key in MODEL_METRICS:
             value = engine.numbers.get(key)
             if isinstance(value, int | float):
-                model[key] = model.get(key, 0.0) + float(value)
+                summed[key] = summed.get(key, 0.0) + float(value)
     lines = []
     for name, text, key in MODEL_METRICS:
         lines += [f"# HELP {name} {text}", f"# TYPE {name} gauge"]

@@ -17,8 +17,8 @@ requests. The gateway cannot see those caches, but it can remember where it sent
   loaded candidate's (Balancer.choose); otherwise the least loaded. So a hot prefix cannot pull
   the whole load onto one replica.
 
-The table lives in a memory-mapped file shared by every gateway process on the machine, as the
-in-flight counts do (gateway.load). Processes write entries without a lock: an entry torn by two
+The table lives in one memory-mapped file that every gateway process on the machine writes
+(gateway.boards.map_shared). Processes write entries without a lock: an entry torn by two
 writers at once has a hash that matches nothing, or sends one request to a replica that lacks
 its prefix (it is computed in full there): routing stays correct, only the cache is missed.
 """
@@ -26,14 +26,14 @@ its prefix (it is computed in full there): routing stays correct, only the cache
 from __future__ import annotations
 
 import hashlib
-import mmap
-import os
 import struct
 import time
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from .boards import map_shared
 
 BLOCK_CHARS = 256
 MAX_BLOCKS = 256  # 64k characters: beyond that a prompt's beginning decides alone
@@ -87,20 +87,8 @@ class PrefixTable:
 
     def __init__(self, folder: Path | None) -> None:
         size = TABLE_ENTRIES * _ENTRY.size
-        self._map: mmap.mmap | None = None
-        if folder is None:
-            self._buffer: Any = bytearray(size)
-            return
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / "prefixes"
-        handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            if os.fstat(handle).st_size < size:
-                os.ftruncate(handle, size)
-            self._map = mmap.mmap(handle, size)
-        finally:
-            os.close(handle)
-        self._buffer = self._map
+        self._map = map_shared(folder / "prefixes", size) if folder is not None else None
+        self._buffer: Any = self._map if self._map is not None else bytearray(size)
 
     def remember(self, hashes: Sequence[int], replica_id: str, now: float | None = None) -> None:
         tag, stamp = replica_tag(replica_id), int(now if now is not None else time.time())

@@ -19,9 +19,11 @@ from pathlib import Path
 from django.conf import settings
 from django.db import connection
 
+from access import traffic
 from catalog.config import current_config
+from fleet.renewals import Receive, Renewals, Scope, Send
 
-from . import conf, proxy, tracing, traffic
+from . import conf, errors, http, proxy, tracing
 from .fairqueue import FairQueue
 from .limits import SharedCounters
 from .load import SharedLoad
@@ -63,6 +65,8 @@ class Gateway:
         self.upstream = proxy.Upstream()
         self.web = Web()
         self.forward_budget = Budget(self.metrics)
+        # Nodes' renewals answered here (fleet.renewals), through this process's door.
+        self.renewals = Renewals(RenewalDoor(self.metrics))
 
     @property
     def book(self) -> traffic.TrafficBook:
@@ -152,3 +156,31 @@ class Gateway:
         # And in the traffic figures, for the model page and the API (a request that did not
         # queue is not written there).
         self.book.record_wait(model=model, seconds=seconds, outcome=outcome)
+
+
+class RenewalDoor:
+    """What the gateway lends fleet's renewals (fleet.renewals.Door): its body reading and
+    refusals, in the words every request gets, and its figures."""
+
+    def __init__(self, figures: Metrics) -> None:
+        self.figures = figures
+
+    def header(self, scope: Scope, name: bytes) -> str:
+        return http.header(scope, name)
+
+    async def read_body(self, receive: Receive, send: Send, limit: int) -> bytes | None:
+        try:
+            return await http.read_body(receive, limit)
+        except http.TooBig:
+            await http.refuse(send, errors.too_large(limit))
+        except http.Slow:
+            await http.refuse(send, errors.too_slow(conf.body_seconds()))
+        except http.Disconnected:
+            pass
+        return None
+
+    async def answer(self, send: Send, status: int, body: bytes) -> None:
+        await http.whole(send, status, body)
+
+    async def busy(self, send: Send, retry_after: int) -> None:
+        await http.refuse(send, errors.nodes_busy(retry_after))

@@ -22,21 +22,22 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from access.models import hash_key
+from access.services import KEY_PREFIX
 from core import jsontext, requestid
 from llmgw.engine import DEFAULT_CONTEXT_LENGTH
 
 from . import canary, conf, errors, fairqueue, http, limits, proxy, routing, tracing, validate
+from .endpoints import ENDPOINTS, Endpoint
 from .errors import Refusal
 from .http import Headers, Receive, Scope, Send
-from .models import hash_key
-from .prefix import block_hashes, prompt_text
-from .services import KEY_PREFIX
+from .prefix import block_hashes
 from .state import POLL_SECONDS, KeyState, Snapshot
 
 if TYPE_CHECKING:
@@ -66,12 +67,12 @@ Handler = Callable[["Gateway", Scope, Receive, Send], Awaitable[None]]
 @dataclass
 class Call:
     """One request on its way through the gateway, and what it leaves for the traffic figures
-    (gateway.traffic), gathered as it goes: its key, when it started, its tokens."""
+    (access.traffic), gathered as it goes: its key, when it started, its tokens."""
 
     gateway: Gateway
     send: Send
     receive: Receive
-    endpoint: str
+    endpoint: Endpoint
     started: float
     # Sent back as X-Request-ID (gateway.http.start) and named in the gateway's log lines about
     # the request: the one gateway.app chose for it (core.requestid).
@@ -285,9 +286,17 @@ def _depth(value: Any) -> int:
 # -- the generating endpoints ------------------------------------------------------------
 
 
-def generating(path: str, endpoint: str, *, streams: bool) -> Handler:
+def routes(endpoints: Sequence[Endpoint]) -> dict[str, Handler]:
+    """The handler of each endpoint's path, which gateway.app dispatches by (ROUTES)."""
+    return {endpoint.path: _handler(endpoint) for endpoint in endpoints}
+
+
+def _handler(endpoint: Endpoint) -> Handler:
+    if not endpoint.relayed:
+        return models
+
     async def handle(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
-        await relay(gateway, scope, receive, send, path, endpoint, streams=streams)
+        await relay(gateway, scope, receive, send, endpoint)
 
     return handle
 
@@ -318,22 +327,15 @@ class Prepared:
 
 
 async def relay(
-    gateway: Gateway,
-    scope: Scope,
-    receive: Receive,
-    send: Send,
-    path: str,
-    endpoint: str,
-    *,
-    streams: bool,
+    gateway: Gateway, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint
 ) -> None:
     call = Call(gateway, send, receive, endpoint, time.monotonic())
     if not tracing.ON:
-        await _relay(call, scope, path, streams)
+        await _relay(call, scope)
         return
-    with tracing.request(scope, endpoint, call.request_id) as span:
+    with tracing.request(scope, endpoint.operation, call.request_id) as span:
         call.span = span
-        await _relay(call, scope, path, streams)
+        await _relay(call, scope)
 
 
 def _step(call: Call, name: str) -> AbstractContextManager[Any]:
@@ -344,9 +346,9 @@ def _step(call: Call, name: str) -> AbstractContextManager[Any]:
 _NO_SPAN = nullcontext()
 
 
-async def _relay(call: Call, scope: Scope, path: str, streams: bool) -> None:
+async def _relay(call: Call, scope: Scope) -> None:
     gateway, endpoint = call.gateway, call.endpoint
-    asked = await _asked(call, scope, path, streams)
+    asked = await _asked(call, scope)
     if isinstance(asked, Reply):
         await _answer(call, asked)
         return
@@ -361,20 +363,20 @@ async def _relay(call: Call, scope: Scope, path: str, streams: bool) -> None:
     board = gateway.metrics
     board.in_flight.labels(entry.name).inc()
     try:
-        await _answer(call, await _route_and_send(call, asked, path))
+        await _answer(call, await _route_and_send(call, asked))
     finally:
         if admission is not None:
             # However the request ended (answered, refused, client gone, engine broken).
             admission.release(call.prompt + call.completion)
         board.in_flight.labels(entry.name).dec()
-        board.latency.labels(entry.name, endpoint).observe(time.monotonic() - call.started)
+        board.latency.labels(entry.name, endpoint.name).observe(time.monotonic() - call.started)
 
 
-async def _asked(call: Call, scope: Scope, path: str, streams: bool) -> Asked | Reply:
+async def _asked(call: Call, scope: Scope) -> Asked | Reply:
     """Decide, first part: the request's key, its body, and the model it may ask for."""
-    gateway = call.gateway
-    if scope["method"] != "POST":
-        return _refused(errors.wrong_method(path, "POST"))
+    gateway, endpoint = call.gateway, call.endpoint
+    if scope["method"] != endpoint.method:
+        return _refused(errors.wrong_method(endpoint.path, endpoint.method))
     with _step(call, "key check") as span:
         key = await key_refusal(gateway, scope, call.started, call)
         if span is not None:
@@ -398,7 +400,7 @@ async def _asked(call: Call, scope: Scope, path: str, streams: bool) -> Asked | 
         return _refused(body)
     # What the engine would answer with a 500 (counted against the replica's revision, which
     # decides a canary) is the client's mistake: a 400 here, before any replica is chosen.
-    problem = validate.refusal(call.endpoint, body)
+    problem = validate.refusal(endpoint.rules, body)
     if problem is not None:
         return _refused(problem)
     name = body["model"]
@@ -420,7 +422,7 @@ async def _asked(call: Call, scope: Scope, path: str, streams: bool) -> Asked | 
         # Counted under "unknown": in /metrics, not in the traffic figures.
         return _refused(errors.unknown_model(name, closest, len(names)), "unknown")
     call.canary = entry.canary is not None
-    stream = streams and body.get("stream") is True
+    stream = endpoint.streams and body.get("stream") is True
     return Asked(key, body, raw, entry, snapshot, stream)
 
 
@@ -478,7 +480,7 @@ def most_tokens(entry: routing.Entry) -> int:
     return entry.context_length or DEFAULT_CONTEXT_LENGTH
 
 
-async def _route_and_send(call: Call, asked: Asked, path: str) -> Reply:
+async def _route_and_send(call: Call, asked: Asked) -> Reply:
     with _step(call, "route") as span:
         decision = await _decide(call, asked)
         if isinstance(decision, Reply):
@@ -495,7 +497,7 @@ async def _route_and_send(call: Call, asked: Asked, path: str) -> Reply:
                     "llmgw.route.prefix_blocks": len(prepared.prefix),
                 }
             )
-    return await _send(call, asked, prepared, path)
+    return await _send(call, asked, prepared)
 
 
 async def _decide(call: Call, asked: Asked) -> routing.Serve | Reply:
@@ -570,15 +572,16 @@ def _prepare(call: Call, asked: Asked, decision: routing.Serve) -> Prepared:
 
     # Where the prompt's beginning was computed lately, when that may save a prefill.
     prefix: list[int] = []
-    if target.routing == "prefix" and len(decision.candidates) > 1:
-        prefix = block_hashes(prompt_text(body), decision.engine_name)
+    read_prompt = call.endpoint.prompt
+    if read_prompt is not None and target.routing == "prefix" and len(decision.candidates) > 1:
+        prefix = block_hashes(read_prompt(body), decision.engine_name)
     # The key's weight among its owner's keys (gateway.fairqueue; a team's weight is read at
     # the turn).
     weight = key.limits.weight if key.limits else 1.0
     return Prepared(decision, payload, rename, refresh, prefix, weight)
 
 
-async def _send(call: Call, asked: Asked, prepared: Prepared, path: str) -> Reply:
+async def _send(call: Call, asked: Asked, prepared: Prepared) -> Reply:
     """Its turn in the fair queue, then the request to a replica; the answer, or why none."""
     gateway = call.gateway
     decision, entry, key = prepared.decision, asked.entry, asked.key
@@ -608,7 +611,7 @@ async def _send(call: Call, asked: Asked, prepared: Prepared, path: str) -> Repl
         except fairqueue.ClientGone:
             return _GONE
     try:
-        reply = await _sent(call, asked, prepared, path, hold)
+        reply = await _sent(call, asked, prepared, hold)
     except BaseException:
         if turn is not None:
             await turn.__aexit__(None, None, None)
@@ -617,17 +620,17 @@ async def _send(call: Call, asked: Asked, prepared: Prepared, path: str) -> Repl
     return reply
 
 
-async def _sent(
-    call: Call, asked: Asked, prepared: Prepared, path: str, hold: routing.Hold | None
-) -> Reply:
-    gateway = call.gateway
+async def _sent(call: Call, asked: Asked, prepared: Prepared, hold: routing.Hold | None) -> Reply:
+    gateway, endpoint = call.gateway, call.endpoint
     decision, entry = prepared.decision, asked.entry
-    engine = None if call.span is None else tracing.engine_call(decision.engine_name, call.endpoint)
+    engine = (
+        None if call.span is None else tracing.engine_call(decision.engine_name, endpoint.operation)
+    )
     sent_at = time.monotonic()
     try:
         answer = await proxy.send(
             decision,
-            path,
+            endpoint.path,
             prepared.payload,
             stream=asked.stream,
             balancer=gateway.balancer,
@@ -677,6 +680,19 @@ async def _sent(
     if answer.streaming:
         streamed = Streamed(answer, prepared.rename, engine, progress=_progress_asked(asked))
         return Reply(200, b"", headers, entry.name, decision.model, stream=streamed)
+    return await _whole(call, asked, prepared, answer, headers, engine)
+
+
+async def _whole(
+    call: Call,
+    asked: Asked,
+    prepared: Prepared,
+    answer: proxy.Answer,
+    headers: Headers,
+    engine: Any,
+) -> Reply:
+    """A whole answer: its tokens counted, the adapter's name put back, the engine call ended."""
+    gateway, decision, entry = call.gateway, prepared.decision, asked.entry
     gateway.balancer.release(answer.candidate)
     assert answer.body is not None
     body_out = answer.body
@@ -691,7 +707,7 @@ async def _sent(
             answer.body[:500],
         )
     if answer.status == 200:
-        prompt, completion = proxy.usage_of(answer.body)
+        prompt, completion = call.endpoint.usage(answer.body)
         if limits.answers(asked.body) > 1:
             # The engine's "usage" counts its first choice only: each other one is charged too.
             most = asked.body.get("max_completion_tokens", asked.body.get("max_tokens"))
@@ -787,7 +803,7 @@ def _count(call: Call, name: str | None, answered_by: str, status: int) -> None:
     if name is None:
         return  # refused before it named a model it may use: not counted
     gateway = call.gateway
-    gateway.metrics.requests.labels(name, answered_by, call.endpoint, str(status)).inc()
+    gateway.metrics.requests.labels(name, answered_by, call.endpoint.name, str(status)).inc()
     if name != "unknown":
         gateway.book.record(
             model=name,
@@ -856,9 +872,4 @@ def _any_ready(entry: routing.Entry, snapshot: Snapshot) -> bool:
     return any(c.ready and c.serves(entry) for c in snapshot.replicas.get(entry.model, []))
 
 
-ROUTES: dict[str, Handler] = {
-    "/v1/models": models,
-    "/v1/chat/completions": generating("/v1/chat/completions", "chat", streams=True),
-    "/v1/completions": generating("/v1/completions", "completions", streams=True),
-    "/v1/embeddings": generating("/v1/embeddings", "embeddings", streams=False),
-}
+ROUTES: dict[str, Handler] = routes(ENDPOINTS)

@@ -22,13 +22,13 @@ from typing import Any
 from django.db.models import CharField, Value
 from django.db.models.expressions import RawSQL
 
+from access import routed
 from catalog.definitions import MAX_NAME, NAME_PATTERN
 from catalog.models import CanaryRouting, Model, canary_routing, is_on_demand, is_parked
 from fleet.models import Replica
 from fleet.specs import engine_key, replica_revision
 from llmgw.engine import key_headers, lora_request
 
-from . import routed
 from .load import SharedLoad
 from .prefix import SLACK, PrefixTable
 
@@ -77,7 +77,7 @@ def read_catalog() -> Catalog:
     """Every model and adapter, in one query."""
     entries: dict[str, Entry] = {}
     # order_by(): no ORDER BY from Meta.ordering, which nothing here needs.
-    # The fields are gateway.routed's, which the triggers watch: add one there, not here.
+    # The fields are access.routed's, which the triggers watch: add one there, not here.
     rows = Model.objects.order_by().values(*routed.MODEL_ROUTING)
     for row in rows:
         model = Entry(
@@ -152,7 +152,7 @@ class Candidate:
 
 def _in_routing() -> Any:
     """The replicas in routing: not withdrawn, not failed, of a model in the catalog."""
-    # The fields, and those it filters by, are gateway.routed's, which the triggers watch.
+    # The fields, and those it filters by, are access.routed's, which the triggers watch.
     return (
         Replica.objects.filter(model__isnull=False, withdrawn_at__isnull=True)
         .exclude(state=Replica.FAILED)

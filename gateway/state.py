@@ -4,7 +4,7 @@ A request reads nothing from the database: the catalog, the replicas in routing,
 the gateway keys (their hashes) and which on-demand models fit on no node are a
 `Snapshot` held here, replaced whole when something changed. A thread of its own
 in each process (`GatewayState._run`) learns of changes from the database itself
-(see gateway.triggers): on PostgreSQL by LISTEN, delivered when the change
+(see access.triggers): on PostgreSQL by LISTEN, delivered when the change
 commits; on SQLite by reading one version number every POLL_SECONDS. It reads
 the catalog and replicas again then, and every SAFETY_SECONDS anyway, in case a
 notification was lost (a dropped connection).
@@ -47,28 +47,22 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
-from catalog.models import Model
-from fleet import placement
-from fleet.footprint import known_facts, model_footprints
-from fleet.models import Node, Replica
-from fleet.placement import fits_on_empty
-from fleet.reconciler import has_gpu_engine, planner_profile
-from fleet.selectors import engine_numbers
+from access import routed, services, traffic, triggers
+from access.models import DeletedGatewayKey, Team, UserWeight
+from fleet.models import Replica
+from fleet.selectors import engine_numbers, unplaceable_models
+from llmgw.limitdefs import COUNTERS
 
-from . import limits, routed, services, traffic, triggers
+from . import limits
 from .limits import Budgets, Limits, key_ident, limits_of, no_budgets, team_ident
 from .metrics import EngineFigures, metrics
-from .models import DeletedGatewayKey, Team, UserWeight
 from .routing import Candidate, Catalog, Entry, read_catalog, read_replicas, replica_versions
-
-if TYPE_CHECKING:
-    from fleet.footprint import Footprint
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -133,7 +127,7 @@ class Keys(Mapping[str, KeyState]):
     """The gateway keys of active users, by their hash (hex), read incrementally.
 
     The first read takes every key; each later one (`refresh`) only the keys whose
-    `changed_at` (set by the database, gateway.triggers) is at or after the last read's
+    `changed_at` (set by the database, access.triggers) is at or after the last read's
     horizon, and the hashes deleted since (gateway.DeletedGatewayKey). A refresh therefore
     costs what changed, not how many keys there are. The table is changed in place, by the
     refresher alone (under a lock), while requests look keys up (one dict lookup each, atomic
@@ -314,8 +308,8 @@ def pack_key(key_id: int, owner_id: int, *, limited: bool, opens: bool) -> int:
 _KEY_ROWS = (
     "SELECT k.key_hash, k.id, k.owner_id, k.revoked_at IS NULL, u.is_active, k.team_id, "
     "k.expires_at, "
-    "k.rpm, k.tpm, k.max_parallel, k.tokens_per_day, k.tokens_per_month, k.models, k.weight "
-    "FROM gateway_gatewaykey k JOIN auth_user u ON u.id = k.owner_id"
+    + "".join(f"k.{name}, " for name in COUNTERS)
+    + "k.models, k.weight FROM gateway_gatewaykey k JOIN auth_user u ON u.id = k.owner_id"
 )
 # How each database hands back a JSON list nobody filled in.
 _NO_MODELS: tuple[Any, ...] = (None, "[]", [])
@@ -352,15 +346,11 @@ def _read_keys(codes: dict[bytes, int], limited: dict[int, Limits], *, since: An
                     codes.pop(digest, None)
                     limited.pop(key_id, None)
                     continue
-                rpm, tpm, parallel, per_day, per_month, models, weight = rest
+                *counted, models, weight = rest
                 if (
                     team_id is None
                     and expires_at is None
-                    and rpm is None
-                    and tpm is None
-                    and parallel is None
-                    and per_day is None
-                    and per_month is None
+                    and all(figure is None for figure in counted)
                     and models in _NO_MODELS
                     and (weight is None or weight == 1)
                 ):
@@ -368,11 +358,7 @@ def _read_keys(codes: dict[bytes, int], limited: dict[int, Limits], *, since: An
                     limited.pop(key_id, None)
                     continue
                 limited[key_id] = limits_of(
-                    rpm=rpm,
-                    tpm=tpm,
-                    max_parallel=parallel,
-                    tokens_per_day=per_day,
-                    tokens_per_month=per_month,
+                    **dict(zip(COUNTERS, counted, strict=True)),
                     models=models,
                     weight=weight,
                     team_id=team_id,
@@ -529,25 +515,21 @@ def read_teams() -> dict[int, Limits]:
     """Every team's limits, by id."""
     return {
         row["id"]: limits_of(
-            rpm=row["rpm"],
-            tpm=row["tpm"],
-            max_parallel=row["max_parallel"],
-            tokens_per_day=row["tokens_per_day"],
-            tokens_per_month=row["tokens_per_month"],
+            **{name: row[name] for name in COUNTERS},
             models=row["models"],
             weight=row["weight"],
             team_id=row["id"],
             name=row["name"],
             ident=team_ident(row["id"], row["created_at"]),
         )
-        # The fields are gateway.routed's, which the triggers watch: add one there, not here.
+        # The fields are access.routed's, which the triggers watch: add one there, not here.
         for row in Team.objects.order_by().values(*routed.TEAM_LIMITS)
     }
 
 
 def read_user_weights() -> dict[int, float]:
     """Each person's weight in the fair queue that staff set, by user id."""
-    # The fields are gateway.routed's, which the triggers watch: add one there, not here.
+    # The fields are access.routed's, which the triggers watch: add one there, not here.
     return dict(UserWeight.objects.order_by().values_list(*routed.USER_WEIGHTS))
 
 
@@ -579,73 +561,12 @@ def _engines() -> tuple[EngineFigures, ...]:
 
 
 def _unplaceable(catalog: Catalog) -> dict[str, str]:
-    """On-demand models none of whose profiles fits on any schedulable node, even an empty one.
-
-    Whether a profile fits is the planner's rule (fleet.placement.fits_on_empty), asked of what the
-    planner itself would reserve (fleet.reconciler.planner_profile): the gateway must not refuse
-    a model the reconciler would place, nor wake one it cannot.
-    """
+    """On-demand models none of whose profiles fits on any schedulable node (fleet's rule), read
+    by the fields access.routed names, which the triggers watch: add one there, not here."""
     on_demand = [e.name for e in catalog.entries.values() if e.on_demand and not e.adapter]
-    if not on_demand:
-        return {}
-    # The fields are gateway.routed's, which the triggers watch: add one there, not here (one
-    # left out would be loaded row by row, and its change would not reach the gateway).
-    nodes = [n for n in Node.objects.order_by().only(*routed.NODE_PLACING) if n.schedulable]
-    planned = [_as_placed(n) for n in nodes]
-    why: dict[str, str] = {}
-    models = list(Model.objects.order_by().filter(name__in=on_demand).only(*routed.MODEL_PLACING))
-    facts = known_facts(models)
-    for model in models:
-        name = model.name
-        if not nodes:
-            why[name] = (
-                "no node is ready to run it (none has sent a heartbeat, or all are cordoned or lost)"
-            )
-            continue
-        profiles = list(zip(model.profiles, model_footprints(model, facts[name]), strict=True))
-        needs = [planner_profile(profile, memory).resources for profile, memory in profiles]
-        if any(fits_on_empty(need, node) for need in needs for node in planned):
-            continue
-        largest = max(nodes, key=lambda n: (n.memory_gb, n.cores))
-        described = "; ".join(_describe(p, memory) for p, memory in profiles) or "no profile"
-        why[name] = (
-            f"it fits on no node: its profiles need {described}, and the largest node has "
-            f"{largest.memory_gb:g} GB and {largest.cores:g} cores"
-            + (f", {largest.gpus} GPUs" if largest.gpus else "")
-            + _gpu_engine_words(profiles, planned)
-        )
-    return why
-
-
-def _as_placed(node: Node) -> placement.Node:
-    """A node as the planner sees it, with its GPUs as many as it has of the memory its agent
-    reports for each (the smallest GPU's): Node.devices is not read, as the memory in use in it
-    moves with every heartbeat and the gateway would read everything again each time. A node
-    of GPUs of different sizes may so be thought too small for a model its biggest GPU holds."""
-    devices = tuple(placement.Device(i, float(node.gpu_memory_gb)) for i in range(node.gpus))
-    return placement.Node(
-        name=str(node.pk),  # its name is not read (nor watched): only a key is needed
-        capacity=placement.Resources(node.memory_gb, node.cores, node.gpus, node.gpu_memory_gb),
-        schedulable=True,
-        devices=devices,
-        gpu_engine=has_gpu_engine(node),
+    return unplaceable_models(
+        on_demand, node_fields=routed.NODE_PLACING, model_fields=routed.MODEL_PLACING
     )
-
-
-def _gpu_engine_words(profiles: list[Any], nodes: list[Any]) -> str:
-    if any(p.get("gpus") for p, _ in profiles) and not any(n.gpu_engine for n in nodes):
-        return (
-            "; and no node's engine has a GPU backend (build it with LLMGW_ENGINE=cuda make "
-            "setup on a machine with NVIDIA GPUs)"
-        )
-    return ""
-
-
-def _describe(profile: dict[str, Any], memory: Footprint) -> str:
-    text = f"{profile.get('name', '?')}: {memory.memory_gb:g} GB, {float(profile.get('cores') or 0):g} cores"
-    if profile.get("gpus"):
-        text += f", {profile['gpus']} GPUs"
-    return text
 
 
 class GatewayState:
@@ -748,9 +669,9 @@ class GatewayState:
             while pending:
                 entry, nothing_ready = pending[0]
                 last = self._demand_written.get(entry.model)
-                every = services.demand_every(entry, nothing_ready=nothing_ready)
+                every = services.demand_every(entry.idle_timeout, nothing_ready=nothing_ready)
                 if last is None or now - last >= every:
-                    services.model_asked_for(entry)
+                    services.model_asked_for(entry.model)
                     self._demand_written[entry.model] = now
                 pending.pop(0)
         except BaseException:
@@ -935,7 +856,7 @@ class Changes:
         return self.everything or bool(self.replicas)
 
     def take(self, payload: str) -> None:
-        """One notification's payload (gateway.triggers): a replica's id after REPLICA_PREFIX,
+        """One notification's payload (access.triggers): a replica's id after REPLICA_PREFIX,
         anything else for a change of something else."""
         if self.everything:
             return

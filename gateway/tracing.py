@@ -15,7 +15,7 @@ OpenTelemetry is imported (bench/gateway.py measures what the flag costs).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from llmgw.tracing import start_tracing
@@ -23,8 +23,6 @@ from llmgw.tracing import start_tracing
 ON = False
 _tracer: Any = None
 _propagator: Any = None
-# What the gateway's endpoints are, in GenAI's words (gen_ai.operation.name).
-OPERATIONS = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings"}
 
 
 def start() -> bool:
@@ -40,7 +38,7 @@ def start() -> bool:
     return True
 
 
-def _carrier(scope: dict[str, Any]) -> dict[str, str]:
+def _carrier(scope: Mapping[str, Any]) -> dict[str, str]:
     """The trace headers the client sent (traceparent, tracestate), for the propagator."""
     found = {}
     for name, value in scope.get("headers") or ():
@@ -50,8 +48,9 @@ def _carrier(scope: dict[str, Any]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def request(scope: dict[str, Any], endpoint: str, request_id: str) -> Iterator[Any]:
-    """The request's server span, current while the block runs (call only when ON)."""
+def request(scope: Mapping[str, Any], operation: str, request_id: str) -> Iterator[Any]:
+    """The request's server span, current while the block runs (call only when ON); `operation`
+    is its endpoint's in GenAI's words (gen_ai.operation.name, gateway.endpoints)."""
     from opentelemetry.trace import SpanKind
 
     parent = _propagator.extract(_carrier(scope))
@@ -64,7 +63,7 @@ def request(scope: dict[str, Any], endpoint: str, request_id: str) -> Iterator[A
             "http.request.method": scope.get("method", ""),
             "url.path": path,
             "http.route": path,
-            "gen_ai.operation.name": OPERATIONS.get(endpoint, endpoint),
+            "gen_ai.operation.name": operation,
             "gen_ai.system": "llama.cpp",
             "llmgw.request_id": request_id,
         },
@@ -79,7 +78,7 @@ def step(name: str, **attributes: Any) -> Iterator[Any]:
         yield span
 
 
-def engine_call(model: str, endpoint: str) -> Any:
+def engine_call(model: str, operation: str) -> Any:
     """The engine call's client span, current until `end_engine_call` (call only when ON): it
     outlives the function that starts it, for a stream ends when its last chunk is relayed."""
     from opentelemetry import context, trace
@@ -89,7 +88,7 @@ def engine_call(model: str, endpoint: str) -> Any:
         f"engine {model}",
         kind=SpanKind.CLIENT,
         attributes={
-            "gen_ai.operation.name": OPERATIONS.get(endpoint, endpoint),
+            "gen_ai.operation.name": operation,
             "gen_ai.system": "llama.cpp",
             "gen_ai.request.model": model,
         },

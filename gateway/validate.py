@@ -7,9 +7,9 @@ a string, a content part it cannot take (image or audio parts without a multimod
 which no replica of ours loads), a `tools` entry without a name, an `input` nested too deep.
 A 500 from the engine is wrong for the client (their mistake reads as ours), and it counts as
 a server error of the replica's revision, which a canary update is judged by. So every body
-for /v1/chat/completions, /v1/completions and /v1/embeddings is checked here, after the JSON is
-parsed and before anything is sent, against what OpenAI documents (types and ranges) and what
-the engine can take. tests/gateway/test_validate.py lists the bodies the engine answered with a
+for a /v1/ endpoint is checked here, by the rules its declaration names (gateway.endpoints),
+after the JSON is parsed and before anything is sent, against what OpenAI documents (types and
+ranges) and what the engine can take. tests/gateway/test_validate.py lists the bodies the engine answered with a
 500 before this check.
 
 It runs on every request, so it is one plain pass: a walk over every value (finite numbers,
@@ -60,13 +60,17 @@ class _Bad(Exception):
         self.param = param
 
 
-def refusal(endpoint: str, body: dict[str, Any]) -> Refusal | None:
-    """None when the engine can take this body for `endpoint` ("chat", "completions",
-    "embeddings"); otherwise the 400 that says what is wrong, with `param` naming the field."""
+Rules = Callable[[dict[str, Any]], None]
+
+
+def refusal(rules: Rules | str | None, body: dict[str, Any]) -> Refusal | None:
+    """None when the engine can take this body under `rules`, an endpoint's (gateway.endpoints)
+    or the rules of that name in RULES; otherwise the 400 that says what is wrong, with `param`
+    naming the field. Without rules, only every value is checked."""
+    check = RULES.get(rules) if isinstance(rules, str) else rules
     try:
         if not _sound(body):
             _locate_unsound(body)
-        check = _ENDPOINTS.get(endpoint)
         if check is not None:
             check(body)
     except _Bad as bad:
@@ -368,7 +372,7 @@ def _fields(body: dict[str, Any], table: dict[str, Callable[[str, Any], None]]) 
 # -- /v1/chat/completions --------------------------------------------------------------------
 
 
-def _chat(body: dict[str, Any]) -> None:
+def chat(body: dict[str, Any]) -> None:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         got = "nothing" if messages is None else _what(messages)
@@ -587,12 +591,12 @@ def _response_format(value: Any) -> None:
 # -- /v1/completions and /v1/embeddings ----------------------------------------------------
 
 
-def _completions(body: dict[str, Any]) -> None:
+def completions(body: dict[str, Any]) -> None:
     _text_or_tokens(body, "prompt")
     _fields(body, _COMPLETION_FIELDS)
 
 
-def _embeddings(body: dict[str, Any]) -> None:
+def embeddings(body: dict[str, Any]) -> None:
     _text_or_tokens(body, "input")
     _fields(body, _EMBEDDING_FIELDS)
 
@@ -651,8 +655,7 @@ def _tokens(tokens: list[Any], where: str) -> None:
             )
 
 
-_ENDPOINTS: dict[str, Callable[[dict[str, Any]], None]] = {
-    "chat": _chat,
-    "completions": _completions,
-    "embeddings": _embeddings,
-}
+# The rules by their names, for a caller that names them (the tests, bench/validate.py): which
+# endpoint follows which is gateway.endpoints' word, which cannot be imported here (it imports
+# this module).
+RULES: dict[str, Rules] = {rules.__name__: rules for rules in (chat, completions, embeddings)}

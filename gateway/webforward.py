@@ -24,7 +24,7 @@ from yarl import URL
 
 from core import requestid
 
-from . import conf, errors, http, proxy, renewals
+from . import conf, errors, http, proxy
 from .errors import Refusal
 from .forwarded import GATEWAY_SECRET_HEADER, gateway_secret
 from .http import Receive, Scope, Send
@@ -230,15 +230,6 @@ def client_share_key(scope: Scope) -> str | None:
     return host
 
 
-def _from_a_node(scope: Scope) -> bool:
-    """Whether the request is a node's report or renewal carrying the token of a node this
-    process holds (gateway.renewals): the node gate lets at most NODE_REQUESTS of those reach
-    here at once, one per node."""
-    if scope["path"] not in (renewals.REPORT_PATH, renewals.PATH):
-        return False
-    return renewals.node_of(renewals.table.rows, http.header(scope, b"authorization")) is not None
-
-
 async def _read_forwarded_body(
     receive: Receive, send: Send, limit: int, hold: Hold, board: Metrics
 ) -> bytes | None:
@@ -278,9 +269,16 @@ async def _read_forwarded_body(
     return None
 
 
-async def forward(web: Web, budget: Budget, scope: Scope, receive: Receive, send: Send) -> None:
+async def forward(
+    web: Web, budget: Budget, scope: Scope, receive: Receive, send: Send, *, node: bool = False
+) -> None:
     """Pass the request to the web process over `web`'s connections, its body read whole first
-    (within the web's limit and the process's `budget`), and its answer back as it comes."""
+    (within the web's limit and the process's `budget`), and its answer back as it comes.
+
+    `node`: the request is a node's report or renewal carrying the token of a node this process
+    holds (fleet.renewals.Renewals.from_a_node), which the node gate lets through at most
+    NODE_REQUESTS at a time, one a node: its body is held in the reserve, not its client's
+    share."""
     target = conf.forward_to()
     if target is None:
         await http.refuse(
@@ -298,7 +296,6 @@ async def forward(web: Web, budget: Budget, scope: Scope, receive: Receive, send
         budget.board.forward_refused.labels("too_large").inc()
         await http.refuse(send, errors.too_large(limit))
         return
-    node = _from_a_node(scope)
     small = declared.isdigit() and int(declared) <= SMALL_BODY
     hold = budget.hold(None if node else client_share_key(scope), reserve=node or small)
     board = budget.board

@@ -1,16 +1,7 @@
 """Bearer secrets: people's API tokens, gateway keys and node tokens, made and kept one way.
 
-Each is a prefix that says what it opens, then random characters; the database keeps only
-:func:`digest` of the whole string (and, for tokens and keys, its first characters in clear, to
-tell them apart in a list). One round of SHA-256 is enough: a secret of 24 or 32 random bytes
-cannot be guessed, so a slow password hash would protect nothing more and would cost every
-request, and a lookup stays one indexed equality.
-
-The prefixes differ on purpose: they are what people already hold and what the stored rows were
-made from ("llmgw_" for API tokens, "llmgw-" for gateway keys, "llmgw-node-" for node tokens),
-and the gateway tells a key from a token by it. The digest is the same for all three, and every
-stored hash was made by it (SHA-256 hex of the UTF-8 text), so no stored row changes.
-
+Each is a prefix that says what it opens ("llmgw_" API tokens, "llmgw-" gateway keys,
+"llmgw-node-" node tokens), then random characters; the database keeps only :func:`digest`.
 This module must not import Django: it is the lowest layer's.
 """
 
@@ -28,6 +19,9 @@ DIGEST_LENGTH = 64
 
 def digest(secret: str) -> str:
     """What the database keeps of a secret: the SHA-256 hex digest of its UTF-8 text.
+
+    One round is enough: a secret of 24 or 32 random bytes cannot be guessed, so a slow password
+    hash would protect nothing more and cost every request; a lookup stays one indexed equality.
 
     surrogateescape: a secret read from argv or the environment with bytes that are not UTF-8
     hashes (to a digest no row has) instead of raising; every other string encodes exactly as

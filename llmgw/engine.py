@@ -1,35 +1,9 @@
 """The llama.cpp engine as the node agent runs it: command line, process, health, stopping.
 
-The engine is llama.cpp's own ``llama-server``, built from the llama-cpp-python sdist by
-``make setup`` (scripts/build-llama-server). Facts that shape this module (measured on the
-llama.cpp tree that llama-cpp-python 0.3.36 vendors):
-
-- ``--parallel N`` serves N requests at once (continuous batching over N slots), and ``-c`` is
-  split between the slots: each slot gets ``-c / N`` tokens, so ``-c`` is context x slots.
-- ``/health`` answers 503 while the model loads and 200 once it is loaded, in about a
-  millisecond even while a long prompt is being processed. A stopped or deadlocked engine
-  answers nothing at all (every endpoint times out), so liveness is "``/health`` answers within
-  a short timeout", counted over a few probes. Readiness is ``/health`` 200 *and* a 1-token
-  completion for every name the engine serves, as before: it proves the model computes.
-- LoRA adapters are loaded at start (``--lora-scaled FILE:SCALE``; ``:`` and ``,`` are its
-  separators, so a path holding either cannot be given). A request carrying
-  ``"lora": [{"id": i, "scale": s}]`` runs with adapter ``i`` at scale ``s`` and every other
-  adapter at 0; a request without it runs with the scales given at start. Adapters are started
-  at scale 0, and every request carries the field (:func:`lora_request`): the adapter asked for
-  at its declared scale, the others at 0, so one engine serves the base model and all its
-  adapters, each request at its own. A changed set clears the slot's prompt cache, so a cached
-  prompt never leaks across adapters (a request *without* the field does not clear it).
-- A bad adapter (wrong architecture, a missing half) stops it at start with exit 1 and a clear
-  message; the agent still checks adapters first, to say which one and why.
-- ``/metrics`` (Prometheus, with ``--metrics``) gives tokens, busy slots and prompt-cache
-  counters (:func:`read_metrics`). ``/v1/embeddings`` needs ``--embeddings --pooling mean``;
-  completions and chat keep working with it.
-- Answers name the model by ``--alias`` (the catalog name), whatever the request asked for.
-
-The engine runs in its own session (process group) so that it outlives the agent: a restarted
-agent adopts it instead of reloading the model.
-
-This module must not import Django.
+The engine is llama.cpp's own ``llama-server``, built by ``make setup``
+(scripts/build-llama-server). It runs in its own session (process group) so that it outlives
+the agent: a restarted agent adopts it instead of reloading the model. This module must not
+import Django.
 """
 
 from __future__ import annotations
@@ -51,6 +25,31 @@ from pathlib import Path
 from typing import Any
 
 import requests
+
+# What llama-server does, measured on the llama.cpp tree llama-cpp-python 0.3.36 vendors;
+# each fact shapes the code below.
+#
+# - ``--parallel N`` serves N requests at once (continuous batching over N slots), and ``-c`` is
+#   split between the slots: each slot gets ``-c / N`` tokens, so ``-c`` is context x slots.
+# - ``/health`` answers 503 while the model loads and 200 once it is loaded, in about a
+#   millisecond even while a long prompt is being processed. A stopped or deadlocked engine
+#   answers nothing at all (every endpoint times out), so liveness is "``/health`` answers within
+#   a short timeout", counted over a few probes. Readiness is ``/health`` 200 *and* a 1-token
+#   completion for every name the engine serves, as before: it proves the model computes.
+# - LoRA adapters are loaded at start (``--lora-scaled FILE:SCALE``; ``:`` and ``,`` are its
+#   separators, so a path holding either cannot be given). A request carrying
+#   ``"lora": [{"id": i, "scale": s}]`` runs with adapter ``i`` at scale ``s`` and every other
+#   adapter at 0; a request without it runs with the scales given at start. Adapters are started
+#   at scale 0, and every request carries the field (:func:`lora_request`): the adapter asked for
+#   at its declared scale, the others at 0, so one engine serves the base model and all its
+#   adapters, each request at its own. A changed set clears the slot's prompt cache, so a cached
+#   prompt never leaks across adapters (a request *without* the field does not clear it).
+# - A bad adapter (wrong architecture, a missing half) stops it at start with exit 1 and a clear
+#   message; the agent still checks adapters first, to say which one and why.
+# - ``/metrics`` (Prometheus, with ``--metrics``) gives tokens, busy slots and prompt-cache
+#   counters (:func:`read_metrics`). ``/v1/embeddings`` needs ``--embeddings --pooling mean``;
+#   completions and chat keep working with it.
+# - Answers name the model by ``--alias`` (the catalog name), whatever the request asked for.
 
 STOP_GRACE_SECONDS = 10.0
 LAST_OUTPUT_LINES = 15

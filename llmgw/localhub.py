@@ -1,17 +1,8 @@
 """A Hugging Face-style registry on this machine: olah serving git + git-lfs repositories.
 
-The run command starts one holding a generated demo repository, so that the whole update story
-(new weights in the registry → badge → Update → Roll back) can be tried on a first run; the
-tests start their own. olah answers the Hub's API for repositories kept as ordinary git clones
-(large files in git-lfs) and serves a new commit at once, without a restart.
-
-    hub = LocalHub(folder)
-    commit = hub.commit("acme/tiny", {"tiny.gguf": path_or_bytes})
-    hub.start()           # olah on 127.0.0.1, its pid in hub.process
-    hub.endpoint          # http://127.0.0.1:PORT, for huggingface_hub and server.yaml
-    hub.stop()
-
-This module must not import Django: `llmgw demo publish` and the tests use it directly.
+The run command starts one holding a generated demo repository, so that updates can be tried on
+a first run; the tests start their own. A new commit is served at once, without a restart. This
+module must not import Django: `llmgw demo publish` and the tests use it directly.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Tiny GGUF files for tests and the demo: a random-weight llama model and a LoRA adapter for it.
 
-The model is deliberately minimal (2 layers, embedding 64, about 0.7 MB, all F32) but complete
-enough for llama.cpp to load it, tokenize, generate and render a chat template. Nothing here
-ships weights: every file is generated from a seed, so two seeds give two "revisions" of the
-same model with different sha256 digests.
-
-This module must not import Django: the demo and non-Django tests use it directly.
-
-Command line::
-
-    python -m llmgw.tinygguf model OUT.gguf --seed 1
-    python -m llmgw.tinygguf adapter OUT.gguf --rank 4
+Minimal (2 layers, about 0.7 MB) but complete enough for llama.cpp to load and generate; each
+file is generated from a seed, so two seeds give two "revisions" of one model. Also a command:
+``python -m llmgw.tinygguf model OUT.gguf --seed 1`` (or ``adapter OUT.gguf --rank 4``). This
+module must not import Django.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """Traces over OTLP/HTTP, with OpenTelemetry's SDK and its maintained instrumentations.
 
-On only when the standard OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is
-set. Otherwise start_tracing returns at once and nothing of OpenTelemetry is imported here, so
-tracing that is off costs nothing. The other standard variables are the SDK's to read:
-OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER(_ARG), OTEL_EXPORTER_OTLP_HEADERS,
-OTEL_BSP_* and the rest; OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none turn it off.
-
-Each process calls start_tracing once, where it starts: the web in llmgw_site.wsgi (in each
-gunicorn worker, which imports it after the fork), the Celery worker in each process of its
-prefork pool (worker_process_init: a solo or threads pool sends none, so traces nothing) and beat
-at beat_init (llmgw_site.celery), the node agent in its command.
-The span processor's export thread belongs to the process that started it; the SDK starts it
-again in a child after a fork.
-
-Here, below Django: the node agent uses it without Django.
+On only when OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set; off,
+nothing of OpenTelemetry is imported, so it costs nothing. The SDK reads the other OTEL_*
+variables itself. Each process calls start_tracing once, where it starts; the node agent too,
+so this module is below Django.
 """
 
 from __future__ import annotations
@@ -21,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterable, Iterator, Mapping
+from importlib import import_module
 from typing import Any
 
 # What each name in start_tracing's `instrument` turns on (module, class). The gateway makes its
@@ -74,8 +65,7 @@ def start_tracing(
         return True
     if not tracing_wanted(environ):
         return False
-    from importlib import import_module
-
+    # OpenTelemetry is imported only once tracing is on: off, it costs nothing.
     from opentelemetry import trace
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
@@ -106,7 +96,7 @@ def begin(name: str, attributes: Mapping[str, Any]) -> str:
     at once, whose W3C traceparent is returned to be stored with the work; "" with tracing off."""
     if _started is None:
         return ""
-    from opentelemetry import propagate, trace
+    from opentelemetry import propagate, trace  # only with tracing on, as in start_tracing
 
     with trace.get_tracer("llmgw").start_as_current_span(name, attributes=dict(attributes)):
         carrier: dict[str, str] = {}
@@ -129,7 +119,7 @@ def continued(
     if _started is None or not traceparent:
         yield None
         return
-    from opentelemetry import propagate, trace
+    from opentelemetry import propagate, trace  # only with tracing on, as in start_tracing
 
     links = []
     if link_current:
@@ -152,6 +142,6 @@ def trace_id_of(traceparent: str) -> str:
 
 def mark_failed(span: Any, message: str) -> None:
     """Set a span's status to an error saying `message` (a span of `continued`'s)."""
-    from opentelemetry.trace import Status, StatusCode
+    from opentelemetry.trace import Status, StatusCode  # a span exists: tracing is on
 
     span.set_status(Status(StatusCode.ERROR, message))

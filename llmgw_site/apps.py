@@ -1,4 +1,8 @@
 from django.apps import AppConfig
+from django.contrib.auth.signals import user_logged_in
+from django.db.backends.signals import connection_created
+
+from .private_files import restrict_sqlite_database
 
 
 class SiteConfig(AppConfig):
@@ -6,12 +10,8 @@ class SiteConfig(AppConfig):
     verbose_name = "llmgw site"
 
     def ready(self) -> None:
-        # In ready(): these reach models, which exist only once every app is loaded.
-        from django.contrib.auth.signals import user_logged_in
-        from django.db.backends.signals import connection_created
-
+        # In ready(): it reaches django-axes' models, which exist only once every app is loaded.
         from .login_throttle import forget_own_failures
-        from .private_files import restrict_sqlite_database
 
         connection_created.connect(restrict_sqlite_database, dispatch_uid="llmgw-sqlite-owner-only")
         user_logged_in.connect(forget_own_failures, dispatch_uid="llmgw-forget-own-failures")

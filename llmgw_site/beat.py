@@ -20,7 +20,8 @@ import secrets
 import socket
 import time
 from datetime import UTC
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from celery import Task
 from celery.beat import PersistentScheduler, ScheduleEntry
@@ -29,8 +30,8 @@ from celery.schedules import schedule as every
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 
-# llmgw_site.leader is imported inside the methods that use it: it reaches the models, and this
-# module is the Celery app's task class, imported while the app loads, before Django's apps are.
+if TYPE_CHECKING:
+    from .leader import Held
 
 log = logging.getLogger("llmgw.beat")
 
@@ -43,6 +44,14 @@ BEAT_HEADER = "llmgw_beat"
 SENT_AT_HEADER = "llmgw_sent_at"
 
 
+def _leader() -> ModuleType:
+    """llmgw_site.leader, imported at first use: it reaches the models, and this module holds
+    the Celery app's task class, which Celery imports before Django's apps are loaded."""
+    from . import leader  # at first use: see above
+
+    return leader
+
+
 def interval_of(entry: ScheduleEntry) -> float:
     """The least time between two sends of an entry: its interval, or a minute for crontab-like
     schedules (their resolution)."""
@@ -53,14 +62,12 @@ def interval_of(entry: ScheduleEntry) -> float:
 
 class LeaderScheduler(PersistentScheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        from . import leader
-
-        self.shared = leader.shared()
+        self.shared = _leader().shared()
         self.lease_seconds = float(settings.LLMGW_BEAT_LEASE_SECONDS)
         # Unique per process: a beat restarted on the same machine is another holder, and
         # waits for the dead one's lease to run out rather than trusting it is dead.
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-        self.held: leader.Held | None = None
+        self.held: Held | None = None
         self.renew_at = 0.0
         self._said: str | None = None
         super().__init__(*args, **kwargs)
@@ -78,8 +85,7 @@ class LeaderScheduler(PersistentScheduler):
     def _lead(self) -> bool:
         """Whether this process may send now: it holds the lease, renewed when a third of it
         has passed."""
-        from . import leader
-
+        leader = _leader()
         if self.held is not None and time.monotonic() < self.renew_at:
             return True
         asked = time.monotonic()
@@ -119,9 +125,7 @@ class LeaderScheduler(PersistentScheduler):
     def _start_term(self, held: Any) -> None:
         """Begin leading: each entry's last send is the one recorded by whichever beat sent it,
         so what came due while no beat led is sent now, and nothing is sent early."""
-        from . import leader
-
-        sends = leader.last_sends(list(self.schedule))
+        sends = _leader().last_sends(list(self.schedule))
         for name, entry in self.schedule.items():
             sent = sends.get(name)
             if sent is not None:
@@ -147,13 +151,11 @@ class LeaderScheduler(PersistentScheduler):
     def apply_entry(self, entry: ScheduleEntry, producer: Any = None) -> None:
         if not self.shared:
             return super().apply_entry(entry, producer=producer)
-        from . import leader
-
         held = self.held
         if held is None:
             return None
         try:
-            send = leader.claim_send(
+            send = _leader().claim_send(
                 name=entry.name,
                 task=entry.task,
                 interval=interval_of(entry),
@@ -181,11 +183,9 @@ class LeaderScheduler(PersistentScheduler):
 
     def close(self) -> None:
         if self.shared and self.held is not None:
-            from . import leader
-
             _drop_cut_connection()
             try:
-                if leader.release(holder=self.holder):
+                if _leader().release(holder=self.holder):
                     log.info("beat: %s released the lease", self.holder)
             except DatabaseError:
                 pass  # it runs out by itself
@@ -201,9 +201,7 @@ class PeriodicTask(Task):
         name, send = self.request.get(ENTRY_HEADER), self.request.get(SEND_HEADER)
         if name is None or send is None:
             return
-        from . import leader
-
-        if not leader.ran_send(name=str(name), send=int(send)):
+        if not _leader().ran_send(name=str(name), send=int(send)):
             log.info(
                 "%s: not running send %s of %s: it ran already or a later send superseded it",
                 self.name,

@@ -1,38 +1,8 @@
 """One beat schedule over several control planes: a lease in the database, and a claim per send.
 
-Two machines may each run the run command (web, gateway, worker and beat) on one PostgreSQL
-database and one Redis. Every beat process runs, but only the holder of the lease named "beat"
-sends periodic tasks; the others stand by and try to take it every few seconds. The holder
-renews it every third of its length; when the holder dies its lease runs out, and the first
-standby to ask afterwards takes it (llmgw_site.beat.LeaderScheduler drives these calls).
-
-Why a row in the database rather than a Redis key (SET NX PX, or celery-redbeat's lock):
-- The fence and the work live in one place. A send claims its task's row with one conditional
-  UPDATE that also checks, in the same statement and by the database's clock, that the sender
-  still holds the lease in the term it believes. A beat that paused past its lease (a stopped
-  VM, a long GC, a slow disk) and wakes up believing it leads sends nothing. A Redis lease
-  cannot fence a write the database receives afterwards.
-- One clock decides: expiry and the interval between sends are compared with the database's
-  now(), so the machines' clocks may disagree.
-- The state periodic work depends on is already in the database; a control plane that cannot
-  reach it has nothing useful to schedule. Redis holds only short-lived state here and may be
-  restarted empty; a lease lost with it would let two beats send at once.
-- It costs one small UPDATE per beat process every few seconds.
-
-What is guaranteed, and what is not:
-- Two sends of one entry are at least its interval apart (less CLAIM_TOLERANCE), by the
-  database's clock, whichever beats sent them: no periodic task is sent twice for one interval.
-- A worker runs a send only if it is still the entry's latest one and has not run
-  (`ran_send`): a message that waited in the broker past the next send, or that the broker
-  delivers again, does nothing.
-- A standby that takes over starts from the last sends recorded here, so a task already due
-  is sent at once and the others when due: nothing waits longer than one interval after the
-  takeover. During the takeover itself (up to the lease's length after the holder's last
-  renewal, plus a standby's poll) nothing is sent.
-- A send whose message is lost (Redis died holding it, a worker was killed while running it) is
-  not sent again: the next send, one interval later, does that work.
-
-With SQLite there is one machine: the stock Celery scheduler runs, with no lease (`shared`).
+Every beat process runs, but only the holder of the lease named "beat" sends periodic tasks;
+the others stand by (llmgw_site.beat.LeaderScheduler drives these calls). With SQLite there is
+one machine: the stock Celery scheduler runs, with no lease (`shared`).
 """
 
 from __future__ import annotations
@@ -89,6 +59,13 @@ def _from_now(seconds: float) -> ExpressionWrapper:
     return ExpressionWrapper(
         Now() + Value(timedelta(seconds=seconds)), output_field=DateTimeField()
     )
+
+
+# Why a row in the database rather than a Redis key: a send claims its row with one conditional
+# UPDATE that checks, in the same statement and by the database's clock, that the sender still
+# holds the lease in the term it believes, so a beat that paused past its lease sends nothing (a
+# Redis lease cannot fence a write the database receives afterwards); one clock decides; and
+# Redis may be restarted empty, when a lease lost with it would let two beats send at once.
 
 
 def take(*, holder: str, seconds: float, name: str = BEAT) -> Held | None:
@@ -164,7 +141,8 @@ def claim_send(
 ) -> Send | None:
     """Record a send of entry `name` and return it, if `holder` still holds the lease in `term`
     and the entry's last send is at least `interval` old (less CLAIM_TOLERANCE); None otherwise,
-    and nothing is recorded."""
+    and nothing is recorded. So no periodic task is sent twice for one interval, whichever beats
+    send it; a send whose message is lost is not sent again: the next one does that work."""
     PeriodicRun.objects.bulk_create([PeriodicRun(name=name, task=task)], ignore_conflicts=True)
     tolerance = min(CLAIM_TOLERANCE, interval / 2)
     due = Q(sent_at__isnull=True) | Q(

@@ -1,16 +1,9 @@
 """One line per log event, so that a 5xx and its traceback stay together in any log collector.
 
-    2026-12-02 21:00:00,123 ERROR django.request: Internal Server Error: /api/v1/models
-      status=500 method=POST path=/api/v1/models traceback="Traceback (most recent call last):\\n..."
-
-(on one line). The traceback is a JSON string: newlines escaped, quotes kept readable. A line
-about a request ends with its ID (core.requestid), ` request_id=...`, in every process.
-
-LLMGW_LOG_FORMAT=json writes one JSON object a line instead (JSONFormatter), for machines.
-
-LLMGW_LOG_FILE (the run command sets it for each of its processes) sends every line to that
-file as well, and leaves on stderr, the terminal, only what a person watching should see
-(ForTheTerminal): warnings and errors, and llmgw's own INFO lines, which tell of state changes.
+The traceback is a JSON string on the same line, and a line about a request ends with its ID
+(core.requestid). LLMGW_LOG_FORMAT=json writes one JSON object a line (JSONFormatter);
+LLMGW_LOG_FILE sends every line to that file and leaves on the terminal only what a person
+watching should see (ForTheTerminal).
 """
 
 from __future__ import annotations
@@ -92,7 +85,17 @@ class JSONFormatter(logging.Formatter):
 # llmgw's own loggers: their INFO lines tell of state changes (a node lost, a replica ready, a
 # rollout's step), which the terminal shows; everyone else's INFO (a request served, a task
 # received, a beat tick) goes to the log file only.
-OWN_LOGGERS = ("llmgw", "core", "accounts", "catalog", "fleet", "registry", "gateway", "console")
+OWN_LOGGERS = (
+    "llmgw",
+    "core",
+    "accounts",
+    "catalog",
+    "fleet",
+    "registry",
+    "access",
+    "gateway",
+    "console",
+)
 
 
 class ForTheTerminal(logging.Filter):

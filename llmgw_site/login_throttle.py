@@ -1,19 +1,8 @@
-"""Password logins (console and admin) are throttled by django-axes on two counts kept apart.
-
-Failed logins are counted per username (from any address) and per client address (for any
-username), and either count reaching the limit refuses password logins until the cool-off
-has passed since the failure that reached it:
-- per username, so that guessing one account's password from many addresses is throttled,
-  and a locked account stays locked whichever address the right password then comes from;
-- per address, so that spraying one guess at each of many usernames is throttled.
-Counting the pair (the earlier rule) throttled neither: every new address or username bought
-a fresh count.
-
-The cost: anyone can lock an account's password logins by guessing wrong, and one client
-can lock its address (a whole office behind one NAT). What a lockout by others does not
-touch is a user who proves themselves another way: API tokens (and gateway keys) never go
-through a password check, and a session already logged in stays logged in. Staff lift a
-lockout with `manage.py axes_reset_username USER` or `axes_reset_ip ADDRESS`.
+"""Password logins (console and admin) are throttled by django-axes on two counts kept apart:
+failures per username (from any address) and per client address (for any username); either
+reaching the limit refuses password logins until the cool-off has passed. API tokens and gateway
+keys never go through a password check. Staff lift a lockout with `manage.py
+axes_reset_username USER` or `axes_reset_ip ADDRESS`.
 """
 
 from __future__ import annotations

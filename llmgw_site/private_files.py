@@ -1,18 +1,7 @@
-"""Files only their owner may read: var/, the SQLite database, logs and every file holding a secret.
-
-Why: under the usual umask (022) every file llmgw wrote was readable by every local account,
-and the SQLite database holds live session keys, so anyone on the machine could take over a
-staff session; the secret key, the metrics token and the local node's token were as exposed.
-
-Three layers, because each covers what the others miss:
-- every process sets the umask to 077 when it reads its settings (llmgw_site.settings), so
-  what any part of llmgw creates later (logs, the broker's messages, the engine's log, the
-  database's journal) is owner-only from the start, and so are the processes it starts;
-- var/ itself is made 0700 at every start, which also closes what an earlier version or a
-  looser umask left inside it;
-- secrets are created 0600 by os.open, never written first and narrowed after, so that no
-  reader can catch one in between, and an existing one is narrowed when it is read; the SQLite
-  file is narrowed whenever a connection opens it (it may live outside var/).
+"""Files only their owner may read: var/, the SQLite database, logs and every file holding a
+secret (the database holds live session keys). The umask is 077 from the settings on, var/ is
+made 0700 at every start, and secrets are created 0600 (write_secret), never written first
+and narrowed after.
 """
 
 from __future__ import annotations

@@ -105,6 +105,7 @@ INSTALLED_APPS = [
     "catalog",
     "fleet",
     "registry",
+    "access",
     "gateway",
     "console",
     # The process-starting commands (llmgw_run) and start-up; no models.
@@ -301,12 +302,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": _schedule_seconds("mirror", "update_check", 6 * 3600),
     },
     # Minutes of traffic older than a day become hours; older than a week, nothing.
-    "fold-traffic": {"task": "gateway.tasks.fold_traffic", "schedule": 600.0},
+    "fold-traffic": {"task": "access.tasks.fold_traffic", "schedule": 600.0},
     "sample-capacity": {"task": "fleet.tasks.sample_capacity", "schedule": 60.0},
     # GGUF header facts of files no model uses (plans of definitions never added).
     "forget-unused-files": {"task": "fleet.tasks.forget_unused_files", "schedule": 600.0},
     "check-canaries": {
-        "task": "gateway.tasks.check_canaries",
+        "task": "access.tasks.check_canaries",
         "schedule": float(LLMGW_CANARY_CHECK_SECONDS),
     },
 }
@@ -370,7 +371,7 @@ LOGGING = {
         "django.security.DisallowedHost": {"filters": ["once_per_source"]},
         **{
             name: {"level": _LOG_LEVEL}
-            for name in ("llmgw", "catalog", "fleet", "gateway", "console")
+            for name in ("llmgw", "catalog", "fleet", "access", "gateway", "console")
         },
     },
 }

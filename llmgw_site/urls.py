@@ -1,5 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path, re_path
+from django.views.generic import RedirectView
 
 from catalog.urls import model_urlpatterns
 from registry import mirror_files
@@ -10,6 +11,8 @@ from .access import mirror_access
 from .api_docs import DocsView, SchemaView
 
 urlpatterns = [
+    # Keys, teams and usage were the gateway app's: its old admin addresses still lead there.
+    re_path(r"^admin/gateway/(?P<rest>.*)$", RedirectView.as_view(url="/admin/access/%(rest)s")),
     path("admin/", admin.site.urls),
     # For those logged in unless LLMGW_PUBLIC_API_DOCS=true (llmgw_site.api_docs).
     path("api/v1/schema", SchemaView.as_view(), name="api-schema"),
@@ -19,7 +22,7 @@ urlpatterns = [
     path("api/v1/", include(model_urlpatterns(describe=model_answers))),
     path("api/v1/", include("catalog.urls")),
     path("api/v1/", include("registry.urls")),
-    path("", include("gateway.urls")),
+    path("", include("access.urls")),
     # Everything else under /api/v1/ answers in the API's JSON shape, not an HTML page.
     re_path(r"^api/v1/", api_errors.no_such_endpoint),
     path("mirror/<path:path>", mirror_access(mirror_files.serve), name="mirror-file"),

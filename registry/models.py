@@ -1,7 +1,7 @@
 """The registry's rows: files in the mirror, fetches into it, and rollouts to new weights.
 
-The tables keep the names they had when these models lived in the catalog app
-(migration registry 0001 moved them without copying a row).
+Their tables are named catalog_* (db_table): migration registry 0001 took the existing tables
+over from the catalog app without copying a row.
 """
 
 from __future__ import annotations
@@ -293,12 +293,12 @@ class CanaryKeyMinute(models.Model):
     only while the model has a canary update under way (registry.canary.key_figures reads it
     for judge).
 
-    The gateway's own traffic table (gateway.models.TrafficMinute) has no key: one key whose
+    The gateway's own traffic table (access.models.TrafficMinute) has no key: one key whose
     requests fail on both revisions alike (a body the engine cannot take) would read as the new
     revision's errors. Per key, the check can tell errors that follow the request from errors
     that follow the revision. Each process writes its own rows with the absolute totals it
     holds, as for TrafficMinute. Bounded: keys sending x 2 revisions x the minutes of the window
-    (at most a day, MAX_WINDOW_SECONDS) x writers, per model under a canary; gateway.traffic.fold
+    (at most a day, MAX_WINDOW_SECONDS) x writers, per model under a canary; access.traffic.fold
     deletes rows older than a day.
     """
 

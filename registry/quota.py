@@ -1,18 +1,6 @@
-"""A plain user's share of the mirror: what their serves and updates may bring into it.
-
-Any user may `model serve` a registry repository, and the mirror keeps what it fetched for as
-long as a model, a model's previous revision or a fetch refers to it, so without a bound one
-user could fill the control plane's disk. A fetch that would take a plain user past
-LLMGW_SERVE_QUOTA_GB is refused before anything is fetched: the registry lists each file's size.
-
-What counts against a user: every file one of their fetches asked for that is still in the
-mirror, and the files of their fetches still queued or running, each file once. A file that
-someone else's serve also holds counts for each of them: when the other's model goes, this
-user's model alone keeps it in the mirror. A file leaves the count when the mirror deletes it
-(registry.mirror.clean_mirror, run after a model is removed). It is all worked out from the
-fetches and the mirror's records, so nothing new is stored.
-
-Staff, server.yaml and the system have no quota. A quota of 0 leaves serving to staff.
+"""A plain user's share of the mirror: what their serves and updates may bring into it, so that
+no one user can fill the control plane's disk (LLMGW_SERVE_QUOTA_GB; staff, server.yaml and the
+system have none, and a quota of 0 leaves serving to staff).
 """
 
 from __future__ import annotations
@@ -42,7 +30,13 @@ def file_key(repo: str, commit: str, entry: dict[str, Any]) -> FileKey:
 
 
 def mirror_files_held(user: Any) -> dict[FileKey, int]:
-    """The files counted against the user's quota, with their sizes."""
+    """The files counted against the user's quota, with their sizes.
+
+    Every file one of their fetches asked for that is still in the mirror, and the files of
+    their fetches still queued or running, each once. A file someone else's serve also holds
+    counts for each of them: when the other's model goes, this user's alone keeps it. A file
+    leaves the count when the mirror deletes it (registry.mirror.clean_mirror). All of it is
+    worked out from the fetches and the mirror's records: nothing new is stored."""
     asked: dict[tuple[str, str, str], FileKey] = {}  # (repo, commit, path) -> its key
     held: dict[FileKey, int] = {}
     for repo, commit, files, state in Fetch.objects.filter(requested_by=user).values_list(

@@ -1,8 +1,9 @@
 """The apps import only downward, and no module imports itself round a circle.
 
 llmgw (the command, no Django) -> core (the kernel: refusals, the actor, the API and admin kits,
-env parsing, bounded documents, outbound URLs, durations; no models) -> accounts -> catalog -> fleet -> registry -> gateway -> console
--> llmgw_site: a module may import its own app and the apps to its left, never one to its right,
+env parsing, bounded documents, outbound URLs, durations; no models) -> accounts -> catalog ->
+fleet -> registry -> access (keys, teams, limits, usage) -> gateway (the data plane: the request
+path only, no tables) -> console -> llmgw_site: a module may import its own app and the apps to its left, never one to its right,
 not even inside a function. The README's Layout section draws the same map.
 """
 
@@ -20,9 +21,10 @@ LAYERS = {
     "catalog": 3,
     "fleet": 4,
     "registry": 5,
-    "gateway": 6,
-    "console": 7,
-    "llmgw_site": 8,
+    "access": 6,
+    "gateway": 7,
+    "console": 8,
+    "llmgw_site": 9,
 }
 
 
@@ -84,3 +86,9 @@ def test_the_kernel_has_no_models_and_no_app_below_it_but_the_command() -> None:
         for target in targets
     }
     assert core_imports <= {"core", "llmgw"}, core_imports
+
+
+def test_the_data_plane_owns_no_tables_admin_or_migrations() -> None:
+    """gateway/ is the request path: keys, teams and usage are access's, which it reads."""
+    for name in ("models.py", "admin.py", "migrations", "api.py", "urls.py"):
+        assert not (ROOT / "gateway" / name).exists(), name

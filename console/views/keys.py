@@ -14,27 +14,22 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from access import policies, selectors, services
+from access.api import key_items
+from access.models import GatewayKey
+from access.services import COUNTERS
 from console import selectors as console_selectors
 from console.key_forms import KeyCreateForm, KeyLimitsForm
 from core.actor import Actor
 from core.refusals import Refused
-from gateway import policies, selectors, services
-from gateway.api import key_items
-from gateway.models import GatewayKey
-from gateway.services import COUNTERS
+from llmgw.limitdefs import LIMITS, RATES
 
 from .pages import HtmxHttpRequest, actor, login_required, render_page, wants_partial
 
 KEYS_PER_PAGE = 25
 # Each limit and the use counted against it (the API's usage figures): the rates' as the gateway
 # counts them now, the budgets' as the traffic book last wrote them.
-USES = [
-    ("rpm", "requests_last_minute", "Requests in the last minute"),
-    ("tpm", "tokens_last_minute", "Tokens in the last minute"),
-    ("max_parallel", "in_flight", "In flight now"),
-    ("tokens_per_day", "tokens_today", "Tokens today"),
-    ("tokens_per_month", "tokens_this_month", "Tokens this month"),
-]
+USES = [(limit.name, limit.used, limit.used_label) for limit in LIMITS]
 
 
 @require_GET
@@ -112,7 +107,7 @@ def key_revoke(request: HtmxHttpRequest, key_id: int) -> HttpResponse:
 
 def _teams(who: Actor) -> dict[str, Any]:
     """The teams a key may be put in here, as the forms take them: the user's own (staff: every
-    team), only those with limits when they are in any (gateway.policies), and whether none."""
+    team), only those with limits when they are in any (access.policies), and whether none."""
     if not who.is_staff:
         binding = policies.binding_teams(who.user)
         if binding:
@@ -165,7 +160,7 @@ def _card(view: dict[str, Any], form: KeyLimitsForm) -> dict[str, Any]:
             KeyLimitsForm.base_fields[name].label,
             "no limit" if limits[name] is None else f"{limits[name]:,}",
         )
-        for name in ("rpm", "tpm", "max_parallel")
+        for name in RATES
     ]
     return {
         "view": view,

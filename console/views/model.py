@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
+from access import live, traffic
 from catalog import selectors as catalog_selectors
 from catalog import services
 from catalog.config import current_config
@@ -27,7 +28,6 @@ from console import selectors as console_selectors
 from console import traffic as console_traffic
 from core.durations import format_duration
 from core.refusals import Refused
-from gateway import traffic
 from registry.canary import canary_view
 
 from .pages import (
@@ -296,6 +296,6 @@ def queue_context(name: str, window: traffic.Window) -> dict[str, Any]:
     """The fair queue beside the traffic charts: the requests waiting for a free slot now (in
     this machine's gateway processes), and those that waited over the charts' window."""
     return {
-        "waiting_now": traffic.waiting_now([name])[name],
+        "waiting_now": live.waiting_now([name])[name],
         "total": traffic.queue_totals(name, window),
     }

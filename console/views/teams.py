@@ -2,7 +2,7 @@
 
 Staff add teams here, set their limits, key policies and members and remove them, and set the
 default key policy (for everyone's keys in no team); a user sees the teams they are in and their
-policies, read-only. Every change goes through gateway.services, as the API's and the CLI's do,
+policies, read-only. Every change goes through access.services, as the API's and the CLI's do,
 so the audit records who made it and the doors cannot disagree.
 """
 
@@ -17,15 +17,17 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from access import selectors, services
+from access.api import team_items
+from access.forms import with_limit_fields
+from access.models import KeyPolicy
+from access.services import COUNTERS
 from console import selectors as console_selectors
 from console.forms import ConsoleForm
 from console.key_forms import KeyLimitsForm
 from core.actor import Actor
 from core.refusals import Refused
-from gateway import selectors, services
-from gateway.api import team_items
-from gateway.models import KeyPolicy
-from gateway.services import COUNTERS
+from llmgw.limitdefs import RATES
 
 from .keys import uses_against_limits
 from .pages import HtmxHttpRequest, actor, login_required, render_page, wants_partial
@@ -38,15 +40,11 @@ LIMITS_DONE = "Limits in force now; the gateway holds them within a second."
 # -- forms: text into the services' words (the services decide what is allowed) ---------------
 
 
+@with_limit_fields(lambda limit: {limit.name: KeyLimitsForm.base_fields[limit.name]})
 class TeamLimitsForm(ConsoleForm):
     """A team's limits, shown as they are; only what was changed is sent."""
 
     # The same fields, with the same words, as a key's limits on the Keys page.
-    rpm = KeyLimitsForm.base_fields["rpm"]
-    tpm = KeyLimitsForm.base_fields["tpm"]
-    max_parallel = KeyLimitsForm.base_fields["max_parallel"]
-    tokens_per_day = KeyLimitsForm.base_fields["tokens_per_day"]
-    tokens_per_month = KeyLimitsForm.base_fields["tokens_per_month"]
     models = KeyLimitsForm.base_fields["models"]
     weight = forms.CharField(
         label="Weight",
@@ -423,7 +421,7 @@ def _card(
             KeyLimitsForm.base_fields[name].label,
             "no limit" if limits[name] is None else f"{limits[name]:,}",
         )
-        for name in ("rpm", "tpm", "max_parallel")
+        for name in RATES
     ]
     card: dict[str, Any] = {
         "view": view,

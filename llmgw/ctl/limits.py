@@ -7,23 +7,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from llmgw.limitdefs import LIMITS
+
 # flag -> the API's field, and what the limit counts (for --help and for printing)
-COUNTERS = {
-    "rpm": ("requests per minute", "requests/min"),
-    "tpm": ("prompt + completion tokens per minute (a stream counts when it ends)", "tokens/min"),
-    "max_parallel": ("requests in flight at once", "in flight"),
-    "tokens_per_day": ("prompt + completion tokens per day (UTC)", "tokens/day"),
-    "tokens_per_month": ("prompt + completion tokens per calendar month (UTC)", "tokens/month"),
-}
+COUNTERS = {limit.name: (limit.meaning, limit.short) for limit in LIMITS}
 # The usage figure each limit is counted against (the API's usage fields), and over when. The
 # rates' figures are null for a key or team the gateway does not count (it has no limit at all).
-USED = {
-    "rpm": ("requests_last_minute", " in the last minute"),
-    "tpm": ("tokens_last_minute", " in the last minute"),
-    "max_parallel": ("in_flight", " now"),
-    "tokens_per_day": ("tokens_today", ""),
-    "tokens_per_month": ("tokens_this_month", ""),
-}
+USED = {limit.name: (limit.used, limit.used_when) for limit in LIMITS}
 
 
 def add_limit_flags(parser: Any, *, key: bool) -> None:

@@ -16,6 +16,14 @@ import requests
 
 from llmgw.download import BadStatus, WrongDigest, WrongSize, download_verified
 
+# What an agent keeps under its cache folder:
+# <cache>/agent.lock               one agent per cache (flock; holds the agent's pid)
+# <cache>/blobs/<sha256>           verified files, named by their content's sha256
+# <cache>/tmp/                     downloads in progress; emptied when an agent starts
+# <cache>/urls.json                source URL -> sha256, for sources given without a sha256
+# <cache>/replicas/<id>/state.json the replica's spec, engine pid, port, command, state
+# <cache>/replicas/<id>/engine.log the engine's stdout and stderr
+
 DOWNLOAD_TIMEOUT = (10, 60)
 POLL_SECONDS = 0.1  # how often a waiting worker looks again (a download, a starting engine)
 

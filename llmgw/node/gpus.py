@@ -1,22 +1,10 @@
 """The GPUs of this machine, as the heartbeat reports them.
 
-NVIDIA GPUs are found through NVML (``pynvml``, from the ``nvidia-ml-py`` package), the library
-the driver ships, and where it cannot be loaded or initialised (no driver library, a container
-without it, the package missing) through ``nvidia-smi``. Each device is reported with its index
-(NVML's, which is the PCI bus order: the engine is started with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
-so that the two agree), UUID, name, total memory, the memory *every* process holds on it
-(ours included: the control plane compares it with what it reserved, so memory other programs
-hold is respected) and utilisation.
-
-``--gpus N --gpu-memory GB`` declare the GPUs instead, for machines where neither works: then
-nothing is detected and N identical devices are reported, source "flags".
-
-Detection runs in the heartbeat loop, so it is bounded: NVML is initialised once and read at
-most every REFRESH_SECONDS; ``nvidia-smi`` gets SMI_TIMEOUT_SECONDS and SMI_MAX_BYTES of output,
-and after a failure it is not run again for SMI_RETRY_SECONDS (a hung driver makes it hang, and
-every heartbeat would wait for it). Between readings the last one is reported.
-
-This module must not import Django.
+Found through NVML (``pynvml``), else ``nvidia-smi``, else declared by ``--gpus N --gpu-memory
+GB``. Indices are NVML's, the PCI bus order, as the engine is started with
+``CUDA_DEVICE_ORDER=PCI_BUS_ID``; memory in use counts every process's, ours included.
+Detection runs in the heartbeat loop, so it is bounded (REFRESH_SECONDS, SMI_TIMEOUT_SECONDS,
+SMI_RETRY_SECONDS) and the last reading is reported between. This module must not import Django.
 """
 
 from __future__ import annotations
@@ -89,6 +77,7 @@ def capacity(devices: list[Device]) -> tuple[int, float]:
 def load_nvml() -> Any | None:
     """The ``pynvml`` module, or None when the package is not installed."""
     try:
+        # Here: the package is optional (nvidia-smi serves without it).
         import pynvml  # type: ignore[import-not-found, import-untyped, unused-ignore]
     except ImportError:
         return None

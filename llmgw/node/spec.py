@@ -142,6 +142,19 @@ def _positive_int(value: Any, key: str, where: str) -> int | None:
 def _gpus(data: dict[str, Any], where: str) -> dict[str, Any]:
     """The GPU fields of a replica, checked together: a control plane from before GPUs sends
     none of them, which is a CPU replica."""
+    devices = _devices(data, where)
+    uuids = _device_uuids(data, devices, where)
+    layers = _gpu_layers(data, devices, where)
+    split = _tensor_split(data, devices, where)
+    return {
+        "devices": tuple(devices),
+        "device_uuids": tuple(uuids),
+        "gpu_layers": layers,
+        "tensor_split": tuple(float(share) for share in split),
+    }
+
+
+def _devices(data: dict[str, Any], where: str) -> list[int]:
     devices = data.get("devices") or []
     if not isinstance(devices, list) or len(devices) > MAX_DEVICES:
         raise AnswerError(f"{where}: devices is not a list of at most {MAX_DEVICES} indices")
@@ -152,12 +165,21 @@ def _gpus(data: dict[str, Any], where: str) -> dict[str, Any]:
             )
     if len(set(devices)) != len(devices):
         raise AnswerError(f"{where}: devices lists one device twice")
+    return devices
+
+
+def _device_uuids(data: dict[str, Any], devices: list[int], where: str) -> list[str]:
     uuids = data.get("device_uuids") or []
     if not isinstance(uuids, list) or (uuids and len(uuids) != len(devices)):
         raise AnswerError(f"{where}: device_uuids is not a list with one entry per device")
     for uuid in uuids:
         if not isinstance(uuid, str) or (uuid and not _DEVICE_UUID.fullmatch(uuid)):
             raise AnswerError(f"{where}: a device uuid is {str(uuid)[:120]!r}, not a GPU's UUID")
+    return uuids
+
+
+def _gpu_layers(data: dict[str, Any], devices: list[int], where: str) -> int | str:
+    """The layers to offload: "all" or a number, "all" when devices are given without it."""
     layers = data.get("gpu_layers")
     if layers is None:
         layers = "all" if devices else 0
@@ -169,32 +191,31 @@ def _gpus(data: dict[str, Any], where: str) -> dict[str, Any]:
         )
     if layers != 0 and not devices:
         raise AnswerError(f"{where}: gpu_layers is {layers!r} but no devices are given")
+    return layers
+
+
+def _tensor_split(data: dict[str, Any], devices: list[int], where: str) -> list[int | float]:
+    """Each device's share of the layers, over 2 or more devices; empty when none is given."""
     split = data.get("tensor_split") or []
     if not isinstance(split, list):
         raise AnswerError(f"{where}: tensor_split is not a list")
-    if split:
-        if len(devices) < 2 or len(split) != len(devices):
-            raise AnswerError(
-                f"{where}: tensor_split has {len(split)} entries for {len(devices)} devices "
-                "(one per device, over 2 or more)"
-            )
-        for share in split:
-            if (
-                isinstance(share, bool)
-                or not isinstance(share, int | float)
-                or not 0 <= share <= MAX_SPLIT
-            ):
-                raise AnswerError(
-                    f"{where}: a tensor_split share is {share!r}, not 0-{MAX_SPLIT:g}"
-                )
-        if sum(split) <= 0:
-            raise AnswerError(f"{where}: tensor_split gives the devices no share of the layers")
-    return {
-        "devices": tuple(devices),
-        "device_uuids": tuple(uuids),
-        "gpu_layers": layers,
-        "tensor_split": tuple(float(share) for share in split),
-    }
+    if not split:
+        return split
+    if len(devices) < 2 or len(split) != len(devices):
+        raise AnswerError(
+            f"{where}: tensor_split has {len(split)} entries for {len(devices)} devices "
+            "(one per device, over 2 or more)"
+        )
+    for share in split:
+        if (
+            isinstance(share, bool)
+            or not isinstance(share, int | float)
+            or not 0 <= share <= MAX_SPLIT
+        ):
+            raise AnswerError(f"{where}: a tensor_split share is {share!r}, not 0-{MAX_SPLIT:g}")
+    if sum(split) <= 0:
+        raise AnswerError(f"{where}: tensor_split gives the devices no share of the layers")
+    return split
 
 
 def _adapter(data: Any, where: str) -> AdapterSpec:

@@ -1,33 +1,8 @@
 """Canary updates: the new weights on one replica, a share of the requests sent to it, and the
 control plane deciding from the gateway's figures whether the update goes on or goes back.
 
-    start_canary_update   the update starts as any other (fetch, check, swap); the model's
-                          `canary` says which share of its requests the new revision gets
-    advance_canary        waiting -> watching once the canary replica is ready (the window
-                          starts then); a canary replica that keeps failing to start, or a
-                          rollout that ended another way, ends the canary
-    check_canary          compares the two revisions' figures (judge); unhealthy at any check
-                          rolls back, healthy at the end of the window promotes
-    promote_canary /      by hand at any time (the model's owner or staff)
-    abort_canary
-
-While the canary runs, the reconciler keeps one replica of the new revision beside all the old
-ones (fleet.reconciler._replacement) and the gateway splits the requests (gateway.canary).
-Promoted, the replacement goes on one replica at a time as any update's; rolled back, the model
-points at its old files again, so the canary replica is the out-of-date one and leaves, while
-the old replicas, which never stopped, keep serving.
-
-The check runs every LLMGW_CANARY_CHECK_SECONDS (check.check_canaries, queued by beat as
-gateway.tasks.check_canaries, which passes in the figures the gateway writes every few seconds).
-Every change of state writes an audit entry in the same transaction; a rollback's entry holds
-both revisions' figures.
-
-The package, one job a module (each importing only those before it):
-
-    rule        the settings of a canary and the rule that judges it (pure)
-    selectors   reads: canaries under way, a canary as shown, the per-key figures
-    services    the lifecycle: start, advance, check, promote, abort (writes, audited)
-    check       the periodic check over every canary under way
+rule (the settings and the rule, pure), selectors (reads), services (start, advance, check,
+promote, abort: writes, audited), check (the periodic check over every canary under way).
 """
 
 from .check import RevisionFiguresReader, check_canaries

@@ -1,8 +1,8 @@
 """The canary check: every canary under way moved on and, once watching, judged on the figures.
 
-Beat runs it every LLMGW_CANARY_CHECK_SECONDS through the task gateway.tasks.check_canaries
+Beat runs it every LLMGW_CANARY_CHECK_SECONDS through the task access.tasks.check_canaries
 (the name beat schedules and queued messages use). The figures per revision are the gateway's
-own table (gateway.models.TrafficMinute, written by its traffic book, folded and read by its
+own table (access.models.TrafficMinute, written by its traffic book, folded and read by its
 traffic pages), which the registry, below the gateway, may not import: the gateway passes its
 reader in (`revision_figures`). Why not move the table down here: it is the gateway's record of
 all its traffic, of which the canary reads a small part, and moving it would mean a migration

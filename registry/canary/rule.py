@@ -244,50 +244,79 @@ def judge(
     window_over: bool,
     keys: dict[int, KeyFigures] | None = None,
 ) -> Verdict:
-    """Is the new revision healthy, judged against the old one?
+    """Is the new revision healthy, judged against the old one? The rules, in order:
 
-    1. Until the new revision has answered `min_requests` requests nothing is decided: a few
-       requests are noise (one error in three is not a 33% error rate). A window that ends
-       before then waits for them.
-    2. Server errors, judged per gateway key (`keys`, the figures of each key on each
-       revision) so that no key can swing the decision beyond its share of the traffic:
-       - The split is random per request, so an error caused by the request itself (a body the
-         engine cannot take) falls on both revisions alike. A key's errors on the new revision
-         therefore count only beyond what the same key saw on the old one: its old-revision
-         error rate times its new-revision requests, plus CHANCE_MARGIN standard deviations of
-         chance. A key that fails alike on both revisions is no evidence against the canary.
-       - A key whose requests the old revision answered fewer than KEY_BASELINE_REQUESTS times
-         is compared with the old revision's rate over all keys instead (none when the old
-         revision answered nothing, as when the canary took the place of a model's only
-         replica). Such a key's excess alone decides nothing while other keys are sending:
-         it must come with another key's excess, or be the only key sending.
-       - A key's excess is at most its own requests to the new revision, so no key counts for
-         more than its share of the traffic.
-       The summed excess, as a share of the new revision's answers, above `max_error_rate` is
-       unhealthy.
-       Without per-key figures (an older gateway), the new revision's server-error rate above
-       the limit, and above the old revision's, is unhealthy (when the old revision fails as
-       often, the cause is elsewhere: the engine host, the load).
-    3. Its mean latency more than `max_latency_ratio` times the old revision's is unhealthy,
-       once both have answered `min_requests` requests. With per-key figures the old
-       revision's latency is taken for the new revision's mix of keys (each key's own old mean,
-       weighted by its new requests), so one key's slow requests weigh alike on both sides.
-       Latencies below LATENCY_FLOOR_SECONDS count as that, so a ratio over a near-zero figure
-       decides nothing.
+    1. Enough answers to decide (_waiting_for_answers).
+    2. Server errors within the limit (_too_many_errors).
+    3. Latency within the limit (_latency_ratio, _too_slow).
     4. Otherwise: healthy when the window is over, undecided before.
     """
-    if new.requests < min_requests:
-        waiting = (
-            "the window is over, so the canary waits for them (promote or abort it by hand)"
-            if window_over
-            else "nothing is decided before"
-        )
-        return Verdict(
-            Outcome.UNDECIDED,
-            f"the new revision has answered {new.requests} of the {min_requests} requests a "
-            f"decision needs; {waiting}",
-        )
+    waiting = _waiting_for_answers(new, min_requests=min_requests, window_over=window_over)
+    if waiting is not None:
+        return waiting
     beyond = excess(keys, old) if keys else None
+    errors = _too_many_errors(old, new, settings_, beyond)
+    if errors is not None:
+        return errors
+    if old.requests < min_requests:
+        latency_note = (
+            f"; latency not compared: the old revision answered {old.requests} of the "
+            f"{min_requests} requests that needs"
+        )
+    else:
+        ratio, new_latency, old_latency = _latency_ratio(old, new, beyond)
+        if ratio > settings_.max_latency_ratio:
+            return _too_slow(ratio, new_latency, old_latency, settings_, beyond)
+        latency_note = f", {ratio:.2f} times the old revision's latency"
+    return _healthy(new, beyond, latency_note, window_over=window_over)
+
+
+def _waiting_for_answers(
+    new: RevisionFigures, *, min_requests: int, window_over: bool
+) -> Verdict | None:
+    """Until the new revision has answered `min_requests` requests nothing is decided: a few
+    requests are noise (one error in three is not a 33% error rate). A window that ends before
+    then waits for them."""
+    if new.requests >= min_requests:
+        return None
+    waiting = (
+        "the window is over, so the canary waits for them (promote or abort it by hand)"
+        if window_over
+        else "nothing is decided before"
+    )
+    return Verdict(
+        Outcome.UNDECIDED,
+        f"the new revision has answered {new.requests} of the {min_requests} requests a "
+        f"decision needs; {waiting}",
+    )
+
+
+def _too_many_errors(
+    old: RevisionFigures,
+    new: RevisionFigures,
+    settings_: CanarySettings,
+    beyond: Excess | None,
+) -> Verdict | None:
+    """Server errors, judged per gateway key (`beyond`, from the figures of each key on each
+    revision) so that no key can swing the decision beyond its share of the traffic:
+
+    - The split is random per request, so an error caused by the request itself (a body the
+      engine cannot take) falls on both revisions alike. A key's errors on the new revision
+      therefore count only beyond what the same key saw on the old one: its old-revision error
+      rate times its new-revision requests, plus CHANCE_MARGIN standard deviations of chance. A
+      key that fails alike on both revisions is no evidence against the canary.
+    - A key whose requests the old revision answered fewer than KEY_BASELINE_REQUESTS times is
+      compared with the old revision's rate over all keys instead (none when the old revision
+      answered nothing, as when the canary took the place of a model's only replica). Such a
+      key's excess alone decides nothing while other keys are sending: it must come with
+      another key's excess, or be the only key sending.
+    - A key's excess is at most its own requests to the new revision, so no key counts for more
+      than its share of the traffic.
+
+    The summed excess, as a share of the new revision's answers, above `max_error_rate` is
+    unhealthy. Without per-key figures (an older gateway), the new revision's server-error rate
+    above the limit, and above the old revision's, is unhealthy (when the old revision fails as
+    often, the cause is elsewhere: the engine host, the load)."""
     if beyond is not None:
         rate = beyond.errors / new.requests
         if rate > settings_.max_error_rate and beyond.decisive:
@@ -307,29 +336,49 @@ def judge(
             f"({new.error_rate:.1%}), above the limit of {settings_.max_error_rate:.1%} "
             f"(old revision: {old.errors} of {old.requests}, {old.error_rate:.1%})",
         )
-    latency_note = ""
-    if old.requests >= min_requests:
-        expected = beyond.expected_latency if beyond is not None else None
-        new_latency = max(new.mean_latency or 0.0, LATENCY_FLOOR_SECONDS)
-        old_latency = max(
-            expected if expected is not None else (old.mean_latency or 0.0),
-            LATENCY_FLOOR_SECONDS,
-        )
-        ratio = new_latency / old_latency
-        if ratio > settings_.max_latency_ratio:
-            return Verdict(
-                Outcome.UNHEALTHY,
-                f"the new revision answers {ratio:.1f} times slower than the old one on average "
-                f"({new_latency:.3f} s against {old_latency:.3f} s), above the limit of "
-                f"{settings_.max_latency_ratio:g}",
-                beyond,
-            )
-        latency_note = f", {ratio:.2f} times the old revision's latency"
-    else:
-        latency_note = (
-            f"; latency not compared: the old revision answered {old.requests} of the "
-            f"{min_requests} requests that needs"
-        )
+    return None
+
+
+def _latency_ratio(
+    old: RevisionFigures, new: RevisionFigures, beyond: Excess | None
+) -> tuple[float, float, float]:
+    """How many times slower the new revision answers than the old one, and the two mean
+    latencies compared; taken once both have answered `min_requests` requests.
+
+    With per-key figures the old revision's latency is taken for the new revision's mix of keys
+    (each key's own old mean, weighted by its new requests), so one key's slow requests weigh
+    alike on both sides. Latencies below LATENCY_FLOOR_SECONDS count as that, so a ratio over
+    a near-zero figure decides nothing."""
+    expected = beyond.expected_latency if beyond is not None else None
+    new_latency = max(new.mean_latency or 0.0, LATENCY_FLOOR_SECONDS)
+    old_latency = max(
+        expected if expected is not None else (old.mean_latency or 0.0),
+        LATENCY_FLOOR_SECONDS,
+    )
+    return new_latency / old_latency, new_latency, old_latency
+
+
+def _too_slow(
+    ratio: float,
+    new_latency: float,
+    old_latency: float,
+    settings_: CanarySettings,
+    beyond: Excess | None,
+) -> Verdict:
+    """A mean latency more than `max_latency_ratio` times the old revision's is unhealthy."""
+    return Verdict(
+        Outcome.UNHEALTHY,
+        f"the new revision answers {ratio:.1f} times slower than the old one on average "
+        f"({new_latency:.3f} s against {old_latency:.3f} s), above the limit of "
+        f"{settings_.max_latency_ratio:g}",
+        beyond,
+    )
+
+
+def _healthy(
+    new: RevisionFigures, beyond: Excess | None, latency_note: str, *, window_over: bool
+) -> Verdict:
+    """Nothing against the new revision: healthy once the window is over, undecided before."""
     summary = (
         f"{new.errors} server errors in {new.requests} answers ({new.error_rate:.1%}){latency_note}"
     )

@@ -15,7 +15,7 @@ from core.durations import format_duration
 from ..models import CanaryKeyMinute, Rollout
 from .rule import RevisionFigures
 
-# The gateway writes its figures by the minute (gateway.traffic.MINUTE).
+# The gateway writes its figures by the minute (access.traffic.MINUTE).
 MINUTE = 60
 
 

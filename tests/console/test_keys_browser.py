@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway.models import GatewayKey
+from access.models import GatewayKey
 from tests.console.conftest import CHROMIUM, SCREENSHOTS
 
 pytestmark = [

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from access.models import Team
 from catalog.models import AuditEntry
-from gateway.models import Team
 from tests.console.conftest import CHROMIUM, SCREENSHOTS
 
 pytestmark = [

@@ -12,8 +12,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from gateway.models import GatewayKey, KeyUsageDay, TrafficMinute
-from gateway.traffic import LATENCY_BOUNDS, TrafficBook
+from access.models import GatewayKey, KeyUsageDay, TrafficMinute
+from access.traffic import LATENCY_BOUNDS, TrafficBook
 from tests.console.pages import text_of
 
 pytestmark = pytest.mark.django_db

@@ -1,5 +1,6 @@
 """ "Fits on a node" has one home, fleet.placement.fits: the planner places by it, and the
-gateway asks it before it wakes an on-demand model (gateway.state._unplaceable). Here the two
+gateway asks it before it wakes an on-demand model (fleet.selectors.unplaceable_models, through
+gateway.state._unplaceable). Here the two
 doors are held together: for each profile, the gateway calls the model unplaceable exactly when
 the planner, given an empty fleet, finds no node for one replica of it."""
 

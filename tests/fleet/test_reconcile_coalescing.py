@@ -176,17 +176,17 @@ def test_the_kicks_of_a_burst_queue_one_pass_after_it(
     monkeypatch.setattr(
         receivers.reconcile, "apply_async", lambda **options: queued.append(options)
     )
-    monkeypatch.setattr(receivers, "_window_ends", [0.0])
+    kicks = receivers.Kicks()
     before = timezone.now()
     for _ in range(50):  # fifty nodes reporting a replica ready in the same moment
-        receivers.kick_reconcile(sender=Node)
+        kicks.kick_reconcile(sender=Node)
     (first,) = queued
     assert first["countdown"] == receivers.KICK_WINDOW_SECONDS
     # Its kick time is the window's end: a pass that starts later saw every change of it.
     kicked_at = datetime.fromisoformat(first["kwargs"]["kicked_at"])
     assert kicked_at >= before + timedelta(seconds=receivers.KICK_WINDOW_SECONDS)
-    receivers._window_ends[0] = 0.0  # the window is over
-    receivers.kick_reconcile(sender=Node)
+    kicks.window_ends = 0.0  # the window is over
+    kicks.kick_reconcile(sender=Node)
     assert len(queued) == 2
 
 
@@ -203,7 +203,7 @@ def test_a_kick_the_broker_refused_is_tried_again_at_the_next_change(
         raise ConnectionError("the broker is away")
 
     monkeypatch.setattr(receivers.reconcile, "apply_async", refuse)
-    monkeypatch.setattr(receivers, "_window_ends", [0.0])
-    receivers.kick_reconcile(sender=Node)
-    receivers.kick_reconcile(sender=Node)
+    kicks = receivers.Kicks()
+    kicks.kick_reconcile(sender=Node)
+    kicks.kick_reconcile(sender=Node)
     assert len(calls) == 2

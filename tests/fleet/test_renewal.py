@@ -4,6 +4,7 @@ and the interval that grows with the fleet (fleet.services.node_renew, fleet.liv
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -15,6 +16,7 @@ from rest_framework.test import APIClient
 
 from catalog.services import model_remove
 from fleet import liveness, services
+from fleet.liveness import Liveness
 from fleet.models import Node, Replica
 from fleet.reconciler import reconcile_pass
 from tests.support.fleet import Fleet
@@ -210,29 +212,30 @@ def test_the_interval_grows_with_the_fleet_up_to_a_third_of_node_lost_after(
     fleet.node("n1")
     fleet.node("n2")
     fleet.node("n3")
-    monkeypatch.setattr(services, "_fleet_size", [0.0, 0.0])
     monkeypatch.setattr(services, "NODES_PER_SECOND", 1)
-    assert services.heartbeat_interval() == 3  # 3 nodes, one a second
-    monkeypatch.setattr(services, "_fleet_size", [0.0, 0.0])
+    assert services.FleetSize().heartbeat_interval() == 3  # 3 nodes, one a second
     monkeypatch.setattr(services, "NODES_PER_SECOND", 500)
-    assert services.heartbeat_interval() == 2  # never below 2 s
-    monkeypatch.setattr(services, "_fleet_size", [100_000.0, 1e12])  # counted just now
-    assert services.heartbeat_interval() == 10  # node_lost_after 30 s: at most 10 s
+    assert services.FleetSize().heartbeat_interval() == 2  # never below 2 s
+    counted = services.FleetSize(nodes=100_000, counted_at=time.monotonic())  # just now
+    assert counted.heartbeat_interval() == 10  # node_lost_after 30 s: at most 10 s
+    fleet.node("n4")
+    assert counted.heartbeat_interval() == 10  # not counted again within FLEET_COUNT_SECONDS
 
 
 def test_renewals_wait_in_memory_and_are_written_together(fleet: Fleet, settings: Any) -> None:
     settings.LLMGW_RENEWAL_FLUSH_SECONDS = 3600  # the writer thread sleeps; flush() writes
+    renewals = Liveness()
     a, b = fleet.node("a"), fleet.node("b")
     old = timezone.now() - timedelta(seconds=20)
     Node.objects.update(last_heartbeat=old)
     Node.objects.filter(pk=b.pk).update(lost=True)
     first = timezone.now()
-    liveness.renewed(a.pk, first)
-    liveness.renewed(a.pk, first + timedelta(seconds=1))  # the earliest is kept
-    liveness.renewed(b.pk, first)
+    renewals.renewed(a.pk, first)
+    renewals.renewed(a.pk, first + timedelta(seconds=1))  # the earliest is kept
+    renewals.renewed(b.pk, first)
     assert Node.objects.get(pk=a.pk).last_heartbeat == old  # not yet written
     with CaptureQueriesContext(connection) as queries:
-        assert liveness.flush() == 2
+        assert renewals.flush() == 2
     statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
     # One statement for the batch (on PostgreSQL it also says which rows no one else held).
     assert len(statements) == 1 and ("UPDATE" in statements[0]), statements
@@ -241,10 +244,10 @@ def test_renewals_wait_in_memory_and_are_written_together(fleet: Fleet, settings
     # Never back in time: a whole report wrote a later time since.
     later = timezone.now() + timedelta(seconds=5)
     Node.objects.filter(pk=a.pk).update(last_heartbeat=later)
-    liveness.renewed(a.pk, first)
-    liveness.flush()
+    renewals.renewed(a.pk, first)
+    renewals.flush()
     assert Node.objects.get(pk=a.pk).last_heartbeat == later
-    assert liveness.flush() == 0
+    assert renewals.flush() == 0
 
 
 @pytest.mark.django_db(transaction=True)
@@ -257,6 +260,7 @@ def test_a_renewal_of_a_node_whose_row_another_holds_is_written_once_it_is_free(
     if connection.vendor != "postgresql":
         pytest.skip("SQLite has no row locks: nothing is ever skipped")
     settings.LLMGW_RENEWAL_FLUSH_SECONDS = 3600  # the writer thread sleeps; flush() writes
+    renewals = Liveness()
     a, b = fleet.node("a"), fleet.node("b")
     old = timezone.now() - timedelta(seconds=20)
     Node.objects.update(last_heartbeat=old)
@@ -279,61 +283,59 @@ def test_a_renewal_of_a_node_whose_row_another_holds_is_written_once_it_is_free(
     try:
         assert held.wait(10)
         now = timezone.now()
-        liveness.renewed(a.pk, now)
-        liveness.renewed(b.pk, now)
-        assert liveness.flush() == 2
+        renewals.renewed(a.pk, now)
+        renewals.renewed(b.pk, now)
+        assert renewals.flush() == 2
         assert Node.objects.get(pk=b.pk).last_heartbeat == now
         assert Node.objects.get(pk=a.pk).last_heartbeat == old  # held: skipped, not waited for
-        assert liveness._pending == {a.pk: now}  # kept for the next flush
+        assert renewals.pending == {a.pk: now}  # kept for the next flush
     finally:
         release.set()
         holder.join(10)
-    assert liveness.flush() == 1
+    assert renewals.flush() == 1
     assert Node.objects.get(pk=a.pk).last_heartbeat == now
     # One too old to matter is not kept: the node has renewed again since, or will.
-    liveness._pending.clear()
+    renewals.pending.clear()
     holder = threading.Thread(target=hold)
     held.clear()
     release.clear()
     holder.start()
     try:
         assert held.wait(10)
-        liveness.renewed(a.pk, timezone.now() - timedelta(seconds=liveness.RETRY_SECONDS + 1))
-        liveness.flush()
-        assert liveness._pending == {}
+        renewals.renewed(a.pk, timezone.now() - timedelta(seconds=liveness.RETRY_SECONDS + 1))
+        renewals.flush()
+        assert renewals.pending == {}
     finally:
         release.set()
         holder.join(10)
 
 
-def test_the_pending_renewals_are_bounded(
-    fleet: Fleet, settings: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_pending_renewals_are_bounded(fleet: Fleet, settings: Any) -> None:
     settings.LLMGW_RENEWAL_FLUSH_SECONDS = 3600
-    monkeypatch.setattr(liveness, "MAX_PENDING", 2)
+    renewals = Liveness(max_pending=2)
     nodes = [fleet.node(f"n{i}") for i in range(3)]
     Node.objects.update(last_heartbeat=timezone.now() - timedelta(seconds=20))
     now = timezone.now()
-    liveness.renewed(nodes[0].pk, now)
-    assert len(liveness._pending) == 1
-    liveness.renewed(nodes[1].pk, now)  # the bound: written at once
-    assert len(liveness._pending) == 0
+    renewals.renewed(nodes[0].pk, now)
+    assert len(renewals.pending) == 1
+    renewals.renewed(nodes[1].pk, now)  # the bound: written at once
+    assert len(renewals.pending) == 0
     assert Node.objects.filter(last_heartbeat=now).count() == 2
-    assert isinstance(liveness._flusher, threading.Thread)
+    assert isinstance(renewals.flusher, threading.Thread)
 
 
 def test_ten_times_the_bound_of_renewals_never_holds_more_than_it(
-    fleet: Fleet, settings: Any, monkeypatch: pytest.MonkeyPatch
+    fleet: Fleet, settings: Any
 ) -> None:
     settings.LLMGW_RENEWAL_FLUSH_SECONDS = 3600
-    monkeypatch.setattr(liveness, "MAX_PENDING", 2)
+    renewals = Liveness(max_pending=2)
     nodes = [fleet.node(f"n{i}") for i in range(20)]
     Node.objects.update(last_heartbeat=timezone.now() - timedelta(seconds=20))
     now = timezone.now()
     held = []
     for node in nodes:
-        liveness.renewed(node.pk, now)
-        held.append(len(liveness._pending))
-    liveness.flush()
+        renewals.renewed(node.pk, now)
+        held.append(len(renewals.pending))
+    renewals.flush()
     assert max(held) < 2  # written each time the bound is reached
     assert Node.objects.filter(last_heartbeat=now).count() == 20  # none lost

@@ -82,7 +82,8 @@ def _fresh_gateway_state(settings: Any, monkeypatch: Any) -> Iterator[None]:
     still fail (a write of its own meeting the test's), looks again at the next poll."""
     from django.db.backends.signals import connection_created
 
-    from gateway import metrics, traffic
+    from access import traffic
+    from gateway import metrics
     from gateway import state as gateway_state
     from gateway.asgi import Gateway as ProcessGateway
     from gateway.asgi import application
@@ -177,7 +178,7 @@ def gateway_server() -> Iterator[GatewayServer]:
 @pytest.fixture
 def keys(users: dict[str, Any]) -> dict[str, str]:
     """A gateway key for each named user: keys["alice"] is alice's."""
-    from gateway.services import key_create
+    from access.services import key_create
 
     return {
         name: key_create(actor=Actor.for_user(user, "api"), name=f"{name}'s app")[1]

@@ -85,9 +85,9 @@ def test_what_requests_leave_to_write_waits_for_the_database(
     since, and written once the database answers again."""
     from django.db import OperationalError
 
+    from access import services
+    from access.models import GatewayKey
     from catalog.models import Model
-    from gateway import services
-    from gateway.models import GatewayKey
 
     owner = django_user_model.objects.create_user("alice", password="alice-password-1")
     key = GatewayKey.objects.create(owner=owner, name="app", key_hash="h" * 64, prefix="llmgw-x")

@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
+from access.canary import revision_figures
+from access.traffic import TrafficBook, fold
 from catalog.models import CanaryRouting, canary_routing
-from gateway.canary import revision_figures, share
+from gateway.canary import share
 from gateway.routing import Candidate, Serve, read_catalog, read_replicas
-from gateway.traffic import TrafficBook, fold
 from registry.canary import (
     CanarySettings,
     KeyFigures,

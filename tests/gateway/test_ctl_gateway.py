@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import requests
 
-from gateway.models import GatewayKey
+from access.models import GatewayKey
 from tests.gateway.conftest import GatewayServer
 from tests.support.ctl import Ctl, ctl_as
 from tests.support.waiting import wait_for

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
-from gateway import traffic
+from access import traffic
 from gateway.asgi import application
 from llmgw.cli import main
 from tests.gateway.conftest import GatewayServer

@@ -38,7 +38,7 @@ print("KEY=" + secret)
 _NEW_KEY = """
 from django.contrib.auth import get_user_model
 from core.actor import Actor
-from gateway.services import key_create
+from access.services import key_create
 
 actor = Actor.for_user(get_user_model().objects.get(username="alice"), "api")
 key, secret = key_create(actor=actor, name="after")
@@ -47,7 +47,7 @@ print("KEY=" + secret)
 
 _FIGURES = """
 from django.db.models import Sum
-from gateway.models import KeyUsageDay, TrafficMinute
+from access.models import KeyUsageDay, TrafficMinute
 
 minutes = TrafficMinute.objects.filter(model="chat").aggregate(n=Sum("requests"))["n"] or 0
 days = KeyUsageDay.objects.filter(model="chat").aggregate(n=Sum("requests"))["n"] or 0

@@ -1,5 +1,5 @@
 """What staff set on a key or a team is a ceiling its owner may lower and never raise, lift or
-leave (gateway.policies), through the API (DRF's client), the admin and the services; key
+leave (access.policies), through the API (DRF's client), the admin and the services; key
 policies give new keys their defaults and hold every key under them to their ceilings."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from access.models import GatewayKey, KeyPolicy
+from access.services import key_create, key_set_limits, policy_set, team_add, team_members
 from catalog.models import AuditEntry
 from core.actor import Actor
-from gateway.models import GatewayKey, KeyPolicy
-from gateway.services import key_create, key_set_limits, policy_set, team_add, team_members
 
 pytestmark = pytest.mark.django_db
 
@@ -394,7 +394,7 @@ def test_what_the_admin_sets_on_a_key_is_its_ceiling(
     root = get_user_model().objects.create_superuser("root", password="root-password-1")
     key = alices_key(users)
     client.force_login(root)
-    url = f"/admin/gateway/gatewaykey/{key.pk}/change/"
+    url = f"/admin/access/gatewaykey/{key.pk}/change/"
     assert client.post(url, _key_form(key, tokens_per_day=5000)).status_code == 302
     key.refresh_from_db()
     assert key.ceilings == {"tokens_per_day": 5000}
@@ -411,16 +411,16 @@ def test_the_admin_sets_and_removes_key_policies_through_the_services(
     root = get_user_model().objects.create_superuser("root", password="root-password-1")
     key = alices_key(users, rpm=500)
     client.force_login(root)
-    assert client.get("/admin/gateway/keypolicy/add/").status_code == 200
+    assert client.get("/admin/access/keypolicy/add/").status_code == 200
     refused = client.post(
-        "/admin/gateway/keypolicy/add/", {"kind": "default", "default_rpm": "50", "max_rpm": "20"}
+        "/admin/access/keypolicy/add/", {"kind": "default", "default_rpm": "50", "max_rpm": "20"}
     )
     assert refused.status_code == 200
     assert "50 is above its ceiling of 20" in refused.content.decode()
     assert not KeyPolicy.objects.exists()
 
     done = client.post(
-        "/admin/gateway/keypolicy/add/",
+        "/admin/access/keypolicy/add/",
         {"kind": "default", "default_rpm": "10", "max_rpm": "20"},
         follow=True,
     )
@@ -432,15 +432,15 @@ def test_the_admin_sets_and_removes_key_policies_through_the_services(
     entry = AuditEntry.objects.get(action="key-policy")
     assert (entry.actor_name, entry.door) == ("root", "admin")
 
-    url = f"/admin/gateway/keypolicy/{policy.pk}/change/"
+    url = f"/admin/access/keypolicy/{policy.pk}/change/"
     assert client.get(url).status_code == 200
     changed = client.post(url, {"kind": "default", "default_rpm": "", "max_rpm": "30"})
     assert changed.status_code == 302
     policy.refresh_from_db()
     assert (policy.defaults, policy.ceilings) == ({}, {"rpm": 30})
-    assert client.get("/admin/gateway/keypolicy/").status_code == 200
+    assert client.get("/admin/access/keypolicy/").status_code == 200
 
-    removed = client.post(f"/admin/gateway/keypolicy/{policy.pk}/delete/", {"post": "yes"})
+    removed = client.post(f"/admin/access/keypolicy/{policy.pk}/delete/", {"post": "yes"})
     assert removed.status_code == 302
     assert not KeyPolicy.objects.exists()
     assert AuditEntry.objects.get(action="key-policy-remove").door == "admin"

@@ -17,11 +17,11 @@ from django.core.management import call_command
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
+from access.models import GatewayKey, KeyPolicy
+from access.services import key_set_limits
 from catalog.models import AuditEntry
 from core.actor import Actor
 from core.refusals import Refused
-from gateway.models import GatewayKey, KeyPolicy
-from gateway.services import key_set_limits
 
 pytestmark = [pytest.mark.smoke, pytest.mark.django_db(transaction=True)]
 
@@ -31,7 +31,7 @@ EXPIRES = datetime(2999, 1, 31, tzinfo=UTC)
 
 
 def _record(owner: str, **settings: Any) -> dict[str, Any]:
-    """A key's settings as the audit of that time kept them (gateway.services._key_record)."""
+    """A key's settings as the audit of that time kept them (access.services._key_record)."""
     record: dict[str, Any] = {
         "name": "bot",
         "owner": owner,

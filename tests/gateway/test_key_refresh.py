@@ -15,11 +15,11 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.utils import timezone
 
+from access.models import DeletedGatewayKey, GatewayKey, hash_key
+from access.services import key_create, key_revoke
 from core.actor import Actor
 from gateway import relay
 from gateway import state as gateway_state
-from gateway.models import DeletedGatewayKey, GatewayKey, hash_key
-from gateway.services import key_create, key_revoke
 from gateway.state import Keys, state
 from tests.gateway.conftest import GatewayServer
 from tests.support.waiting import stays, wait_for

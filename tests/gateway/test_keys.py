@@ -10,11 +10,11 @@ import pytest
 from django.db import OperationalError, connection
 from django.utils import timezone
 
+from access.models import GatewayKey, hash_key
+from access.services import key_create, key_revoke, team_add
 from catalog.models import AuditEntry
 from core.actor import Actor
 from core.refusals import Refused
-from gateway.models import GatewayKey, hash_key
-from gateway.services import key_create, key_revoke, team_add
 from tests.gateway.conftest import Gateway
 from tests.support.waiting import wait_for
 
@@ -65,7 +65,7 @@ def test_an_outsider_cannot_revoke_someone_elses_key(api: Any, users: dict[str, 
 def test_an_id_past_what_a_database_holds_is_no_key(api: Any, key_id: int) -> None:
     """An id no database integer could hold is refused as no such key (404 naming it), not
     passed to the database to fail there."""
-    from gateway.models import GatewayKey
+    from access.models import GatewayKey
 
     before = GatewayKey.objects.count()
     for method, path, body in (
@@ -243,11 +243,11 @@ def test_the_admin_lists_keys_adds_none_and_revokes_them(
     admin = get_user_model().objects.create_superuser("root", password="root-password-1")
     key = key_create(actor=Actor.for_user(users["alice"], "api"), name="a")[0]
     client.force_login(admin)
-    page = client.get("/admin/gateway/gatewaykey/")
+    page = client.get("/admin/access/gatewaykey/")
     assert page.status_code == 200 and key.prefix in page.content.decode()
-    assert client.get("/admin/gateway/gatewaykey/add/").status_code == 403
+    assert client.get("/admin/access/gatewaykey/add/").status_code == 403
     response = client.post(
-        "/admin/gateway/gatewaykey/",
+        "/admin/access/gatewaykey/",
         {"action": "revoke", "_selected_action": [key.pk]},
         follow=True,
     )
@@ -264,7 +264,7 @@ def test_a_key_is_created_with_its_limits_and_lists_them_with_its_usage(
 ) -> None:
     from datetime import UTC, datetime
 
-    from gateway.models import KeyUsageDay
+    from access.models import KeyUsageDay
 
     response = api("alice").post(
         "/api/v1/keys",
@@ -416,7 +416,7 @@ def test_bad_limits_are_refused_and_change_nothing(
 def test_an_expiry_is_a_duration_or_a_date_and_none_lifts_it(users: dict[str, Any]) -> None:
     from datetime import timedelta
 
-    from gateway.services import key_set_limits, parse_expiry
+    from access.services import key_set_limits, parse_expiry
 
     now = timezone.now()
     assert parse_expiry("12h", now=now) == now + timedelta(hours=12)
@@ -436,7 +436,7 @@ def test_an_expiry_is_a_duration_or_a_date_and_none_lifts_it(users: dict[str, An
 
 
 def test_limits_read_the_same_from_every_door(users: dict[str, Any]) -> None:
-    from gateway.services import key_set_limits
+    from access.services import key_set_limits
 
     alice = Actor.for_user(users["alice"], "cli")
     key = key_create(actor=alice, name="a")[0]
@@ -485,7 +485,7 @@ def test_the_admin_changes_a_keys_limits_through_the_service(
     team = team_add(actor=Actor.for_user(root, "admin"), name="research", limits={"tpm": 1000})
     key = key_create(actor=Actor.for_user(users["alice"], "api"), name="a")[0]
     client.force_login(root)
-    url = f"/admin/gateway/gatewaykey/{key.pk}/change/"
+    url = f"/admin/access/gatewaykey/{key.pk}/change/"
     assert client.get(url).status_code == 200
 
     refused = client.post(url, _key_form(key, team=team.pk, tpm=5000))
@@ -510,8 +510,8 @@ def test_usage_is_read_for_any_number_of_keys(
 ) -> None:
     from datetime import UTC, datetime
 
-    from gateway import selectors
-    from gateway.models import KeyUsageDay
+    from access import selectors
+    from access.models import KeyUsageDay
 
     # A few ids a query, as a great many are asked in chunks (SQLite bounds a query's parameters).
     monkeypatch.setattr(selectors, "USAGE_CHUNK", 2)

@@ -1,5 +1,5 @@
 """A change of a key's limits, team or expiry, of a team, or of a team's members reaches a running
-gateway process through the database's own notification (gateway.triggers), whichever door wrote
+gateway process through the database's own notification (access.triggers), whichever door wrote
 it: here a plain UPDATE, as the admin or a shell makes one."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from access import triggers
+from access.models import GatewayKey, LimitFields, Team, hash_key
+from access.services import key_create
 from core.actor import Actor
 from gateway import state as gateway_state
-from gateway import triggers
-from gateway.models import GatewayKey, LimitFields, Team, hash_key
-from gateway.services import key_create
 from gateway.state import state
 from tests.gateway.conftest import GatewayServer
 from tests.support.waiting import wait_for

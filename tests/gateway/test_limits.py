@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from gateway import limits
+from access.models import GatewayKey, KeyUsageDay, Team, hash_key
+from gateway import boards, limits
 from gateway.limits import Limits, SharedCounters, limits_of
-from gateway.models import GatewayKey, KeyUsageDay, Team, hash_key
 from tests.gateway.fake_engine import FakeEngine
 from tests.support.waiting import wait_for
 
@@ -250,7 +250,7 @@ def test_a_monthly_budget_survives_a_restart_through_the_database(
     )
     assert gw.post("/v1/completions", ASK).status_code == 200  # 20 < 30; now 28, written
     # A restart: this process's counts are gone, its book's row stays; a new book writes anew.
-    from gateway import traffic
+    from access import traffic
     from gateway.state import state
 
     monkeypatch.setattr(state, "book", traffic.TrafficBook("next"))
@@ -388,8 +388,11 @@ def test_two_processes_files_count_together_and_a_dead_ones_are_dropped(tmp_path
     assert isinstance(dead.admit(8, key, None, budgets), limits.Admission)
     reused = SharedCounters(folder, pid=os.getppid(), writer="d")
     assert isinstance(reused.admit(8, key, None, budgets), limits.Admission)
-    reused._mine[limits.STARTED] += 1
-    mine._scanned_at = float("-inf")
+    with reused.board.path.open("r+b") as board:  # its board says it started at another time
+        magic, layout, pid, started, beat = boards.HEADER.unpack(board.read(boards.HEADER.size))
+        board.seek(0)
+        board.write(boards.HEADER.pack(magic, layout, pid, started + 1, beat))
+    mine.board.scanned_at = float("-inf")
     assert mine.writers() == ["a"]
     assert isinstance(mine.admit(8, key, None, budgets), limits.Admission)
     assert isinstance(mine.admit(8, key, None, budgets), limits.Admission)  # only its own count
@@ -468,7 +471,8 @@ def test_ten_times_more_keys_than_slots_leave_the_slots_and_memory_flat(
         # The oldest keys' slots went to the newest; the newest hold theirs.
         assert limits.key_tag(first) not in counters._slots
         assert limits.key_tag(first + (waves - 1) * bound) in counters._slots
-        assert os.path.getsize(counters._file) == limits.FILE_BYTES  # the file never grows
+        # The file never grows.
+        assert os.path.getsize(counters.board.path) == boards.HEADER_BYTES + limits.BOARD_BYTES
     finally:
         counters.close()
 
@@ -532,16 +536,13 @@ def test_rpm_holds_across_two_gateway_processes_of_one_machine(
         files = sorted(folder.glob(f"{limits.FILE_PREFIX}-*"))
         assert len(files) == 2
         counted = []
-        for path in files:
-            reader = limits._open_for_reading(path)
-            assert reader is not None
-            view_map, view, _ = reader
-            tag = limits.key_tag(key_id)
-            base = limits._find(view, tag, zlib.crc32(tag.to_bytes(8, "little")) % limits.SLOTS)
-            counted.append(
-                0 if base is None else sum(view[base + limits.REQUESTS + i] for i in range(13))
-            )
-            limits._close(view_map, view)
+        tag = limits.key_tag(key_id)
+        with limits._boards_in(folder) as found:
+            for view in (other.body for other in found):
+                base = limits._find(view, tag, zlib.crc32(tag.to_bytes(8, "little")) % limits.SLOTS)
+                counted.append(
+                    0 if base is None else sum(view[base + limits.REQUESTS + i] for i in range(13))
+                )
         assert sum(counted) == 10
         assert all(counted), f"one process took every request: {counted}"
     finally:

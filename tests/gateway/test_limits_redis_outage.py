@@ -20,8 +20,8 @@ import pytest
 import redis
 import requests
 
+from access.models import hash_key
 from gateway import limits, redislimits
-from gateway.models import hash_key
 from tests.gateway.fake_engine import FakeEngine
 from tests.support.gateway_processes import ASK, chat_on_engine, start_gateways
 from tests.support.redis_server import RedisServer

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gateway.models import GatewayKey, hash_key
+from access.models import GatewayKey, hash_key
 from tests.gateway.fake_engine import FakeEngine
 
 # The stream that holds the key's one request in flight: 4 events 0.375 s apart, 1.5 s in all.

@@ -68,7 +68,7 @@ class Served:
         """(prompt, completion) tokens in the key's usage rows (what its CSV adds up)."""
         script = (
             "from django.db.models import Sum\n"
-            "from gateway.models import GatewayKey, KeyUsageDay\n"
+            "from access.models import GatewayKey, KeyUsageDay\n"
             f"key = GatewayKey.objects.get(name={key!r})\n"
             "sums = KeyUsageDay.objects.filter(key=key).aggregate("
             "p=Sum('prompt_tokens'), c=Sum('completion_tokens'))\n"

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from access import live
+from access.models import GatewayKey
+from access.services import key_create, team_add
 from core.actor import Actor
-from gateway import services
 from gateway.limits import SharedCounters
-from gateway.models import GatewayKey
-from gateway.services import key_create, team_add
 from tests.support.gateway_files import admit, gateway_files
 
 pytestmark = pytest.mark.django_db
@@ -30,13 +30,13 @@ def counters(tmp_path: Path, settings: Any) -> Iterator[SharedCounters]:
 def reads(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """Each read of the gateway's files, with what it was asked about."""
     seen: list[dict[str, Any]] = []
-    real = services.live_use
+    real = live.use_now
 
     def counted(**asked: Any) -> Any:
         seen.append({kind: [row.pk for row in rows] for kind, rows in asked.items()})
         return real(**asked)
 
-    monkeypatch.setattr(services, "live_use", counted)
+    monkeypatch.setattr(live, "use_now", counted)
     return seen
 
 

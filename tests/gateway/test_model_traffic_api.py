@@ -1,4 +1,4 @@
-"""A model's traffic under /api/v1/models/NAME/traffic (gateway.usage_api.ModelTrafficAPI): the
+"""A model's traffic under /api/v1/models/NAME/traffic (access.usage_api.ModelTrafficAPI): the
 gateway's figures over a window, the fair queue's among them, and the requests waiting now."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from gateway.models import TrafficMinute
-from gateway.traffic import LATENCY_BOUNDS, TrafficBook
+from access.models import TrafficMinute
+from access.traffic import LATENCY_BOUNDS, TrafficBook
 from tests.factories import definition
 from tests.gateway.waiting import requests_waiting
 

@@ -16,11 +16,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from access import triggers
 from catalog.models import Model
 from core.bulkinsert import insert_many
 from fleet.models import Replica
 from gateway import state as gateway_state
-from gateway import triggers
 from gateway.routing import read_replicas
 from gateway.state import MAX_NAMED, Changes, GatewayState, Snapshot, refresh_replicas, state
 from tests.gateway.conftest import Catalog, GatewayServer

@@ -1,5 +1,5 @@
-"""The one list of what the gateway routes by (gateway.routed) and its twin in SQL, the triggers
-(gateway.triggers): a change of every field on the list reaches a running gateway process
+"""The one list of what the gateway routes by (access.routed) and its twin in SQL, the triggers
+(access.triggers): a change of every field on the list reaches a running gateway process
 through the database's notification, whichever door wrote it (here a plain UPDATE, as the admin
 or a shell makes one), and the reads select nothing the list leaves out."""
 
@@ -16,11 +16,11 @@ from django.db import connection, models
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from access import routed, triggers
+from access.models import Team, UserWeight
 from catalog.models import Model
 from fleet.models import Node, Replica, hash_token
-from gateway import routed, triggers
 from gateway import state as gateway_state
-from gateway.models import Team, UserWeight
 from gateway.routing import read_catalog, read_replicas
 from gateway.state import _unplaceable, read_teams, read_user_weights, state
 from tests.gateway.conftest import Catalog, GatewayServer

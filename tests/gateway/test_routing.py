@@ -469,7 +469,8 @@ def test_the_counts_of_a_process_that_is_gone_are_dropped(tmp_path: Any) -> None
 def test_the_counts_of_a_process_that_dies_after_it_was_seen_are_dropped(tmp_path: Any) -> None:
     import subprocess
 
-    from gateway.load import RESCAN_SECONDS, SharedLoad
+    from gateway.boards import RESCAN_SECONDS
+    from gateway.load import SharedLoad
 
     worker = subprocess.Popen(["sleep", "60"])  # a gateway worker, killed with requests in flight
     dying = SharedLoad(tmp_path, pid=worker.pid)

@@ -11,10 +11,10 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from access.models import GatewayKey, RoutingVersion
 from catalog.models import Model
 from fleet.models import Node, Replica
 from gateway import state as gateway_state
-from gateway.models import GatewayKey, RoutingVersion
 from gateway.state import GatewayState
 
 pytestmark = pytest.mark.smoke
@@ -77,7 +77,7 @@ def test_changes_routing_sees_move_the_version_and_heartbeats_do_not(
 def test_the_snapshot_holds_what_a_request_needs(
     catalog: Any, keys: dict[str, str], engine: Any
 ) -> None:
-    from gateway.models import hash_key
+    from access.models import hash_key
     from gateway.state import read_snapshot
 
     catalog.add("chat")
@@ -128,7 +128,7 @@ def test_keys_with_limits_are_held_apart_and_follow_each_change(
 ) -> None:
     from datetime import UTC, datetime
 
-    from gateway.models import Team, hash_key
+    from access.models import Team, hash_key
     from gateway.state import Keys, read_teams
 
     alice, bob = hash_key(keys["alice"]), hash_key(keys["bob"])
@@ -216,7 +216,8 @@ def test_what_a_process_holds_per_key_to_write_stays_within_its_bounds(monkeypat
 
     from django.db import OperationalError
 
-    from gateway import metrics, services
+    from access import services
+    from gateway import metrics
 
     bound = 1000
     monkeypatch.setattr(gateway_state, "MAX_PENDING_USES", bound)

@@ -1,5 +1,5 @@
 """Teams: staff add them and set their limits and members; members see their own; every change
-is in the audit with who made it (gateway.services, through /api/v1/teams)."""
+is in the audit with who made it (access.services, through /api/v1/teams)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
+from access.models import GatewayKey, Team
+from access.services import key_create, team_add, team_members
 from catalog.models import AuditEntry
 from core.actor import Actor
 from core.refusals import Refused
-from gateway.models import GatewayKey, Team
-from gateway.services import key_create, team_add, team_members
 
 
 def staff_adds(users: dict[str, Any], name: str = "research", **limits: Any) -> Team:
@@ -157,7 +157,7 @@ def test_a_removed_teams_keys_stay_without_a_team(api: Any, users: dict[str, Any
 def test_a_teams_usage_is_its_keys_together(api: Any, users: dict[str, Any]) -> None:
     from datetime import UTC, datetime
 
-    from gateway.models import KeyUsageDay
+    from access.models import KeyUsageDay
 
     staff_adds(users, members=["alice", "bob"])
     today = datetime.now(UTC).date()
@@ -181,14 +181,14 @@ def test_the_admin_adds_a_team_and_changes_its_members_through_the_services(
 
     root = get_user_model().objects.create_superuser("root", password="root-password-1")
     client.force_login(root)
-    assert client.get("/admin/gateway/team/add/").status_code == 200
+    assert client.get("/admin/access/team/add/").status_code == 200
     form = {"name": "research", "members": [users["alice"].pk], "rpm": "100", "weight": "1"}
-    assert client.post("/admin/gateway/team/add/", form).status_code == 302
+    assert client.post("/admin/access/team/add/", form).status_code == 302
     team = Team.objects.get()
     assert team.rpm == 100 and [u.username for u in team.members.all()] == ["alice"]
     assert AuditEntry.objects.get(action="team-add").door == "admin"
 
-    url = f"/admin/gateway/team/{team.pk}/change/"
+    url = f"/admin/access/team/{team.pk}/change/"
     form = {"name": "research", "members": [users["bob"].pk], "rpm": "", "weight": "0"}
     refused = client.post(url, form)
     assert refused.status_code == 200
@@ -200,10 +200,10 @@ def test_the_admin_adds_a_team_and_changes_its_members_through_the_services(
     team.refresh_from_db()
     assert (team.rpm, team.weight) == (None, 2.0)
     assert [u.username for u in team.members.all()] == ["bob"]
-    assert client.get("/admin/gateway/team/").status_code == 200
+    assert client.get("/admin/access/team/").status_code == 200
 
     # Removed through the service, with its audit entry, from the admin's delete page.
-    delete = f"/admin/gateway/team/{team.pk}/delete/"
+    delete = f"/admin/access/team/{team.pk}/delete/"
     assert client.get(delete).status_code == 200
     assert client.post(delete, {"post": "yes"}).status_code == 302
     assert not Team.objects.exists()
@@ -236,7 +236,7 @@ def test_the_admin_removes_a_team_through_the_service(client: Any, users: dict[s
     team = staff_adds(users)
     key_create(actor=Actor.for_user(users["alice"], "api"), name="a", team="research")
     client.force_login(root)
-    response = client.post(f"/admin/gateway/team/{team.pk}/delete/", {"post": "yes"}, follow=True)
+    response = client.post(f"/admin/access/team/{team.pk}/delete/", {"post": "yes"}, follow=True)
     assert "Its 1 key(s) stay, without the team&#x27;s limits." in response.content.decode()
     assert not Team.objects.exists() and GatewayKey.objects.get().team is None
     entry = AuditEntry.objects.get(action="team-remove")

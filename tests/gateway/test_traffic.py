@@ -10,9 +10,9 @@ import pytest
 from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 
-from gateway import traffic
-from gateway.models import GatewayKey, KeyUsageDay, TrafficMinute
-from gateway.traffic import LATENCY_BOUNDS, WINDOWS, Figures, TrafficBook
+from access import traffic
+from access.models import GatewayKey, KeyUsageDay, TrafficMinute
+from access.traffic import LATENCY_BOUNDS, WINDOWS, Figures, TrafficBook
 
 pytestmark = pytest.mark.django_db
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from gateway import traffic
-from gateway.models import GatewayKey, KeyUsageDay, TrafficMinute
+from access import traffic
+from access.models import GatewayKey, KeyUsageDay, TrafficMinute
 from tests.gateway.fake_engine import FakeEngine
 
 

@@ -1,5 +1,5 @@
 """The fair queue's waits in the traffic figures: the book counts them, flush writes them, fold
-adds them into hours, and the reads give them back (gateway.traffic)."""
+adds them into hours, and the reads give them back (access.traffic)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from gateway import traffic
+from access import traffic
+from access.models import TrafficMinute
+from access.traffic import WINDOWS, TrafficBook
 from gateway.asgi import Gateway
 from gateway.fairqueue import FairQueue
-from gateway.models import TrafficMinute
 from gateway.state import GatewayState
-from gateway.traffic import WINDOWS, TrafficBook
 
 pytestmark = pytest.mark.django_db
 

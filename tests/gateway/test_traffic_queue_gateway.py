@@ -12,9 +12,9 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from gateway import traffic
+from access import live
+from access.models import TrafficMinute
 from gateway.asgi import application
-from gateway.models import TrafficMinute
 from tests.console.pages import text_of
 from tests.gateway.conftest import Gateway, GatewayServer
 from tests.gateway.fake_engine import FakeEngine
@@ -64,7 +64,7 @@ def test_a_request_that_waited_for_a_busy_slot_is_counted_and_shown(
     waiter = threading.Thread(target=send, args=("waiter",))
     waiter.start()
     wait_for(
-        lambda: traffic.waiting_now(["chat"])["chat"] == 1,
+        lambda: live.waiting_now(["chat"])["chat"] == 1,
         timeout=10,
         what="the second request waiting for chat's busy slot",
     )
@@ -79,7 +79,7 @@ def test_a_request_that_waited_for_a_busy_slot_is_counted_and_shown(
     waiter.join(15)
     assert answers["holder"][0] == 200 and b"[DONE]" in answers["holder"][1]
     assert answers["waiter"][0] == 200
-    assert traffic.waiting_now(["chat"]) == {"chat": 0}
+    assert live.waiting_now(["chat"]) == {"chat": 0}
     assert application.gateway is not None
     application.gateway.book.flush()  # as the worker's state thread does every few seconds
 

@@ -1,5 +1,5 @@
 """The slowest answer of each traffic row, with its request's ID: the book keeps it per minute,
-flush writes it, the reads and fold keep the slowest of several rows (gateway.traffic), and the
+flush writes it, the reads and fold keep the slowest of several rows (access.traffic), and the
 gateway gives the book the ID its client sent (X-Request-ID)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from gateway import traffic
-from gateway.models import TrafficMinute
-from gateway.traffic import WINDOWS, Figures, TrafficBook
+from access import traffic
+from access.models import TrafficMinute
+from access.traffic import WINDOWS, Figures, TrafficBook
 from tests.gateway.fake_engine import FakeEngine
 from tests.support.waiting import wait_for
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.usage_api import spreadsheet_cell
+from access.usage_api import spreadsheet_cell
 
 pytestmark = pytest.mark.django_db
 
@@ -24,7 +24,7 @@ def usage_of(api: Any, user: str, query: str = "format=csv") -> list[dict[str, s
 
 
 def key_with_usage(api: Any, user: str, name: str) -> None:
-    from gateway.models import GatewayKey, KeyUsageDay
+    from access.models import GatewayKey, KeyUsageDay
 
     created = api(user).post("/api/v1/keys", {"name": name}, format="json")
     assert created.status_code == 201, created.content

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from access.models import UserWeight
+from access.services import user_weight_set
 from catalog.models import AuditEntry
 from core.actor import Actor
 from core.refusals import Refused
-from gateway.models import UserWeight
-from gateway.services import user_weight_set
 from gateway.state import read_user_weights
 from tests.support.ctl import Ctl, ctl_as
 
@@ -93,7 +93,7 @@ def test_staff_set_a_weight_in_the_admin(users: dict[str, Any]) -> None:
     browser = Client()
     browser.force_login(root)
     answer = browser.post(
-        "/admin/gateway/userweight/add/", {"user": users["bob"].pk, "weight": "2.5"}
+        "/admin/access/userweight/add/", {"user": users["bob"].pk, "weight": "2.5"}
     )
     assert answer.status_code == 302, answer.content[:2000]
     assert read_user_weights() == {users["bob"].pk: 2.5}

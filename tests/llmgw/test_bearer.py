@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
+from access import services as gateway_services
+from access.models import GatewayKey, hash_key
 from accounts.models import ApiToken
 from accounts.services import token_create, token_user
 from fleet.models import Node, hash_token
 from fleet.services import authenticate_node
-from gateway import services as gateway_services
-from gateway.models import GatewayKey, hash_key
 from llmgw.bearer import API_TOKEN, DIGEST_LENGTH, GATEWAY_KEY, NODE_TOKEN, BearerKind, digest
 
 KINDS = [API_TOKEN, GATEWAY_KEY, NODE_TOKEN]
@@ -71,7 +71,7 @@ def test_a_new_secret_has_its_prefix_and_shows_less_than_a_third(kind: BearerKin
 
 
 def test_the_prefixes_the_services_write_are_the_kinds() -> None:
-    # gateway.services and fleet.services still make their secrets themselves; these hold them
+    # access.services and fleet.services still make their secrets themselves; these hold them
     # to llmgw.bearer until they ask GATEWAY_KEY.new() and NODE_TOKEN.new().
     assert GATEWAY_KEY.prefix == gateway_services.KEY_PREFIX
     assert GATEWAY_KEY.shown == gateway_services.SHOWN_CHARS

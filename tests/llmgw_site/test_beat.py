@@ -58,7 +58,7 @@ def test_a_new_leader_starts_from_the_sends_recorded_by_the_last_one(
     scheduler: LeaderScheduler,
 ) -> None:
     now = timezone.now()
-    PeriodicRun.objects.create(name="fold-traffic", task="gateway.tasks.fold_traffic",
+    PeriodicRun.objects.create(name="fold-traffic", task="access.tasks.fold_traffic",
                                sends=7, sent_at=now - timedelta(seconds=590))  # fmt: skip
     PeriodicRun.objects.create(name="check-updates", task="registry.tasks.check_updates",
                                sends=3, sent_at=now - timedelta(hours=7))  # fmt: skip

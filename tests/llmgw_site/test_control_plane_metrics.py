@@ -131,7 +131,8 @@ def test_task_names_outside_llmgw_are_one_label() -> None:
 def test_scrapes_read_the_database_at_most_once_in_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
     """/metrics may be open to anyone: a hundred scrapes in a row read the control plane's
     state once, not a hundred times."""
-    from gateway import app, selectors
+    from access import selectors
+    from gateway import app
 
     reads = []
 

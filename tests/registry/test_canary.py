@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from access.canary import check_canaries
+from access.traffic import TrafficBook
 from catalog.models import AuditEntry, Model
 from core.actor import Actor
 from core.refusals import Refused
 from fleet.models import Replica
 from fleet.reconciler import reconcile_pass
 from fleet.specs import current_keys, replica_revision
-from gateway.canary import check_canaries
-from gateway.traffic import TrafficBook
 from llmgw.tinygguf import write_tiny_model
 from registry import canary, fetches
 from registry.models import Rollout
@@ -413,8 +413,8 @@ def test_a_model_without_a_canary_says_how_to_start_one(world: dict[str, Any], a
 
 
 def key_of(world: dict[str, Any], user: str) -> int:
-    from gateway.models import GatewayKey
-    from gateway.services import key_create
+    from access.models import GatewayKey
+    from access.services import key_create
 
     key_create(actor=Actor.for_user(world["users"][user], "api"), name=f"{user}'s app")
     return int(GatewayKey.objects.filter(owner=world["users"][user]).latest("pk").pk)

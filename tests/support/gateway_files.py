@@ -8,9 +8,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from access.models import GatewayKey, Team
+from access.services import COUNTERS
 from gateway.limits import Admission, Limits, SharedCounters, limits_of, no_budgets
-from gateway.models import GatewayKey, Team
-from gateway.services import COUNTERS
 
 
 @contextmanager

@@ -28,8 +28,8 @@ from catalog.models import Model
 from core.actor import Actor
 from catalog.services import model_add
 from fleet.models import Node, Replica, hash_token
-from gateway.models import GatewayKey
-from gateway.services import key_create
+from access.models import GatewayKey
+from access.services import key_create
 from tests.factories import definition
 
 user = get_user_model().objects.create_user("alice", password="alice-password-1")

@@ -1,18 +1,7 @@
-"""Run the whole product on one machine: gateway, web, Celery worker, beat, and a local node serving
-a demo model.
-
-The public address (LLMGW_PUBLIC_URL) is the gateway's (uvicorn's workers): it serves /v1/ and
-/metrics itself and passes everything else to the web process (gunicorn), which listens on a
-free port of 127.0.0.1 only.
-
-Each process is started as a child and stopped by its pid when this command is interrupted, so
-nothing is left running behind it. A child that dies is started again, as systemd would
-(Supervisor says when it gives up).
-
-The terminal shows start-up, warnings and errors, and llmgw's own news (a node lost, a replica
-ready): each process writes every line of its log to var/log/NAME.log (LLMGW_LOG_FILE, see
-llmgw_site.logformat), and the web's access log, a line for every request (a node's heartbeat
-every few seconds among them), goes to var/log/web-access.log only.
+"""Run the whole product on one machine: gateway, web, Celery worker, beat, and a local node
+serving a demo model, each a child process started again when it dies and stopped by its pid
+when the command is interrupted. Each process logs to var/log/NAME.log; the terminal shows
+start-up, warnings, errors and llmgw's own news.
 """
 
 from __future__ import annotations
@@ -39,14 +28,16 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from catalog.config import current_config
+from catalog.models import Model
 from core.actor import Actor
+from fleet.models import Node
+from fleet.services import node_add
 from gateway.conf import trusted_proxies
 from llmgw import demo, localhub
 from llmgw_site.private_files import FILE_MODE, kept_secret, restrict, write_secret
-
-# What reaches the models is imported in the methods that use it: the command lines below
-# (worker_command, beat_command, gateway_command, web_command) are read by the tests and benches that start
-# the processes themselves, before (or without) Django's apps being loaded.
+from llmgw_site.startup import apply_config_on_start
+from registry.updates import serve_start
 
 
 def worker_command(bin_dir: Path) -> list[str]:
@@ -119,8 +110,8 @@ def gateway_command(bin_dir: Path, host: str, port: int, *, workers: int) -> lis
 
 
 # The processes the run command starts: gunicorn's workers and threads, uvicorn's workers for the
-# gateway (whose node gate, gateway.renewals.NODE_REQUESTS a process, stays below the web's
-# threads: tests/gateway/test_renewals.py).
+# gateway (whose node gate, fleet.renewals.NODE_REQUESTS a process, stays below the web's
+# threads: tests/fleet/test_renewals.py).
 WEB_WORKERS = 2
 WEB_THREADS = 16
 GATEWAY_WORKERS = 2
@@ -209,8 +200,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        from llmgw_site.startup import apply_config_on_start
-
         call_command("migrate", verbosity=0)
         # Before anything reads the configuration (the demo model does) or starts: a bad
         # server.yaml stops here with its message and exit code 2, as each process would.
@@ -320,9 +309,6 @@ class Command(BaseCommand):
     def _local_node(self) -> Path:
         """The file holding the local node's token, kept in var/ (the control plane itself only
         keeps its hash)."""
-        from fleet.models import Node
-        from fleet.services import node_add
-
         token_file = settings.VAR_DIR / "local-node-token"
         if token_file.exists() and Node.objects.filter(name="local").exists():
             restrict(token_file, FILE_MODE)  # left readable by others by an earlier version
@@ -341,8 +327,6 @@ class Command(BaseCommand):
         server.yaml or LLMGW_REGISTRY_ENDPOINT is used as named, Hugging Face itself included.
         Without git-lfs (`make run` without root cannot install it) the run goes on without the
         demo, saying so in one line, rather than stopping."""
-        from catalog.config import current_config
-
         config = current_config()
         if config.registry_named_by:
             self.stdout.write(
@@ -383,9 +367,6 @@ class Command(BaseCommand):
 
     def _demo_model(self) -> None:
         """Serve the demo repository's model, following main, so there is something to update."""
-        from catalog.models import Model
-        from registry.updates import serve_start
-
         existing = Model.objects.filter(name=demo.DEMO_MODEL).first()
         if existing is None:
             admin = get_user_model().objects.filter(is_superuser=True).order_by("pk").first()

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from access.models import GatewayKey, KeyPolicy
+from access.services import key_create, key_set_limits, policy_set, team_add
 from catalog.models import AuditEntry
 from core.actor import Actor
-from gateway.models import GatewayKey, KeyPolicy
-from gateway.services import key_create, key_set_limits, policy_set, team_add
 from tests.console.pages import text_of
 
 pytestmark = [pytest.mark.django_db]

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from access.models import GatewayKey, KeyUsageDay
+from access.services import key_create, team_add
 from catalog.models import AuditEntry
 from core.actor import Actor
-from gateway.models import GatewayKey, KeyUsageDay
-from gateway.services import key_create, team_add
 from tests.console.pages import text_of
 
 pytestmark = [pytest.mark.django_db]

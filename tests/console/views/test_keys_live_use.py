@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from access import live
+from access.services import key_create
 from core.actor import Actor
-from gateway import services
 from gateway.limits import SharedCounters
-from gateway.services import key_create
 from tests.console.pages import text_of
 from tests.support.gateway_files import admit, gateway_files
 
@@ -40,8 +40,8 @@ def test_the_page_shows_use_now_against_each_rate(
     admit(counters, busy)
     counters.release(admit(counters, busy), tokens=300)
     reads: list[int] = []
-    real = services.live_use
-    monkeypatch.setattr(services, "live_use", lambda **asked: reads.append(1) or real(**asked))
+    real = live.use_now
+    monkeypatch.setattr(live, "use_now", lambda **asked: reads.append(1) or real(**asked))
 
     text = text_of(client_for("alice").get("/keys/"))
     assert "Requests in the last minute 2 of 60 (3%)" in text

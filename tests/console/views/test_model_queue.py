@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gateway.traffic import TrafficBook
+from access.traffic import TrafficBook
 from tests.console.pages import HTMX, text_of
 from tests.gateway.waiting import requests_waiting
 

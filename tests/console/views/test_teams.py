@@ -1,5 +1,5 @@
 """The Teams page: staff add teams, set their limits and members and remove them; a member sees
-their own teams read-only; an outsider sees none. Every change goes through gateway.services, so
+their own teams read-only; an outsider sees none. Every change goes through access.services, so
 it is in the audit with who made it, and a refused one changes nothing."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from access.models import Team
+from access.services import key_create, team_add
 from catalog.models import AuditEntry
 from core.actor import Actor
 from gateway.limits import SharedCounters
-from gateway.models import Team
-from gateway.services import key_create, team_add
 from tests.console.pages import text_of
 from tests.support.gateway_files import admit
 from tests.support.gateway_files import gateway_files as files_of_a_gateway
@@ -111,13 +111,11 @@ def test_use_now_comes_from_the_gateways_files_read_once_for_the_page(
     admit(gateway_files, key)
     finished = admit(gateway_files, key)
     gateway_files.release(finished, tokens=120)
-    from gateway import services
+    from access import live
 
     reads: list[int] = []
-    real = services.live_use
-    monkeypatch.setattr(
-        services, "live_use", lambda **kw: reads.append(1) or real(**kw), raising=True
-    )
+    real = live.use_now
+    monkeypatch.setattr(live, "use_now", lambda **kw: reads.append(1) or real(**kw), raising=True)
     text = text_of(client_for("staff").get("/teams/"))
     assert "Requests in the last minute 2 of 60 (3%)" in text
     assert "Tokens in the last minute 120, no limit" in text

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from access.models import GatewayKey, KeyPolicy
+from access.services import key_create, policy_set, team_add
 from catalog.models import AuditEntry
 from core.actor import Actor
-from gateway.models import GatewayKey, KeyPolicy
-from gateway.services import key_create, policy_set, team_add
 from tests.support.ctl import Ctl, ctl_as
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from access.models import GatewayKey
+from access.services import team_add
 from core.actor import Actor
-from gateway.models import GatewayKey
-from gateway.services import team_add
 from tests.support.ctl import Ctl, ctl_as
 
 pytestmark = pytest.mark.django_db(transaction=True)

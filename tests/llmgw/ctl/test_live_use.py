@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from access.services import key_create, team_add
 from core.actor import Actor
 from gateway.limits import SharedCounters
-from gateway.services import key_create, team_add
 from tests.support.ctl import Ctl, ctl_as
 from tests.support.gateway_files import admit, gateway_files
 

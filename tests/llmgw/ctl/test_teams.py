@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from access.models import Team
 from catalog.models import AuditEntry
-from gateway.models import Team
 from tests.support.ctl import Ctl, ctl_as
 
 pytestmark = pytest.mark.django_db(transaction=True)

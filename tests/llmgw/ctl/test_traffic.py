@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.traffic import TrafficBook
+from access.traffic import TrafficBook
 from tests.factories import definition
 from tests.support.ctl import Ctl, ctl_as
 

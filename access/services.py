@@ -10,7 +10,7 @@ so they cannot disagree about who may do what. Who may set what:
   or of everyone else);
 - what staff set on a key, and its policy's ceilings, are ceilings: an owner may
   lower what they use, never raise or lift it past what staff gave, nor take a
-  key out of the teams that hold it. gateway.policies.judge decides, for every
+  key out of the teams that hold it. access.policies.judge decides, for every
   door. A key's limits are also at most its team's, and a user puts a key only
   into a team they are a member of.
 
@@ -40,12 +40,11 @@ from core.actor import Actor, require_staff
 from core.durations import DurationError, parse_duration
 from core.refusals import Problem, Refused, conflict, forbidden, invalid
 from llmgw.bearer import GATEWAY_KEY
+from llmgw.limitdefs import LIMITS
 
-from . import policies
-from .limits import live_use
+from . import live, policies
 from .models import GatewayKey, KeyPolicy, Team, UserWeight, hash_key
 from .policies import COUNTERS
-from .routing import Entry
 
 # A key's look (llmgw.bearer.GATEWAY_KEY): its fixed prefix, and what is kept of it in clear,
 # to tell keys apart in listings: the prefix and six of its 43 random characters (36 of 256
@@ -218,12 +217,8 @@ def limits_of(holder: GatewayKey | Team) -> dict[str, Any]:
     }
 
 
-# A key's or team's use now, each against the limit beside it (gateway.limits.live_use).
-LIVE_FIGURES = {
-    "rpm": "requests_last_minute",
-    "tpm": "tokens_last_minute",
-    "max_parallel": "in_flight",
-}
+# A key's or team's use now, each against the limit beside it (access.live.use_now).
+LIVE_FIGURES = {limit.name: limit.used for limit in LIMITS if not limit.budget}
 
 
 def live_usage(
@@ -237,7 +232,7 @@ def live_usage(
     limited keys and teams (an unlimited key costs nothing), so it holds no figure for them,
     and a 0 would say that a key serving many requests is idle."""
     keys, teams = list(keys), list(teams)
-    found = live_use(keys=keys, teams=teams)
+    found = live.use_now(keys=keys, teams=teams)
     usage: dict[tuple[str, int], dict[str, int | None]] = {}
     for kind, holders in (("key", keys), ("team", teams)):
         for holder in holders:
@@ -361,7 +356,7 @@ def key_set_limits(*, actor: Actor, key_id: int, changes: Mapping[str, Any]) -> 
 
     `changes` holds any of KEY_SETTINGS; what it does not name stays. A counter of 0 or none
     lifts that limit, models [] allows every model, a team of none takes the key out of its
-    team, expires none makes it never expire, each as gateway.policies.judge allows (an owner
+    team, expires none makes it never expire, each as access.policies.judge allows (an owner
     stays within the ceilings and their teams). All or nothing: one refused setting changes
     none."""
     wanted = _read_settings(changes, KEY_SETTINGS, what="The change")
@@ -379,7 +374,7 @@ def key_set_limits(*, actor: Actor, key_id: int, changes: Mapping[str, Any]) -> 
 def _apply_key_settings(
     actor: Actor, key: GatewayKey, wanted: dict[str, Any], *, what: str, new: bool = False
 ) -> None:
-    """Set what `wanted` holds on the key, as gateway.policies.judge allows (see the module's
+    """Set what `wanted` holds on the key, as access.policies.judge allows (see the module's
     rules). A new key goes into its maker's team when they name none, and gets its policy's
     defaults for the limits not given. What staff set becomes the key's ceilings."""
     touched = set(wanted)
@@ -865,17 +860,17 @@ DEMAND_REFRESH_SECONDS = 5.0
 DEMAND_WAKE_SECONDS = 1.0
 
 
-def demand_every(entry: Entry, *, nothing_ready: bool) -> float:
+def demand_every(idle_timeout: float | None, *, nothing_ready: bool) -> float:
     """Seconds between two writes of one model's idle clock by one gateway process."""
-    idle = entry.idle_timeout or current_config().default_idle_timeout
+    idle = idle_timeout or current_config().default_idle_timeout
     return DEMAND_WAKE_SECONDS if nothing_ready else min(DEMAND_REFRESH_SECONDS, idle / 4)
 
 
-def model_asked_for(entry: Entry) -> bool:
+def model_asked_for(model: str) -> bool:
     """Restart an on-demand model's idle clock (and load it when nothing runs); False when the
     model is gone. The gateway's state decides how often (demand_every)."""
     try:
-        catalog_services.model_demand(name=entry.model)
+        catalog_services.model_demand(name=model)
     except Refused:
         return False  # removed since the catalog was read: the request gets its 404 next time
     return True

@@ -6,8 +6,9 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+    replaces = [("gateway", "0010_user_weight")]  # made by the gateway app, before it moved here
     dependencies = [
-        ("gateway", "0009_key_ceilings_and_policies"),
+        ("access", "0009_key_ceilings_and_policies"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
@@ -36,5 +37,8 @@ class Migration(migrations.Migration):
                     ),
                 ),
             ],
+            options={
+                "db_table": "gateway_userweight",
+            },
         ),
     ]

@@ -1,4 +1,4 @@
-"""Ceilings on keys, and key policies (gateway.policies); what staff set on keys becomes their
+"""Ceilings on keys, and key policies (access.policies); what staff set on keys becomes their
 ceilings.
 
 Which of a key's figures staff set is read from the audit: a key's owner changes only their own
@@ -16,7 +16,7 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
-# What a ceiling on a key may hold (gateway.policies.KEY_CEILINGS), as the audit records them.
+# What a ceiling on a key may hold (access.policies.KEY_CEILINGS), as the audit records them.
 SETTINGS = ["rpm", "tpm", "max_parallel", "tokens_per_day", "tokens_per_month"]
 SETTINGS += ["weight", "models", "expires_at"]
 SUBJECT = "key #"
@@ -25,7 +25,7 @@ CHUNK = 500
 
 def drop_key_triggers(apps, schema_editor):
     # When the migration runs, not when Django loads the migration graph.
-    from gateway import triggers
+    from access import triggers
 
     connection = schema_editor.connection
     triggers.drop_key_triggers(connection)
@@ -36,14 +36,14 @@ def drop_key_triggers(apps, schema_editor):
 
 def make_triggers(apps, schema_editor):
     # When the migration runs, not when Django loads the migration graph.
-    from gateway import triggers
+    from access import triggers
 
     triggers.ensure(schema_editor.connection)
 
 
 def record_staff_ceilings(apps, schema_editor):
     AuditEntry = apps.get_model("catalog", "AuditEntry")
-    GatewayKey = apps.get_model("gateway", "GatewayKey")
+    GatewayKey = apps.get_model("access", "GatewayKey")
     # Each key's settings whose last setter was staff, with what they set.
     staff_set = {}
     entries = AuditEntry.objects.filter(action="key-limits", model_name__startswith=SUBJECT)
@@ -79,8 +79,11 @@ def record_staff_ceilings(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
+    replaces = [
+        ("gateway", "0009_key_ceilings_and_policies")
+    ]  # made by the gateway app, before it moved here
     dependencies = [
-        ("gateway", "0008_traffic_slowest_request"),
+        ("access", "0008_traffic_slowest_request"),
         ("catalog", "0008_auditentry_trace_id"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
@@ -140,7 +143,7 @@ class Migration(migrations.Migration):
                         null=True,
                         on_delete=django.db.models.deletion.CASCADE,
                         related_name="key_policy",
-                        to="gateway.team",
+                        to="access.team",
                     ),
                 ),
                 (
@@ -155,6 +158,7 @@ class Migration(migrations.Migration):
                 ),
             ],
             options={
+                "db_table": "gateway_keypolicy",
                 "verbose_name": "key policy",
                 "verbose_name_plural": "key policies",
                 "constraints": [

@@ -1,4 +1,9 @@
-"""Gateway API keys: what applications send to `/v1/` instead of a user's API token."""
+"""Who may use the gateway and what they used: keys, teams, their limits and policies, people's
+weights in the fair queue, usage per key and day, and traffic per model and minute.
+
+The tables keep the names they were made with (gateway_*), so that moving these models out of
+the gateway moved no row (migrations/0001 to 0010 replace the gateway's own).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from rest_framework import serializers
 
 from catalog.definitions import validate_name
 from llmgw import bearer
+from llmgw.limitdefs import LIMITS
 
 # How stale last_used_at may get (see gateway.state.LAST_USED_SECONDS): a key used
 # a thousand times a second must not cost a thousand writes a second.
@@ -31,39 +37,23 @@ def hash_key(secret: str) -> str:
     return bearer.digest(secret)
 
 
+# One field per limit (llmgw.limitdefs.LIMITS), made before LimitFields' own so they come first.
+_COUNTED = {
+    limit.name: models.PositiveBigIntegerField(
+        null=True, blank=True, help_text=f"{limit.meaning}; blank for no limit"
+    )
+    for limit in LIMITS
+}
+
+
 class LimitFields(models.Model):
-    """What a key, or a team over all its keys together, may use. None (blank) is no limit.
+    """What a key, or a team over all its keys together, may use: each of llmgw.limitdefs.LIMITS
+    (None, blank, is no limit), a weight in the fair queue and the models it may use.
 
     The gateway enforces them (gateway.asgi) from what it holds in memory; a change reaches it
-    through the database's triggers (gateway.triggers), as a revocation does.
+    through the database's triggers (access.triggers), as a revocation does.
     """
 
-    rpm = models.PositiveBigIntegerField(
-        null=True, blank=True, help_text="requests per minute; blank for no limit"
-    )
-    tpm = models.PositiveBigIntegerField(
-        null=True,
-        blank=True,
-        help_text=(
-            "tokens per minute: prompt + completion tokens as the engine reports them; a stream "
-            "counts when it ends. Blank for no limit"
-        ),
-    )
-    max_parallel = models.PositiveBigIntegerField(
-        null=True, blank=True, help_text="requests in flight at once; blank for no limit"
-    )
-    tokens_per_day = models.PositiveBigIntegerField(
-        null=True,
-        blank=True,
-        help_text="prompt + completion tokens per day (UTC, from midnight); blank for no limit",
-    )
-    tokens_per_month = models.PositiveBigIntegerField(
-        null=True,
-        blank=True,
-        help_text=(
-            "prompt + completion tokens per calendar month (UTC, from the 1st); blank for no limit"
-        ),
-    )
     weight = models.FloatField(
         default=1.0,
         help_text=(
@@ -86,6 +76,10 @@ class LimitFields(models.Model):
         abstract = True
 
 
+for _name, _field in _COUNTED.items():
+    LimitFields.add_to_class(_name, _field)
+
+
 class Team(LimitFields):
     """Users who share a fleet's limits: a team's limits count all its keys together."""
 
@@ -96,6 +90,7 @@ class Team(LimitFields):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
+        db_table = "gateway_team"
         ordering = ["name"]
 
     def __str__(self) -> str:
@@ -141,13 +136,13 @@ class GatewayKey(LimitFields):
     expires_at = models.DateTimeField(
         null=True, blank=True, help_text="after this the key opens nothing; blank for never"
     )
-    # Set by the database itself (gateway.triggers), whatever wrote the row: when the key was
+    # Set by the database itself (access.triggers), whatever wrote the row: when the key was
     # added, its hash, revocation, limits, team or expiry changed, or its owner was deactivated or reactivated. Each
     # gateway process reads only the keys changed since its last read, by this index, rather
     # than every key on every change (1.2 M keys took 5.9 s a read).
     changed_at = models.DateTimeField(default=timezone.now, db_index=True, editable=False)
     # What staff set on this key: the most its owner may set each of those settings to
-    # (gateway.policies). Counters, weight and models by their names, the expiry as
+    # (access.policies). Counters, weight and models by their names, the expiry as
     # "expires_at" in ISO 8601. The gateway does not read it: a ceiling is held when a limit is
     # written, so the key's own figures are always within it.
     ceilings = models.JSONField(
@@ -157,6 +152,7 @@ class GatewayKey(LimitFields):
     )
 
     class Meta:
+        db_table = "gateway_gatewaykey"
         ordering = ["-created_at", "-id"]
         verbose_name = "gateway key"
 
@@ -171,8 +167,8 @@ class KeyPolicy(models.Model):
     """What new keys get, and the most their owners may set: each limit's default and ceiling.
 
     Of one team (for its members' keys in it), of one user (for their keys in no team), or the
-    default (for everyone else's keys in no team); gateway.policies.policy_for says which a key
-    is under. Only staff set them (gateway.services.policy_set), and a ceiling lowered lowers the
+    default (for everyone else's keys in no team); access.policies.policy_for says which a key
+    is under. Only staff set them (access.services.policy_set), and a ceiling lowered lowers the
     keys under it that are above it, so a key's figures are always within what is in force.
     """
 
@@ -189,7 +185,7 @@ class KeyPolicy(models.Model):
         on_delete=models.CASCADE,
         related_name="llmgw_key_policy",
     )
-    # By counter name (gateway.services.COUNTERS); a name missing has no default or ceiling.
+    # By counter name (access.services.COUNTERS); a name missing has no default or ceiling.
     defaults = models.JSONField(
         default=dict, blank=True, help_text="what a new key gets of each limit not given"
     )
@@ -199,6 +195,7 @@ class KeyPolicy(models.Model):
     changed_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        db_table = "gateway_keypolicy"
         verbose_name = "key policy"
         verbose_name_plural = "key policies"
         constraints = [
@@ -232,7 +229,7 @@ class UserWeight(models.Model):
     """A person's weight in the fair queue (gateway.fairqueue.share): beside the other people
     with no team, and within their team's share beside its other people. A person without one
     weighs 1 within a team, and their heaviest key in use outside one. Only staff set it
-    (gateway.services.user_weight_set)."""
+    (access.services.user_weight_set)."""
 
     user = models.OneToOneField(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="llmgw_weight"
@@ -243,6 +240,9 @@ class UserWeight(models.Model):
             "gets twice the slots of one of weight 1"
         )
     )
+
+    class Meta:
+        db_table = "gateway_userweight"
 
     def __str__(self) -> str:
         return f"{self.user} ({self.weight:g})"
@@ -261,6 +261,9 @@ class DeletedGatewayKey(models.Model):
     key_hash = models.CharField(max_length=64)
     deleted_at = models.DateTimeField(default=timezone.now, db_index=True)
 
+    class Meta:
+        db_table = "gateway_deletedgatewaykey"
+
     def __str__(self) -> str:
         return f"gateway key {self.key_hash[:8]}… deleted at {self.deleted_at:%Y-%m-%d %H:%M}"
 
@@ -277,6 +280,9 @@ class RoutingVersion(models.Model):
     """
 
     version = models.BigIntegerField(default=0)
+
+    class Meta:
+        db_table = "gateway_routingversion"
 
     def __str__(self) -> str:
         return f"routing version {self.version}"
@@ -346,6 +352,7 @@ class TrafficMinute(models.Model):
     )
 
     class Meta:
+        db_table = "gateway_trafficminute"
         constraints = [
             models.UniqueConstraint(
                 fields=["model", "revision", "start", "span", "writer"],
@@ -370,6 +377,7 @@ class KeyUsageDay(models.Model):
     completion_tokens = models.PositiveBigIntegerField(default=0)
 
     class Meta:
+        db_table = "gateway_keyusageday"
         constraints = [
             models.UniqueConstraint(
                 fields=["key", "model", "day", "writer"], name="key_usage_day_once"

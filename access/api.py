@@ -5,12 +5,12 @@ Any user creates keys of their own and sees, limits and revokes their own;
 staff see, limit and revoke everyone's. Staff add teams and set their limits
 and members; a user sees the teams they are in. Staff set key policies; a user
 sees those that may hold their keys. What staff set is a ceiling the owner may
-lower and never raise (gateway.services and gateway.policies have the rules).
+lower and never raise (access.services and access.policies have the rules).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from drf_spectacular.utils import extend_schema
@@ -22,21 +22,38 @@ from rest_framework.views import APIView
 from core.api import actor_of, answers, out, validated
 from core.refusals import Refused
 from core.serializers import StrictSerializer
+from llmgw.limitdefs import LIMITS, Limit
 
 from . import selectors, services
 from .models import GatewayKey, Team
 from .services import KEY_NAME_MAX
 
 
-class LimitsOut(serializers.Serializer):
-    rpm = serializers.IntegerField(allow_null=True, help_text="requests per minute; null: none")
-    tpm = serializers.IntegerField(
+def with_limits(make: Callable[[Limit], serializers.Field]) -> Callable[[type], type]:
+    """A serializer class with one field per limit (llmgw.limitdefs.LIMITS) before its own."""
+
+    def decorate(cls: type) -> type:
+        cls._declared_fields = {  # type: ignore[attr-defined]
+            **{limit.name: make(limit) for limit in LIMITS},
+            **cls._declared_fields,  # type: ignore[attr-defined]
+        }
+        return cls
+
+    return decorate
+
+
+def _counter_field(limit: Limit) -> serializers.IntegerField:
+    return serializers.IntegerField(
+        required=False,
         allow_null=True,
-        help_text="tokens (prompt + completion) per minute, a stream counting when it ends",
+        min_value=0,
+        max_value=services.MAX_COUNTER,
+        help_text=f"{limit.meaning}; 0 or null lifts the limit",
     )
-    max_parallel = serializers.IntegerField(allow_null=True, help_text="requests in flight")
-    tokens_per_day = serializers.IntegerField(allow_null=True, help_text="UTC days")
-    tokens_per_month = serializers.IntegerField(allow_null=True, help_text="UTC calendar months")
+
+
+@with_limits(lambda limit: serializers.IntegerField(allow_null=True, help_text=limit.meaning))
+class LimitsOut(serializers.Serializer):
     models = serializers.ListField(
         child=serializers.CharField(), help_text="names or globs it may use; [] for every model"
     )
@@ -68,12 +85,8 @@ class UsageOut(serializers.Serializer):
     )
 
 
+@with_limits(lambda limit: serializers.IntegerField(allow_null=True, help_text="null: no ceiling"))
 class CeilingsOut(serializers.Serializer):
-    rpm = serializers.IntegerField(allow_null=True, help_text="null: no ceiling")
-    tpm = serializers.IntegerField(allow_null=True)
-    max_parallel = serializers.IntegerField(allow_null=True)
-    tokens_per_day = serializers.IntegerField(allow_null=True)
-    tokens_per_month = serializers.IntegerField(allow_null=True)
     weight = serializers.FloatField(help_text="the largest share its owner may give it")
     models = serializers.ListField(
         child=serializers.CharField(), help_text="the widest models it may have; []: any"
@@ -112,24 +125,10 @@ class NewKeyOut(KeyOut):
     key = serializers.CharField(help_text="the key itself: shown only in this answer")
 
 
-def _counter_field(help_text: str) -> serializers.IntegerField:
-    return serializers.IntegerField(
-        required=False,
-        allow_null=True,
-        min_value=0,
-        max_value=services.MAX_COUNTER,
-        help_text=f"{help_text}; 0 or null lifts the limit",
-    )
-
-
+@with_limits(_counter_field)
 class LimitsInput(StrictSerializer):
     """The settings a key and a team share; a field not sent is left as it is."""
 
-    rpm = _counter_field("requests per minute")
-    tpm = _counter_field("prompt + completion tokens per minute")
-    max_parallel = _counter_field("requests in flight at once")
-    tokens_per_day = _counter_field("tokens per UTC day")
-    tokens_per_month = _counter_field("tokens per UTC calendar month")
     models = serializers.ListField(
         child=serializers.CharField(max_length=200),
         required=False,
@@ -250,12 +249,9 @@ class KeyLimitsAPI(APIView):
 # -- teams ----------------------------------------------------------------------------------
 
 
+@with_limits(lambda limit: serializers.IntegerField(allow_null=True))
 class PolicyFiguresOut(serializers.Serializer):
-    rpm = serializers.IntegerField(allow_null=True)
-    tpm = serializers.IntegerField(allow_null=True)
-    max_parallel = serializers.IntegerField(allow_null=True)
-    tokens_per_day = serializers.IntegerField(allow_null=True)
-    tokens_per_month = serializers.IntegerField(allow_null=True)
+    """One figure per limit; null where it sets none."""
 
 
 class TeamPolicyOut(serializers.Serializer):
@@ -443,12 +439,9 @@ class KeyPolicySetOut(KeyPolicyOut):
     )
 
 
+@with_limits(_counter_field)
 class PolicyFiguresInput(StrictSerializer):
-    rpm = _counter_field("requests per minute")
-    tpm = _counter_field("prompt + completion tokens per minute")
-    max_parallel = _counter_field("requests in flight at once")
-    tokens_per_day = _counter_field("tokens per UTC day")
-    tokens_per_month = _counter_field("tokens per UTC calendar month")
+    """One figure per limit; a limit not sent is left as it is."""
 
 
 class KeyPolicyInput(StrictSerializer):

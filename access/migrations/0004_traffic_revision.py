@@ -4,8 +4,11 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+    replaces = [
+        ("gateway", "0004_traffic_revision")
+    ]  # made by the gateway app, before it moved here
     dependencies = [
-        ("gateway", "0003_traffic"),
+        ("access", "0003_traffic"),
     ]
 
     operations = [

@@ -1,5 +1,9 @@
 """Node renewals answered by the gateway itself, without the hop to the web process.
 
+Fleet's rules, run inside the gateway's ASGI process: the gateway makes a `Renewals` as it starts
+(gateway.process.Gateway) and lends it what it needs of the data plane (a `Door`: reading a
+request's body, answering, its figures); nothing here imports the gateway.
+
 A renewal (POST /api/v1/node/renew, fleet.services.node_renew) is the heartbeat of a node on which
 nothing changed; in a large fleet it is nearly every request the control plane gets. The web
 process answers one in a few milliseconds of CPU (WSGI, middleware, DRF); the gateway, which
@@ -45,24 +49,26 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from catalog.config import current_config
 from core.metrics import control_metrics
-from fleet import liveness
-from fleet.services import interval_for, renewal_wants_report, unchanged_answer
 from llmgw import bearer
 
-from . import conf, errors, http
-from .http import Receive, Scope, Send
-from .metrics import metrics
+from .liveness import Liveness, flush_seconds
+from .services import interval_for, renewal_wants_report, unchanged_answer
 
 log = logging.getLogger("llmgw.gateway")
+
+# ASGI's shapes, as the server hands them.
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 PATH = "/api/v1/node/renew"
 REPORT_PATH = "/api/v1/node/heartbeat"
@@ -84,6 +90,48 @@ NODE_REQUESTS = 12
 NODE_QUEUE = 96
 QUEUE_SECONDS = 1.5
 RETRY_AFTER_SECONDS = 5
+
+
+class Figures(Protocol):
+    """The data plane's figures of the renewals (llmgw_gateway_nodes_held, ..._node_requests_*)."""
+
+    @property
+    def nodes_held(self) -> Any: ...  # a gauge: set()
+
+    @property
+    def node_requests_waiting(self) -> Any: ...  # a gauge: inc(), dec()
+
+    @property
+    def node_requests_queued(self) -> Any: ...  # a gauge: inc(), dec()
+
+    @property
+    def node_requests_shed(self) -> Any: ...  # a counter: inc()
+
+
+class Door(Protocol):
+    """What the process that serves the renewals lends them (gateway.process.RenewalDoor): its
+    way of reading a request and answering it, in its own words, and its figures."""
+
+    @property
+    def figures(self) -> Figures: ...
+
+    def header(self, scope: Scope, name: bytes) -> str:
+        """The request's header `name` (lower case), "" when it has none."""
+        ...
+
+    async def read_body(self, receive: Receive, send: Send, limit: int) -> bytes | None:
+        """The request's body, at most `limit` bytes; None when the client was answered instead
+        (too large, too slow) or went away."""
+        ...
+
+    async def answer(self, send: Send, status: int, body: bytes) -> None:
+        """Answer `body` (JSON) whole."""
+        ...
+
+    async def busy(self, send: Send, retry_after: int) -> None:
+        """Answer 503: the web has as many nodes' requests as it takes; come back in
+        `retry_after` seconds."""
+        ...
 
 
 class NodeRow(NamedTuple):
@@ -112,7 +160,8 @@ HEARD = {
 class NodeTable:
     """Every node's row by its token's digest, read whole every READ_SECONDS."""
 
-    def __init__(self) -> None:
+    def __init__(self, figures: Figures | None = None) -> None:
+        self.figures = figures
         self.rows: Mapping[str, NodeRow] = {}
         self.lost_after = 30.0
         self.ready = threading.Event()
@@ -142,7 +191,8 @@ class NodeTable:
                 rows[raw[0]] = row if row is not None and row == raw[1:] else make(raw[1:])
         self.rows = rows
         self.lost_after = float(current_config().node_lost_after)
-        metrics().nodes_held.set(len(rows))
+        if self.figures is not None:
+            self.figures.nodes_held.set(len(rows))
         self.ready.set()
 
     def _run(self) -> None:
@@ -156,9 +206,6 @@ class NodeTable:
                 self.rows = {}
                 connection.close()
             time.sleep(READ_SECONDS)
-
-
-table = NodeTable()
 
 
 def node_of(rows: Mapping[str, NodeRow], authorization: str) -> NodeRow | None:
@@ -201,66 +248,6 @@ def held_row(
     return row
 
 
-async def renew(scope: Scope, receive: Receive, send: Send, to_web: Any) -> None:
-    """Answer the renewal here if it is "nothing changed", else pass it to the web (`to_web`,
-    called with a receive that hands the body read here)."""
-    table.start()
-    try:
-        body = await http.read_body(receive, MAX_BODY)
-    except http.TooBig:
-        await http.refuse(send, errors.too_large(MAX_BODY))
-        return
-    except http.Slow:
-        await http.refuse(send, errors.too_slow(conf.body_seconds()))
-        return
-    except http.Disconnected:
-        return
-    now = timezone.now()
-    rows, lost_after = table.rows, table.lost_after
-    row = None
-    if scope["method"] == "POST" and table.ready.is_set():
-        row = held_row(rows, http.header(scope, b"authorization"), body, now, lost_after)
-    if row is None:
-        # A renewal the web answers (the node's generation moved: a replica placed on it) still
-        # says the node is alive, however long the web takes to answer it.
-        note_alive(scope)
-        await gate.through(scope, send, lambda: to_web(_replay(body, receive)))
-        return
-    if liveness.flush_seconds() <= 0:
-        await asyncio.to_thread(liveness.renewed, row.pk, now)
-    else:
-        liveness.renewed(row.pk, now)
-    control_metrics().node_heartbeats.labels("renewal", "unchanged").inc()
-    answer = unchanged_answer(
-        node=row.name,
-        interval=interval_for(len(rows), lost_after),
-        generation=row.generation,
-    )
-    await http.whole(send, 200, json.dumps(answer).encode())
-
-
-def note_alive(scope: Scope) -> None:
-    """A whole report on its way to the web (POST /api/v1/node/heartbeat), or a renewal the web
-    must answer, from a node held here: the node is alive whatever becomes of the request, so it
-    is renewed now. When thousands of
-    nodes report at once (a model of thousands of replicas placed) the web takes a while to
-    answer them all; without this, a node whose reports waited past node_lost_after would be
-    declared lost for the web's slowness, its replicas withdrawn and placed again, and the
-    burst made worse. Only a node not lost and heard lately: one coming back goes through the
-    report, which starts its heard_since again."""
-    table.start()
-    if scope["method"] != "POST" or not table.ready.is_set():
-        return
-    row = node_of(table.rows, http.header(scope, b"authorization"))
-    if row is None or row.lost or row.last_heartbeat is None:
-        return
-    now = timezone.now()
-    if (now - row.last_heartbeat).total_seconds() > table.lost_after:
-        return
-    if liveness.flush_seconds() > 0:  # else the report's own write is enough
-        liveness.renewed(row.pk, now)
-
-
 class NodeGate:
     """At most NODE_REQUESTS nodes' requests of this process on their way to the web, and one a
     node: a node's room is taken only by a request carrying its token, so a client that is no
@@ -271,8 +258,16 @@ class NodeGate:
     queue, 503 with Retry-After."""
 
     def __init__(
-        self, limit: int = NODE_REQUESTS, *, queue: int = NODE_QUEUE, wait: float = QUEUE_SECONDS
+        self,
+        table: NodeTable,
+        door: Door,
+        limit: int = NODE_REQUESTS,
+        *,
+        queue: int = NODE_QUEUE,
+        wait: float = QUEUE_SECONDS,
     ) -> None:
+        self.table = table
+        self.door = door
         self.limit = limit
         self.queue_limit = queue
         self.wait = wait
@@ -286,7 +281,7 @@ class NodeGate:
 
     async def through(self, scope: Scope, send: Send, to_web: Any) -> None:
         """Call `to_web` once the request's node has a place, else answer 503 with Retry-After."""
-        row = node_of(table.rows, http.header(scope, b"authorization"))
+        row = node_of(self.table.rows, self.door.header(scope, b"authorization"))
         if row is None:
             await to_web()
             return
@@ -302,11 +297,11 @@ class NodeGate:
             elif not await self._wait_for_a_place():
                 await self._shed(send)
                 return
-            metrics().node_requests_waiting.inc()
+            self.door.figures.node_requests_waiting.inc()
             try:
                 await to_web()
             finally:
-                metrics().node_requests_waiting.dec()
+                self.door.figures.node_requests_waiting.dec()
                 self._hand_on()
         finally:
             self.nodes.discard(row.pk)
@@ -315,7 +310,7 @@ class NodeGate:
         """Whether a place was handed to this request (by _hand_on) within `wait` seconds."""
         handed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.queue.append(handed)
-        metrics().node_requests_queued.inc()
+        self.door.figures.node_requests_queued.inc()
         try:
             await asyncio.wait_for(asyncio.shield(handed), self.wait)
             return True
@@ -329,7 +324,7 @@ class NodeGate:
             handed.cancel()  # a no-op once handed
             with contextlib.suppress(ValueError):
                 self.queue.remove(handed)
-            metrics().node_requests_queued.dec()
+            self.door.figures.node_requests_queued.dec()
 
     def _hand_on(self) -> None:
         """A place is free: to the first request still waiting, else back to the room."""
@@ -341,11 +336,80 @@ class NodeGate:
         self.held -= 1
 
     async def _shed(self, send: Send) -> None:
-        metrics().node_requests_shed.inc()
-        await http.refuse(send, errors.nodes_busy(RETRY_AFTER_SECONDS))
+        self.door.figures.node_requests_shed.inc()
+        await self.door.busy(send, RETRY_AFTER_SECONDS)
 
 
-gate = NodeGate()
+class Renewals:
+    """One process's renewals: its copy of the nodes (`table`), its gate to the web (`gate`),
+    and the renewals it took, waiting to be written (`liveness`). Made by the data plane as it
+    starts (gateway.process.Gateway), which lends it its `door`."""
+
+    def __init__(
+        self, door: Door, *, table: NodeTable | None = None, liveness: Liveness | None = None
+    ) -> None:
+        self.door = door
+        self.table = table if table is not None else NodeTable(door.figures)
+        self.gate = NodeGate(self.table, door)
+        self.liveness = liveness if liveness is not None else Liveness()
+
+    def from_a_node(self, scope: Scope) -> bool:
+        """Whether the request is a node's report or renewal carrying the token of a node this
+        process holds: the gate lets at most NODE_REQUESTS of those reach the web at once."""
+        if scope["path"] not in (REPORT_PATH, PATH):
+            return False
+        return node_of(self.table.rows, self.door.header(scope, b"authorization")) is not None
+
+    async def renew(self, scope: Scope, receive: Receive, send: Send, to_web: Any) -> None:
+        """Answer the renewal here if it is "nothing changed", else pass it to the web (`to_web`,
+        called with a receive that hands the body read here)."""
+        self.table.start()
+        body = await self.door.read_body(receive, send, MAX_BODY)
+        if body is None:
+            return
+        now = timezone.now()
+        rows, lost_after = self.table.rows, self.table.lost_after
+        row = None
+        if scope["method"] == "POST" and self.table.ready.is_set():
+            row = held_row(rows, self.door.header(scope, b"authorization"), body, now, lost_after)
+        if row is None:
+            # A renewal the web answers (the node's generation moved: a replica placed on it)
+            # still says the node is alive, however long the web takes to answer it.
+            self.note_alive(scope)
+            await self.gate.through(scope, send, lambda: to_web(_replay(body, receive)))
+            return
+        if flush_seconds() <= 0:
+            await asyncio.to_thread(self.liveness.renewed, row.pk, now)
+        else:
+            self.liveness.renewed(row.pk, now)
+        control_metrics().node_heartbeats.labels("renewal", "unchanged").inc()
+        answer = unchanged_answer(
+            node=row.name,
+            interval=interval_for(len(rows), lost_after),
+            generation=row.generation,
+        )
+        await self.door.answer(send, 200, json.dumps(answer).encode())
+
+    def note_alive(self, scope: Scope) -> None:
+        """A whole report on its way to the web (POST /api/v1/node/heartbeat), or a renewal the
+        web must answer, from a node held here: the node is alive whatever becomes of the
+        request, so it is renewed now. When thousands of nodes report at once (a model of
+        thousands of replicas placed) the web takes a while to answer them all; without this, a
+        node whose reports waited past node_lost_after would be declared lost for the web's
+        slowness, its replicas withdrawn and placed again, and the burst made worse. Only a node
+        not lost and heard lately: one coming back goes through the report, which starts its
+        heard_since again."""
+        self.table.start()
+        if scope["method"] != "POST" or not self.table.ready.is_set():
+            return
+        row = node_of(self.table.rows, self.door.header(scope, b"authorization"))
+        if row is None or row.lost or row.last_heartbeat is None:
+            return
+        now = timezone.now()
+        if (now - row.last_heartbeat).total_seconds() > self.table.lost_after:
+            return
+        if flush_seconds() > 0:  # else the report's own write is enough
+            self.liveness.renewed(row.pk, now)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

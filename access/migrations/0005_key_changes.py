@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 def create(apps, schema_editor):
     # When the migration runs, not when Django loads the migration graph.
-    from gateway import triggers
+    from access import triggers
 
     connection = schema_editor.connection
     if connection.vendor == "sqlite":
@@ -20,14 +20,15 @@ def create(apps, schema_editor):
 
 def drop(apps, schema_editor):
     # When the migration runs, not when Django loads the migration graph.
-    from gateway import triggers
+    from access import triggers
 
     triggers.drop_key_triggers(schema_editor.connection)
 
 
 class Migration(migrations.Migration):
+    replaces = [("gateway", "0005_key_changes")]  # made by the gateway app, before it moved here
     dependencies = [
-        ("gateway", "0004_traffic_revision"),
+        ("access", "0004_traffic_revision"),
     ]
 
     operations = [
@@ -53,6 +54,9 @@ class Migration(migrations.Migration):
                     models.DateTimeField(db_index=True, default=django.utils.timezone.now),
                 ),
             ],
+            options={
+                "db_table": "gateway_deletedgatewaykey",
+            },
         ),
         migrations.RunPython(create, drop),
     ]

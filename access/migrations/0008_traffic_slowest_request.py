@@ -10,8 +10,11 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+    replaces = [
+        ("gateway", "0008_traffic_slowest_request")
+    ]  # made by the gateway app, before it moved here
     dependencies = [
-        ("gateway", "0007_traffic_queue"),
+        ("access", "0007_traffic_queue"),
     ]
 
     operations = [

@@ -10,11 +10,11 @@ from django.db.models import Count, F, Q, QuerySet, Sum
 from django.utils import timezone
 
 from core.actor import Actor
+from core.metrics import ControlPlaneFigures
 from fleet.models import Node
 from registry.models import Rollout
 
 from . import policies
-from .metrics import ControlPlaneFigures
 from .models import GatewayKey, KeyPolicy, KeyUsageDay, Team
 from .services import could_be_team, limits_of
 

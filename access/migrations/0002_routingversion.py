@@ -5,21 +5,22 @@ from django.db import migrations, models
 
 def create(apps, schema_editor):
     # When the migration runs, not when Django loads the migration graph.
-    from gateway import triggers
+    from access import triggers
 
     triggers.ensure(schema_editor.connection)
 
 
 def drop(apps, schema_editor):
     # When the migration runs, not when Django loads the migration graph.
-    from gateway import triggers
+    from access import triggers
 
     triggers.drop(schema_editor.connection)
 
 
 class Migration(migrations.Migration):
+    replaces = [("gateway", "0002_routingversion")]  # made by the gateway app, before it moved here
     dependencies = [
-        ("gateway", "0001_initial"),
+        ("access", "0001_initial"),
         ("catalog", "0004_model_origin_model_previous_model_update_available_and_more"),
         ("fleet", "0001_initial"),
     ]
@@ -36,6 +37,9 @@ class Migration(migrations.Migration):
                 ),
                 ("version", models.BigIntegerField(default=0)),
             ],
+            options={
+                "db_table": "gateway_routingversion",
+            },
         ),
         migrations.RunPython(create, drop),
     ]

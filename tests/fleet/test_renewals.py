@@ -1,4 +1,4 @@
-"""Which renewals the gateway answers itself (gateway.renewals.held_row) and its copy of the nodes
+"""Which renewals the gateway answers itself (fleet.renewals.held_row) and its copy of the nodes
 (NodeTable.read); the whole path through real processes is in tests/fleet/test_fleet_e2e.py."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from fleet import renewals
 from fleet.models import Node
-from gateway import renewals
-from gateway.renewals import NodeRow, NodeTable, held_row
+from fleet.renewals import NodeRow, NodeTable, Renewals, held_row
+from gateway.process import RenewalDoor
 from llmgw import bearer
 from tests.support.fleet import Fleet
 from tests.support.waiting import wait_for_async
@@ -41,6 +42,16 @@ def rows(**changes: Any) -> dict[str, NodeRow]:
 
 def body(**changes: Any) -> bytes:
     return json.dumps({"generation": 3, "report_digest": DIGEST, **changes}).encode()
+
+
+def held(table: NodeTable, monkeypatch: pytest.MonkeyPatch, taken: list[int]) -> Renewals:
+    """A process's renewals holding `table`, its renewals recorded in `taken` (nothing written),
+    with the gateway's door."""
+    from gateway.metrics import metrics
+
+    renewals = Renewals(RenewalDoor(metrics()), table=table)
+    monkeypatch.setattr(renewals.liveness, "renewed", lambda pk, at: taken.append(pk))
+    return renewals
 
 
 def test_a_current_renewal_of_a_held_node_is_answered_here() -> None:
@@ -111,15 +122,13 @@ def test_a_whole_report_renews_its_node_before_it_goes_to_the_web(
     settings.LLMGW_RENEWAL_FLUSH_SECONDS = 3600  # held in memory; nothing written here
     changes = dict(changes)
     ago = changes.pop("heard_ago", timedelta(seconds=2))
-    held = rows(**{"last_heartbeat": timezone.now() - ago, **changes})
+    copy = rows(**{"last_heartbeat": timezone.now() - ago, **changes})
     table = NodeTable()
-    table.rows, table.lost_after = held, 30.0
+    table.rows, table.lost_after = copy, 30.0
     table.ready.set()
     table._started = True  # no reading thread in this test
-    monkeypatch.setattr(renewals, "table", table)
     taken: list[int] = []
-    monkeypatch.setattr(renewals.liveness, "renewed", lambda pk, at: taken.append(pk))
-    renewals.note_alive(request_scope)
+    held(table, monkeypatch, taken).note_alive(request_scope)
     assert taken == ([7] if renewed else [])
 
 
@@ -138,9 +147,8 @@ def test_a_renewal_the_web_answers_renews_its_node_here_and_reaches_the_web_whol
     table.lost_after = 30.0
     table.ready.set()
     table._started = True  # no reading thread in this test
-    monkeypatch.setattr(renewals, "table", table)
     taken: list[int] = []
-    monkeypatch.setattr(renewals.liveness, "renewed", lambda pk, at: taken.append(pk))
+    process = held(table, monkeypatch, taken)
     sent = body(generation=2)
     forwarded: list[bytes] = []
 
@@ -153,12 +161,12 @@ def test_a_renewal_the_web_answers_renews_its_node_here_and_reaches_the_web_whol
     async def to_web(replay: Any) -> None:
         forwarded.append((await replay())["body"])
 
-    asyncio.run(renewals.renew(scope(TOKEN), receive, send, to_web))
+    asyncio.run(process.renew(scope(TOKEN), receive, send, to_web))
     assert forwarded == [sent] and taken == [7]
     # A token not held renews nothing (the web answers 401, or knows a node newer than the copy).
     taken.clear()
     forwarded.clear()
-    asyncio.run(renewals.renew(scope("llmgw-node-other"), receive, send, to_web))
+    asyncio.run(process.renew(scope("llmgw-node-other"), receive, send, to_web))
     assert forwarded == [sent] and taken == []
 
 
@@ -180,10 +188,9 @@ def test_past_its_room_the_node_gate_queues_briefly_then_answers_503_and_lets_th
         bearer.digest(f"llmgw-node-{n}"): NodeRow(pk, n, 3, False, DIGEST, NOW.timestamp())
         for pk, n in enumerate("abcdefg", start=1)
     }
-    monkeypatch.setattr(renewals, "table", table)
 
     async def run() -> tuple[list[dict[str, Any]], list[str]]:
-        gate = renewals.NodeGate(limit=2, queue=1, wait=0.3)
+        gate = renewals.NodeGate(table, RenewalDoor(metrics()), limit=2, queue=1, wait=0.3)
         done = {name: asyncio.Event() for name in "abcdefgx"}
         reached: list[str] = []
         answers: list[dict[str, Any]] = []
@@ -260,3 +267,50 @@ def test_the_node_gates_of_the_run_commands_gateway_leave_the_web_threads_for_pe
     command = llmgw_run.web_command(Path("/bin"), "127.0.0.1:1", timeout=30)
     assert command[command.index("--threads") + 1] == str(llmgw_run.WEB_THREADS)
     assert command[command.index("--workers") + 1] == str(llmgw_run.WEB_WORKERS)
+
+
+def test_the_gateway_answers_renewals_by_its_own_renewals_and_forwards_nodes_as_nodes(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway process holds its Renewals (gateway.process.Gateway): a current renewal is
+    answered from its copy, and a report or a renewal the web answers is forwarded as a held
+    node's (its body in the reserve, gateway.webforward), a stranger's as anyone's."""
+    import asyncio
+
+    from gateway import app
+    from gateway.process import Gateway
+
+    settings.LLMGW_RENEWAL_FLUSH_SECONDS = 3600  # held in memory; nothing written here
+    application = app.Application()
+    gateway = application.gateway = Gateway()
+    table = gateway.renewals.table
+    table.rows, table.lost_after = rows(last_heartbeat=timezone.now()), 30.0
+    table.ready.set()
+    table._started = True  # no reading thread in this test
+    taken: list[int] = []
+    monkeypatch.setattr(gateway.renewals.liveness, "renewed", lambda pk, at: taken.append(pk))
+    forwarded: list[bool] = []
+
+    async def forward(*args: Any, node: bool = False) -> None:
+        forwarded.append(node)
+
+    monkeypatch.setattr(app, "forward", forward)
+    answers: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        answers.append(message)
+
+    def post(path: str, sent: bytes, token: str = TOKEN) -> None:
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": sent, "more_body": False}
+
+        request = {"type": "http", "path": path, **scope(token)}
+        asyncio.run(application(request, receive, send))
+
+    post(renewals.PATH, body())
+    assert answers[0]["status"] == 200 and json.loads(answers[-1]["body"])["changed"] is False
+    assert taken == [7] and forwarded == []
+    post(renewals.REPORT_PATH, b"{}")
+    post(renewals.PATH, body(generation=2))
+    post(renewals.REPORT_PATH, b"{}", token="llmgw-node-other")
+    assert forwarded == [True, True, False]

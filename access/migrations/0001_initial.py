@@ -6,6 +6,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+    replaces = [("gateway", "0001_initial")]  # made by the gateway app, before it moved here
     initial = True
 
     dependencies = [
@@ -61,6 +62,7 @@ class Migration(migrations.Migration):
                 ),
             ],
             options={
+                "db_table": "gateway_gatewaykey",
                 "verbose_name": "gateway key",
                 "ordering": ["-created_at", "-id"],
             },

@@ -8,7 +8,7 @@ different replicas would then deadlock on it).
 
 Only changes that routing sees fire them: a heartbeat that writes a replica's
 message or a node's last heartbeat does not, nor a model's idle clock. What routing
-sees is one list, gateway.routed, that the reads select by and these triggers are
+sees is one list, access.routed, that the reads select by and these triggers are
 made from (`ROUTED`); a trigger whose columns changed is made again by ensure(), so
 an existing database watches what the code of today reads.
 
@@ -42,6 +42,8 @@ from typing import Any
 
 from django.db import transaction
 
+from llmgw.limitdefs import COUNTERS
+
 from . import routed
 
 CHANNEL = "llmgw_routing"
@@ -57,7 +59,7 @@ REPLICA_TABLE = "fleet_replica"
 KEYS_WATCHED = routed.Watched(
     "gateway_gatewaykey", ["key_hash", "revoked_at", "changed_at"], [], rows=True
 )
-# Every table and column whose change notifies: the routed ones (gateway.routed), and the keys.
+# Every table and column whose change notifies: the routed ones (access.routed), and the keys.
 ROUTED: list[routed.Watched] = [*routed.watched(), KEYS_WATCHED]
 # The same, as (table, columns).
 WATCHED: list[tuple[str, list[str]]] = [(w.table, w.columns + w.set_or_cleared) for w in ROUTED]
@@ -67,10 +69,9 @@ _SQLITE_BUMP = "UPDATE gateway_routingversion SET version = version + 1 WHERE id
 # The key columns whose change a gateway process must read again. changed_at itself is among
 # them so that a stale copy of the row saved whole (Django's save() writes every field) cannot
 # move it back in time.
-# What a key may use, and until when (gateway.models.LimitFields, its team and expiry), is read
+# What a key may use, and until when (access.models.LimitFields, its team and expiry), is read
 # again as a revocation is.
-LIMIT_COLUMNS = ["rpm", "tpm", "max_parallel", "tokens_per_day", "tokens_per_month", "models"]
-LIMIT_COLUMNS += ["weight", "team_id", "expires_at"]
+LIMIT_COLUMNS = [*COUNTERS, "models", "weight", "team_id", "expires_at"]
 KEY_COLUMNS = ["key_hash", "revoked_at", "changed_at", *LIMIT_COLUMNS]
 # The user column that decides whether a user's keys open anything.
 OWNER_COLUMNS = ["is_active"]

@@ -44,13 +44,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 
 from registry.models import CanaryKeyMinute
 
-from .fairqueue import waiting_on_machine
+from . import live
 from .models import GatewayKey, KeyUsageDay, TrafficMinute
 
 # Canary key minutes are kept as long as the longest canary window (registry.canary's
@@ -527,12 +526,6 @@ def queue_totals(model: str, window: Window, *, now: datetime | None = None) -> 
     return total
 
 
-def waiting_now(models: Sequence[str]) -> dict[str, int]:
-    """Requests waiting in the fair queue for each model now, over the gateway processes of this
-    machine (their files under var/gateway-queue; gateways on other machines are not seen)."""
-    return waiting_on_machine(settings.VAR_DIR / "gateway-queue", models)
-
-
 @dataclass(frozen=True)
 class ModelTraffic:
     """One model's figures over a window, as the API and `llmgw ctl model traffic` give them."""
@@ -562,5 +555,5 @@ def model_traffic(model: str, window: Window, *, now: datetime | None = None) ->
         end=end,
         points=points,
         total=totals(points),
-        waiting_now=waiting_now([model])[model],
+        waiting_now=live.waiting_now([model])[model],
     )

@@ -151,7 +151,7 @@ class UsageAPI(APIView):
 # -- a model's traffic ----------------------------------------------------------------------
 
 
-# The three read the objects of gateway.traffic (Figures, Point, ModelTraffic).
+# The three read the objects of access.traffic (Figures, Point, ModelTraffic).
 class TrafficFiguresOut(serializers.Serializer):
     """What the gateway answered for the model, and how its requests fared in the fair queue."""
 

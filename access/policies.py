@@ -2,11 +2,11 @@
 
 What staff set is a ceiling. A limit, weight, model list or expiry staff put on a key is the
 most its owner may set it to: the owner may lower it and never raise or lift it. A key policy
-(gateway.models.KeyPolicy: a team's, a user's, or the default) gives each limit of the keys under
+(access.models.KeyPolicy: a team's, a user's, or the default) gives each limit of the keys under
 it a default and a ceiling. The ceiling in force for a setting is what staff set on the key
 itself where they set it, and its policy's otherwise.
 
-judge() is the one place that decides whether a change of a key is allowed; gateway.services
+judge() is the one place that decides whether a change of a key is allowed; access.services
 calls it for every door (API, CLI, console, admin), so that they cannot disagree. Its rules, in
 the order it applies them:
 
@@ -40,11 +40,12 @@ from django.db.models import Q
 
 from core.actor import Actor
 from core.refusals import Problem, Refused, invalid
+from llmgw import limitdefs
 
 from .models import GatewayKey, KeyPolicy, Team
 
-# The counters of gateway.models.LimitFields, in the order every door shows them.
-COUNTERS = ["rpm", "tpm", "max_parallel", "tokens_per_day", "tokens_per_month"]
+# The counters of access.models.LimitFields, in the order every door shows them.
+COUNTERS = list(limitdefs.COUNTERS)
 # What a ceiling on a key may hold: the counters, the weight, the models and the expiry.
 KEY_CEILINGS = [*COUNTERS, "weight", "models", "expires_at"]
 # Who raises a ceiling, as the refusals say it.

@@ -11,8 +11,9 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+    replaces = [("gateway", "0007_traffic_queue")]  # made by the gateway app, before it moved here
     dependencies = [
-        ("gateway", "0006_teams_and_limits"),
+        ("access", "0006_teams_and_limits"),
     ]
 
     operations = [

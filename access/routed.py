@@ -2,7 +2,7 @@
 
 Every name below is a field as Django's values() names it. gateway.routing (read_catalog,
 read_replicas) and gateway.state (_unplaceable, read_teams) read exactly these names, and
-gateway.triggers watches the columns `watched()` makes of them, so that a change of anything a
+access.triggers watches the columns `watched()` makes of them, so that a change of anything a
 gateway process routes by reaches it by the database's notification.
 
 Why one list: the reads and the triggers were two lists, and they drifted apart. A model's
@@ -23,7 +23,7 @@ What a name watches:
   nothing, as they do not change.
 
 Keys are not here: there may be millions of them, so a process reads only the keys that changed
-since its last read (gateway.triggers.KEY_COLUMNS, gateway.state.Keys), never all of them again.
+since its last read (access.triggers.KEY_COLUMNS, gateway.state.Keys), never all of them again.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from django.db import models
 
 from catalog.models import Model
 from fleet.models import Node, Replica
+from llmgw.limitdefs import COUNTERS
 
 from .models import Team, UserWeight
 
@@ -86,11 +87,7 @@ TEAM_LIMITS = (
     "id",
     "name",
     "created_at",
-    "rpm",
-    "tpm",
-    "max_parallel",
-    "tokens_per_day",
-    "tokens_per_month",
+    *COUNTERS,
     "models",
     "weight",
 )

@@ -1,4 +1,4 @@
-"""Teams, and the limits of keys and teams (gateway.models.LimitFields), a key's team and expiry.
+"""Teams, and the limits of keys and teams (access.models.LimitFields), a key's team and expiry.
 
 The key triggers watch the new columns, and the routing triggers the team tables. They are
 dropped before the columns change and made again after: PostgreSQL will not drop a column a
@@ -9,12 +9,12 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
-import gateway.models
+import access.models
 
 
 def drop_key_triggers(apps, schema_editor):
     # When the migration runs, not when Django loads the migration graph.
-    from gateway import triggers
+    from access import triggers
 
     connection = schema_editor.connection
     triggers.drop_key_triggers(connection)
@@ -25,14 +25,17 @@ def drop_key_triggers(apps, schema_editor):
 
 def make_triggers(apps, schema_editor):
     # When the migration runs, not when Django loads the migration graph.
-    from gateway import triggers
+    from access import triggers
 
     triggers.ensure(schema_editor.connection)
 
 
 class Migration(migrations.Migration):
+    replaces = [
+        ("gateway", "0006_teams_and_limits")
+    ]  # made by the gateway app, before it moved here
     dependencies = [
-        ("gateway", "0005_key_changes"),
+        ("access", "0005_key_changes"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
@@ -168,7 +171,7 @@ class Migration(migrations.Migration):
                 (
                     "name",
                     models.CharField(
-                        max_length=100, unique=True, validators=[gateway.models.validate_team_name]
+                        max_length=100, unique=True, validators=[access.models.validate_team_name]
                     ),
                 ),
                 ("created_at", models.DateTimeField(auto_now_add=True)),
@@ -180,6 +183,7 @@ class Migration(migrations.Migration):
                 ),
             ],
             options={
+                "db_table": "gateway_team",
                 "ordering": ["name"],
             },
         ),
@@ -192,7 +196,7 @@ class Migration(migrations.Migration):
                 null=True,
                 on_delete=django.db.models.deletion.SET_NULL,
                 related_name="keys",
-                to="gateway.team",
+                to="access.team",
             ),
         ),
         migrations.RunPython(make_triggers, drop_key_triggers),

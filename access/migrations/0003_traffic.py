@@ -5,8 +5,9 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+    replaces = [("gateway", "0003_traffic")]  # made by the gateway app, before it moved here
     dependencies = [
-        ("gateway", "0002_routingversion"),
+        ("access", "0002_routingversion"),
     ]
 
     operations = [
@@ -52,6 +53,7 @@ class Migration(migrations.Migration):
                 ),
             ],
             options={
+                "db_table": "gateway_trafficminute",
                 "indexes": [
                     models.Index(fields=["start", "model"], name="gateway_tra_start_f507b5_idx")
                 ],
@@ -82,11 +84,12 @@ class Migration(migrations.Migration):
                     models.ForeignKey(
                         on_delete=django.db.models.deletion.CASCADE,
                         related_name="usage",
-                        to="gateway.gatewaykey",
+                        to="access.gatewaykey",
                     ),
                 ),
             ],
             options={
+                "db_table": "gateway_keyusageday",
                 "indexes": [models.Index(fields=["day"], name="gateway_key_day_3eec6a_idx")],
                 "constraints": [
                     models.UniqueConstraint(

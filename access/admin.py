@@ -24,8 +24,10 @@ from django.urls import reverse
 from core.actor import Actor
 from core.admin import RemovedThroughServiceAdmin, RequestFormAdmin, admin_actor
 from core.refusals import Refused
+from llmgw.limitdefs import Limit
 
 from . import policies, services
+from .forms import with_limit_fields
 from .models import GatewayKey, KeyPolicy, Team, UserWeight
 
 
@@ -39,20 +41,10 @@ def _counter_field(label: str, help_text: str, blank: str = "no limit") -> forms
     )
 
 
+@with_limit_fields(lambda limit: {limit.name: _counter_field(limit.label, limit.meaning)})
 class LimitsForm(forms.ModelForm):
     """The limits a key and a team share, as plain fields: the services write them, not the form."""
 
-    rpm = _counter_field("Requests per minute", "requests per minute")
-    tpm = _counter_field(
-        "Tokens per minute",
-        "prompt + completion tokens per minute, as the engine reports them; a stream counts "
-        "when it ends",
-    )
-    max_parallel = _counter_field("Requests in flight", "requests in flight at once")
-    tokens_per_day = _counter_field("Tokens per day", "prompt + completion tokens per UTC day")
-    tokens_per_month = _counter_field(
-        "Tokens per month", "prompt + completion tokens per UTC calendar month"
-    )
     models = forms.CharField(
         label="Models",
         required=False,
@@ -223,7 +215,7 @@ class TeamAdmin(RemovedThroughServiceAdmin, ThroughServicesAdmin):
         self.message_user(request, f"Its {keys} key(s) stay, without the team's limits.")
 
     def refused_removal_url(self, object_id: str) -> str:
-        return reverse("admin:gateway_team_changelist")
+        return reverse("admin:access_team_changelist")
 
 
 def limits_text(holder: GatewayKey | Team) -> str:
@@ -341,6 +333,15 @@ DEFAULT_HELP = "what a new key gets when not given"
 CEILING_HELP = "the most an owner may set it to (keys above it are lowered to it)"
 
 
+def _policy_fields(limit: Limit) -> dict[str, forms.Field]:
+    words = limit.label[0].lower() + limit.label[1:]
+    return {
+        f"default_{limit.name}": _policy_field(f"Default {words}", DEFAULT_HELP),
+        f"max_{limit.name}": _policy_field(f"Ceiling of {words}", CEILING_HELP),
+    }
+
+
+@with_limit_fields(_policy_fields, first=False)
 class KeyPolicyForm(forms.ModelForm):
     """A key policy's scope and each limit's default and ceiling; the services write them."""
 
@@ -357,16 +358,6 @@ class KeyPolicyForm(forms.ModelForm):
         required=False,
         help_text="for a user's policy",
     )
-    default_rpm = _policy_field("Default requests per minute", DEFAULT_HELP)
-    max_rpm = _policy_field("Ceiling of requests per minute", CEILING_HELP)
-    default_tpm = _policy_field("Default tokens per minute", DEFAULT_HELP)
-    max_tpm = _policy_field("Ceiling of tokens per minute", CEILING_HELP)
-    default_max_parallel = _policy_field("Default requests in flight", DEFAULT_HELP)
-    max_max_parallel = _policy_field("Ceiling of requests in flight", CEILING_HELP)
-    default_tokens_per_day = _policy_field("Default tokens per day", DEFAULT_HELP)
-    max_tokens_per_day = _policy_field("Ceiling of tokens per day", CEILING_HELP)
-    default_tokens_per_month = _policy_field("Default tokens per month", DEFAULT_HELP)
-    max_tokens_per_month = _policy_field("Ceiling of tokens per month", CEILING_HELP)
 
     PARTS = (("defaults", "default"), ("ceilings", "max"))
     # Set per request by the ModelAdmin's get_form: the services need to know who acts.
@@ -471,7 +462,7 @@ class KeyPolicyAdmin(RemovedThroughServiceAdmin, ThroughServicesAdmin):
         self.message_user(request, "Its keys keep their limits.")
 
     def refused_removal_url(self, object_id: str) -> str:
-        return reverse("admin:gateway_keypolicy_changelist")
+        return reverse("admin:access_keypolicy_changelist")
 
 
 class UserWeightForm(forms.ModelForm):
@@ -521,7 +512,7 @@ class UserWeightAdmin(RemovedThroughServiceAdmin, ThroughServicesAdmin):
         )
 
     def refused_removal_url(self, object_id: str) -> str:
-        return reverse("admin:gateway_userweight_changelist")
+        return reverse("admin:access_userweight_changelist")
 
 
 def _figures(figures: dict[str, Any]) -> str:

@@ -1,0 +1,93 @@
+"""The gateway's /v1/ endpoints, one declaration each, and what is derived from them.
+
+As Starlette's `routes=[Route(...)]`, the list is data: the relay's route table
+(gateway.relay.routes), the 404 that lists what is served (`served`), the rules a body is
+checked by (gateway.validate), the operation named on traces (gateway.tracing), how the
+prompt is read for routing by prefix (gateway.prefix) and the tokens from an answer
+(gateway.proxy) are all read from ENDPOINTS. An endpoint is added here, with its body's rules in
+gateway.validate when they are new, and its tests; tests/gateway/test_endpoints.py holds the
+list and the code together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import validate
+from .prefix import prompt_text
+from .proxy import usage_of
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One /v1/ endpoint and how the gateway serves it."""
+
+    path: str
+    # Its name in /metrics (the endpoint label of llmgw_gateway_requests_total and of the
+    # latency histogram) and in the traffic figures.
+    name: str
+    method: str = "POST"
+    # Whose API its requests, answers and refusals follow: OpenAI's ({"error": {...}}).
+    api: str = "openai"
+    # Sent on to a replica of the model its body names; False: the gateway answers it itself,
+    # from its state (the model list).
+    relayed: bool = True
+    # Its body's "stream": true is answered as server-sent events, relayed as they come.
+    streams: bool = False
+    # What the engine would answer with a 500, refused with a 400 first (gateway.validate).
+    rules: validate.Rules | None = None
+    # gen_ai.operation.name on its traces, in OpenTelemetry's GenAI words.
+    operation: str = ""
+    # The text its prompt starts with, for routing by prefix (gateway.prefix); None: the
+    # request is sent to the least loaded replica whatever its model's routing.
+    prompt: Callable[[dict[str, Any]], str] | None = None
+    # (prompt, completion) tokens read from a whole answer.
+    usage: Callable[[bytes], tuple[int, int]] = usage_of
+    # A feature the engine must be started with to serve it (llama-server's flag of that name,
+    # --embeddings); None: every engine serves it.
+    needs: str | None = None
+
+
+ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint("/v1/models", "models", method="GET", relayed=False),
+    Endpoint(
+        "/v1/chat/completions",
+        "chat",
+        streams=True,
+        rules=validate.chat,
+        operation="chat",
+        prompt=prompt_text,
+    ),
+    Endpoint(
+        "/v1/completions",
+        "completions",
+        streams=True,
+        rules=validate.completions,
+        operation="text_completion",
+        prompt=prompt_text,
+    ),
+    Endpoint(
+        "/v1/embeddings",
+        "embeddings",
+        rules=validate.embeddings,
+        operation="embeddings",
+        prompt=prompt_text,
+        needs="embeddings",
+    ),
+)
+
+
+def served(endpoints: Sequence[Endpoint] = ENDPOINTS) -> str:
+    """The endpoints as a sentence's end, each method named once where it starts: "GET
+    /v1/models, POST /v1/chat/completions, /v1/completions and /v1/embeddings"."""
+    named: list[str] = []
+    method = ""
+    for endpoint in endpoints:
+        same = endpoint.method == method
+        named.append(endpoint.path if same else f"{endpoint.method} {endpoint.path}")
+        method = endpoint.method
+    if len(named) < 2:
+        return "".join(named)
+    return f"{', '.join(named[:-1])} and {named[-1]}"
