@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.support.otlp import OtlpReceiver  # noqa: E402
+from tests.support.system import run_python  # noqa: E402
 
 MODES = {
     # name: (model, stream, description)
@@ -288,14 +289,7 @@ def gateway_env(folder: Path) -> dict[str, str]:
 
 def prepare_database(script: str, env: dict[str, str]) -> str:
     """Run a Django script that fills the bench database; returns its last line (a key)."""
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_python(script, env=env, timeout=300)
     if done.returncode != 0:
         raise RuntimeError(f"could not prepare the gateway's database:\n{done.stderr}")
     return done.stdout.strip().splitlines()[-1]

@@ -74,29 +74,20 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         }
     )
     try:
-        system.start()
-        system.add_node("node-a", memory_gb=3, cores=2)
-        system.add_node("node-b", memory_gb=3, cores=2)
-        wait_for(
-            lambda: all(n["state"] == "ready" for n in system.api("GET", "nodes")),
-            what="both agents",
-        )
-        system.api("POST", "serve", json={"repo": REPO, "min": 2, "memory_gb": 1})
-        wait_for(lambda: on(system, sha(weights[1])), timeout=180, what="two replicas on w1")
-        key = system.api("POST", "keys", json={"name": "canary-e2e"})["key"]
-        attacker = system.api("POST", "keys", json={"name": "someone-else"})["key"]
-        yield {
-            "system": system,
-            "registry": registry,
-            "weights": weights,
-            "key": key,
-            "attacker": attacker,
-        }
-    except BaseException:
-        print(system.log_tail())
-        raise
+        with system.running():
+            system.add_ready_nodes(memory_gb=3, cores=2, names=("node-a", "node-b"))
+            system.api("POST", "serve", json={"repo": REPO, "min": 2, "memory_gb": 1})
+            wait_for(lambda: on(system, sha(weights[1])), timeout=180, what="two replicas on w1")
+            key = system.api("POST", "keys", json={"name": "canary-e2e"})["key"]
+            attacker = system.api("POST", "keys", json={"name": "someone-else"})["key"]
+            yield {
+                "system": system,
+                "registry": registry,
+                "weights": weights,
+                "key": key,
+                "attacker": attacker,
+            }
     finally:
-        system.close()
         registry.stop()
 
 

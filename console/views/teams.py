@@ -8,6 +8,7 @@ so the audit records who made it and the doors cannot disagree.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -262,37 +263,28 @@ def team_create(request: HtmxHttpRequest) -> HttpResponse:
 @require_POST
 @login_required
 def team_limits(request: HtmxHttpRequest, name: str) -> HttpResponse:
-    who = actor(request)
-    view = _visible(who, name)
-    if view is None:
-        return _missing(request, who, name)
-    form = TeamLimitsForm(request.POST, view=view)
-    if not form.is_valid():
-        return _card_answer(request, who, name, limits_form=form, status=400)
-    try:
+    def change(who: Actor, form: TeamLimitsForm) -> str:
         services.team_set_limits(actor=who, name=name, changes=form.changes())
-    except Refused as refusal:
-        form.refuse(refusal)
-        return _card_answer(request, who, name, limits_form=form, refusal=refusal)
-    return _card_answer(request, who, name, done=LIMITS_DONE)
+        return LIMITS_DONE
+
+    return _team_change(
+        request, name, "limits_form", lambda view: TeamLimitsForm(request.POST, view=view), change
+    )
 
 
 @require_POST
 @login_required
 def team_policy(request: HtmxHttpRequest, name: str) -> HttpResponse:
-    who = actor(request)
-    view = _visible(who, name)
-    if view is None:
-        return _missing(request, who, name)
-    form = KeyPolicyForm(request.POST, scope=f"team:{name}", policy=view["policy"])
-    if not form.is_valid():
-        return _card_answer(request, who, name, policy_form=form, status=400)
-    try:
-        _, lowered = services.policy_set(actor=who, scope=f"team:{name}", **form.parts())
-    except Refused as refusal:
-        form.refuse(refusal)
-        return _card_answer(request, who, name, policy_form=form, refusal=refusal)
-    return _card_answer(request, who, name, done=policy_done(lowered))
+    scope = f"team:{name}"
+
+    def change(who: Actor, form: KeyPolicyForm) -> str:
+        _, lowered = services.policy_set(actor=who, scope=scope, **form.parts())
+        return policy_done(lowered)
+
+    def make_form(view: dict[str, Any]) -> KeyPolicyForm:
+        return KeyPolicyForm(request.POST, scope=scope, policy=view["policy"])
+
+    return _team_change(request, name, "policy_form", make_form, change)
 
 
 @require_POST
@@ -308,13 +300,7 @@ def default_policy(request: HtmxHttpRequest) -> HttpResponse:
     except Refused as refusal:
         form.refuse(refusal)
         return _refused_policy(request, who, form, refusal=refusal)
-    done = policy_done(lowered)
-    if not wants_partial(request):
-        messages.success(request, done)
-        return HttpResponseRedirect(reverse("console-teams"))
-    context = _page(request, who, TeamCreateForm())
-    context["done"] = done
-    return render_page(request, TEMPLATE, "teams-body", context)
+    return _page_answer(request, who, policy_done(lowered))
 
 
 def _refused_policy(
@@ -336,20 +322,37 @@ def _refused_policy(
 @require_POST
 @login_required
 def team_members(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    def change(who: Actor, form: TeamMembersForm) -> str:
+        team = services.team_members(actor=who, name=name, **form.names())
+        members = sorted(team.members.values_list("username", flat=True))
+        return f"Team {team.name} has {len(members)} member(s): {', '.join(members) or 'none'}."
+
+    return _team_change(
+        request, name, "members_form", lambda view: TeamMembersForm(request.POST, view=view), change
+    )
+
+
+def _team_change(
+    request: HtmxHttpRequest,
+    name: str,
+    form_name: str,
+    make_form: Callable[[dict[str, Any]], Any],
+    change: Callable[[Actor, Any], str],
+) -> HttpResponse:
+    """One of a team's cards' forms: bound by `make_form` to the team's view, made by `change`,
+    which returns what was done. The card answers with the form where it was refused."""
     who = actor(request)
     view = _visible(who, name)
     if view is None:
         return _missing(request, who, name)
-    form = TeamMembersForm(request.POST, view=view)
+    form = make_form(view)
     if not form.is_valid():
-        return _card_answer(request, who, name, members_form=form, status=400)
+        return _card_answer(request, who, name, status=400, **{form_name: form})
     try:
-        team = services.team_members(actor=who, name=name, **form.names())
+        done = change(who, form)
     except Refused as refusal:
         form.refuse(refusal)
-        return _card_answer(request, who, name, members_form=form, refusal=refusal)
-    members = sorted(team.members.values_list("username", flat=True))
-    done = f"Team {team.name} has {len(members)} member(s): {', '.join(members) or 'none'}."
+        return _card_answer(request, who, name, refusal=refusal, **{form_name: form})
     return _card_answer(request, who, name, done=done)
 
 
@@ -366,6 +369,12 @@ def team_remove(request: HtmxHttpRequest, name: str) -> HttpResponse:
         context["refusal"] = refusal.message
         return render_page(request, TEMPLATE, "teams-body", context, refusal.status)
     done = f"Team {name} removed; its {keys} key(s) stay, without the team's limits."
+    return _page_answer(request, who, done)
+
+
+def _page_answer(request: HtmxHttpRequest, who: Actor, done: str) -> HttpResponse:
+    """A change to the page as a whole: htmx gets the page's body with `done` on top; a plain
+    form post, a redirect to the page, which says it."""
     if not wants_partial(request):
         messages.success(request, done)
         return HttpResponseRedirect(reverse("console-teams"))

@@ -8,17 +8,17 @@ from typing import Any
 
 from llmgw.client import Client
 
+from .commands import command
 from .output import table, table_wanted
 
 
 def add_audit(sub: Any) -> None:
-    p = sub.add_parser("audit", help="who changed what, newest first")
+    p = command(sub, "audit", "who changed what, newest first", run=cmd_audit)
     p.add_argument("--model")
     p.add_argument("--actor")
     p.add_argument("--action")
     p.add_argument("--limit", type=int, default=100)
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=cmd_audit)
 
 
 def cmd_audit(client: Client, args: argparse.Namespace) -> None:

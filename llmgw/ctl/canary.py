@@ -10,6 +10,7 @@ from typing import Any
 
 from llmgw.client import Client
 
+from .commands import command
 from .output import print_json, table
 
 
@@ -66,18 +67,19 @@ def canary_body(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def add_model_canary(msub: Any) -> None:
-    p = msub.add_parser(
+    p = command(
+        msub,
         "canary",
-        help="a canary update: its state and both revisions' figures; promote or abort it",
-        description="show: the canary's state, its settings and what the last check found. promote: "
+        "a canary update: its state and both revisions' figures; promote or abort it",
+        "show: the canary's state, its settings and what the last check found. promote: "
         "the other replicas move to the new revision now, one at a time. abort: back to the old "
         "revision now; the canary replica goes, the old ones serve on. Promote and abort are the "
         "model owner's or staff's, and audited.",
+        run=cmd_model_canary,
     )
     p.add_argument("action", choices=["show", "promote", "abort"])
     p.add_argument("name")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=cmd_model_canary)
 
 
 def cmd_model_canary(client: Client, args: argparse.Namespace) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from llmgw.client import Client, CtlError
 
+from .commands import command
 from .limits import COUNTERS, add_limit_flags, counter_flag, limit_lines, limits_body
 from .output import print_json, table, table_wanted
 
@@ -20,14 +21,8 @@ kept, to tell keys apart."""
 
 
 def add_keys(sub: Any) -> None:
-    p = sub.add_parser(
-        "keys",
-        help="the gateway keys: yours (staff: everyone's)",
-        description=KEYS_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command(sub, "keys", "the gateway keys: yours (staff: everyone's)", KEYS_HELP, run=cmd_keys)
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=cmd_keys)
 
 
 def cmd_keys(client: Client, args: argparse.Namespace) -> None:
@@ -52,44 +47,42 @@ def cmd_keys(client: Client, args: argparse.Namespace) -> None:
 
 
 def add_key(sub: Any) -> None:
-    key = sub.add_parser(
-        "key",
-        help="create and revoke gateway keys",
-        description=KEYS_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    key = command(sub, "key", "create and revoke gateway keys", KEYS_HELP)
     ksub = key.add_subparsers(dest="key_command", required=True, metavar="COMMAND")
-    p = ksub.add_parser(
+    p = command(
+        ksub,
         "create",
-        help="create a key of your own and print it (shown only this once)",
-        description="NAME says what the key is for (say, the application that will use it). "
+        "create a key of your own and print it (shown only this once)",
+        "NAME says what the key is for (say, the application that will use it). "
         "The key works at once; keep it as you would a password.",
+        run=cmd_key_create,
     )
     p.add_argument("name")
     add_limit_flags(p, key=True)
     p.add_argument("--json", action="store_true", help="print JSON (the key included)")
-    p.set_defaults(run=cmd_key_create)
-    p = ksub.add_parser(
+    p = command(
+        ksub,
         "limits",
-        help="change a key's limits, models, weight, team or expiry",
-        description="Your own keys, or anyone's for staff; a flag not given leaves that setting "
+        "change a key's limits, models, weight, team or expiry",
+        "Your own keys, or anyone's for staff; a flag not given leaves that setting "
         "as it is, and 0 or none lifts a limit. What staff set on a key, and its key policy's "
         "ceilings, are ceilings: its owner may lower a limit and never raise or lift it past "
         "one, nor take the key out of their teams with limits. A key's limits are at most its "
         "team's; only staff raise a key's weight. The gateway holds them within a second.",
+        run=cmd_key_limits,
     )
     p.add_argument("id", type=_key_id, help="the key's ID, as `llmgw ctl keys` lists it")
     add_limit_flags(p, key=True)
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=cmd_key_limits)
-    p = ksub.add_parser(
+    p = command(
+        ksub,
         "revoke",
-        help="revoke a key: requests with it are refused from now on",
-        description="Your own keys, or anyone's for staff. A revoked key stays listed, "
+        "revoke a key: requests with it are refused from now on",
+        "Your own keys, or anyone's for staff. A revoked key stays listed, "
         "with when it was last used; revoking it again changes nothing.",
+        run=cmd_key_revoke,
     )
     p.add_argument("id", type=_key_id, help="the key's ID, as `llmgw ctl keys` lists it")
-    p.set_defaults(run=cmd_key_revoke)
     add_key_policies(ksub)
     add_user_weights(ksub)
 
@@ -166,21 +159,21 @@ key itself is its own ceiling, in place of its policy's."""
 
 
 def add_key_policies(ksub: Any) -> None:
-    p = ksub.add_parser(
+    p = command(
+        ksub,
         "policies",
-        help="the key policies: each limit's default and ceiling for new and existing keys",
-        description=POLICY_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "the key policies: each limit's default and ceiling for new and existing keys",
+        POLICY_HELP,
+        run=cmd_key_policies,
     )
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=cmd_key_policies)
-    p = ksub.add_parser(
+    p = command(
+        ksub,
         "policy",
-        help="show a key policy, or set its defaults and ceilings (staff)",
-        description=POLICY_HELP
-        + "\n\nWith no flags it shows the policy; a flag not given leaves that figure as it "
-        "is, and 0 or none takes it away.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "show a key policy, or set its defaults and ceilings (staff)",
+        POLICY_HELP + "\n\nWith no flags it shows the policy; a flag not given leaves that "
+        "figure as it is, and 0 or none takes it away.",
+        run=cmd_key_policy,
     )
     p.add_argument("scope", help="team:NAME, user:NAME or default")
     for field, (meaning, _) in COUNTERS.items():
@@ -205,7 +198,6 @@ def add_key_policies(ksub: Any) -> None:
         help="remove the policy: its keys keep their limits (staff)",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=cmd_key_policy)
 
 
 WEIGHT_HELP = """When every slot of a model is busy, requests wait in the gateway and take turns: between
@@ -215,25 +207,25 @@ it is 1 in a team, and their heaviest key's weight outside one."""
 
 
 def add_user_weights(ksub: Any) -> None:
-    p = ksub.add_parser(
+    p = command(
+        ksub,
         "weights",
-        help="the people staff gave a weight in the fair queue",
-        description=WEIGHT_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "the people staff gave a weight in the fair queue",
+        WEIGHT_HELP,
+        run=cmd_user_weights,
     )
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=cmd_user_weights)
-    p = ksub.add_parser(
+    p = command(
+        ksub,
         "weight",
-        help="set a person's weight in the fair queue, or clear it (staff)",
-        description=WEIGHT_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "set a person's weight in the fair queue, or clear it (staff)",
+        WEIGHT_HELP,
+        run=cmd_user_weight,
     )
     p.add_argument("user", help="the person's username")
     p.add_argument("weight", nargs="?", type=float, help="above 0, at most 1000")
     p.add_argument("--clear", action="store_true", help="set none (the default)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=cmd_user_weight)
 
 
 def cmd_user_weights(client: Client, args: argparse.Namespace) -> None:
@@ -339,19 +331,20 @@ def _key_id(text: str) -> int:
 
 
 def add_usage(sub: Any) -> None:
-    p = sub.add_parser(
+    p = command(
+        sub,
         "usage",
-        help="requests and tokens per day, gateway key and model",
-        description="Usage of your own gateway keys (staff: everyone's), per day (UTC), key and "
+        "requests and tokens per day, gateway key and model",
+        "Usage of your own gateway keys (staff: everyone's), per day (UTC), key and "
         "model asked for, newest day first, with the totals. The gateway writes it every few "
         "seconds. For a spreadsheet: GET LLMGW_URL/api/v1/usage?format=csv (the console's "
         "Usage page has the link).",
+        run=cmd_usage,
     )
     p.add_argument("--key", type=_key_id, help="one key's ID, as `llmgw ctl keys` lists it")
     p.add_argument("--model", help="one model or adapter")
     p.add_argument("--since", type=_day, metavar="DATE", help="from this day on, YYYY-MM-DD")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=cmd_usage)
 
 
 def cmd_usage(client: Client, args: argparse.Namespace) -> None:

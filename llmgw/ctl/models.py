@@ -14,6 +14,7 @@ import yaml
 from llmgw.client import Client, CtlError
 from llmgw.units import format_bytes
 
+from .commands import command
 from .output import print_json, scaling_text, table, table_wanted
 
 SCALING_HELP = """\
@@ -66,9 +67,10 @@ they restart (llmgw ctl restart --model MODEL)."""
 
 
 def add_models(sub: Any) -> None:
-    p = sub.add_parser("models", help="list the models with their owner, class and replicas")
+    p = command(
+        sub, "models", "list the models with their owner, class and replicas", run=cmd_models
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=cmd_models)
 
 
 def cmd_models(client: Client, args: argparse.Namespace) -> None:
@@ -93,11 +95,8 @@ def cmd_models(client: Client, args: argparse.Namespace) -> None:
 
 
 def add_scale(sub: Any) -> None:
-    p = sub.add_parser(
-        "scale",
-        help="set how many replicas a runtime model runs",
-        description=SCALING_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = command(
+        sub, "scale", "set how many replicas a runtime model runs", SCALING_HELP, run=cmd_scale
     )
     p.add_argument("name")
     p.add_argument(
@@ -108,7 +107,6 @@ def add_scale(sub: Any) -> None:
         "--idle-timeout",
         help="how long an on-demand model stays up unasked-for, like 15m; 0 takes the cluster default",
     )
-    p.set_defaults(run=cmd_scale)
 
 
 def cmd_scale(client: Client, args: argparse.Namespace) -> None:
@@ -133,16 +131,17 @@ def cmd_scale(client: Client, args: argparse.Namespace) -> None:
 
 
 def add_restart(sub: Any) -> None:
-    p = sub.add_parser(
+    p = command(
+        sub,
         "restart",
-        help="replace every replica of a model, one at a time",
-        description="A rolling restart: a new replica is started and must be ready before an old one is "
+        "replace every replica of a model, one at a time",
+        "A rolling restart: a new replica is started and must be ready before an old one is "
         "withdrawn from routing and stopped, so the model keeps serving. Where there is no room for "
         "an extra replica, they are replaced in place one at a time, keeping at least min - 1 serving. "
         "Replicas also pick up changed resources and adapters this way.",
+        run=cmd_restart,
     )
     p.add_argument("--model", required=True)
-    p.set_defaults(run=cmd_restart)
 
 
 def cmd_restart(client: Client, args: argparse.Namespace) -> None:
@@ -154,15 +153,17 @@ def cmd_restart(client: Client, args: argparse.Namespace) -> None:
 
 
 def add_model_add(msub: Any) -> None:
-    p = msub.add_parser(
+    p = command(
+        msub,
         "add",
-        help="add a model from a YAML definition",
-        description="The definition is the same YAML a model takes in server.yaml, so an entry moves "
+        "add a model from a YAML definition",
+        "The definition is the same YAML a model takes in server.yaml, so an entry moves "
         "between the two by copying. The whole catalog is validated before anything is written: a "
         "name already taken (by a model or an adapter), a fallback that does not exist, or a field "
         "nobody knows is refused, not stored. Before that, the control plane asks the source URL "
         "whether the weights are there. Once added, the model is placed on the reconciler's next "
         "pass, with no restart.",
+        run=cmd_model_add,
     )
     p.add_argument("-f", "--file", required=True, help="the model definition, as YAML")
     p.add_argument(
@@ -171,7 +172,6 @@ def add_model_add(msub: Any) -> None:
         help="add it without asking whether the weights are at the source URL; right when the "
         "mirror is not up yet or the nodes reach it by an address the control plane does not",
     )
-    p.set_defaults(run=cmd_model_add)
 
 
 def cmd_model_add(client: Client, args: argparse.Namespace) -> None:
@@ -196,10 +196,11 @@ def cmd_model_add(client: Client, args: argparse.Namespace) -> None:
 
 
 def add_model_target(msub: Any) -> None:
-    p = msub.add_parser("target", help="what the reconciler aims for with a model, and why")
+    p = command(
+        msub, "target", "what the reconciler aims for with a model, and why", run=cmd_model_target
+    )
     p.add_argument("name")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=cmd_model_target)
 
 
 def cmd_model_target(client: Client, args: argparse.Namespace) -> None:
@@ -227,17 +228,18 @@ def _print_target(target: dict[str, Any]) -> None:
 
 
 def add_model_plan(msub: Any) -> None:
-    p = msub.add_parser(
+    p = command(
+        msub,
         "plan",
-        help="where a model's replicas would go and what would be preempted, without changing anything",
-        description="With -f, the definition as `model add -f` takes it (a new model or a change); with a "
+        "where a model's replicas would go and what would be preempted, without changing anything",
+        "With -f, the definition as `model add -f` takes it (a new model or a change); with a "
         "NAME, the model as it is, placed afresh. The memory a replica needs is estimated from the "
         "GGUF header (weights plus the KV cache for the context length) and compared with each profile.",
+        run=cmd_model_plan,
     )
     p.add_argument("name", nargs="?")
     p.add_argument("-f", "--file", help="a model definition, as YAML")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=cmd_model_plan)
 
 
 def cmd_model_plan(client: Client, args: argparse.Namespace) -> None:
@@ -306,14 +308,15 @@ def _size(estimate: dict[str, Any], part: str) -> str:
 
 
 def add_model_show(msub: Any) -> None:
-    p = msub.add_parser(
+    p = command(
+        msub,
         "show",
-        help="a model's definition, as YAML you can copy into server.yaml, and where the weights "
+        "a model's definition, as YAML you can copy into server.yaml, and where the weights "
         "of a model that follows the registry come from",
+        run=cmd_model_show,
     )
     p.add_argument("name")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=cmd_model_show)
 
 
 def cmd_model_show(client: Client, args: argparse.Namespace) -> None:
@@ -347,14 +350,15 @@ def _origin_lines(origin: dict[str, Any] | None) -> list[str]:
 
 
 def add_model_remove(msub: Any) -> None:
-    p = msub.add_parser(
+    p = command(
+        msub,
         "remove",
-        help="remove a model added at runtime",
-        description="Only models added at runtime: one declared in server.yaml would come back on "
+        "remove a model added at runtime",
+        "Only models added at runtime: one declared in server.yaml would come back on "
         "the next start. Its replicas are withdrawn from routing before they are stopped.",
+        run=cmd_model_remove,
     )
     p.add_argument("name")
-    p.set_defaults(run=cmd_model_remove)
 
 
 def cmd_model_remove(client: Client, args: argparse.Namespace) -> None:
@@ -365,11 +369,12 @@ def cmd_model_remove(client: Client, args: argparse.Namespace) -> None:
 
 
 def add_model_resources(msub: Any) -> None:
-    p = msub.add_parser(
+    p = command(
+        msub,
         "resources",
-        help="set what a replica reserves of a node",
-        description=RESOURCES_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "set what a replica reserves of a node",
+        RESOURCES_HELP,
+        run=cmd_model_resources,
     )
     p.add_argument("name")
     p.add_argument(
@@ -377,7 +382,6 @@ def add_model_resources(msub: Any) -> None:
     )
     p.add_argument("--cores", type=float, help="CPU cores one replica reserves; 0 reserves none")
     p.add_argument("--profile", help="change one profile; every profile when left out")
-    p.set_defaults(run=cmd_model_resources)
 
 
 def cmd_model_resources(client: Client, args: argparse.Namespace) -> None:
@@ -393,17 +397,17 @@ def cmd_model_resources(client: Client, args: argparse.Namespace) -> None:
 
 
 def add_model_class(msub: Any) -> None:
-    p = msub.add_parser(
+    p = command(
+        msub,
         "class",
-        help="set how a model's capacity weighs against others'",
-        description=CLASS_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "set how a model's capacity weighs against others'",
+        CLASS_HELP,
+        run=cmd_model_class,
     )
     p.add_argument("name")
     p.add_argument(
         "klass", metavar="CLASS", choices=["critical", "standard", "opportunistic", "default"]
     )
-    p.set_defaults(run=cmd_model_class)
 
 
 def cmd_model_class(client: Client, args: argparse.Namespace) -> None:
@@ -413,10 +417,11 @@ def cmd_model_class(client: Client, args: argparse.Namespace) -> None:
 
 
 def add_model_owner(msub: Any) -> None:
-    p = msub.add_parser("owner", help="hand a model over to another user (its owner or staff)")
+    p = command(
+        msub, "owner", "hand a model over to another user (its owner or staff)", run=cmd_model_owner
+    )
     p.add_argument("name")
     p.add_argument("user")
-    p.set_defaults(run=cmd_model_owner)
 
 
 def cmd_model_owner(client: Client, args: argparse.Namespace) -> None:
@@ -425,11 +430,12 @@ def cmd_model_owner(client: Client, args: argparse.Namespace) -> None:
 
 
 def add_model_adapters(msub: Any) -> None:
-    p = msub.add_parser(
+    p = command(
+        msub,
         "adapters",
-        help="list, add or remove a model's LoRA adapters",
-        description=ADAPTERS_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "list, add or remove a model's LoRA adapters",
+        ADAPTERS_HELP,
+        run=cmd_model_adapters,
     )
     p.add_argument("name")
     p.add_argument(
@@ -442,7 +448,6 @@ def add_model_adapters(msub: Any) -> None:
         help="store the adapters without checking the files",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=cmd_model_adapters)
 
 
 def cmd_model_adapters(client: Client, args: argparse.Namespace) -> None:

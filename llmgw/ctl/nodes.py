@@ -7,15 +7,15 @@ from typing import Any
 
 from llmgw.client import Client
 
+from .commands import command
 from .output import table, table_wanted
 
 
 def add_nodes(sub: Any) -> None:
-    p = sub.add_parser(
-        "nodes", help="the nodes: capacity, reserved, free, replicas, last heartbeat"
+    p = command(
+        sub, "nodes", "the nodes: capacity, reserved, free, replicas, last heartbeat", run=cmd_nodes
     )
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=cmd_nodes)
 
 
 def cmd_nodes(client: Client, args: argparse.Namespace) -> None:
@@ -82,37 +82,40 @@ def _print_devices(nodes: list[dict[str, Any]]) -> None:
 
 
 def add_node(sub: Any) -> None:
-    node = sub.add_parser("node", help="add, change, remove, cordon and uncordon nodes (staff)")
+    node = command(sub, "node", "add, change, remove, cordon and uncordon nodes (staff)")
     nsub = node.add_subparsers(dest="node_command", required=True, metavar="COMMAND")
-    p = nsub.add_parser("add", help="register a node and print its token (shown only once)")
-    p.add_argument("name")
-    _address_allow_option(p, required=False)
-    p.set_defaults(run=cmd_node_add)
-    p = nsub.add_parser("set", help="change the networks a node may report as its engines' address")
-    p.add_argument("name")
-    _address_allow_option(p, required=True)
-    p.set_defaults(run=cmd_node_set)
-    p = nsub.add_parser(
-        "accept-capacity",
-        help="believe the memory, cores and GPUs a node reports, above what it first registered",
-        description=(
-            "A node is believed up to the capacity it first reported; after giving its machine "
-            "more, restart its agent with the new figures and accept them with this. The "
-            "figures now in force are printed."
+    for verb, text, run, required in (
+        ("add", "register a node and print its token (shown only once)", cmd_node_add, False),
+        (
+            "set",
+            "change the networks a node may report as its engines' address",
+            cmd_node_set,
+            True,
         ),
+    ):
+        p = command(nsub, verb, text, run=run)
+        p.add_argument("name")
+        _address_allow_option(p, required=required)
+    p = command(
+        nsub,
+        "accept-capacity",
+        "believe the memory, cores and GPUs a node reports, above what it first registered",
+        "A node is believed up to the capacity it first reported; after giving its machine "
+        "more, restart its agent with the new figures and accept them with this. The "
+        "figures now in force are printed.",
+        run=cmd_node_accept_capacity,
     )
     p.add_argument("name")
-    p.set_defaults(run=cmd_node_accept_capacity)
-    p = nsub.add_parser("remove", help="forget a node; its replicas are placed elsewhere")
+    p = command(
+        nsub, "remove", "forget a node; its replicas are placed elsewhere", run=cmd_node_remove
+    )
     p.add_argument("name")
-    p.set_defaults(run=cmd_node_remove)
     for verb, text in (
         ("cordon", "keep what a node runs, but place nothing new on it"),
         ("uncordon", "let a cordoned node take new replicas again"),
     ):
-        p = nsub.add_parser(verb, help=text)
+        p = command(nsub, verb, text, run=cmd_node_cordon)
         p.add_argument("name")
-        p.set_defaults(run=cmd_node_cordon)
 
 
 def _address_allow_option(parser: Any, *, required: bool) -> None:

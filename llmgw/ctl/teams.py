@@ -7,6 +7,7 @@ from typing import Any
 
 from llmgw.client import Client, CtlError
 
+from .commands import command
 from .limits import COUNTERS, add_limit_flags, limit_lines, limits_body, limits_summary
 from .output import print_json, table, table_wanted
 
@@ -20,14 +21,14 @@ teams with limits or a key policy."""
 
 
 def add_teams(sub: Any) -> None:
-    p = sub.add_parser(
+    p = command(
+        sub,
         "teams",
-        help="the teams: yours (staff: every team), with their limits",
-        description=TEAMS_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "the teams: yours (staff: every team), with their limits",
+        TEAMS_HELP,
+        run=cmd_teams,
     )
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=cmd_teams)
 
 
 def cmd_teams(client: Client, args: argparse.Namespace) -> None:
@@ -49,17 +50,16 @@ def cmd_teams(client: Client, args: argparse.Namespace) -> None:
 
 
 def add_team(sub: Any) -> None:
-    team = sub.add_parser(
-        "team",
-        help="add teams, set their limits and members (staff), show one",
-        description=TEAMS_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    team = command(
+        sub, "team", "add teams, set their limits and members (staff), show one", TEAMS_HELP
     )
     tsub = team.add_subparsers(dest="team_command", required=True, metavar="COMMAND")
-    p = tsub.add_parser(
+    p = command(
+        tsub,
         "add",
-        help="add a team (staff)",
-        description="NAME follows the catalog's name rules (letters, digits, '.', '_', '-', ':').",
+        "add a team (staff)",
+        "NAME follows the catalog's name rules (letters, digits, '.', '_', '-', ':').",
+        run=cmd_team_add,
     )
     p.add_argument("name")
     add_limit_flags(p, key=False)
@@ -67,42 +67,45 @@ def add_team(sub: Any) -> None:
         "--member", action="append", default=[], metavar="USER", help="a member (repeatable)"
     )
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=cmd_team_add)
 
-    p = tsub.add_parser(
+    p = command(
+        tsub,
         "limits",
-        help="change a team's limits (staff)",
-        description="A flag not given leaves that limit as it is; 0 or none lifts it. The "
+        "change a team's limits (staff)",
+        "A flag not given leaves that limit as it is; 0 or none lifts it. The "
         "gateway holds them within a second.",
+        run=cmd_team_limits,
     )
     p.add_argument("name")
     add_limit_flags(p, key=False)
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=cmd_team_limits)
 
-    p = tsub.add_parser(
+    p = command(
+        tsub,
         "members",
-        help="add and remove a team's members (staff)",
-        description="A member removed keeps their keys in the team, held to its limits, until "
+        "add and remove a team's members (staff)",
+        "A member removed keeps their keys in the team, held to its limits, until "
         "they or staff move them (llmgw ctl key limits ID --team none).",
+        run=cmd_team_members,
     )
     p.add_argument("name")
     p.add_argument("--add", action="append", default=[], metavar="USER", help="repeatable")
     p.add_argument("--remove", action="append", default=[], metavar="USER", help="repeatable")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=cmd_team_members)
 
-    p = tsub.add_parser("show", help="a team's limits, members and usage against each limit")
-    p.add_argument("name")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=cmd_team_show)
-
-    p = tsub.add_parser(
-        "remove",
-        help="remove a team (staff); its keys stay, without the team's limits",
+    p = command(
+        tsub, "show", "a team's limits, members and usage against each limit", run=cmd_team_show
     )
     p.add_argument("name")
-    p.set_defaults(run=cmd_team_remove)
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = command(
+        tsub,
+        "remove",
+        "remove a team (staff); its keys stay, without the team's limits",
+        run=cmd_team_remove,
+    )
+    p.add_argument("name")
 
 
 def cmd_team_add(client: Client, args: argparse.Namespace) -> None:

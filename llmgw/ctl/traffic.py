@@ -9,27 +9,29 @@ from urllib.parse import quote
 
 from llmgw.client import Client
 
+from .commands import command
 from .output import print_json, table
 
 WINDOWS = ("hour", "day", "week")
 
 
 def add_model_traffic(msub: Any) -> None:
-    p = msub.add_parser(
+    p = command(
+        msub,
         "traffic",
-        help="a model's requests, errors, latency, tokens and queue time through the gateway",
-        description="The gateway's figures for one model over the last hour (a row a minute), "
+        "a model's requests, errors, latency, tokens and queue time through the gateway",
+        "The gateway's figures for one model over the last hour (a row a minute), "
         "day (15 minutes) or week (an hour): requests, errors, latency, tokens, and the requests "
         "that waited in the gateway's fair queue because every slot of the model's replicas was "
         "busy (how many, how long on average and at most, how many timed out or found the queue "
         "full), with the requests waiting now, and the slowest request with its ID (X-Request-ID), "
         "to find its log lines and trace by. The gateway processes write their figures every "
         "few seconds; waiting now counts the gateway processes on the server's machine.",
+        run=cmd_model_traffic,
     )
     p.add_argument("name")
     p.add_argument("--window", choices=WINDOWS, default="hour", help="default: hour")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=cmd_model_traffic)
 
 
 def cmd_model_traffic(client: Client, args: argparse.Namespace) -> None:

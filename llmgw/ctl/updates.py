@@ -16,6 +16,7 @@ from llmgw.client import Client, CtlError
 from llmgw.units import format_progress, format_size
 
 from .canary import add_canary_flags, canary_body, describe
+from .commands import command
 from .output import print_json, scaling_text, table
 
 # How long a command waits without seeing anything move before it gives up and says
@@ -26,13 +27,15 @@ MODEL_ADDED_WAIT = 30
 
 
 def add_model_serve(msub: Any) -> None:
-    p = msub.add_parser(
+    p = command(
+        msub,
         "serve",
-        help="fetch a registry repository's GGUF file into the mirror and add it as a model",
-        description="Fetches one GGUF file of REPO (at the head of --revision) into the mirror, showing "
+        "fetch a registry repository's GGUF file into the mirror and add it as a model",
+        "Fetches one GGUF file of REPO (at the head of --revision) into the mirror, showing "
         "progress, then adds the model with the mirror URL as its source and the repository, branch, "
         "commit and file checksums as its origin, so that `model updates` can tell when the registry "
         "has newer files. Without --memory, a replica reserves the file's size plus a quarter, rounded up.",
+        run=cmd_model_serve,
     )
     p.add_argument("repo", help="ORG/NAME in the registry")
     p.add_argument(
@@ -52,7 +55,6 @@ def add_model_serve(msub: Any) -> None:
         help=f"give up waiting when the fetch has not started or moved for this long "
         f"(default {FETCH_WAIT}); the fetch itself goes on",
     )
-    p.set_defaults(run=cmd_model_serve)
 
 
 def cmd_model_serve(client: Client, args: argparse.Namespace) -> None:
@@ -151,7 +153,9 @@ def _bar(done: int, total: int, width: int = 30) -> str:
 
 
 def add_model_updates(msub: Any) -> None:
-    p = msub.add_parser("updates", help="served models whose registry files changed")
+    p = command(
+        msub, "updates", "served models whose registry files changed", run=cmd_model_updates
+    )
     p.add_argument(
         "--check",
         action="store_true",
@@ -162,7 +166,6 @@ def add_model_updates(msub: Any) -> None:
         action="store_true",
         help="print JSON: the updates, and the canaries under way with their figures",
     )
-    p.set_defaults(run=cmd_model_updates)
 
 
 def cmd_model_updates(client: Client, args: argparse.Namespace) -> None:
@@ -211,18 +214,19 @@ def cmd_model_updates(client: Client, args: argparse.Namespace) -> None:
 
 
 def add_model_update(msub: Any) -> None:
-    p = msub.add_parser(
+    p = command(
+        msub,
         "update",
-        help="move a model to the registry's newer files, one replica at a time",
-        description="Fetches the new files beside the old ones in the mirror and checks their sha256; "
+        "move a model to the registry's newer files, one replica at a time",
+        "Fetches the new files beside the old ones in the mirror and checks their sha256; "
         "a mismatch refuses the update and changes nothing. Then the model's source moves to them and "
         "the replicas are replaced one at a time, each new one ready before an old one leaves. A new "
         "replica that keeps failing halts it; the old ones keep serving, and `model rollback` goes back.",
+        run=cmd_model_update,
     )
     p.add_argument("name")
     add_canary_flags(p)
     _add_rollout_wait(p)
-    p.set_defaults(run=cmd_model_update)
 
 
 def cmd_model_update(client: Client, args: argparse.Namespace) -> None:
@@ -250,14 +254,15 @@ def _current_rollout(client: Client, name: str, kind: str) -> dict[str, Any] | N
 
 
 def add_model_rollback(msub: Any) -> None:
-    p = msub.add_parser(
+    p = command(
+        msub,
         "rollback",
-        help="move a model back to its previous files (kept in the mirror)",
-        description="The same way as an update: one replica at a time. An update still under way is stopped.",
+        "move a model back to its previous files (kept in the mirror)",
+        "The same way as an update: one replica at a time. An update still under way is stopped.",
+        run=cmd_model_rollback,
     )
     p.add_argument("name")
     _add_rollout_wait(p)
-    p.set_defaults(run=cmd_model_rollback)
 
 
 def cmd_model_rollback(client: Client, args: argparse.Namespace) -> None:

@@ -16,24 +16,29 @@ from tests.fleet.conftest import Fleet
 CHROMIUM = "/usr/bin/chromium"
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-output" / "screenshots"
 
+# The marks of a browser test: Chromium and Playwright, each skipping the test with how to get it.
+IN_A_BROWSER = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(),
+        reason=f"{CHROMIUM} is missing: `apt-get install -y chromium` (Debian's package)",
+    ),
+    pytest.mark.skipif(
+        importlib.util.find_spec("playwright") is None,
+        reason="the playwright package is missing: `pip install playwright` (no `playwright install`)",
+    ),
+]
+
 
 def whole_product_in_a_browser() -> list[pytest.MarkDecorator]:
-    """The marks of a browser test against the whole product: Chromium, Playwright, a built
+    """The marks of a browser test against the whole product: those of IN_A_BROWSER, a built
     llama-server and the local registry, each skipping the test with how to get it."""
     from llmgw.engine import find_engine
     from tests.support.registry import available
 
     return [
-        pytest.mark.browser,
+        *IN_A_BROWSER,
         pytest.mark.engine,
-        pytest.mark.skipif(
-            not Path(CHROMIUM).exists(),
-            reason=f"{CHROMIUM} is missing: `apt-get install -y chromium` (Debian's package)",
-        ),
-        pytest.mark.skipif(
-            importlib.util.find_spec("playwright") is None,
-            reason="the playwright package is missing: `pip install playwright` (no `playwright install`)",
-        ),
         pytest.mark.skipif(
             find_engine() is None, reason="llama-server is not built (make setup builds it)"
         ),

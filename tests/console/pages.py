@@ -6,6 +6,18 @@ import re
 from typing import Any
 
 HTMX = {"HX-Request": "true", "HX-Current-URL": "http://testserver/models/tiny-chat/"}
+# The limits forms as the Teams and Keys pages send them for a team or key without limits: every
+# field, unchanged.
+TEAM_LIMITS_UNCHANGED = {
+    "rpm": "",
+    "tpm": "",
+    "max_parallel": "",
+    "tokens_per_day": "",
+    "tokens_per_month": "",
+    "models": "",
+    "weight": "1",
+}
+KEY_LIMITS_UNCHANGED = {**TEAM_LIMITS_UNCHANGED, "team": "", "expires": ""}
 
 
 def text_of(response: Any) -> str:

@@ -5,8 +5,6 @@ Screenshots go to test-output/screenshots/, at a laptop's width and a phone's.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,23 +12,12 @@ import pytest
 from catalog.models import Model
 from fleet.models import Node
 from fleet.reconciler import reconcile_pass
-from tests.console.conftest import CHROMIUM, SCREENSHOTS
+from tests.console.conftest import IN_A_BROWSER, SCREENSHOTS
 
 LAPTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not Path(CHROMIUM).exists(),
-        reason=f"{CHROMIUM} is missing: `apt-get install -y chromium` (Debian's package)",
-    ),
-    pytest.mark.skipif(
-        importlib.util.find_spec("playwright") is None,
-        reason="the playwright package is missing: `pip install playwright` (no `playwright install`)",
-    ),
-]
+pytestmark = [*IN_A_BROWSER, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture

@@ -3,27 +3,14 @@ and shown once, its limits set and revoked, each without a reload."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from access.models import GatewayKey
-from tests.console.conftest import CHROMIUM, SCREENSHOTS
+from tests.console.conftest import IN_A_BROWSER, SCREENSHOTS
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not Path(CHROMIUM).exists(),
-        reason=f"{CHROMIUM} is missing: `apt-get install -y chromium` (Debian's package)",
-    ),
-    pytest.mark.skipif(
-        importlib.util.find_spec("playwright") is None,
-        reason="the playwright package is missing: `pip install playwright` (no `playwright install`)",
-    ),
-]
+pytestmark = [*IN_A_BROWSER, pytest.mark.django_db(transaction=True)]
 
 
 def test_make_limit_and_revoke_a_key_without_a_reload(

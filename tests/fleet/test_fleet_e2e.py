@@ -44,20 +44,11 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def system(tmp_path_factory: pytest.TempPathFactory, weights: str) -> Iterator[System]:
     running = System(tmp_path_factory.mktemp("system"), allowed_hosts=[urlsplit(weights).netloc])
-    try:
-        running.start()
+    with running.running():
         running.add_node("node-a", memory_gb=3, cores=2)
         running.add_node("node-b", memory_gb=2, cores=2)
-        wait_for(
-            lambda: all(n["state"] == "ready" for n in running.api("GET", "nodes")),
-            what="both agents' heartbeats",
-        )
+        running.wait_for_ready_nodes()
         yield running
-    except BaseException:
-        print(running.log_tail())
-        raise
-    finally:
-        running.close()
 
 
 @pytest.fixture

@@ -76,21 +76,12 @@ def gpu_machine(folder: Path) -> dict[str, str]:
 def system(tmp_path_factory: pytest.TempPathFactory, weights: str) -> Iterator[System]:
     folder = tmp_path_factory.mktemp("gpu-system")
     running = System(folder, allowed_hosts=[urlsplit(weights).netloc])
-    try:
-        running.start()
+    with running.running():
         token = running.add_node("gpu-1", memory_gb=4, cores=2, start=False)
         running.start_agent("gpu-1", token, memory_gb=4, cores=2, env=gpu_machine(folder))
         running.add_node("cpu-1", memory_gb=4, cores=2)
-        wait_for(
-            lambda: all(n["state"] == "ready" for n in running.api("GET", "nodes")),
-            what="both agents' heartbeats",
-        )
+        running.wait_for_ready_nodes()
         yield running
-    except BaseException:
-        print(running.log_tail())
-        raise
-    finally:
-        running.close()
 
 
 def nodes(system: System) -> dict[str, Any]:

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import gzip
-import subprocess
-import sys
 
 import pytest
 import requests
 
 from llmgw.tracing import _names_service, tracing_wanted
 from tests.support.otlp import MAX_BODY, OtlpReceiver
-from tests.support.system import ROOT
+from tests.support.system import run_python
 
 ENDPOINT = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}
 
@@ -65,14 +63,7 @@ trace.get_tracer_provider().force_flush()
 def test_a_process_exports_as_its_service_once(extra: dict[str, str], service: str) -> None:
     with OtlpReceiver() as receiver:
         env = {"PATH": "/usr/bin:/bin", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, **extra}
-        result = subprocess.run(
-            [sys.executable, "-c", _START],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        result = run_python(_START, env=env, timeout=60)
         assert result.returncode == 0, result.stderr
         assert result.stdout.split() == ["True", "True"]  # the second call is a no-op
         assert [(s.service, s.name) for s in receiver.snapshot()] == [(service, "one")]

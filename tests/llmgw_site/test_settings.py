@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.system import ROOT
+from tests.support.system import ROOT, run_python
 
 SHOW_DATABASE = (
     "import django; django.setup(); from django.conf import settings; "
@@ -34,14 +34,7 @@ def environment(**values: str) -> dict[str, str]:
 
 
 def database_name(env: dict[str, str]) -> str:
-    result = subprocess.run(
-        [sys.executable, "-c", SHOW_DATABASE],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_python(SHOW_DATABASE, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.otlp import OtlpReceiver, Span
-from tests.support.system import ROOT, System, wait_for
+from tests.support.system import System, run_python, wait_for
 
 SERVER, CLIENT, PRODUCER, CONSUMER = 2, 3, 4, 5  # OTLP's span kinds
 
@@ -34,14 +32,8 @@ def system(tmp_path_factory: pytest.TempPathFactory, receiver: OtlpReceiver) -> 
             "OTEL_BSP_SCHEDULE_DELAY": "200",  # ms: spans arrive within the test's patience
         }
     )
-    try:
-        running.start()
+    with running.running():
         yield running
-    except BaseException:
-        print(running.log_tail())
-        raise
-    finally:
-        running.close()
 
 
 def _server_span(receiver: OtlpReceiver, method: str, path: str) -> Span:
@@ -172,14 +164,7 @@ def _modules_loaded(tmp_path: Path, **otel: str) -> list[str]:
         "LLMGW_SECRET_KEY": "test-secret-key-for-tracing-tests",
         **otel,
     }
-    result = subprocess.run(
-        [sys.executable, "-c", _STARTS],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_python(_STARTS, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.splitlines()[-1])
 

@@ -41,14 +41,15 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200"}
         )
         try:
-            system.start()
-            system.add_ready_nodes(memory_gb=2, cores=2, names=("node-a",))
-            yield {"system": system, "registry": registry, "folder": folder, "receiver": receiver}
-        except BaseException:
-            print(system.log_tail())
-            raise
+            with system.running():
+                system.add_ready_nodes(memory_gb=2, cores=2, names=("node-a",))
+                yield {
+                    "system": system,
+                    "registry": registry,
+                    "folder": folder,
+                    "receiver": receiver,
+                }
         finally:
-            system.close()
             registry.stop()
 
 

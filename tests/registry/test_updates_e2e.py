@@ -40,14 +40,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     registry.start()
     system = System(folder / "system", config={"registry": {"endpoint": registry.endpoint}})
     try:
-        system.start()
-        system.add_ready_nodes(memory_gb=3, cores=2, names=("node-a", "node-b"))
-        yield {"system": system, "registry": registry, "folder": folder}
-    except BaseException:
-        print(system.log_tail())
-        raise
+        with system.running():
+            system.add_ready_nodes(memory_gb=3, cores=2, names=("node-a", "node-b"))
+            yield {"system": system, "registry": registry, "folder": folder}
     finally:
-        system.close()
         registry.stop()
 
 

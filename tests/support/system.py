@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -31,7 +31,21 @@ from tests.support.ports import free_port, port_block
 
 ROOT = Path(__file__).resolve().parents[2]
 
-__all__ = ["ROOT", "System", "free_port", "wait_for"]
+__all__ = ["ROOT", "System", "free_port", "run_python", "wait_for"]
+
+
+def run_python(
+    script: str, *args: str, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """`python -c script args` in a process of its own, from the repository; its output as text."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def wait_for(
@@ -171,6 +185,18 @@ class System:
         )
         return self
 
+    @contextlib.contextmanager
+    def running(self, *, worker: bool = True) -> Iterator[System]:
+        """Started for the block (a fixture's `with system.running(): ... yield system`), closed
+        after it; where the block fails, the processes' last log lines are printed first."""
+        try:
+            yield self.start(worker=worker)
+        except BaseException:
+            print(self.log_tail())
+            raise
+        finally:
+            self.close()
+
     def start_gateway(self, workers: int = 2) -> None:
         from llmgw_site.management.commands.llmgw_run import gateway_command
 
@@ -209,6 +235,9 @@ class System:
         """Nodes alike, each with its agent, once every agent has sent its first heartbeat."""
         for name in names:
             self.add_node(name, memory_gb=memory_gb, cores=cores)
+        self.wait_for_ready_nodes()
+
+    def wait_for_ready_nodes(self) -> None:
         wait_for(
             lambda: all(n["state"] == "ready" for n in self.api("GET", "nodes")),
             what="every agent's first heartbeat",

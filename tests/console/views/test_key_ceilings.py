@@ -11,23 +11,12 @@ from access.models import GatewayKey, KeyPolicy
 from access.services import key_create, key_set_limits, policy_set, team_add
 from catalog.models import AuditEntry
 from core.actor import Actor
-from tests.console.pages import text_of
+from tests.console.pages import KEY_LIMITS_UNCHANGED, text_of
 
 pytestmark = [pytest.mark.django_db]
 
 HTMX = {"HX-Request": "true", "HX-Current-URL": "http://testserver/keys/"}
-# The Keys page's limits form as it comes for a key without limits.
-EMPTY = {
-    "rpm": "",
-    "tpm": "",
-    "max_parallel": "",
-    "tokens_per_day": "",
-    "tokens_per_month": "",
-    "models": "",
-    "weight": "1",
-    "team": "",
-    "expires": "",
-}
+EMPTY = KEY_LIMITS_UNCHANGED
 
 
 def staff(users: dict[str, Any]) -> Actor:

@@ -12,7 +12,7 @@ from access.models import GatewayKey, KeyUsageDay
 from access.services import key_create, team_add
 from catalog.models import AuditEntry
 from core.actor import Actor
-from tests.console.pages import text_of
+from tests.console.pages import KEY_LIMITS_UNCHANGED, text_of
 
 pytestmark = [pytest.mark.django_db]
 
@@ -95,17 +95,7 @@ def test_the_owner_sets_limits_and_only_what_changed_is_sent(
     client_for: Any, users: dict[str, Any]
 ) -> None:
     key = make_key(users, rpm=60, tpm=1000)
-    form = {
-        "rpm": "60",
-        "tpm": "1000",
-        "max_parallel": "",
-        "tokens_per_day": "",
-        "tokens_per_month": "",
-        "models": "",
-        "weight": "1",
-        "team": "",
-        "expires": "",
-    }
+    form = {**KEY_LIMITS_UNCHANGED, "rpm": "60", "tpm": "1000"}
     response = client_for("alice").post(
         f"/keys/{key.pk}/limits", {**form, "rpm": "none", "max_parallel": "4"}, headers=HTMX
     )

@@ -15,23 +15,14 @@ from access.services import key_create, team_add
 from catalog.models import AuditEntry
 from core.actor import Actor
 from gateway.limits import SharedCounters
-from tests.console.pages import text_of
+from tests.console.pages import TEAM_LIMITS_UNCHANGED, text_of
 from tests.support.gateway_files import admit
 from tests.support.gateway_files import gateway_files as files_of_a_gateway
 
 pytestmark = [pytest.mark.django_db]
 
 HTMX = {"HX-Request": "true", "HX-Current-URL": "http://testserver/teams/"}
-# The limits form as the page sends it for a team with no limits: every field, unchanged.
-UNCHANGED = {
-    "rpm": "",
-    "tpm": "",
-    "max_parallel": "",
-    "tokens_per_day": "",
-    "tokens_per_month": "",
-    "models": "",
-    "weight": "1",
-}
+UNCHANGED = TEAM_LIMITS_UNCHANGED
 
 
 def add_team(users: dict[str, Any], name: str = "research", **limits: Any) -> Team:
