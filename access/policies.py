@@ -1,31 +1,11 @@
 """Who may set a key's limits to what: ceilings, key policies, and the teams a key stays in.
 
-What staff set is a ceiling. A limit, weight, model list or expiry staff put on a key is the
-most its owner may set it to: the owner may lower it and never raise or lift it. A key policy
-(access.models.KeyPolicy: a team's, a user's, or the default) gives each limit of the keys under
-it a default and a ceiling. The ceiling in force for a setting is what staff set on the key
-itself where they set it, and its policy's otherwise.
-
-judge() is the one place that decides whether a change of a key is allowed; access.services
-calls it for every door (API, CLI, console, admin), so that they cannot disagree. Its rules, in
-the order it applies them:
-
-1. The team (403). A user who is a member of a team that binds (one with limits or a key policy)
-   keeps their keys in such a team: a new key goes into one, and a key moves only to another.
-   Why: a team's limits count its keys together, and a key taken out (`team: none`) counted
-   against none of them; budgets bound only those who kept their keys in.
-2. The team's figures (400). A key's limit is at most its team's: a higher one would never take
-   effect, and says what is not so.
-3. The ceilings (403). Each limit the change sets (every limit when the key moves to another
-   team, and so to another policy) is set and at most its ceiling; a model list is within the
-   one staff gave; an expiry is no later than the one staff set. Why 403: the figure is fine,
-   the one asking may not set it; the sentence says who may.
-4. The weight (400, as before ceilings existed): a key's share is at most what staff gave the
-   key, else its team's, else 1.
-
-Staff, and the installation itself, are held to rules 1, 3 and 4 by nobody: they set ceilings.
-What they set on a key becomes its ceiling (record_ceilings); what they lift leaves the key to
-its policy's.
+What staff set on a key is a ceiling: its owner may lower that setting, never raise or lift it.
+A key policy (access.models.KeyPolicy: a team's, a user's, or the default) gives each limit of
+the keys under it a default and a ceiling; the ceiling in force is what staff set on the key
+itself, else its policy's. judge() is the one place that decides whether a change of a key is
+allowed: access.services calls it for every door (API, CLI, console, admin), so that they cannot
+disagree. The rules as people meet them: docs/sharing.md#who-may-set-what.
 """
 
 from __future__ import annotations
@@ -240,7 +220,25 @@ def judge(actor: Actor, key: GatewayKey, touched: set[str], *, new: bool = False
     `touched` names the settings the change gives (KEY_SETTINGS' names, the expiry as
     expires_at); `new` is a key being made, whose every limit is held to its ceilings. Only what
     a change touches is held to the rules (every limit when the key changes team): a key above
-    a figure lowered since (its team's) can still have its other settings changed."""
+    a figure lowered since (its team's) can still have its other settings changed.
+
+    The rules, in the order applied:
+
+    1. The team (403). A member of a team that binds (one with limits or a key policy) keeps
+       their keys in such a team: a new key goes into one, and a key moves only to another.
+       Why: a team's limits count its keys together, and a key taken out counted against none
+       of them; budgets bound only those who kept their keys in.
+    2. The team's figures (400). A key's limit is at most its team's: a higher one would never
+       take effect, and says what is not so.
+    3. The ceilings (403). Each limit the change sets (every limit when the key moves team, and
+       so policy) is set and at most its ceiling; a model list is within the one staff gave; an
+       expiry is no later than the one staff set. Why 403: the figure is fine, the one asking
+       may not set it; the sentence says who may.
+    4. The weight (400): a key's share is at most what staff gave the key, else its team's,
+       else 1.
+
+    Staff, and the installation itself, are held only to rule 2: they set the ceilings
+    (record_ceilings)."""
     verdict = Verdict()
     moved = new or "team" in touched
     owner_bound = not may_raise(actor)

@@ -3,27 +3,10 @@
 Every name below is a field as Django's values() names it. gateway.routing (read_catalog,
 read_replicas) and gateway.state (_unplaceable, read_teams) read exactly these names, and
 access.triggers watches the columns `watched()` makes of them, so that a change of anything a
-gateway process routes by reaches it by the database's notification.
-
-Why one list: the reads and the triggers were two lists, and they drifted apart. A model's
-`routing`, and the `source`, `sha256` and `context_length` that decide whether an on-demand model
-fits on any node, were read and not watched: a change of them reached the gateways only at the
-next safety re-read (gateway.state.SAFETY_SECONDS), and no test noticed.
-tests/gateway/test_routed_triggers.py holds the two together: it changes every field named here
-with a plain UPDATE and waits for a running gateway process to read again.
-
-What a name watches:
-- a field: its own column;
-- a name through a relation ("owner__username", "node__address"): the relation's own column on
-  the table read (owner_id, node_id), and the far field's column on the far table (auth_user's
-  username, fleet_node's address). On a far table that is not routed itself (auth_user) only an
-  UPDATE counts: a new user owns no model yet, and a deleted one clears their models' owner_id,
-  which notifies as the models' own change;
-- the primary key, and a field set once when the row is made (auto_now_add: created_at):
-  nothing, as they do not change.
-
-Keys are not here: there may be millions of them, so a process reads only the keys that changed
-since its last read (access.triggers.KEY_COLUMNS, gateway.state.Keys), never all of them again.
+gateway process routes by reaches it by the database's notification. One list, so that the
+reads and the triggers cannot drift apart; tests/gateway/test_routed_triggers.py changes every
+field named here with a plain UPDATE and waits for a running gateway process to read again.
+Keys are not here: a process reads only those changed since its last read (gateway.state.Keys).
 """
 
 from __future__ import annotations
@@ -135,7 +118,17 @@ class Watched:
 
 
 def watched() -> list[Watched]:
-    """The columns the triggers watch, made from routed()."""
+    """The columns the triggers watch, made from routed(). What a name watches:
+
+    - a field: its own column;
+    - a name through a relation ("owner__username", "node__address"): the relation's own column
+      on the table read (owner_id, node_id), and the far field's column on the far table
+      (auth_user's username, fleet_node's address). On a far table that is not routed itself
+      (auth_user) only an UPDATE counts: a new user owns no model yet, and a deleted one clears
+      their models' owner_id, which notifies as the models' own change;
+    - the primary key, and a field set once when the row is made (auto_now_add: created_at):
+      nothing, as they do not change.
+    """
     tables = routed()
     found = {t.model._meta.db_table: Watched(t.model._meta.db_table, [], [], True) for t in tables}
     for table in tables:

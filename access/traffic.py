@@ -1,34 +1,11 @@
 """Traffic over time: per model and minute, and per key, model and day, kept in the database.
 
-A request adds its figures to this process's book in memory (a dictionary update under a
-lock, no I/O); the gateway's state thread writes the book every FLUSH_SECONDS. Each process
-writes only rows of its own (`writer`) with the absolute totals it holds, so processes never
-race on a counter and a write that is repeated changes nothing. Minutes older than a day are
-folded into hours by a beat task, and hours older than TRAFFIC_KEEP_DAYS are deleted, so the
-table stays bounded whatever the traffic.
-
-While a model has a canary update under way, the book also keeps its answers per key and
-revision (requests, server errors, seconds; registry.models.CanaryKeyMinute), so that the check
-can tell errors that follow a key's requests from errors that follow the new revision
-(registry.canary.judge). In memory that is keys x 2 revisions x the minutes not yet final (two)
-per model under a canary; in the database, keys x 2 revisions x the minutes of the window, per
-writer, deleted by fold() a day later.
-
-The fair queue's waits (gateway.fairqueue) go in the same rows: how many requests waited for a
-free slot, their seconds summed and the longest, and how many waits timed out or were refused as
-the queue was full. A wait is counted when it ends, in that minute's row of revision "" (no
-replica has answered it yet), under the model whose slots were busy. A request that went
-straight through costs the book nothing. The longest wait is kept rather than a histogram: the
-queue's own histogram is in /metrics (llmgw_gateway_queue_seconds), and here "how many waited,
-how long on average, how long at worst" is what the model page and `llmgw ctl model traffic`
-ask; the longest of several rows is their largest, so folding and reading stay exact.
-
-Each row also keeps its slowest answer: its seconds and its request's ID (core.requestid: the
-X-Request-ID the client sent or was given, named in the gateway's log lines and, as
-llmgw.request_id, in its traces). Keeping it costs a request one comparison; of several rows
-(writers, minutes folded into an hour, the steps of a chart) the slowest is the slowest of
-theirs, with its ID. So a slow point on the model page's chart leads to one request whose log
-lines (grep the ID in var/log/) and trace can be looked up.
+A request adds its figures to this process's `TrafficBook` in memory (no I/O); the gateway's
+state thread writes it every FLUSH_SECONDS. Each process writes only rows of its own (`writer`)
+with the absolute totals it holds, so processes never race on a counter and a repeated write
+changes nothing; `fold()` keeps the tables bounded. Besides requests, the rows hold the fair
+queue's waits, each minute's slowest answer and, for a model under a canary update, its answers
+per key and revision. What is kept, and for how long: docs/gateway.md#traffic-figures-and-usage.
 """
 
 from __future__ import annotations
@@ -82,13 +59,21 @@ class Figures:
     completion_tokens: int = 0
     seconds: float = 0.0
     latency_buckets: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BOUNDS))
-    # The fair queue: see the module's docstring and TrafficMinute.
+    # The fair queue's waits (gateway.fairqueue), counted when a wait ends, in that minute's row
+    # of revision "" (no replica has answered it yet) under the model whose slots were busy: how
+    # many waited, their seconds summed and the longest, and how many timed out or were refused
+    # as the queue was full. A request that went straight through costs nothing. The longest
+    # rather than a histogram (/metrics has llmgw_gateway_queue_seconds): "how many waited, how
+    # long on average, how long at worst" is what the model page asks, and the longest of several
+    # rows is their largest, so folding and reading stay exact.
     queued: int = 0
     queue_seconds: float = 0.0
     queue_seconds_max: float = 0.0
     queue_timeouts: int = 0
     queue_full: int = 0
-    # The slowest answer and its request's ID: see the module's docstring.
+    # The slowest answer and its request's ID (core.requestid: named in the gateway's log lines
+    # and, as llmgw.request_id, in its traces), so that a slow point on a chart leads to one
+    # request to look up. One comparison a request; of several rows it is the slowest of theirs.
     slowest_seconds: float = 0.0
     slowest_request: str = ""
 
@@ -195,7 +180,11 @@ class TrafficBook:
         self._days: dict[tuple[int, str, date], list[int]] = {}
         self._dirty_minutes: set[tuple[str, str, int]] = set()
         self._dirty_days: set[tuple[int, str, date]] = set()
-        # (model, revision, key id, minute) -> [requests, server errors, seconds]
+        # (model, revision, key id, minute) -> [requests, server errors, seconds], only for a
+        # model with a canary update under way, so that its check can tell errors that follow a
+        # key's requests from errors that follow the new revision (registry.canary.judge). In
+        # memory: keys x 2 revisions x the 2 minutes not yet final, per such model; in the
+        # database (CanaryKeyMinute), keys x 2 revisions x the window's minutes, per writer.
         self._canary_keys: dict[tuple[str, str, int, int], list[float]] = {}
         self._dirty_canary_keys: set[tuple[str, str, int, int]] = set()
         self._flushed_at = 0.0
@@ -390,7 +379,9 @@ class TrafficBook:
 
 
 def fold(now: datetime | None = None) -> dict[str, int]:
-    """Fold minutes older than a day into hours; delete what is older than it is kept for."""
+    """Fold minutes older than a day into hours; delete what is older than it is kept for
+    (figures after TRAFFIC_KEEP_DAYS, usage days after KEY_USAGE_KEEP_DAYS, canary keys' minutes
+    after CANARY_KEYS_KEEP), so the tables stay bounded whatever the traffic. Run by beat."""
     now = now or datetime.now(UTC)
     cutoff = (now - timedelta(days=1)).replace(minute=0, second=0, microsecond=0)
     with transaction.atomic():

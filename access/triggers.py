@@ -1,39 +1,11 @@
 """Database triggers that tell the gateway's processes that something they route by changed.
 
-On SQLite they bump gateway.RoutingVersion's one row (SQLite writes one
-transaction at a time, so a shared counter costs nothing more); on PostgreSQL
-they send a `llmgw_routing` notification, delivered when the change commits,
-without the row lock a shared counter would take (two heartbeats updating
-different replicas would then deadlock on it).
-
-Only changes that routing sees fire them: a heartbeat that writes a replica's
-message or a node's last heartbeat does not, nor a model's idle clock. What routing
-sees is one list, access.routed, that the reads select by and these triggers are
-made from (`ROUTED`); a trigger whose columns changed is made again by ensure(), so
-an existing database watches what the code of today reads.
-
-Teams (their limits, and their members table) are watched as the routed tables
-are: the gateway reads every team again when one changes.
-
-Keys carry a second set of triggers (from migration 0005), so that a gateway
-process reads only the keys that changed since its last read:
-
-- a key's `changed_at` is set by the database, to its own clock, when the key
-  is added, when its hash, revocation, limits, team or expiry change, and, for all of a user's keys,
-  when the user's is_active changes: a deactivated user's gateway keys stop as
-  their API token and console login do, whichever door deactivated them (the
-  admin and a shell write the row directly, where a Django signal could be
-  missed). That change of changed_at is what notifies the gateway;
-- a deleted key (keys are deleted with their owner) leaves its hash in
-  gateway.DeletedGatewayKey, and so does a key's old hash when its hash changes.
-
-Why the database's clock, and the time of the write rather than of the commit:
-see gateway.state.key_horizon, which says up to when a process has read
-everything.
-
-On SQLite, a later migration that alters one of these tables rebuilds it and
-loses its triggers, so they are (re)made after every migrate, not only by the
-migration that introduced them.
+On PostgreSQL they send a `llmgw_routing` notification when the change commits (a replica's
+names the replica); on SQLite they bump gateway.RoutingVersion's one row. They watch the
+columns of access.routed, the list the gateway's reads select, so that only changes routing
+sees fire them; and keys' own triggers stamp a key's `changed_at` and keep a deleted key's
+hash, so that a process reads only the keys changed since its last read. ensure() (re)makes
+them all after every migrate. The design: docs/design.md#how-the-gateway-hears-of-changes.
 """
 
 from __future__ import annotations
@@ -64,6 +36,9 @@ ROUTED: list[routed.Watched] = [*routed.watched(), KEYS_WATCHED]
 # The same, as (table, columns).
 WATCHED: list[tuple[str, list[str]]] = [(w.table, w.columns + w.set_or_cleared) for w in ROUTED]
 
+# SQLite writes one transaction at a time, so a shared counter costs nothing more there. On
+# PostgreSQL a notification is sent instead: a counter's row lock would make two heartbeats
+# updating different replicas deadlock on it.
 _SQLITE_BUMP = "UPDATE gateway_routingversion SET version = version + 1 WHERE id = 1;"
 
 # The key columns whose change a gateway process must read again. changed_at itself is among
@@ -97,83 +72,113 @@ def ensure(connection: Any) -> None:
     tables = set(connection.introspection.table_names())
     if "gateway_routingversion" not in tables:
         return  # before this app's migration: it will call this itself
+    present = _columns_present(connection, tables)
+    watched = [w for w in ROUTED if w.table in tables]
+    keys = all(t in tables for t in _KEY_TABLES)
+    if connection.vendor == "sqlite":
+        _ensure_sqlite(connection, watched, present, keys=keys)
+    elif connection.vendor == "postgresql":
+        _ensure_postgresql(connection, watched, present, keys=keys)
+
+
+def _columns_present(connection: Any, tables: set[str]) -> dict[str, set[str]]:
+    """Each watched table's columns as the database has them now."""
     # ensure() runs after every migrate, also from migrations that come before some of the
     # columns: a column a later migration adds is watched from that migration on.
     with connection.cursor() as cursor:
-        present = {
+        return {
             w.table: {
                 c.name for c in connection.introspection.get_table_description(cursor, w.table)
             }
             for w in ROUTED
             if w.table in tables
         }
-    watched = [w for w in ROUTED if w.table in tables]
-    if connection.vendor == "sqlite":
-        # One transaction: no write between a trigger dropped and made again goes unnoticed.
-        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-            cursor.execute(
-                "INSERT OR IGNORE INTO gateway_routingversion (id, version) VALUES (1, 0)"
-            )
-            for w in watched:
-                name = f"llmgw_routing_{w.table}"
-                for event in ("INSERT", "DELETE"):
-                    _sqlite_trigger(
-                        cursor,
-                        f"{name}_{event.lower()}",
-                        f"AFTER {event} ON {w.table} BEGIN {_SQLITE_BUMP} END" if w.rows else None,
-                    )
-                when = _changed(w, present[w.table], "IS NOT")
-                _sqlite_trigger(
-                    cursor,
-                    f"{name}_update",
-                    f"AFTER UPDATE ON {w.table} WHEN {when} BEGIN {_SQLITE_BUMP} END"
-                    if when
-                    else None,
-                )
-            if all(t in tables for t in _KEY_TABLES):
-                _sqlite_key_triggers(cursor, _key_columns(present))
-    elif connection.vendor == "postgresql":
-        # CREATE OR REPLACE: a trigger made by an older version is replaced by today's. One
-        # transaction, as on SQLite: no write between a trigger dropped and made again.
-        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-            cursor.execute(
-                "INSERT INTO gateway_routingversion (id, version) VALUES (1, 0) "
-                "ON CONFLICT (id) DO NOTHING"
-            )
-            cursor.execute(
-                "CREATE OR REPLACE FUNCTION llmgw_routing_notify() RETURNS trigger AS $$ "
-                f"BEGIN PERFORM pg_notify('{CHANNEL}', ''); RETURN NULL; END $$ LANGUAGE plpgsql"
-            )
-            # A replica's notification names it (one a row; PostgreSQL sends one of each
-            # payload a transaction, however often the row changed in it).
-            cursor.execute(
-                "CREATE OR REPLACE FUNCTION llmgw_routing_notify_replica() RETURNS trigger AS $$ "
-                f"BEGIN PERFORM pg_notify('{CHANNEL}', '{REPLICA_PREFIX}' || "
-                "CASE WHEN TG_OP = 'DELETE' THEN OLD.id ELSE NEW.id END::text); "
-                "RETURN NULL; END $$ LANGUAGE plpgsql"
-            )
-            for w in watched:
-                name = f"llmgw_routing_{w.table}"
-                by_row = w.table == REPLICA_TABLE
-                function = "llmgw_routing_notify_replica" if by_row else "llmgw_routing_notify"
-                if w.rows:
-                    # (A trigger's level cannot be replaced: one made by a statement before
-                    # replicas were named goes first.)
-                    cursor.execute(f"DROP TRIGGER IF EXISTS {name}_insert_delete ON {w.table}")
-                    cursor.execute(
-                        f"CREATE TRIGGER {name}_insert_delete "
-                        f"AFTER INSERT OR DELETE ON {w.table} "
-                        f"FOR EACH {'ROW' if by_row else 'STATEMENT'} EXECUTE FUNCTION {function}()"
-                    )
-                when = _changed(w, present[w.table], "IS DISTINCT FROM")
-                if when:
-                    cursor.execute(
-                        f"CREATE OR REPLACE TRIGGER {name}_update AFTER UPDATE "
-                        f"ON {w.table} FOR EACH ROW WHEN ({when}) "
-                        f"EXECUTE FUNCTION {function}()"
-                    )
-            if all(t in tables for t in _KEY_TABLES):
-                _postgresql_key_triggers(cursor, _key_columns(present))
+
+
+def _ensure_sqlite(
+    connection: Any, watched: list[routed.Watched], present: dict[str, set[str]], *, keys: bool
+) -> None:
+    # One transaction: no write between a trigger dropped and made again goes unnoticed.
+    with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+        cursor.execute("INSERT OR IGNORE INTO gateway_routingversion (id, version) VALUES (1, 0)")
+        for w in watched:
+            _sqlite_routing_triggers(cursor, w, present[w.table])
+        if keys:
+            _sqlite_key_triggers(cursor, _key_columns(present))
+
+
+def _sqlite_routing_triggers(cursor: Any, w: routed.Watched, present: set[str]) -> None:
+    """One table's triggers that bump the version: on a row added or deleted, and on an update
+    of a watched column."""
+    name = f"llmgw_routing_{w.table}"
+    for event in ("INSERT", "DELETE"):
+        _sqlite_trigger(
+            cursor,
+            f"{name}_{event.lower()}",
+            f"AFTER {event} ON {w.table} BEGIN {_SQLITE_BUMP} END" if w.rows else None,
+        )
+    when = _changed(w, present, "IS NOT")
+    _sqlite_trigger(
+        cursor,
+        f"{name}_update",
+        f"AFTER UPDATE ON {w.table} WHEN {when} BEGIN {_SQLITE_BUMP} END" if when else None,
+    )
+
+
+def _ensure_postgresql(
+    connection: Any, watched: list[routed.Watched], present: dict[str, set[str]], *, keys: bool
+) -> None:
+    # CREATE OR REPLACE: a trigger made by an older version is replaced by today's. One
+    # transaction, as on SQLite: no write between a trigger dropped and made again.
+    with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO gateway_routingversion (id, version) VALUES (1, 0) "
+            "ON CONFLICT (id) DO NOTHING"
+        )
+        _postgresql_notify_functions(cursor)
+        for w in watched:
+            _postgresql_routing_triggers(cursor, w, present[w.table])
+        if keys:
+            _postgresql_key_triggers(cursor, _key_columns(present))
+
+
+def _postgresql_notify_functions(cursor: Any) -> None:
+    cursor.execute(
+        "CREATE OR REPLACE FUNCTION llmgw_routing_notify() RETURNS trigger AS $$ "
+        f"BEGIN PERFORM pg_notify('{CHANNEL}', ''); RETURN NULL; END $$ LANGUAGE plpgsql"
+    )
+    # A replica's notification names it (one a row; PostgreSQL sends one of each payload a
+    # transaction, however often the row changed in it).
+    cursor.execute(
+        "CREATE OR REPLACE FUNCTION llmgw_routing_notify_replica() RETURNS trigger AS $$ "
+        f"BEGIN PERFORM pg_notify('{CHANNEL}', '{REPLICA_PREFIX}' || "
+        "CASE WHEN TG_OP = 'DELETE' THEN OLD.id ELSE NEW.id END::text); "
+        "RETURN NULL; END $$ LANGUAGE plpgsql"
+    )
+
+
+def _postgresql_routing_triggers(cursor: Any, w: routed.Watched, present: set[str]) -> None:
+    """One table's triggers that notify: on rows added or deleted, and on an update of a
+    watched column; a replica's row by row, naming it, any other table's once a statement."""
+    name = f"llmgw_routing_{w.table}"
+    by_row = w.table == REPLICA_TABLE
+    function = "llmgw_routing_notify_replica" if by_row else "llmgw_routing_notify"
+    if w.rows:
+        # (A trigger's level cannot be replaced: one made by a statement before replicas were
+        # named goes first.)
+        cursor.execute(f"DROP TRIGGER IF EXISTS {name}_insert_delete ON {w.table}")
+        cursor.execute(
+            f"CREATE TRIGGER {name}_insert_delete "
+            f"AFTER INSERT OR DELETE ON {w.table} "
+            f"FOR EACH {'ROW' if by_row else 'STATEMENT'} EXECUTE FUNCTION {function}()"
+        )
+    when = _changed(w, present, "IS DISTINCT FROM")
+    if when:
+        cursor.execute(
+            f"CREATE OR REPLACE TRIGGER {name}_update AFTER UPDATE "
+            f"ON {w.table} FOR EACH ROW WHEN ({when}) "
+            f"EXECUTE FUNCTION {function}()"
+        )
 
 
 def _sqlite_trigger(cursor: Any, name: str, body: str | None) -> None:

@@ -1,31 +1,12 @@
 """What one replica reserves of a node's memory: the one rule placement, `model plan`, the
 target page and every other door use.
 
-A replica's engine holds the weights, a KV cache of a whole context for each of its slots
-(llama-server splits ``--ctx-size`` between them), and one more slot's worth for its store of
-earlier prompts (the prompt cache, sized so by the node: llmgw.engine). A profile's
-``memory_gb`` is what its author declares a replica needs, and its help text asks them to count
-the weights plus slots x the KV cache. People get that wrong, most often by raising ``slots``
-and not ``memory_gb``, and an engine that outgrows its reservation takes memory its neighbours
-were promised. So placement reserves the larger of the two: the declared ``memory_gb``, and
-the estimate from the model file's GGUF header (weights + (slots + 1) x KV cache per context,
-llmgw.gguf.memory's arithmetic, the node's too).
-A declared figure above the estimate is kept (it may count what the estimate does not: compute
-buffers, a tokenizer, headroom).
-
-A GPU profile's engine holds the layers it offloads on its GPUs (``gpu_layers``: "all" by
-default, or a count of the model's layers): the offloaded share of the weights and of the
-slots' KV cache, split evenly over its GPUs (``--split-mode layer``); the rest, and the prompt
-cache (``--cache-ram`` keeps it in host memory), stay in host memory. So a GPU profile reserves
-on each of its GPUs the larger of its declared ``gpu_memory_gb`` (per GPU) and that share, and
-in host memory the larger of ``memory_gb`` and what is left. A count of layers is taken as a
-share of the header's block_count; when that is unknown, the whole model counts as offloaded
-(the GPU side is the one a replica cannot borrow from).
-
-The header is read once per model file (source URL and sha256) over HTTP Range requests and
-kept in :class:`~fleet.models.ModelFile`; a reconcile pass reads the headers it does not know
-yet before it plans. Until a header is read (the source does not answer, the mirror has not got
-the file yet), a replica reserves what its profile declares, and ``model plan`` says so.
+A replica reserves the larger of what its profile declares (``memory_gb``, and
+``gpu_memory_gb`` on each GPU) and the estimate from its model file's GGUF header, so that a
+profile that raises ``slots`` without raising ``memory_gb`` cannot take memory its neighbours
+were promised. The header is read once per model file and kept in :class:`~fleet.models.ModelFile`;
+until it is read, the declared figures count. The rule for operators:
+docs/nodes.md#what-placement-reserves.
 """
 
 from __future__ import annotations
@@ -207,7 +188,20 @@ def footprint(
     context_length: int | None,
 ) -> Footprint:
     """What a replica of ``profile`` reserves, given its model file's facts (or why they are
-    unknown) and the model's declared context_length."""
+    unknown) and the model's declared context_length.
+
+    A replica's engine holds the weights, a KV cache of a whole context for each of its slots
+    (llama-server splits ``--ctx-size`` between them), and one more slot's worth for its prompt
+    cache (sized so by the node: llmgw.engine); the estimate is llmgw.gguf.memory's arithmetic,
+    the node's too. A declared figure above the estimate is kept: it may count what the
+    estimate does not (compute buffers, a tokenizer, headroom).
+
+    A GPU profile's engine holds the layers it offloads (``gpu_layers``: "all", or a count of
+    the model's layers, taken as a share of the header's block_count): that share of the
+    weights and of the slots' KV cache, split evenly over its GPUs (``--split-mode layer``). The
+    rest, and the prompt cache (``--cache-ram``), stay in host memory. So it reserves on each
+    GPU the larger of ``gpu_memory_gb`` and its share, and in host memory the larger of
+    ``memory_gb`` and what is left."""
     declared = float(profile["memory_gb"])
     gpus = int(profile.get("gpus") or 0)
     declared_gpu = float(profile.get("gpu_memory_gb") or 0)
@@ -274,7 +268,8 @@ def _facts_of(row: ModelFile) -> FileFacts | str:
 
 def learn_facts(models: Iterable[Model], *, now: datetime | None = None) -> int:
     """Read the headers of model files not known yet (or that failed a while ago), at most
-    READS_PER_PASS of them; the number read. Runs outside any transaction: it waits on HTTP."""
+    READS_PER_PASS of them, over HTTP Range requests; the number read. A reconcile pass calls it
+    before it plans. Runs outside any transaction: it waits on HTTP."""
     now = now or timezone.now()
     models = [m for m in models if m.source]
     keys = {file_key(m): m for m in models}

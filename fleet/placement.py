@@ -1,65 +1,12 @@
 """Where replicas go and what must stop: the reconciler's placement plan.
 
-The reconciler calls :func:`plan_placement` once per pass with the nodes, the models and
-the replicas that are running (or starting). It gets back a :class:`Plan`: replicas to
-start, replicas to stop (scale down, removed models), replicas to preempt, and the
-replicas that fit nowhere, each with a reason a person can act on.
-
-It is a pure function over plain frozen dataclasses (no Django, no I/O), so it is cheap
-to test and can also answer "what if" questions for ``llmgw ctl``.
-
-Rules, in the order the planner applies them:
-
-1. Replicas of models no longer in the catalog are stopped. Replicas on a node the
-   caller did not pass are stopped too (nothing can be accounted for there).
-2. Scale down: a model with more replicas than ``desired`` loses the extras. The replica
-   to stop is picked by, in order: on an unschedulable (cordoned) node first, then on the
-   node holding the most replicas of that model (keeps the model spread), then on the
-   fullest node (least free memory, then fewest free cores), then node name, then
-   replica id.
-3. Serving: models are served by class rank (critical, standard, opportunistic); within
-   a class, replicas that bring a model up to its minimum go before replicas above it;
-   then by model name. For each replica, every profile is tried in order without
-   preemption (the first profile that fits anywhere wins), and only if none fits are the
-   profiles tried again in order with preemption.
-4. Node choice: spread first (fewest replicas of this model on the node), then best fit
-   (least free memory left after placing, then fewest free cores left, then node name).
-   Unschedulable nodes get nothing.
-5. Preemption: lower classes give way to higher ones. Within a class, a replica that
-   brings its model up to its minimum may take replicas another model has beyond its
-   own minimum, never that model's minimum replicas. A replica above its own model's
-   minimum never preempts its own class. Victims on a node are chosen lowest class
-   first, then replicas beyond their model's minimum, then biggest reservation first,
-   and any victim that turns out not to be needed is given back. The node whose victim
-   set is cheapest wins: lowest highest-class among victims, then fewest victims, then
-   fewest victims within their model's minimum, then fewest replicas of the same model
-   on the node (spread), then most memory free or preemptible on the node (the newcomer
-   is least likely to be squeezed there again), then node name. A replica preempted in
-   this pass no longer counts as running, so its model is served again later in the
-   pass (elsewhere if there is room). Preemption never happens when even stopping every
-   allowed victim on a node would not make room there.
-6. Replicas that are running stay where they are (no rebalancing) unless scaled down
-   or preempted.
-7. GPUs: a profile with ``gpus`` = k > 0 goes only to a node whose engine has a GPU
-   backend (``Node.gpu_engine``), and, on a node that lists its devices, to k distinct
-   devices each with room for its share of the GPU memory (the replica's GPU memory split
-   evenly over its k devices, as llama.cpp's ``--split-mode layer`` splits layers). A
-   device's free memory is its total less what llmgw reserved on it and less what other
-   programs hold: the observed use beyond llmgw's reservations, taken once when the pass
-   starts (``max(reserved, used)`` at that moment) and kept for the whole pass, since
-   stopping or starting llmgw replicas does not change what other programs hold. Devices
-   are shared by memory: several replicas may sit on one device while it has room. Among
-   the devices with room, the emptiest (most free memory, then lowest index) are chosen.
-   Node choice (rule 4) and preemption (rule 5) consider only nodes where such a device
-   assignment exists, with the victims' shares given back (preemption is conservative:
-   it frees only what the victims reserved, never memory other programs hold).
-   A node without a device list (capacity declared the old way) keeps the aggregate rule:
-   its ``gpus`` are counted out whole and its ``gpu_memory_gb`` is one pool, and its
-   starts name no devices.
-
-A resource a replica does not need (zero) never blocks it: "cores 0" reserves no cores.
-Quantities are compared with a small tolerance (:data:`EPSILON`) so that sums of float
-reservations do not flip a fit on rounding noise.
+The reconciler calls :func:`plan_placement` once per pass with the nodes, the models and the
+replicas that are running (or starting). It gets back a :class:`Plan`: replicas to start,
+replicas to stop (scale down, removed models), replicas to preempt, and the replicas that fit
+nowhere, each with a reason a person can act on. It is a pure function over plain frozen
+dataclasses (no Django, no I/O), so it is cheap to test and can also answer "what if" questions
+for ``llmgw ctl``. Its rules, in the order it applies them and numbered as the comments here
+cite them: docs/nodes.md#how-placement-decides.
 """
 
 from __future__ import annotations
@@ -238,7 +185,8 @@ class Plan:
 def plan_placement(
     nodes: Sequence[Node], models: Sequence[ModelDemand], replicas: Sequence[Replica]
 ) -> Plan:
-    """Decide which replicas to start, stop and preempt this pass (see the module doc).
+    """Decide which replicas to start, stop and preempt this pass (its rules, in order:
+    docs/nodes.md#how-placement-decides).
 
     The plan does not depend on the order of the inputs. Raises ``ValueError`` on
     duplicate node, model or replica names, an unknown class, negative counts or
@@ -375,7 +323,7 @@ class _Slot:
 
 @dataclass(slots=True, eq=False)
 class _Device:
-    """A GPU as the planner tracks it (rule 7 of the module doc)."""
+    """A GPU as the planner tracks it (rule 7 in docs/nodes.md#how-placement-decides)."""
 
     index: int
     total: float
@@ -749,7 +697,8 @@ class _Planner:
         return tuple(sorted(d.index for d in emptiest[:count]))
 
     def scale_down(self) -> None:
-        """Stop replicas beyond ``desired`` (rule 2 of the module doc picks which)."""
+        """Stop replicas beyond ``desired`` (rule 2 in docs/nodes.md#how-placement-decides
+        picks which)."""
         for name, model in self.models.items():
             while self.count[name] > model.desired:
                 victim = min(self.model_slots[name].values(), key=self._scale_down_order)

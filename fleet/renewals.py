@@ -1,43 +1,12 @@
 """Node renewals answered by the gateway itself, without the hop to the web process.
 
-Fleet's rules, run inside the gateway's ASGI process: the gateway makes a `Renewals` as it starts
-(gateway.process.Gateway) and lends it what it needs of the data plane (a `Door`: reading a
-request's body, answering, its figures); nothing here imports the gateway.
-
-A renewal (POST /api/v1/node/renew, fleet.services.node_renew) is the heartbeat of a node on which
-nothing changed; in a large fleet it is nearly every request the control plane gets. The web
-process answers one in a few milliseconds of CPU (WSGI, middleware, DRF); the gateway, which
-receives it first anyway, answers the common case, "nothing changed", in a fraction of that:
-
-- each gateway process holds every node's few facts that decide it (`NodeRow`: its token's
-  digest, generation, last report's digest, lost, last heartbeat), read whole from the database
-  every READ_SECONDS by a thread of its own (`NodeTable`), started by the first renewal;
-- a renewal whose node is there and which fleet.services.renewal_wants_report lets through, and
-  whose generation is the node's, is recorded (fleet.liveness, written once a second) and
-  answered here, as node_renew would answer it;
-- anything else (a token not held, another generation, a report wanted, a body that is not a
-  small JSON object) goes to the web process as it came, which answers it in full;
-- a whole report (POST /api/v1/node/heartbeat), and a renewal the web must answer, go to the
-  web, but renew their node here first (`note_alive`): a node is not lost because the web was
-  slow to answer it.
-
-The copy may be up to READ_SECONDS old: a generation moved in that time (a replica placed on the
-node) reaches the node at its next renewal, one interval later; nothing is lost, since the node
-keeps naming the generation it acted on until an answer moves it.
-
-Nodes' requests the web must answer (whole reports, renewals it answers) go through a gate of
-NODE_REQUESTS a process (`NodeGate`). When thousands of nodes report at once, past it a node
-waits for a place for at most QUEUE_SECONDS, behind at most NODE_QUEUE others; past either it is
-told to come back later (503, Retry-After), its liveness already noted, instead of waiting in the
-gateway until it gives up: the web then spends its time on requests whose node
-still waits for the answer, a node's retry finds the queue shorter, and people's requests to the
-web (the console, the API) keep the rest of the gateway's connections to it.
-
-Bounded: the table holds one row per node of the database (llmgw_gateway_nodes_held); a renewal's
-body is read only up to MAX_BODY bytes, within the body timeout every request has; at most
-NODE_REQUESTS nodes' requests, one a node, wait for the web (llmgw_gateway_node_requests_to_web),
-and at most NODE_QUEUE more for a place, each for at most QUEUE_SECONDS
-(llmgw_gateway_node_requests_queued).
+A renewal (POST /api/v1/node/renew, fleet.services.node_renew) is the heartbeat of a node on
+which nothing changed: in a large fleet, nearly every request the control plane gets. Each
+gateway process holds a copy of every node's few facts that decide one (`NodeTable`), answers
+the common case, "nothing changed", as node_renew would, and passes anything else to the web,
+through a gate that sheds nodes' requests rather than queue them without end (`NodeGate`).
+Fleet's rules, run in the gateway's process, which lends them a `Door`: nothing here imports
+the gateway. Why, and the figures: docs/scaling.md#a-fleet-of-thousands-of-nodes.
 """
 
 from __future__ import annotations
@@ -72,7 +41,12 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 PATH = "/api/v1/node/renew"
 REPORT_PATH = "/api/v1/node/heartbeat"
+# How old the copy of the nodes may be: a generation moved meanwhile (a replica placed on the
+# node) reaches the node at its next renewal, one interval later. Nothing is lost, since the node
+# keeps naming the generation it acted on until an answer moves it.
 READ_SECONDS = 1.0
+# A renewal's body is read up to this many bytes (within the body timeout every request has);
+# a longer one goes to the web as it came.
 MAX_BODY = 4096
 # Nodes' requests one gateway process has on their way to the web at once (in flight, or waiting
 # for one of its WEB_CONNECTIONS); past it they queue (NODE_QUEUE), then are answered 503 with
@@ -86,7 +60,10 @@ MAX_BODY = 4096
 NODE_REQUESTS = 12
 # Past NODE_REQUESTS, up to NODE_QUEUE more nodes' requests a process wait for a place, in
 # arrival order, for at most QUEUE_SECONDS (well inside the agent's 10 s timeout: the web never
-# answers a request its node stopped waiting for); past either, 503 with Retry-After at once.
+# answers a request its node stopped waiting for); past either, 503 with Retry-After at once,
+# the node's liveness already noted: the web then spends its time on requests whose node still
+# waits, a node's retry finds the queue shorter, and people's requests to the web keep the rest
+# of the gateway's connections to it.
 NODE_QUEUE = 96
 QUEUE_SECONDS = 1.5
 RETRY_AFTER_SECONDS = 5
@@ -158,7 +135,9 @@ HEARD = {
 
 
 class NodeTable:
-    """Every node's row by its token's digest, read whole every READ_SECONDS."""
+    """Every node's row by its token's digest, read whole every READ_SECONDS by a thread of its
+    own, started by the first renewal. One row per node of the database
+    (llmgw_gateway_nodes_held)."""
 
     def __init__(self, figures: Figures | None = None) -> None:
         self.figures = figures
@@ -343,7 +322,16 @@ class NodeGate:
 class Renewals:
     """One process's renewals: its copy of the nodes (`table`), its gate to the web (`gate`),
     and the renewals it took, waiting to be written (`liveness`). Made by the data plane as it
-    starts (gateway.process.Gateway), which lends it its `door`."""
+    starts (gateway.process.Gateway), which lends it its `door`.
+
+    - A renewal whose node is held, which fleet.services.renewal_wants_report lets through and
+      whose generation is the node's, is recorded (fleet.liveness, written once a second) and
+      answered here, as node_renew would answer it.
+    - Anything else (a token not held, another generation, a report wanted, a body that is not
+      a small JSON object) goes to the web as it came, which answers it in full.
+    - A whole report (POST /api/v1/node/heartbeat), and a renewal the web must answer, go to the
+      web, but renew their node here first (`note_alive`).
+    """
 
     def __init__(
         self, door: Door, *, table: NodeTable | None = None, liveness: Liveness | None = None

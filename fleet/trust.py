@@ -3,23 +3,10 @@ and how much the node has.
 
 A node token is a credential like any other: a stolen or mistyped one must not point the
 gateway at another machine's services (which would relay whatever answers there to clients) or
-draw replicas onto capacity that does not exist. The rules, checked on every heartbeat:
-
-1. Address. The engines are at the address the node connects from, or at an address staff
-   allowed for it (a node behind NAT, or with one interface for the control plane and another
-   for the gateway). A node that reports no address, or the unspecified one (0.0.0.0, ::),
-   is reached where it connects from. A loopback address is taken from a node that connects
-   from an address of the control plane's own machine (loopback, or that machine's own address
-   when it reaches the control plane by its public name), which assumes, as the run command
-   does, that the gateway runs on that machine too. Anything else is refused whole.
-2. Ports. The node declares the range its engines listen on (its agent's --port-range; agents
-   that declare none have the agent's default); the range must lie within the operator's bounds,
-   and a replica reported on a port outside it, or on the control plane's own port of the same
-   machine, is not routed.
-3. Capacity. A figure above the operator's limit is refused whole. Below that, a node is
-   believed up to what it first registered (see `believed`), and staff accept more.
-
-Pure functions, so that the rules can be read, and tested, apart from the database.
+draw replicas onto capacity that does not exist. Three rules, checked on every heartbeat: the
+address (engine_address), the ports (port_range, replica_port_problem) and the capacity
+(check_limits, believed); docs/security.md#nodes gives them as operators meet them. Pure
+functions, so that the rules can be read, and tested, apart from the database.
 """
 
 from __future__ import annotations
@@ -90,6 +77,13 @@ def engine_address(
 ) -> str:
     """Where the gateway reaches the node's engines; Untrusted if the report is not believed.
 
+    The engines are at the address the node connects from, or at an address staff allowed for
+    it (a node behind NAT, or with one interface for the control plane and another for the
+    gateway). A node that reports no address, or the unspecified one (0.0.0.0, ::), is reached
+    where it connects from. A loopback address is taken only from a node that connects from an
+    address of the control plane's own machine, which assumes, as the run command does, that the
+    gateway runs on that machine too. Anything else is refused whole.
+
     `peer` is the address the heartbeat came from (REMOTE_ADDR), `allowed` the networks staff
     registered for the node. `on_this_machine` says whether a peer is an address of the control
     plane's own machine: a node there that reaches the control plane by its public name
@@ -147,8 +141,8 @@ def engine_address(
 
 
 def port_range(*, declared: dict[str, int] | None, bounds: tuple[int, int]) -> tuple[int, int]:
-    """The node's engine ports: what it declares (the agent's default when it declares none,
-    as agents from before ranges were declared do), within the operator's bounds."""
+    """The node's engine ports: what it declares (its agent's --port-range, or the agent's
+    default when it declares none), within the operator's bounds."""
     first, last = (declared["first"], declared["last"]) if declared else DEFAULT_PORT_RANGE
     low, high = bounds
     if first > last:

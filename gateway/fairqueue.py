@@ -1,98 +1,12 @@
 """Fair queueing: when every slot of a model is busy, requests wait here, and each freed slot goes
 to the next one in weighted-fair order between teams, then people, then keys.
 
-Without it a request that finds every slot busy is sent on anyway and waits in the engine's own
-first-come queue: one key holding 32 streams makes another key's single request wait behind all
-of them (about 8x its latency alone, bench/fairness.py). Here it waits in the gateway instead, and a
-freed slot goes to the waiter that is furthest behind its fair share, whichever key sent most.
-
-The order (start-time fair queueing). Requests are grouped into flows by person: the owner of
-the request's key (a key with no known owner is a person of its own). A flow's weight is its
-team's weight split between the team's people with requests waiting or in service by their
-weights (gateway.UserWeight; 1 where staff set none), or, for a person without a team, their
-weight, else the weight of their heaviest key in use (`share`): a person's
-sixteen keys get one person's share, and a key never used before starts no new flow. Each
-request gets a start tag S and a finish tag F = S + 1/weight, where
-
-    S = max(V, the largest F among its flow's requests waiting or in service),
-    V = the largest S among the model's requests in service (the one granted last), or the
-        smallest S among its waiting ones if that is smaller (a grant made out of order) or
-        none is in service; with neither, 0 (nothing to be fair about any more).
-
-A freed slot goes to the waiting request with the smallest (S, arrival time, process id): a
-total order, so an equal tag (a tag collision) is broken the same way by every process. A flow
-that sends one request at a time starts at V, at the head of the queue (level with it at worst),
-so it waits for at most one request of each other backlogged flow: a key sending 500 requests
-delays a key sending one by at most one freed slot, less than one answer's time. A flow's
-requests in service count in its F, so a key that keeps N streams going gets its share, not N
-slots. Between backlogged flows, slots go in proportion to their weights. Requests are tagged as
-if they cost the same: a key that sends long generations gets more compute per turn. Within a
-person's flow, each turn goes to whichever of their keys is furthest behind its share (by the
-keys' weights; the same tags one level down, kept by each process for its own waiters: _Inner),
-which takes the place in the order of the person's first waiter.
-
-Free slot: a candidate replica whose requests in flight, counted over every gateway process of
-the machine (gateway.load, through the balancer), are fewer than its slots. A grant is counted
-there at once (a routing.Hold), and the granted request's balancer choice takes that count over
-(`Balancer.choose(..., hold=granted.hold)`), so the slot never looks free in between. Finding a
-slot free and counting it are one step for the machine: made under a lock the gateway processes
-take turns at (flock on `grants.lock` in the folder, held for one grant pass), by the dispatcher
-and by a request that goes straight through alike. Without it two processes could both read a
-slot free before either counted it, and both hand it out.
-
-Across the machine's gateway processes. Each process writes its own waiting and in-service
-requests (model, flow, S, F, arrival, state) into its board (gateway.boards: a file of its
-own that the others read without a lock), with a count of its waiters per
-model-hash bucket so that the others skip a scan when it has none. A process hands a freed slot
-to its own head only when that head is first in the order over every process's waiters. When it
-is not, the first waiter (on another process) gets GRACE_SECONDS to take the slot; after that,
-whoever is there takes it: no slot idles longer than the grace while requests wait
-(work-conserving). A request that finds a free slot and nobody waiting anywhere goes through at
-once, its slot held like a grant's. Waiters whose candidates differ (an adapter's replicas, a
-canary's share) share their name's queue: when the head's replicas are all busy, the first
-waiter further back whose replicas have a free slot takes it.
-
-Bounds. A request waits at most LLMGW_QUEUE_TIMEOUT seconds (then QueueTimeout: 503 with
-Retry-After), and at most LLMGW_QUEUE_MAX requests wait per model on the machine (the next gets
-QueueFull: 429), of which at most LLMGW_QUEUE_MAX_PER_USER are one person's and
-LLMGW_QUEUE_MAX_PER_KEY one key's (a quarter of the queue by default: one person cannot fill it
-for everyone); two processes admitting at the same instant may overshoot by one each. A
-process's file holds ENTRIES requests (waiting or in service; 80 bytes each, 648 KiB a file);
-past that, a request that must wait is refused with 429 too, and one that finds a free slot goes
-through untracked (fairness suffers a little, nothing fails). In memory, a model's queue in a
-process holds its waiters (llmgw_gateway_queue_depth) and those who left them, until these
-outnumber the waiters by HEAP_SLACK: then they are dropped at once. Its flows (people with
-requests waiting or in service, their finish tags, teams and keys) are those of its file's
-entries, so at most ENTRIES each (llmgw_gateway_queue_flows_entries); the models' queues, one per model asked for,
-at most MAX_QUEUES: past that, those with nothing waiting or in service here are dropped (one
-asked for again starts as a model new to the process does). A client that hangs up
-leaves the queue at once: cancelling the wait (or `hangup` returning) removes it, and a slot
-granted to it in that instant is passed on. Cost: a request that finds a free slot and nobody waiting takes
-about 45 µs (2 processes; 10 of them the grant lock and the hold); one that must wait reads
-every process's entries once (0.5-1 µs an entry), and so does a grant while another process has
-waiters.
-
-Failure modes. A process that dies leaves its board behind; the others ignore it and remove it
-when they see it gone (gateway.boards, at most a rescan later). Its waiters died with it, and what it
-had in flight, grants included, goes with its load file (gateway.load), so nothing stays
-counted. A process whose waiters have not written its heartbeat for STALE_SECONDS (hung, or its
-pid reused by another program) is not waited for. Those seconds, and a grace, are counted in the
-judge's own beats, a gap between two counting boards.PAUSE_SECONDS at most: when the machine stops for a
-second (a loaded host, a long garbage collection), or the judge does while it holds the grant
-lock that the others' dispatchers wait at, unable to beat, nobody is taken for hung for it. A
-process stopped alone still loses its turn after the grace, and its waiters are skipped after
-STALE_SECONDS: a slot does not idle for long for a hung process. A reader can see an entry half
-written; at worst one grant goes out of order, never to nobody. No two processes hand out one
-slot, whenever their grace runs out: each finds the slot free and counts it under the grant
-lock. A process stopped while it holds the lock (descheduled, or paused in a debugger) delays
-the others' grants by as long; one that dies drops it with its file descriptors. A granted
-request whose block ends before its balancer chose gives its slot back then. The balancer's own
-choices (a retry, the queue turned off) are made without the lock, as they were before this
-module. A waiter keeps the candidates it was given: a replica withdrawn meanwhile is the proxy's
-to retry (gateway.proxy).
-
-Only this machine's gateway processes are seen: each machine queues its own share, which the
-load balancer in front spreads evenly.
+Without it a request that finds every slot busy waits in the engine's own first-come queue,
+behind however many streams another key holds. Here a freed slot goes to the waiter furthest
+behind its fair share (start-time fair queueing: `FairQueue`), in one order over every gateway
+process of the machine, each writing its waiters to a board of its own (`_Board`) and taking
+free slots under one lock (`_GrantLock`). The order, the bounds and what happens when a process
+dies or stalls: docs/sharing.md#how-the-fair-queue-works.
 """
 
 from __future__ import annotations

@@ -3,24 +3,10 @@
 llama.cpp's server keeps each slot's prompt in its KV cache (and earlier prompts in its RAM
 cache), so a request whose prompt starts like one the same replica served a moment ago skips
 most of its prefill: a conversation's earlier turns, a long system prompt shared by many
-requests. The gateway cannot see those caches, but it can remember where it sent what:
-
-- A prompt is cut into blocks of BLOCK_CHARS characters; block i's hash covers blocks 0..i (a
-  chain), so equal hashes mean equal beginnings. Only the first MAX_BLOCKS count.
-- After choosing a replica, every block hash of the prompt is remembered with that replica and
-  the time. The table is fixed-size (TABLE_ENTRIES, a slot per hash, 16 bytes each: 1 MB
-  however many prompts come): an old entry is simply overwritten, which only makes a later
-  choice less informed, never wrong. `size()` counts the entries in use
-  (llmgw_gateway_prefix_entries, counted when /metrics is read).
-- Choosing: the longest remembered beginning whose replica is among the candidates and younger
-  than TTL_SECONDS, taken only while that replica's load is within SLACK requests of the least
-  loaded candidate's (Balancer.choose); otherwise the least loaded. So a hot prefix cannot pull
-  the whole load onto one replica.
-
-The table lives in one memory-mapped file that every gateway process on the machine writes
-(gateway.boards.map_shared). Processes write entries without a lock: an entry torn by two
-writers at once has a hash that matches nothing, or sends one request to a replica that lacks
-its prefix (it is computed in full there): routing stays correct, only the cache is missed.
+requests. The gateway cannot see those caches, but it can remember where it sent what: a
+prompt's chained block hashes (`block_hashes`) with the replica chosen, in a fixed-size table
+every gateway process of the machine maps (`PrefixTable`). How a replica is then chosen, and
+what it saves: docs/gateway.md.
 """
 
 from __future__ import annotations
@@ -37,9 +23,13 @@ from .boards import map_shared
 
 BLOCK_CHARS = 256
 MAX_BLOCKS = 256  # 64k characters: beyond that a prompt's beginning decides alone
+# A slot per hash, 16 bytes each: 1 MB however many prompts come. An old entry is simply
+# overwritten, which only makes a later choice less informed, never wrong.
 TABLE_ENTRIES = 1 << 16
+# A remembered beginning older than this is not taken.
 TTL_SECONDS = 600
-# How many more requests in flight the replica with the prefix may have than the least loaded.
+# How many more requests in flight the replica with the prefix may have than the least loaded
+# (Balancer.choose), so that a hot prefix cannot pull the whole load onto one replica.
 SLACK = 2
 _ENTRY = struct.Struct("<QII")  # prefix hash, replica id's crc32, unix time
 
@@ -68,7 +58,8 @@ def prompt_text(body: dict[str, Any]) -> str:
 
 
 def block_hashes(text: str, engine_name: str) -> list[int]:
-    """Chained hashes of the text's whole blocks (a last partial block counts too)."""
+    """Chained hashes of the text's whole blocks (a last partial block counts too): block i's
+    covers blocks 0..i, so equal hashes mean equal beginnings."""
     hashes: list[int] = []
     running = hashlib.blake2b(engine_name.encode(), digest_size=8)
     for start in range(0, min(len(text), BLOCK_CHARS * MAX_BLOCKS), BLOCK_CHARS):
@@ -83,7 +74,12 @@ def replica_tag(replica_id: str) -> int:
 
 
 class PrefixTable:
-    """Recent prefix → replica choices, in a file every gateway process maps (or in memory)."""
+    """Recent prefix → replica choices, in a file every gateway process maps (or in memory).
+
+    Processes write entries without a lock (gateway.boards.map_shared): an entry torn by two
+    writers at once has a hash that matches nothing, or sends one request to a replica that
+    lacks its prefix (computed in full there): routing stays correct, only the cache is missed.
+    """
 
     def __init__(self, folder: Path | None) -> None:
         size = TABLE_ENTRIES * _ENTRY.size

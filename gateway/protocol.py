@@ -3,42 +3,10 @@ about a client.
 
     uvicorn gateway.asgi:application --http gateway.protocol:GatewayProtocol …
 
-What uvicorn's own protocol leaves open, and what this one does about it:
-
-- **Header size.** Nothing limits a request's head, and the parser joins the pieces of a long
-  header value by concatenating bytes, which costs time quadratic in its length: four clients
-  sending 160 MB headers held a worker for tens of seconds. Here a head (request line and
-  headers) longer than `max_head_bytes` is answered 431 and the connection closed; the bytes
-  of a head are counted before the parser sees them, so at most `max_head_bytes` + 1 of them
-  are ever parsed. Each head is counted again as the parser reads it (its target and fields):
-  several pipelined requests arrive in one read, and only the first head of a read can be
-  counted before it is parsed.
-- **Pipelined requests.** A request refused while the one before it is still being answered
-  gets its refusal after that answer, then the connection is closed.
-- **Header count.** More than `max_headers` headers: 431.
-- **Slow heads.** A head must arrive whole within `head_seconds` of the connection (or of the
-  end of the previous request on a kept-alive connection, where uvicorn's keep-alive timeout
-  covers the wait for its first byte): else 408 and closed. A client trickling one byte a second
-  holds a connection for that long at most.
-- **Trailers.** A chunked body's trailer fields were appended to the request's headers, after
-  the application may have looked at them (an Authorization sent as a trailer was honoured by the
-  web process). Trailer fields are dropped here (the gateway and the web use none); their bytes
-  count against the head limit, so an endless trailer is cut off like an endless head.
-- **Connections.** At most `max_connections` open at once per process; one past it is closed
-  before anything is read from it. With the head limit, this bounds what clients not yet known
-  can pin: at most max_connections times (max_head_bytes + one 256 KiB read) per process.
-- **Odd request lines.** Only origin-form targets (`/path?query`) are served: `OPTIONS *`, an
-  absolute URL or an authority is a 400 from here, as is anything the parser rejects.
-- **Broken chunked bodies.** uvicorn closes the connection without a word; here the request
-  is answered 400 (its application is told the client went away), then the connection closed.
-- **A trusted proxy's X-Forwarded-For** (uvicorn's --forwarded-allow-ips) that names no address
-  where the client's should be (`unknown`, `<svg …>`) is dropped before uvicorn reads it, so the
-  proxy's own address is the client's; logged once a process, counted in
-  llmgw_gateway_forwarded_for_ignored.
-
-Every refusal is answered by this protocol itself (no application task is started, but for a
-broken body's request), with `connection: close`, and counted by reason in /metrics
-(llmgw_gateway_refused).
+It bounds a request's head (bytes, fields, time) and the connections open at once, serves only
+plain request targets, answers a broken chunked body, and drops trailer fields and a trusted
+proxy's X-Forwarded-For that names no address (`GatewayProtocol` says how, and why). The limits
+for operators: docs/security.md#the-public-port-before-a-client-is-known.
 """
 
 from __future__ import annotations
@@ -91,6 +59,44 @@ class _HeadTooLarge(Exception):
 
 
 class GatewayProtocol(HttpToolsProtocol):
+    """uvicorn's HttpToolsProtocol with the public port's limits. What uvicorn's own leaves
+    open, and what this one does about it:
+
+    - Head size. Nothing limits a request's head, and the parser joins the pieces of a long
+      header value by concatenating bytes, in time quadratic in its length: four clients
+      sending 160 MB headers held a worker for tens of seconds. Here a head (request line and
+      headers) longer than max_head_bytes is answered 431 and the connection closed. Its bytes
+      are counted before the parser sees them, so at most max_head_bytes + 1 are ever parsed,
+      and again as the parser reads them (its target and fields): several pipelined requests
+      arrive in one read, and only the first head of a read can be counted before it is parsed.
+    - Header count. More than max_headers headers: 431.
+    - Slow heads. A head must arrive whole within head_seconds of the connection (or of the end
+      of the previous request on a kept-alive connection, where uvicorn's keep-alive timeout
+      covers the wait for its first byte): else 408 and closed.
+    - Pipelined requests. A request refused while the one before it is still being answered
+      gets its refusal after that answer, then the connection is closed.
+    - Trailers. uvicorn appends a chunked body's trailer fields to the request's headers, after
+      the application may have looked at them (an Authorization sent as a trailer would be
+      honoured by the web). They are dropped (the gateway and the web use none); their bytes
+      count against the head limit, so an endless trailer is cut off like an endless head.
+    - Connections. One past max_connections per process is closed before anything is read from
+      it. With the head limit, clients not yet known can pin at most max_connections x
+      (max_head_bytes + one 256 KiB read) per process.
+    - Odd request lines. Only origin-form targets (`/path?query`) on HTTP/1.0 or 1.1 are
+      served: `OPTIONS *`, an absolute URL or an authority is a 400, as is anything the parser
+      rejects.
+    - Broken chunked bodies. uvicorn closes the connection without a word; here the request is
+      answered 400 (its application is told the client went away), then the connection closed.
+    - A trusted proxy's X-Forwarded-For (uvicorn's --forwarded-allow-ips) that names no address
+      where the client's should be (`unknown`, `<svg …>`) is dropped before uvicorn reads it,
+      so the proxy's own address is the client's; logged once a process, counted in
+      llmgw_gateway_forwarded_for_ignored.
+
+    Every refusal is answered by this protocol itself (no application task is started, but for
+    a broken body's request), with `connection: close`, and counted by reason in /metrics
+    (llmgw_gateway_refused).
+    """
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._limits = limits()

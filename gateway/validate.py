@@ -1,25 +1,12 @@
 """What the engine would answer with a 500, refused by the gateway with a 400 first.
 
-llama-server answers a client's mistake with a server error in many places: a number JSON
-cannot hold (`1e400` parses as infinity), a string with a lone UTF-16 surrogate (`"\\ud800"`
-in JSON is no character, and its JSON parser stops there), a role or a message field that is not
-a string, a content part it cannot take (image or audio parts without a multimodal projector,
-which no replica of ours loads), a `tools` entry without a name, an `input` nested too deep.
-A 500 from the engine is wrong for the client (their mistake reads as ours), and it counts as
-a server error of the replica's revision, which a canary update is judged by. So every body
-for a /v1/ endpoint is checked here, by the rules its declaration names (gateway.endpoints),
-after the JSON is parsed and before anything is sent, against what OpenAI documents (types and
-ranges) and what the engine can take. tests/gateway/test_validate.py lists the bodies the engine answered with a
-500 before this check.
-
-It runs on every request, so it is one plain pass: a walk over every value (finite numbers,
-valid strings), then the endpoint's fields by a table. Only when the walk finds something is
-the body walked again to name where. The walk is bounded by the body itself: the gateway takes
-at most LLMGW_GATEWAY_MAX_BODY bytes and 64 levels of nesting (gateway.asgi.parse_body), and
-every value costs at least one byte of it.
-
-Fields the table does not name pass unchecked (the engine has many of its own, which it checks
-itself); only their numbers and strings are walked.
+llama-server answers many client mistakes with a server error (a number JSON cannot hold, a
+lone UTF-16 surrogate, a role that is not a string, image parts, a nameless tool, an `input`
+nested too deep): wrong for the client, whose mistake reads as ours, and counted against the
+replica's revision, which a canary update is judged by. So every /v1/ body is checked here,
+after the JSON is parsed and before anything is sent, by the rules its endpoint names
+(gateway.endpoints), against what OpenAI documents and what the engine can take.
+docs/security.md#bodies-the-engine-would-fail-on says what it refuses and what it costs.
 """
 
 from __future__ import annotations
@@ -66,7 +53,16 @@ Rules = Callable[[dict[str, Any]], None]
 def refusal(rules: Rules | str | None, body: dict[str, Any]) -> Refusal | None:
     """None when the engine can take this body under `rules`, an endpoint's (gateway.endpoints)
     or the rules of that name in RULES; otherwise the 400 that says what is wrong, with `param`
-    naming the field. Without rules, only every value is checked."""
+    naming the field. Without rules, only every value is checked.
+
+    It runs on every request, so it is one plain pass: a walk over every value (finite
+    numbers, valid strings), then the endpoint's fields by a table; only when the walk finds
+    something is the body walked again to name where. The walk is bounded by the body itself:
+    the gateway takes at most LLMGW_GATEWAY_MAX_BODY bytes and 64 levels of nesting
+    (gateway.relay.parse_body), and every value costs at least one byte of it. Fields the table
+    does not name pass unchecked (the engine checks its many own); only their numbers and
+    strings are walked. tests/gateway/test_validate.py lists bodies the engine answered with a
+    500."""
     check = RULES.get(rules) if isinstance(rules, str) else rules
     try:
         if not _sound(body):
