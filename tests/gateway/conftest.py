@@ -87,20 +87,14 @@ def _fresh_gateway_state(settings: Any, monkeypatch: Any) -> Iterator[None]:
     from gateway import state as gateway_state
     from gateway.asgi import Gateway as ProcessGateway
     from gateway.asgi import application
-    from gateway.state import state
+    from gateway.state import GatewayState
 
     settings.LLMGW_GATEWAY_WAIT = 0
     settings.LLMGW_METRICS_DIR = None
     settings.LLMGW_METRICS_OPEN = True
-    monkeypatch.setattr(state, "_snapshot", None)
-    monkeypatch.setattr(state, "_demand", {})
-    monkeypatch.setattr(state, "_used", set())
-    monkeypatch.setattr(state, "_used_written", {})
-    monkeypatch.setattr(state, "_demand_written", {})
-    monkeypatch.setattr(state, "book", traffic.TrafficBook("test"))
     monkeypatch.setattr(gateway_state, "RETRY_SECONDS", gateway_state.POLL_SECONDS)
     metrics.reset_for_tests()
-    fresh = ProcessGateway(state=state)
+    fresh = ProcessGateway(state=GatewayState(traffic.TrafficBook("test")))
     _Pools.give(fresh)
     monkeypatch.setattr(application, "gateway", fresh)
     connection_created.connect(_refresher_reads_uncommitted, dispatch_uid="refresher-uncommitted")
@@ -113,10 +107,12 @@ def _fresh_gateway_state(settings: Any, monkeypatch: Any) -> Iterator[None]:
 def limit_counters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SharedCounters]:
     """Fresh limit counters for the gateway under test, in a folder of its own (as one gateway
     process has): the limits' tests take them with `pytest.mark.usefixtures`."""
-    from gateway.state import state
+    from tests.support.gateway_state import current_state
 
     mine = SharedCounters(tmp_path / "gateway-limits", writer="test")
-    monkeypatch.setattr(state, "counters", mine)  # the gateway's (gateway.app.Gateway.counters)
+    monkeypatch.setattr(
+        current_state(), "counters", mine
+    )  # the gateway's (gateway.app.Gateway.counters)
     yield mine
     mine.close()
 
@@ -196,8 +192,9 @@ class Gateway:
     def request(
         self, method: str, path: str, *, key: str | None = None, stream: bool = False, **kwargs: Any
     ) -> requests.Response:
-        from gateway.state import state
+        from tests.support.gateway_state import current_state
 
+        state = current_state()
         state.reload()
         headers = kwargs.pop("headers", {})
         if (key or self.key) and "Authorization" not in headers:

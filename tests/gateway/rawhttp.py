@@ -13,10 +13,16 @@ def connect(url: str, timeout: float = 10) -> socket.socket:
     return sock
 
 
-def read_answer(sock: socket.socket, *, to_head: bool = False) -> tuple[int, bytes]:
+def read_answer(
+    sock: socket.socket, *, to_head: bool = False, pending: bytearray | None = None
+) -> tuple[int, bytes]:
     """The status and body of one answer (by its content-length, or to the connection's end);
-    `to_head`: the answer to a HEAD request, which has no body whatever its content-length says."""
+    `to_head`: the answer to a HEAD request, which has no body whatever its content-length says.
+    `pending`: for several answers read from one connection (pipelined requests), the bytes read
+    past an answer, where the next one starts: taken first, and what is read past this one left."""
     received = b""
+    if pending is not None:
+        received, pending[:] = bytes(pending), b""
     while b"\r\n\r\n" not in received:
         chunk = sock.recv(65536)
         if not chunk:
@@ -33,13 +39,17 @@ def read_answer(sock: socket.socket, *, to_head: bool = False) -> tuple[int, byt
         if name.strip().lower() == b"content-length":
             length = int(value.strip())
     if to_head:
-        return status, b""
+        length = 0
     while length is None or len(body) < length:
         chunk = sock.recv(65536)
         if not chunk:
             break
         body += chunk
-    return status, body if length is None else body[:length]
+    if length is None:
+        return status, body
+    if pending is not None:
+        pending.extend(body[length:])
+    return status, body[:length]
 
 
 def exchange(url: str, raw: bytes, timeout: float = 10) -> tuple[int, bytes]:

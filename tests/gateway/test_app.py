@@ -10,14 +10,14 @@ import pytest
 
 from gateway.app import Application
 from gateway.process import Gateway
-from gateway.state import GatewayState, state
+from gateway.state import GatewayState
 
 pytestmark = pytest.mark.django_db
 
 
 def test_it_makes_a_gateway_that_shares_nothing_with_another() -> None:
     mine, other = Gateway(), Gateway()
-    assert mine.state is not other.state and mine.state is not state
+    assert mine.state is not other.state
     assert mine.book is not other.book
     assert mine.balancer is not other.balancer
     assert mine.queue is not other.queue

@@ -158,11 +158,12 @@ def test_a_refused_request_is_traced_with_its_status(world: dict[str, Any]) -> N
 
 def test_no_trace_is_made_without_an_endpoint(tmp_path: Any) -> None:
     """The gateway's own switch: off unless the environment names an OTLP endpoint."""
-    from gateway import tracing
+    from gateway.asgi import application
 
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    assert not tracing.ON
-    assert tracing.engine_headers() == {}
+    tracer = application.gateway.tracer
+    assert not tracer.on
+    assert tracer.engine_headers() == {}
     from llmgw.tracing import tracing_wanted
 
     assert not tracing_wanted(environment)
@@ -171,20 +172,21 @@ def test_no_trace_is_made_without_an_endpoint(tmp_path: Any) -> None:
 @pytest.fixture
 def spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """Tracing on in this process for one test, into memory (no provider set for the process):
-    gateway.tracing's switch, tracer and propagator patched."""
+    the gateway's tracer (gateway.tracing.Tracer) switched on with them."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    from gateway import tracing
+    from gateway.asgi import application
 
+    tracing = application.gateway.tracer
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("test"))
     monkeypatch.setattr(tracing, "_propagator", TraceContextTextMapPropagator())
-    monkeypatch.setattr(tracing, "ON", True)
+    monkeypatch.setattr(tracing, "on", True)
     yield exporter
     provider.shutdown()
 

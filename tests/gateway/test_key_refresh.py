@@ -20,8 +20,9 @@ from access.services import key_create, key_revoke
 from core.actor import Actor
 from gateway import relay
 from gateway import state as gateway_state
-from gateway.state import Keys, state
+from gateway.state import Keys
 from tests.gateway.conftest import GatewayServer
+from tests.support.gateway_state import current_state
 from tests.support.waiting import stays, wait_for
 
 pytestmark = pytest.mark.smoke
@@ -173,14 +174,14 @@ def test_a_refresh_reads_only_the_keys_that_changed(
     # No margin: the rows read are exactly those changed since the last read's horizon.
     monkeypatch.setattr(gateway_state, "KEY_MARGIN", timedelta(0))
     secrets = [create_key(users["alice"], f"app {n}") for n in range(40)]
-    first = state.reload()
+    first = current_state().reload()
     assert len(first.keys) == 40 and first.keys.last_rows == 40
 
     key_revoke(
         actor=Actor.for_user(users["alice"], "api"),
         key_id=GatewayKey.objects.get(key_hash=digest(secrets[7])).pk,
     )
-    second = state.reload()
+    second = current_state().reload()
     # The same table, changed in place: a change does not copy every key.
     assert second.keys is first.keys
     assert not second.keys[digest(secrets[7])].active
@@ -189,7 +190,7 @@ def test_a_refresh_reads_only_the_keys_that_changed(
     assert second.keys.last_rows <= 3
 
     fresh = create_key(users["bob"])
-    third = state.reload()
+    third = current_state().reload()
     assert third.keys[digest(fresh)].active and third.keys.last_rows <= 3
     assert third.keys.full_reads == 1
 

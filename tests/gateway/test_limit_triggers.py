@@ -16,8 +16,8 @@ from access.models import GatewayKey, LimitFields, Team, hash_key
 from access.services import key_create
 from core.actor import Actor
 from gateway import state as gateway_state
-from gateway.state import state
 from tests.gateway.conftest import GatewayServer
+from tests.support.gateway_state import current_state
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.smoke
@@ -38,7 +38,7 @@ def front(transactional_db: Any, monkeypatch: Any) -> Iterator[GatewayServer]:
 
 def held(secret: str) -> Any:
     """The limits the running process holds for this key (None: it has none)."""
-    return state.get().keys.get(hash_key(secret)).limits
+    return current_state().get().keys.get(hash_key(secret)).limits
 
 
 def test_every_limit_field_is_watched_by_a_trigger() -> None:
@@ -59,7 +59,7 @@ def test_a_change_of_a_keys_limits_team_or_expiry_reaches_the_gateway(
     team = Team.objects.create(name="research")
     key, secret = key_create(actor=Actor.for_user(users["alice"], "api"), name="app")
     wait_for(
-        lambda: state.get().keys.get(hash_key(secret)) is not None,
+        lambda: current_state().get().keys.get(hash_key(secret)) is not None,
         timeout=WITHIN,
         what="the new key held by the gateway",
     )
@@ -108,7 +108,9 @@ def test_a_change_of_a_team_or_its_members_reaches_the_gateway(
     front: GatewayServer, users: dict[str, Any]
 ) -> None:
     team = Team.objects.create(name="research")
-    wait_for(lambda: team.pk in state.get().teams, timeout=WITHIN, what="the new team held")
+    wait_for(
+        lambda: team.pk in current_state().get().teams, timeout=WITHIN, what="the new team held"
+    )
     for field, value in [
         ("rpm", 50),
         ("tpm", 9000),
@@ -119,13 +121,15 @@ def test_a_change_of_a_team_or_its_members_reaches_the_gateway(
     ]:
         Team.objects.filter(pk=team.pk).update(**{field: value})
         wait_for(
-            lambda field=field, value=value: getattr(state.get().teams[team.pk], field) == value,
+            lambda field=field, value=value: (
+                getattr(current_state().get().teams[team.pk], field) == value
+            ),
             timeout=WITHIN,
             what=f"a team's {field} to reach the gateway",
         )
     Team.objects.filter(pk=team.pk).update(models=["a*", "b"])
     wait_for(
-        lambda: state.get().teams[team.pk].models == ("a*", "b"),
+        lambda: current_state().get().teams[team.pk].models == ("a*", "b"),
         timeout=WITHIN,
         what="a team's models to reach the gateway",
     )
@@ -135,13 +139,17 @@ def test_a_change_of_a_team_or_its_members_reaches_the_gateway(
         lambda: team.members.add(users["alice"]),
         lambda: team.members.remove(users["alice"]),
     ):
-        before = state.get()
+        before = current_state().get()
         change()
         wait_for(
-            lambda before=before: state.get() is not before,
+            lambda before=before: current_state().get() is not before,
             timeout=WITHIN,
             what="the gateway to read again after a change of the team's members",
         )
 
     Team.objects.filter(pk=team.pk).delete()
-    wait_for(lambda: team.pk not in state.get().teams, timeout=WITHIN, what="the deleted team gone")
+    wait_for(
+        lambda: team.pk not in current_state().get().teams,
+        timeout=WITHIN,
+        what="the deleted team gone",
+    )

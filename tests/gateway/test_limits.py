@@ -251,17 +251,19 @@ def test_a_monthly_budget_survives_a_restart_through_the_database(
     assert gw.post("/v1/completions", ASK).status_code == 200  # 20 < 30; now 28, written
     # A restart: this process's counts are gone, its book's row stays; a new book writes anew.
     from access import traffic
-    from gateway.state import state
+    from tests.support.gateway_state import current_state
 
-    monkeypatch.setattr(state, "book", traffic.TrafficBook("next"))
-    monkeypatch.setattr(state, "counters", SharedCounters(tmp_path / "after", writer="next"))
+    monkeypatch.setattr(current_state(), "book", traffic.TrafficBook("next"))
+    monkeypatch.setattr(
+        current_state(), "counters", SharedCounters(tmp_path / "after", writer="next")
+    )
     assert gw.post("/v1/completions", ASK).status_code == 200  # 28 < 30; now 36
     refused = gw.post("/v1/completions", ASK)
     assert refused.status_code == 429
     assert refused.json()["error"]["message"].startswith(
         "This key's budget of 30 tokens per month (UTC) is spent (36 used); it resets at "
     )
-    state.counters.close()  # type: ignore[union-attr]
+    current_state().counters.close()  # type: ignore[union-attr]
 
 
 def test_a_teams_budget_counts_its_keys_together(
@@ -340,9 +342,9 @@ def test_the_openai_client_sees_rate_limit_error(
 
     limit(keys["alice"], rpm=1)
     client = openai.OpenAI(base_url=gw.url + "/v1", api_key=keys["alice"], max_retries=0)
-    from gateway.state import state
+    from tests.support.gateway_state import current_state
 
-    state.reload()
+    current_state().reload()
     usage = client.completions.create(model="chat", prompt="hi").usage
     assert usage is not None and usage.total_tokens == 8
     with pytest.raises(openai.RateLimitError) as raised:
@@ -371,13 +373,13 @@ def test_two_processes_files_count_together_and_a_dead_ones_are_dropped(tmp_path
         own = mine.admit(7, key, None, budgets)
         assert isinstance(own, limits.Admission)
         refused = mine.admit(7, key, None, budgets)
-        assert isinstance(refused, limits.Refused)
+        assert isinstance(refused, limits.OverLimit)
         assert (refused.limit, refused.used) == ("max_parallel", 2)
         other.release(held, 40)
         mine.release(own, 0)
         assert isinstance(mine.admit(7, key, None, budgets), limits.Admission)
         refused = mine.admit(7, key, None, budgets)
-        assert isinstance(refused, limits.Refused)
+        assert isinstance(refused, limits.OverLimit)
         assert (refused.limit, refused.used) == ("rpm", 3)
         assert sorted(mine.writers()) == ["a", "b"]
     finally:
@@ -430,13 +432,13 @@ def test_ten_times_more_keys_than_slots_leave_the_slots_and_memory_flat(
         held = []
         for key_id in range(1, 2 * bound):
             admitted = counters.admit(key_id, key, None, budgets, now=now)
-            if isinstance(admitted, limits.Refused):
+            if isinstance(admitted, limits.OverLimit):
                 break
             held.append(admitted)
         assert counters.held() == len(held) <= bound
         assert len(held) > bound * 0.9  # the probing fills nearly every slot first
         refused = counters.admit(10 * bound, key, None, budgets, now=now)
-        assert isinstance(refused, limits.Refused)
+        assert isinstance(refused, limits.OverLimit)
         assert (refused.limit, refused.figure) == ("slots", bound)
         answer = errors.limits_full(refused.figure)
         assert answer.status == 503 and answer.headers["Retry-After"] == "1"
@@ -587,7 +589,7 @@ def test_requests_in_flight_hold_what_they_reserve_against_tokens_per_minute(
         # Nothing used yet, 120 reserved: the limit is held by the two in flight.
         assert dict(second.headers)["x-ratelimit-remaining-tokens"] == "40"
         refused = counters.admit(1, key, None, budgets, reserve=60)
-        assert isinstance(refused, limits.Refused)
+        assert isinstance(refused, limits.OverLimit)
         assert (refused.limit, refused.used, refused.reserved) == ("tpm", 0, 120)
         assert refused.retry_after == 1.0  # when one of them ends
         first.release(10)  # it used 10 of its 60
@@ -596,7 +598,7 @@ def test_requests_in_flight_hold_what_they_reserve_against_tokens_per_minute(
         second.release(50)
         again.release(50)
         refused = counters.admit(1, key, None, budgets, reserve=60)
-        assert isinstance(refused, limits.Refused)
+        assert isinstance(refused, limits.OverLimit)
         assert (refused.used, refused.reserved) == (110, 0)
         assert refused.retry_after > 1  # until the tokens leave the window
     finally:
@@ -613,7 +615,7 @@ def test_a_budget_counts_what_requests_in_flight_reserve(tmp_path: Path) -> None
         held = counters.admit(1, key, None, budgets, reserve=150)
         assert isinstance(held, limits.Admission)  # nothing used or held before it
         refused = counters.admit(1, key, None, budgets, reserve=10)
-        assert isinstance(refused, limits.Refused)
+        assert isinstance(refused, limits.OverLimit)
         assert (refused.limit, refused.used, refused.reserved) == ("tokens_per_day", 0, 150)
         said = errors.limited(
             refused.limit, team=None, figure=refused.figure, used=refused.used,

@@ -43,7 +43,10 @@ def test_the_lock_is_taken_only_within_one_request_per_other_process_of_a_limit(
         admitted = [d for d in decisions if isinstance(d, limits.Admission)]
         assert len(admitted) == 9  # with the other process's one: exactly the 10 the limit allows
         refused = decisions[-1]
-        assert isinstance(refused, limits.Refused) and (refused.limit, refused.used) == ("rpm", 10)
+        assert isinstance(refused, limits.OverLimit) and (refused.limit, refused.used) == (
+            "rpm",
+            10,
+        )
         # The first check reads the folder (under the lock); the next ones go without it while
         # the count is 2 or more below the limit (one other process); the last admission, at 9
         # of 10, is decided under the lock; the refusal needs none.

@@ -43,7 +43,7 @@ class Machine:
     def admit(
         self, key_id: int, key: limits.Limits, team: limits.Limits | None, budgets: Any,
         reserve: int = 0,
-    ) -> limits.Admission | limits.Refused:  # fmt: skip
+    ) -> limits.Admission | limits.OverLimit:  # fmt: skip
         return self.runner.run(self.counters.check(key_id, key, team, budgets, reserve=reserve))
 
     def close(self) -> None:
@@ -76,7 +76,7 @@ def test_two_machines_share_one_requests_per_minute_exactly(
             (one if n % 2 else two).admit(1, limited, None, no_budgets()) for n in range(12)
         ]
         admitted = [d for d in decisions if isinstance(d, limits.Admission)]
-        refused = [d for d in decisions if isinstance(d, limits.Refused)]
+        refused = [d for d in decisions if isinstance(d, limits.OverLimit)]
         assert len(admitted) == 5
         assert {r.limit for r in refused} == {"rpm"}
         assert refused[0].used == 5  # the count over both machines, not one's
@@ -100,14 +100,14 @@ def test_in_flight_over_two_machines_is_given_back_when_requests_end(
         second = two.admit(1, limited, None, no_budgets())
         assert isinstance(first, limits.Admission) and isinstance(second, limits.Admission)
         third = two.admit(1, limited, None, no_budgets())
-        assert isinstance(third, limits.Refused) and third.limit == "max_parallel"
+        assert isinstance(third, limits.OverLimit) and third.limit == "max_parallel"
         assert third.used == 2
         first.release(150)  # written by the next flush, off the request's path
         assert one.remote is not None
         one.remote.flush()
         # The tokens of the request that ended count on the other machine too.
         after = two.admit(1, limited, None, no_budgets())
-        assert isinstance(after, limits.Refused) and after.limit == "tpm"
+        assert isinstance(after, limits.OverLimit) and after.limit == "tpm"
         assert after.used == 150
         assert limits.live_use  # the web's reading is tested below
     finally:
@@ -126,7 +126,7 @@ def test_tokens_reserved_on_one_machine_hold_the_limit_on_the_other(
         second = two.admit(1, limited, None, no_budgets(), reserve=60)
         assert isinstance(first, limits.Admission) and isinstance(second, limits.Admission)
         refused = two.admit(1, limited, None, no_budgets(), reserve=60)
-        assert isinstance(refused, limits.Refused)
+        assert isinstance(refused, limits.OverLimit)
         assert (refused.limit, refused.used, refused.reserved) == ("tpm", 0, 120)
         first.release(10)  # it used 10 of its 60
         one.remote.flush()
@@ -202,7 +202,7 @@ def test_a_dead_machines_requests_stop_counting_in_flight_when_its_name_expires(
         limited = key(max_parallel=1)
         held = one.admit(1, limited, None, no_budgets())
         assert isinstance(held, limits.Admission)
-        assert isinstance(two.admit(1, limited, None, no_budgets()), limits.Refused)
+        assert isinstance(two.admit(1, limited, None, no_budgets()), limits.OverLimit)
         # Machine one dies without ending its request: its name is not renewed and expires.
         assert one.remote is not None
         client = redis.Redis.from_url(redis_server.url)

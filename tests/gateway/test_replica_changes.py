@@ -22,8 +22,9 @@ from core.bulkinsert import insert_many
 from fleet.models import Replica
 from gateway import state as gateway_state
 from gateway.routing import read_replicas
-from gateway.state import MAX_NAMED, Changes, GatewayState, Snapshot, refresh_replicas, state
+from gateway.state import MAX_NAMED, Changes, GatewayState, Snapshot, refresh_replicas
 from tests.gateway.conftest import Catalog, GatewayServer
+from tests.support.gateway_state import current_state
 from tests.support.waiting import wait_for
 
 # How soon a change reaches the running process: what these tests allow it.
@@ -38,17 +39,17 @@ def settled() -> Snapshot:
     (gateway.state.GatewayState.looked_since)."""
     now = time.monotonic()
     wait_for(
-        lambda: state.looked_since(now),
+        lambda: current_state().looked_since(now),
         timeout=10,
         what="the gateway's refresher to take every change committed so far",
     )
-    return state.get()
+    return current_state().get()
 
 
 def held() -> dict[str, set[tuple[str, str, int]]]:
     return {
         model: {(c.id, c.state, c.port) for c in candidates}
-        for model, candidates in state.get().replicas.items()
+        for model, candidates in current_state().get().replicas.items()
     }
 
 
@@ -165,7 +166,7 @@ def test_a_running_gateway_holds_what_the_database_holds_through_inserts_updates
 ) -> None:
     catalog.add("chat", min_replicas=0, max_replicas=50)
     wait_for(
-        lambda: state.get().catalog.entries.get("chat") is not None,
+        lambda: current_state().get().catalog.entries.get("chat") is not None,
         timeout=WITHIN,
         what="chat in the catalog",
     )
@@ -183,16 +184,16 @@ def test_a_running_gateway_holds_what_the_database_holds_through_inserts_updates
         timeout=WITHIN,
         what="the replicas held as the database holds them",
     )
-    ready = {c.id for c in state.get().replicas["chat"] if c.state == Replica.READY}
+    ready = {c.id for c in current_state().get().replicas["chat"] if c.state == Replica.READY}
     assert ready == {str(r.pk) for r in made[:10]} and len(held()["chat"]) == 17
     # All of it by name: the catalog was never read again after the first read.
-    assert state.get().full_at == first.full_at
+    assert current_state().get().full_at == first.full_at
     # A model's change is read whole: its replicas go with it.
     Model.objects.filter(name="chat").delete()
     wait_for(
         lambda: "chat" not in held(), timeout=WITHIN, what="chat's replicas gone with the model"
     )
-    assert state.get().full_at > first.full_at
+    assert current_state().get().full_at > first.full_at
 
 
 def test_replicas_the_reconciler_inserts_with_copy_reach_a_running_gateway_by_name(
@@ -202,7 +203,7 @@ def test_replicas_the_reconciler_inserts_with_copy_reach_a_running_gateway_by_na
     triggers INSERT fires: each is named to the gateway."""
     catalog.add("chat", min_replicas=0, max_replicas=50)
     wait_for(
-        lambda: state.get().catalog.entries.get("chat") is not None,
+        lambda: current_state().get().catalog.entries.get("chat") is not None,
         timeout=WITHIN,
         what="chat in the catalog",
     )
@@ -228,4 +229,4 @@ def test_replicas_the_reconciler_inserts_with_copy_reach_a_running_gateway_by_na
         what="the 30 copied replicas held",
     )
     assert held() == in_database()
-    assert state.get().full_at == first.full_at
+    assert current_state().get().full_at == first.full_at

@@ -22,8 +22,9 @@ from catalog.models import Model
 from fleet.models import Node, Replica, hash_token
 from gateway import state as gateway_state
 from gateway.routing import read_catalog, read_replicas
-from gateway.state import _unplaceable, read_teams, read_user_weights, state
+from gateway.state import _unplaceable, read_teams, read_user_weights
 from tests.gateway.conftest import Catalog, GatewayServer
+from tests.support.gateway_state import current_state
 from tests.support.waiting import stays, wait_for
 
 pytestmark = pytest.mark.smoke
@@ -47,7 +48,7 @@ def all_read() -> None:
     that began after a commit has taken its notification (GatewayState.looked_since)."""
     now = time.monotonic()
     wait_for(
-        lambda: state.looked_since(now),
+        lambda: current_state().looked_since(now),
         timeout=10,
         what="the gateway's refresher to take every change committed so far",
     )
@@ -169,7 +170,7 @@ def test_a_change_of_every_routed_field_reaches_the_gateway(
     front: GatewayServer, rows: dict[type[models.Model], Any]
 ) -> None:
     wait_for(
-        lambda: "chat" in state.get().replicas,
+        lambda: "chat" in current_state().get().replicas,
         timeout=WITHIN,
         what="the rows' writes read (chat's replica held)",
     )
@@ -180,11 +181,11 @@ def test_a_change_of_every_routed_field_reaches_the_gateway(
             for model, field in routed.field_path(table.model, name):
                 if not routed.never_changes(field):
                     all_read()  # the last change's read is over
-                    before = state.get()
+                    before = current_state().get()
                     value = other_value(field, getattr(row, field.attname))
                     model._default_manager.filter(pk=row.pk).update(**{field.attname: value})
                     wait_for(
-                        lambda before=before: state.get() is not before,
+                        lambda before=before: current_state().get() is not before,
                         timeout=WITHIN,
                         what=f"the gateway to read again after {name} "
                         f"({model._meta.db_table}.{field.column}) changed",
@@ -202,14 +203,14 @@ def test_a_heartbeat_and_other_unrouted_writes_do_not_make_it_read_again(
 ) -> None:
     Node.objects.update(last_heartbeat=timezone.now())
     all_read()
-    assert state.get().replicas != {}
-    before = state.get()
+    assert current_state().get().replicas != {}
+    before = current_state().get()
     Node.objects.update(last_heartbeat=timezone.now(), agent={"version": "2"})
     Replica.objects.update(message="loading", engine_metrics={"slots": 1})
     Model.objects.update(description="another word", demand_at=timezone.now())
     Team.objects.update(name=models.F("name"))
     stays(
-        lambda: state.get() is before,
+        lambda: current_state().get() is before,
         seconds=0.5,
         what="the gateway's state unchanged by unrouted writes",
     )

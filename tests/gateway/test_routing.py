@@ -13,6 +13,7 @@ import pytest
 
 from gateway import proxy, routing
 from gateway.routing import Balancer, Candidate, Catalog, Entry, Serve, Unavailable, Wait, decide
+from gateway.tracing import Tracer
 from tests.gateway.fake_engine import fake_engine
 
 
@@ -264,7 +265,12 @@ def attempt_error(port: int, mode: str = "ok") -> BaseException:
         try:
             run(
                 lambda upstream: proxy._attempt(
-                    upstream, on(port or engine.port), "/v1/completions", b"{}", stream=False
+                    upstream,
+                    on(port or engine.port),
+                    "/v1/completions",
+                    b"{}",
+                    stream=False,
+                    tracer=Tracer(),
                 )
             )
         except proxy.UpstreamError as exc:
@@ -319,7 +325,7 @@ def run(coroutine: Callable[[proxy.Upstream], Awaitable[Any]]) -> Any:
 
 def send(*args: Any, **kwargs: Any) -> proxy.Answer:
     async def whole(upstream: proxy.Upstream) -> proxy.Answer:
-        answer = await proxy.send(*args, upstream=upstream, **kwargs)
+        answer = await proxy.send(*args, upstream=upstream, tracer=Tracer(), **kwargs)
         if answer.streaming:
             answer.close()
         return answer

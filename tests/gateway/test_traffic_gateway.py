@@ -13,10 +13,10 @@ from tests.gateway.fake_engine import FakeEngine
 
 @pytest.fixture
 def book(monkeypatch: pytest.MonkeyPatch) -> traffic.TrafficBook:
-    from gateway.state import state
+    from tests.support.gateway_state import current_state
 
     fresh = traffic.TrafficBook("test")
-    monkeypatch.setattr(state, "book", fresh)  # the gateway's (gateway.app.Gateway.book)
+    monkeypatch.setattr(current_state(), "book", fresh)  # the gateway's (gateway.app.Gateway.book)
     return fresh
 
 

@@ -151,10 +151,10 @@ def test_fold_keeps_the_slowest_of_the_hour() -> None:
 
 @pytest.fixture
 def book(monkeypatch: pytest.MonkeyPatch) -> TrafficBook:
-    from gateway.state import state
+    from tests.support.gateway_state import current_state
 
     fresh = TrafficBook("test")
-    monkeypatch.setattr(state, "book", fresh)  # the gateway's (gateway.app.Gateway.book)
+    monkeypatch.setattr(current_state(), "book", fresh)  # the gateway's (gateway.app.Gateway.book)
     return fresh
 
 

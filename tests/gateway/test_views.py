@@ -176,11 +176,11 @@ def test_a_fallback_answers_when_the_model_has_no_ready_replica(
 def test_an_on_demand_model_is_asked_for_and_waited_for(
     gw: Any, catalog: Any, engine: FakeEngine, settings: Any, monkeypatch: Any
 ) -> None:
-    from gateway.state import state
+    from tests.support.gateway_state import current_state
 
     settings.LLMGW_GATEWAY_WAIT = 30
     catalog.add("lazy", min_replicas=0, max_replicas=1, idle_timeout="10s")
-    state.reload()
+    current_state().reload()
     answered: list[Any] = []
     waiting = threading.Thread(
         target=lambda: answered.append(
@@ -194,15 +194,17 @@ def test_an_on_demand_model_is_asked_for_and_waited_for(
     )
     waiting.start()
     wait_for(
-        lambda: state.sizes()[0] == 1,  # on-demand models held for writing (gateway.state)
+        lambda: (
+            current_state().sizes()[0] == 1
+        ),  # on-demand models held for writing (gateway.state)
         timeout=10,
         what="the request's demand for lazy noted by the gateway",
     )
     assert not answered  # still waiting
-    state.flush()  # what the refresher writes: the demand, which wakes the model
+    current_state().flush()  # what the refresher writes: the demand, which wakes the model
     assert Model.objects.get(name="lazy").demand_at is not None
     catalog.replica("lazy", engine)  # the reconciler placed it and the node got it ready
-    state.reload()
+    current_state().reload()
     waiting.join(timeout=10)
     assert answered[0].status_code == 200 and engine.names() == ["lazy"]
 
@@ -256,12 +258,12 @@ def queries_anywhere(monkeypatch: Any) -> list[str]:
 def test_a_request_reads_nothing_from_the_database(
     gw: Any, catalog: Any, engine: FakeEngine, queries_anywhere: list[str]
 ) -> None:
-    from gateway.state import state
+    from tests.support.gateway_state import current_state
 
     catalog.add("chat", fallbacks=[])
     catalog.add("big", fallbacks=["chat"])
     catalog.replica("chat", engine)
-    state.reload()
+    current_state().reload()
     queries_anywhere.clear()
     for name in ("chat", "big", "chat", "big"):
         response = requests.post(

@@ -25,7 +25,7 @@ from core.refusals import Refused
 
 pytestmark = [pytest.mark.smoke, pytest.mark.django_db(transaction=True)]
 
-BEFORE_CEILINGS = ("gateway", "0008_traffic_slowest_request")
+BEFORE_CEILINGS = ("access", "0008_traffic_slowest_request")
 COUNTERS = ["rpm", "tpm", "max_parallel", "tokens_per_day", "tokens_per_month"]
 EXPIRES = datetime(2999, 1, 31, tzinfo=UTC)
 
@@ -47,7 +47,7 @@ def _record(owner: str, **settings: Any) -> dict[str, Any]:
 def _fill_as_before_ceilings(users: dict[str, Any]) -> dict[str, int]:
     """Keys and their audit, written through the models as they were at gateway 0008."""
     old = MigrationExecutor(connection).loader.project_state(BEFORE_CEILINGS).apps
-    OldKey = old.get_model("gateway", "GatewayKey")
+    OldKey = old.get_model("access", "GatewayKey")
     made: dict[str, int] = {}
 
     def key(name: str, owner: str, **settings: Any) -> Any:
@@ -103,7 +103,7 @@ def _fill_as_before_ceilings(users: dict[str, Any]) -> dict[str, int]:
 
 
 def test_staff_set_figures_become_ceilings_and_no_limit_is_lost(users: dict[str, Any]) -> None:
-    call_command("migrate", "gateway", BEFORE_CEILINGS[1], verbosity=0)
+    call_command("migrate", "access", BEFORE_CEILINGS[1], verbosity=0)
     with connection.cursor() as cursor:
         columns = [
             c.name
