@@ -20,7 +20,7 @@ def with_limit_fields(
         made = {name: field for limit in LIMITS for name, field in make(limit).items()}
         own = cls.declared_fields  # type: ignore[attr-defined]
         cls.declared_fields = {**made, **own} if first else {**own, **made}  # type: ignore[attr-defined]
-        cls.base_fields = {**made, **cls.base_fields} if first else {**cls.base_fields, **made}
+        cls.base_fields = {**made, **cls.base_fields} if first else {**cls.base_fields, **made}  # type: ignore[attr-defined]
         return cls
 
     return decorate

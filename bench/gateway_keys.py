@@ -105,13 +105,12 @@ def old_read() -> dict[str, Any]:
     }
 
 
-def revoked_after(owner: Any, secret: str) -> tuple[float, int, float]:
-    """Revoke the key; seconds until the running refresher holds it as revoked, and that
+def revoked_after(state: Any, owner: Any, secret: str) -> tuple[float, int, float]:
+    """Revoke the key; seconds until `state`'s running refresher holds it as revoked, and that
     refresh's rows and seconds."""
     from access.models import GatewayKey, hash_key
     from access.services import key_revoke
     from core.actor import Actor
-    from gateway.state import state
 
     digest = hash_key(secret)
     key_id = GatewayKey.objects.only("id").get(key_hash=digest).pk
@@ -141,7 +140,7 @@ def main() -> None:
     from django.contrib.auth import get_user_model
     from django.db import connection
 
-    from gateway.state import Keys, read_snapshot, state
+    from gateway.state import GatewayState, Keys, read_snapshot
 
     owner = get_user_model().objects.create_user(f"bench-keys-{os.getpid()}")
     print(f"gateway_keys: {args.keys:,} keys on {connection.vendor}")
@@ -182,12 +181,13 @@ def main() -> None:
         )
 
         # A gateway process as it runs: its refresher thread woken by the database.
+        state = GatewayState()
         state._snapshot = read_snapshot(keys)
         state.start()
         try:
-            figures = [revoked_after(owner, first)]
+            figures = [revoked_after(state, owner, first)]
             time.sleep(1.5)
-            figures.append(revoked_after(owner, second))
+            figures.append(revoked_after(state, owner, second))
         finally:
             state.stop()
         for waited, rows, seconds in figures:

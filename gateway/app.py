@@ -23,7 +23,6 @@ from .errors import Refusal
 from .http import Receive, Scope, Send
 from .metrics import control_plane_exposition, exposition, model_exposition
 from .process import Gateway
-from .state import state
 from .webforward import forward
 
 log = logging.getLogger("llmgw.gateway")
@@ -41,7 +40,7 @@ class Application:
         if kind == "http":
             gateway = self.gateway
             if gateway is None:
-                gateway = self.gateway = Gateway(state=state)
+                gateway = self.gateway = Gateway()
             # The request's ID (core.requestid), which its answer, its log lines, the engine's
             # request and the web's carry: each request is a task of its own, with its own
             # context, but a test's in-process server may share one, hence the reset.
@@ -169,22 +168,20 @@ def _exposition(gateway: Gateway) -> tuple[bytes, str]:
     # The prefix table is counted here, off the event loop: one pass over it (1 MB).
     gateway.metrics.prefix_entries.set(gateway.balancer.prefixes.size())
     engines = gateway.state.get().engines
-    text, content_type = exposition(engines)
-    return text + model_exposition(engines) + _control_plane_text(), content_type
+    text, content_type = exposition(gateway.metrics, engines)
+    return text + model_exposition(engines) + _control_plane_text(gateway), content_type
 
 
 # The control plane's state is read from the database at most once in this many seconds per
 # process, however often /metrics is asked (it may be left open to anyone: LLMGW_METRICS_OPEN).
 CONTROL_PLANE_READ_SECONDS = 5.0
-_control_plane_read: tuple[float, bytes] | None = None
 
 
-def _control_plane_text() -> bytes:
+def _control_plane_text(gateway: Gateway) -> bytes:
     """The control plane's state from the database, read at most every
-    CONTROL_PLANE_READ_SECONDS; nothing while it cannot be read (the gateway's own numbers say
-    so: llmgw_gateway_database_up)."""
-    global _control_plane_read
-    read = _control_plane_read
+    CONTROL_PLANE_READ_SECONDS (the gateway keeps the last read); nothing while it cannot be
+    read (the gateway's own numbers say so: llmgw_gateway_database_up)."""
+    read = gateway.control_plane_read
     if read is not None and time.monotonic() - read[0] < CONTROL_PLANE_READ_SECONDS:
         return read[1]
     try:
@@ -195,5 +192,5 @@ def _control_plane_text() -> bytes:
         # Closed, not kept: this runs on whichever of the event loop's executor threads, each of
         # which would otherwise hold a connection of its own open for the process's life.
         connection.close()
-    _control_plane_read = (time.monotonic(), text)
+    gateway.control_plane_read = (time.monotonic(), text)
     return text

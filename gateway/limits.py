@@ -1,46 +1,12 @@
 """Per-key and per-team limits, counted across every gateway process of this machine.
 
-What a key or team may use (access.models.LimitFields) is held in memory (gateway.state);
-this module counts what is used against it and decides, for one request, before any replica
-is chosen: in the order checked, the key's then its team's requests in flight, requests per
-minute, tokens per minute, tokens today and tokens this month (UTC).
-
-Counting. Each gateway process writes its counts into its board under VAR_DIR/gateway-limits
-(gateway.boards: a file of its own, read by the others), and a check adds up every live
-process's. A check and the count it admits are made under one lock (flock on a file
-in the folder, held for microseconds), so two processes cannot both admit the last request a
-limit allows: the limits are exact across the processes of one machine. A process that dies
-takes its board with it (removed by the next process that looks): what it had in flight stops
-counting at once, as the requests did.
-
-- Requests in flight: one counter per key and team, up on admission, down when the request
-  ends however it ends (gateway.relay's `finally`).
-- Requests and tokens per minute: 13 buckets of 5 s. A request counts in the bucket it was
-  admitted in, its tokens (prompt + completion, as the engine reported them; a stream's when
-  it ends) in the bucket it ended in, and a bucket counts until 65 s after it began: never
-  more than the limit in any 60 s, and what was used stops counting 60 to 65 s later (the
-  reset the headers give).
-- Tokens today and this month: see `Budgets`.
-- Reservations. Tokens are known only when a request ends, so a request with a key or team
-  limited in tokens (tpm, a budget) reserves at admission what it may use (`reservation`: its
-  prompt at most and each answer's max_tokens), held in flight beside the tokens used, and
-  settles to what it used when it ends. A request is admitted while the tokens used and
-  reserved are below the limit: requests at once can take a limit over by one reservation at
-  most, however many there are (without reservations, every one admitted before the first
-  ended took it over by its own).
-
-Bound: SLOTS keys and teams per process file (32,768; 368 bytes each, 12.1 MB of file, of
-which only the pages used take memory). A key or team takes a slot (open addressing from a
-hash of its id, at most PROBE places from its home, tagged with its id, so two keys never
-share a count) when it is first used, and gives it up to another only when the slot is idle:
-nothing in flight, nothing in the last minute's buckets and nothing counted this month (a
-budget counts what the process counted since it started). So the bound is on limited keys
-and teams used this month per process; the slots held are in
-`llmgw_gateway_limit_slots_held`. A key that finds no slot is refused with 503 (`limits_full`,
-counted in `llmgw_gateway_limited_total{limit="slots"}`): refusing is the only answer that
-keeps every limit true.
-
-Keys without limits, a team or an expiry are not counted here at all, and cost nothing.
+What a key or team may use (access.models.LimitFields) is held in memory (gateway.state); this
+module counts what is used against it and decides, for one request, before any replica is
+chosen: in the order checked, the key's then its team's requests in flight, requests per
+minute, tokens per minute, tokens today and tokens this month (UTC). The counts of every process
+of the machine are checked and added to under one lock (`SharedCounters`), so the limits are
+exact across them; gateway.redislimits counts across machines. Keys without limits, a team or an
+expiry are not counted, and cost nothing. The design: docs/sharing.md#how-limits-are-counted.
 """
 
 from __future__ import annotations
@@ -71,8 +37,19 @@ from .redislimits import Counted, Decided, RedisLimits, read_use
 
 log = logging.getLogger("llmgw.gateway")
 
+# A process's file counts SLOTS keys and teams (368 bytes each, 12.1 MB of file, of which only the
+# pages used take memory). A key or team takes a slot when it is first used (open addressing from
+# a hash of its id, at most PROBE places from its home, tagged with its id, so two never share a
+# count), and gives it up to another only when the slot is idle: nothing in flight, nothing in the
+# last minute's buckets and nothing counted this month (_idle). So the bound is on limited keys
+# and teams used this month per process (llmgw_gateway_limit_slots_held); one that finds no slot
+# is refused with 503 limits_full, the only answer that keeps every limit true.
 SLOTS = 32_768
 PROBE = 64
+# Requests and tokens per minute are counted in BUCKETS of BUCKET_SECONDS. A request counts in the
+# bucket it was admitted in, its tokens (as the engine reported them; a stream's when it ends) in
+# the bucket it ended in, and a bucket counts until 65 s after it began: never more than the limit
+# in any 60 s, and what was used stops counting 60 to 65 s later (the reset the headers give).
 BUCKET_SECONDS = 5
 BUCKETS = 13  # 65 s: a bucket counts until 60 s after its last instant
 # int64 fields of a slot
@@ -366,8 +343,10 @@ def read_budgets(local_writers: Iterable[str]) -> Budgets:
 
 
 @dataclass(frozen=True, slots=True)
-class Refused:
-    """Why a request is refused: which limit, whose, its figure and when it frees."""
+class OverLimit:
+    """A limit's refusal of a request, as the limits decide it: which limit, whose, its figure
+    and when it frees (gateway.errors.limited makes the 429 of it; core.refusals.Refused is the
+    web's)."""
 
     # rpm | tpm | max_parallel | tokens_per_day | tokens_per_month | slots | redis (Redis
     # cannot be reached, and LLMGW_LIMITS_REDIS_FALLBACK is refuse)
@@ -447,7 +426,17 @@ class _Use:
 
 class SharedCounters:
     """This process's counts, in a file the other processes of this machine read, and the
-    decision that reads them all (see the module's docstring)."""
+    decision that reads them all.
+
+    Each process writes its counts into its board under VAR_DIR/gateway-limits (gateway.boards:
+    a file of its own, read by the others), and a check adds up every live process's. A check
+    and the count it admits are made under one lock (flock on a file in the folder, held for
+    microseconds), so two processes cannot both admit the last request a limit allows. A
+    process that dies takes its board with it (removed by the next process that looks): what it
+    had in flight stops counting at once, as the requests did. Requests in flight are one
+    counter per key and team, up on admission, down when the request ends however it ends
+    (gateway.relay's `finally`). A request limited in tokens holds its `reservation` in flight
+    beside the tokens used, and settles to what it used when it ends."""
 
     def __init__(self, folder: Path, *, pid: int | None = None, writer: str = "") -> None:
         self.folder = folder
@@ -584,7 +573,7 @@ class SharedCounters:
         budgets: Budgets,
         *,
         reserve: int = 0,
-    ) -> Admission | Refused:
+    ) -> Admission | OverLimit:
         """`admit`, over every machine first where Redis counts: one round trip, awaited (the
         event loop serves other requests meanwhile), which counts the request when it goes.
         When Redis cannot be reached, LLMGW_LIMITS_REDIS_FALLBACK decides: this machine's own
@@ -606,7 +595,7 @@ class SharedCounters:
         if decided is None:
             if remote.fallback == "refuse":
                 _, limits, whose = rated[0]
-                return Refused("redis", whose, limits.name, 0, 0, remote.down_for())
+                return OverLimit("redis", whose, limits.name, 0, 0, remote.down_for())
             done = self.admit(key_id, key, team, budgets, now, reserve=reserve)
             if isinstance(done, Admission):
                 done.fallback = "alone"
@@ -641,7 +630,7 @@ class SharedCounters:
         *,
         reserve: int = 0,
         decided: Decided | None = None,
-    ) -> Admission | Refused:
+    ) -> Admission | OverLimit:
         """Let one request through (counting it, and reserving `reserve` tokens against its
         token limits) or say which limit refuses it. `decided`: what Redis decided of it over
         every machine (see check); this machine's counts also hold the budgets."""
@@ -688,7 +677,7 @@ class SharedCounters:
         reserve: int,
         *,
         slack: int,
-    ) -> Admission | Refused | None:
+    ) -> Admission | OverLimit | None:
         """Check (and, when it goes, count) a request: None when a count is within `slack` of
         its limit (see admit)."""
         headers: dict[str, tuple[int, int, float]] = {}
@@ -709,7 +698,7 @@ class SharedCounters:
                 return refused
             slot = self._own_slot(tag, bucket, month)
             if slot is None:
-                return Refused("slots", whose, limits.name, SLOTS, SLOTS, 1.0)
+                return OverLimit("slots", whose, limits.name, SLOTS, SLOTS, 1.0)
             slots.append((tag, slot))
             reserved.append(mine)
         for (_, slot), mine in zip(slots, reserved, strict=True):
@@ -720,9 +709,9 @@ class SharedCounters:
         return Admission(tuple(slots), _headers(headers), self, reserved=tuple(reserved))
 
     def _decided(
-        self, done: Admission | Refused, decided: Decided | None, bucket: int
-    ) -> Admission | Refused:
-        if isinstance(done, Refused):
+        self, done: Admission | OverLimit, decided: Decided | None, bucket: int
+    ) -> Admission | OverLimit:
+        if isinstance(done, OverLimit):
             if self.remote is not None and decided is not None:
                 self.remote.end(decided, 0, bucket, taken_back=True)
             return done
@@ -863,7 +852,7 @@ def _refusal(
     headers: dict[str, tuple[int, int, float]],
     slack: int = 0,
     reserve: int = 0,
-) -> Refused | None:
+) -> OverLimit | None:
     """The refusal of the first limit the request would pass, or None; _UNSURE where a count of
     requests is below its limit by no more than `slack`, or tokens by no more than `slack` + 1
     reservations of `reserve` (admissions other processes may have under way unseen: see
@@ -882,7 +871,7 @@ def _refusal(
         if used >= limits.rpm:
             wait = _frees_in(use.requests, used - limits.rpm + 1, into_bucket)
             shown = ((limits.rpm, 0, wait),)
-            return Refused(
+            return OverLimit(
                 "rpm", whose, team, limits.rpm, used, wait, _headers({"requests": shown[0]})
             )
         # As OpenAI means it: until the window is back to empty, this request included.
@@ -901,7 +890,7 @@ def _refusal(
                 if used >= limits.tpm
                 else 1.0
             )
-            return Refused(
+            return OverLimit(
                 "tpm",
                 whose,
                 team,
@@ -926,13 +915,13 @@ def _refusal(
                 return _UNSURE
             if used + held >= figure:
                 wait = resets_in if used >= figure else 1.0
-                return Refused(budget, whose, team, figure, used, wait, reserved=held)
+                return OverLimit(budget, whose, team, figure, used, wait, reserved=held)
     return None
 
 
 def _parallel_refusal(
     limits: Limits, whose: str, team: str, use: _Use, into_bucket: float
-) -> Refused:
+) -> OverLimit:
     """Refused for its requests in flight, with where its per-minute limits stand (this
     request not counted: it is not)."""
     standing: dict[str, tuple[int, int, float]] = {}
@@ -945,13 +934,13 @@ def _parallel_refusal(
             reset = _frees_in(by_age, used, into_bucket) if used else 0.0
             standing[kind] = (limit, limit - used, reset)
     max_parallel = limits.max_parallel or 0
-    return Refused(
+    return OverLimit(
         "max_parallel", whose, team, max_parallel, use.in_flight, 1.0, _headers(standing)
     )
 
 
 # _refusal's answer where only the lock can decide.
-_UNSURE = Refused("", "", "", 0, 0, 0.0)
+_UNSURE = OverLimit("", "", "", 0, 0, 0.0)
 
 
 def _frees_in(by_age: list[int], enough: int, into_bucket: float) -> float:

@@ -85,6 +85,9 @@ class Metrics:
     folder: str | None
 
 
+# The process's one board: prometheus_client keeps one set of metrics a process (in multiprocess
+# mode, in files named by pid). The Gateway holds it and hands it on (gateway.process); only
+# uvicorn's protocol (gateway.protocol), made outside any Gateway, asks for it here.
 _lock = threading.Lock()
 _metrics: Metrics | None = None
 
@@ -462,13 +465,16 @@ def _made(spec: MetricSpec, kind: Any, registry: Any) -> Any:
 _LIVE_FILE = re.compile(r"gauge_live\w*?_(\d+)\.db$")
 
 
-def exposition(engines: Sequence[EngineFigures] = ()) -> tuple[bytes, str]:
-    """The text a scrape gets, and its content type: the gateway's own numbers, then what each
-    serving replica's engine last reported (``engines``, from the routing snapshot)."""
+def exposition(
+    current: Metrics | None = None, engines: Sequence[EngineFigures] = ()
+) -> tuple[bytes, str]:
+    """The text a scrape gets, and its content type: the gateway's own numbers (`current`, the
+    process's board), then what each serving replica's engine last reported (``engines``, from
+    the routing snapshot)."""
     # After metrics() has set PROMETHEUS_MULTIPROC_DIR (see _create).
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-    current = metrics()
+    current = current if current is not None else metrics()
     if current.folder is None:
         text = generate_latest(current.registry)
         # The control plane's numbers counted in this process, if any (core.metrics).

@@ -23,7 +23,7 @@ from access import traffic
 from catalog.config import current_config
 from fleet.renewals import Receive, Renewals, Scope, Send
 
-from . import conf, errors, http, proxy, tracing
+from . import conf, errors, http, proxy
 from .fairqueue import FairQueue
 from .limits import SharedCounters
 from .load import SharedLoad
@@ -31,7 +31,8 @@ from .metrics import Metrics, metrics
 from .prefix import PrefixTable
 from .redislimits import RedisLimits
 from .routing import Balancer
-from .state import GatewayState, state
+from .state import GatewayState
+from .tracing import Tracer
 from .webforward import Budget, Web
 
 log = logging.getLogger("llmgw.gateway")
@@ -52,17 +53,25 @@ class Gateway:
         balancer: Balancer | None = None,
         queue: FairQueue | None = None,
         counters: SharedCounters | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
-        self.state = state if state is not None else GatewayState(traffic.TrafficBook())
+        # The process's one board of figures: Prometheus keeps one set of metrics a process.
+        self.metrics: Metrics = metrics()
+        self.state = (
+            state if state is not None else GatewayState(traffic.TrafficBook(), self.metrics)
+        )
         self.balancer = balancer if balancer is not None else Balancer()
         self.queue = queue if queue is not None else FairQueue(None)
         self.queue.on_depth = self._queue_depth
         self.queue.on_wait = self._queue_wait
         if counters is not None:
             self.state.counters = counters
-        self.metrics: Metrics = metrics()
         self.balancer.on_remembered = self.metrics.replica_names.set
+        self.tracer = tracer if tracer is not None else Tracer()
         self.upstream = proxy.Upstream()
+        # /metrics' figures of the control plane, read from the database at most every
+        # CONTROL_PLANE_READ_SECONDS: (when read, the text).
+        self.control_plane_read: tuple[float, bytes] | None = None
         self.web = Web()
         self.forward_budget = Budget(self.metrics)
         # Nodes' renewals answered here (fleet.renewals), through this process's door.
@@ -99,13 +108,13 @@ class Gateway:
         conf.forward_reserve_bytes(), conf.forward_client_bytes(), conf.body_deadline()
         conf.body_min_rate(), conf.limits_redis_timeout(), conf.limits_redis_fallback()
         current_config()  # and a server.yaml that does not validate (ConfigError)
-        tracing.start()  # when OTEL_EXPORTER_OTLP_ENDPOINT asks for traces
-        # The process's state: what other code of the process (and the benches) reads.
-        if state.counters is not None:
-            state.counters.close()
-        counters = SharedCounters(settings.VAR_DIR / "gateway-limits", writer=state.book.writer)
+        tracer = Tracer()
+        tracer.start()  # when OTEL_EXPORTER_OTLP_ENDPOINT asks for traces
+        book = traffic.TrafficBook()
+        counters = SharedCounters(settings.VAR_DIR / "gateway-limits", writer=book.writer)
         gateway = cls(
-            state=state,
+            state=GatewayState(book, metrics()),
+            tracer=tracer,
             balancer=Balancer(
                 SharedLoad(settings.VAR_DIR / "gateway-load"),
                 PrefixTable(settings.VAR_DIR / "gateway-prefix"),
@@ -120,6 +129,7 @@ class Gateway:
                 redis_url,
                 on_error=board.limits_redis_errors.inc,
                 on_drop=board.limits_redis_dropped.inc,
+                on_down=lambda down: board.limits_redis_down.set(int(down)),
             )
         try:
             gateway.state.reload()

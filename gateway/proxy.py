@@ -1,28 +1,10 @@
 """Sending a request on to a replica, and bringing its answer back without buffering a stream.
 
-A request is sent once. It is sent again, once, to another ready replica only when
-the first attempt failed before anything reached the client, and either
-
-- the connection was never made (refused, unreachable): the engine cannot have seen
-  the request, so sending it elsewhere is always safe; or
-- the replica was withdrawn since it was chosen: a rollout or an idle stop took it
-  away. It drains for fleet.services.DRAIN_SECONDS before it stops, so this is rare,
-  but a request queued behind others can still be cut off when it stops.
-
-A replica that took the request and then failed while still in routing is not
-tried again elsewhere: the same request might well break the next one too.
-
-The gateway talks to engines with aiohttp, over connections kept open between
-requests (a pool per gateway process). A kept connection can be closed by the
-engine just as it is reused, which looks exactly like an engine that died with
-the request: so the pool drops a connection after IDLE_SECONDS unused, well
-before engines close idle ones (llama.cpp's server after 5 s), and a failure
-on a reused connection before any answer came is tried once more on a new
-connection to the same replica (the engine closed it without reading the
-request; or it is gone, and then the new connection is refused, which the rule
-above then retries elsewhere).
-Measured against httpx's pool (bench/gateway.py, --client), aiohttp costs less
-than half the CPU per request at the same latency.
+A request is sent once, and again, once, to another ready replica only where the first cannot
+have served it (`should_retry`). Engines are reached with aiohttp over connections kept open
+between requests, a pool per gateway process (`Upstream`): measured against httpx's pool
+(bench/gateway.py, --client), aiohttp costs less than half the CPU per request at the same
+latency.
 """
 
 from __future__ import annotations
@@ -43,6 +25,12 @@ from .routing import Balancer, Candidate, Hold, Serve
 
 CONNECT_TIMEOUT_SECONDS = 5
 READ_BYTES = 64 * 1024
+# A kept connection can be closed by the engine just as it is reused, which looks exactly like an
+# engine that died with the request. So the pool drops a connection unused this long, well before
+# engines close idle ones (llama.cpp's server after 5 s), and a failure on a reused connection
+# before any answer came is tried once more on a new one to the same replica (_attempt): the
+# engine closed it without reading the request, or it is gone, and then the new connection is
+# refused, which should_retry sends elsewhere.
 IDLE_SECONDS = 2.0
 POOL_SIZE = 0  # no limit: as many connections as requests in flight
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -120,7 +108,17 @@ class Answer:
 
 
 def should_retry(error: BaseException, *, still_routable: bool) -> bool:
-    """Send the request to another replica? See the module's docstring for why these cases."""
+    """Send the request to another replica? Only when the first attempt failed before anything
+    reached the client, and either
+
+    - the connection was never made (refused, unreachable): the engine cannot have seen the
+      request, so sending it elsewhere is always safe; or
+    - the replica was withdrawn since it was chosen (a rollout, an idle stop): it drains for
+      fleet.services.DRAIN_SECONDS before it stops, so this is rare, but a request queued
+      behind others can still be cut off when it stops.
+
+    A replica that took the request and then failed while still in routing is not tried again
+    elsewhere: the same request might well break the next one too."""
     if isinstance(error, NotConnected):
         return True
     return isinstance(error, Broken) and not still_routable
@@ -191,6 +189,7 @@ async def send(
     refresh: Callable[[], Awaitable[tuple[Candidate, ...]]],
     prefix: Sequence[int] = (),
     hold: Hold | None = None,
+    tracer: tracing.Tracer,
 ) -> Answer:
     """Send to the least busy candidate; retry once (see should_retry). The caller must
     release the answer's candidate from `balancer` when the answer is done with. `hold`: the
@@ -198,13 +197,15 @@ async def send(
     candidates = serve.candidates
     for attempt in (1, 2):
         candidate = balancer.choose(candidates, serve.engine_name, prefix, hold=hold)
-        if tracing.ON:
-            tracing.current_event(
+        if tracer.on:
+            tracer.current_event(
                 "replica chosen",
                 **{"llmgw.replica": candidate.id, "llmgw.route.reason": balancer.reason},
             )
         try:
-            answer = await _attempt(upstream, candidate, path, payload, stream=stream)
+            answer = await _attempt(
+                upstream, candidate, path, payload, stream=stream, tracer=tracer
+            )
         except Silent as exc:
             balancer.release(candidate)
             raise ReplicaTimeout(candidate, conf.upstream_timeout()) from exc
@@ -224,19 +225,31 @@ async def send(
         others = tuple(c for c in fresh if c.id != candidate.id)
         if not others or not should_retry(error, still_routable=still_routable):
             raise ReplicaGone(candidate, error)
-        if tracing.ON:
-            tracing.current_event("retry", **{"llmgw.replica": candidate.id, "error": str(error)})
+        if tracer.on:
+            tracer.current_event("retry", **{"llmgw.replica": candidate.id, "error": str(error)})
         candidates = others
     raise AssertionError("unreachable")
 
 
 async def _attempt(
-    upstream: Upstream, candidate: Candidate, path: str, payload: bytes, *, stream: bool
+    upstream: Upstream,
+    candidate: Candidate,
+    path: str,
+    payload: bytes,
+    *,
+    stream: bool,
+    tracer: tracing.Tracer,
 ) -> Answer:
+    # The current span's traceparent for the engine ({} while tracing is off).
+    traced = tracer.engine_headers()
     try:
-        return await _post(upstream, candidate, path, payload, stream=stream, fresh=False)
+        return await _post(
+            upstream, candidate, path, payload, stream=stream, fresh=False, traced=traced
+        )
     except _StaleConnection:
-        return await _post(upstream, candidate, path, payload, stream=stream, fresh=True)
+        return await _post(
+            upstream, candidate, path, payload, stream=stream, fresh=True, traced=traced
+        )
 
 
 @functools.lru_cache(maxsize=8)
@@ -258,6 +271,7 @@ async def _post(
     *,
     stream: bool,
     fresh: bool,
+    traced: dict[str, str],
 ) -> Answer:
     session = upstream.session(fresh=fresh)
     url = f"{candidate.endpoint}{path}"
@@ -275,7 +289,7 @@ async def _post(
             headers={
                 **candidate.headers,
                 requestid.HEADER: requestid.now(),
-                **tracing.engine_headers(),
+                **traced,
             },
             allow_redirects=False,
             trace_request_ctx=attempt,

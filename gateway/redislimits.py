@@ -3,51 +3,10 @@
 gateway.limits counts exactly across the gateway processes of one machine. With REDIS_URL set
 (and LLMGW_LIMITS_REDIS not "off"), a key or team with a requests-per-minute, tokens-per-minute
 or in-flight limit is also counted in Redis, where every machine's gateway processes count
-together:
-
-- Admission is one Redis round trip: a script reads the subject's counts (the key's and its
-  team's), decides and, when the request goes, counts it, atomically. So the requests per
-  minute and in flight of a key or team are exact over every machine, as they are over one.
-  The round trip is awaited on the event loop (redis.asyncio), never made by a blocking call:
-  while Redis is slow, the process goes on serving every other request, and only the requests
-  that wait for Redis's word wait (LLMGW_LIMITS_REDIS_TIMEOUT at most). At most
-  MAX_CONNECTIONS of them talk to Redis at once; the others wait for a connection within the
-  same deadline.
-- The end of a request (in flight down, its tokens counted) is not on the request's path: it
-  is queued and written by a thread every FLUSH_SECONDS, in one pipeline for all that ended.
-  So another machine sees a request end up to FLUSH_SECONDS (plus a round trip) late, which
-  can only refuse early, never let more through.
-- Tokens per minute: as on one machine (gateway.limits), a request reserves what it may use at
-  admission and settles to what it used when it ends; it is let through while the tokens
-  counted and reserved over every machine are below the limit.
-
-Each gateway process counts its in-flight requests and reservations under a name of its own
-(`holder`), which it keeps alive in Redis (HOLDER_SECONDS, renewed every HEARTBEAT_SECONDS by the
-same thread). A process that dies stops holding its requests in flight when its name expires:
-until then (at most HOLDER_SECONDS), they still count, which refuses early, never lets more
-through.
-
-When Redis cannot be reached (a refused connection, or no answer within
-LLMGW_LIMITS_REDIS_TIMEOUT), the process stops asking it for DOWN_SECONDS, then tries again;
-meanwhile LLMGW_LIMITS_REDIS_FALLBACK decides the requests Redis would have counted:
-
-- `alone` (the default): each machine decides by its own counts, exact over its processes: a
-  limit can be passed by as many times as there are machines taking the key's requests.
-- `refuse`: they are refused (503, Retry-After), so that no limit is ever passed; requests of
-  keys without such limits are answered as ever.
-
-Each failure is counted in llmgw_gateway_limits_redis_errors_total, each request decided by the
-fallback in llmgw_gateway_limits_redis_fallback_total{fallback}; while a process uses the
-fallback, llmgw_gateway_limits_redis_down is 1, and the outage is logged when it begins and when
-it ends. The budgets (tokens per day and month) are not counted here: they come from the traffic
-book's rows in the database, which every machine writes (gateway.limits.Budgets).
-
-Redis holds one hash per key or team in use (`llmgw:limits:IDENT`: two fields per 5-second
-bucket of the last 65 s, one per process with requests in flight), and for one limited in tokens
-another (`llmgw:limits-reserved:IDENT`: one field per process with requests in flight), each
-dropped an hour after its last request. The queue of ended requests not yet written is bounded (MAX_PENDING; past it the
-oldest are dropped and counted in llmgw_gateway_limits_redis_dropped_total): a dropped end
-leaves a request counted in flight until its process's name expires.
+together: admission is one round trip to a script (_ADMIT) that decides and counts atomically,
+awaited on the event loop; a request's end is written off its path (_END). When Redis cannot
+be reached, LLMGW_LIMITS_REDIS_FALLBACK decides. How it counts, and what it allows:
+docs/sharing.md#over-several-machines; an outage: docs/gateway.md#when-redis-is-slow-or-away.
 """
 
 from __future__ import annotations
@@ -71,14 +30,27 @@ import redis
 import redis.connection
 
 from . import conf
-from .metrics import metrics
 
 log = logging.getLogger("llmgw.gateway")
 
+# One hash per key or team in use (KEY_PREFIX + its ident: two fields per 5-second bucket of the
+# last 65 s, one per process with requests in flight), and for one limited in tokens another
+# (RESERVED_PREFIX: one field per process with requests in flight), each dropped KEEP_SECONDS
+# after its last request.
 KEY_PREFIX = "llmgw:limits:"
 RESERVED_PREFIX = "llmgw:limits-reserved:"
+# Each process counts its requests in flight and reservations under a name of its own (holder),
+# kept alive as HOLDER_PREFIX + name for HOLDER_SECONDS, renewed every HEARTBEAT_SECONDS by the
+# flush thread. A process that dies stops holding its requests when its name expires; until
+# then they still count, which refuses early, never lets more through.
 HOLDER_PREFIX = "llmgw:limits-holder:"
+# Redis unreachable (refused, or no answer within LLMGW_LIMITS_REDIS_TIMEOUT): not asked again
+# for this long, the fallback deciding meanwhile.
 DOWN_SECONDS = 5.0
+# Requests' ends are queued and written by a thread this often, in one pipeline for all that
+# ended: another machine sees an end that much (plus a round trip) late, which can only refuse
+# early. At most MAX_PENDING wait; past it the oldest are dropped (and counted), each leaving a
+# request counted in flight until its process's name expires.
 FLUSH_SECONDS = 0.05
 HEARTBEAT_SECONDS = 5.0
 HOLDER_SECONDS = 20
@@ -228,7 +200,12 @@ Pending = tuple[tuple[str, ...], int, int, int, tuple[int, ...]]
 
 
 class RedisLimits:
-    """This process's connection to the limits kept in Redis (see the module's docstring)."""
+    """This process's connection to the limits kept in Redis: admissions awaited on the event
+    loop (only the requests that wait for Redis's word wait, LLMGW_LIMITS_REDIS_TIMEOUT at most),
+    requests' ends and its holder's name written by a thread of its own. Each failure is counted
+    in llmgw_gateway_limits_redis_errors_total, each request the fallback decided in
+    llmgw_gateway_limits_redis_fallback_total{fallback}; llmgw_gateway_limits_redis_down is 1
+    while the fallback decides, and an outage is logged when it begins and when it ends."""
 
     def __init__(
         self,
@@ -236,6 +213,7 @@ class RedisLimits:
         *,
         on_error: Callable[[], None] | None = None,
         on_drop: Callable[[], None] | None = None,
+        on_down: Callable[[bool], None] | None = None,
         timeout: float | None = None,
         fallback: str | None = None,
     ) -> None:
@@ -265,6 +243,7 @@ class RedisLimits:
         self._outage_logged = False
         self._on_error = on_error or (lambda: None)
         self._on_drop = on_drop or (lambda: None)
+        self._on_down = on_down or (lambda down: None)
         self._thread = threading.Thread(target=self._run, name="llmgw-limits-redis", daemon=True)
         self._beat_at = 0.0
         self._heartbeat()
@@ -402,7 +381,7 @@ class RedisLimits:
         self._on_error()
         if not self._outage_logged:
             self._outage_logged = True
-            metrics().limits_redis_down.set(1)
+            self._on_down(True)
             if self.fallback == "refuse":
                 then = (
                     "requests of keys and teams limited per minute or in flight are refused "
@@ -419,7 +398,7 @@ class RedisLimits:
     def _reached(self) -> None:
         if self._outage_logged:
             self._outage_logged = False
-            metrics().limits_redis_down.set(0)
+            self._on_down(False)
             self._heartbeat_soon()
             log.warning("gateway: Redis is reached again; limits count over every machine")
 

@@ -33,7 +33,7 @@ from access.services import KEY_PREFIX
 from core import jsontext, requestid
 from llmgw.engine import DEFAULT_CONTEXT_LENGTH
 
-from . import canary, conf, errors, fairqueue, http, limits, proxy, routing, tracing, validate
+from . import canary, conf, errors, fairqueue, http, limits, proxy, routing, validate
 from .endpoints import ENDPOINTS, Endpoint
 from .errors import Refusal
 from .http import Headers, Receive, Scope, Send
@@ -330,17 +330,18 @@ async def relay(
     gateway: Gateway, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint
 ) -> None:
     call = Call(gateway, send, receive, endpoint, time.monotonic())
-    if not tracing.ON:
+    tracer = gateway.tracer
+    if not tracer.on:
         await _relay(call, scope)
         return
-    with tracing.request(scope, endpoint.operation, call.request_id) as span:
+    with tracer.request(scope, endpoint.operation, call.request_id) as span:
         call.span = span
         await _relay(call, scope)
 
 
 def _step(call: Call, name: str) -> AbstractContextManager[Any]:
     """A child span of the request's while tracing is on; a context that does nothing else."""
-    return _NO_SPAN if call.span is None else tracing.step(name)
+    return _NO_SPAN if call.span is None else call.gateway.tracer.step(name)
 
 
 _NO_SPAN = nullcontext()
@@ -447,7 +448,7 @@ async def _admit(call: Call, asked: Asked) -> limits.Admission | Refusal | None:
     decided = await counters.check(key.id, key.limits, team, snapshot.budgets, reserve=reserve)
     board = gateway.metrics
     board.limit_slots_held.set(counters.held())
-    if isinstance(decided, limits.Refused):
+    if isinstance(decided, limits.OverLimit):
         if decided.limit == "redis":
             board.limits_redis_fallback.labels("refuse").inc()
             return errors.limits_unreachable(
@@ -624,7 +625,9 @@ async def _sent(call: Call, asked: Asked, prepared: Prepared, hold: routing.Hold
     gateway, endpoint = call.gateway, call.endpoint
     decision, entry = prepared.decision, asked.entry
     engine = (
-        None if call.span is None else tracing.engine_call(decision.engine_name, endpoint.operation)
+        None
+        if call.span is None
+        else gateway.tracer.engine_call(decision.engine_name, endpoint.operation)
     )
     sent_at = time.monotonic()
     try:
@@ -635,6 +638,7 @@ async def _sent(call: Call, asked: Asked, prepared: Prepared, hold: routing.Hold
             stream=asked.stream,
             balancer=gateway.balancer,
             upstream=gateway.upstream,
+            tracer=gateway.tracer,
             refresh=prepared.refresh,
             prefix=prepared.prefix,
             hold=hold,
@@ -643,17 +647,23 @@ async def _sent(call: Call, asked: Asked, prepared: Prepared, hold: routing.Hold
         call.answered_by(exc.candidate, decision)
         log.warning("gateway: %s for %s", exc, entry.name)
         if engine is not None:
-            tracing.end_engine_call(engine, str(exc), **{"llmgw.replica": exc.candidate.id})
+            call.gateway.tracer.end_engine_call(
+                engine, str(exc), **{"llmgw.replica": exc.candidate.id}
+            )
         return _refused(errors.timeout(decision.model, exc.seconds), entry.name, decision.model)
     except proxy.ReplicaGone as exc:
         call.answered_by(exc.candidate, decision)
         log.warning("gateway: %s for %s", exc, entry.name)
         if engine is not None:
-            tracing.end_engine_call(engine, str(exc), **{"llmgw.replica": exc.candidate.id})
+            call.gateway.tracer.end_engine_call(
+                engine, str(exc), **{"llmgw.replica": exc.candidate.id}
+            )
         return _refused(errors.unreachable(decision.model), entry.name, decision.model)
     except BaseException:
         if engine is not None:
-            tracing.end_engine_call(engine, "the request ended before the engine answered")
+            call.gateway.tracer.end_engine_call(
+                engine, "the request ended before the engine answered"
+            )
         raise
     if engine is not None:
         # For a stream, the wait for its first chunk: the time to the first token.
@@ -718,7 +728,7 @@ async def _whole(
         if prepared.rename is not None:
             body_out = _renamed(body_out, *prepared.rename)
     if engine is not None:
-        tracing.end_engine_call(
+        call.gateway.tracer.end_engine_call(
             engine, f"HTTP {answer.status}" if answer.status >= 500 else None, **call.usage()
         )
     return Reply(answer.status, body_out, headers, entry.name, decision.model)
@@ -790,7 +800,7 @@ async def _relay_stream(call: Call, reply: Reply, streamed: Streamed) -> None:
         call.tokens(reply.answered_by, *tally.totals())
         if streamed.engine is not None:
             broken = "the stream broke off" if status == 502 else None
-            tracing.end_engine_call(streamed.engine, broken, **call.usage())
+            call.gateway.tracer.end_engine_call(streamed.engine, broken, **call.usage())
         # A stream's status is known only now (502 when the replica broke it off).
         _count(call, reply.name, reply.answered_by, status)
 
@@ -799,7 +809,7 @@ def _count(call: Call, name: str | None, answered_by: str, status: int) -> None:
     """A request is answered: count it in /metrics and in the traffic figures (and its span,
     while tracing is on)."""
     if call.span is not None:
-        tracing.outcome(call.span, status, name, answered_by, call.usage())
+        call.gateway.tracer.outcome(call.span, status, name, answered_by, call.usage())
     if name is None:
         return  # refused before it named a model it may use: not counted
     gateway = call.gateway

@@ -1,41 +1,12 @@
 """What the gateway routes by, kept in each gateway process's memory.
 
-A request reads nothing from the database: the catalog, the replicas in routing,
-the gateway keys (their hashes) and which on-demand models fit on no node are a
-`Snapshot` held here, replaced whole when something changed. A thread of its own
-in each process (`GatewayState._run`) learns of changes from the database itself
-(see access.triggers): on PostgreSQL by LISTEN, delivered when the change
-commits; on SQLite by reading one version number every POLL_SECONDS. It reads
-the catalog and replicas again then, and every SAFETY_SECONDS anyway, in case a
-notification was lost (a dropped connection).
-
-Replicas are the exception on PostgreSQL: a fleet of thousands of nodes runs tens of
-thousands of them, and placing a model changes hundreds a second. Each replica's
-notification names it, and the refresher reads again only the replicas named
-(`Changes`, `refresh_replicas`), not all of them; everything is read whole when
-anything else changed, at most MAX_NAMED replicas apart, and every FULL_SECONDS in
-case a notification was lost. The engines' figures and the budgets' tokens, which
-no notification covers, are read again every SAFETY_SECONDS.
-
-Keys are the exception: there may be millions, so they are read once whole and
-then only those changed since the last read (`Keys`), kept in one table per
-process that every Snapshot shares rather than copies. A revoked key, a key of a
-deactivated or deleted user, stops working, and a withdrawn replica gets no new
-request, within about POLL_SECONDS plus one read (tens of milliseconds on
-PostgreSQL, whatever the number of keys) — well inside the drain that keeps a
-withdrawn replica running (fleet.services.DRAIN_SECONDS).
-
-Limits (gateway.limits) come the same way: a key's with the key (a second, sparse
-table holds them for the keys that have any), every team's whole with the catalog
-(a team's change notifies as a model's does), and, where any key or team has a
-token budget, the tokens the database holds this month (gateway.limits.Budgets).
-
-The writes a request implies are made by the same thread, off the request's
-path: an on-demand model's idle clock (and waking it), and a key's last use.
-
-Something not found (a key, a model name) may simply be newer than the copy: the
-request then waits for the refresher's next look (at most POLL_SECONDS) before
-it is refused. Refusals of made-up keys therefore cost the database nothing.
+A request reads nothing from the database: the catalog, the replicas in routing, the gateway
+keys (their hashes and limits), the teams and which on-demand models fit on no node are a
+`Snapshot` held here, replaced whole when something changed (keys excepted: `Keys`, one table
+every Snapshot shares). A thread of its own in each process (`GatewayState._run`) learns of
+changes from the database (access.triggers) and reads again; it also makes the writes a request
+implies (an on-demand model's idle clock, a key's last use), off the request's path. How soon a
+change is seen, and at what cost: docs/scaling.md#how-the-gateway-runs-and-how-it-scales-out.
 """
 
 from __future__ import annotations
@@ -61,14 +32,24 @@ from llmgw.limitdefs import COUNTERS
 
 from . import limits
 from .limits import Budgets, Limits, key_ident, limits_of, no_budgets, team_ident
-from .metrics import EngineFigures, metrics
+from .metrics import EngineFigures, Metrics, metrics
 from .routing import Candidate, Catalog, Entry, read_catalog, read_replicas, replica_versions
 
 log = logging.getLogger("llmgw.gateway")
 
+# How often the refresher looks for changes: on PostgreSQL it waits this long for a notification
+# (LISTEN, delivered when the change commits), on SQLite it reads the one version number. A key
+# or model name not found may be newer than the copy: its request waits for the next look before
+# it is refused (gateway.relay), so made-up keys cost the database nothing, and a revoked key or
+# a withdrawn replica is out within about this plus one read, well inside the drain that keeps a
+# withdrawn replica running (fleet.services.DRAIN_SECONDS).
 POLL_SECONDS = 0.05
+# The engines' figures and the budgets' tokens, which no notification covers, are read this often.
 SAFETY_SECONDS = 5.0
-# Everything is read whole at least this often, replicas included (see the docstring).
+# On PostgreSQL a replica's notification names it, and the refresher reads again only the
+# replicas named (`Changes`, `refresh_replicas`): placing a model changes hundreds a second.
+# Everything is read whole when anything else changed, or past MAX_NAMED; and at least this often
+# everything is checked against the database, in case a notification was lost.
 FULL_SECONDS = 60.0
 # More replicas named by the notifications of one look than this: everything is read whole
 # (one read of all is cheaper than this many by name), and no more names are kept.
@@ -482,7 +463,9 @@ def refresh_replicas(previous: Snapshot, named: set[str]) -> Snapshot:
     return replace(previous, replicas=replicas, read_at=time.monotonic())
 
 
-def checked_replicas(previous: Snapshot) -> dict[str, list[Candidate]] | None:
+def checked_replicas(
+    previous: Snapshot, board: Metrics | None = None
+) -> dict[str, list[Candidate]] | None:
     """Every replica in routing as the database holds it now, reading again only those whose
     row's version or node's address differs from what `previous` holds (PostgreSQL), or None
     when they must all be read (SQLite, or more than MAX_NAMED differ).
@@ -498,7 +481,8 @@ def checked_replicas(previous: Snapshot) -> dict[str, list[Candidate]] | None:
     named.update(held.keys() - now.keys())
     if len(named) > MAX_NAMED:
         return None
-    metrics().replicas_reread.inc(len(named))
+    if board is not None:
+        board.replicas_reread.inc(len(named))
     return refresh_replicas(previous, named).replicas if named else previous.replicas
 
 
@@ -573,8 +557,12 @@ class GatewayState:
     """The current snapshot, the refresher that replaces it, and the writes waiting for it:
     the traffic figures in `book` among them. One per gateway (gateway.app.Gateway)."""
 
-    def __init__(self, book: traffic.TrafficBook | None = None) -> None:
+    def __init__(
+        self, book: traffic.TrafficBook | None = None, board: Metrics | None = None
+    ) -> None:
         self.book = book if book is not None else traffic.TrafficBook()
+        # The gateway's figures (gateway.process.Gateway.metrics), which the refresher sets.
+        self.board = board if board is not None else metrics()
         # The gateway's limit counters, once made: a budget's reads leave out what their
         # writers (this machine's gateway processes) still hold.
         self.counters: limits.SharedCounters | None = None
@@ -656,7 +644,7 @@ class GatewayState:
             self._flush()
         finally:
             demand, key_uses = self.sizes()
-            board = metrics()
+            board = self.board
             board.demand_entries.set(demand)
             board.key_uses_entries.set(key_uses)
 
@@ -721,7 +709,7 @@ class GatewayState:
             except Exception:
                 # Figures are kept for the next flush; routing must not wait on them.
                 log.exception("gateway: could not write traffic figures; trying again later")
-            metrics().traffic_entries.set(self.book.size())
+            self.board.traffic_entries.set(self.book.size())
 
     # -- the refresher ------------------------------------------------------------------
 
@@ -739,7 +727,9 @@ class GatewayState:
         if previous is None:
             return self.reload()
         return self._replace(
-            read_snapshot(previous.keys, self.counters, replicas=checked_replicas(previous))
+            read_snapshot(
+                previous.keys, self.counters, replicas=checked_replicas(previous, self.board)
+            )
         )
 
     def refresh(self, changes: Changes) -> Snapshot:
@@ -751,7 +741,7 @@ class GatewayState:
 
     def _replace(self, snapshot: Snapshot) -> Snapshot:
         self._snapshot = snapshot
-        board = metrics()
+        board = self.board
         board.keys_held.set(len(snapshot.keys))
         board.keys_limited.set(snapshot.keys.limited)
         board.snapshot_entries.set(snapshot.size())
@@ -776,7 +766,7 @@ class GatewayState:
     def _run(self) -> None:
         watcher: _Watcher | None = None
         lost_at: float | None = None  # monotonic time the database was lost; None while up
-        metrics().database_up.set(1)
+        self.board.database_up.set(1)
         while not self._stop.is_set():
             try:
                 # looked_at is when a look began reading, not when it ended: a request for a key
@@ -807,15 +797,15 @@ class GatewayState:
                         time.monotonic() - lost_at,
                     )
                     lost_at = None
-                    metrics().database_up.set(1)
+                    self.board.database_up.set(1)
             except Exception as exc:
                 # The database is away, or a connection broke: keep serving from memory, and
                 # start over (a new connection, a full read) in a moment. One line when it goes
                 # and one when it is back, not one a retry.
                 if lost_at is None:
                     lost_at = time.monotonic()
-                    metrics().database_up.set(0)
-                    metrics().database_outages.inc()
+                    self.board.database_up.set(0)
+                    self.board.database_outages.inc()
                     log.warning(
                         "gateway: lost the database (%s); serving keys, models and replicas "
                         "from memory, keeping what requests leave to write",
@@ -948,8 +938,3 @@ def _watcher() -> _Watcher:
     if connection.vendor == "postgresql":
         return _Listen()
     return _VersionPoll()
-
-
-# This process's state: the gateway the lifespan makes (gateway.app.Gateway.started) holds it, and
-# so does the one made at the first request without a lifespan; a test may make its own.
-state = GatewayState()

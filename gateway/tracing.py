@@ -8,7 +8,7 @@ until the answer's last byte (the replica, why it was chosen, the time to its fi
 retry as an event) and whose `traceparent` goes to the engine with the request. Attributes
 follow OpenTelemetry's GenAI conventions where they have one (gen_ai.*).
 
-Off (the default), ON is False: the request path tests that one flag and nothing of
+Off (the default), Tracer.on is False: the request path tests that one flag and nothing of
 OpenTelemetry is imported (bench/gateway.py measures what the flag costs).
 """
 
@@ -20,23 +20,6 @@ from typing import Any
 
 from llmgw.tracing import start_tracing
 
-ON = False
-_tracer: Any = None
-_propagator: Any = None
-
-
-def start() -> bool:
-    """Turn tracing on in this process when the environment asks for it (llmgw.tracing)."""
-    global ON, _tracer, _propagator
-    if ON or not start_tracing("llmgw-gateway", ()):
-        return ON
-    from opentelemetry import propagate, trace
-
-    _tracer = trace.get_tracer("llmgw.gateway")
-    _propagator = propagate.get_global_textmap()
-    ON = True
-    return True
-
 
 def _carrier(scope: Mapping[str, Any]) -> dict[str, str]:
     """The trace headers the client sent (traceparent, tracestate), for the propagator."""
@@ -47,98 +30,113 @@ def _carrier(scope: Mapping[str, Any]) -> dict[str, str]:
     return found
 
 
-@contextlib.contextmanager
-def request(scope: Mapping[str, Any], operation: str, request_id: str) -> Iterator[Any]:
-    """The request's server span, current while the block runs (call only when ON); `operation`
-    is its endpoint's in GenAI's words (gen_ai.operation.name, gateway.endpoints)."""
-    from opentelemetry.trace import SpanKind
+class Tracer:
+    """A gateway's tracing: off (`on` False, nothing of OpenTelemetry imported) unless
+    started where the environment asks for traces. The gateway (gateway.process) holds one
+    and hands it to what traces; the request path tests `on` and nothing else while off."""
 
-    parent = _propagator.extract(_carrier(scope))
-    path = scope.get("path", "")
-    with _tracer.start_as_current_span(
-        f"{scope.get('method', 'POST')} {path}",
-        context=parent,
-        kind=SpanKind.SERVER,
-        attributes={
-            "http.request.method": scope.get("method", ""),
-            "url.path": path,
-            "http.route": path,
-            "gen_ai.operation.name": operation,
-            "gen_ai.system": "llama.cpp",
-            "llmgw.request_id": request_id,
-        },
-    ) as span:
-        yield span
+    def __init__(self) -> None:
+        self.on = False
+        self._tracer: Any = None
+        self._propagator: Any = None
 
+    def start(self) -> bool:
+        """Turn tracing on when the environment asks for it (llmgw.tracing); whether it is."""
+        if self.on or not start_tracing("llmgw-gateway", ()):
+            return self.on
+        from opentelemetry import propagate, trace  # only with tracing on: its cost is the import
 
-@contextlib.contextmanager
-def step(name: str, **attributes: Any) -> Iterator[Any]:
-    """A child span of the current one (call only when ON)."""
-    with _tracer.start_as_current_span(name, attributes=_plain(attributes)) as span:
-        yield span
+        self._tracer = trace.get_tracer("llmgw.gateway")
+        self._propagator = propagate.get_global_textmap()
+        self.on = True
+        return True
 
+    @contextlib.contextmanager
+    def request(self, scope: Mapping[str, Any], operation: str, request_id: str) -> Iterator[Any]:
+        """The request's server span, current while the block runs (call only when on); `operation`
+        is its endpoint's in GenAI's words (gen_ai.operation.name, gateway.endpoints)."""
+        from opentelemetry.trace import SpanKind
 
-def engine_call(model: str, operation: str) -> Any:
-    """The engine call's client span, current until `end_engine_call` (call only when ON): it
-    outlives the function that starts it, for a stream ends when its last chunk is relayed."""
-    from opentelemetry import context, trace
-    from opentelemetry.trace import SpanKind
+        parent = self._propagator.extract(_carrier(scope))
+        path = scope.get("path", "")
+        with self._tracer.start_as_current_span(
+            f"{scope.get('method', 'POST')} {path}",
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes={
+                "http.request.method": scope.get("method", ""),
+                "url.path": path,
+                "http.route": path,
+                "gen_ai.operation.name": operation,
+                "gen_ai.system": "llama.cpp",
+                "llmgw.request_id": request_id,
+            },
+        ) as span:
+            yield span
 
-    span = _tracer.start_span(
-        f"engine {model}",
-        kind=SpanKind.CLIENT,
-        attributes={
-            "gen_ai.operation.name": operation,
-            "gen_ai.system": "llama.cpp",
-            "gen_ai.request.model": model,
-        },
-    )
-    token = context.attach(trace.set_span_in_context(span))
-    return span, token
+    @contextlib.contextmanager
+    def step(self, name: str, **attributes: Any) -> Iterator[Any]:
+        """A child span of the current one (call only when on)."""
+        with self._tracer.start_as_current_span(name, attributes=_plain(attributes)) as span:
+            yield span
 
+    def engine_call(self, model: str, operation: str) -> Any:
+        """The engine call's client span, current until `end_engine_call` (call only when on): it
+        outlives the function that starts it, for a stream ends when its last chunk is relayed."""
+        from opentelemetry import context, trace
+        from opentelemetry.trace import SpanKind
 
-def end_engine_call(started: Any, error: str | None = None, **attributes: Any) -> None:
-    from opentelemetry import context
-    from opentelemetry.trace import Status, StatusCode
+        span = self._tracer.start_span(
+            f"engine {model}",
+            kind=SpanKind.CLIENT,
+            attributes={
+                "gen_ai.operation.name": operation,
+                "gen_ai.system": "llama.cpp",
+                "gen_ai.request.model": model,
+            },
+        )
+        token = context.attach(trace.set_span_in_context(span))
+        return span, token
 
-    span, token = started
-    span.set_attributes(_plain(attributes))
-    if error is not None:
-        span.set_status(Status(StatusCode.ERROR, error))
-    span.end()
-    with contextlib.suppress(ValueError):  # detached in another context (a task's copy)
-        context.detach(token)
+    def end_engine_call(self, started: Any, error: str | None = None, **attributes: Any) -> None:
+        from opentelemetry import context
+        from opentelemetry.trace import Status, StatusCode
 
+        span, token = started
+        span.set_attributes(_plain(attributes))
+        if error is not None:
+            span.set_status(Status(StatusCode.ERROR, error))
+        span.end()
+        with contextlib.suppress(ValueError):  # detached in another context (a task's copy)
+            context.detach(token)
 
-def outcome(
-    span: Any, status: int, name: str | None, answered_by: str, usage: dict[str, int]
-) -> None:
-    """What the request ended with, on its server span."""
-    from opentelemetry.trace import Status, StatusCode
+    def outcome(
+        self, span: Any, status: int, name: str | None, answered_by: str, usage: dict[str, int]
+    ) -> None:
+        """What the request ended with, on its server span."""
+        from opentelemetry.trace import Status, StatusCode
 
-    span.set_attributes({"http.response.status_code": status, **usage})
-    if name is not None:
-        span.set_attribute("gen_ai.request.model", name)
-    if answered_by:
-        span.set_attribute("gen_ai.response.model", answered_by)
-    if status >= 500:
-        span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
+        span.set_attributes({"http.response.status_code": status, **usage})
+        if name is not None:
+            span.set_attribute("gen_ai.request.model", name)
+        if answered_by:
+            span.set_attribute("gen_ai.response.model", answered_by)
+        if status >= 500:
+            span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
 
+    def engine_headers(self) -> dict[str, str]:
+        """The current span's traceparent (and tracestate) for the engine's request; {} when off."""
+        if not self.on:
+            return {}
+        carrier: dict[str, str] = {}
+        self._propagator.inject(carrier)
+        return carrier
 
-def engine_headers() -> dict[str, str]:
-    """The current span's traceparent (and tracestate) for the engine's request; {} when off."""
-    if not ON:
-        return {}
-    carrier: dict[str, str] = {}
-    _propagator.inject(carrier)
-    return carrier
+    def current_event(self, name: str, **attributes: Any) -> None:
+        """An event on the current span (call only when on)."""
+        from opentelemetry import trace
 
-
-def current_event(name: str, **attributes: Any) -> None:
-    """An event on the current span (call only when ON)."""
-    from opentelemetry import trace
-
-    trace.get_current_span().add_event(name, _plain(attributes))
+        trace.get_current_span().add_event(name, _plain(attributes))
 
 
 def _plain(attributes: dict[str, Any]) -> dict[str, Any]:

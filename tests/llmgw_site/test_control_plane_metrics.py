@@ -33,15 +33,9 @@ def samples(text: str, name: str) -> dict[str, float]:
 @pytest.fixture(scope="module")
 def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
     running = System(tmp_path_factory.mktemp("control-metrics"))
-    try:
-        running.start()
+    with running.running():
         running.add_ready_nodes(memory_gb=1, cores=1, names=("node-a",))
         yield running
-    except BaseException:
-        print(running.log_tail())
-        raise
-    finally:
-        running.close()
 
 
 def scrape(system: System) -> str:
@@ -141,15 +135,15 @@ def test_scrapes_read_the_database_at_most_once_in_a_while(monkeypatch: pytest.M
         return ControlPlaneFigures(rollouts={"done": len(reads)}, heartbeat_ages={})
 
     monkeypatch.setattr(selectors, "control_plane_figures", figures)
-    monkeypatch.setattr(app, "_control_plane_read", None)
+    gateway = SimpleNamespace(control_plane_read=None)
     # No database here: closing the connection would touch the one an earlier database test
     # left open, which pytest-django refuses outside a database test.
     monkeypatch.setattr(app, "connection", SimpleNamespace(close=lambda: None))
-    texts = {app._control_plane_text() for _ in range(100)}
+    texts = {app._control_plane_text(gateway) for _ in range(100)}
     assert len(reads) == 1
     assert texts == {control_plane_exposition(ControlPlaneFigures({"done": 1}, {}))}
     monkeypatch.setattr(app, "CONTROL_PLANE_READ_SECONDS", 0.0)
-    app._control_plane_text()
+    app._control_plane_text(gateway)
     assert len(reads) == 2
 
 
@@ -166,11 +160,11 @@ def test_a_scrape_leaves_no_connection_open_in_the_thread_that_read_the_database
 
     if connection.vendor == "sqlite" and connection.is_in_memory_db():
         pytest.skip("Django never closes an in-memory SQLite database (the tests' own)")
-    monkeypatch.setattr(app, "_control_plane_read", None)
     held: list[object] = []
 
     def scrape() -> None:
-        assert app._control_plane_text().startswith(b"# HELP")
+        fresh = SimpleNamespace(control_plane_read=None)
+        assert app._control_plane_text(fresh).startswith(b"# HELP")
         held.append(connection.connection)
 
     thread = threading.Thread(target=scrape)
