@@ -27,6 +27,7 @@ class FleetConfig(AppConfig):
     kicks: Kicks
 
     def ready(self) -> None:
+        # Here, not at the top: apps.py is imported while the apps load, before models exist.
         from .liveness import Liveness
         from .receivers import Kicks
         from .reconciler import SilentNodes

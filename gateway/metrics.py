@@ -482,7 +482,7 @@ def exposition(
         if control is not None:
             text += generate_latest(control.registry)
     else:
-        from prometheus_client import multiprocess
+        from prometheus_client import multiprocess  # as the import above: after the folder is set
 
         _forget_dead_processes(current.folder)
         registry = CollectorRegistry()

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
+from django.db import connection
 from django.db.models import CharField, Value
 from django.db.models.expressions import RawSQL
 
@@ -162,8 +163,6 @@ def _in_routing() -> Any:
 
 def _with_version(rows: Any) -> Any:
     """`rows` with each one's version (see Candidate.version)."""
-    from django.db import connection
-
     if connection.vendor != "postgresql":
         return rows.annotate(version=Value("", output_field=CharField()))
     return rows.annotate(version=RawSQL(f'"{Replica._meta.db_table}"."xmin"::text', ()))

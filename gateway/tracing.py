@@ -55,7 +55,7 @@ class Tracer:
     def request(self, scope: Mapping[str, Any], operation: str, request_id: str) -> Iterator[Any]:
         """The request's server span, current while the block runs (call only when on); `operation`
         is its endpoint's in GenAI's words (gen_ai.operation.name, gateway.endpoints)."""
-        from opentelemetry.trace import SpanKind
+        from opentelemetry.trace import SpanKind  # imported only with tracing on
 
         parent = self._propagator.extract(_carrier(scope))
         path = scope.get("path", "")
@@ -83,8 +83,8 @@ class Tracer:
     def engine_call(self, model: str, operation: str) -> Any:
         """The engine call's client span, current until `end_engine_call` (call only when on): it
         outlives the function that starts it, for a stream ends when its last chunk is relayed."""
-        from opentelemetry import context, trace
-        from opentelemetry.trace import SpanKind
+        from opentelemetry import context, trace  # imported only with tracing on
+        from opentelemetry.trace import SpanKind  # imported only with tracing on
 
         span = self._tracer.start_span(
             f"engine {model}",
@@ -99,8 +99,8 @@ class Tracer:
         return span, token
 
     def end_engine_call(self, started: Any, error: str | None = None, **attributes: Any) -> None:
-        from opentelemetry import context
-        from opentelemetry.trace import Status, StatusCode
+        from opentelemetry import context  # imported only with tracing on
+        from opentelemetry.trace import Status, StatusCode  # imported only with tracing on
 
         span, token = started
         span.set_attributes(_plain(attributes))
@@ -114,7 +114,7 @@ class Tracer:
         self, span: Any, status: int, name: str | None, answered_by: str, usage: dict[str, int]
     ) -> None:
         """What the request ended with, on its server span."""
-        from opentelemetry.trace import Status, StatusCode
+        from opentelemetry.trace import Status, StatusCode  # imported only with tracing on
 
         span.set_attributes({"http.response.status_code": status, **usage})
         if name is not None:
@@ -134,7 +134,7 @@ class Tracer:
 
     def current_event(self, name: str, **attributes: Any) -> None:
         """An event on the current span (call only when on)."""
-        from opentelemetry import trace
+        from opentelemetry import trace  # imported only with tracing on
 
         trace.get_current_span().add_event(name, _plain(attributes))
 
