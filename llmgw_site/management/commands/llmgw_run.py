@@ -28,16 +28,10 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from catalog.config import current_config
-from catalog.models import Model
 from core.actor import Actor
-from fleet.models import Node
-from fleet.services import node_add
 from gateway.conf import trusted_proxies
 from llmgw import demo, localhub
 from llmgw_site.private_files import FILE_MODE, kept_secret, restrict, write_secret
-from llmgw_site.startup import apply_config_on_start
-from registry.updates import serve_start
 
 
 def worker_command(bin_dir: Path) -> list[str]:
@@ -200,6 +194,10 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
+        # Here, not at the top: the benches import this module's process commands (gateway_command)
+        # without Django set up, and these reach the models.
+        from llmgw_site.startup import apply_config_on_start
+
         call_command("migrate", verbosity=0)
         # Before anything reads the configuration (the demo model does) or starts: a bad
         # server.yaml stops here with its message and exit code 2, as each process would.
@@ -309,6 +307,11 @@ class Command(BaseCommand):
     def _local_node(self) -> Path:
         """The file holding the local node's token, kept in var/ (the control plane itself only
         keeps its hash)."""
+        # Here, not at the top: the benches import this module's process commands (gateway_command)
+        # without Django set up, and these reach the models.
+        from fleet.models import Node
+        from fleet.services import node_add
+
         token_file = settings.VAR_DIR / "local-node-token"
         if token_file.exists() and Node.objects.filter(name="local").exists():
             restrict(token_file, FILE_MODE)  # left readable by others by an earlier version
@@ -327,6 +330,10 @@ class Command(BaseCommand):
         server.yaml or LLMGW_REGISTRY_ENDPOINT is used as named, Hugging Face itself included.
         Without git-lfs (`make run` without root cannot install it) the run goes on without the
         demo, saying so in one line, rather than stopping."""
+        # Here, not at the top: the benches import this module's process commands (gateway_command)
+        # without Django set up, and these reach the models.
+        from catalog.config import current_config
+
         config = current_config()
         if config.registry_named_by:
             self.stdout.write(
@@ -367,6 +374,11 @@ class Command(BaseCommand):
 
     def _demo_model(self) -> None:
         """Serve the demo repository's model, following main, so there is something to update."""
+        # Here, not at the top: the benches import this module's process commands (gateway_command)
+        # without Django set up, and these reach the models.
+        from catalog.models import Model
+        from registry.updates import serve_start
+
         existing = Model.objects.filter(name=demo.DEMO_MODEL).first()
         if existing is None:
             admin = get_user_model().objects.filter(is_superuser=True).order_by("pk").first()
