@@ -30,6 +30,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Case, CharField, F, IntegerField, Q, Sum, Value, When
 
+from access.live import LiveUse
 from access.models import KeyUsageDay
 
 from . import boards, conf
@@ -992,15 +993,6 @@ def _boards_in(
 
 
 # -- what the web shows: use now, read from the gateway processes' files ----------------------
-
-
-@dataclass(frozen=True, slots=True)
-class LiveUse:
-    """A key's or team's use now, over the gateway processes that count it."""
-
-    in_flight: int = 0
-    requests_last_minute: int = 0
-    tokens_last_minute: int = 0
 
 
 def live_use(

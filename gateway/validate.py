@@ -50,9 +50,9 @@ class _Bad(Exception):
 Rules = Callable[[dict[str, Any]], None]
 
 
-def refusal(rules: Rules | str | None, body: dict[str, Any]) -> Refusal | None:
-    """None when the engine can take this body under `rules`, an endpoint's (gateway.endpoints)
-    or the rules of that name in RULES; otherwise the 400 that says what is wrong, with `param`
+def refusal(rules: Rules | None, body: dict[str, Any]) -> Refusal | None:
+    """None when the engine can take this body under `rules`, an endpoint's (gateway.endpoints);
+    otherwise the 400 that says what is wrong, with `param`
     naming the field. Without rules, only every value is checked.
 
     It runs on every request, so it is one plain pass: a walk over every value (finite
@@ -63,12 +63,11 @@ def refusal(rules: Rules | str | None, body: dict[str, Any]) -> Refusal | None:
     does not name pass unchecked (the engine checks its many own); only their numbers and
     strings are walked. tests/gateway/test_validate.py lists bodies the engine answered with a
     500."""
-    check = RULES.get(rules) if isinstance(rules, str) else rules
     try:
         if not _sound(body):
             _locate_unsound(body)
-        if check is not None:
-            check(body)
+        if rules is not None:
+            rules(body)
     except _Bad as bad:
         return errors.bad_request(bad.message, param=bad.param)
     return None
@@ -649,9 +648,3 @@ def _tokens(tokens: list[Any], where: str) -> None:
                 f"{_what(token)}.{why}",
                 f"{where}[{index}]",
             )
-
-
-# The rules by their names, for a caller that names them (the tests, bench/validate.py): which
-# endpoint follows which is gateway.endpoints' word, which cannot be imported here (it imports
-# this module).
-RULES: dict[str, Rules] = {rules.__name__: rules for rules in (chat, completions, embeddings)}

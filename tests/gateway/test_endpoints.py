@@ -31,7 +31,7 @@ def test_it_routes_every_endpoint_and_nothing_else() -> None:
 
 @pytest.mark.parametrize("endpoint", RELAYED, ids=lambda e: e.path)
 def test_each_relayed_endpoint_checks_its_body_and_has_a_trace_name(endpoint: Endpoint) -> None:
-    assert endpoint.rules is not None and endpoint.rules in validate.RULES.values()
+    assert endpoint.rules is not None and endpoint.rules.__module__ == validate.__name__
     # Its rules are its own: a body with nothing but a model is refused, naming what is missing.
     refused = validate.refusal(endpoint.rules, {"model": "m"})
     assert refused is not None and refused.status == 400

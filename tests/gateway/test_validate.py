@@ -18,12 +18,22 @@ from typing import Any
 import pytest
 import requests
 
+from gateway import validate
 from gateway.asgi import parse_body
-from gateway.validate import refusal
+from gateway.endpoints import ENDPOINTS
+from gateway.errors import Refusal
 from llmgw.engine import find_engine
 from tests.support.waiting import wait_for
 
 HI = [{"role": "user", "content": "hi"}]
+
+
+# The body rules of each endpoint, by its name (gateway.endpoints): what the cases below name.
+RULES = {endpoint.name: endpoint.rules for endpoint in ENDPOINTS if endpoint.rules is not None}
+
+
+def refusal(endpoint: str, body: dict[str, Any]) -> Refusal | None:
+    return validate.refusal(RULES.get(endpoint), body)  # none (the model list): the walk alone
 
 
 def chat(**fields: Any) -> dict[str, Any]:
