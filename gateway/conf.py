@@ -1,16 +1,50 @@
 """The gateway's settings: a Django setting when the site defines one, else the environment.
 
-Each is read when used (not at import), so tests and a changed settings module
-take effect without a restart of the module.
+Each is read when used (not at import), so tests and a changed settings module take effect
+without a restart of the module. Those every request reads (`@per_request`) are read once and
+kept until a Django setting changes (a test's override sends `setting_changed`): a read costs a
+few microseconds (a missing setting is an AttributeError inside Django's LazySettings, then the
+environment), and a request reads ten of them.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from django.conf import settings
+from django.core.signals import setting_changed
 
 from core.env import EnvError, parse_bool, parse_number
+
+T = TypeVar("T")
+# What the per-request settings were read as; a handful of entries, one per function below.
+_kept: dict[str, Any] = {}
+
+
+def per_request(read: Callable[[], T]) -> Callable[[], T]:
+    """`read`, remembered after its first answer until a Django setting changes. A value that
+    cannot be read (an EnvError) is not remembered: each use says so."""
+    name = read.__qualname__
+
+    @functools.wraps(read)
+    def kept() -> T:
+        try:
+            return _kept[name]  # type: ignore[no-any-return]
+        except KeyError:
+            value = _kept[name] = read()
+            return value
+
+    return kept
+
+
+def _forget(**_: object) -> None:
+    _kept.clear()
+
+
+setting_changed.connect(_forget, dispatch_uid="llmgw.gateway.conf")
 
 
 def _number(name: str, default: float, *, minimum: float) -> float:
@@ -21,11 +55,13 @@ def _number(name: str, default: float, *, minimum: float) -> float:
     return parse_number(name, raw, minimum=minimum)
 
 
+@per_request
 def wait_seconds() -> float:
     """How long a request waits for a replica that is being started (on demand, or being placed)."""
     return _number("LLMGW_GATEWAY_WAIT", 60, minimum=0)
 
 
+@per_request
 def upstream_timeout() -> float:
     """How long a replica may stay silent before the request fails.
 
@@ -67,6 +103,7 @@ def forward_to() -> str | None:
     return raw.rstrip("/") or None
 
 
+@per_request
 def max_body_bytes() -> int:
     return int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 1024 * 1024)
 
@@ -95,6 +132,7 @@ def max_connections() -> int:
     return int(_number("LLMGW_GATEWAY_MAX_CONNECTIONS", 4096, minimum=16))
 
 
+@per_request
 def body_seconds() -> float:
     """How long a request body may pause between two of its pieces (408 after)."""
     return _number("LLMGW_GATEWAY_BODY_TIMEOUT", 30, minimum=0.1)
@@ -145,6 +183,7 @@ def trusted_proxies() -> list[str]:
 # -- fair queueing when a model's slots are all busy (gateway.fairqueue) --
 
 
+@per_request
 def fair_queue_on() -> bool:
     """Whether a request waits in the gateway, in fair order between keys, when every slot of its
     model is busy (the default); off sends it on at once, to wait in the engine's own
@@ -156,6 +195,7 @@ def fair_queue_on() -> bool:
     return _flag("LLMGW_FAIR_QUEUE")
 
 
+@per_request
 def queue_timeout() -> float:
     """Seconds a request may wait in the gateway's queue for a free slot (then 503 with
     Retry-After). Counted from when it starts waiting, apart from LLMGW_GATEWAY_WAIT (a replica
@@ -179,6 +219,7 @@ def limits_redis_url() -> str | None:
     return url or None
 
 
+@per_request
 def limits_redis_timeout() -> float:
     """How long a request waits for Redis's word on its limits (gateway.redislimits) before the
     fallback decides it (LLMGW_LIMITS_REDIS_FALLBACK), and Redis is left alone a few seconds."""
@@ -200,6 +241,7 @@ def limits_redis_fallback() -> str:
     return value
 
 
+@per_request
 def queue_max() -> int:
     """Requests that may wait for a free slot of one model on this machine, all gateway processes
     together (one more gets 429 at once); 0: none waits, a request finding every slot busy gets
@@ -207,12 +249,14 @@ def queue_max() -> int:
     return int(_number("LLMGW_QUEUE_MAX", 1000, minimum=0))
 
 
+@per_request
 def queue_max_per_user() -> int:
     """Of LLMGW_QUEUE_MAX, the requests of one person's keys that may wait (a quarter of it by
     default): one person cannot fill a model's queue and turn everyone else away."""
     return int(_number("LLMGW_QUEUE_MAX_PER_USER", queue_max() // 4, minimum=0))
 
 
+@per_request
 def queue_max_per_key() -> int:
     """Of those, the requests of one key that may wait (as many as its owner's by default)."""
     return int(_number("LLMGW_QUEUE_MAX_PER_KEY", queue_max_per_user(), minimum=0))

@@ -295,6 +295,10 @@ class _Board:
     def _has_waiters(buffer: Any, model: int) -> bool:
         return bool(_BUCKET.unpack_from(buffer, _BUCKETS_AT + (model % BUCKETS) * _BUCKET.size)[0])
 
+    def processes(self) -> int:
+        """The gateway processes this board knows of (itself included), as of its last scan."""
+        return 1 + len(self.shared.others)
+
     def others_waiting(self, model: int, now: float) -> bool:
         """Whether another process has requests waiting for the model (or a model that shares
         its bucket: then the caller takes the slower way, which is exact)."""
@@ -643,10 +647,19 @@ class FairQueue:
 
     def _through(self, q: _ModelQueue, ticket: _Turn, now: float) -> Hold | None:
         """A slot held for a request that finds one free and nobody waiting anywhere."""
-        balancer = ticket.balancer
-        with self.board.granting:
+        balancer, board = ticket.balancer, self.board
+        if board.others_waiting(q.hash, now):
+            return None
+        free, room = self._room(ticket.candidates, balancer, now)
+        if free is not None and room >= board.processes():
+            # Without the lock: a process grants one slot at a time (looking and counting it
+            # with no await between), so while the replica has a free slot for every gateway
+            # process, all of them granting at this instant still fit. The usual case of a
+            # model with room to spare costs no flock.
+            return balancer.hold(free)
+        with board.granting:
             free = self._free(ticket.candidates, balancer, now)
-            if free is None or self.board.others_waiting(q.hash, now):
+            if free is None or board.others_waiting(q.hash, now):
                 return None
             return balancer.hold(free)
 
@@ -855,13 +868,20 @@ class FairQueue:
     ) -> Candidate | None:
         """The candidate with the most slots free (grants not yet sent count as busy); None
         when none has one."""
+        return self._room(candidates, balancer, now)[0]
+
+    @staticmethod
+    def _room(
+        candidates: Sequence[Candidate], balancer: Balancer, now: float
+    ) -> tuple[Candidate | None, int]:
+        """_free's candidate, and how many slots it has free."""
         best: Candidate | None = None
         best_busy = 0
         for candidate in candidates:
             busy = balancer.load.total(candidate.id, now) - candidate.slots
             if busy < best_busy:
                 best, best_busy = candidate, busy
-        return best
+        return best, -best_busy
 
     def _count_flow(self, q: _ModelQueue, waiter: _Waiter, delta: int) -> None:
         entries, finish = q.flows.get(waiter.member_hash, (0, -math.inf))

@@ -459,7 +459,27 @@ def _made(spec: MetricSpec, kind: Any, registry: Any) -> Any:
         options["buckets"] = spec.buckets
     if spec.multiprocess_mode is not None:
         options["multiprocess_mode"] = spec.multiprocess_mode
-    return kind(spec.name, spec.help, spec.labels, **options)
+    made = kind(spec.name, spec.help, spec.labels, **options)
+    if spec.labels:
+        _keep_children(made)
+    return made
+
+
+def _keep_children(metric: Any) -> None:
+    """`metric.labels(*values)` answered from a plain dict after the first call for `values`:
+    prometheus_client's own look-up takes a lock and normalizes every value (about 2 µs, and a
+    request asks for six). Bounded as the metric's series are (labels hold catalog names,
+    outcomes and endpoints: see the module's doc); the gateway never removes a series."""
+    children: dict[tuple[str, ...], Any] = {}
+    find = metric.labels
+
+    def labels(*values: str) -> Any:
+        child = children.get(values)
+        if child is None:
+            child = children[values] = find(*values)
+        return child
+
+    metric.labels = labels
 
 
 _LIVE_FILE = re.compile(r"gauge_live\w*?_(\d+)\.db$")

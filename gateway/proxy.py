@@ -1,10 +1,10 @@
 """Sending a request on to a replica, and bringing its answer back without buffering a stream.
 
 A request is sent once, and again, once, to another ready replica only where the first cannot
-have served it (`should_retry`). Engines are reached with aiohttp over connections kept open
-between requests, a pool per gateway process (`Upstream`): measured against httpx's pool
-(bench/gateway.py, --client), aiohttp costs less than half the CPU per request at the same
-latency.
+have served it (`should_retry`). Engines are reached over connections kept open between
+requests, a pool per gateway process (`Upstream`, gateway.upstream): HTTP/1.1 written and
+parsed by the gateway itself, which costs a third of aiohttp's client per request
+(bench/gateway_profile.py).
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ import aiohttp
 from core import requestid
 
 from . import conf, tracing
+from . import upstream as lean
 from .routing import Balancer, Candidate, Hold, Serve
 
-CONNECT_TIMEOUT_SECONDS = 5
-READ_BYTES = 64 * 1024
+CONNECT_TIMEOUT_SECONDS = lean.CONNECT_TIMEOUT_SECONDS
 # A kept connection can be closed by the engine just as it is reused, which looks exactly like an
 # engine that died with the request. So the pool drops a connection unused this long, well before
 # engines close idle ones (llama.cpp's server after 5 s), and a failure on a reused connection
 # before any answer came is tried once more on a new one to the same replica (_attempt): the
 # engine closed it without reading the request, or it is gone, and then the new connection is
 # refused, which should_retry sends elsewhere.
-IDLE_SECONDS = 2.0
+IDLE_SECONDS = lean.IDLE_SECONDS
 POOL_SIZE = 0  # no limit: as many connections as requests in flight
 JSON_HEADERS = {"Content-Type": "application/json"}
 
@@ -53,7 +53,7 @@ class Silent(UpstreamError):
 
 
 # What reading a stream can raise once it has started.
-STREAM_ERRORS = (OSError, aiohttp.ClientError, asyncio.TimeoutError)
+STREAM_ERRORS = (OSError, lean.Lost, lean.Silent, asyncio.TimeoutError)
 
 
 class ReplicaGone(Exception):
@@ -81,11 +81,14 @@ class Answer:
     candidate: Candidate
     status: int
     content_type: str
-    response: aiohttp.ClientResponse | None
+    # A stream's connection, still reading it.
+    connection: lean.Connection | None
     body: bytes | None = None
     first: bytes = b""
     retried: bool = False
     closed: bool = field(default=False)
+    # How long each wait for a stream's next chunk may be (the upstream timeout).
+    timeout: float = 0.0
 
     @property
     def streaming(self) -> bool:
@@ -94,8 +97,8 @@ class Answer:
     async def rest(self) -> AsyncIterator[bytes]:
         """The stream after `first`, as it arrives (each wait bounded by the upstream
         timeout, which the request set as its read timeout)."""
-        assert self.response is not None
-        while chunk := await self.response.content.readany():
+        assert self.connection is not None
+        while chunk := await self.connection.read(self.timeout):
             yield chunk
 
     def close(self) -> None:
@@ -103,8 +106,9 @@ class Answer:
         if self.closed:
             return
         self.closed = True
-        if self.response is not None:
-            self.response.close()
+        if self.connection is not None:
+            # Kept for the next request when the stream ended whole, else closed.
+            self.connection.done()
 
 
 def should_retry(error: BaseException, *, still_routable: bool) -> bool:
@@ -125,57 +129,33 @@ def should_retry(error: BaseException, *, still_routable: bool) -> bool:
 
 
 class Upstream:
-    """The pooled connections of one gateway process to the engines."""
+    """The connections of one gateway process to the engines: the kept connections requests go
+    over (gateway.upstream), and an aiohttp session for the engines' /tokenize (choice_tokens),
+    which few requests need."""
 
     def __init__(self) -> None:
-        self._pooled: aiohttp.ClientSession | None = None
-        self._fresh: aiohttp.ClientSession | None = None
+        self.pool = lean.Pool()
+        self._session: aiohttp.ClientSession | None = None
 
-    def session(self, *, fresh: bool = False) -> aiohttp.ClientSession:
-        """The pool; or, `fresh`, a session that opens a new connection for every request."""
-        current = self._fresh if fresh else self._pooled
+    def session(self) -> aiohttp.ClientSession:
+        current = self._session
         if current is None or current.closed:
-            trace = aiohttp.TraceConfig()
-            trace.on_connection_reuseconn.append(_mark_reused)
             connector = aiohttp.TCPConnector(
-                limit=POOL_SIZE,
-                keepalive_timeout=IDLE_SECONDS if not fresh else None,
-                force_close=fresh,
-                ttl_dns_cache=60,
+                limit=POOL_SIZE, keepalive_timeout=IDLE_SECONDS, ttl_dns_cache=60
             )
-            current = aiohttp.ClientSession(
+            current = self._session = aiohttp.ClientSession(
                 connector=connector,
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent", "Accept-Encoding"),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_SECONDS),
-                trace_configs=[trace],
             )
-            if fresh:
-                self._fresh = current
-            else:
-                self._pooled = current
         return current
 
     async def close(self) -> None:
-        for session in (self._pooled, self._fresh):
-            if session is not None:
-                await session.close()
-        self._pooled = self._fresh = None
-
-
-class _Attempt:
-    """Told by aiohttp's tracing whether the request went out on a kept connection."""
-
-    __slots__ = ("reused",)
-
-    def __init__(self) -> None:
-        self.reused = False
-
-
-async def _mark_reused(session: object, context: object, params: object) -> None:
-    attempt = getattr(context, "trace_request_ctx", None)
-    if isinstance(attempt, _Attempt):
-        attempt.reused = True
+        self.pool.close()
+        if self._session is not None:
+            await self._session.close()
+        self._session = None
 
 
 async def send(
@@ -254,6 +234,7 @@ async def _attempt(
 
 @functools.lru_cache(maxsize=8)
 def _read_timeout(seconds: float) -> aiohttp.ClientTimeout:
+    """aiohttp's timeouts for the engine's /tokenize (choice_tokens)."""
     return aiohttp.ClientTimeout(
         total=None, sock_connect=CONNECT_TIMEOUT_SECONDS, sock_read=seconds
     )
@@ -273,60 +254,53 @@ async def _post(
     fresh: bool,
     traced: dict[str, str],
 ) -> Answer:
-    session = upstream.session(fresh=fresh)
-    url = f"{candidate.endpoint}{path}"
     timeout = conf.upstream_timeout()
-    response: aiohttp.ClientResponse | None = None
-    attempt = _Attempt()
     try:
-        # The upstream timeout bounds every wait for the engine (its answer's start, and each
-        # chunk after): a read timeout rather than asyncio.wait_for, which costs a task each.
-        response = await session.post(
-            url,
-            data=payload,
-            # The engine's key, and the request's ID for the engine's log (llama-server logs
-            # no header today; a tracing proxy in front of it, or a later engine, may).
-            headers={
-                **candidate.headers,
-                requestid.HEADER: requestid.now(),
-                **traced,
-            },
-            allow_redirects=False,
-            trace_request_ctx=attempt,
-            timeout=_read_timeout(timeout),
+        connection = await upstream.pool.connection(candidate.address, candidate.port, fresh=fresh)
+    except lean.NotConnected as exc:
+        raise NotConnected(str(exc)) from exc
+    try:
+        # The engine's key, and the request's ID for the engine's log (llama-server logs no
+        # header today; a tracing proxy in front of it, or a later engine, may).
+        headers = {**candidate.headers, requestid.HEADER: requestid.now(), **traced}
+        head = lean.request_head(
+            "POST", candidate.address, candidate.port, path, headers, len(payload)
         )
-        content_type = response.headers.get("Content-Type") or "application/json"
-        if stream and response.status == 200:
+        connection.write(head, payload)
+        # The upstream timeout bounds every wait for the engine: its answer's start, and each
+        # chunk after.
+        await connection.head(timeout)
+        content_type = connection.content_type.decode("latin-1") or "application/json"
+        status = connection.status
+        if stream and status == 200:
             # The first chunk comes once the engine has started on this request: reading
             # it here means a replica that goes away while the request waits in its queue
             # can still be retried, before the client has been sent anything. Its reports of
             # the prompt's progress (with_progress) come first, while it reads the prompt:
             # the answer starts with the event after them.
-            first = await response.content.readany()
+            first = await connection.read(timeout)
             while first and _only_progress(first):
-                more = await response.content.readany()
+                more = await connection.read(timeout)
                 if not more:
                     break
                 first += more
-            return Answer(candidate, 200, content_type, response, first=first)
-        body = await response.read()
-        response.release()
-        return Answer(candidate, response.status, content_type, None, body=body)
-    except TimeoutError as exc:
-        if response is not None:
-            response.close()
+            return Answer(candidate, 200, content_type, connection, first=first, timeout=timeout)
+        body = await connection.whole(timeout)
+        connection.done()
+        return Answer(candidate, status, content_type, None, body=body)
+    except lean.Silent as exc:
+        connection.close()
         raise Silent(f"silent for {timeout:.0f}s") from exc
-    except aiohttp.ClientConnectorError as exc:
-        raise NotConnected(f"cannot connect: {exc}") from exc
-    except (aiohttp.ClientError, OSError) as exc:
-        if response is not None:
-            response.close()
-        elif attempt.reused and not fresh:
+    except lean.Lost as exc:
+        connection.close()
+        if connection.reused and not fresh and not exc.answered:
             raise _StaleConnection() from exc
-        raise Broken(f"{type(exc).__name__}: {exc}") from exc
+        raise Broken(str(exc)) from exc
+    except ValueError as exc:  # a header that cannot be sent (request_head)
+        connection.done()
+        raise Broken(str(exc)) from exc
     except BaseException:
-        if response is not None:
-            response.close()
+        connection.close()
         raise
 
 

@@ -1,0 +1,289 @@
+"""HTTP/1.1 to the engines: kept connections, a request written in one piece, the answer read by
+httptools' parser on an asyncio Protocol.
+
+Why not aiohttp (which reached the engines before): per request its client built a request and
+a response object, their header multidicts, a payload, trace signals and a timer, about a third of
+what a gateway worker spent on a whole answer (bench/gateway_profile.py). The engines speak
+plain HTTP/1.1 on a private address, and the gateway asks one thing of them: POST a JSON body,
+read the status, the content type and the body, whole or as it comes. That is this module.
+
+Bounds: a pool keeps the connections idle since the last request to each engine address, at
+most as many as were in use at once, and closes any idle for IDLE_SECONDS (`Pool.size` says how
+many it holds). A whole answer is read up to MAX_ANSWER_BYTES; a stream holds at most
+READ_HIGH_BYTES unread before it stops reading from the engine until the client catches up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from typing import Any
+
+import httptools
+
+# How long a connection may sit idle in the pool (see proxy.IDLE_SECONDS for why it is short).
+IDLE_SECONDS = 2.0
+CONNECT_TIMEOUT_SECONDS = 5.0
+# A whole answer larger than this is an engine gone wrong (or a hostile node): refused.
+MAX_ANSWER_BYTES = 256 * 1024 * 1024
+# A stream's unread bytes above which reading from the engine pauses.
+READ_HIGH_BYTES = 256 * 1024
+
+
+class NotConnected(Exception):
+    """The connection could not be made (refused, unreachable, timed out)."""
+
+
+class Lost(Exception):
+    """The connection failed or closed before the answer was whole. `answered`: whether any of
+    the answer had come."""
+
+    def __init__(self, message: str, *, answered: bool) -> None:
+        super().__init__(message)
+        self.answered = answered
+
+
+class Silent(Exception):
+    """The engine said nothing for the read timeout."""
+
+
+class Connection(asyncio.Protocol):
+    """One kept connection to an engine, with the answer it is reading."""
+
+    def __init__(self, pool: Pool, address: tuple[str, int]) -> None:
+        self.pool, self.address = pool, address
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.idle_since = 0.0
+        self.reused = False
+        self.closed = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.content_type = b""
+        self.headed = False  # the status line and headers are in
+        self.complete = False  # the whole answer is in
+        self.keep_alive = False
+        self.error: BaseException | None = None
+        self.chunks: deque[bytes] = deque()
+        self.buffered = 0
+        self.paused = False
+        self.waiter: asyncio.Future[None] | None = None
+
+    # -- asyncio.Protocol --
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(Lost(f"the engine's answer is not HTTP: {exc}", answered=True))
+            self.close()
+
+    def eof_received(self) -> bool:
+        return False  # close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.pool.forget(self)
+        if not self.complete:
+            reason = f"{type(exc).__name__}: {exc}" if exc else "the engine closed the connection"
+            self._fail(Lost(reason, answered=self.headed))
+
+    # -- httptools' callbacks --
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(name) == 12 and name.lower() == b"content-type":
+            self.content_type = value
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.headed = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+        self.buffered += len(body)
+        if self.buffered > READ_HIGH_BYTES and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self.keep_alive = self.parser.should_keep_alive()
+        self._wake()
+
+    # -- the request --
+
+    def _fail(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self, timeout: float) -> None:
+        """Until the parser has more to say (or the connection fails), at most `timeout`."""
+        loop = asyncio.get_running_loop()
+        waiter = self.waiter = loop.create_future()
+        timer = loop.call_later(timeout, _expire, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self.waiter = None
+
+    def write(self, head: bytes, body: bytes) -> None:
+        assert self.transport is not None
+        if len(body) <= 64 * 1024:
+            self.transport.write(head + body)
+        else:
+            self.transport.writelines((head, body))
+
+    async def head(self, timeout: float) -> None:
+        """Until the answer's status line and headers are in."""
+        while not self.headed:
+            if self.error is not None:
+                raise self.error
+            await self._wait(timeout)
+
+    async def read(self, timeout: float) -> bytes:
+        """What has come of the body since the last read, waiting for some; b"" at its end."""
+        while True:
+            if self.chunks:
+                data = self.chunks.popleft() if len(self.chunks) == 1 else b"".join(self.chunks)
+                self.chunks.clear()
+                self.buffered = 0
+                if self.paused and self.transport is not None:
+                    self.paused = False
+                    self.transport.resume_reading()
+                return data
+            if self.complete:
+                return b""
+            if self.error is not None:
+                raise self.error
+            await self._wait(timeout)
+
+    async def whole(self, timeout: float) -> bytes:
+        """The rest of the body, once it is all in (at most MAX_ANSWER_BYTES)."""
+        parts = []
+        size = 0
+        while True:
+            data = await self.read(timeout)
+            if not data:
+                return b"".join(parts)
+            size += len(data)
+            if size > MAX_ANSWER_BYTES:
+                self.close()
+                raise Lost(
+                    f"the engine's answer is larger than {MAX_ANSWER_BYTES} bytes", answered=True
+                )
+            parts.append(data)
+
+    def done(self) -> None:
+        """The answer is read (or given up): the connection goes back to the pool when it can
+        carry another request, else it is closed."""
+        if self.complete and self.keep_alive and not self.closed and not self.chunks:
+            self._reset()
+            self.pool.give_back(self)
+        else:
+            self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.close()
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(Silent())
+
+
+class Pool:
+    """The gateway process's kept connections to the engines, by address."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[str, int], list[Connection]] = {}
+
+    def size(self) -> int:
+        return sum(len(idle) for idle in self._idle.values())
+
+    async def connection(self, host: str, port: int, *, fresh: bool = False) -> Connection:
+        """A kept connection to host:port (the one idle for the least time), or a new one;
+        `fresh`: always a new one."""
+        address = (host, port)
+        idle = self._idle.get(address)
+        if idle and not fresh:
+            now = time.monotonic()
+            _drop_stale(idle, now)
+            while idle:
+                found = idle.pop()
+                if not found.closed:
+                    found.reused = True
+                    return found
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
+                _, made = await loop.create_connection(
+                    lambda: Connection(self, address), host, port
+                )
+        except (OSError, TimeoutError) as exc:
+            raise NotConnected(f"cannot connect to {host}:{port}: {exc or 'timed out'}") from exc
+        return made
+
+    def give_back(self, found: Connection) -> None:
+        now = time.monotonic()
+        found.idle_since = now
+        idle = self._idle.setdefault(found.address, [])
+        _drop_stale(idle, now)
+        idle.append(found)
+
+    def forget(self, found: Connection) -> None:
+        """A connection closed: out of the pool, if it was there."""
+        idle = self._idle.get(found.address)
+        if idle and found in idle:
+            idle.remove(found)
+            if not idle:
+                del self._idle[found.address]
+
+    def close(self) -> None:
+        idle, self._idle = self._idle, {}
+        for connections in idle.values():
+            for found in connections:
+                found.close()
+
+
+def _drop_stale(idle: list[Connection], now: float) -> None:
+    """Close the connections idle for longer than IDLE_SECONDS (the oldest are first)."""
+    stale = 0
+    while stale < len(idle) and now - idle[stale].idle_since > IDLE_SECONDS:
+        stale += 1
+    if stale:
+        for found in idle[:stale]:
+            found.closed = True
+            if found.transport is not None:
+                found.transport.close()
+        del idle[:stale]
+
+
+def request_head(
+    method: str, host: str, port: int, path: str, headers: dict[str, str], length: int
+) -> bytes:
+    """A request's line and header fields; a CR or LF in any of them is refused (ValueError)."""
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {length}"]
+    for name, value in headers.items():
+        lines.append(f"{name}: {value}")
+    text = "\r\n".join(lines)
+    if "\r" in text.replace("\r\n", "") or "\n" in text.replace("\r\n", ""):
+        raise ValueError("a header of the engine's request holds a line break")
+    return (text + "\r\n\r\n").encode("latin-1")
