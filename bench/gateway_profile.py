@@ -42,8 +42,19 @@ from bench.gateway import (  # noqa: E402
     wait_http,
 )
 
+# py-spy's options: --nonblocking (the worker is not paused to be sampled), or with --native,
+# which needs the pause, the C frames too (uvloop's, the kernel's calls).
+NATIVE = ["--nonblocking"]
+WHOLE_BODY = b'{"model": "bench-fast", "messages": [{"role": "user", "content": "hi"}]}'
+# 20 events 50 ms apart (bench/fake_upstream.py): about a second each.
+STREAM_BODY = (
+    b'{"model": "bench-slow", "stream": true, "messages": [{"role": "user", "content": "hi"}]}'
+)
+
 # The frames of a worker waiting for work, not doing it.
-IDLE = re.compile(r"\b(select|poll|epoll_wait|_run_once)\b.*(selectors|uvloop)|^\s*wait \(threading")
+IDLE = re.compile(
+    r"\b(select|poll|epoll_wait|_run_once)\b.*(selectors|uvloop)|^\s*wait \(threading"
+)
 FRAME = re.compile(r"^(?P<name>.*?) \((?P<file>[^:()]+)(?::\d+)?\)$")
 
 
@@ -99,7 +110,9 @@ def read_raw(paths: list[Path]) -> tuple[Counter[str], Counter[str], int, int]:
     return own, inclusive, busy, idle
 
 
-async def drive(url: str, headers: dict[str, str], body: bytes, clients: int, seconds: float) -> int:
+async def drive(
+    url: str, headers: dict[str, str], body: bytes, clients: int, seconds: float, rounds: int
+) -> int:
     import aiohttp
 
     sample = Sample()
@@ -107,7 +120,7 @@ async def drive(url: str, headers: dict[str, str], body: bytes, clients: int, se
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         while time.monotonic() < deadline:
-            await run_cell(session, url, headers, body, clients, clients * 50, sample)
+            await run_cell(session, url, headers, body, clients, clients * rounds, sample)
     return len(sample.totals)
 
 
@@ -120,8 +133,9 @@ def profile(
     seconds: float,
     folder: Path,
     top: int,
+    stream: bool,
 ) -> None:
-    body = b'{"model": "bench-fast", "messages": [{"role": "user", "content": "hi"}]}'
+    body = STREAM_BODY if stream else WHOLE_BODY
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     recorders = []
     raws = []
@@ -130,28 +144,43 @@ def profile(
         raws.append(raw)
         recorders.append(
             subprocess.Popen(
-                [spy, "record", "-r", "250", "-f", "raw", "--nonblocking", "-d",
-                 str(int(seconds) + 1), "-o", str(raw), "-p", str(worker)],
+                [
+                    spy,
+                    "record",
+                    "-r",
+                    "250",
+                    "-f",
+                    "raw",
+                    "--nonblocking",
+                    "-d",
+                    str(int(seconds) + 1),
+                    "-o",
+                    str(raw),
+                    "-p",
+                    str(worker),
+                ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
         )
     time.sleep(0.5)
     before = tree_cpu_seconds(pid)
-    served = asyncio.run(drive(url, headers, body, clients, seconds))
+    served = asyncio.run(drive(url, headers, body, clients, seconds, 1 if stream else 50))
     cpu = tree_cpu_seconds(pid) - before
     for recorder in recorders:
         recorder.wait(timeout=seconds + 30)
     own, inclusive, busy, idle = read_raw(raws)
     print(
-        f"\n== {name}, {clients} client{'s' if clients > 1 else ''}: {served} requests, "
+        f"\n== {name}{' streams' if stream else ''}, {clients} client{'s' if clients > 1 else ''}: {served} requests, "
         f"{cpu / max(1, served) * 1000:.3f} ms CPU a request (both workers, sampled included); "
         f"busy {busy} samples, idle {idle}"
     )
     width = 88
     print(f"  {'own %':>6} {'incl %':>6}  function")
     for function, count in own.most_common(top):
-        print(f"  {count / busy * 100:6.1f} {inclusive[function] / busy * 100:6.1f}  {function[:width]}")
+        print(
+            f"  {count / busy * 100:6.1f} {inclusive[function] / busy * 100:6.1f}  {function[:width]}"
+        )
     print(f"  -- inclusive, top {top} --")
     for function, count in inclusive.most_common(top):
         print(f"  {own[function] / busy * 100:6.1f} {count / busy * 100:6.1f}  {function[:width]}")
@@ -164,7 +193,15 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--baseline", metavar="REV")
     parser.add_argument("--raw", metavar="DIR", help="keep py-spy's raw files here")
+    parser.add_argument(
+        "--stream", action="store_true", help="streamed answers (bench-slow) instead of whole ones"
+    )
+    parser.add_argument(
+        "--native", action="store_true", help="C frames too (uvloop, syscalls); pauses to sample"
+    )
     args = parser.parse_args()
+    if args.native:
+        NATIVE[:] = ["--native"]
     levels = [int(x) for x in args.levels.split(",")]
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-prof-") as tmp:
         folder = Path(tmp)
@@ -205,6 +242,7 @@ def main() -> int:
                         args.seconds,
                         raw_folder,
                         args.top,
+                        args.stream,
                     )
         finally:
             processes.stop_all()

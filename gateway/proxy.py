@@ -442,6 +442,8 @@ class StreamTally:
 
 def _events_end(data: bytes) -> int:
     """Where the last whole event of `data` ends (0: none does)."""
+    if data.endswith(b"\n\n"):
+        return len(data)  # the usual chunk: whole events
     at = max(data.rfind(b"\n\n"), data.rfind(b"\n\r\n"))
     return at + (2 if data[at : at + 2] == b"\n\n" else 3) if at >= 0 else 0
 

@@ -58,6 +58,8 @@ class Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.reused = False
         self.closed = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = self.deadline = 0.0
         self._reset()
 
     def _reset(self) -> None:
@@ -89,6 +91,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         self.pool.forget(self)
         if not self.complete:
             reason = f"{type(exc).__name__}: {exc}" if exc else "the engine closed the connection"
@@ -131,15 +136,35 @@ class Connection(asyncio.Protocol):
             waiter.set_result(None)
 
     async def _wait(self, timeout: float) -> None:
-        """Until the parser has more to say (or the connection fails), at most `timeout`."""
+        """Until the parser has more to say (or the connection fails), at most `timeout`.
+
+        One timer a connection, not one a wait (a stream waits once an event): it goes off at
+        the deadline it was set for, and when a later wait has moved the deadline on, it is set
+        again for that."""
         loop = asyncio.get_running_loop()
-        waiter = self.waiter = loop.create_future()
-        timer = loop.call_later(timeout, _expire, waiter)
+        self.waiter = loop.create_future()
+        self.deadline = loop.time() + timeout
+        if self.timer is None or self.timer_at > self.deadline:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer_at = self.deadline
+            self.timer = loop.call_at(self.deadline, self._expire)
         try:
-            await waiter
+            await self.waiter
         finally:
-            timer.cancel()
             self.waiter = None
+
+    def _expire(self) -> None:
+        self.timer = None
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() < self.deadline:
+            self.timer_at = self.deadline
+            self.timer = loop.call_at(self.deadline, self._expire)
+        else:
+            waiter.set_exception(Silent())
 
     def write(self, head: bytes, body: bytes) -> None:
         assert self.transport is not None
@@ -202,11 +227,6 @@ class Connection(asyncio.Protocol):
             self.closed = True
             if self.transport is not None:
                 self.transport.close()
-
-
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(Silent())
 
 
 class Pool:
@@ -281,9 +301,7 @@ def request_head(
 ) -> bytes:
     """A request's line and header fields; a CR or LF in any of them is refused (ValueError)."""
     lines = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {length}"]
-    for name, value in headers.items():
-        lines.append(f"{name}: {value}")
-    text = "\r\n".join(lines)
-    if "\r" in text.replace("\r\n", "") or "\n" in text.replace("\r\n", ""):
+    lines.extend(f"{name}: {value}" for name, value in headers.items())
+    if any("\r" in line or "\n" in line for line in lines):
         raise ValueError("a header of the engine's request holds a line break")
-    return (text + "\r\n\r\n").encode("latin-1")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
