@@ -54,8 +54,26 @@ def prepare(folder: str | None) -> Any:
     # prometheus_client picks its storage from this variable, once, when it is first imported;
     # set it and pick again, in case something imported it before.
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder
-    values.ValueClass = values.get_value_class()
+    # Each value asks for the process's id at every change, to notice a fork: a system call
+    # each time (ten a gateway request). The id is kept here instead, and taken again in a
+    # forked child (gunicorn's and Celery's workers fork; the gateway's are spawned).
+    values.ValueClass = values.MultiProcessValue(process_identifier=_own_pid)
     return None
+
+
+_pid = os.getpid()
+
+
+def _own_pid() -> int:
+    return _pid
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 @dataclass(frozen=True)
