@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
+from django.db.models.fields.json import KT
 from django.utils import timezone
 
 from catalog.config import current_config
@@ -173,7 +174,7 @@ def reconcile_pass(
 # -- what each model wants --------------------------------------------------------
 
 
-def _resources(replica: Replica) -> placement.Resources:
+def _resources(replica: Replica | Active) -> placement.Resources:
     return placement.Resources(
         replica.memory_gb, replica.cores, replica.gpus, replica.gpu_memory_gb
     )
@@ -249,7 +250,7 @@ def planner_node(node: Node) -> placement.Node:
     )
 
 
-def planner_replica(replica: Replica, node_names: dict[int, str]) -> placement.Replica:
+def planner_replica(replica: Replica | Active, node_names: dict[int, str]) -> placement.Replica:
     # A replica whose model was removed keeps its name; keyed apart so that a new
     # model of the same name does not adopt it.
     owner = replica.model_name if replica.model_id is not None else f"removed:{replica.pk}"
@@ -266,6 +267,43 @@ def planner_replica(replica: Replica, node_names: dict[int, str]) -> placement.R
 # -- one pass ---------------------------------------------------------------------
 
 
+@dataclass(slots=True)
+class Active:
+    """A replica in routing as a pass reads it: the columns it decides by, a row, not a model
+    instance (over 20,000 replicas, building instances, their specs parsed, was most of a
+    steady pass's time). `source` and `sha256` are its spec's, which say its weights' revision."""
+
+    pk: uuid.UUID
+    model_id: int | None
+    model_name: str
+    node_id: int
+    profile: str
+    memory_gb: float
+    cores: float
+    gpus: int
+    gpu_memory_gb: float
+    devices: list[Any]
+    state: str
+    message: str
+    spec_key: str
+    created_at: datetime
+    source: str | None
+    sha256: str | None
+
+    @property
+    def revision(self) -> str:
+        return replica_revision({"source": self.source, "sha256": self.sha256})
+
+
+def active_replicas() -> list[Active]:
+    """Every replica in routing (not withdrawn), as rows."""
+    columns = [f for f in Active.__dataclass_fields__ if f not in ("source", "sha256")]
+    rows = Replica.objects.filter(withdrawn_at__isnull=True).values_list(
+        *columns, KT("spec__source"), KT("spec__sha256")
+    )
+    return [Active(*row) for row in rows]
+
+
 class _Pass:
     def __init__(self, now: datetime, silent: SilentNodes) -> None:
         self.now = now
@@ -278,31 +316,101 @@ class _Pass:
         self.surging: set[int] = set()  # models asking for one extra replica to replace an old one
         self.node_names: dict[int, str] = {}
 
-    def withdraw_replica(self, replica: Replica, reason: str) -> None:
+    def withdraw_replica(self, replica: Active, reason: str) -> None:
         self.withdraw.setdefault(str(replica.pk), reason)
 
 
+# What the last pass of this process saw when it changed nothing (`Quiet`); None when there is
+# nothing to compare with.
+_quiet: Quiet | None = None
+
+
+@dataclass(frozen=True)
+class Quiet:
+    """A pass that changed nothing, by what it read: the fleet's stamp (`fleet_stamp`), and per
+    model its row, the replicas it wants now and its file's facts. The next pass that reads the
+    same would plan the same nothing: it stops there (a few queries over 20,000 replicas,
+    instead of reading them all and planning)."""
+
+    stamp: tuple[Any, ...]
+    models: str
+    unplaced: tuple[placement.Unplaced, ...]
+
+
+# The columns a pass decides by, hashed by PostgreSQL into a sum per table: nodes (not their
+# heartbeats' times, only whether they ever beat: placement's `schedulable`) and the replicas in
+# routing. A change of any of them, a row added or gone, changes the sum.
+_NODE_STAMP = """
+    SELECT count(*), coalesce(sum(hashtextextended(concat_ws('|', id, name, memory_gb, cores,
+        gpus, gpu_memory_gb, cordoned, lost, last_heartbeat IS NULL, devices::text,
+        engine_backends::text), 0)), 0)
+    FROM fleet_node"""
+_REPLICA_STAMP = """
+    SELECT count(*), coalesce(sum(hashtextextended(concat_ws('|', id, model_id, model_name,
+        node_id, profile, memory_gb, cores, gpus, gpu_memory_gb, devices::text, state, message,
+        spec_key, spec->>'source', spec->>'sha256'), 0)), 0)
+    FROM fleet_replica WHERE withdrawn_at IS NULL"""
+
+
+def fleet_stamp() -> tuple[Any, ...] | None:
+    """The nodes' and the replicas' stamp (PostgreSQL); None elsewhere (every pass is whole)."""
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(_NODE_STAMP)
+        nodes = cursor.fetchone()
+        cursor.execute(_REPLICA_STAMP)
+        return (*nodes, *cursor.fetchone())
+
+
+def _models_said(run: _Pass, models: dict[int, Model], facts: dict[str, Any]) -> str:
+    """Everything about the models a pass decides by: their rows (but the time of their last
+    request, which only moves what they want now, said beside it), their class and canary in
+    force, their file's facts, and the cluster's settings."""
+    volatile = {"demand_at", "updated_at", "update_checked_at", "update_check_error"}
+    said = [repr(run.config)]
+    for model in sorted(models.values(), key=lambda m: m.pk):
+        row = {
+            k: v for k, v in model.__dict__.items() if not k.startswith("_") and k not in volatile
+        }
+        desired = model.desired_replicas(run.now, run.config.default_idle_timeout)
+        said.append(
+            repr((row, desired, model.class_in_force, model.canary_in_force, facts[model.name]))
+        )
+    return "\n".join(said)
+
+
+def forget_quiet() -> None:
+    """The next pass reads and plans everything (a test that changed what no stamp covers)."""
+    global _quiet
+    _quiet = None
+
+
 def _reconcile(now: datetime, silent: SilentNodes) -> PassReport:
+    global _quiet
     run = _Pass(now, silent)
     _mark_lost_nodes(run)
     models = {m.pk: m for m in Model.objects.all()}
+    facts = known_facts(models.values())
+    stamp = fleet_stamp()
+    said = _models_said(run, models, facts) if stamp is not None else ""
+    last = _quiet
+    if last is not None and stamp is not None and last.stamp == stamp and last.models == said:
+        run.report.unplaced = list(last.unplaced)
+        return run.report
+    _quiet = None
     # Without what placement never reads (a node's agent and reports, a replica's engine
     # figures): a pass over 20,000 replicas spends most of its time building these rows.
     nodes = list(
         Node.objects.defer("agent", "reported_capacity", "registered_capacity", "address_allow")
     )
     node_names = run.node_names = {n.pk: n.name for n in nodes}
-    active = list(
-        Replica.objects.filter(withdrawn_at__isnull=True).defer(
-            "engine_metrics", "engine_metrics_at", "weights_sha256"
-        )
-    )
-    by_model: dict[int, list[Replica]] = {}
+    active = active_replicas()
+    by_model: dict[int, list[Active]] = {}
     for replica in active:
         if replica.model_id is not None:
             by_model.setdefault(replica.model_id, []).append(replica)
 
-    facts = known_facts(models.values())
     demands = []
     for model in models.values():
         mine = by_model.get(model.pk, [])
@@ -319,7 +427,12 @@ def _reconcile(now: datetime, silent: SilentNodes) -> PassReport:
     )
     _fall_back_in_place(run, models, by_model, plan)
     _apply(run, plan, models, nodes, {str(r.pk): r for r in active})
-    return run.report
+    report = run.report
+    if stamp is not None and not (
+        report.started or report.withdrawn or run.dirty_models or run.audit or report.nodes_lost
+    ):
+        _quiet = Quiet(stamp, said, tuple(plan.unplaced))
+    return report
 
 
 class SilentNodes:
@@ -387,8 +500,8 @@ def _mark_lost_nodes(run: _Pass) -> None:
 
 
 def _replacement(
-    run: _Pass, model: Model, mine: list[Replica], desired: int
-) -> tuple[int, list[Replica]]:
+    run: _Pass, model: Model, mine: list[Active], desired: int
+) -> tuple[int, list[Active]]:
     """Failures and out-of-date replicas of one model; returns the count to plan for and what stays."""
     keys = current_keys(model)
     first_key = keys[model.profiles[0]["name"]] if model.profiles else ""
@@ -424,11 +537,7 @@ def _replacement(
     if not stale:
         return desired, mine
     canary = model.canary_in_force
-    if (
-        fresh
-        and canary is not None
-        and all(replica_revision(r.spec) == canary.revision for r in fresh)
-    ):
+    if fresh and canary is not None and all(r.revision == canary.revision for r in fresh):
         # A canary update: one replica of the new revision serves beside the old ones, which
         # stay, until it is promoted (the replacement goes on from here) or rolled back (then
         # it is the out-of-date one, and leaves).
@@ -447,13 +556,13 @@ def _replacement(
     return len(mine) + 1, mine
 
 
-def _stale_victim(stale: list[Replica]) -> Replica:
+def _stale_victim(stale: list[Active]) -> Active:
     """Not-ready ones first (they serve nobody), then the oldest."""
     return sorted(stale, key=lambda r: (r.state == Replica.READY, r.created_at))[0]
 
 
 def _fall_back_in_place(
-    run: _Pass, models: dict[int, Model], by_model: dict[int, list[Replica]], plan: placement.Plan
+    run: _Pass, models: dict[int, Model], by_model: dict[int, list[Active]], plan: placement.Plan
 ) -> None:
     """No room for an extra replica: replace in place, one at a time, keeping min - 1 serving."""
     unplaced = {u.model for u in plan.unplaced}
@@ -482,7 +591,7 @@ def _apply(
     plan: placement.Plan,
     models: dict[int, Model],
     nodes: list[Node],
-    active: dict[str, Replica],
+    active: dict[str, Active],
 ) -> None:
     """Write the plan: its stops and preemptions withdrawn, its starts inserted, the nodes'
     generations moved, the audit and the models' rollout fields written."""
@@ -532,16 +641,14 @@ def _apply(
         )
 
 
-def _write_withdrawals(run: _Pass, active: dict[str, Replica]) -> None:
+def _write_withdrawals(run: _Pass, active: dict[str, Active]) -> None:
     """Mark the replicas the pass withdraws, with their reasons, in one bulk update."""
     if not run.withdraw:
         return
-    withdrawn = []
-    for replica_id, reason in run.withdraw.items():
-        replica = active[replica_id]
-        replica.withdrawn_at = run.now
-        replica.withdraw_reason = reason
-        withdrawn.append(replica)
+    withdrawn = [
+        Replica(pk=active[replica_id].pk, withdrawn_at=run.now, withdraw_reason=reason)
+        for replica_id, reason in run.withdraw.items()
+    ]
     Replica.objects.bulk_update(withdrawn, ["withdrawn_at", "withdraw_reason"], batch_size=500)
     run.report.withdrawn = list(run.withdraw)
 

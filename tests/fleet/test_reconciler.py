@@ -6,6 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from catalog.models import AuditEntry, Model
@@ -18,7 +19,8 @@ from catalog.services import (
 )
 from fleet.footprint import learn_facts
 from fleet.models import Lease, Node, Replica
-from fleet.reconciler import MAX_START_FAILURES, claim_lease, reconcile_pass
+from fleet.reconciler import MAX_START_FAILURES, claim_lease, forget_quiet, reconcile_pass
+from fleet.services import node_cordon
 
 pytestmark = pytest.mark.django_db
 
@@ -293,7 +295,6 @@ def test_only_one_pass_runs_at_a_time() -> None:
 def test_a_pass_uses_the_same_number_of_queries_for_more_models_and_nodes(
     fleet: Any, django_assert_max_num_queries: Any
 ) -> None:
-    from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
     def steady_pass_queries() -> int:
@@ -301,6 +302,7 @@ def test_a_pass_uses_the_same_number_of_queries_for_more_models_and_nodes(
         # Steady: every model file's header has been asked for (here they do not answer).
         while learn_facts(Model.objects.all()):
             pass
+        forget_quiet()  # a whole pass, not one that stops at "nothing changed"
         with CaptureQueriesContext(connection) as captured:
             reconcile_pass()
         return len(captured.captured_queries)
@@ -313,6 +315,70 @@ def test_a_pass_uses_the_same_number_of_queries_for_more_models_and_nodes(
     for i in range(1, 20):
         fleet.add(f"m{i}")
     assert steady_pass_queries() == few
+
+
+def quiet_fleet(fleet: Any) -> None:
+    """Two nodes, a model of two replicas, every one ready; then a pass that finds nothing to
+    do, which the next pass compares itself with."""
+    fleet.node("a", memory_gb=16)
+    fleet.node("b", memory_gb=16)
+    fleet.add("chat", min_replicas=2)
+    settle(fleet)
+    while learn_facts(Model.objects.all()):
+        pass
+    report = reconcile_pass()
+    assert not (report.started or report.withdrawn)
+
+
+def replica_reads(queries: list[dict[str, Any]]) -> list[str]:
+    """The queries that read replicas' rows (not the stamp's sum over them)."""
+    return [
+        q["sql"]
+        for q in queries
+        if 'FROM "fleet_replica"' in q["sql"] and q["sql"].lstrip().upper().startswith("SELECT")
+    ]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the stamp is PostgreSQL's")
+def test_a_pass_after_a_quiet_one_with_nothing_changed_reads_no_replicas(fleet: Any) -> None:
+    from django.test.utils import CaptureQueriesContext
+
+    quiet_fleet(fleet)
+    for beat in ("a", "b"):  # heartbeats move nothing a pass decides by
+        fleet.beat(beat)
+    with CaptureQueriesContext(connection) as captured:
+        report = reconcile_pass()
+    assert not report.skipped and not (report.started or report.withdrawn)
+    assert replica_reads(captured.captured_queries) == []
+    forget_quiet()
+    with CaptureQueriesContext(connection) as captured:
+        reconcile_pass()
+    assert replica_reads(captured.captured_queries)  # the check above can fail
+
+
+@pytest.mark.parametrize("change", ["scale", "cordon", "failed", "node"])
+def test_a_change_after_a_quiet_pass_is_acted_on(fleet: Any, change: str) -> None:
+    quiet_fleet(fleet)
+    if change == "scale":
+        model_scale(actor=fleet.owner, name="chat", min_replicas=3)
+        assert len(reconcile_pass().started) == 1
+    elif change == "cordon":
+        # A cordoned node gets nothing new: the third replica goes to the other.
+        node_cordon(actor=fleet.staff, name="a", cordoned=True)
+        reconcile_pass()
+        model_scale(actor=fleet.owner, name="chat", min_replicas=3)
+        reconcile_pass()
+        assert sorted(r.node.name for r in fleet.replicas("chat")) == ["a", "b", "b"]
+    elif change == "failed":
+        replica = fleet.replicas("chat")[0]
+        fleet.beat(replica.node.name, states={str(replica.pk): "failed"})
+        report = reconcile_pass()
+        assert report.withdrawn == [str(replica.pk)] and len(report.started) == 1
+    else:
+        # A replica's node gone: its replicas are placed again on the node that is left.
+        gone = fleet.replicas("chat")[0].node
+        Node.objects.filter(pk=gone.pk).delete()
+        assert len(reconcile_pass().started) == 1
 
 
 def test_a_slow_heartbeat_does_not_start_a_nodes_run_of_heartbeats_again() -> None:
