@@ -431,7 +431,7 @@ def one_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 )
             time.sleep(0.5)
         placed_s = time.monotonic() - added
-        placing_latencies, placing_errors = simulator.stats.take()[:2]
+        placing_latencies, placing_errors, placing_kinds = simulator.stats.take()[:3]
         placed_cpu, placed_passes = process_cpu(system), reconcile_histogram(system)
         placement_cores = {k: (placed_cpu[k] - placing_cpu[k]) / placed_s for k in placed_cpu}
         print(
@@ -503,6 +503,7 @@ def one_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
             "placing_p99_ms": percentile(placing_latencies, 0.99) * 1000,
             "placing_max_ms": max(placing_latencies, default=float("nan")) * 1000,
             "placing_errors": placing_errors,
+            "placing_error_kinds": placing_kinds,
             "reconcile_ms": (
                 (passes_after[0] - passes_before[0]) / passes * 1000 if passes else float("nan")
             ),
@@ -561,6 +562,7 @@ def show(rows: list[dict[str, Any]]) -> None:
             f" {num(r['placing_p99_ms'], 1)} ms (issue 39: <= {TARGETS['placing_p99_ms']:,} ms:"
             f" {'met' if r['placing_p99_ms'] <= TARGETS['placing_p99_ms'] else 'NOT met'}),"
             f" max {num(r['placing_max_ms'], 1)} ms, {r['placing_errors']} errors"
+            + (f" {r['placing_error_kinds']}" if r["placing_error_kinds"] else "")
         )
         print(
             f"    the killed node at {r['nodes']:,} nodes: declared lost"

@@ -18,6 +18,9 @@ Then what a key's limits cost a request: whole answers through the gateway, in i
 with the key above (no limits) and with a key whose rpm, tpm and max_parallel are far above what
 the bench sends, in a team with an rpm (so that every check runs and none refuses), at 1 and 32
 clients: each key's median and p99, CPU per request, and the added median beside its target.
+The same gateway with tracing on ('traced', exporting to an OTLP receiver) is a path of every
+cell and of the limits section: what tracing costs, alone and with the limits, in the same run
+(--no-traced leaves it out).
 
 Run: make bench, or .venv/bin/python bench/gateway.py [--quick] [--levels 1,8,32,128,512];
 --only-limits --baseline REV measures the limits section alone, on this revision and REV's.
@@ -552,7 +555,7 @@ def lean_verdicts(results: dict[tuple[str, int], dict[str, Sample]], proxies: li
     one, many, big = (
         results.get(key) for key in (("whole", 1), ("whole", 32), ("stream 50ms", 512))
     )
-    for name in [p for p in ("llmgw", "before") if p in proxies]:
+    for name in [p for p in ("llmgw", "before", "traced") if p in proxies]:
         parts = []
         if one is not None:
             added = (
@@ -722,7 +725,9 @@ def report_limits(results: dict[int, dict[str, Sample]], counted: bool) -> None:
     print(
         f"\nlimits: whole answers through llmgw, a key without limits and one with "
         f"{LIMITED_KEY.replace('=', ' ')}\n  in a team with {LIMITED_TEAM.replace('=', ' ')} "
-        "(every limit checked, none reached), in interleaved rounds"
+        "(every limit checked, none reached), in interleaved rounds; 'traced' rows: the gateway "
+        "with tracing on,\n  their +p50 counted from llmgw's key without limits (what tracing, "
+        "and tracing with limits, add)"
     )
     if not counted:
         print("  the limited key's answers have no x-ratelimit-* headers: were its limits counted?")
@@ -733,12 +738,15 @@ def report_limits(results: dict[int, dict[str, Sample]], counted: bool) -> None:
     for clients, cell in results.items():
         for name, sample in cell.items():
             gateway = name.rsplit(": ", 1)[0] if ": " in name else ""
-            base = percentile(cell[_limits_label(gateway or "llmgw", "no limits")].totals, 0.5)
+            # Tracing's cost, and tracing's and the limits' together, are counted from the
+            # gateway with neither: the rows with both off.
+            of = "llmgw" if gateway in ("", "traced") else gateway
+            base = percentile(cell[_limits_label(of, "no limits")].totals, 0.5)
             p50 = percentile(sample.totals, 0.5)
             added, target = "-", ""
-            if not name.endswith("no limits"):
+            if gateway == "traced" or not name.endswith("no limits"):
                 added = ms(p50 - base)
-                if clients == 1:
+                if clients == 1 and gateway != "traced":
                     met = (p50 - base) * 1000 <= TARGET_LIMITS_ADDED_MS
                     target = f"<= {TARGET_LIMITS_ADDED_MS} ms: {'met' if met else 'NOT met'}"
             cpu = sample.cpu / max(1, sample.requests) * 1000
@@ -814,8 +822,11 @@ def main() -> int:
     parser.add_argument(
         "--traced",
         action="store_true",
-        help="also run this revision's gateway with tracing on, exporting to an OTLP receiver "
-        "(as 'traced'): what tracing costs beside what it costs when off",
+        help="(the default) also run this revision's gateway with tracing on, exporting to an "
+        "OTLP receiver (as 'traced'): what tracing costs beside what it costs when off",
+    )
+    parser.add_argument(
+        "--no-traced", action="store_true", help="without the gateway that traces every request"
     )
     parser.add_argument(
         "--baseline",
@@ -829,6 +840,7 @@ def main() -> int:
         help="only the limits section (with --baseline, measured on both revisions)",
     )
     args = parser.parse_args()
+    args.traced = not args.no_traced
     levels = [int(x) for x in args.levels.split(",")]
     if args.only_limits:
         args.no_litellm = True
@@ -929,6 +941,8 @@ def main() -> int:
             limited = {"llmgw": (gateway, processes.pid("llmgw"))}
             if args.baseline:
                 limited["before"] = (paths["before"][0].rsplit("/v1/", 1)[0], paths["before"][2])
+            if args.traced:
+                limited["traced"] = (paths["traced"][0].rsplit("/v1/", 1)[0], paths["traced"][2])
             report_limits(*asyncio.run(limits_cost(limited, secrets, args.quick)))
             if not args.only_limits:
                 asyncio.run(spread(gateway, auth, [upstream, f"http://127.0.0.1:{second_port}"]))
