@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import functools
 import hashlib
 import heapq
 import itertools
@@ -73,12 +72,6 @@ BOARD_BYTES = _ENTRIES_AT + ENTRIES * _ENTRY.size
 FREE, WAITING, SERVED = 0, 1, 2
 
 
-# name_hash's answers kept, the most recently used: a request asks for three (its model with its
-# key, its owner and its team), the same three as its key's last request.
-NAME_HASHES_KEPT = 4096
-
-
-@functools.lru_cache(maxsize=NAME_HASHES_KEPT)
 def name_hash(*parts: str) -> int:
     """A stable 64-bit hash (never 0, which marks a free entry) of a model or a flow."""
     digest = hashlib.blake2b("\0".join(parts).encode(), digest_size=8).digest()

@@ -374,28 +374,15 @@ class Balancer:
         """Pick one and count a request in flight on it; call release() when it is done. A
         `hold` not yet taken is this request's own slot: not counted against its replica here,
         and its count becomes the choice's."""
-        now = time.monotonic()
         with self._lock:
             choices = list(candidates)
             held = hold.replica.id if hold is not None and not hold.taken else None
-            busy = {c.id: self.load.total(c.id, now) - c.slots for c in choices}
-            if held in busy:
-                busy[held] -= 1
-            choice = min(
-                choices,
-                key=lambda c: (
-                    busy[c.id],
-                    self._last_name.get(c.id) != engine_name,
-                    random.random(),
-                ),
-            )
-            self.reason = "least loaded" if len(choices) > 1 else "the only one"
-            if prefix and len(choices) > 1:
-                found = self.prefixes.longest(prefix, [c.id for c in choices])
-                if found is not None and _worth_waiting_for(busy[found[0]], busy[choice.id]):
-                    choice = next(c for c in choices if c.id == found[0])
-                if found is not None and found[0] == choice.id:
-                    self.reason = "prefix"
+            if len(choices) == 1:
+                # Nothing to weigh: no load read, no scoring.
+                choice = choices[0]
+                self.reason = "the only one"
+            else:
+                choice = self._least_busy(choices, engine_name, held, prefix)
             if choice.id != held:
                 self.load.add(choice.id, 1)
                 if held is not None:
@@ -413,6 +400,32 @@ class Balancer:
                 self.on_remembered(len(self._last_name))
         if prefix:
             self.prefixes.remember(prefix, choice.id)
+        return choice
+
+    def _least_busy(
+        self, choices: list[Candidate], engine_name: str, held: str | None, prefix: Sequence[int]
+    ) -> Candidate:
+        """Of several: the least busy (the one that last served the same name among equals, then
+        at random), unless the one with the prompt's beginning cached is worth the wait."""
+        now = time.monotonic()
+        busy = {c.id: self.load.total(c.id, now) - c.slots for c in choices}
+        if held in busy:
+            busy[held] -= 1
+        choice = min(
+            choices,
+            key=lambda c: (
+                busy[c.id],
+                self._last_name.get(c.id) != engine_name,
+                random.random(),
+            ),
+        )
+        self.reason = "least loaded"
+        if prefix:
+            found = self.prefixes.longest(prefix, [c.id for c in choices])
+            if found is not None and _worth_waiting_for(busy[found[0]], busy[choice.id]):
+                choice = next(c for c in choices if c.id == found[0])
+            if found is not None and found[0] == choice.id:
+                self.reason = "prefix"
         return choice
 
     def release(self, candidate: Candidate) -> None:

@@ -409,6 +409,47 @@ def test_it_hands_out_no_slot_while_another_process_holds_the_grant_lock(tmp_pat
         queue.close()
 
 
+def test_the_grant_lock_is_taken_only_when_the_free_slots_are_fewer_than_the_processes(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A process grants one slot at a time; while a replica has a free slot for each gateway
+    process, all of them granting at once still fit, and a request goes through without the
+    machine's lock (a flock a request, the fast path's largest cost)."""
+    queue = FairQueue(tmp_path / "queue", poll=0.005)
+    real, taken = queue.board.granting, []
+
+    class Counting:
+        def __enter__(self) -> None:
+            taken.append(1)
+            real.__enter__()
+
+        def __exit__(self, *exc_info: object) -> None:
+            real.__exit__(*exc_info)
+
+        def close(self) -> None:
+            real.close()
+
+    monkeypatch.setattr(queue.board, "granting", Counting())
+    monkeypatch.setattr(queue.board, "processes", lambda: 3)  # itself and two others
+    replica = Candidate(id="r4", model="m", state="ready", address="127.0.0.1", port=1, slots=4)
+    balancer = Balancer()
+
+    async def one() -> None:
+        async with queue.turn(
+            model="m", key_id=1, candidates=[replica], balancer=balancer, timeout=5, limit=100
+        ) as granted:
+            balancer.release(balancer.choose([replica], "m", hold=granted.hold))
+
+    try:
+        asyncio.run(one())  # 4 free, 3 processes: no lock
+        assert taken == []
+        balancer.load.add(replica.id, 2)  # 2 free, fewer than the processes: the lock
+        asyncio.run(one())
+        assert taken == [1]
+    finally:
+        queue.close()
+
+
 def test_it_orders_the_waiters_of_two_processes_as_one_queue(tmp_path: Path) -> None:
     async def main() -> None:
         flood_side = FairQueue(tmp_path / "queue", pid=os.getppid(), grace=0.5, poll=0.005)

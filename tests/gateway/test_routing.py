@@ -214,6 +214,21 @@ def test_the_names_remembered_are_counted_in_the_metrics(process_gateway: Any) -
     assert registry.get_sample_value("llmgw_gateway_replica_names_entries") == 1
 
 
+def test_the_only_ready_replica_is_chosen_without_weighing_its_load(monkeypatch: Any) -> None:
+    balancer = Balancer()
+
+    def weighed(*_: Any) -> int:
+        raise AssertionError("the load of the only candidate was read")
+
+    monkeypatch.setattr(balancer.load, "total", weighed)
+    only = replica("a", "chat")
+    assert balancer.choose([only], "chat") == only
+    assert balancer.reason == "the only one"
+    assert balancer.in_flight("a") == 1  # still counted in flight
+    balancer.release(only)
+    assert balancer.in_flight("a") == 0
+
+
 def test_a_choice_takes_over_the_slot_held_for_its_request() -> None:
     balancer = Balancer()
     a, b = replica("a", "m"), replica("b", "m")
