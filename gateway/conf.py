@@ -32,7 +32,7 @@ def per_request(read: Callable[[], T]) -> Callable[[], T]:
     @functools.wraps(read)
     def kept() -> T:
         try:
-            return _kept[name]  # type: ignore[no-any-return]
+            return _kept[name]
         except KeyError:
             value = _kept[name] = read()
             return value

@@ -286,7 +286,7 @@ class GatewayProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle is not before and self.scope["method"] != "HEAD":
-            cycle.transport = HeadWithBody(cycle.transport)
+            cycle.transport = HeadWithBody(cycle.transport)  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
         self._in_body = False

@@ -199,7 +199,7 @@ class Connection(asyncio.Protocol):
 
     async def whole(self, timeout: float) -> bytes:
         """The rest of the body, once it is all in (at most MAX_ANSWER_BYTES)."""
-        parts = []
+        parts: list[bytes] = []
         size = 0
         while True:
             data = await self.read(timeout)
