@@ -65,7 +65,7 @@ NODE_REQUESTS = 12
 # waits, a node's retry finds the queue shorter, and people's requests to the web keep the rest
 # of the gateway's connections to it.
 NODE_QUEUE = 96
-QUEUE_SECONDS = 1.5
+QUEUE_SECONDS = 1.0
 RETRY_AFTER_SECONDS = 5
 
 

@@ -85,6 +85,17 @@ def _flag(name: str) -> bool:
     return parse_bool(name, str(raw))
 
 
+def gc_freeze() -> bool:
+    """Whether a gateway worker, once started, freezes what its start made out of the garbage
+    collector's sight and makes its collections seldom (gateway.process.Gateway.started); on by
+    default. The test suite turns it off for the gateways it serves inside its own process."""
+    configured = getattr(settings, "LLMGW_GATEWAY_GC_FREEZE", None)
+    raw = configured if configured is not None else os.environ.get("LLMGW_GATEWAY_GC_FREEZE")
+    if raw is None or raw == "":
+        return True
+    return _flag("LLMGW_GATEWAY_GC_FREEZE")
+
+
 def metrics_token() -> str | None:
     """The token a Prometheus scrape sends (Authorization: Bearer …) to read /metrics."""
     configured = getattr(settings, "LLMGW_METRICS_TOKEN", None)

@@ -39,6 +39,11 @@ from .webforward import Budget, Web
 log = logging.getLogger("llmgw.gateway")
 
 
+# The gateway workers' cyclic garbage collector: its youngest generation's threshold (see
+# Gateway.started).
+GC_YOUNG_OBJECTS = 100_000
+
+
 class Gateway:
     """One gateway process's state, connection pools and figures.
 
@@ -137,14 +142,8 @@ class Gateway:
         finally:
             connection.close()  # this thread's: the refresher has its own
         gateway.state.start()
-        # What the start made (Django's modules and models, the first snapshot: about 200,000
-        # objects) is moved out of the cyclic collector's sight: a full collection went over all
-        # of it, 130-350 ms of the worker's GIL every 15-30 s at 5,000 nodes and 20,000
-        # replicas, and every renewal and request that came meanwhile waited (bench/fleet.py's
-        # steady p99; 56-100 ms with them frozen). Their memory is still freed when nothing
-        # refers to them.
-        gc.collect()
-        gc.freeze()
+        if conf.gc_freeze():
+            tune_collector()
         return gateway
 
     def stop(self) -> None:
@@ -203,3 +202,17 @@ class RenewalDoor:
 
     async def busy(self, send: Send, retry_after: int) -> None:
         await http.refuse(send, errors.nodes_busy(retry_after))
+
+
+def tune_collector() -> None:
+    """What the start made (Django's modules and models, the first snapshot: about 200,000
+    objects) is moved out of the cyclic collector's sight: a full collection went over all of
+    it, 130-350 ms of the worker's GIL every 15-30 s at 5,000 nodes and 20,000 replicas, and
+    every renewal and request that came meanwhile waited (bench/fleet.py's steady p99; 56-310
+    ms with them frozen, still every 15-30 s). Their memory is still freed when nothing refers
+    to them. And the collections that remain come seldom: the youngest generation is collected
+    after GC_YOUNG_OBJECTS more objects are made than freed (Python's default: 700), the whole
+    heap only after 50 of those; objects a request makes and frees never count."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_OBJECTS, 50, 100)

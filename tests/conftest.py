@@ -43,6 +43,9 @@ def _give_this_process_its_own_places() -> Path:
     var = Path(tempfile.mkdtemp(prefix="llmgw-test-var-"))
     os.environ["LLMGW_VAR_DIR"] = str(var)
     settings.VAR_DIR = var
+    # A gateway served inside this process leaves its collector as it is (the gateway's own
+    # processes, which the tests start, tune theirs: gateway.process.tune_collector).
+    settings.LLMGW_GATEWAY_GC_FREEZE = False
     options = getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {})
     if "data_folder_in" in options:  # the broker kept in files (no REDIS_URL)
         broker = var / "broker"
