@@ -815,6 +815,15 @@ def start_baseline(processes: Processes, folder: Path, revision: str, env: dict[
     return f"http://127.0.0.1:{port}"
 
 
+def remove_baseline(folder: Path) -> None:
+    """Take away the worktree start_baseline made in `folder`."""
+    subprocess.run(
+        ["git", "worktree", "remove", "--force", str(folder / "baseline")],
+        cwd=ROOT,
+        capture_output=True,
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -952,11 +961,7 @@ def main() -> int:
         finally:
             processes.stop_all()
             if args.baseline:
-                subprocess.run(
-                    ["git", "worktree", "remove", "--force", str(folder / "baseline")],
-                    cwd=ROOT,
-                    capture_output=True,
-                )
+                remove_baseline(folder)
     return 0
 
 

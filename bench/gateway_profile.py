@@ -36,6 +36,7 @@ from bench.gateway import (  # noqa: E402
     Sample,
     free_port,
     prepare_gateway_keys,
+    remove_baseline,
     run_cell,
     start_baseline,
     tree_cpu_seconds,
@@ -247,11 +248,7 @@ def main() -> int:
         finally:
             processes.stop_all()
             if args.baseline:
-                subprocess.run(
-                    ["git", "worktree", "remove", "--force", str(folder / "baseline")],
-                    cwd=ROOT,
-                    capture_output=True,
-                )
+                remove_baseline(folder)
     return 0
 
 

@@ -61,6 +61,7 @@ from bench.gateway import (  # noqa: E402
     free_port,
     gateway_env,
     prepare_database,
+    remove_baseline,
     wait_http,
 )
 from tests.support.tcp_delay import TcpDelay  # noqa: E402
@@ -418,11 +419,7 @@ def main() -> int:
         finally:
             processes.stop_all()
             if args.baseline:
-                subprocess.run(
-                    ["git", "worktree", "remove", "--force", str(folder / "baseline")],
-                    cwd=ROOT,
-                    capture_output=True,
-                )
+                remove_baseline(folder)
     return 0
 
 

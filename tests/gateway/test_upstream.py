@@ -18,6 +18,7 @@ from gateway import proxy, upstream
 from gateway.protocol import HeadWithBody
 from gateway.routing import Balancer, Candidate, Serve
 from gateway.tracing import Tracer
+from tests.support.waiting import wait_for_async
 
 WHOLE = b'{"usage": {"prompt_tokens": 2, "completion_tokens": 3}}'
 
@@ -56,7 +57,7 @@ class Engine:
                 self.heads.append(head)
                 reply = self.script(len(self.heads) - 1)
                 if reply == "silent":
-                    await asyncio.sleep(3600)
+                    await asyncio.Event().wait()  # never set: says nothing until closed
                 if reply is None:
                     break
                 if isinstance(reply, Cut):
@@ -222,11 +223,7 @@ def test_a_stream_the_client_stops_reading_stops_reading_from_the_engine(monkeyp
         connection = got.connection
         assert connection is not None
 
-        async def paused() -> None:
-            while not connection.paused:
-                await asyncio.sleep(0.01)
-
-        await asyncio.wait_for(paused(), 10)
+        await wait_for_async(lambda: connection.paused, timeout=10, what="reading paused")
         assert connection.buffered < len(body)
         read = got.first + b"".join([chunk async for chunk in got.rest()])
         got.close()
