@@ -297,6 +297,16 @@ _NO_MODELS: tuple[Any, ...] = (None, "[]", [])
 _CHUNK_ROWS = 10_000
 
 
+def _digest(key_hash: Any) -> bytes | None:
+    """A stored hash as bytes; None, with a warning, for one that is not a hex digest (no
+    secret hashes to it, and one such row must not stop every other key from being read)."""
+    try:
+        return bytes.fromhex(key_hash)
+    except (ValueError, TypeError):
+        log.warning("gateway: a key's stored hash is not a hex digest; that key is skipped")
+        return None
+
+
 def _read_keys(codes: dict[bytes, int], limited: dict[int, Limits], *, since: Any) -> int:
     """Apply the keys changed since `since` (all when None) to `codes` and `limited`; the
     rows read."""
@@ -322,7 +332,9 @@ def _read_keys(codes: dict[bytes, int], limited: dict[int, Limits], *, since: An
                 expires_at,
                 *rest,
             ) in chunk:
-                digest = bytes.fromhex(key_hash)
+                digest = _digest(key_hash)
+                if digest is None:
+                    continue
                 if not owner_active:
                     codes.pop(digest, None)
                     limited.pop(key_id, None)
@@ -359,7 +371,8 @@ def _read_deleted(codes: dict[bytes, int], limited: dict[int, Limits], *, since:
         cursor.execute(sql, params)
         found = cursor.fetchall()
     for (key_hash,) in found:
-        code = codes.pop(bytes.fromhex(key_hash), None)
+        digest = _digest(key_hash)
+        code = None if digest is None else codes.pop(digest, None)
         if code is not None:
             limited.pop((code >> 2) & _ID_MASK, None)
     return len(found)

@@ -155,6 +155,24 @@ def test_the_snapshot_holds_only_keys_of_active_users(users: dict[str, Any]) -> 
     assert len(keys) == 1
 
 
+def test_a_row_whose_hash_is_not_a_digest_is_skipped_not_an_outage(
+    users: dict[str, Any], caplog: Any
+) -> None:
+    """One bad row (written by hand, or by an old import) opens nothing and stops nothing: the
+    other keys are read, first time and after."""
+    alice = create_key(users["alice"])
+    GatewayKey.objects.create(
+        owner=users["bob"], name="by hand", key_hash="alice".ljust(64, "0"), prefix="llmgw-x"
+    )
+    keys = Keys.read()
+    assert keys[digest(alice)].active and len(keys) == 1
+    DeletedGatewayKey.objects.create(key_hash="not hex", deleted_at=timezone.now())
+    later = create_key(users["alice"], "later")
+    keys.refresh()
+    assert keys[digest(later)].active and keys[digest(alice)].active
+    assert "not a hex digest" in caplog.text
+
+
 def test_a_key_is_read_with_its_owner_whatever_its_id(users: dict[str, Any]) -> None:
     """The fair queue shares slots between people: each key carries its owner's id, packed
     beside the key's own (gateway.state.pack_key), with limits or without."""
