@@ -16,6 +16,7 @@ import logging
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.db import connection
@@ -82,6 +83,8 @@ class Gateway:
         self.forward_budget = Budget(self.metrics)
         # Nodes' renewals answered here (fleet.renewals), through this process's door.
         self.renewals = Renewals(RenewalDoor(self.metrics))
+        # One line per /v1/ request (gateway.relay._count): None writes none.
+        self.access_log: Any = None
 
     @property
     def book(self) -> traffic.TrafficBook:

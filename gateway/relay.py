@@ -89,6 +89,8 @@ class Call:
     unchecked: KeyState | None = None
     # The request's server span while tracing is on (gateway.tracing), else None.
     span: Any = None
+    # Seconds it waited for its turn in the fair queue.
+    queued: float = 0.0
 
     def extra_headers(self) -> tuple[tuple[bytes, bytes], ...]:
         """The x-ratelimit-* headers of the request's answer: the admission's, or, for an
@@ -211,14 +213,17 @@ def allows(key: KeyState, snapshot: Snapshot, name: str) -> bool:
 # -- /v1/models ---------------------------------------------------------------------------
 
 
-async def models(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
-    arrived = time.monotonic()
+async def models(
+    gateway: Gateway, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint
+) -> None:
+    call = Call(gateway, send, receive, endpoint, time.monotonic())
     if scope["method"] != "GET":
-        await http.refuse(send, errors.wrong_method("/v1/models", "GET"))
+        refusal = errors.wrong_method("/v1/models", "GET")
+        await _answer(call, _refused(refusal))
         return
-    key = await key_refusal(gateway, scope, arrived)
+    key = await key_refusal(gateway, scope, call.started, call)
     if isinstance(key, Refusal):
-        await http.refuse(send, key)
+        await _answer(call, _refused(key))
         return
     snapshot = gateway.state.get()
     data = [
@@ -235,7 +240,8 @@ async def models(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -
         # A key limited to some models sees only those.
         if key.limits is None or allows(key, snapshot, entry.name)
     ]
-    await http.whole(send, 200, json.dumps({"object": "list", "data": data}).encode())
+    call.unchecked = None  # /v1/models counts against no limit
+    await _answer(call, Reply(200, json.dumps({"object": "list", "data": data}).encode()))
 
 
 # -- request bodies -----------------------------------------------------------------------
@@ -288,17 +294,18 @@ def _depth(value: Any) -> int:
 
 def routes(endpoints: Sequence[Endpoint]) -> dict[str, Handler]:
     """The handler of each endpoint's path, which gateway.app dispatches by (ROUTES)."""
-    return {endpoint.path: _handler(endpoint) for endpoint in endpoints}
+    return {endpoint.path: Route(endpoint) for endpoint in endpoints}
 
 
-def _handler(endpoint: Endpoint) -> Handler:
-    if not endpoint.relayed:
-        return models
+@dataclass(frozen=True)
+class Route:
+    """An endpoint's handler: relayed to a replica, or answered from the gateway's state."""
 
-    async def handle(gateway: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
-        await relay(gateway, scope, receive, send, endpoint)
+    endpoint: Endpoint
 
-    return handle
+    async def __call__(self, gateway: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+        serve = relay if self.endpoint.relayed else models
+        await serve(gateway, scope, receive, send, self.endpoint)
 
 
 @dataclass
@@ -604,6 +611,7 @@ async def _send(call: Call, asked: Asked, prepared: Prepared) -> Reply:
             balancer=gateway.balancer,
             hangup=lambda: fairqueue.client_gone(call.receive),
         )
+        waiting = time.monotonic()
         try:
             with _step(call, "queue wait"):
                 hold = (await turn.__aenter__()).hold
@@ -611,6 +619,8 @@ async def _send(call: Call, asked: Asked, prepared: Prepared) -> Reply:
             return _refused(exc.refusal(), entry.name, decision.model)
         except fairqueue.ClientGone:
             return _GONE
+        finally:
+            call.queued = time.monotonic() - waiting
     try:
         reply = await _sent(call, asked, prepared, hold)
     except BaseException:
@@ -808,11 +818,24 @@ async def _relay_stream(call: Call, reply: Reply, streamed: Streamed) -> None:
 def _count(call: Call, name: str | None, answered_by: str, status: int) -> None:
     """A request is answered: count it in /metrics and in the traffic figures (and its span,
     while tracing is on)."""
+    gateway = call.gateway
     if call.span is not None:
-        call.gateway.tracer.outcome(call.span, status, name, answered_by, call.usage())
+        gateway.tracer.outcome(call.span, status, name, answered_by, call.usage())
+    access = gateway.access_log
+    if access is not None:
+        access.record(
+            request_id=call.request_id,
+            key_id=call.key_id,
+            model=name,
+            endpoint=call.endpoint.name,
+            status=status,
+            prompt=call.prompt,
+            completion=call.completion,
+            queued=call.queued,
+            seconds=time.monotonic() - call.started,
+        )
     if name is None:
         return  # refused before it named a model it may use: not counted
-    gateway = call.gateway
     gateway.metrics.requests.labels(name, answered_by, call.endpoint.name, str(status)).inc()
     if name != "unknown":
         gateway.book.record(

@@ -25,8 +25,7 @@ def test_it_routes_every_endpoint_and_nothing_else() -> None:
     assert list(relay.ROUTES) == [e.path for e in ENDPOINTS]
     assert len({e.name for e in ENDPOINTS}) == len(ENDPOINTS)  # one label each in /metrics
     for endpoint in ENDPOINTS:
-        handler = relay.ROUTES[endpoint.path]
-        assert (handler is relay.models) == (not endpoint.relayed), endpoint.path
+        assert relay.ROUTES[endpoint.path] == relay.Route(endpoint), endpoint.path
 
 
 @pytest.mark.parametrize("endpoint", RELAYED, ids=lambda e: e.path)
