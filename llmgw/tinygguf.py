@@ -1,8 +1,10 @@
-"""Tiny GGUF files for tests and the demo: a random-weight llama model and a LoRA adapter for it.
+"""Tiny GGUF files for tests and the demo: a random-weight llama model, a LoRA adapter for it,
+and a vision projector (mmproj) that lets llama-server take images with it.
 
 Minimal (2 layers, about 0.7 MB) but complete enough for llama.cpp to load and generate; each
 file is generated from a seed, so two seeds give two "revisions" of one model. Also a command:
-``python -m llmgw.tinygguf model OUT.gguf --seed 1`` (or ``adapter OUT.gguf --rank 4``). This
+``python -m llmgw.tinygguf model OUT.gguf --seed 1`` (or ``adapter OUT.gguf --rank 4``, or
+``mmproj OUT.gguf``). This
 module must not import Django.
 """
 
@@ -253,6 +255,92 @@ def _lora_tensors(rng: np.random.Generator, rank: int) -> list[tuple[str, np.nda
     return tensors
 
 
+# The tiny projector: a LLaVA-style ("mlp") CLIP encoder, the simplest projector llama.cpp's mtmd
+# loads (tools/mtmd/clip.cpp: a ViT of `block_count` layers, then mm.0 -> GELU -> mm.2). An image
+# is resized to MMPROJ_IMAGE_SIZE and cut into (size / patch)^2 patches, each one text embedding.
+MMPROJ_IMAGE_SIZE = 32
+MMPROJ_PATCH_SIZE = 8
+MMPROJ_EMBEDDING_LENGTH = 32
+MMPROJ_HEAD_COUNT = 2
+# Not the embedding length: llama.cpp swaps ffn_up and ffn_down of old llava files when ffn_down's
+# input equals it, and that would turn these tensors around.
+MMPROJ_FEED_FORWARD_LENGTH = 48
+MMPROJ_BLOCK_COUNT = 2
+MMPROJ_PROJECTION_HIDDEN = 64
+
+
+def write_tiny_mmproj(
+    path: str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    text_embedding_length: int = EMBEDDING_LENGTH,
+) -> None:
+    """Write a random-weight vision projector of about 0.1 MB that llama-server accepts with
+    ``--mmproj`` beside the model of ``write_tiny_model``.
+
+    Its output is one vector of ``text_embedding_length`` per image patch, which llama.cpp
+    requires to equal the text model's embedding length (a mismatch stops the engine at start).
+    Two seeds give two revisions of it, as for the model.
+    """
+    rng = np.random.default_rng(seed)
+    width, ff = MMPROJ_EMBEDDING_LENGTH, MMPROJ_FEED_FORWARD_LENGTH
+    patches = (MMPROJ_IMAGE_SIZE // MMPROJ_PATCH_SIZE) ** 2
+    writer = GGUFWriter(os.fspath(path), "clip")
+    writer.add_name(f"tiny-mmproj-seed{seed}")
+    writer.add_type("mmproj")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_string("clip.projector_type", "mlp")
+    writer.add_bool("clip.use_gelu", True)
+    writer.add_uint32("clip.vision.image_size", MMPROJ_IMAGE_SIZE)
+    writer.add_uint32("clip.vision.patch_size", MMPROJ_PATCH_SIZE)
+    writer.add_uint32("clip.vision.embedding_length", width)
+    writer.add_uint32("clip.vision.feed_forward_length", ff)
+    writer.add_uint32("clip.vision.block_count", MMPROJ_BLOCK_COUNT)
+    writer.add_uint32("clip.vision.projection_dim", text_embedding_length)
+    writer.add_uint32("clip.vision.attention.head_count", MMPROJ_HEAD_COUNT)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    writer.add_file_type(0)
+    tensors = [
+        # numpy shapes are ggml's reversed: the patch convolution is (out, channels, h, w).
+        ("v.patch_embd.weight", _random(rng, width, 3, MMPROJ_PATCH_SIZE, MMPROJ_PATCH_SIZE)),
+        ("v.position_embd.weight", _random(rng, patches, width)),
+        ("v.pre_ln.weight", np.ones(width, dtype=np.float32)),
+        ("v.pre_ln.bias", np.zeros(width, dtype=np.float32)),
+    ]
+    for block in range(MMPROJ_BLOCK_COUNT):
+        for name, array in (
+            ("ln1.weight", np.ones(width, dtype=np.float32)),
+            ("ln1.bias", np.zeros(width, dtype=np.float32)),
+            ("attn_q.weight", _random(rng, width, width)),
+            ("attn_q.bias", np.zeros(width, dtype=np.float32)),
+            ("attn_k.weight", _random(rng, width, width)),
+            ("attn_k.bias", np.zeros(width, dtype=np.float32)),
+            ("attn_v.weight", _random(rng, width, width)),
+            ("attn_v.bias", np.zeros(width, dtype=np.float32)),
+            ("attn_out.weight", _random(rng, width, width)),
+            ("attn_out.bias", np.zeros(width, dtype=np.float32)),
+            ("ln2.weight", np.ones(width, dtype=np.float32)),
+            ("ln2.bias", np.zeros(width, dtype=np.float32)),
+            ("ffn_up.weight", _random(rng, ff, width)),
+            ("ffn_up.bias", np.zeros(ff, dtype=np.float32)),
+            ("ffn_down.weight", _random(rng, width, ff)),
+            ("ffn_down.bias", np.zeros(width, dtype=np.float32)),
+        ):
+            tensors.append((f"v.blk.{block}.{name}", array))
+    hidden = MMPROJ_PROJECTION_HIDDEN
+    tensors += [
+        ("mm.0.weight", _random(rng, hidden, width)),
+        ("mm.0.bias", np.zeros(hidden, dtype=np.float32)),
+        ("mm.2.weight", _random(rng, text_embedding_length, hidden)),
+        ("mm.2.bias", np.zeros(text_embedding_length, dtype=np.float32)),
+    ]
+    for name, tensor in tensors:
+        writer.add_tensor(name, tensor)
+    _write_and_close(writer)
+
+
 def _write_and_close(writer: GGUFWriter) -> None:
     try:
         writer.write_header_to_file()
@@ -279,6 +367,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     adapter.add_argument("--architecture", default="llama")
     adapter.add_argument("--rank", type=int, default=4)
     adapter.add_argument("--alpha", type=float, default=8.0)
+    mmproj = commands.add_parser("mmproj", help="a vision projector for the tiny model")
+    mmproj.add_argument("out", help="the file to write")
+    mmproj.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
     if args.command == "model":
@@ -288,6 +379,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             architecture=args.architecture,
             context_length=args.context_length,
         )
+    elif args.command == "mmproj":
+        write_tiny_mmproj(args.out, seed=args.seed)
     else:
         write_lora_adapter(
             args.out,
