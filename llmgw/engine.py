@@ -49,6 +49,9 @@ import requests
 # - ``/metrics`` (Prometheus, with ``--metrics``) gives tokens, busy slots and prompt-cache
 #   counters (:func:`read_metrics`). ``/v1/embeddings`` needs ``--embeddings --pooling mean``;
 #   completions and chat keep working with it.
+# - ``--mmproj FILE`` (a vision projector GGUF of the model's repository) lets chat completions
+#   carry images (``image_url`` parts, data URLs); without one such a request is refused. The
+#   projector's output must be as wide as the model's embedding, or the engine exits at start.
 # - Answers name the model by ``--alias`` (the catalog name), whatever the request asked for.
 
 STOP_GRACE_SECONDS = 10.0
@@ -88,6 +91,9 @@ class EngineSettings:
     slots: int = 1
     threads: int | None = None
     adapters: tuple[AdapterEntry, ...] = field(default_factory=tuple)
+    # The model's vision projector (llama-server's --mmproj), of the weights' revision; None
+    # for a model without one, which then refuses requests with images.
+    mmproj_path: str | None = None
     # A file holding the key every request but /health must send (llama-server's
     # --api-key-file): a file, not --api-key, so that no command line shows it.
     api_key_file: str | None = None
@@ -169,6 +175,8 @@ def engine_command(settings: EngineSettings, executable: str) -> list[str]:
             )
         # Scale 0 at start: each request asks for its adapter (lora_request).
         command += ["--lora-scaled", f"{adapter.path}:0"]
+    if settings.mmproj_path is not None:
+        command += ["--mmproj", settings.mmproj_path]
     return command + _gpu_arguments(settings)
 
 

@@ -20,6 +20,7 @@ def running_engine(
     *,
     alias: str = "tiny-chat",
     adapters: tuple[engine.AdapterEntry, ...] = (),
+    mmproj: Path | None = None,
     context_length: int = 256,
     slots: int = 1,
     threads: int = 1,
@@ -27,7 +28,8 @@ def running_engine(
     log: Path,
     ready_timeout: float = 60,
 ) -> Iterator[str]:
-    """Yields the engine's base URL once /health answers 200."""
+    """Yields the engine's base URL once /health answers 200. ``mmproj``: a vision projector
+    for the model (llama-server's --mmproj), so that it takes images."""
     executable = engine.find_engine()
     assert executable is not None, "llama-server is not built (make setup builds it)"
     settings = engine.EngineSettings(
@@ -40,6 +42,7 @@ def running_engine(
         slots=slots,
         threads=threads,
         adapters=adapters,
+        mmproj_path=None if mmproj is None else str(mmproj),
     )
     process = engine.start_engine(engine.engine_command(settings, executable), log)
 
