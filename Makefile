@@ -73,6 +73,7 @@ bench: setup
 	$(PY) bench/update_check.py
 	$(PY) bench/mirror_fetch.py
 	$(PY) bench/gateway.py --quick
+	$(PY) bench/access_log.py
 	$(PY) bench/validate.py
 	$(PY) bench/gateway_keys.py
 	$(PY) bench/gateway_frameworks.py

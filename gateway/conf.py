@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from django.conf import settings
@@ -271,3 +272,50 @@ def queue_max_per_user() -> int:
 def queue_max_per_key() -> int:
     """Of those, the requests of one key that may wait (as many as its owner's by default)."""
     return int(_number("LLMGW_QUEUE_MAX_PER_KEY", queue_max_per_user(), minimum=0))
+
+
+# -- the access log: one line per /v1/ request (gateway.accesslog) --
+
+ACCESS_LOG_FORMATS = ("text", "json", "off")
+
+
+def access_log_format() -> str:
+    """What the access log's lines are: "text" (key=value words, for people and grep), "json"
+    (one object a line, for machines) or "off" (no access log)."""
+    configured = getattr(settings, "LLMGW_ACCESS_LOG", None)
+    raw = str(configured) if configured else os.environ.get("LLMGW_ACCESS_LOG") or ""
+    value = raw.strip().lower() or "text"
+    if value not in ACCESS_LOG_FORMATS:
+        raise EnvError(
+            f"LLMGW_ACCESS_LOG={raw!r} is not an access log format: write text (the default, "
+            "key=value words), json (one object a line) or off (no access log)."
+        )
+    return value
+
+
+def access_log_file() -> Path:
+    """The access log's file, shared by the machine's gateway processes: LLMGW_VAR_DIR's
+    log/gateway-access.log (beside the run command's other logs) unless LLMGW_ACCESS_LOG_FILE
+    names another; a relative path is taken from the checkout."""
+    configured = getattr(settings, "LLMGW_ACCESS_LOG_FILE", None)
+    raw = str(configured) if configured else os.environ.get("LLMGW_ACCESS_LOG_FILE") or ""
+    if not raw.strip():
+        return Path(settings.VAR_DIR) / "log" / "gateway-access.log"
+    path = Path(raw.strip())
+    if raw.strip().endswith("/") or (path.exists() and path.is_dir()):
+        raise EnvError(
+            f"LLMGW_ACCESS_LOG_FILE={raw!r} is a folder: name the file, like "
+            f"{path / 'gateway-access.log'}."
+        )
+    return path if path.is_absolute() else Path(settings.BASE_DIR) / path
+
+
+def access_log_max_bytes() -> int:
+    """The size at which the access log is rotated (to .1, .1 to .2, …); 0: never, for a
+    logrotate of your own (each process reopens the file once it is moved away)."""
+    return int(_number("LLMGW_ACCESS_LOG_MAX_BYTES", 100 * 1024 * 1024, minimum=0))
+
+
+def access_log_backups() -> int:
+    """Rotated access logs kept (.1 the newest); the oldest is removed at the next rotation."""
+    return int(_number("LLMGW_ACCESS_LOG_BACKUPS", 5, minimum=1))

@@ -81,6 +81,8 @@ class Metrics:
     queue_depth: Any
     database_up: Any
     database_outages: Any
+    access_log_lines: Any
+    access_log_dropped: Any
     registry: Any  # single-process mode: where the metrics are; multiprocess: None
     folder: str | None
 
@@ -438,6 +440,22 @@ GATEWAY_METRICS = (
         "gateway.redislimits.MAX_PENDING, 100,000; past that the oldest is dropped and "
         "counted in llmgw_gateway_limits_redis_dropped). Counted when /metrics is read.",
         multiprocess_mode="livemax",
+    ),
+    MetricSpec(
+        "access_log_lines",
+        "counter",
+        "llmgw_gateway_access_log_lines",
+        "Lines a gateway process wrote to its access log (LLMGW_ACCESS_LOG), one per /v1/ "
+        "request, in batches a few times a second.",
+    ),
+    MetricSpec(
+        "access_log_dropped",
+        "counter",
+        "llmgw_gateway_access_log_dropped",
+        "Access log lines a gateway process left unwritten: full (its buffer held "
+        "gateway.accesslog.MAX_PENDING, 65,536, lines not yet written: the disk is too slow) "
+        "or unwritable (the file could not be written: see the gateway's log).",
+        labels=("reason",),
     ),
 )
 

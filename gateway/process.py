@@ -16,7 +16,6 @@ import logging
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from django.conf import settings
 from django.db import connection
@@ -25,7 +24,8 @@ from access import traffic
 from catalog.config import current_config
 from fleet.renewals import Receive, Renewals, Scope, Send
 
-from . import conf, errors, http, proxy
+from . import accesslog, conf, errors, http, proxy
+from .accesslog import AccessLog
 from .fairqueue import FairQueue
 from .limits import SharedCounters
 from .load import SharedLoad
@@ -83,8 +83,9 @@ class Gateway:
         self.forward_budget = Budget(self.metrics)
         # Nodes' renewals answered here (fleet.renewals), through this process's door.
         self.renewals = Renewals(RenewalDoor(self.metrics))
-        # One line per /v1/ request (gateway.relay._count): None writes none.
-        self.access_log: Any = None
+        # One line per /v1/ request (gateway.relay._count): None writes none. A bare gateway
+        # (a test's) writes none unless given one; Gateway.started makes the settings' one.
+        self.access_log: AccessLog | None = None
 
     @property
     def book(self) -> traffic.TrafficBook:
@@ -116,6 +117,8 @@ class Gateway:
         conf.queue_max_per_user(), conf.queue_max_per_key(), conf.limits_redis_url()
         conf.forward_reserve_bytes(), conf.forward_client_bytes(), conf.body_deadline()
         conf.body_min_rate(), conf.limits_redis_timeout(), conf.limits_redis_fallback()
+        conf.access_log_format(), conf.access_log_file(), conf.access_log_max_bytes()
+        conf.access_log_backups()
         current_config()  # and a server.yaml that does not validate (ConfigError)
         tracer = Tracer()
         tracer.start()  # when OTEL_EXPORTER_OTLP_ENDPOINT asks for traces
@@ -131,6 +134,8 @@ class Gateway:
             queue=FairQueue(settings.VAR_DIR / "gateway-queue"),
             counters=counters,
         )
+        # Opened before any thread starts: a file it cannot write stops the start.
+        gateway.access_log = accesslog.from_settings(gateway.metrics)
         redis_url = conf.limits_redis_url()
         if redis_url:
             board = gateway.metrics
@@ -145,12 +150,20 @@ class Gateway:
         finally:
             connection.close()  # this thread's: the refresher has its own
         gateway.state.start()
+        if gateway.access_log is not None:
+            gateway.access_log.start()  # its writer thread
         if conf.gc_freeze():
             tune_collector()
         return gateway
 
     def stop(self) -> None:
-        """Stop the refresher, write the last figures and close the shared maps."""
+        """Write the access log's last lines, stop the refresher, write the last figures and
+        close the shared maps."""
+        if self.access_log is not None:
+            try:
+                self.access_log.close()  # after the last request: the lifespan's shutdown
+            except Exception:
+                log.exception("gateway: could not write the access log's last lines")
         self.state.stop()
         try:
             self.book.flush()  # the last seconds' figures
