@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import validate
-from .prefix import prompt_text
-from .proxy import usage_of
+from .prefix import anthropic_prompt_text, prompt_text, responses_prompt_text
+from .proxy import AnthropicTally, ResponsesTally, StreamTally, usage_of
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,9 @@ class Endpoint:
     # latency histogram) and in the traffic figures.
     name: str
     method: str = "POST"
-    # Whose API its requests, answers and refusals follow: OpenAI's ({"error": {...}}).
+    # Whose API its requests, answers and refusals follow: OpenAI's ({"error": {...}}), its
+    # Responses API's (the same refusals; its own stream events) or Anthropic's ({"type":
+    # "error", "error": {...}}: gateway.errors.anthropic_body).
     api: str = "openai"
     # Sent on to a replica of the model its body names; False: the gateway answers it itself,
     # from its state (the model list).
@@ -45,6 +47,17 @@ class Endpoint:
     prompt: Callable[[dict[str, Any]], str] | None = None
     # (prompt, completion) tokens read from a whole answer.
     usage: Callable[[bytes], tuple[int, int]] = usage_of
+    # What counts a streamed answer's tokens as its events pass.
+    tally: type[StreamTally] = StreamTally
+    # The engine is asked to report a stream's prompt as it reads it (proxy.with_progress): the
+    # prompt's tokens are known, and charged, however soon the stream ends. Not the Messages
+    # API: llama.cpp sends it no reports (its message_start, with the first token, says them).
+    progress: bool = False
+    # The body's fields that bound the answer's tokens, the first one given counting (a token
+    # limit reserves that many while the request is in flight: gateway.limits.reservation); ()
+    # for an endpoint that generates nothing (embeddings, a count of tokens, a ranking): its
+    # prompt is all it reserves.
+    answer_limit: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
     # A feature the engine must be started with to serve it (llama-server's flag of that name,
     # --embeddings); None: every engine serves it.
     needs: str | None = None
@@ -59,6 +72,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         rules=validate.chat,
         operation="chat",
         prompt=prompt_text,
+        progress=True,
     ),
     Endpoint(
         "/v1/completions",
@@ -67,6 +81,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         rules=validate.completions,
         operation="text_completion",
         prompt=prompt_text,
+        progress=True,
     ),
     Endpoint(
         "/v1/embeddings",
@@ -75,6 +90,39 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         operation="embeddings",
         prompt=prompt_text,
         needs="embeddings",
+        answer_limit=(),
+    ),
+    Endpoint(
+        "/v1/responses",
+        "responses",
+        api="responses",
+        streams=True,
+        rules=validate.responses,
+        operation="chat",
+        prompt=responses_prompt_text,
+        tally=ResponsesTally,
+        progress=True,
+        answer_limit=("max_output_tokens",),
+    ),
+    Endpoint(
+        "/v1/messages",
+        "messages",
+        api="anthropic",
+        streams=True,
+        rules=validate.messages,
+        operation="chat",
+        prompt=anthropic_prompt_text,
+        tally=AnthropicTally,
+        answer_limit=("max_tokens",),
+    ),
+    # Not a generation: the engine's tokenizer and the chat template, counted by rpm only.
+    Endpoint(
+        "/v1/messages/count_tokens",
+        "count_tokens",
+        api="anthropic",
+        rules=validate.count_tokens,
+        operation="count_tokens",
+        answer_limit=(),
     ),
 )
 

@@ -3,6 +3,9 @@
 {"error": {"message": "...", "type": "...", "param": null, "code": "...", "request_id": "..."}}
 
 `request_id` is the request's X-Request-ID (core.requestid), added when the body is written.
+The Messages API's endpoints answer the same refusals in Anthropic's shape (`anthropic_body`):
+
+{"type": "error", "error": {"type": "...", "message": "..."}, "request_id": "..."}
 """
 
 from __future__ import annotations
@@ -33,6 +36,57 @@ class Refusal:
         return self.payload
 
 
+# Anthropic's error types by status (its clients raise by status, and show the type).
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    502: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+
+
+def anthropic_body(refusal: Refusal) -> bytes:
+    """The refusal in Anthropic's error shape: the same status, message and headers."""
+    error = refusal.payload.get("error")
+    message = error.get("message", "") if isinstance(error, dict) else ""
+    status = refusal.status
+    kind = ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    payload: dict[str, object] = {"type": "error", "error": {"type": kind, "message": message}}
+    request_id = requestid.current.get()
+    if request_id is not None:
+        payload["request_id"] = request_id
+    return json.dumps(payload).encode()
+
+
+BROKEN_MESSAGE = "The replica broke off the answer; try again."
+
+
+def stream_broken(api: str) -> bytes:
+    """The event that ends a stream its replica broke off, in the shape the API's clients raise
+    as an error rather than take as a complete answer."""
+    request_id = requestid.now()
+    if api == "anthropic":
+        event = {"type": "error", "error": {"type": "api_error", "message": BROKEN_MESSAGE}}
+        return b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
+    if api == "responses":
+        event = {"type": "error", "code": "stream_broken", "message": BROKEN_MESSAGE, "param": None}
+        return b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
+    error = {
+        "message": BROKEN_MESSAGE,
+        "type": "server_error",
+        "code": "stream_broken",
+        "request_id": request_id,
+    }
+    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+
+
 def openai_error(
     status: int,
     message: str,
@@ -53,7 +107,8 @@ def missing_key() -> Refusal:
     return openai_error(
         401,
         "No API key was sent. Send a gateway key as 'Authorization: Bearer KEY' (OpenAI clients: "
-        "api_key=KEY); create one with `llmgw ctl key create NAME`.",
+        "api_key=KEY) or 'x-api-key: KEY' (Anthropic clients: ANTHROPIC_API_KEY); create one "
+        "with `llmgw ctl key create NAME`.",
         code="missing_api_key",
         headers={"WWW-Authenticate": "Bearer"},
     )

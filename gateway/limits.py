@@ -182,7 +182,12 @@ def team_ident(team_id: int, created_at: Any) -> str:
     return f"t{team_id}-{0 if stamp is None else round(stamp * 1e6)}"
 
 
-def reservation(raw: bytes, body: dict[str, Any], most_tokens: int) -> int:
+def reservation(
+    raw: bytes,
+    body: dict[str, Any],
+    most_tokens: int,
+    answer_limit: tuple[str, ...] = ("max_completion_tokens", "max_tokens"),
+) -> int:
     """The tokens a request may use, which it reserves against its key's and team's token
     limits while it is in flight: its prompt at most, and each answer's most.
 
@@ -192,14 +197,16 @@ def reservation(raw: bytes, body: dict[str, Any], most_tokens: int) -> int:
       chat template adds around a message; TEMPLATE_TOKENS more for what a template adds once
       (the start token, a default system prompt).
     - The answers: n of them (per prompt, where a completion asks for several), each at most
-      its max_tokens (max_completion_tokens), else `most_tokens` (the model's default: its
-      context, which an engine fills when nothing stops it sooner).
+      the first of the endpoint's `answer_limit` fields the body gives (max_completion_tokens,
+      max_tokens; the Responses API's max_output_tokens), else `most_tokens` (the model's
+      default: its context, which an engine fills when nothing stops it sooner). An endpoint
+      that generates nothing (embeddings, a count of tokens) has no answer_limit: no answers.
     """
-    most = body.get("max_completion_tokens", body.get("max_tokens"))
+    if not answer_limit:
+        return len(raw) + TEMPLATE_TOKENS
+    most = next((body[name] for name in answer_limit if name in body), None)
     if not isinstance(most, int) or isinstance(most, bool) or most < 1:
         most = most_tokens
-    if body.get("input") is not None:  # embeddings: a prompt and no answer
-        most = 0
     return len(raw) + TEMPLATE_TOKENS + answers(body) * min(most, most_tokens)
 
 

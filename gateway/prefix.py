@@ -57,6 +57,29 @@ def prompt_text(body: dict[str, Any]) -> str:
     return prompt if isinstance(prompt, str) else ""
 
 
+def responses_prompt_text(body: dict[str, Any]) -> str:
+    """A Responses API request's prompt: its instructions, then its input's items."""
+    head = body.get("instructions")
+    text = f"system\x00{head}\x00" if isinstance(head, str) else ""
+    value = body.get("input")
+    if isinstance(value, str):
+        return f"{text}user\x00{value}\x00"
+    if not isinstance(value, list):
+        return text
+    return text + "".join(
+        f"{item.get('role', item.get('type', ''))}\x00{_text_of(item.get('content'))}\x00"
+        for item in value
+        if isinstance(item, dict)
+    )
+
+
+def anthropic_prompt_text(body: dict[str, Any]) -> str:
+    """A Messages API request's prompt: its system prompt, then its messages."""
+    system = body.get("system")
+    text = f"system\x00{_text_of(system)}\x00" if system is not None else ""
+    return text + prompt_text(body)
+
+
 def block_hashes(text: str, engine_name: str) -> list[int]:
     """Chained hashes of the text's whole blocks (a last partial block counts too): block i's
     covers blocks 0..i, so equal hashes mean equal beginnings."""

@@ -306,7 +306,10 @@ async def _post(
 
 # -- tokens -----------------------------------------------------------------------------
 
-_USAGE_NUMBER = re.compile(rb'"(prompt_tokens|completion_tokens)"\s*:\s*(\d+)')
+_USAGE_NUMBER = re.compile(
+    rb'"(prompt_tokens|completion_tokens|input_tokens|output_tokens|cache_read_input_tokens'
+    rb'|cache_creation_input_tokens)"\s*:\s*(\d+)'
+)
 PROGRESS = b'"prompt_progress"'
 _PROGRESS_TOTAL = re.compile(rb'"prompt_progress"\s*:\s*\{[^}]*"total"\s*:\s*(\d+)')
 _PREDICTED = re.compile(rb'"predicted_n"\s*:\s*(\d+)')
@@ -319,12 +322,22 @@ MAX_PART_BYTES = 1024 * 1024
 
 
 def usage_of(body: bytes) -> tuple[int, int]:
-    """(prompt, completion) tokens from an answer's "usage", without parsing the whole body."""
+    """(prompt, completion) tokens from an answer's "usage", without parsing the whole body, in
+    each API's words: OpenAI's chat and completions (prompt_tokens, completion_tokens), its
+    Responses API (input_tokens, output_tokens) and Anthropic's (input_tokens, the prompt's
+    tokens not read from a cache, plus cache_read_input_tokens and cache_creation_input_tokens;
+    output_tokens)."""
     at = body.rfind(b'"usage"')
     if at < 0:
         return 0, 0
     numbers = dict(_USAGE_NUMBER.findall(body[at : at + 400]))
-    return int(numbers.get(b"prompt_tokens", 0)), int(numbers.get(b"completion_tokens", 0))
+    if b"prompt_tokens" in numbers or b"completion_tokens" in numbers:
+        return int(numbers.get(b"prompt_tokens", 0)), int(numbers.get(b"completion_tokens", 0))
+    prompt = sum(
+        int(numbers.get(name, 0))
+        for name in (b"input_tokens", b"cache_read_input_tokens", b"cache_creation_input_tokens")
+    )
+    return prompt, int(numbers.get(b"output_tokens", 0))
 
 
 def with_progress(payload: bytes) -> bytes:
@@ -360,7 +373,8 @@ class StreamTally:
     end): a client reads an event when it is whole anyway.
     """
 
-    def __init__(self, *, strip: bool = False) -> None:
+    def __init__(self, *, strip: bool = False, model: str = "") -> None:
+        self.model = model  # the name the client asked for
         self.prompt = 0
         self.completion = 0
         self.strip = strip
@@ -438,6 +452,73 @@ class StreamTally:
         # events (the text of a character split over tokens waits for its end: a token or
         # two fewer).
         return prompt, max(self.completion, sum(ended.values()), 0)
+
+
+class AnthropicTally(StreamTally):
+    """Tokens of a Messages API stream: the prompt's in its message_start event, the answer's in
+    its last message_delta; a stream cut short, one a content_block_delta event.
+
+    It also makes the stream start as Anthropic's clients require: llama.cpp sends message_start
+    with the first token that has text, so where the first tokens are parts of a character (a
+    random model's, or a word of CJK text) the stream starts with a later event, and the SDKs
+    raise "unexpected event order". Such a stream is given its message_start first."""
+
+    def __init__(self, *, strip: bool = False, model: str = "") -> None:
+        super().__init__(strip=strip, model=model)
+        self._started = False
+
+    def feed(self, chunk: bytes) -> bytes:
+        return self._start(super().feed(chunk))
+
+    def end(self) -> bytes:
+        return self._start(super().end())
+
+    def _start(self, passed: bytes) -> bytes:
+        if self._started or not passed:
+            return passed
+        self._started = True
+        if b'"type":"message_start"' in passed[: passed.find(b"\n\n") + 1 or len(passed)]:
+            return passed
+        message = {
+            "id": f"msg_{requestid.now()}",
+            "type": "message",
+            "role": "assistant",
+            "content": [],
+            "model": self.model,
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": self.prompt, "output_tokens": 0},
+        }
+        event = {"type": "message_start", "message": message}
+        return b"event: message_start\ndata: " + json.dumps(event).encode() + b"\n\n" + passed
+
+    def _tokens(self, events: bytes) -> None:
+        self.completion += events.count(b'"type":"content_block_delta"')
+
+    def _ending(self, event: bytes) -> None:
+        if b'"usage"' not in event:
+            return
+        prompt, completion = usage_of(event)
+        if b'"type":"message_start"' in event:
+            self.prompt = prompt
+        elif prompt or completion:
+            self._usage[0] = (prompt, completion)
+
+
+class ResponsesTally(StreamTally):
+    """Tokens of a Responses API stream: both in its response.completed event; a stream cut
+    short, one a text or tool-call delta event."""
+
+    def _tokens(self, events: bytes) -> None:
+        self.completion += events.count(b'"type":"response.output_text.delta"') + events.count(
+            b'"type":"response.function_call_arguments.delta"'
+        )
+
+    def _ending(self, event: bytes) -> None:
+        if b'"type":"response.completed"' in event:
+            prompt, completion = usage_of(event)
+            if prompt or completion:
+                self._usage[0] = (prompt, completion)
 
 
 def _events_end(data: bytes) -> int:

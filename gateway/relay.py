@@ -144,11 +144,14 @@ class Reply:
     silent: bool = False
     # The request's turn in the fair queue, held until the answer is sent.
     turn: AbstractAsyncContextManager[Any] | None = None
+    # What the gateway refused it for (its body is in OpenAI's shape; an endpoint of another
+    # API writes it in its own).
+    refusal: Refusal | None = None
 
 
 def _refused(refusal: Refusal, name: str | None = None, answered_by: str = "") -> Reply:
     headers = [*http.JSON, *((k.lower().encode(), v.encode()) for k, v in refusal.headers.items())]
-    return Reply(refusal.status, refusal.body(), headers, name, answered_by)
+    return Reply(refusal.status, b"", headers, name, answered_by, refusal=refusal)
 
 
 _GONE = Reply(0, silent=True)
@@ -174,7 +177,10 @@ async def key_refusal(
     scheme, _, secret = http.header(scope, b"authorization").partition(" ")
     secret = secret.strip()
     if scheme.lower() != "bearer" or not secret:
-        return errors.missing_key()
+        # Anthropic's clients send theirs as x-api-key.
+        secret = http.header(scope, b"x-api-key").strip()
+        if not secret:
+            return errors.missing_key()
     if not secret.startswith(KEY_PREFIX):
         return errors.invalid_key(revoked=False)  # not one of ours
     digest = hash_key(secret)
@@ -235,13 +241,29 @@ async def models(
             # As vLLM names them: an adapter's parent is the model whose replicas serve it.
             "root": entry.model,
             "parent": entry.model if entry.adapter else None,
+            # What Anthropic's clients read of a model (the same list answers both).
+            "type": "model",
+            "display_name": entry.name,
+            "created_at": _rfc3339(entry.created),
         }
         for entry in sorted(snapshot.catalog.usable(), key=lambda e: e.name)
         # A key limited to some models sees only those.
         if key.limits is None or allows(key, snapshot, entry.name)
     ]
+    listed = {
+        "object": "list",
+        "data": data,
+        # Anthropic's page of models: the whole list, one page.
+        "has_more": False,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+    }
     call.unchecked = None  # /v1/models counts against no limit
-    await _answer(call, Reply(200, json.dumps({"object": "list", "data": data}).encode()))
+    await _answer(call, Reply(200, json.dumps(listed).encode()))
+
+
+def _rfc3339(moment: float) -> str:
+    return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # -- request bodies -----------------------------------------------------------------------
@@ -451,7 +473,9 @@ async def _admit(call: Call, asked: Asked) -> limits.Admission | Refusal | None:
     counters.set_writer(gateway.book.writer)
     reserve = 0
     if key.limits.tokened or (team is not None and team.tokened):
-        reserve = limits.reservation(asked.raw, asked.body, most_tokens(asked.entry))
+        reserve = limits.reservation(
+            asked.raw, asked.body, most_tokens(asked.entry), call.endpoint.answer_limit
+        )
     decided = await counters.check(key.id, key.limits, team, snapshot.budgets, reserve=reserve)
     board = gateway.metrics
     board.limit_slots_held.set(counters.held())
@@ -563,7 +587,7 @@ def _prepare(call: Call, asked: Asked, decision: routing.Serve) -> Prepared:
         if lora is not None:
             rewritten["lora"] = lora
         payload = json.dumps(rewritten).encode()
-    if _progress_asked(asked):
+    if _progress_asked(call, asked):
         payload = proxy.with_progress(payload)  # the prompt's tokens, however the stream ends
     rename = (target.model, target.name) if target.adapter else None
     gateway = call.gateway
@@ -698,7 +722,7 @@ async def _sent(call: Call, asked: Asked, prepared: Prepared, hold: routing.Hold
         (REVISION_HEADER.lower().encode(), answer.candidate.revision.encode()),
     ]
     if answer.streaming:
-        streamed = Streamed(answer, prepared.rename, engine, progress=_progress_asked(asked))
+        streamed = Streamed(answer, prepared.rename, engine, progress=_progress_asked(call, asked))
         return Reply(200, b"", headers, entry.name, decision.model, stream=streamed)
     return await _whole(call, asked, prepared, answer, headers, engine)
 
@@ -755,10 +779,11 @@ class Streamed:
     progress: bool = False
 
 
-def _progress_asked(asked: Asked) -> bool:
+def _progress_asked(call: Call, asked: Asked) -> bool:
     """Whether the gateway asks the engine to report the prompt's progress (proxy.with_progress):
-    for every stream, unless its client asked for the reports itself (then it gets them)."""
-    return asked.stream and "return_progress" not in asked.body
+    for every stream of an endpoint that reports it, unless its client asked for the reports
+    itself (then it gets them)."""
+    return call.endpoint.progress and asked.stream and "return_progress" not in asked.body
 
 
 # -- answering ---------------------------------------------------------------------------
@@ -772,9 +797,12 @@ async def _answer(call: Call, reply: Reply) -> None:
             return
         if reply.stream is None:
             _count(call, reply.name, reply.answered_by, reply.status)
-            await http.whole(
-                call.send, reply.status, reply.body, reply.headers, call.extra_headers()
-            )
+            body = reply.body
+            if reply.refusal is not None:
+                refusal = reply.refusal
+                api = call.endpoint.api
+                body = errors.anthropic_body(refusal) if api == "anthropic" else refusal.body()
+            await http.whole(call.send, reply.status, body, reply.headers, call.extra_headers())
         else:
             await _relay_stream(call, reply, reply.stream)
     finally:
@@ -785,7 +813,7 @@ async def _answer(call: Call, reply: Reply) -> None:
 async def _relay_stream(call: Call, reply: Reply, streamed: Streamed) -> None:
     status = 200
     answer = streamed.answer
-    tally = proxy.StreamTally(strip=streamed.progress)
+    tally = call.endpoint.tally(strip=streamed.progress, model=reply.name or "")
     try:
         assert reply.headers is not None
         await http.start(
@@ -799,7 +827,7 @@ async def _relay_stream(call: Call, reply: Reply, streamed: Streamed) -> None:
                 *call.limit_headers,
             ],
         )
-        chunks = _chunks(answer, tally)
+        chunks = _chunks(answer, tally, call.endpoint.api)
         if streamed.rename is not None:
             chunks = _renaming(chunks, *streamed.rename)
         if await http.pump(chunks, call.send, call.receive, answer.close) == "broken":
@@ -851,7 +879,7 @@ def _count(call: Call, name: str | None, answered_by: str, status: int) -> None:
         )
 
 
-async def _chunks(answer: proxy.Answer, tally: proxy.StreamTally) -> AsyncIterator[bytes]:
+async def _chunks(answer: proxy.Answer, tally: proxy.StreamTally, api: str) -> AsyncIterator[bytes]:
     """The stream's chunks, counted (and the gateway's own reports taken out) as they pass."""
     first = tally.feed(answer.first)
     if first:
@@ -867,16 +895,10 @@ async def _chunks(answer: proxy.Answer, tally: proxy.StreamTally) -> AsyncIterat
     except proxy.STREAM_ERRORS as exc:
         if answer.closed:
             return  # closed here, because the client went away
-        # Too late to retry or to change the status: say so in the stream, in the shape
-        # OpenAI clients raise as an error, rather than end it as though it were complete.
+        # Too late to retry or to change the status: say so in the stream, in the shape the
+        # API's clients raise as an error, rather than end it as though it were complete.
         log.warning("gateway: the replica %s broke off a stream: %s", answer.candidate.id, exc)
-        error = {
-            "message": "The replica broke off the answer; try again.",
-            "type": "server_error",
-            "code": "stream_broken",
-            "request_id": requestid.now(),
-        }
-        yield b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+        yield errors.stream_broken(api)
         raise http.Broken() from exc
 
 

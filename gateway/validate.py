@@ -648,3 +648,312 @@ def _tokens(tokens: list[Any], where: str) -> None:
                 f"{_what(token)}.{why}",
                 f"{where}[{index}]",
             )
+
+
+# -- /v1/responses (OpenAI's Responses API, stateless) ----------------------------------------
+
+_RESPONSE_ROLES = ("user", "system", "developer", "assistant")
+_RESPONSE_PARTS = ("input_text", "output_text", "refusal", "input_image", "input_file")
+_RESPONSE_ITEMS = ("message", "function_call", "function_call_output", "reasoning")
+_RESPONSES_FIELDS: dict[str, Callable[[str, Any], None]] = {
+    "instructions": _string("the system prompt"),
+    "max_output_tokens": _integer(1, INT32_MAX, "the most tokens the answer may have"),
+    "temperature": _number(0, 2, "higher is more random"),
+    "top_p": _number(0, 1, "the share of probability mass sampled from"),
+    "stream": _boolean("whether to send the answer as it is generated"),
+    "parallel_tool_calls": _boolean("whether the model may call several tools at once"),
+    "user": _string("an id of your end user"),
+}
+
+
+def responses(body: dict[str, Any]) -> None:
+    """The Responses API as the gateway serves it: stateless, the whole conversation in `input`
+    (the gateway keeps no responses to continue from)."""
+    if body.get("previous_response_id") is not None:
+        raise _Bad(
+            "previous_response_id is not taken: this gateway keeps no responses to continue "
+            "from. Send the whole conversation as input (earlier turns as items) with "
+            '"store": false.',
+            "previous_response_id",
+        )
+    if body.get("store") is True:
+        raise _Bad(
+            'store: true is not taken: this gateway keeps no responses. Send "store": false '
+            "(or leave it out) and the whole conversation as input.",
+            "store",
+        )
+    if body.get("store") is not None and not isinstance(body["store"], bool):
+        raise _Bad(f"store must be false or left out; got {_what(body['store'])}.", "store")
+    value = body.get("input")
+    example = '"Hello" or [{"role": "user", "content": "Hello"}]'
+    if isinstance(value, str):
+        pass
+    elif isinstance(value, list) and value:
+        for index, item in enumerate(value):
+            _response_item(item, f"input[{index}]")
+    else:
+        got = "nothing" if "input" not in body else _what(value)
+        raise _Bad(
+            f"input must be a string or a non-empty list of items, like {example}; got {got}.",
+            "input",
+        )
+    _fields(body, _RESPONSES_FIELDS)
+    tools = body.get("tools")
+    if tools is not None:
+        _named_list(tools, "tools", '[{"type": "function", "name": "f", "parameters": {...}}]')
+
+
+def _response_item(item: Any, where: str) -> None:
+    if not isinstance(item, dict):
+        raise _Bad(
+            f'{where} must be an object, like {{"role": "user", "content": "Hello"}}; got '
+            f"{_what(item)}.",
+            where,
+        )
+    kind = item.get("type", "message" if "role" in item else None)
+    if kind not in _RESPONSE_ITEMS:
+        raise _Bad(
+            f"{where}.type must be one of {', '.join(_RESPONSE_ITEMS)} (or leave it out for a "
+            f"message with a role); got {_what(kind)}.",
+            f"{where}.type",
+        )
+    if kind == "message":
+        role = item.get("role")
+        if role not in _RESPONSE_ROLES:
+            raise _Bad(
+                f"{where}.role must be one of {', '.join(_RESPONSE_ROLES)}; got {_what(role)}.",
+                f"{where}.role",
+            )
+        content = item.get("content")
+        if isinstance(content, str):
+            return
+        if not isinstance(content, list):
+            raise _Bad(
+                f"{where}.content must be a string or a list of parts like "
+                f'[{{"type": "input_text", "text": "Hello"}}]; got {_what(content)}.',
+                f"{where}.content",
+            )
+        for index, part in enumerate(content):
+            _response_part(part, f"{where}.content[{index}]")
+    elif kind == "function_call":
+        _strings(item, where, ("call_id", "name", "arguments"))
+    elif kind == "function_call_output":
+        _strings(item, where, ("call_id",))
+        if not isinstance(item.get("output"), str | list):
+            raise _Bad(
+                f"{where}.output must be the tool's output as a string; got "
+                f"{_what(item.get('output'))}.",
+                f"{where}.output",
+            )
+    else:  # reasoning
+        content = item.get("content")
+        if not (
+            isinstance(content, list)
+            and content
+            and isinstance(content[0], dict)
+            and isinstance(content[0].get("text"), str)
+        ):
+            raise _Bad(
+                f'{where}.content must be a list of text parts, like [{{"type": '
+                '"reasoning_text", "text": "..."}]; a reasoning item without it cannot be sent.',
+                f"{where}.content",
+            )
+
+
+def _response_part(part: Any, where: str) -> None:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind in ("input_text", "output_text"):
+        if not isinstance(part.get("text"), str):
+            raise _Bad(
+                f"{where}.text must be a string; got {_what(part.get('text'))}.", f"{where}.text"
+            )
+    elif kind == "refusal":
+        if not isinstance(part.get("refusal"), str):
+            raise _Bad(f"{where}.refusal must be a string.", f"{where}.refusal")
+    elif kind in ("input_image", "input_file"):
+        raise _Bad(
+            f"{where} is a part of type {kind}, and this model takes text only (its engine has no "
+            "image encoder). Send the content as input_text parts or a string, or ask for a "
+            "model that takes images.",
+            f"{where}.type",
+        )
+    else:
+        got = _what(part) if not isinstance(part, dict) else f"type {_what(kind)}"
+        raise _Bad(
+            f"{where} must be a part of type {', '.join(_RESPONSE_PARTS[:3])}, like "
+            f'{{"type": "input_text", "text": "Hello"}}; got {got}.',
+            f"{where}.type" if isinstance(part, dict) else where,
+        )
+
+
+def _strings(item: dict[str, Any], where: str, names: tuple[str, ...]) -> None:
+    for name in names:
+        if not isinstance(item.get(name), str):
+            got = "nothing" if name not in item else _what(item[name])
+            raise _Bad(f"{where}.{name} must be a string; got {got}.", f"{where}.{name}")
+
+
+def _named_list(value: Any, where: str, example: str) -> None:
+    """A list of objects each with a string name (tools, in the Responses and Messages APIs)."""
+    if not isinstance(value, list):
+        raise _Bad(f"{where} must be a list like {example}; got {_what(value)}.", where)
+    for index, tool in enumerate(value):
+        at = f"{where}[{index}]"
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            raise _Bad(f"{at} must be an object with a string name, as in {example}.", at)
+        for field in ("parameters", "input_schema"):
+            schema = tool.get(field)
+            if schema is not None and not isinstance(schema, dict):
+                raise _Bad(
+                    f"{at}.{field} must be a JSON Schema object; got {_what(schema)}.",
+                    f"{at}.{field}",
+                )
+
+
+# -- /v1/messages and /v1/messages/count_tokens (Anthropic's Messages API) --------------------
+
+_ANTHROPIC_ROLES = ("user", "assistant")
+_ANTHROPIC_BLOCKS = (
+    "text",
+    "image",
+    "tool_use",
+    "tool_result",
+    "thinking",
+    "redacted_thinking",
+    "document",
+)
+_MESSAGES_FIELDS: dict[str, Callable[[str, Any], None]] = {
+    "max_tokens": _integer(1, INT32_MAX, "the most tokens the answer may have"),
+    "temperature": _number(0, 1, "higher is more random"),
+    "top_p": _number(0, 1, "the share of probability mass sampled from"),
+    "top_k": _integer(0, INT32_MAX, "sample from the k likeliest tokens"),
+    "stream": _boolean("whether to send the answer as it is generated"),
+}
+
+
+def messages(body: dict[str, Any]) -> None:
+    if "max_tokens" not in body:
+        raise _Bad(
+            "max_tokens is required: the most tokens the answer may have, like 1024.",
+            "max_tokens",
+        )
+    count_tokens(body)
+
+
+def count_tokens(body: dict[str, Any]) -> None:
+    """A Messages API body; for counting its tokens, max_tokens may be left out."""
+    value = body.get("messages")
+    example = '[{"role": "user", "content": "Hello"}]'
+    if not isinstance(value, list) or not value:
+        got = "nothing" if "messages" not in body else _what(value)
+        raise _Bad(
+            f"messages must be a non-empty list of messages, like {example}; got {got}.", "messages"
+        )
+    for index, message in enumerate(value):
+        where = f"messages[{index}]"
+        if not isinstance(message, dict):
+            raise _Bad(
+                f"{where} must be an object with a role and content, like {example[1:-1]}; got {_what(message)}.",
+                where,
+            )
+        if message.get("role") not in _ANTHROPIC_ROLES:
+            raise _Bad(
+                f"{where}.role must be user or assistant (the system prompt goes in 'system'); "
+                f"got {_what(message.get('role'))}.",
+                f"{where}.role",
+            )
+        _blocks(message.get("content"), f"{where}.content", required=True)
+    system = body.get("system")
+    if system is not None:
+        _blocks(system, "system", required=True, only_text=True)
+    _fields(body, _MESSAGES_FIELDS)
+    stops = body.get("stop_sequences")
+    if stops is not None and not (
+        isinstance(stops, list) and all(isinstance(s, str) for s in stops)
+    ):
+        raise _Bad(
+            f"stop_sequences must be a list of strings; got {_what(stops)}.", "stop_sequences"
+        )
+    tools = body.get("tools")
+    if tools is not None:
+        _named_list(tools, "tools", '[{"name": "f", "input_schema": {"type": "object"}}]')
+    choice = body.get("tool_choice")
+    if choice is not None and not (
+        isinstance(choice, dict) and isinstance(choice.get("type"), str)
+    ):
+        raise _Bad(
+            'tool_choice must be an object like {"type": "auto"}, {"type": "any"} or '
+            f'{{"type": "tool", "name": "f"}}; got {_what(choice)}.',
+            "tool_choice",
+        )
+
+
+def _blocks(content: Any, where: str, *, required: bool, only_text: bool = False) -> None:
+    if isinstance(content, str):
+        return
+    example = '[{"type": "text", "text": "Hello"}]'
+    if not isinstance(content, list) or (required and not content and not only_text):
+        raise _Bad(
+            f"{where} must be a string or a list of content blocks like {example}; got {_what(content)}.",
+            where,
+        )
+    for index, block in enumerate(content):
+        at = f"{where}[{index}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" or (only_text and isinstance(block, dict)):
+            if kind != "text" or not isinstance(block.get("text"), str):
+                raise _Bad(f'{at} must be a text block like {{"type": "text", "text": "..."}}.', at)
+        elif kind in ("image", "document"):
+            raise _Bad(
+                f"{at} is a block of type {kind}, and this model takes text only (its engine has "
+                "no image encoder). Send text blocks or a string, or ask for a model that takes "
+                "images.",
+                f"{at}.type",
+            )
+        elif kind == "tool_use":
+            _strings(block, at, ("id", "name"))
+            if not isinstance(block.get("input", {}), dict):
+                raise _Bad(f"{at}.input must be an object (the tool's arguments).", f"{at}.input")
+        elif kind == "tool_result":
+            _strings(block, at, ("tool_use_id",))
+            result = block.get("content")
+            if result is not None:
+                _blocks(result, f"{at}.content", required=False)
+        elif kind in ("thinking", "redacted_thinking"):
+            continue
+        else:
+            got = _what(block) if not isinstance(block, dict) else f"type {_what(kind)}"
+            raise _Bad(
+                f"{at} must be a content block of type {', '.join(_ANTHROPIC_BLOCKS[:4])}, like "
+                f'{{"type": "text", "text": "Hello"}}; got {got}.',
+                f"{at}.type" if isinstance(block, dict) else at,
+            )
+
+
+# -- /v1/rerank (the Cohere/Jina shape) -------------------------------------------------------
+
+
+def rerank(body: dict[str, Any]) -> None:
+    query = body.get("query")
+    if not isinstance(query, str) or not query:
+        got = "nothing" if "query" not in body else _what(query)
+        raise _Bad(
+            f"query must be a non-empty string (what the documents are ranked for); got {got}.",
+            "query",
+        )
+    documents = body.get("documents")
+    if not isinstance(documents, list) or not documents:
+        got = "nothing" if "documents" not in body else _what(documents)
+        raise _Bad(
+            f'documents must be a non-empty list of strings, like ["a", "b"]; got {got}.',
+            "documents",
+        )
+    for index, document in enumerate(documents):
+        if not isinstance(document, str):
+            raise _Bad(
+                f"documents[{index}] must be a string; got {_what(document)}.",
+                f"documents[{index}]",
+            )
+    top_n = body.get("top_n")
+    if top_n is not None:
+        _integer(1, INT32_MAX, "how many of the best documents to return")("top_n", top_n)

@@ -38,7 +38,7 @@ def test_each_relayed_endpoint_checks_its_body_and_has_a_trace_name(endpoint: En
     assert endpoint.method == "POST"  # a body names the model
 
 
-def test_the_404_names_every_endpoint_in_the_words_it_always_had() -> None:
+def test_the_404_names_every_endpoint() -> None:
     application = Application()
     application.gateway = Gateway(state=GatewayState())
     sent: list[dict[str, Any]] = []
@@ -55,7 +55,8 @@ def test_the_404_names_every_endpoint_in_the_words_it_always_had() -> None:
     message = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))["error"]["message"]
     assert message == (
         "There is no endpoint /v1/nope. The gateway serves GET /v1/models, POST "
-        "/v1/chat/completions, /v1/completions and /v1/embeddings."
+        "/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/messages "
+        "and /v1/messages/count_tokens."
     )
     assert all(e.path in message for e in ENDPOINTS)
 

@@ -175,7 +175,8 @@ def test_it_answers_401_in_openais_shape_without_a_key(gateway_server: Any, db: 
     assert response.json() == {
         "error": {
             "message": "No API key was sent. Send a gateway key as 'Authorization: Bearer KEY' "
-            "(OpenAI clients: api_key=KEY); create one with `llmgw ctl key create NAME`.",
+            "(OpenAI clients: api_key=KEY) or 'x-api-key: KEY' (Anthropic clients: "
+            "ANTHROPIC_API_KEY); create one with `llmgw ctl key create NAME`.",
             "type": "invalid_request_error",
             "param": None,
             "code": "missing_api_key",

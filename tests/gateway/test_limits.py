@@ -561,9 +561,10 @@ def tokens_limited(**fields: Any) -> Limits:
 
 
 def test_a_request_reserves_its_prompt_at_most_and_each_answers_most() -> None:
-    def reserved(body: dict[str, Any]) -> int:
+    def reserved(body: dict[str, Any], *limit: str) -> int:
         raw = json.dumps(body).encode()
-        return limits.reservation(raw, body, 2048) - len(raw) - limits.TEMPLATE_TOKENS
+        given = limit or ("max_completion_tokens", "max_tokens")
+        return limits.reservation(raw, body, 2048, given) - len(raw) - limits.TEMPLATE_TOKENS
 
     assert reserved({"model": "chat", "prompt": "hi", "max_tokens": 16}) == 16
     assert reserved({"model": "chat", "prompt": "hi", "max_tokens": 16, "n": 3}) == 48
@@ -573,7 +574,15 @@ def test_a_request_reserves_its_prompt_at_most_and_each_answers_most() -> None:
     # No max_tokens: what the engine would generate, the model's context; never more.
     assert reserved({"model": "chat", "prompt": "hi"}) == 2048
     assert reserved({"model": "chat", "prompt": "hi", "max_tokens": 10**6}) == 2048
-    assert reserved({"model": "chat", "input": "hi"}) == 0  # an embedding answers no tokens
+    # An endpoint that generates nothing (embeddings, a count) reserves its prompt alone.
+    assert limits.reservation(b"{}", {"input": "hi", "max_tokens": 9}, 2048, ()) == (
+        2 + limits.TEMPLATE_TOKENS
+    )
+    # Each API's own field: the Responses API's max_output_tokens.
+    assert (
+        reserved({"model": "chat", "input": "hi", "max_output_tokens": 7}, "max_output_tokens") == 7
+    )
+    assert reserved({"model": "chat", "input": "hi", "max_tokens": 7}, "max_output_tokens") == 2048
 
 
 def test_requests_in_flight_hold_what_they_reserve_against_tokens_per_minute(

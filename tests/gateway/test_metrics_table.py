@@ -47,6 +47,8 @@ EXPOSED = (
     ("llmgw_gateway_prefix_entries", "gauge", ()),
     ("llmgw_gateway_queue_flows_entries", "gauge", ()),
     ("llmgw_gateway_limits_redis_pending_entries", "gauge", ()),
+    ("llmgw_gateway_access_log_lines", "counter", ()),
+    ("llmgw_gateway_access_log_dropped", "counter", ("reason",)),
 )
 
 

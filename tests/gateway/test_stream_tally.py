@@ -88,3 +88,89 @@ def test_a_streamed_request_asks_the_engine_for_its_prompts_progress() -> None:
     body = b' {"model": "chat", "stream": true}'
     asked = proxy.with_progress(body)
     assert json.loads(asked) == {"return_progress": True, "model": "chat", "stream": True}
+
+
+# -- the other APIs' streams --------------------------------------------------------------------
+
+
+def named(kind: str, data: dict[str, object]) -> bytes:
+    """An event as llama.cpp writes the Messages and Responses APIs' streams: named."""
+    return f"event: {kind}\n".encode() + event({"type": kind, **data})
+
+
+def test_whole_answers_are_read_in_each_apis_words() -> None:
+    chat = b'{"usage":{"completion_tokens":3,"prompt_tokens":41,"total_tokens":44}}'
+    responses = (
+        b'{"output":[],"usage":{"input_tokens":31,"output_tokens":8,"total_tokens":39,'
+        b'"input_tokens_details":{"cached_tokens":30}}}'
+    )
+    messages = b'{"usage":{"cache_read_input_tokens":11,"input_tokens":20,"output_tokens":8}}'
+    assert proxy.usage_of(chat) == (41, 3)
+    assert proxy.usage_of(responses) == (31, 8)  # input_tokens counts the cached ones too
+    assert proxy.usage_of(messages) == (31, 8)  # Anthropic's does not: added
+    assert proxy.usage_of(b'{"input_tokens":31}') == (0, 0)  # a count, not a generation
+
+
+def anthropic_stream(*, started: bool) -> list[bytes]:
+    start = named(
+        "message_start",
+        {"message": {"usage": {"cache_read_input_tokens": 30, "input_tokens": 5}}},
+    )
+    deltas = [
+        named("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": t}})
+        for t in ("a", "b")
+    ]
+    end = [
+        named("content_block_stop", {"index": 0}),
+        named(
+            "message_delta", {"delta": {"stop_reason": "max_tokens"}, "usage": {"output_tokens": 4}}
+        ),
+        named("message_stop", {}),
+    ]
+    return ([start] if started else []) + deltas + end
+
+
+def test_a_messages_stream_is_counted_from_its_start_and_its_last_delta() -> None:
+    tally = proxy.AnthropicTally(model="chat")
+    out = passed(tally, anthropic_stream(started=True))
+    assert out == b"".join(anthropic_stream(started=True))  # passed on as it came
+    assert tally.totals() == (35, 4)
+
+    cut = proxy.AnthropicTally(model="chat")
+    passed(cut, anthropic_stream(started=True)[:3])
+    assert cut.totals() == (35, 2)  # its prompt, and a token a delta
+
+
+def test_a_messages_stream_without_its_start_is_given_one() -> None:
+    """llama.cpp sends message_start with the first token that has text: where the first tokens
+    are parts of a character, the stream would start with a later event."""
+    tally = proxy.AnthropicTally(model="asked-name")
+    out = passed(tally, anthropic_stream(started=False))
+    first, rest = out.split(b"\n\n", 1)
+    assert first.startswith(b"event: message_start\ndata: ")
+    data = json.loads(first.split(b"data: ", 1)[1])
+    assert data["type"] == "message_start"
+    assert data["message"]["model"] == "asked-name" and data["message"]["role"] == "assistant"
+    assert data["message"]["content"] == [] and data["message"]["id"].startswith("msg_")
+    assert rest == b"".join(anthropic_stream(started=False))
+    # Only once, however the events come in chunks.
+    again = proxy.AnthropicTally(model="m")
+    chunks = [part for e in anthropic_stream(started=False) for part in (e[:7], e[7:])]
+    assert passed(again, chunks).count(b"message_start") == 2  # its event line and its type
+
+
+def test_a_responses_stream_is_counted_from_its_completed_event() -> None:
+    events = [
+        named("response.created", {"response": {"id": "resp_1", "status": "in_progress"}}),
+        *(named("response.output_text.delta", {"delta": t}) for t in ("x", "y", "z")),
+        named(
+            "response.completed",
+            {"response": {"usage": {"input_tokens": 31, "output_tokens": 3, "total_tokens": 34}}},
+        ),
+    ]
+    tally = proxy.ResponsesTally()
+    assert passed(tally, events) == b"".join(events)
+    assert tally.totals() == (31, 3)
+    cut = proxy.ResponsesTally()
+    passed(cut, events[:3])
+    assert cut.totals() == (0, 2)  # no word of its prompt before the end: a delta a token
