@@ -3,8 +3,9 @@ figures, only what a gateway in front of it adds.
 
     python bench/fake_upstream.py PORT
 
-POST /v1/completions and /v1/chat/completions answer at once with a small completion, or, with
-"stream": true, with CHUNKS server-sent events and [DONE]: 50 ms apart for the models "bench-slow"
+POST /v1/completions, /v1/chat/completions, /v1/responses and /v1/messages answer at once with a
+small answer in each API's shape, or, with "stream": true, with CHUNKS server-sent events of
+text (and the API's own events around them, as llama.cpp's server writes them): 50 ms apart for the models "bench-slow"
 and "bench-pair", at once for any other (the delay goes by the model's name because every gateway passes that on). GET /_stats says how many streams were open at most since the last GET /_stats?reset.
 
 A raw ASGI application under uvicorn with httptools and uvloop: about the least a Python server
@@ -73,7 +74,110 @@ def _event(chat: bool, index: int) -> bytes:
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
+_RESPONSE = json.dumps(
+    {
+        "id": "resp_bench",
+        "object": "response",
+        "model": "bench-tiny",
+        "status": "completed",
+        "output": [
+            {
+                "type": "message",
+                "id": "msg_bench",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": "hello there", "annotations": []}],
+            }
+        ],
+        "usage": {"input_tokens": 3, "output_tokens": 16, "total_tokens": 19},
+    },
+    separators=(",", ":"),
+).encode()
+_MESSAGE = json.dumps(
+    {
+        "id": "msg_bench",
+        "type": "message",
+        "role": "assistant",
+        "model": "bench-tiny",
+        "content": [{"type": "text", "text": "hello there"}],
+        "stop_reason": "max_tokens",
+        "stop_sequence": None,
+        "usage": {"cache_read_input_tokens": 0, "input_tokens": 3, "output_tokens": 16},
+    },
+    separators=(",", ":"),
+).encode()
+
+
+def _named(kind: str, data: dict[str, Any]) -> bytes:
+    body = json.dumps({"type": kind, **data}, separators=(",", ":"))
+    return f"event: {kind}\ndata: {body}\n\n".encode()
+
+
+def _responses_events() -> list[bytes]:
+    item = {"item_id": "msg_bench"}
+    return [
+        _named("response.created", {"response": {"id": "resp_bench", "status": "in_progress"}})
+        + _named("response.output_item.added", {"item": {"id": "msg_bench", "type": "message"}}),
+        *(
+            _named("response.output_text.delta", {**item, "delta": f"t{i} "})
+            for i in range(1, CHUNKS - 1)
+        ),
+        _named("response.output_text.delta", {**item, "delta": "end"})
+        + _named("response.output_text.done", {**item, "text": "..."})
+        + _named(
+            "response.completed",
+            {
+                "response": {
+                    "id": "resp_bench",
+                    "status": "completed",
+                    "usage": {
+                        "input_tokens": 3,
+                        "output_tokens": CHUNKS - 1,
+                        "total_tokens": CHUNKS + 2,
+                    },
+                }
+            },
+        ),
+    ]
+
+
+def _messages_events() -> list[bytes]:
+    def delta(text: str) -> bytes:
+        return _named(
+            "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": text}}
+        )
+
+    start = {
+        "id": "msg_bench",
+        "type": "message",
+        "role": "assistant",
+        "content": [],
+        "model": "bench-tiny",
+        "usage": {"cache_read_input_tokens": 0, "input_tokens": 3, "output_tokens": 0},
+    }
+    return [
+        _named("message_start", {"message": start})
+        + _named("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+        + delta("t0 "),
+        *(delta(f"t{i} ") for i in range(1, CHUNKS - 1)),
+        delta("end")
+        + _named("content_block_stop", {"index": 0})
+        + _named(
+            "message_delta",
+            {"delta": {"stop_reason": "max_tokens"}, "usage": {"output_tokens": CHUNKS}},
+        )
+        + _named("message_stop", {}),
+    ]
+
+
 _EVENTS = {chat: [_event(chat, i) for i in range(CHUNKS)] for chat in (False, True)}
+# Per API: its whole answer, its stream's events (CHUNKS of them, each sent alone) and its end.
+_APIS = {
+    "responses": (_RESPONSE, _responses_events(), b""),
+    "messages": (_MESSAGE, _messages_events(), b""),
+    "chat": (_CHAT, _EVENTS[True], b"data: [DONE]\n\n"),
+    "completions": (_COMPLETION, _EVENTS[False], b"data: [DONE]\n\n"),
+}
 
 
 async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -106,9 +210,12 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if not message.get("more_body"):
             break
     body = json.loads(raw or b"{}")
-    chat = path.endswith("/chat/completions")
+    api = path.rsplit("/", 1)[-1]
+    whole, events, end = _APIS.get(
+        "chat" if path.endswith("/chat/completions") else api, _APIS["completions"]
+    )
     if not body.get("stream"):
-        await _whole(send, 200, _CHAT if chat else _COMPLETION)
+        await _whole(send, 200, whole)
         return
     if body.get("model") == "bench-pair":
         _pair_served += 1
@@ -123,11 +230,11 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
                 "headers": [(b"content-type", b"text/event-stream")],
             }
         )
-        for event in _EVENTS[chat]:
+        for event in events:
             await send({"type": "http.response.body", "body": event, "more_body": True})
             if delay:
                 await asyncio.sleep(delay)
-        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+        await send({"type": "http.response.body", "body": end})
     finally:
         _open -= 1
 
