@@ -52,6 +52,14 @@ def embedding(**fields: Any) -> dict[str, Any]:
     return {"model": "tiny-chat", **fields}
 
 
+def response(**fields: Any) -> dict[str, Any]:
+    return {"model": "tiny-chat", "input": "hi", **fields}
+
+
+def anthropic(*items: Any, **fields: Any) -> dict[str, Any]:
+    return {"model": "tiny-chat", "max_tokens": 4, "messages": list(items) or HI, **fields}
+
+
 def raw(text: str) -> dict[str, Any]:
     """A body as the gateway parses it (1e400 and lone surrogates come only from JSON text)."""
     body = parse_body(text.encode())
@@ -135,6 +143,14 @@ ENGINE_500: list[tuple[str, str, dict[str, Any], str]] = [
     ("embeddings", "a lone surrogate in input", embedding(input="\ud800"), "input"),
     ("embeddings", "encoding_format a number", embedding(input="hi", encoding_format=5), "encoding_format"),
     ("embeddings", "dimensions 1e400", embedding(input="hi", dimensions=math.inf), "dimensions"),
+    ("responses", "a text part whose text is a number", response(input=[{"role": "user", "content": [{"type": "input_text", "text": 5}]}]), "input[0].content[0].text"),
+    ("responses", "a tool without a name", response(tools=[{"type": "function"}]), "tools[0]"),
+    ("messages", "no messages", {"model": "tiny-chat", "max_tokens": 4}, "messages"),
+    ("messages", "role a number", anthropic({"role": 5, "content": "x"}), "messages[0].role"),
+    ("messages", "a text block without text", anthropic({"role": "user", "content": [{"type": "text"}]}), "messages[0].content[0]"),
+    ("messages", "a text block whose text is a number", anthropic({"role": "user", "content": [{"type": "text", "text": 5}]}), "messages[0].content[0]"),
+    ("messages", "an image block", anthropic({"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}), "messages[0].content[0].type"),
+    ("count_tokens", "no messages", {"model": "tiny-chat"}, "messages"),
 ]  # fmt: skip
 
 
@@ -286,6 +302,16 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("embeddings", embedding(input=[1, 2])),
     ("embeddings", embedding(input=[[1, 2], [3]])),
     ("models", {"anything": 1}),  # endpoints without a table: only the walk
+    ("responses", response()),
+    ("responses", response(instructions="be brief", max_output_tokens=8, temperature=0.5, store=False, stream=True, previous_response_id=None)),
+    ("responses", response(input=[{"role": "developer", "content": "d"}, {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}, {"role": "assistant", "content": [{"type": "output_text", "text": "yo"}]}])),
+    ("responses", response(input=[{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}, {"type": "function_call_output", "call_id": "c", "output": "sunny"}])),
+    ("responses", response(tools=[{"type": "function", "name": "f", "parameters": {"type": "object"}}], tool_choice="auto")),
+    ("messages", anthropic()),
+    ("messages", anthropic({"role": "user", "content": [{"type": "text", "text": "hi"}]}, {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}]}, {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"}]})),
+    ("messages", anthropic(system="be brief", temperature=1, top_k=5, stop_sequences=["x"], stream=True, metadata={"user_id": "u"})),
+    ("messages", anthropic(system=[{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}], tools=[{"name": "f", "description": "d", "input_schema": {"type": "object"}}], tool_choice={"type": "auto"})),
+    ("count_tokens", {"model": "m", "messages": HI}),
 ]  # fmt: skip
 
 
@@ -348,6 +374,9 @@ PATHS = {
     "chat": "/v1/chat/completions",
     "completions": "/v1/completions",
     "embeddings": "/v1/embeddings",
+    "responses": "/v1/responses",
+    "messages": "/v1/messages",
+    "count_tokens": "/v1/messages/count_tokens",
 }
 
 
@@ -388,7 +417,11 @@ def test_through_the_gateway_each_body_the_engine_failed_on_is_a_400_that_never_
         answer = gw.post(PATHS[endpoint], sent)
         assert answer.status_code == 400, (what, answer.text[:300])
         error = answer.json()["error"]
-        assert (error["code"], error["param"]) == ("invalid_request", param), what
+        if endpoint in ("messages", "count_tokens"):  # Anthropic's shape: the message names it
+            assert error["type"] == "invalid_request_error", what
+            assert param.startswith(error["message"].split(" ", 1)[0]), (what, error)
+        else:
+            assert (error["code"], error["param"]) == ("invalid_request", param), what
         assert "x-llmgw-revision" not in answer.headers, what  # no replica answered
     # And an ordinary request still goes through to the engine.
     fine = gw.post(PATHS["chat"], chat())
