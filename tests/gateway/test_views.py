@@ -511,3 +511,49 @@ def test_metrics_with_a_scrape_token(gw: Any, settings: Any) -> None:
     assert gw.get("/metrics", key="wrong").status_code == 401
     response = gw.get("/metrics", key="scrape-secret")
     assert response.status_code == 200 and "llmgw_gateway" in response.text
+
+
+# -- the Responses and Messages APIs take the same path -------------------------------------------
+
+OTHER_APIS = [
+    ("/v1/responses", {"input": "a", "max_output_tokens": 4}),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "a"}], "max_tokens": 4}),
+    ("/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "a"}]}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), OTHER_APIS, ids=[p for p, _ in OTHER_APIS])
+def test_the_other_apis_are_routed_retried_and_fall_back_as_chat_is(
+    gw: Any,
+    catalog: Any,
+    engine: FakeEngine,
+    process_gateway: Any,
+    path: str,
+    body: dict[str, Any],
+) -> None:
+    from tests.gateway.test_routing import closed_port
+
+    catalog.add("small")
+    catalog.add("big", fallbacks=["small"])
+    catalog.replica("small", closed_port())  # refuses: the request goes to the other
+    alive = catalog.replica("small", engine)
+    # The live one busy, so that the dead one is tried first.
+    balancer = process_gateway.balancer
+    busy = balancer.choose(
+        [c for c in routing.read_replicas()["small"] if c.id == str(alive.pk)], "small"
+    )
+    answer = gw.post(path, {"model": "big", **body})
+    balancer.release(busy)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["X-LLMGW-Model"] == "small"
+    # The engine is asked for the name it serves, at the same path, the body otherwise as sent.
+    assert engine.requests == [(path, {**body, "model": "small"})]
+    assert 'llmgw_gateway_retries_total{model="big"} 1.0' in gw.get("/metrics").text
+
+    engine.mode = "reset"
+    broken = gw.post(path, {"model": "small", **body})
+    assert broken.status_code == 502
+    if path.startswith("/v1/messages"):
+        assert broken.json()["error"]["type"] == "api_error"
+    else:
+        assert broken.json()["error"]["code"] == "replica_unreachable"
