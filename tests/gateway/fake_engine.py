@@ -4,6 +4,8 @@
         engine.port, engine.requests  # what it was asked, as (path, body) pairs
         engine.request_ids            # the X-Request-ID each came with (None: none)
         engine.mode = "reset"         # close the connection instead of answering
+        engine.answers[path] = {...}  # the whole answer to a path, instead of a completion
+        engine.streams[path] = [...]  # the events of a stream to a path, sent as they are
 
 Streams use chunked encoding with one event per chunk, as uvicorn sends them, and
 wait `engine.delay` seconds between events so that a test can see them arrive one
@@ -34,6 +36,8 @@ class FakeEngine:
     request_ids: list[str | None] = field(default_factory=list)
     traceparents: list[str | None] = field(default_factory=list)
     stream_started: threading.Event = field(default_factory=threading.Event)
+    answers: dict[str, Any] = field(default_factory=dict)
+    streams: dict[str, list[bytes]] = field(default_factory=dict)
 
     def names(self) -> list[str]:
         return [body.get("model") for _, body in self.requests]
@@ -90,7 +94,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(500, {"detail": "the engine fell over"})
             return
         model = body.get("model")
-        if body.get("stream"):
+        path = self.path.split("?", 1)[0]
+        if body.get("stream") and path in self.engine.streams:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self._events(self.engine.streams[path])
+        elif not body.get("stream") and path in self.engine.answers:
+            self._json(200, self.engine.answers[path])
+        elif body.get("stream"):
             # A client may hang up mid-stream.
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 self._stream(model)
@@ -139,6 +149,17 @@ class _Handler(BaseHTTPRequestHandler):
             self._chunk(b"data: " + json.dumps(event).encode() + b"\r\n\r\n")
             time.sleep(self.engine.delay)  # paces the stream: a slow engine, as the test set it
         self._chunk(b"data: [DONE]\r\n\r\n")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _events(self, events: list[bytes]) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.engine.stream_started.set()
+        for event in events:
+            self._chunk(event)
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
