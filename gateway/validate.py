@@ -11,9 +11,12 @@ docs/security.md#bodies-the-engine-would-fail-on says what it refuses and what i
 
 from __future__ import annotations
 
+import binascii
+import dataclasses
 import math
 import re
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 from . import errors
@@ -25,9 +28,17 @@ ROLES = ("system", "user", "assistant", "tool", "developer", "function")
 _ROLES = frozenset(ROLES)
 # What llama-server takes as content parts of a text model. It also knows image_url,
 # input_audio, input_video and video_url, but answers them with a 500 unless it was started with
-# a multimodal projector (--mmproj), which the fleet never passes.
+# a multimodal projector (--mmproj): images are taken for a model that names one (its catalog
+# entry's `vision`), the rest never.
 PART_TYPES = ("text",)
 MEDIA_PART_TYPES = ("image_url", "input_audio", "input_video", "video_url", "file")
+# An image a client sends: inline, as a data URL (or Anthropic's base64 source) of one of these
+# types, counted against the body's limit like the rest of the body; or a remote URL, which the
+# gateway fetches itself from a host on LLMGW_GATEWAY_IMAGE_HOSTS (gateway.images) and sends on
+# inline, so that no engine fetches anything. At most MAX_IMAGES a request.
+IMAGE_TYPES = ("png", "jpeg", "jpg", "gif", "webp", "bmp")
+MAX_IMAGES = 16
+_DATA_URL = re.compile(r"data:image/([a-z]+);base64,", re.IGNORECASE)
 MAX_STOP = 4
 # llama-server's own values (common_reasoning_format_from_name); any other is a 500.
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
@@ -50,7 +61,25 @@ class _Bad(Exception):
 Rules = Callable[[dict[str, Any]], None]
 
 
-def refusal(rules: Rules | None, body: dict[str, Any]) -> Refusal | None:
+@dataclasses.dataclass
+class Images:
+    """What a body's check found of images: how many, and the remote URLs to fetch."""
+
+    count: int = 0
+    remote: list[str] = dataclasses.field(default_factory=list)
+
+
+# Set by refusal() for the body it checks: None while the model takes no images.
+_images: ContextVar[Images | None] = ContextVar("images", default=None)
+
+
+def refusal(
+    rules: Rules | None,
+    body: dict[str, Any],
+    images: Images | None = None,
+    *,
+    walk: bool = True,
+) -> Refusal | None:
     """None when the engine can take this body under `rules`, an endpoint's (gateway.endpoints);
     otherwise the 400 that says what is wrong, with `param`
     naming the field. Without rules, only every value is checked.
@@ -62,15 +91,72 @@ def refusal(rules: Rules | None, body: dict[str, Any]) -> Refusal | None:
     (gateway.relay.parse_body), and every value costs at least one byte of it. Fields the table
     does not name pass unchecked (the engine checks its many own); only their numbers and
     strings are walked. tests/gateway/test_validate.py lists bodies the engine answered with a
-    500."""
+    500.
+
+    `images`: the model takes images (a vision model); what the body holds of them is noted
+    there. Without it an image is refused: the engine would fail on it. `walk`: False where
+    the values were walked already (refusal(None, body) alone), before the model was known."""
+    token = _images.set(images)
     try:
-        if not _sound(body):
+        if walk and not _sound(body):
             _locate_unsound(body)
         if rules is not None:
             rules(body)
     except _Bad as bad:
         return errors.bad_request(bad.message, param=bad.param)
+    finally:
+        _images.reset(token)
     return None
+
+
+def _image(url: Any, where: str, kind: str) -> None:
+    """An image part's URL, for a model that takes images: a data URL of an image, or an
+    http(s) URL the gateway may fetch (noted for gateway.images); else a 400."""
+    images = _images.get()
+    if images is None:
+        raise _Bad(
+            f"{where} is a part of type {kind}, and this model takes text only (its engine has no "
+            "image or audio encoder). Send the content as text parts or a string, or ask "
+            "for a model that takes images.",
+            f"{where}.type",
+        )
+    images.count += 1
+    if images.count > MAX_IMAGES:
+        raise _Bad(f"{where}: a request may carry at most {MAX_IMAGES} images; send fewer.", where)
+    if not isinstance(url, str) or not url:
+        raise _Bad(
+            f"{where} needs the image's URL: a data URL like 'data:image/png;base64,...' or an "
+            f"https URL; got {_what(url)}.",
+            where,
+        )
+    if url[:5].lower() == "data:":
+        _data_url(url, where)
+    elif url[:8].lower() == "https://" or url[:7].lower() == "http://":
+        images.remote.append(url)
+    else:
+        raise _Bad(
+            f"{where} must be an image as a data URL like 'data:image/png;base64,...' or an "
+            f"http(s) URL; got {_shown(url)}.",
+            where,
+        )
+
+
+def _data_url(url: str, where: str) -> None:
+    found = _DATA_URL.match(url)
+    if found is None or found.group(1).lower() not in IMAGE_TYPES:
+        raise _Bad(
+            f"{where} is a data URL, but not of an image in base64: write it "
+            f"'data:image/TYPE;base64,DATA' with TYPE one of {', '.join(IMAGE_TYPES)}.",
+            where,
+        )
+    _base64(url[found.end() :], where)
+
+
+def _base64(data: str, where: str) -> None:
+    try:
+        binascii.a2b_base64(data.encode("ascii"), strict_mode=True)
+    except (binascii.Error, UnicodeEncodeError, ValueError):
+        raise _Bad(f"{where}: the image's data is not valid base64.", where) from None
 
 
 # -- every value: finite numbers, valid strings ------------------------------------------------
@@ -477,6 +563,9 @@ def _content(content: Any, where: str) -> None:
             if not isinstance(part.get("text"), str):
                 got = "no text" if "text" not in part else _what(part["text"])
                 raise _Bad(f"{at}.text must be a string; got {got}.", f"{at}.text")
+        elif kind == "image_url":
+            image = part.get("image_url")
+            _image(image.get("url") if isinstance(image, dict) else image, at, kind)
         elif kind in MEDIA_PART_TYPES:
             raise _Bad(
                 f"{at} is a part of type {kind}, and this model takes text only (its engine has no "
@@ -700,7 +789,14 @@ def responses(body: dict[str, Any]) -> None:
     _fields(body, _RESPONSES_FIELDS)
     tools = body.get("tools")
     if tools is not None:
-        _named_list(tools, "tools", '[{"type": "function", "name": "f", "parameters": {...}}]')
+        # Function tools need a name; a hosted tool (web_search, file_search...) has none, and the
+        # engine leaves it aside (Codex lists its web search among its tools).
+        _named_list(
+            tools,
+            "tools",
+            '[{"type": "function", "name": "f", "parameters": {...}}]',
+            named=lambda tool: tool.get("type", "function") == "function",
+        )
 
 
 def _response_item(item: Any, where: str) -> None:
@@ -770,7 +866,9 @@ def _response_part(part: Any, where: str) -> None:
     elif kind == "refusal":
         if not isinstance(part.get("refusal"), str):
             raise _Bad(f"{where}.refusal must be a string.", f"{where}.refusal")
-    elif kind in ("input_image", "input_file"):
+    elif kind == "input_image":
+        _image(part.get("image_url"), where, kind)
+    elif kind == "input_file":
         raise _Bad(
             f"{where} is a part of type {kind}, and this model takes text only (its engine has no "
             "image encoder). Send the content as input_text parts or a string, or ask for a "
@@ -793,13 +891,19 @@ def _strings(item: dict[str, Any], where: str, names: tuple[str, ...]) -> None:
             raise _Bad(f"{where}.{name} must be a string; got {got}.", f"{where}.{name}")
 
 
-def _named_list(value: Any, where: str, example: str) -> None:
-    """A list of objects each with a string name (tools, in the Responses and Messages APIs)."""
+def _named_list(
+    value: Any,
+    where: str,
+    example: str,
+    named: Callable[[dict[str, Any]], bool] = lambda tool: True,
+) -> None:
+    """A list of objects, each with a string name where `named` says it needs one (tools, in
+    the Responses and Messages APIs)."""
     if not isinstance(value, list):
         raise _Bad(f"{where} must be a list like {example}; got {_what(value)}.", where)
     for index, tool in enumerate(value):
         at = f"{where}[{index}]"
-        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+        if not isinstance(tool, dict) or (named(tool) and not isinstance(tool.get("name"), str)):
             raise _Bad(f"{at} must be an object with a string name, as in {example}.", at)
         for field in ("parameters", "input_schema"):
             schema = tool.get(field)
@@ -812,7 +916,9 @@ def _named_list(value: Any, where: str, example: str) -> None:
 
 # -- /v1/messages and /v1/messages/count_tokens (Anthropic's Messages API) --------------------
 
-_ANTHROPIC_ROLES = ("user", "assistant")
+# Anthropic documents user and assistant; Claude Code also sends notes of its environment as a
+# "system" message among them, which the engine takes as a system turn.
+_ANTHROPIC_ROLES = ("user", "assistant", "system")
 _ANTHROPIC_BLOCKS = (
     "text",
     "image",
@@ -903,7 +1009,9 @@ def _blocks(content: Any, where: str, *, required: bool, only_text: bool = False
         if kind == "text" or (only_text and isinstance(block, dict)):
             if kind != "text" or not isinstance(block.get("text"), str):
                 raise _Bad(f'{at} must be a text block like {{"type": "text", "text": "..."}}.', at)
-        elif kind in ("image", "document"):
+        elif kind == "image":
+            _anthropic_image(block.get("source"), at)
+        elif kind == "document":
             raise _Bad(
                 f"{at} is a block of type {kind}, and this model takes text only (its engine has "
                 "no image encoder). Send text blocks or a string, or ask for a model that takes "
@@ -928,6 +1036,34 @@ def _blocks(content: Any, where: str, *, required: bool, only_text: bool = False
                 f'{{"type": "text", "text": "Hello"}}; got {got}.',
                 f"{at}.type" if isinstance(block, dict) else at,
             )
+
+
+def _anthropic_image(source: Any, where: str) -> None:
+    if _images.get() is None:
+        _image(None, where, "image")  # refused: the model takes text only
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "url":
+        _image(source.get("url"), f"{where}.source.url", "image")
+        return
+    if kind != "base64":
+        raise _Bad(
+            f'{where}.source must be {{"type": "base64", "media_type": "image/png", "data": '
+            f'"..."}} or {{"type": "url", "url": "https://..."}}; got {_what(source)}.',
+            f"{where}.source",
+        )
+    media = source.get("media_type")
+    if not isinstance(media, str) or media.lower().removeprefix("image/") not in IMAGE_TYPES:
+        raise _Bad(
+            f"{where}.source.media_type must be an image type, one of "
+            f"{', '.join('image/' + t for t in IMAGE_TYPES)}; got {_what(media)}.",
+            f"{where}.source.media_type",
+        )
+    data = source.get("data")
+    _image(
+        f"data:{media};base64,{data}" if isinstance(data, str) else None,
+        f"{where}.source.data",
+        "image",
+    )
 
 
 # -- /v1/rerank (the Cohere/Jina shape) -------------------------------------------------------

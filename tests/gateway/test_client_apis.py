@@ -359,7 +359,7 @@ def test_anthropic_mistakes_are_400s_in_anthropics_shape(served: Served) -> None
     client = served.anthropic("mistakes")
     with pytest.raises(anthropic.BadRequestError) as wrong_role:
         client.messages.create(
-            model="chat", max_tokens=4, messages=[{"role": "system", "content": "hi"}]
+            model="chat", max_tokens=4, messages=[{"role": "robot", "content": "hi"}]
         )
     assert wrong_role.value.body["error"]["type"] == "invalid_request_error"
     assert "system prompt goes in 'system'" in wrong_role.value.message

@@ -312,6 +312,9 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("messages", anthropic(system="be brief", temperature=1, top_k=5, stop_sequences=["x"], stream=True, metadata={"user_id": "u"})),
     ("messages", anthropic(system=[{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}], tools=[{"name": "f", "description": "d", "input_schema": {"type": "object"}}], tool_choice={"type": "auto"})),
     ("count_tokens", {"model": "m", "messages": HI}),
+    # What Codex and Claude Code send: a hosted tool without a name; a system turn among messages.
+    ("responses", response(tools=[{"type": "function", "name": "f"}, {"type": "web_search", "external_web_access": False}])),
+    ("messages", anthropic({"role": "user", "content": "hi"}, {"role": "system", "content": "notes"})),
 ]  # fmt: skip
 
 
