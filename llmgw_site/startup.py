@@ -15,6 +15,8 @@ from catalog.config import ConfigError, current_config
 from catalog.services import config_apply
 from core.refusals import Refused
 
+from .startlock import startup_lock
+
 log = logging.getLogger("llmgw_site.startup")
 
 
@@ -27,7 +29,10 @@ def apply_config_on_start(process: str, *, exit_code: int = 2) -> None:
     current_config.cache_clear()
     try:
         config = current_config()
-        result = config_apply(config)
+        # Under the start-up lock: the web, worker and beat of several machines start at once,
+        # and two that both find a declared model missing would both insert it.
+        with startup_lock():
+            result = config_apply(config)
     except ConfigError as exc:
         print(f"llmgw {process}: cannot start: {exc}", file=sys.stderr)
         raise SystemExit(exit_code) from None

@@ -25,13 +25,12 @@ from urllib.parse import urlsplit
 import requests
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from core.actor import Actor
 from gateway.conf import trusted_proxies
 from llmgw import demo, localhub
-from llmgw_site.private_files import FILE_MODE, kept_secret, restrict, write_secret
+from llmgw_site.private_files import kept_secret
 
 
 def worker_command(bin_dir: Path) -> list[str]:
@@ -196,20 +195,19 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         # Here, not at the top: the benches import this module's process commands (gateway_command)
         # without Django set up, and these reach the models.
-        from llmgw_site.startup import apply_config_on_start
+        from llmgw_site.firststart import first_start
+        from llmgw_site.startlock import startup_lock
 
-        call_command("migrate", verbosity=0)
-        # Before anything reads the configuration (the demo model does) or starts: a bad
-        # server.yaml stops here with its message and exit code 2, as each process would.
-        apply_config_on_start("run")
-        call_command("llmgw_admin")
-        node_token_file = None if options["no_node"] else self._local_node()
         supervisor = Supervisor(self.stdout, self.stderr)
-        if not options["no_demo"]:
-            registry = self._demo_registry()
-            if registry is not None:
-                supervisor.adopt(registry)
-                self._demo_model()
+        # Held until the demo model is made too: several control planes may start together on
+        # one new database (llmgw_site.startlock).
+        with startup_lock(say=self.stdout.write):
+            node_token_file = first_start(stdout=self.stdout, node=not options["no_node"])
+            if not options["no_demo"]:
+                registry = self._demo_registry()
+                if registry is not None:
+                    supervisor.adopt(registry)
+                    self._demo_model()
         host, port = gateway_bind(options["bind"], settings.LLMGW_PUBLIC_URL)
         web_bind = f"127.0.0.1:{_free_port()}"
         bin_dir = Path(sys.executable).parent
@@ -305,23 +303,10 @@ class Command(BaseCommand):
         )
 
     def _local_node(self) -> Path:
-        """The file holding the local node's token, kept in var/ (the control plane itself only
-        keeps its hash)."""
-        # Here, not at the top: the benches import this module's process commands (gateway_command)
-        # without Django set up, and these reach the models.
-        from fleet.models import Node
-        from fleet.services import node_add
+        """llmgw_site.firststart.local_node."""
+        from llmgw_site.firststart import local_node
 
-        token_file = settings.VAR_DIR / "local-node-token"
-        if token_file.exists() and Node.objects.filter(name="local").exists():
-            restrict(token_file, FILE_MODE)  # left readable by others by an earlier version
-            return token_file
-        Node.objects.filter(name="local").delete()
-
-        admin = get_user_model().objects.filter(is_superuser=True).order_by("pk").first()
-        _, token = node_add(actor=Actor.for_user(admin, "system"), name="local")
-        write_secret(token_file, token + "\n")
-        return token_file
+        return local_node()
 
     def _demo_registry(self) -> Child | None:
         """olah serving the demo repository, so updates can be tried; None when left out.
