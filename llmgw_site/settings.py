@@ -335,6 +335,11 @@ if _LOG_FORMAT not in ("text", "json"):
         "(the default, for people) or json (one object a line, for machines)."
     )
 _LOG_FILE = env_str("LLMGW_LOG_FILE", "")
+# Each file under var/log is rotated to .1 at this size (0: never, for a logrotate of your own),
+# keeping this many rotated files: the run command's processes, the gunicorn access log
+# (llmgw_site.gunicornlog) and the gateway's access log (its own LLMGW_ACCESS_LOG_* settings).
+LLMGW_LOG_MAX_BYTES = env_int("LLMGW_LOG_MAX_BYTES", 50 * 1024 * 1024, minimum=0)
+LLMGW_LOG_BACKUPS = env_int("LLMGW_LOG_BACKUPS", 5, minimum=1)
 _LOG_HANDLERS: dict[str, dict[str, object]] = {
     "stderr": {
         "class": "logging.StreamHandler",
@@ -345,9 +350,12 @@ _LOG_HANDLERS: dict[str, dict[str, object]] = {
 if _LOG_FILE:
     Path(_LOG_FILE).parent.mkdir(parents=True, exist_ok=True)
     _LOG_HANDLERS["file"] = {
-        # Reopened when logrotate moves it away.
-        "class": "logging.handlers.WatchedFileHandler",
+        # Several processes write one file (gunicorn's and uvicorn's workers, Celery's pool):
+        # rotated by one of them at a time, and reopened when logrotate moves it away.
+        "class": "core.logfiles.SharedRotatingFileHandler",
         "filename": _LOG_FILE,
+        "max_bytes": LLMGW_LOG_MAX_BYTES,
+        "backups": LLMGW_LOG_BACKUPS,
         "formatter": _LOG_FORMAT,
     }
 LOGGING = {

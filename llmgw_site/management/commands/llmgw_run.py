@@ -131,6 +131,9 @@ def web_command(bin_dir: Path, bind: str, *, timeout: int) -> list[str]:
         "75",
         "--forwarder-headers",
         "",
+        # An access log given as a file is rotated by size, one worker at a time.
+        "--logger-class",
+        "llmgw_site.gunicornlog.Logger",
     ]
 
 
