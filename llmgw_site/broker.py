@@ -64,5 +64,12 @@ class Channel(filesystem.Channel):
 class Transport(filesystem.Transport):
     Channel = Channel
 
+    @property
+    def default_connection_params(self) -> dict[str, Any]:
+        # Folders on this machine: no host. kombu's virtual transports default the host to
+        # "localhost", and say "No hostname was supplied" in every process's terminal at every
+        # connection when the URL (ours, llmgwfs://) names none, as it has none to name.
+        return {"port": self.default_port}
+
 
 TRANSPORT_ALIASES.setdefault(ALIAS, f"{__name__}:Transport")

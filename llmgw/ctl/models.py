@@ -15,7 +15,7 @@ from llmgw.client import Client, CtlError
 from llmgw.units import format_bytes
 
 from .commands import command
-from .output import print_json, scaling_text, table, table_wanted
+from .output import print_json, program, scaling_text, table, table_wanted
 
 SCALING_HELP = """\
 The replica count is --min. --max is a ceiling, not a target: a model with a
@@ -76,7 +76,7 @@ def add_models(sub: Any) -> None:
 def cmd_models(client: Client, args: argparse.Namespace) -> None:
     models = client.get("models")
     if not table_wanted(
-        args, models, "No models yet. Add one with: llmgw ctl model add -f model.yaml"
+        args, models, f"No models yet. Add one with: {program()} ctl model add -f model.yaml"
     ):
         return
     rows = [
@@ -127,7 +127,7 @@ def cmd_scale(client: Client, args: argparse.Namespace) -> None:
         print(
             f"{view['name']}: {s['min']} replica(s) (max {s['max']}{follows}). It takes effect on the next pass."
         )
-    print("Watch it with: llmgw ctl models")
+    print(f"Watch it with: {program()} ctl models")
 
 
 def add_restart(sub: Any) -> None:
@@ -148,7 +148,7 @@ def cmd_restart(client: Client, args: argparse.Namespace) -> None:
     result = client.post(f"models/{args.model}/restart", None)
     print(
         f"{result['model']} restarts, one replica at a time: each new replica must be ready before an "
-        f"old one is withdrawn (generation {result['generation']}). Watch it with: llmgw ctl model target {result['model']}"
+        f"old one is withdrawn (generation {result['generation']}). Watch it with: {program()} ctl model target {result['model']}"
     )
 
 
@@ -192,7 +192,7 @@ def cmd_model_add(client: Client, args: argparse.Namespace) -> None:
     print(
         f"{view['name']} added, owned by {view['owner']}; class {view['class']}; replicas {scaling_text(view)}."
     )
-    print("It is placed on the reconciler's next pass; watch it with: llmgw ctl models")
+    print(f"It is placed on the reconciler's next pass; watch it with: {program()} ctl models")
 
 
 def add_model_target(msub: Any) -> None:
@@ -392,7 +392,7 @@ def cmd_model_resources(client: Client, args: argparse.Namespace) -> None:
             f"{view['name']}/{p['name']}: {p['memory_gb']:g} GB memory, {p['cores']:g} cores, {p['gpus']} GPUs"
         )
     print(
-        f"Running replicas keep their old figures until restarted: llmgw ctl restart --model {view['name']}"
+        f"Running replicas keep their old figures until restarted: {program()} ctl restart --model {view['name']}"
     )
 
 
@@ -467,7 +467,7 @@ def cmd_model_adapters(client: Client, args: argparse.Namespace) -> None:
     if args.add or args.remove:
         print(
             f"{args.name} serves {len(adapters)} adapter(s); replicas load them when restarted: "
-            f"llmgw ctl restart --model {args.name}"
+            f"{program()} ctl restart --model {args.name}"
         )
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from llmgw.client import Client
 
 from .commands import command
-from .output import table, table_wanted
+from .output import program, table, table_wanted
 
 
 def add_nodes(sub: Any) -> None:
@@ -20,7 +20,7 @@ def add_nodes(sub: Any) -> None:
 
 def cmd_nodes(client: Client, args: argparse.Namespace) -> None:
     nodes = client.get("nodes")
-    if not table_wanted(args, nodes, "No nodes yet. Add one with: llmgw ctl node add NAME"):
+    if not table_wanted(args, nodes, f"No nodes yet. Add one with: {program()} ctl node add NAME"):
         return
 
     def figures(r: dict[str, Any]) -> str:
@@ -158,7 +158,7 @@ def cmd_node_add(client: Client, args: argparse.Namespace) -> None:
         "Run the agent on that machine with the token in its environment (not on its command line):"
     )
     print(
-        f"  LLMGW_NODE_TOKEN={node['token']} llmgw node --server {client.url} "
+        f"  LLMGW_NODE_TOKEN={node['token']} {program()} node --server {client.url} "
         "--memory GB --cores N --address ITS_IP"
     )
 

@@ -3,8 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 from typing import Any
+
+
+def program() -> str:
+    """The `llmgw` command as it was typed, for the commands a hint gives to paste: what the
+    README types (`.venv/bin/llmgw`, from the checkout) when run so, `llmgw` when run from the
+    PATH or in any other way."""
+    invoked = sys.argv[0] if sys.argv else ""
+    if os.path.basename(invoked) != "llmgw":
+        return "llmgw"  # python -m llmgw, or inside another program (the tests)
+    found = shutil.which("llmgw")
+    if found is not None and os.path.exists(invoked) and os.path.samefile(found, invoked):
+        return "llmgw"
+    return invoked
 
 
 def print_json(data: Any) -> None:

@@ -265,17 +265,31 @@ class Command(BaseCommand):
             "warnings, errors and llmgw's own news)"
         )
         supervisor.listen()
+        up = threading.Event()
         for name, command in commands.items():
             environment = {"LLMGW_LOG_FILE": str(logs / f"{name}.log")} if name in LOGGED else {}
-            supervisor.start(Child(name, command, env=environment))
+            child = Child(name, command, env=environment)
+            if name == "node":
+                # Once the gateway answers: started with it, the agent's first heartbeats find
+                # nothing listening, and its first line would read as a failure.
+                supervisor.start_when(child, up)
+            else:
+                supervisor.start(child)
         threading.Thread(
-            target=self._say_when_up, args=(settings.LLMGW_PUBLIC_URL,), daemon=True
+            target=self._say_when_up, args=(settings.LLMGW_PUBLIC_URL, up), daemon=True
         ).start()
         supervisor.run()
 
-    def _say_when_up(self, url: str) -> None:
+    def _say_when_up(self, url: str, up: threading.Event) -> None:
         """Says that llmgw is running once its public port answers through to the web (the
-        login page): a first `llmgw ctl` call made on reading it must find someone there."""
+        login page): a first `llmgw ctl` call made on reading it must find someone there. Sets
+        `up` then, or when it gives up waiting (what waited for it then says what is wrong)."""
+        try:
+            self._wait_until_up(url)
+        finally:
+            up.set()
+
+    def _wait_until_up(self, url: str) -> None:
         session = requests.Session()
         session.trust_env = False  # no proxy from the environment between us and 127.0.0.1
         deadline = time.monotonic() + UP_WITHIN_SECONDS
@@ -441,6 +455,7 @@ class Supervisor:
         self.stdout = stdout
         self.stderr = stderr
         self.children: dict[str, Child] = {}
+        self.waiting: list[tuple[Child, threading.Event]] = []  # started once their event is set
         self.stopping = False
 
     def adopt(self, child: Child) -> None:
@@ -451,6 +466,10 @@ class Supervisor:
         self.children[child.name] = child
         process = child.start()
         self.stdout.write(f"started {child.name} (pid {process.pid})")
+
+    def start_when(self, child: Child, ready: threading.Event) -> None:
+        """Start `child` (from run()) once `ready` is set."""
+        self.waiting.append((child, ready))
 
     def listen(self) -> None:
         """From now on SIGINT and SIGTERM stop the children (run() returns having stopped them)."""
@@ -488,6 +507,9 @@ class Supervisor:
     def _tend(self, now: float) -> int | None:
         """Start again what is due; note what exited. The exit code that stops everything, if
         a child exited too often."""
+        for waiting in [w for w in self.waiting if w[1].is_set()]:
+            self.waiting.remove(waiting)
+            self.start(waiting[0])
         for child in self.children.values():
             if child.start_at is not None:
                 if now >= child.start_at:
