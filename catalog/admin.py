@@ -25,7 +25,16 @@ from .definitions import clean_definition, load_definition_text
 from .models import AuditEntry, CatalogVersion, Model
 
 # Parts of a definition that no service changes in place; the rest map to one service each.
-FIXED = ("name", "source", "sha256", "description", "fallbacks", "context_length", "routing")
+FIXED = (
+    "name",
+    "source",
+    "sha256",
+    "mmproj",
+    "description",
+    "fallbacks",
+    "context_length",
+    "routing",
+)
 # What a model's page shows as in force, beside its editable definition.
 IN_FORCE = (
     "name",

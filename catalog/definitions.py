@@ -45,6 +45,12 @@ MAX_NAME = 100
 # many layers; a count above the model's offloads them all, as llama-server does.
 ALL_LAYERS = "all"
 MAX_GPU_LAYERS = 10000
+# A vision projector is named by its path in the weights' repository: folders and file names of
+# letters, digits, '.', '_' and '-', ending in .gguf. No '..', no absolute path, no '%' or '\\':
+# the name becomes a URL in the mirror and a path on its disk, and must stay inside the
+# repository's folder in both.
+MMPROJ_PATTERN = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9._-]*/)*[A-Za-z0-9_][A-Za-z0-9._-]*\.gguf$")
+MAX_MMPROJ = 500  # registry.MirrorFile.path's length
 
 
 def validate_name(value: str) -> None:
@@ -75,6 +81,25 @@ def validate_source(value: str) -> None:
         parse_target(value)
     except URLRefused as exc:
         raise serializers.ValidationError(exc.message) from None
+
+
+# A definition without a projector leaves mmproj out (stored as ""): every name a request
+# sends is at least one character (tests/test_api_schema.py).
+MMPROJ_BLANK = "an empty name is no projector: leave mmproj out for a model without images"
+
+
+def validate_mmproj(value: str) -> None:
+    if len(value) > MAX_MMPROJ:
+        raise serializers.ValidationError(f"a projector's path is at most {MAX_MMPROJ} characters")
+    parts = value.split("/")
+    if MMPROJ_PATTERN.fullmatch(value) and not any(p in (".", "..") for p in parts):
+        return
+    raise serializers.ValidationError(
+        f"{value!r} is not a projector file: name the .gguf file by its path in the weights' "
+        "repository, like mmproj-model-f16.gguf or vision/mmproj.gguf (letters, digits, '.', "
+        "'_' and '-', folders separated by '/', no '..'), or leave mmproj out for a model "
+        "without images"
+    )
 
 
 def validate_sha256(value: str) -> None:
@@ -244,6 +269,17 @@ class ModelDefinitionSerializer(StrictSerializer):
             "max_value": f"at most {MAX_CONTEXT} tokens",
         },
     )
+    mmproj = serializers.CharField(
+        required=False,
+        default="",
+        validators=[validate_mmproj],
+        error_messages={"blank": MMPROJ_BLANK},
+        help_text=(
+            "the vision projector's file in the weights' repository (its path there, like "
+            "mmproj-model-f16.gguf), fetched and served at the weights' revision so that the "
+            "model takes images; empty for none"
+        ),
+    )
     routing = serializers.ChoiceField(
         choices=list(ROUTINGS),
         required=False,
@@ -278,6 +314,12 @@ class ModelDefinitionSerializer(StrictSerializer):
             errors["max_replicas"] = [
                 f"max_replicas ({maximum}) is below min_replicas ({attrs['min_replicas']}); "
                 "max is a ceiling, so it must be at least min (or left out to follow min)"
+            ]
+        mmproj = attrs.get("mmproj") or ""
+        if mmproj and attrs["source"].split("?", 1)[0].endswith("/" + mmproj):
+            errors["mmproj"] = [
+                f"{mmproj!r} is the weights' own file; name the projector, a separate .gguf file "
+                "of the same repository"
             ]
         if attrs["name"] in attrs.get("fallbacks", []):
             errors["fallbacks"] = ["a model cannot fall back to itself"]

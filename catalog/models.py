@@ -66,6 +66,60 @@ def canary_routing(canary: Any) -> CanaryRouting | None:
     return CanaryRouting(revision=revision, percent=percent)
 
 
+# -- a model's vision projector: a file of the weights' repository, at the weights' revision ----
+
+
+def repository_folder(source: str) -> str:
+    """The folder of the weights' repository at their revision, as a URL ending in '/': for a
+    mirror URL (LLMGW_PUBLIC_URL/mirror/ORG/REPO/COMMIT/PATH) the commit's folder, so that a
+    weights file in a subfolder still finds files named from the repository's top; for any
+    other URL the weights' own folder."""
+    prefix = f"{settings.LLMGW_PUBLIC_URL}/mirror/"
+    if source.startswith(prefix):
+        parts = source[len(prefix) :].split("/")
+        if len(parts) >= 4:
+            return prefix + "/".join(parts[:3]) + "/"
+    return source.split("?", 1)[0].rsplit("/", 1)[0] + "/"
+
+
+def projector_source(source: str, mmproj: str) -> str:
+    """Where the projector `mmproj` of the weights at `source` is: beside them, at the same
+    revision, so that an update or a rollback of the source moves the projector with it."""
+    return repository_folder(source) + mmproj
+
+
+@dataclass(frozen=True)
+class Projector:
+    """The projector a model's replicas are started with (llama-server's --mmproj)."""
+
+    path: str  # in the repository, as the definition names it
+    source: str  # its URL, at the weights' revision
+    sha256: str | None  # from the registry origin, when the model has one
+    size: int | None
+
+    def spec(self) -> dict[str, Any]:
+        """As a replica's spec holds it (fleet.specs.replica_spec)."""
+        return {"path": self.path, "source": self.source, "sha256": self.sha256}
+
+
+def projector_of(source: str, mmproj: str, origin: dict[str, Any] | None) -> Projector | None:
+    """The projector of weights at `source` (and, from the registry, `origin`), or None for
+    a model without one. Its sha256 and size are the origin's record of the file, when it has
+    one at that commit."""
+    if not mmproj:
+        return None
+    entry = next(
+        (f for f in (origin or {}).get("files", []) if f.get("path") == mmproj),
+        None,
+    )
+    return Projector(
+        path=mmproj,
+        source=projector_source(source, mmproj),
+        sha256=(entry or {}).get("sha256") or None,
+        size=(entry or {}).get("size"),
+    )
+
+
 class Model(models.Model):
     """One model in the catalog: where its weights are, how many replicas, what each reserves.
 
@@ -95,6 +149,18 @@ class Model(models.Model):
     )
     fallbacks = models.JSONField(default=list, blank=True)
     context_length = models.PositiveIntegerField(null=True, blank=True)
+    # Beside source: the vision projector's path in the weights' repository ("" for none). Its
+    # URL and revision follow the source's (projector_of), so it moves with every update and
+    # rollback of the weights; its sha256 is in origin's files with theirs.
+    mmproj = models.CharField(
+        max_length=500,
+        blank=True,
+        default="",
+        help_text=(
+            "the vision projector's file in the weights' repository, like "
+            "mmproj-model-f16.gguf; empty for a model without images"
+        ),
+    )
     routing = models.CharField(
         max_length=20,
         blank=True,
@@ -187,6 +253,13 @@ class Model(models.Model):
     def canary_in_force(self) -> CanaryRouting | None:
         return canary_routing(self.canary)
 
+    @property
+    def projector(self) -> Projector | None:
+        """The vision projector in force, at the weights' revision; None without one."""
+        if not self.mmproj:
+            return None  # origin is not read: a text model's reads stay what they were
+        return projector_of(self.source, self.mmproj, self.origin)
+
     # -- the definition, as written in server.yaml ------------------------------
 
     def definition(self) -> dict[str, Any]:
@@ -209,6 +282,8 @@ class Model(models.Model):
             data["fallbacks"] = list(self.fallbacks)
         if self.context_length is not None:
             data["context_length"] = self.context_length
+        if self.mmproj:
+            data["mmproj"] = self.mmproj
         if self.routing:
             data["routing"] = self.routing
         data["profiles"] = [dict(p) for p in self.profiles]

@@ -22,7 +22,7 @@ from core.refusals import Problem, Refused, conflict, forbidden, invalid
 
 from .config import current_config
 from .definitions import CLASSES, MAX_CORES, MAX_MEMORY_GB, MAX_REPLICAS, whole_if_possible
-from .models import AuditEntry, CatalogVersion, Model
+from .models import AuditEntry, CatalogVersion, Model, projector_source
 from .signals import catalog_changed, model_added
 from .sources import check_adapter, check_source
 from .validation import catalog_problems
@@ -176,6 +176,7 @@ def apply_definition(model: Model, definition: dict[str, Any]) -> None:
     model.idle_timeout = definition.get("idle_timeout", 0)
     model.fallbacks = definition.get("fallbacks", [])
     model.context_length = definition.get("context_length")
+    model.mmproj = definition.get("mmproj", "")
     model.routing = definition.get("routing", "")
     model.profiles = definition["profiles"]
     model.adapters = definition.get("adapters", [])
@@ -199,6 +200,11 @@ def model_add(*, actor: Actor, definition: dict[str, Any], source_check: bool = 
     source_size = None
     if source_check:
         source_size = check_source(definition["source"]).size
+        if definition.get("mmproj"):
+            check_source(
+                projector_source(definition["source"], definition["mmproj"]),
+                what=f"projector {definition['mmproj']!r}",
+            )
         for adapter in definition.get("adapters", []):
             check_adapter(adapter, model_name=definition["name"], model_source=definition["source"])
 

@@ -305,6 +305,14 @@ class ServeForm(ConsoleForm):
         max_length=100,
         help_text="Empty: the file's name without .gguf.",
     )
+    mmproj = forms.CharField(
+        label="Vision projector",
+        required=False,
+        max_length=500,
+        widget=forms.TextInput(attrs={"spellcheck": "false"}),
+        help_text="The projector's path in the repository, like mmproj-model-f16.gguf: fetched "
+        "with the weights, so that the model takes images. Empty: none.",
+    )
     memory_gb = forms.FloatField(
         label="Memory (GB)",
         required=False,
@@ -340,6 +348,8 @@ class ServeForm(ConsoleForm):
             "file": data["file"].strip() or "*.gguf",
             "revision": data["branch"].strip() or "main",
             "name": data["name"].strip() or None,
+            # Left out when empty: the API takes no empty name.
+            **({"mmproj": data["mmproj"].strip()} if data["mmproj"].strip() else {}),
             "memory_gb": data["memory_gb"],
             "cores": data["cores"],
             "min": 1 if data["min"] is None else data["min"],

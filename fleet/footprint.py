@@ -20,9 +20,10 @@ from typing import Any
 
 from django.utils import timezone
 
-from catalog.models import Model
-from catalog.sources import source_session
+from catalog.models import Model, Projector, projector_of
+from catalog.sources import check_source, source_session
 from core.outbound import URLRefused
+from core.refusals import Refused
 from llmgw import gguf
 from llmgw.engine import serving_context
 from llmgw.units import format_bytes
@@ -235,13 +236,22 @@ def model_footprints(model: Model, facts: FileFacts | str) -> list[Footprint]:
 # -- the model files' facts -------------------------------------------------------------
 
 
+# What file_key reads of a model beyond source and sha256: a read of models for their footprint
+# (fleet.selectors.unplaceable_models) loads these too, or each would be loaded row by row.
+FILE_FIELDS = ("mmproj", "origin")
+
+
 def file_key(model: Model) -> str:
-    """A model file is its source and, when known, its sha256 (a URL may serve new bytes)."""
-    return _key(model.source, model.sha256)
+    """A model file is its source and, when known, its sha256 (a URL may serve new bytes); with
+    a vision projector, the projector's too (its bytes count with the weights')."""
+    return _key(model.source, model.sha256, model.projector)
 
 
-def _key(source: str, sha256: str | None) -> str:
-    return hashlib.sha256(f"{source}\0{sha256 or ''}".encode()).hexdigest()
+def _key(source: str, sha256: str | None, projector: Projector | None = None) -> str:
+    text = f"{source}\0{sha256 or ''}"
+    if projector is not None:
+        text += f"\0{projector.source}\0{projector.sha256 or ''}"
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 NOT_READ = "its GGUF header has not been read yet"
@@ -296,7 +306,8 @@ def forget_unused(models: Iterable[Model], *, now: datetime | None = None) -> in
         kept.add(file_key(model))
         previous = model.previous or {}
         if previous.get("source"):
-            kept.add(_key(previous["source"], previous.get("sha256", "")))
+            projector = projector_of(previous["source"], model.mmproj, previous.get("origin"))
+            kept.add(_key(previous["source"], previous.get("sha256", ""), projector))
     old = ModelFile.objects.filter(read_at__lt=now - FORGET_AFTER).values_list("pk", "key")
     unused = [pk for pk, key in old.iterator() if key not in kept]
     for start in range(0, len(unused), FORGOTTEN_PER_DELETE):
@@ -322,11 +333,17 @@ def read_facts(model: Model, *, now: datetime | None = None) -> FileFacts | str:
         if header.file_size is None:
             raise gguf.GGUFError("the server did not say how large the file is")
         per_token = gguf.kv_bytes_per_token(header)
+        # The engine loads the vision projector beside the weights: its bytes are held as the
+        # weights' are (in host memory, or on the GPUs with the offloaded layers).
+        loaded = header.file_size + _projector_bytes(model)
         facts: FileFacts | str = FileFacts(
-            header.file_size, per_token, header.context_length, header.block_count
+            loaded, per_token, header.context_length, header.block_count
         )
     except gguf.GGUFError as exc:
         facts = exc.__cause__.message if isinstance(exc.__cause__, URLRefused) else str(exc)
+        log.info("memory of %s not estimated: %s", model.name, facts)
+    except Refused as exc:
+        facts = f"its vision projector: {exc.message}"
         log.info("memory of %s not estimated: %s", model.name, facts)
     ModelFile.objects.update_or_create(
         key=file_key(model),
@@ -343,3 +360,17 @@ def read_facts(model: Model, *, now: datetime | None = None) -> FileFacts | str:
         },
     )
     return facts
+
+
+def _projector_bytes(model: Model) -> int:
+    """The size of the model's vision projector (0 without one): the registry's record of it,
+    else what its URL says (catalog.sources.check_source, which refuses when it is not there)."""
+    projector = model.projector
+    if projector is None:
+        return 0
+    if projector.size is not None:
+        return projector.size
+    size = check_source(projector.source, what=f"projector {projector.path!r}").size
+    if size is None:
+        raise Refused(f"{projector.source} did not say how large it is", code="source_size")
+    return size

@@ -271,7 +271,8 @@ def planner_replica(replica: Replica | Active, node_names: dict[int, str]) -> pl
 class Active:
     """A replica in routing as a pass reads it: the columns it decides by, a row, not a model
     instance (over 20,000 replicas, building instances, their specs parsed, was most of a
-    steady pass's time). `source` and `sha256` are its spec's, which say its weights' revision."""
+    steady pass's time). `source`, `sha256` and the mmproj ones are its spec's, which say its
+    files' revision."""
 
     pk: uuid.UUID
     model_id: int | None
@@ -289,17 +290,27 @@ class Active:
     created_at: datetime
     source: str | None
     sha256: str | None
+    mmproj_source: str | None = None
+    mmproj_sha256: str | None = None
 
     @property
     def revision(self) -> str:
-        return replica_revision({"source": self.source, "sha256": self.sha256})
+        mmproj = {"source": self.mmproj_source, "sha256": self.mmproj_sha256}
+        return replica_revision({"source": self.source, "sha256": self.sha256, "mmproj": mmproj})
+
+
+_SPEC_COLUMNS = ("source", "sha256", "mmproj_source", "mmproj_sha256")
 
 
 def active_replicas() -> list[Active]:
     """Every replica in routing (not withdrawn), as rows."""
-    columns = [f for f in Active.__dataclass_fields__ if f not in ("source", "sha256")]
+    columns = [f for f in Active.__dataclass_fields__ if f not in _SPEC_COLUMNS]
     rows = Replica.objects.filter(withdrawn_at__isnull=True).values_list(
-        *columns, KT("spec__source"), KT("spec__sha256")
+        *columns,
+        KT("spec__source"),
+        KT("spec__sha256"),
+        KT("spec__mmproj__source"),
+        KT("spec__mmproj__sha256"),
     )
     return [Active(*row) for row in rows]
 

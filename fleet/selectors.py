@@ -14,7 +14,7 @@ from catalog.config import current_config
 from catalog.models import Model
 
 from . import placement
-from .footprint import Footprint, known_facts, model_footprints
+from .footprint import FILE_FIELDS, Footprint, known_facts, model_footprints
 from .models import Node, Replica
 from .reconciler import (
     has_gpu_engine,
@@ -302,7 +302,10 @@ def unplaceable_models(
     nodes = [n for n in Node.objects.order_by().only(*node_fields) if n.schedulable]
     planned = [_as_placed(n) for n in nodes]
     why: dict[str, str] = {}
-    models = list(Model.objects.order_by().filter(name__in=names).only(*model_fields))
+    # The projector's fields too (footprint.FILE_FIELDS): they change only with the source,
+    # which the caller's triggers watch.
+    fields = dict.fromkeys([*model_fields, *FILE_FIELDS])
+    models = list(Model.objects.order_by().filter(name__in=names).only(*fields))
     facts = known_facts(models)
     for model in models:
         name = model.name

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from catalog.config import current_config
 from catalog.definitions import NAME_PATTERN
+from catalog.models import projector_of
 from core.actor import Actor, require_staff
 from core.refusals import Refused, conflict
 from llmgw.bearer import NODE_TOKEN
@@ -155,6 +156,9 @@ def replica_order(replica: Replica, node: Node | None = None) -> dict[str, Any]:
         "source": spec["source"],
         "sha256": spec.get("sha256"),
         "adapters": spec.get("adapters", []),
+        # The vision projector, of the weights' revision; left out for a text model, so that
+        # an agent from before projectors is told nothing new.
+        **({"mmproj": spec["mmproj"]} if spec.get("mmproj") else {}),
         "context_length": spec.get("context_length"),
         "threads": max(1, int(cores)) if cores else None,
         "slots": replica.slots,
@@ -480,7 +484,7 @@ def _node_replicas(node: Node) -> QuerySet[Replica]:
     (`model_previous`, for _previous_revisions): one query for what an answer holds."""
     return (
         Replica.objects.filter(node=node)
-        .annotate(model_previous=F("model__previous"))
+        .annotate(model_previous=F("model__previous"), model_mmproj=F("model__mmproj"))
         .order_by("created_at")
     )
 
@@ -490,11 +494,17 @@ def _previous_revisions(replicas: list[Replica]) -> list[dict[str, Any]]:
     model's name: the node keeps them cached even when its cache is full (llmgw node
     --cache-max-gb). `replicas` come from _node_replicas."""
     previous = {r.model_name: r.model_previous for r in replicas if r.model_id is not None}  # type: ignore[attr-defined]
-    return [
-        {"source": p["source"], "sha256": p.get("sha256") or None}
-        for _, p in sorted(previous.items())
-        if isinstance(p, dict) and p.get("source")
-    ]
+    mmproj = {r.model_name: r.model_mmproj for r in replicas if r.model_id is not None}  # type: ignore[attr-defined]
+    kept = []
+    for name, p in sorted(previous.items()):
+        if not isinstance(p, dict) or not p.get("source"):
+            continue
+        kept.append({"source": p["source"], "sha256": p.get("sha256") or None})
+        # The projector of that revision comes back with its weights.
+        projector = projector_of(p["source"], mmproj.get(name) or "", p.get("origin"))
+        if projector is not None:
+            kept.append({"source": projector.source, "sha256": projector.sha256})
+    return kept
 
 
 class _Ports:

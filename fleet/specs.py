@@ -6,6 +6,7 @@ import functools
 import hashlib
 import hmac
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -72,6 +73,8 @@ def replica_spec(model: Model, profile: dict[str, Any]) -> dict[str, Any]:
             for a in model.adapters
         ],
         "context_length": model.context_length,
+        # Only for a model with a projector: a text model's spec (and key) stays what it was.
+        **({"mmproj": projector.spec()} if (projector := model.projector) else {}),
         "slots": profile_slots(profile),
         "generation": model.generation,
         "resources": {
@@ -103,19 +106,35 @@ def gpu_order(spec: dict[str, Any], devices: list[int], node_devices: list[Any])
     }
 
 
-def weights_revision(source: str, sha256: str | None) -> str:
-    """A short name for the weights a replica serves: their checksum's start when known (a
-    registry model always has one), else a digest of where they come from. Replicas of one
-    model on the same weights share it whatever their profile, which is what the gateway
-    counts a canary's figures by."""
-    if sha256:
-        return sha256[:12]
-    return hashlib.sha256(source.encode()).hexdigest()[:12]
+def weights_revision(
+    source: str, sha256: str | None, mmproj: Mapping[str, Any] | None = None
+) -> str:
+    """A short name for the files a replica serves: the weights' checksum's start when known (a
+    registry model always has one), else a digest of where they come from; with a vision
+    projector (`mmproj`, as a spec holds it), a digest of that and the projector's checksum (or
+    URL), so that a new projector alone is a new revision too. Replicas of one model on the same
+    files share it whatever their profile, which is what the gateway counts a canary's figures
+    by. A text model's revision is what it was before projectors."""
+    weights = sha256[:12] if sha256 else hashlib.sha256(source.encode()).hexdigest()[:12]
+    if not mmproj or not mmproj.get("source"):
+        return weights
+    projector = mmproj.get("sha256") or mmproj["source"]
+    return hashlib.sha256(f"{weights}+{projector}".encode()).hexdigest()[:12]
+
+
+def model_revision(model: Model) -> str:
+    """The revision of the files a model points at now (weights_revision)."""
+    projector = model.projector
+    return weights_revision(
+        model.source, model.sha256 or None, projector.spec() if projector else None
+    )
 
 
 def replica_revision(spec: dict[str, Any] | None) -> str:
     spec = spec or {}
-    return weights_revision(str(spec.get("source") or ""), spec.get("sha256"))
+    return weights_revision(
+        str(spec.get("source") or ""), spec.get("sha256"), spec.get("mmproj") or None
+    )
 
 
 def spec_key(spec: dict[str, Any]) -> str:

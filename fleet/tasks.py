@@ -68,4 +68,6 @@ def sample_capacity() -> None:
 @shared_task(ignore_result=True, soft_time_limit=50, time_limit=60)
 def forget_unused_files() -> None:
     """Drop the GGUF header facts that no model uses any more (fleet.footprint.forget_unused)."""
-    footprint.forget_unused(Model.objects.only("source", "sha256", "previous"))
+    footprint.forget_unused(
+        Model.objects.only("source", "sha256", "previous", *footprint.FILE_FIELDS)
+    )

@@ -12,7 +12,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from catalog.api import RolloutOut
-from catalog.definitions import MAX_CORES, MAX_MEMORY_GB, MAX_REPLICAS
+from catalog.definitions import (
+    MAX_CORES,
+    MAX_MEMORY_GB,
+    MAX_REPLICAS,
+    MMPROJ_BLANK,
+    validate_mmproj,
+)
 from catalog.models import Model
 from catalog.services import get_model
 from core.api import actor_of, answers, out, validated
@@ -64,6 +70,16 @@ class ServeInput(StrictSerializer):
     )
     name = serializers.CharField(
         required=False, allow_null=True, max_length=100, help_text="the model's name"
+    )
+    mmproj = serializers.CharField(
+        required=False,
+        default="",
+        validators=[validate_mmproj],
+        error_messages={"blank": MMPROJ_BLANK},
+        help_text=(
+            "the vision projector's path in the repository (like mmproj-model-f16.gguf), "
+            "fetched with the weights so that the model takes images"
+        ),
     )
     memory_gb = serializers.FloatField(
         required=False, allow_null=True, min_value=0, max_value=MAX_MEMORY_GB

@@ -24,7 +24,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from catalog.config import current_config
-from catalog.models import Model
+from catalog.models import Model, projector_source
 from core.metrics import control_metrics
 from core.outbound import URLRefused
 from llmgw.download import BadStatus, WrongDigest, WrongSize, download_verified
@@ -72,8 +72,10 @@ def parse_mirror_url(url: str) -> tuple[str, str, str] | None:
     return f"{parts[0]}/{parts[1]}", parts[2], "/".join(parts[3:])
 
 
-def origin_for_source(url: str) -> dict[str, Any] | None:
-    """A source in the mirror has a known origin: the mirror recorded where it fetched the file."""
+def origin_for_source(url: str, mmproj: str = "") -> dict[str, Any] | None:
+    """A source in the mirror has a known origin: the mirror recorded where it fetched the file.
+    With a vision projector (`mmproj`, its path in the repository) fetched at the same commit,
+    the origin lists it too, so that the update check follows both files."""
     parsed = parse_mirror_url(url)
     if parsed is None:
         return None
@@ -81,6 +83,12 @@ def origin_for_source(url: str) -> dict[str, Any] | None:
     record = MirrorFile.objects.filter(repo=repo, commit=commit, path=path).first()
     if record is None:
         return None
+    files = [{"path": path, "sha256": record.sha256, "size": record.size}]
+    projector = (
+        MirrorFile.objects.filter(repo=repo, commit=commit, path=mmproj).first() if mmproj else None
+    )
+    if projector is not None:
+        files.append({"path": mmproj, "sha256": projector.sha256, "size": projector.size})
     fetch = (
         Fetch.objects.filter(repo=repo, commit=commit, state=Fetch.DONE)
         .order_by("-created_at")
@@ -90,7 +98,7 @@ def origin_for_source(url: str) -> dict[str, Any] | None:
         "repo": repo,
         "branch": fetch.branch if fetch else "main",
         "commit": commit,
-        "files": [{"path": path, "sha256": record.sha256, "size": record.size}],
+        "files": files,
     }
 
 
@@ -298,12 +306,17 @@ def referenced_files() -> set[tuple[str, str, str]]:
     """Files a model, a model's previous revision, or a fetch or rollout under way still refers to."""
     keep: set[tuple[str, str, str]] = set()
     names = set()
-    for name, source, previous in Model.objects.values_list("name", "source", "previous"):
+    for name, source, previous, mmproj in Model.objects.values_list(
+        "name", "source", "previous", "mmproj"
+    ):
         names.add(name)
         for url in (source, (previous or {}).get("source")):
-            parsed = parse_mirror_url(url) if url else None
-            if parsed:
-                keep.add(parsed)
+            # A revision's vision projector is kept with its weights.
+            urls = [url, projector_source(url, mmproj)] if url and mmproj else [url]
+            for kept in urls:
+                parsed = parse_mirror_url(kept) if kept else None
+                if parsed:
+                    keep.add(parsed)
     # A serve's fetch is done a moment before its model is added (registry.fetches.run_fetch):
     # the files of one that finished lately, its model not there, are kept as though the fetch
     # were still under way.
@@ -314,11 +327,14 @@ def referenced_files() -> set[tuple[str, str, str]]:
         if fetch.state == Fetch.DONE and (fetch.serve_definition or {}).get("name") in names:
             continue
         keep.update((fetch.repo, fetch.commit, f["path"]) for f in fetch.files)
-    for rollout in Rollout.objects.active():
+    for rollout in Rollout.objects.active().select_related("model"):
+        mmproj = rollout.model.mmproj
         for url in (rollout.from_source, rollout.to_source):
-            parsed = parse_mirror_url(url) if url else None
-            if parsed:
-                keep.add(parsed)
+            urls = [url, projector_source(url, mmproj)] if url and mmproj else [url]
+            for kept in urls:
+                parsed = parse_mirror_url(kept) if kept else None
+                if parsed:
+                    keep.add(parsed)
     return keep
 
 

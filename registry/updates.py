@@ -52,18 +52,21 @@ def serve_start(
     pattern: str = "*.gguf",
     branch: str = "main",
     name: str | None = None,
+    mmproj: str = "",
     memory_gb: float | None = None,
     cores: float | None = None,
     min_replicas: int = 1,
     max_replicas: int | None = None,
 ) -> Fetch:
-    """Start fetching one GGUF file of a repository into the mirror; the model is added when it is in."""
-    commit, weights = _one_gguf_file(repo, pattern, branch)
+    """Start fetching one GGUF file of a repository into the mirror, and its vision projector
+    (`mmproj`, a path in the repository) when given; the model is added when they are in."""
+    commit, weights = _one_gguf_file(repo, pattern, branch, besides=mmproj)
+    files = [weights] + ([_projector_file(repo, commit, mmproj)] if mmproj else [])
     definition = _serve_definition(
         repo,
         branch,
         commit,
-        weights,
+        files,
         name=name,
         memory_gb=memory_gb,
         cores=cores,
@@ -81,14 +84,16 @@ def serve_start(
         catalog[definition["name"]] = definition
         refuse_if_invalid(catalog, [definition["name"]])
         refuse_past_serve_quota(
-            actor, f"serve {repo}", {file_key(repo, commit, weights.as_dict()): weights.size}
+            actor,
+            f"serve {repo}",
+            {file_key(repo, commit, f.as_dict()): f.size for f in files},
         )
         fetch = Fetch.objects.create(
             repo=repo,
             branch=branch,
             commit=commit,
-            files=[weights.as_dict()],
-            bytes_total=weights.size,
+            files=[f.as_dict() for f in files],
+            bytes_total=sum(f.size for f in files),
             serve_definition=definition,
             requested_by=actor.user,
             door=actor.door,
@@ -97,15 +102,18 @@ def serve_start(
     return fetch
 
 
-def _one_gguf_file(repo: str, pattern: str, branch: str) -> tuple[str, RegistryFile]:
-    """The branch's head commit and the one GGUF file of it that `pattern` names."""
+def _one_gguf_file(
+    repo: str, pattern: str, branch: str, *, besides: str = ""
+) -> tuple[str, RegistryFile]:
+    """The branch's head commit and the one GGUF file of it that `pattern` names, the vision
+    projector (`besides`) not counted: "*.gguf" names the weights of a repository with both."""
     registry = Registry()
     try:
         commit = registry.branch_head(repo, branch)
         matches = [
             f
             for f in match_files(registry.files(repo, commit), pattern)
-            if f.path.endswith(".gguf")
+            if f.path.endswith(".gguf") and f.path != besides
         ]
     except UnknownBranch as exc:
         raise Refused(f"Cannot serve {repo}: {exc}.", code="unknown_branch") from None
@@ -137,11 +145,30 @@ def _one_gguf_file(repo: str, pattern: str, branch: str) -> tuple[str, RegistryF
     return commit, matches[0]
 
 
+def _projector_file(repo: str, commit: str, mmproj: str) -> RegistryFile:
+    """The vision projector `mmproj` of the repository at `commit`, as the registry lists it."""
+    try:
+        found = {f.path: f for f in Registry().paths(repo, commit, [mmproj])}
+    except RegistryError as exc:
+        raise Refused(
+            f"Cannot serve {repo}: {exc}. Check that the registry is up and try again.",
+            code="registry_error",
+            status=502,
+        ) from None
+    if mmproj not in found:
+        raise Refused(
+            f"{repo} has no file {mmproj!r} at {commit[:7]} to serve as the vision projector. "
+            "Name the projector's .gguf file by its path in the repository, or leave mmproj out.",
+            code="no_mmproj",
+        )
+    return found[mmproj]
+
+
 def _serve_definition(
     repo: str,
     branch: str,
     commit: str,
-    weights: RegistryFile,
+    files: list[RegistryFile],
     *,
     name: str | None,
     memory_gb: float | None,
@@ -149,12 +176,16 @@ def _serve_definition(
     min_replicas: int,
     max_replicas: int | None,
 ) -> dict[str, Any]:
-    """The definition of the model a serve adds, its source the file's place in the mirror."""
-    size_gib = weights.size / 2**30
+    """The definition of the model a serve adds, its source the file's place in the mirror
+    (`files`: the weights, then the vision projector when there is one)."""
+    weights = files[0]
+    # The projector is loaded beside the weights: it counts as they do.
+    size_gib = sum(f.size for f in files) / 2**30
     return clean_definition(
         {
             "name": name or _default_name(weights.path),
             "source": file_url(repo, commit, weights.path),
+            **({"mmproj": files[1].path} if len(files) > 1 else {}),
             "description": f"{weights.path} from {repo} ({branch})",
             "min_replicas": min_replicas,
             "max_replicas": max_replicas,
@@ -255,7 +286,7 @@ def _adopt_origins() -> list[Model]:
     """Models added by URL before: their origin is worked out from the mirror's records."""
     adopted = []
     for model in Model.objects.filter(origin=None, source__contains="/mirror/"):
-        origin = origin_for_source(model.source)
+        origin = origin_for_source(model.source, model.mmproj)
         if origin is not None:
             model.origin = origin
             adopted.append(model)

@@ -34,7 +34,8 @@ def add_model_serve(msub: Any) -> None:
         "Fetches one GGUF file of REPO (at the head of --revision) into the mirror, showing "
         "progress, then adds the model with the mirror URL as its source and the repository, branch, "
         "commit and file checksums as its origin, so that `model updates` can tell when the registry "
-        "has newer files. Without --memory, a replica reserves the file's size plus a quarter, rounded up.",
+        "has newer files. Without --memory, a replica reserves the file's size (with --mmproj's) plus a "
+        "quarter, rounded up.",
         run=cmd_model_serve,
     )
     p.add_argument("repo", help="ORG/NAME in the registry")
@@ -43,6 +44,13 @@ def add_model_serve(msub: Any) -> None:
     )
     p.add_argument("--revision", default="main", help="the branch to follow (default main)")
     p.add_argument("--name", help="the model's name (default: from the file name)")
+    p.add_argument(
+        "--mmproj",
+        metavar="PATH",
+        help="a vision projector of REPO (its path there, like mmproj-model-f16.gguf) to fetch "
+        "with the weights and serve beside them, so that the model takes images; it follows "
+        "every update and rollback of the weights",
+    )
     p.add_argument("--memory", type=float, help="host RAM one replica reserves, in GB")
     p.add_argument("--cores", type=float, help="CPU cores one replica reserves (default 1)")
     p.add_argument("--min", type=int, default=1, help="the replica count (default 1)")
@@ -63,6 +71,7 @@ def cmd_model_serve(client: Client, args: argparse.Namespace) -> None:
         "file": args.file,
         "revision": args.revision,
         "name": args.name,
+        **({"mmproj": args.mmproj} if args.mmproj else {}),
         "memory_gb": args.memory,
         "cores": args.cores,
         "min": args.min,

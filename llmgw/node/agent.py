@@ -545,6 +545,8 @@ class Agent:
         for replica in replicas:
             sources.append((replica.spec.source, replica.spec.sha256 or replica.sha256))
             sources += [(a.source, a.sha256) for a in replica.spec.adapters]
+            if replica.spec.mmproj is not None:
+                sources.append((replica.spec.mmproj.source, replica.spec.mmproj.sha256))
         return {sha for source, known in sources if (sha := self.cache.sha256_of(source, known))}
 
     def evict(self) -> None:

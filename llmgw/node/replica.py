@@ -187,9 +187,10 @@ class Replica:
     def run_new(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         weights, adapters = self._fetch_all()
+        projector = self._fetch_projector()
         self.agent.evict()
         self._check_adapters(weights, adapters)
-        self._start_engine(weights, adapters)
+        self._start_engine(weights, adapters, projector)
         self._wait_until_ready(adopted=False)
         self._watch()
 
@@ -215,6 +216,19 @@ class Replica:
             )
             adapters.append((adapter, path))
         return weights, adapters
+
+    def _fetch_projector(self) -> Path | None:
+        """The vision projector, verified as the weights are; None for a text model."""
+        if self.spec.mmproj is None:
+            return None
+        path, _ = self.agent.cache.fetch(
+            self.spec.mmproj.source,
+            self.spec.mmproj.sha256,
+            label="vision projector",
+            progress=self._on_progress,
+            cancelled=self.stop_requested,
+        )
+        return path
 
     def _check_adapters(self, weights: Path, adapters: list[tuple[AdapterSpec, Path]]) -> None:
         """Refuse adapters llama.cpp would crash on, before any engine loads them."""
@@ -278,7 +292,12 @@ class Replica:
             return context, 0
         return context, max(1, -(-one_slot // (1 << 20)))
 
-    def _start_engine(self, weights: Path, adapters: list[tuple[AdapterSpec, Path]]) -> None:
+    def _start_engine(
+        self,
+        weights: Path,
+        adapters: list[tuple[AdapterSpec, Path]],
+        projector: Path | None = None,
+    ) -> None:
         if self.spec.on_gpus and self.agent.engine_backends == ["CPU"]:
             raise ReplicaFailed(
                 f"it is placed on GPU device(s) {', '.join(map(str, self.spec.devices))}, but "
@@ -314,6 +333,7 @@ class Replica:
             slots=self.spec.slots,
             threads=self.spec.threads,
             adapters=tuple(engine.AdapterEntry(a.name, str(path), a.scale) for a, path in adapters),
+            mmproj_path=str(projector) if projector is not None else None,
             api_key_file=str(key_file) if key_file else None,
             **self._gpu_settings(),
         )

@@ -37,6 +37,14 @@ class AdapterSpec:
 
 
 @dataclass(frozen=True)
+class ProjectorSpec:
+    """A model's vision projector, of its weights' revision (llama-server's --mmproj)."""
+
+    source: str
+    sha256: str | None
+
+
+@dataclass(frozen=True)
 class ReplicaSpec:
     """One replica as the control plane describes it; an id never changes its spec."""
 
@@ -57,6 +65,7 @@ class ReplicaSpec:
     device_uuids: tuple[str, ...] = ()
     gpu_layers: int | str = 0
     tensor_split: tuple[float, ...] = ()
+    mmproj: ProjectorSpec | None = None
 
     @property
     def on_gpus(self) -> bool:
@@ -85,6 +94,7 @@ class ReplicaSpec:
             threads=_positive_int(data.get("threads"), "threads", where) or None,
             slots=min(_positive_int(data.get("slots"), "slots", where) or 1, MAX_SLOTS),
             engine_key=_engine_key(data.get("engine_key"), where),
+            mmproj=_projector(data.get("mmproj"), where),
             **_gpus(data, where),
         )
 
@@ -105,6 +115,11 @@ class ReplicaSpec:
             "device_uuids": list(self.device_uuids),
             "gpu_layers": self.gpu_layers,
             "tensor_split": list(self.tensor_split),
+            **(
+                {"mmproj": {"source": self.mmproj.source, "sha256": self.mmproj.sha256}}
+                if self.mmproj
+                else {}
+            ),
         }
 
 
@@ -216,6 +231,17 @@ def _tensor_split(data: dict[str, Any], devices: list[int], where: str) -> list[
     if sum(split) <= 0:
         raise AnswerError(f"{where}: tensor_split gives the devices no share of the layers")
     return split
+
+
+def _projector(data: Any, where: str) -> ProjectorSpec | None:
+    if data is None:
+        return None  # a text model, or a control plane from before projectors
+    if not isinstance(data, dict):
+        raise AnswerError(f"{where}: mmproj is {type(data).__name__}, not an object")
+    return ProjectorSpec(
+        source=_text(data, "source", f"{where}, mmproj"),
+        sha256=_sha256(data.get("sha256"), f"{where}, mmproj"),
+    )
 
 
 def _adapter(data: Any, where: str) -> AdapterSpec:

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from catalog.models import CANARY_ACTIVE, Model
+from catalog.models import CANARY_ACTIVE, Model, projector_of
 from catalog.services import (
     announce,
     get_model,
@@ -25,7 +25,7 @@ from core.actor import SYSTEM, Actor
 from core.durations import format_duration
 from core.refusals import conflict
 from fleet.models import Replica
-from fleet.specs import replica_revision, weights_revision
+from fleet.specs import model_revision, replica_revision, weights_revision
 
 from ..models import Rollout
 from ..rollouts import start_update
@@ -60,8 +60,10 @@ def start_canary_update(*, actor: Actor, name: str, settings_: CanarySettings) -
             "state": "waiting",
             "rollout": rollout.pk,
             "percent": settings_.percent,
-            "revision": weights_revision(rollout.to_source, weights.get("sha256")),
-            "from_revision": weights_revision(model.source, model.sha256 or None),
+            "revision": weights_revision(
+                rollout.to_source, weights.get("sha256"), _new_projector(model, rollout)
+            ),
+            "from_revision": model_revision(model),
             "from_commit": rollout.from_commit,
             "to_commit": rollout.to_commit,
             "window_seconds": settings_.window_seconds,
@@ -98,6 +100,15 @@ def start_canary_update(*, actor: Actor, name: str, settings_: CanarySettings) -
         )
         rollout.refresh_from_db()
     return rollout
+
+
+def _new_projector(model: Model, rollout: Rollout) -> dict[str, Any] | None:
+    """The vision projector the update brings (its fetch lists it with the weights), as a
+    replica's spec holds it; None for a text model."""
+    fetch = rollout.fetch
+    origin = {"files": fetch.files} if fetch is not None else None
+    projector = projector_of(rollout.to_source, model.mmproj, origin)
+    return projector.spec() if projector else None
 
 
 # -- progress and checks -------------------------------------------------------------------
