@@ -65,9 +65,10 @@ def tiny_png(width: int = 8, height: int = 8) -> bytes:
     )
 
 
-def _image_chat(base: str) -> requests.Response:
+def image_chat_body() -> dict[str, object]:
+    """A chat completion asking about a small PNG, sent as a data URL."""
     url = "data:image/png;base64," + base64.b64encode(tiny_png()).decode()
-    body = {
+    return {
         "messages": [
             {
                 "role": "user",
@@ -80,7 +81,10 @@ def _image_chat(base: str) -> requests.Response:
         "max_tokens": 3,
         "temperature": 0,
     }
-    return requests.post(f"{base}/v1/chat/completions", json=body, timeout=60)
+
+
+def _image_chat(base: str) -> requests.Response:
+    return requests.post(f"{base}/v1/chat/completions", json=image_chat_body(), timeout=60)
 
 
 def test_the_tiny_projector_fits_the_tiny_model(tmp_path: Path) -> None:
