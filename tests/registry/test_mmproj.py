@@ -185,3 +185,24 @@ def test_serving_a_projector_the_repository_does_not_have_is_refused(
         "mmproj out."
     )
     assert not Model.objects.exists()
+
+
+def test_a_canary_of_a_new_projector_is_judged_by_the_pair_of_files(
+    vision_repo: str, registry: LocalRegistry, alice: Actor, projectors: dict[int, Path]
+) -> None:
+    from registry import canary
+
+    model = _served(alice)
+    old_revision = model_revision(model)
+    registry.commit(REPO, {MMPROJ: projectors[2]}, message="better projector")
+    check_updates()
+    rollout = canary.start_canary_update(
+        actor=alice, name=model.name, settings_=canary.canary_settings(percent=20)
+    )
+    fetches.run_fetch(rollout.fetch_id)
+    advance_rollouts()
+    model.refresh_from_db()
+    # The revision the gateway counts the canary's answers under is that of the replicas
+    # started on the new files, projector included; the old one's is the old pair's.
+    assert model.canary["revision"] == replica_revision(_spec(model))
+    assert model.canary["from_revision"] == old_revision != model.canary["revision"]
