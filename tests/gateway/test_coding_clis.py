@@ -6,7 +6,7 @@ the key.
 
 The CLIs are the versions scripts/system-deps pins (`make test` installs them first). Their
 prompts are large: Codex sends about 20,000 characters of instructions and tools, Claude Code
-about 50,000, which the tiny model's small vocabulary makes about 16,900 and 13,300 tokens.
+about 50,000, which the tiny model's small vocabulary makes about 16,800 and 14,200 tokens.
 """
 
 from __future__ import annotations
@@ -44,13 +44,13 @@ MODEL = "coder"
 CONTEXT_LENGTH = 32768
 # The random model writes until it happens on its end-of-text token (a CLI asks for up to 32,000
 # tokens), and that chance depends on the weights: over 12 answers each, seed 1 wrote 406 tokens
-# on average (up to 1,499), seed 3 162 (up to 738). An answer runs at 30 to 200 tokens a second
-# beside a prompt this long on 2 cores, so the seed is most of a turn's time.
+# on average (up to 1,499), seed 3 162 (up to 738).
 SEED = 3
 # The CLIs' own prompt alone is thousands of tokens: a figure below this was not their turn.
 LEAST_PROMPT_TOKENS = 5000
-# A turn takes 3 to 45 s here: about 3 s to read the prompt (5,000 to 7,000 tokens a second on
-# 2 cores), the rest the answer.
+# Measured on 2 cores (2026-12-07): a turn took 4 to 40 s, reading the prompt (7,000 tokens a
+# second on an idle machine, 1,200 to 1,700 beside other tests) and writing the answer (15 to 65
+# tokens a second beside a prompt this long).
 TURN_TIMEOUT = 300
 
 
