@@ -9,6 +9,7 @@ anyone else would leave the workers writing to the renamed file. Given with
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from gunicorn.glogging import Logger as GunicornLogger
@@ -24,7 +25,8 @@ class Logger(GunicornLogger):
             super()._set_handler(log, output, fmt, stream)
             return
         # Read here, in gunicorn's master, which has not loaded Django's apps (nor needs to):
-        # the settings module alone.
+        # the settings module alone, named as llmgw_site.wsgi names it (a unit may not).
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
         from django.conf import settings
 
         previous = self._get_gunicorn_handler(log)
