@@ -35,10 +35,12 @@ MODEL_ROUTING = (
     "routing",
     "canary",
     "context_length",
+    "mmproj",
 )
 # _unplaceable: whether an on-demand model fits on a node (fleet.footprint reads its profiles,
-# its file by source and sha256, and the context its KV cache is sized for).
-MODEL_PLACING = ("name", "profiles", "source", "sha256", "context_length")
+# its file by source and sha256, its vision projector by name and where the weights came from,
+# and the context its KV cache is sized for).
+MODEL_PLACING = ("name", "profiles", "source", "sha256", "context_length", "mmproj", "origin")
 
 # -- fleet.Replica ----------------------------------------------------------------------------
 # read_replicas: where a model's requests can go.

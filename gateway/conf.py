@@ -319,3 +319,31 @@ def access_log_max_bytes() -> int:
 def access_log_backups() -> int:
     """Rotated access logs kept (.1 the newest); the oldest is removed at the next rotation."""
     return int(_number("LLMGW_ACCESS_LOG_BACKUPS", 5, minimum=1))
+
+
+# -- images (gateway.images) ----------------------------------------------------------------
+
+
+def image_hosts() -> tuple[str, ...]:
+    """The hosts a request's remote image URL may name, which the gateway fetches the image
+    from itself (comma-separated, as in LLMGW_SOURCE_ALLOWED_HOSTS: host, host:port, *.domain);
+    none by default: images come inline, as data URLs."""
+    from core.outbound import HostSyntaxError, parse_allowed_hosts
+
+    configured = getattr(settings, "LLMGW_GATEWAY_IMAGE_HOSTS", None)
+    raw = configured if configured is not None else os.environ.get("LLMGW_GATEWAY_IMAGE_HOSTS", "")
+    entries = tuple(
+        entry.strip()
+        for entry in (raw.split(",") if isinstance(raw, str) else list(raw))
+        if entry.strip()
+    )
+    try:
+        parse_allowed_hosts(entries)
+    except HostSyntaxError as exc:
+        raise EnvError(f"LLMGW_GATEWAY_IMAGE_HOSTS: {exc}") from None
+    return entries
+
+
+def image_fetch_seconds() -> float:
+    """How long the gateway waits for one remote image, all of it."""
+    return _number("LLMGW_GATEWAY_IMAGE_SECONDS", 10, minimum=0.1)

@@ -505,6 +505,31 @@ class AnthropicTally(StreamTally):
             self._usage[0] = (prompt, completion)
 
 
+def starts_message(first: bytes) -> bool:
+    """Whether a Messages stream's first chunk holds its message_start."""
+    return b'"type":"message_start"' in first
+
+
+async def prompt_tokens(upstream: Upstream, candidate: Candidate, payload: bytes) -> int:
+    """A Messages request's prompt tokens as the engine counts them (its count_tokens, which
+    applies the chat template as the answer's prompt did); 0 where it cannot say."""
+    session = upstream.session()
+    try:
+        async with session.post(
+            f"{candidate.endpoint}/v1/messages/count_tokens",
+            data=payload,
+            headers={**candidate.headers, **JSON_HEADERS},
+            timeout=_read_timeout(conf.upstream_timeout()),
+        ) as response:
+            if response.status == 200:
+                counted = (await response.json(content_type=None)).get("input_tokens")
+                if isinstance(counted, int) and counted >= 0:
+                    return counted
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError, AttributeError):
+        pass
+    return 0
+
+
 class ResponsesTally(StreamTally):
     """Tokens of a Responses API stream: both in its response.completed event; a stream cut
     short, one a text or tool-call delta event."""

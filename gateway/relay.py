@@ -34,6 +34,7 @@ from core import jsontext, requestid
 from llmgw.engine import DEFAULT_CONTEXT_LENGTH
 
 from . import canary, conf, errors, fairqueue, http, limits, proxy, routing, validate
+from . import images as gateway_images
 from .endpoints import ENDPOINTS, Endpoint
 from .errors import Refusal
 from .http import Headers, Receive, Scope, Send
@@ -428,9 +429,9 @@ async def _asked(call: Call, scope: Scope) -> Asked | Reply:
     body = parse_body(raw)
     if isinstance(body, Refusal):
         return _refused(body)
-    # What the engine would answer with a 500 (counted against the replica's revision, which
-    # decides a canary) is the client's mistake: a 400 here, before any replica is chosen.
-    problem = validate.refusal(endpoint.rules, body)
+    # Every value readable (finite numbers, valid strings) before anything is looked up by
+    # them; the endpoint's rules once the model is known (what it takes: images or not).
+    problem = validate.refusal(None, body)
     if problem is not None:
         return _refused(problem)
     name = body["model"]
@@ -451,6 +452,19 @@ async def _asked(call: Call, scope: Scope) -> Asked | Reply:
         closest = await asyncio.to_thread(routing.entry_names_closest_first, name, names)
         # Counted under "unknown": in /metrics, not in the traffic figures.
         return _refused(errors.unknown_model(name, closest, len(names)), "unknown")
+    # What the engine would answer with a 500 (counted against the replica's revision, which
+    # decides a canary) is the client's mistake: a 400 here, before any replica is chosen. A
+    # model started with a vision projector takes images too.
+    images = validate.Images() if entry.vision else None
+    problem = validate.refusal(endpoint.rules, body, images, walk=False)
+    if problem is not None:
+        return _refused(problem)
+    if images is not None and images.remote:
+        # Fetched here, from the allowed hosts only, and sent on inline (gateway.images).
+        inlined = await gateway_images.inline(body, images.remote, limit)
+        if isinstance(inlined, Refusal):
+            return _refused(inlined)
+        body, raw = inlined, json.dumps(inlined).encode()
     call.canary = entry.canary is not None
     stream = endpoint.streams and body.get("stream") is True
     return Asked(key, body, raw, entry, snapshot, stream)
@@ -723,6 +737,12 @@ async def _sent(call: Call, asked: Asked, prepared: Prepared, hold: routing.Hold
     ]
     if answer.streaming:
         streamed = Streamed(answer, prepared.rename, engine, progress=_progress_asked(call, asked))
+        if endpoint.tally is proxy.AnthropicTally and not proxy.starts_message(answer.first):
+            # Its message_start, which says the prompt's tokens, will not come: the engine counts
+            # them (one short request), for the message_start the gateway sends and the charge.
+            streamed.prompt = await proxy.prompt_tokens(
+                gateway.upstream, answer.candidate, prepared.payload
+            )
         return Reply(200, b"", headers, entry.name, decision.model, stream=streamed)
     return await _whole(call, asked, prepared, answer, headers, engine)
 
@@ -777,6 +797,9 @@ class Streamed:
     engine: Any = None  # the engine call's span while tracing is on (gateway.tracing)
     # The gateway asked the engine for the prompt's progress: taken out of the stream.
     progress: bool = False
+    # The prompt's tokens, where the gateway had to count them itself (a Messages stream that
+    # does not start with its message_start: proxy.AnthropicTally); 0: the stream says them.
+    prompt: int = 0
 
 
 def _progress_asked(call: Call, asked: Asked) -> bool:
@@ -814,6 +837,7 @@ async def _relay_stream(call: Call, reply: Reply, streamed: Streamed) -> None:
     status = 200
     answer = streamed.answer
     tally = call.endpoint.tally(strip=streamed.progress, model=reply.name or "")
+    tally.prompt = streamed.prompt
     try:
         assert reply.headers is not None
         await http.start(

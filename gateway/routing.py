@@ -58,6 +58,8 @@ class Entry:
     # The context its engines are started with (None: llmgw.engine's default): the most tokens
     # an answer without max_tokens may have, what a request reserves of a token limit.
     context_length: int | None = None
+    # Its engines are started with a vision projector (the catalog's mmproj): they take images.
+    vision: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,7 @@ def read_catalog() -> Catalog:
             routing=row["routing"] or "prefix",
             canary=canary_routing(row["canary"]),
             context_length=row["context_length"],
+            vision=bool(row["mmproj"]),
         )
         entries[model.name] = model
         for adapter in row["adapters"] or ():

@@ -98,7 +98,7 @@ class _Handler(BaseHTTPRequestHandler):
         if body.get("stream") and path in self.engine.streams:
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 self._events(self.engine.streams[path])
-        elif not body.get("stream") and path in self.engine.answers:
+        elif path in self.engine.answers:
             self._json(200, self.engine.answers[path])
         elif body.get("stream"):
             # A client may hang up mid-stream.

@@ -266,14 +266,19 @@ def test_every_stream_starts_as_anthropic_clients_require(served: Served) -> Non
     tokens are parts of a character would start without it. Whatever the tiny model says, each
     stream the gateway relays starts with message_start and ends with message_stop."""
     client = served.anthropic("messages")
-    for number in range(12):
+    for number in range(24):
         with client.messages.stream(
             model="chat",
             max_tokens=3,
+            extra_body={"temperature": 1},  # sampled: the first token may be a byte
             messages=[{"role": "user", "content": f"question number {number}"}],
         ) as stream:
-            kinds = [event.type for event in stream]
+            events = list(stream)
+        kinds = [event.type for event in events]
         assert kinds[0] == "message_start" and kinds[-1] == "message_stop", kinds
+        # With the prompt's tokens, whoever sent it (the engine, or the gateway for it).
+        usage = events[0].message.usage
+        assert usage.input_tokens + (usage.cache_read_input_tokens or 0) > 5, usage
 
 
 def test_counting_tokens_is_no_generation(served: Served) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -557,3 +558,46 @@ def test_the_other_apis_are_routed_retried_and_fall_back_as_chat_is(
         assert broken.json()["error"]["type"] == "api_error"
     else:
         assert broken.json()["error"]["code"] == "replica_unreachable"
+
+
+def test_a_messages_stream_without_its_start_is_given_one_with_the_prompts_tokens(
+    gw: Any, catalog: Any, engine: FakeEngine
+) -> None:
+    """llama.cpp sends message_start with the first token that has text; a stream whose first
+    tokens are parts of a character starts without it. The client gets one, with the prompt's
+    tokens as the engine counts them, and the request is charged them."""
+
+    def event(kind: str, **data: Any) -> bytes:
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
+
+    catalog.add("chat")
+    catalog.replica("chat", engine)
+    engine.streams["/v1/messages"] = [
+        event("content_block_start", index=0, content_block={"type": "text", "text": ""}),
+        event(
+            "content_block_delta", index=0, delta={"type": "text_delta", "text": "\u00e9t\u00e9"}
+        ),
+        event("content_block_stop", index=0),
+        event("message_delta", delta={"stop_reason": "max_tokens"}, usage={"output_tokens": 3}),
+        event("message_stop"),
+    ]
+    engine.answers["/v1/messages/count_tokens"] = {"input_tokens": 42}
+    body = {
+        "model": "chat",
+        "max_tokens": 3,
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    answer = gw.post("/v1/messages", body)
+    assert answer.status_code == 200
+    events = [
+        json.loads(line[6:]) for line in answer.text.splitlines() if line.startswith("data: ")
+    ]
+    assert [e["type"] for e in events][:2] == ["message_start", "content_block_start"]
+    assert events[0]["message"]["usage"]["input_tokens"] == 42, engine.requests
+    assert events[0]["message"]["model"] == "chat"
+    # The engine was asked to count the same body.
+    assert engine.requests[-1] == ("/v1/messages/count_tokens", body)
+    metrics = gw.get("/metrics").text
+    assert 'llmgw_gateway_tokens_total{kind="prompt",model="chat"} 42.0' in metrics
+    assert 'llmgw_gateway_tokens_total{kind="completion",model="chat"} 3.0' in metrics
