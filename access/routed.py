@@ -36,6 +36,7 @@ MODEL_ROUTING = (
     "canary",
     "context_length",
     "mmproj",
+    "reranking",
 )
 # _unplaceable: whether an on-demand model fits on a node (fleet.footprint reads its profiles,
 # its file by source and sha256, its vision projector by name and where the weights came from,

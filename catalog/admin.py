@@ -30,6 +30,7 @@ FIXED = (
     "source",
     "sha256",
     "mmproj",
+    "reranking",
     "description",
     "fallbacks",
     "context_length",

@@ -280,6 +280,14 @@ class ModelDefinitionSerializer(StrictSerializer):
             "model takes images; empty for none"
         ),
     )
+    reranking = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text=(
+            "its engines rank documents (POST /v1/rerank, for a reranker's weights) instead of "
+            "computing embeddings (POST /v1/embeddings)"
+        ),
+    )
     routing = serializers.ChoiceField(
         choices=list(ROUTINGS),
         required=False,

@@ -161,6 +161,12 @@ class Model(models.Model):
             "mmproj-model-f16.gguf; empty for a model without images"
         ),
     )
+    # Its engines rank documents (/v1/rerank; llama-server's --reranking, a reranker's weights)
+    # instead of computing embeddings (/v1/embeddings).
+    reranking = models.BooleanField(
+        default=False,
+        help_text="its engines rank documents (/v1/rerank) instead of computing embeddings",
+    )
     routing = models.CharField(
         max_length=20,
         blank=True,
@@ -284,6 +290,8 @@ class Model(models.Model):
             data["context_length"] = self.context_length
         if self.mmproj:
             data["mmproj"] = self.mmproj
+        if self.reranking:
+            data["reranking"] = True
         if self.routing:
             data["routing"] = self.routing
         data["profiles"] = [dict(p) for p in self.profiles]

@@ -177,6 +177,7 @@ def apply_definition(model: Model, definition: dict[str, Any]) -> None:
     model.fallbacks = definition.get("fallbacks", [])
     model.context_length = definition.get("context_length")
     model.mmproj = definition.get("mmproj", "")
+    model.reranking = definition.get("reranking", False)
     model.routing = definition.get("routing", "")
     model.profiles = definition["profiles"]
     model.adapters = definition.get("adapters", [])

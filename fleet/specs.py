@@ -75,6 +75,8 @@ def replica_spec(model: Model, profile: dict[str, Any]) -> dict[str, Any]:
         "context_length": model.context_length,
         # Only for a model with a projector: a text model's spec (and key) stays what it was.
         **({"mmproj": projector.spec()} if (projector := model.projector) else {}),
+        # Only for a reranker: any other model's spec (and key) stays what it was.
+        **({"reranking": True} if model.reranking else {}),
         "slots": profile_slots(profile),
         "generation": model.generation,
         "resources": {

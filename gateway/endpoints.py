@@ -115,6 +115,16 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         tally=AnthropicTally,
         answer_limit=("max_tokens",),
     ),
+    # A reranker's (a model defined with reranking: true): the Cohere/Jina shape llama-server
+    # speaks; not a generation.
+    Endpoint(
+        "/v1/rerank",
+        "rerank",
+        rules=validate.rerank,
+        operation="rerank",
+        needs="reranking",
+        answer_limit=(),
+    ),
     # Not a generation: the engine's tokenizer and the chat template, counted by rpm only.
     Endpoint(
         "/v1/messages/count_tokens",

@@ -309,6 +309,22 @@ def nodes_busy(seconds: int) -> Refusal:
     )
 
 
+def not_served(path: str, name: str, feature: str) -> Refusal:
+    """400 for an endpoint the model's engines are not started for: a reranker's rank, or the
+    embeddings every other model computes."""
+    if feature == "reranking":
+        why = (
+            f"{shown_name(name)} does not rank documents: its engines compute embeddings. "
+            f"{path} takes a reranker, a model defined with reranking: true."
+        )
+    else:
+        why = (
+            f"{shown_name(name)} is a reranker (reranking: true): its engines rank documents "
+            f"(POST /v1/rerank) and compute no {feature}."
+        )
+    return openai_error(400, why, code="endpoint_not_served", param="model")
+
+
 def wrong_method(path: str, method: str) -> Refusal:
     return openai_error(
         405,

@@ -452,6 +452,8 @@ async def _asked(call: Call, scope: Scope) -> Asked | Reply:
         closest = await asyncio.to_thread(routing.entry_names_closest_first, name, names)
         # Counted under "unknown": in /metrics, not in the traffic figures.
         return _refused(errors.unknown_model(name, closest, len(names)), "unknown")
+    if endpoint.needs is not None and not entry.serves(endpoint.needs):
+        return _refused(errors.not_served(endpoint.path, entry.name, endpoint.needs), entry.name)
     # What the engine would answer with a 500 (counted against the replica's revision, which
     # decides a canary) is the client's mistake: a 400 here, before any replica is chosen. A
     # model started with a vision projector takes images too.

@@ -60,6 +60,13 @@ class Entry:
     context_length: int | None = None
     # Its engines are started with a vision projector (the catalog's mmproj): they take images.
     vision: bool = False
+    # Its engines rank documents instead of computing embeddings (the catalog's reranking).
+    reranking: bool = False
+
+    def serves(self, feature: str) -> bool:
+        """Whether its engines are started with `feature` (an endpoint's `needs`): a reranker's
+        rank, any other model's embeddings."""
+        return feature == ("reranking" if self.reranking else "embeddings")
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,7 @@ def read_catalog() -> Catalog:
             canary=canary_routing(row["canary"]),
             context_length=row["context_length"],
             vision=bool(row["mmproj"]),
+            reranking=row["reranking"],
         )
         entries[model.name] = model
         for adapter in row["adapters"] or ():

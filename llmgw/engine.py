@@ -94,6 +94,10 @@ class EngineSettings:
     # The model's vision projector (llama-server's --mmproj), of the weights' revision; None
     # for a model without one, which then refuses requests with images.
     mmproj_path: str | None = None
+    # The engine ranks documents (/v1/rerank, --reranking: a reranker's weights, the score read
+    # from the last token) instead of computing embeddings (--embeddings --pooling mean): one
+    # pooling or the other.
+    reranking: bool = False
     # A file holding the key every request but /health must send (llama-server's
     # --api-key-file): a file, not --api-key, so that no command line shows it.
     api_key_file: str | None = None
@@ -155,9 +159,7 @@ def engine_command(settings: EngineSettings, executable: str) -> list[str]:
         # brings an earlier conversation back in milliseconds.
         "--no-cache-idle-slots",
         "--metrics",
-        "--embeddings",
-        "--pooling",
-        "mean",
+        *(("--reranking",) if settings.reranking else ("--embeddings", "--pooling", "mean")),
         "--no-webui",
     ]
     if settings.api_key_file is not None:

@@ -334,6 +334,7 @@ class Replica:
             threads=self.spec.threads,
             adapters=tuple(engine.AdapterEntry(a.name, str(path), a.scale) for a, path in adapters),
             mmproj_path=str(projector) if projector is not None else None,
+            reranking=self.spec.reranking,
             api_key_file=str(key_file) if key_file else None,
             **self._gpu_settings(),
         )

@@ -66,6 +66,8 @@ class ReplicaSpec:
     gpu_layers: int | str = 0
     tensor_split: tuple[float, ...] = ()
     mmproj: ProjectorSpec | None = None
+    # Its engine ranks documents (--reranking) instead of computing embeddings.
+    reranking: bool = False
 
     @property
     def on_gpus(self) -> bool:
@@ -95,6 +97,7 @@ class ReplicaSpec:
             slots=min(_positive_int(data.get("slots"), "slots", where) or 1, MAX_SLOTS),
             engine_key=_engine_key(data.get("engine_key"), where),
             mmproj=_projector(data.get("mmproj"), where),
+            reranking=_flag(data.get("reranking"), "reranking", where),
             **_gpus(data, where),
         )
 
@@ -120,7 +123,16 @@ class ReplicaSpec:
                 if self.mmproj
                 else {}
             ),
+            **({"reranking": True} if self.reranking else {}),
         }
+
+
+def _flag(value: Any, key: str, where: str) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise AnswerError(f"{where}: {key} is {value!r}, not true or false")
+    return value
 
 
 def _text(data: dict[str, Any], key: str, where: str) -> str:

@@ -55,8 +55,8 @@ def test_the_404_names_every_endpoint() -> None:
     message = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))["error"]["message"]
     assert message == (
         "There is no endpoint /v1/nope. The gateway serves GET /v1/models, POST "
-        "/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/messages "
-        "and /v1/messages/count_tokens."
+        "/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/messages, "
+        "/v1/rerank and /v1/messages/count_tokens."
     )
     assert all(e.path in message for e in ENDPOINTS)
 
@@ -73,13 +73,23 @@ def test_served_names_each_method_where_it_starts() -> None:
 
 
 def test_the_engine_is_started_with_every_feature_an_endpoint_needs() -> None:
+    """Every model's engines compute embeddings, a reranker's rank documents instead (one
+    pooling or the other): each endpoint's feature is on the command line of the engines the
+    gateway sends it to (routing.Entry.serves)."""
+    from dataclasses import replace
+
+    from gateway.routing import Entry
+
     settings = EngineSettings(
         model_path="m.gguf", model_alias="m", host="127.0.0.1", port=8080, context_length=512
     )
-    command = engine_command(settings, "llama-server")
-    needed = [e.needs for e in ENDPOINTS if e.needs is not None]
-    assert "embeddings" in needed
-    assert all(f"--{feature}" in command for feature in needed)
+    needed = {e.needs for e in ENDPOINTS if e.needs is not None}
+    assert needed == {"embeddings", "reranking"}
+    plain = Entry("m", "m", False, False, False, (), 0, None, 0)
+    for entry in (plain, replace(plain, reranking=True)):
+        command = engine_command(replace(settings, reranking=entry.reranking), "llama-server")
+        for feature in needed:
+            assert (f"--{feature}" in command) == entry.serves(feature), (entry, feature)
 
 
 def test_an_endpoint_added_to_the_list_is_served_with_nothing_else_changed(

@@ -21,6 +21,7 @@ def running_engine(
     alias: str = "tiny-chat",
     adapters: tuple[engine.AdapterEntry, ...] = (),
     mmproj: Path | None = None,
+    reranking: bool = False,
     context_length: int = 256,
     slots: int = 1,
     threads: int = 1,
@@ -29,7 +30,8 @@ def running_engine(
     ready_timeout: float = 60,
 ) -> Iterator[str]:
     """Yields the engine's base URL once /health answers 200. ``mmproj``: a vision projector
-    for the model (llama-server's --mmproj), so that it takes images."""
+    for the model (llama-server's --mmproj), so that it takes images. ``reranking``: it ranks
+    documents instead of computing embeddings."""
     executable = engine.find_engine()
     assert executable is not None, "llama-server is not built (make setup builds it)"
     settings = engine.EngineSettings(
@@ -43,6 +45,7 @@ def running_engine(
         threads=threads,
         adapters=adapters,
         mmproj_path=None if mmproj is None else str(mmproj),
+        reranking=reranking,
     )
     process = engine.start_engine(engine.engine_command(settings, executable), log)
 
