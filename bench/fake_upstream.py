@@ -74,10 +74,22 @@ def _event(chat: bool, index: int) -> bytes:
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
+# With every field OpenAI's clients require of a response (LiteLLM's parses it).
+_RESPONSE_FIELDS: dict[str, Any] = {
+    "created_at": 0,
+    "parallel_tool_calls": True,
+    "tool_choice": "auto",
+    "tools": [],
+    "error": None,
+    "incomplete_details": None,
+    "instructions": None,
+    "metadata": {},
+}
 _RESPONSE = json.dumps(
     {
         "id": "resp_bench",
         "object": "response",
+        **_RESPONSE_FIELDS,
         "model": "bench-tiny",
         "status": "completed",
         "output": [
@@ -114,10 +126,20 @@ def _named(kind: str, data: dict[str, Any]) -> bytes:
 
 
 def _responses_events() -> list[bytes]:
-    item = {"item_id": "msg_bench"}
+    item = {"item_id": "msg_bench", "output_index": 0, "content_index": 0, "sequence_number": 0}
+    started = {"id": "resp_bench", "object": "response", "model": "bench-tiny", "output": []}
+    message = {"id": "msg_bench", "type": "message", "role": "assistant", "content": []}
     return [
-        _named("response.created", {"response": {"id": "resp_bench", "status": "in_progress"}})
-        + _named("response.output_item.added", {"item": {"id": "msg_bench", "type": "message"}}),
+        _named(
+            "response.created",
+            {
+                "response": {**started, **_RESPONSE_FIELDS, "status": "in_progress"},
+                "sequence_number": 0,
+            },
+        )
+        + _named(
+            "response.output_item.added", {"output_index": 0, "item": message, "sequence_number": 0}
+        ),
         *(
             _named("response.output_text.delta", {**item, "delta": f"t{i} "})
             for i in range(1, CHUNKS - 1)
@@ -127,15 +149,17 @@ def _responses_events() -> list[bytes]:
         + _named(
             "response.completed",
             {
+                "sequence_number": 0,
                 "response": {
-                    "id": "resp_bench",
+                    **started,
+                    **_RESPONSE_FIELDS,
                     "status": "completed",
                     "usage": {
                         "input_tokens": 3,
                         "output_tokens": CHUNKS - 1,
                         "total_tokens": CHUNKS + 2,
                     },
-                }
+                },
             },
         ),
     ]

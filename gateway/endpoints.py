@@ -58,6 +58,9 @@ class Endpoint:
     # for an endpoint that generates nothing (embeddings, a count of tokens, a ranking): its
     # prompt is all it reserves.
     answer_limit: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
+    # Its requests use tokens (a prompt read, an answer made): a token limit reserves them while
+    # it is in flight. False: it is counted by rpm alone (a count of a prompt's tokens).
+    uses_tokens: bool = True
     # A feature the engine must be started with to serve it (llama-server's flag of that name,
     # --embeddings); None: every engine serves it.
     needs: str | None = None
@@ -133,6 +136,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         rules=validate.count_tokens,
         operation="count_tokens",
         answer_limit=(),
+        uses_tokens=False,
     ),
 )
 

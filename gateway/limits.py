@@ -124,6 +124,12 @@ class Limits:
         return self._pattern is None or self._pattern.match(model) is not None
 
 
+def without_tokens(limits: Limits) -> Limits:
+    """The limits a request that uses no tokens is held to (a count of a prompt's tokens):
+    requests per minute and in flight, not tokens."""
+    return replace(limits, tpm=None, tokens_per_day=None, tokens_per_month=None)
+
+
 def limits_of(
     *,
     rpm: int | None,

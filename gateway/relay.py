@@ -482,17 +482,21 @@ async def _admit(call: Call, asked: Asked) -> limits.Admission | Refusal | None:
     call.unchecked = None  # the answer's headers are the decision's from here on
     team_id = key.limits.team_id
     team = snapshot.teams.get(team_id) if team_id is not None else None
-    if not key.limits.counted and (team is None or not team.counted):
+    held = key.limits
+    if not call.endpoint.uses_tokens:  # a count: held to its requests, not to tokens
+        held = limits.without_tokens(held)
+        team = limits.without_tokens(team) if team is not None else None
+    if not held.counted and (team is None or not team.counted):
         return None
     gateway = call.gateway
     counters = gateway.counters
     counters.set_writer(gateway.book.writer)
     reserve = 0
-    if key.limits.tokened or (team is not None and team.tokened):
+    if held.tokened or (team is not None and team.tokened):
         reserve = limits.reservation(
             asked.raw, asked.body, most_tokens(asked.entry), call.endpoint.answer_limit
         )
-    decided = await counters.check(key.id, key.limits, team, snapshot.budgets, reserve=reserve)
+    decided = await counters.check(key.id, held, team, snapshot.budgets, reserve=reserve)
     board = gateway.metrics
     board.limit_slots_held.set(counters.held())
     if isinstance(decided, limits.OverLimit):

@@ -43,6 +43,7 @@ KEYS: dict[str, dict[str, Any]] = {
     "mistakes": {},
     "slow-anthropic": {"rpm": 1},
     "slow-openai": {"rpm": 1},
+    "tight": {"tpm": 60},
 }
 HELLO = [{"role": "user", "content": "hello there, how are you today?"}]
 
@@ -316,6 +317,21 @@ def test_a_response_stream_cut_short_is_charged_its_prompt(served: Served) -> No
     prompt = whole.usage.input_tokens
     wait_for(lambda: served.tokens()[0] - before[0] == prompt, what=f"{prompt} prompt tokens")
     assert 1 <= served.tokens()[1] - before[1] < 2048 / 2
+
+
+def test_counting_is_limited_by_requests_not_by_tokens(served: Served) -> None:
+    """A key allowed 60 tokens a minute spends them on one message; the next is refused, while
+    counting a prompt's tokens goes on (a count uses none)."""
+    client = served.anthropic("tight")
+    first = client.messages.create(
+        model="chat", max_tokens=40, messages=HELLO, extra_body={"ignore_eos": True}
+    )
+    assert first.usage.output_tokens == 40  # with its prompt, past the 60
+    with pytest.raises(anthropic.RateLimitError) as limited:
+        client.messages.create(model="chat", max_tokens=4, messages=HELLO)
+    assert "60 tokens per minute" in limited.value.body["error"]["message"]
+    for _ in range(3):
+        assert client.messages.count_tokens(model="chat", messages=HELLO).input_tokens > 5
 
 
 def test_a_message_stream_cut_short_is_charged_its_prompt(served: Served) -> None:
