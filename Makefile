@@ -74,6 +74,7 @@ bench: setup
 	$(PY) bench/mirror_fetch.py
 	$(PY) bench/gateway.py --quick
 	$(PY) bench/access_log.py
+	$(PY) bench/gateway_apis.py --quick
 	$(PY) bench/validate.py
 	$(PY) bench/gateway_keys.py
 	$(PY) bench/gateway_frameworks.py
