@@ -22,6 +22,7 @@ from core.refusals import Refused, forbidden
 from registry import canary, rollouts, updates
 
 from .model import model_context
+from .models import with_sparklines
 from .pages import HtmxHttpRequest, actor, get_model, login_required, render_partials, wants_partial
 
 # What the model page's poll of its registry part also refreshes, out of band: a
@@ -57,7 +58,7 @@ def _registry_answer(
     model = get_model(model.name)
     if request.POST.get("in", request.GET.get("in")) == "list":
         context = {
-            "row": console_selectors.model_rows([model], request.user)[0],
+            "row": with_sparklines(console_selectors.model_rows([model], request.user))[0],
             "registry_done": done,
             "registry_warning": warning,
             "registry_error": error.message if error else "",

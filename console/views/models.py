@@ -11,6 +11,15 @@ from console import traffic as console_traffic
 from .pages import HtmxHttpRequest, filters_of, login_required, query_without_page, render_page
 
 
+def with_sparklines(rows: list[console_selectors.ModelRow]) -> list[console_selectors.ModelRow]:
+    """The rows with their "Last hour" sparkline, in one query: the page's rows, and a row
+    alone where Update, Roll back or the rollout's poll answer with it."""
+    lines = console_traffic.sparklines([row.view["name"] for row in rows])
+    for row in rows:
+        row.traffic = lines[row.view["name"]]
+    return rows
+
+
 @require_GET
 @login_required
 def models_page(request: HtmxHttpRequest) -> HttpResponse:
@@ -20,10 +29,7 @@ def models_page(request: HtmxHttpRequest) -> HttpResponse:
         request.GET.get("page"),
         console_selectors.MODELS_PER_PAGE,
     )
-    rows = console_selectors.model_rows(list(page.object_list), request.user)
-    lines = console_traffic.sparklines([row.view["name"] for row in rows])
-    for row in rows:
-        row.traffic = lines[row.view["name"]]
+    rows = with_sparklines(console_selectors.model_rows(list(page.object_list), request.user))
     context = {
         "page": page,
         "rows": rows,
