@@ -197,7 +197,10 @@ class AdaptersForm(ChangeForm):
         label="Scale",
         required=False,
         max_length=20,
-        help_text="1 when empty. The engine applies adapters at 1.0 whatever is set here.",
+        help_text=(
+            "1 when empty; from 0 to 10. A request for this adapter gets it at this scale (the "
+            "gateway asks the engine for it per request), and the base model's requests at 0."
+        ),
     )
     sha256 = forms.CharField(label="sha256", required=False, max_length=64)
     skip_source_check = forms.BooleanField(

@@ -78,8 +78,8 @@ def add_parser(subparsers: Any) -> None:
         description=(
             f"Commits a newly generated {DEMO_FILE} (another seed, so other bytes) to "
             f"{DEMO_REPO} on main. The registry serves it at once; the next update check "
-            "(every mirror.update_check, or `llmgw ctl model updates --check`, or Check now in "
-            f"the console) shows {DEMO_MODEL} with an update available."
+            "(every mirror.update_check, or `llmgw ctl model updates --check`, or Check for updates "
+            f"now on the model's page in the console) shows {DEMO_MODEL} with an update available."
         ),
     )
     publish_parser.add_argument(
@@ -109,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(
         f"Published new weights to {DEMO_REPO}: commit {commit[:7]} (seed {seed}).\n"
-        f"See it: llmgw ctl model updates --check, or Check now on the console's Models page; "
+        f"See it: llmgw ctl model updates --check, or Check for updates now on {DEMO_MODEL}'s "
+        f"page in the console; "
         f"then llmgw ctl model update {DEMO_MODEL} --wait, and llmgw ctl model rollback "
         f"{DEMO_MODEL} --wait."
     )
