@@ -16,8 +16,8 @@ from django.views.decorators.http import require_GET, require_POST
 
 from access import policies, selectors, services
 from access.api import key_items
-from access.models import GatewayKey
-from access.services import COUNTERS
+from access.models import GatewayKey, Team
+from access.services import COUNTERS, limits_of
 from console import selectors as console_selectors
 from console.key_forms import KeyCreateForm, KeyLimitsForm
 from core.actor import Actor
@@ -122,17 +122,30 @@ def _page(request: HtmxHttpRequest, who: Actor, create_form: KeyCreateForm) -> d
         selectors.keys_visible_to(who), request.GET.get("page"), KEYS_PER_PAGE
     )
     views = key_items(page.object_list)
+    held = teams_limits(views)
     return {
-        "cards": [_card(view, KeyLimitsForm(**teams, view=view)) for view in views],
+        "cards": [
+            _card(view, KeyLimitsForm(**teams, view=view), held.get(view["team"])) for view in views
+        ],
         "create_form": create_form,
         "staff": who.is_staff,
         "page": page,
     }
 
 
-def uses_against_limits(view: dict[str, Any]) -> list[dict[str, Any]]:
+def teams_limits(views: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The limits of these keys' teams, by the team's name, in one query."""
+    names = {view["team"] for view in views if view["team"]}
+    return {team.name: limits_of(team) for team in Team.objects.filter(name__in=names)}
+
+
+def uses_against_limits(
+    view: dict[str, Any], team: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """A key's or team's use against each of its limits, as bars; a rate the gateway does not
-    count (nothing of it is limited) is left out rather than shown as 0."""
+    count (nothing of it is limited) is left out rather than shown as 0. A key's use against a
+    limit it has none of is bound by its team's (`team`: the team's limits), which counts all
+    the team's keys together, so that one is named rather than a bar drawn."""
     limits, usage = view["limits"], view["usage"]
     uses = []
     for limit, used, label in USES:
@@ -140,6 +153,7 @@ def uses_against_limits(view: dict[str, Any]) -> list[dict[str, Any]]:
         if amount is None:
             continue
         percent = min(100, round(100 * amount / figure)) if figure else 0
+        teams = team[limit] if team and not figure else None
         uses.append(
             {
                 "label": label,
@@ -147,26 +161,40 @@ def uses_against_limits(view: dict[str, Any]) -> list[dict[str, Any]]:
                 "used_text": f"{amount:,}",
                 "limit_text": f"{figure:,}" if figure else "",
                 "percent": percent,
+                "team_text": f"the team's limit {teams:,}, all its keys together" if teams else "",
             }
         )
     return uses
 
 
-def _card(view: dict[str, Any], form: KeyLimitsForm) -> dict[str, Any]:
+def binding_text(own: int | None, team: int | None) -> str:
+    """What limits a key: its own figure, or its team's where the key has none or the team's is
+    lower (staff may lower a team's limit below a key's; the lower one holds)."""
+    if team is not None and (own is None or team < own):
+        return f"{team:,} (team)" if own is None else f"{team:,} (team; the key's own {own:,})"
+    return "no limit" if own is None else f"{own:,}"
+
+
+def _card(view: dict[str, Any], form: KeyLimitsForm, team: dict[str, Any] | None) -> dict[str, Any]:
+    """A key's card; `team` holds its team's limits (teams_limits), None without a team."""
     limits, usage = view["limits"], view["usage"]
     state = "expired" if view["expired"] and view["state"] == "active" else view["state"]
     rates = [
         (
             KeyLimitsForm.base_fields[name].label,
-            "no limit" if limits[name] is None else f"{limits[name]:,}",
+            binding_text(limits[name], team[name] if team else None),
         )
         for name in RATES
     ]
+    models = ", ".join(limits["models"]) or "every model"
+    if not limits["models"] and team and team["models"]:
+        models = ", ".join(team["models"]) + " (team)"
     return {
         "view": view,
         "state": state,
         "ceilings": ceilings_shown(view),
-        "uses": uses_against_limits(view),
+        "uses": uses_against_limits(view, team),
+        "models": models,
         "counted_now": usage.get("in_flight") is not None,
         "rates": rates,
         "requests_today": f"{usage['requests_today']:,}",
@@ -214,6 +242,7 @@ def _card_answer(
     """htmx gets the key's card back with what happened in it; a plain form post, the page."""
     view = _visible(who, key_id)
     assert view is not None  # it was just changed by someone allowed to see it
+    team = teams_limits([view]).get(view["team"])
     if not wants_partial(request):
         if status == 200:
             messages.success(request, done)
@@ -221,10 +250,10 @@ def _card_answer(
         # The page, the refused form in the key's card (on top, as the key may be on another page).
         context = _page(request, who, KeyCreateForm(**_teams(who)))
         others = [c for c in context["cards"] if c["view"]["id"] != key_id]
-        context["cards"] = [_card(view, form or KeyLimitsForm(**_teams(who), view=view))]
+        context["cards"] = [_card(view, form or KeyLimitsForm(**_teams(who), view=view), team)]
         context["cards"] += others
         return render(request, "console/keys.html", context, status=status)
-    card = _card(view, form or KeyLimitsForm(**_teams(who), view=view))
+    card = _card(view, form or KeyLimitsForm(**_teams(who), view=view), team)
     context = {"card": card, "done": done, "staff": who.is_staff}
     return render(request, "console/keys.html#key-card", context, status=status)
 
