@@ -170,7 +170,7 @@ def limited(
         return openai_error(
             429,
             f"{whose} {limit_or_budget} of {figure_text} is held by requests in flight ({used:,} "
-            f"{named.used_words}, {reserved:,} more reserved by the requests in flight for what "
+            f"{named.used_words(used)}, {reserved:,} more reserved by the requests in flight for what "
             "they may still use); send the next one when one of them ends.",
             code="rate_limit_exceeded",
             kind="tokens",
@@ -189,7 +189,7 @@ def limited(
         )
     else:
         message = (
-            f"{whose} limit of {figure_text} is reached ({used:,} {named.used_words}); try again in "
+            f"{whose} limit of {figure_text} is reached ({used:,} {named.used_words(used)}); try again in "
             f"{_span(seconds)}."
         )
     return openai_error(

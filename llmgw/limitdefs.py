@@ -37,11 +37,12 @@ class Limit:
         """When the usage figure beside it was counted, as printed after it."""
         return {"minute": " in the last minute", "in flight": " now"}.get(self.window, "")
 
-    @property
-    def used_words(self) -> str:
-        """What was used against it, in a refusal: "tokens in the last minute"."""
+    def used_words(self, used: int = 2) -> str:
+        """What was used against it, in a refusal: "tokens in the last minute" ("request in the
+        last minute" for one)."""
         if self.window == "minute":
-            return f"{self.unit} in the last minute"
+            unit = self.unit[:-1] if used == 1 else self.unit
+            return f"{unit} in the last minute"
         return {"day": "used today", "month": "used this month"}.get(self.window, "in flight")
 
     def figure(self, figure: int) -> str:

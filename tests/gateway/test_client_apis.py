@@ -404,7 +404,10 @@ def test_past_a_limit_each_api_is_refused_in_its_own_shape(served: Served) -> No
         claude.messages.create(model="chat", max_tokens=2, messages=HELLO)
     body = limited.value.body
     assert body["type"] == "error" and body["error"]["type"] == "rate_limit_error"
-    assert "limit of 1 request per minute is reached" in body["error"]["message"]
+    assert (
+        "limit of 1 request per minute is reached (1 request in the last minute)"
+        in (body["error"]["message"])
+    )
     assert int(limited.value.response.headers["retry-after"]) >= 1
 
     codex = served.openai("slow-openai")
