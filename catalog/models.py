@@ -196,6 +196,8 @@ class Model(models.Model):
     # What a rollback goes back to: {source, sha256, origin}; its files stay in the mirror.
     previous = models.JSONField(null=True, blank=True)
     # Newer weights seen by the last check: {commit, files: [{path, sha256, size}], bytes, checked_at}.
+    # A rollback keeps the revision it went back from (or a newer one the check saw) here, its
+    # files compared with those rolled back to, with rolled_back_from: the commit it left.
     update_available = models.JSONField(null=True, blank=True)
     update_checked_at = models.DateTimeField(null=True, blank=True)
     update_check_error = models.TextField(blank=True, default="")

@@ -127,6 +127,11 @@ class UpdateOut(serializers.Serializer):
     bytes = serializers.IntegerField(allow_null=True)
     checked_at = serializers.DateTimeField(allow_null=True)
     error = serializers.CharField(allow_null=True)
+    rolled_back_from = serializers.CharField(
+        allow_null=True,
+        help_text="the commit a rollback moved the model back from, when that is why the update "
+        "is known (the newest revision a check saw, or the one rolled back from); null otherwise",
+    )
 
 
 class UpdatesOut(serializers.Serializer):

@@ -176,6 +176,7 @@ def start_rollback(*, actor: Actor, name: str) -> Rollout:
             actor_name=actor.name,
             door=actor.door,
         )
+        model.update_available = update_left_by_rollback(model, target.get("origin"))
         _swap(model, target["source"], target.get("sha256", ""), target.get("origin"))
         record_change(
             actor,
@@ -188,6 +189,45 @@ def start_rollback(*, actor: Actor, name: str) -> Rollout:
         )
         announce(model.name)
     return rollout
+
+
+def update_left_by_rollback(model: Model, back_to: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The update a model has once rolled back to the files of `back_to` (an origin): the newest
+    revision known, its files compared with those of `back_to`.
+
+    Why: the update that moved the model on cleared update_available, and the check asks the
+    registry again only when the branch moves, so a rollback that left it empty hid the newer
+    revision (in `model updates`, the API and the console's badge) until the branch moved.
+
+    The newest known is the update the last check saw, when there is one and it is not what the
+    rollback goes to (going back to it, as after a rollback of a rollback, leaves none); else the
+    revision rolled back from, which no check found older. `rolled_back_from` says so."""
+    current, known = model.origin, model.update_available
+    if not current or not back_to or current.get("repo") != back_to.get("repo"):
+        return known  # not followed in the registry: nothing to compare
+    if known and known.get("commit") == back_to.get("commit"):
+        return None
+    newest = {f["path"]: f for f in current.get("files", [])}
+    if known:
+        # The check's files are those that changed from the current origin; the others are the same.
+        newest.update({f["path"]: f for f in known.get("files", [])})
+        commit, checked_at = known["commit"], known.get("checked_at")
+    else:
+        commit = current["commit"]
+        checked_at = (model.update_checked_at or timezone.now()).isoformat()
+    if commit == back_to.get("commit"):
+        return None
+    old = {f["path"]: f.get("sha256") for f in back_to.get("files", [])}
+    changed = [f for path, f in newest.items() if path in old and f.get("sha256") != old[path]]
+    if not changed:
+        return None
+    return {
+        "commit": commit,
+        "files": changed,
+        "bytes": sum(f["size"] for f in changed),
+        "checked_at": checked_at,
+        "rolled_back_from": current["commit"],
+    }
 
 
 def _swap(model: Model, source: str, sha256: str, origin: dict[str, Any] | None) -> None:

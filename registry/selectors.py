@@ -92,4 +92,5 @@ def update_view(model: Model) -> dict[str, Any]:
         "bytes": update.get("bytes"),
         "checked_at": model.update_checked_at.isoformat() if model.update_checked_at else None,
         "error": model.update_check_error or None,
+        "rolled_back_from": update.get("rolled_back_from"),
     }

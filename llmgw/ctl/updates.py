@@ -220,6 +220,12 @@ def cmd_model_updates(client: Client, args: argparse.Namespace) -> None:
             ]
         )
     print(table(rows, ["MODEL", "CURRENT", "NEW", "FILES CHANGED", "CHECKED (UTC)"]))
+    for u in updates:
+        if u.get("rolled_back_from") and not u["error"]:
+            print(
+                f"{u['model']} was rolled back from {u['rolled_back_from'][:7]}; "
+                f"`llmgw ctl model update {u['model']}` moves it to {u['new_commit'][:7]} again."
+            )
 
 
 def add_model_update(msub: Any) -> None:
