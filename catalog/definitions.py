@@ -17,6 +17,7 @@ from core.outbound import URLRefused, parse_target
 from core.refusals import Problem, Refused, invalid
 from core.serializers import DurationField, StrictSerializer, flatten_errors, path_text
 from core.yamltext import Path, YAMLSyntaxError, line_for, load_with_lines
+from llmgw.engines import get_engine
 
 # A name is part of URLs (/api/v1/models/NAME, /console/models/NAME) and of command lines:
 # it starts with a letter or digit, so that "." and ".." (which a URL path resolves away)
@@ -46,10 +47,14 @@ MAX_NAME = 100
 ALL_LAYERS = "all"
 MAX_GPU_LAYERS = 10000
 # A vision projector is named by its path in the weights' repository: folders and file names of
-# letters, digits, '.', '_' and '-', ending in .gguf. No '..', no absolute path, no '%' or '\\':
-# the name becomes a URL in the mirror and a path on its disk, and must stay inside the
-# repository's folder in both.
-MMPROJ_PATTERN = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9._-]*/)*[A-Za-z0-9_][A-Za-z0-9._-]*\.gguf$")
+# letters, digits, '.', '_' and '-', ending as the engine's weights do (.gguf for llama-server,
+# which reads a GGUF projector). No '..', no absolute path, no '%' or '\\': the name becomes a
+# URL in the mirror and a path on its disk, and must stay inside the repository's folder in both.
+MMPROJ_PATTERN = re.compile(
+    r"^(?:[A-Za-z0-9_][A-Za-z0-9._-]*/)*[A-Za-z0-9_][A-Za-z0-9._-]*"
+    + re.escape(get_engine().weights_suffix)
+    + "$"
+)
 MAX_MMPROJ = 500  # registry.MirrorFile.path's length
 
 

@@ -17,7 +17,8 @@ from django.conf import settings
 
 from core.outbound import MAX_REDIRECTS, HostPolicy, URLRefused, guarded_session
 from core.refusals import Refused
-from llmgw import gguf
+from llmgw.engines import get_engine
+from llmgw.engines.base import WeightsUnreadable
 from llmgw.units import format_bytes
 
 from .config import current_config
@@ -121,25 +122,23 @@ def human_size(size: int | None) -> str:
 
 
 def check_adapter(adapter: dict[str, object], *, model_name: str, model_source: str) -> SourceInfo:
-    """The adapter must be a GGUF LoRA adapter for the model's architecture.
-
-    llama.cpp takes a wrong adapter without complaint at start and crashes on
-    the first request, so it is refused here, from the two files' headers read
-    over HTTP Range requests, before it is stored.
+    """The adapter must be one the model's engine can load for the model: its engine reads both
+    files' headers over HTTP Range requests before the adapter is stored, because an engine may
+    take a wrong adapter without complaint at start and crash on the first request.
     """
     source = str(adapter["source"])
     name = str(adapter["name"])
     info = check_source(source, what=f"adapter {name}")
-    timeout = settings.LLMGW_SOURCE_CHECK_TIMEOUT
+    engine = get_engine()
     try:
         with source_session() as session:
-            model_header = gguf.read_header_from_url(
-                model_source, session=session, timeout=timeout, require_tensors=True
+            architecture, problems = engine.adapter_problems(
+                model_source,
+                info.url,
+                session=session,
+                timeout=settings.LLMGW_SOURCE_CHECK_TIMEOUT,
             )
-            adapter_header = gguf.read_header_from_url(
-                info.url, session=session, timeout=timeout, require_tensors=True
-            )
-    except gguf.GGUFError as exc:
+    except WeightsUnreadable as exc:
         if isinstance(exc.__cause__, URLRefused):
             refused = exc.__cause__
             raise Refused(f"{refused.message} Or: {ANYWAY}", code=refused.code) from None
@@ -147,13 +146,11 @@ def check_adapter(adapter: dict[str, object], *, model_name: str, model_source: 
             f"Adapter {name} could not be checked against model {model_name}: {exc}",
             code="adapter_unreadable",
         ) from None
-    architecture = model_header.architecture or "unknown"
-    problems = gguf.adapter_problems(adapter_header, architecture, model=model_header)
     if problems:
         raise Refused(
             f"Adapter {name} ({source}) cannot be used with model {model_name}: "
-            f"{'; '.join(problems)}. An adapter must be a GGUF LoRA adapter made for the "
-            f"model's architecture ({architecture}).",
+            f"{'; '.join(problems)}. An adapter must be a {engine.weights_format.upper()} LoRA "
+            f"adapter made for the model's architecture ({architecture}).",
             code="adapter_mismatch",
         )
     return info

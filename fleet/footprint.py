@@ -25,7 +25,7 @@ from catalog.sources import check_source, source_session
 from core.outbound import URLRefused
 from core.refusals import Refused
 from llmgw import gguf
-from llmgw.engine import serving_context
+from llmgw.engines import get_engine
 from llmgw.units import format_bytes
 
 from .models import ModelFile
@@ -191,11 +191,11 @@ def footprint(
     """What a replica of ``profile`` reserves, given its model file's facts (or why they are
     unknown) and the model's declared context_length.
 
-    A replica's engine holds the weights, a KV cache of a whole context for each of its slots
-    (llama-server splits ``--ctx-size`` between them), and one more slot's worth for its prompt
-    cache (sized so by the node: llmgw.engine); the estimate is llmgw.gguf.memory's arithmetic,
-    the node's too. A declared figure above the estimate is kept: it may count what the
-    estimate does not (compute buffers, a tokenizer, headroom).
+    A replica's engine holds the weights and the KV cache its memory model says (the engine's
+    serving_memory: for llama-server, a whole context for each of its slots and one more slot's
+    worth for its prompt cache, as the node sizes it); the node uses the same arithmetic. A
+    declared figure above the estimate is kept: it may count what the estimate does not
+    (compute buffers, a tokenizer, headroom).
 
     A GPU profile's engine holds the layers it offloads (``gpu_layers``: "all", or a count of
     the model's layers, taken as a share of the header's block_count): that share of the
@@ -210,8 +210,9 @@ def footprint(
     if isinstance(facts, str):
         return Footprint(profile["name"], declared, None, facts, gpus, declared_gpu, layers)
     slots = profile_slots(profile)
-    context = serving_context(context_length, facts.trained_context)
-    memory = gguf.serving_memory(
+    engine = get_engine()
+    context = engine.serving_context(context_length, facts.trained_context)
+    memory = engine.serving_memory(
         weights_bytes=facts.weights_bytes,
         kv_bytes_per_token=facts.kv_bytes_per_token,
         context_length=context,
@@ -332,7 +333,7 @@ def read_facts(model: Model, *, now: datetime | None = None) -> FileFacts | str:
             )
         if header.file_size is None:
             raise gguf.GGUFError("the server did not say how large the file is")
-        per_token = gguf.kv_bytes_per_token(header)
+        per_token = get_engine().kv_bytes_per_token(header)
         # The engine loads the vision projector beside the weights: its bytes are held as the
         # weights' are (in host memory, or on the GPUs with the offloaded layers).
         loaded = header.file_size + _projector_bytes(model)

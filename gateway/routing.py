@@ -29,6 +29,7 @@ from catalog.models import CanaryRouting, Model, canary_routing, is_on_demand, i
 from fleet.models import Replica
 from fleet.specs import engine_key, replica_revision
 from llmgw.engine import key_headers, lora_request
+from llmgw.engines import get_engine
 
 from .load import SharedLoad
 from .prefix import SLACK, PrefixTable
@@ -64,9 +65,9 @@ class Entry:
     reranking: bool = False
 
     def serves(self, feature: str) -> bool:
-        """Whether its engines are started with `feature` (an endpoint's `needs`): a reranker's
-        rank, any other model's embeddings."""
-        return feature == ("reranking" if self.reranking else "embeddings")
+        """Whether its engines serve `feature` (an endpoint's `needs`), as the engine's features
+        say: llama-server ranks for a reranker and computes embeddings for any other model."""
+        return get_engine().serves(feature, reranking=self.reranking)
 
 
 @dataclass(frozen=True)
