@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from llmgw.tracing import continued, enabled, mark_failed
 
-from . import mirror
+from . import holders, mirror
 from .models import Fetch, Rollout
 from .queue import queue_now
 from .rollouts import advance_rollouts
@@ -43,9 +43,26 @@ def run_fetch(fetch_id: int) -> None:
     advance_rollouts()
 
 
+def release_abandoned(*, now: datetime | None = None) -> list[int]:
+    """Queue again at once the running fetches whose worker process is gone from this machine
+    (registry.holders.is_gone: a worker killed, or restarted), without waiting for their lease to
+    lapse; a worker takes each at most once (Fetch.release, then Fetch.claim). A holder on another
+    machine is left to its lease. The ids queued."""
+    now = now or timezone.now()
+    running = Fetch.objects.filter(state=Fetch.RUNNING).exclude(holder="")
+    released = [
+        fetch_id
+        for fetch_id, holder in running.values_list("pk", "holder")[:RESUMED_PER_PASS]
+        if holders.is_gone(holder) and Fetch.release(fetch_id, holder, now=now)
+    ]
+    for fetch_id in released:
+        queue_now("registry.tasks.run_fetch", fetch_id)
+    return released
+
+
 def resume_interrupted(*, now: datetime | None = None) -> list[int]:
     """Queue again the `model serve` fetches that nobody runs: left queued (the message was lost:
-    the broker restarted, or an upgrade renamed the task) or running with their worker gone.
+    the broker restarted, or an upgrade renamed the task) or running with their lease lapsed.
     An update's fetch needs none of this: its rollout queues it again (rollouts.py). Each is
     marked as queued now, so the next passes leave it alone for RESUME_AFTER_SECONDS; a worker
     takes it at most once (Fetch.claim). The ids queued."""

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -29,20 +30,26 @@ from core.metrics import control_metrics
 from core.outbound import URLRefused
 from llmgw.download import BadStatus, WrongDigest, WrongSize, download_verified
 
+from . import holders
 from .hub import Registry
 from .mirror_files import mirror_url
-from .models import Fetch, MirrorFile, Rollout
+from .models import RENEW_SECONDS, Fetch, MirrorFile, Rollout
 
 log = logging.getLogger("registry.mirror")
 
 PROGRESS_EVERY_SECONDS = 0.5
-# How long a fetch tries its database writes again while the database is away; well within
-# STALE_SECONDS, after which another worker may take the fetch over.
+# How long a fetch tries its database writes again while the database is away. Past
+# LEASE_SECONDS another worker may have taken the fetch over: each try first checks that the
+# lease is still this worker's.
 DATABASE_RETRY_SECONDS = 30
 
 
 class FetchFailed(Exception):
     pass
+
+
+class LeaseLost(Exception):
+    """Another worker took the fetch over (this one's lease lapsed): this one stops."""
 
 
 def root() -> Path:
@@ -106,8 +113,9 @@ def origin_for_source(url: str, mmproj: str = "") -> dict[str, Any] | None:
 
 
 def claim_fetch(fetch_id: int) -> bool:
-    """Take the fetch for this worker: queued, or running with its worker gone (Fetch.claim)."""
-    return Fetch.claim(fetch_id)
+    """Take the fetch for this worker process: queued, or running with its lease lapsed
+    (Fetch.claim)."""
+    return Fetch.claim(fetch_id, holder=holders.this_process())
 
 
 def download(fetch_id: int, *, claimed: bool = False) -> bool:
@@ -118,7 +126,7 @@ def download(fetch_id: int, *, claimed: bool = False) -> bool:
     The database going away meanwhile (PostgreSQL restarting) does not end it: its progress is
     written when it can be, and what must be written (a file's record, the end) is tried again
     for up to DATABASE_RETRY_SECONDS, files already in place kept. Without that the fetch was
-    left running with nobody on it, taken again only once its heartbeat was STALE_SECONDS old."""
+    left running with nobody on it, taken again only once its lease lapsed."""
     if not claimed and not claim_fetch(fetch_id):
         return False
     deadline = time.monotonic() + DATABASE_RETRY_SECONDS
@@ -135,20 +143,83 @@ def download(fetch_id: int, *, claimed: bool = False) -> bool:
 
 def _download_claimed(fetch_id: int) -> bool:
     fetch = Fetch.objects.get(pk=fetch_id)
+    if fetch.state != Fetch.RUNNING or fetch.holder != holders.this_process():
+        # Taken over while the database was away (the lease lapsed), or ended by the other.
+        log.info("fetch %s is another worker's now; this one leaves it", fetch_id)
+        return False
     board = control_metrics()
     started = time.monotonic()
-    try:
-        _download_all(fetch)
-    except FetchFailed as exc:
-        fetch.fail(str(exc))
-        log.warning("fetch %s failed: %s", fetch.pk, exc)
-        board.fetches.labels("failed").inc()
-        return True
-    finally:
-        board.fetch_seconds.observe(time.monotonic() - started)
-    fetch.finish()
-    board.fetches.labels("done").inc()
+    with LeaseKeeper(fetch) as lease:
+        try:
+            _download_all(fetch, lease)
+        except LeaseLost:
+            log.warning("fetch %s was taken over by another worker; this one stops", fetch_id)
+            return False
+        except FetchFailed as exc:
+            if fetch.fail(str(exc)):
+                log.warning("fetch %s failed: %s", fetch.pk, exc)
+                board.fetches.labels("failed").inc()
+            return True
+        finally:
+            board.fetch_seconds.observe(time.monotonic() - started)
+    if fetch.finish():
+        board.fetches.labels("done").inc()
     return True
+
+
+class LeaseKeeper:
+    """Renews a fetch's lease every RENEW_SECONDS from a thread of its own while the fetch runs,
+    so that a download that stalls for a while (a slow registry) keeps it, and tells when it was
+    lost (check raises LeaseLost). Progress renews it too (Fetch.beat).
+
+    Why a thread: the lease is short (LEASE_SECONDS) so that a dead worker's fetch is taken over
+    soon, and progress alone comes at the network's pace. Inside a transaction (a test's) the
+    thread, which has a connection of its own, would not see the claim: progress renews alone."""
+
+    def __init__(self, fetch: Fetch) -> None:
+        self.fetch = fetch
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> LeaseKeeper:
+        if not connection.in_atomic_block:
+            self._thread = threading.Thread(
+                target=self._keep, name=f"fetch-{self.fetch.pk}-lease", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _keep(self) -> None:
+        try:
+            while not self._stop.wait(RENEW_SECONDS):
+                try:
+                    if not self.fetch.renew():
+                        self.lost.set()
+                        return
+                except DatabaseError as exc:
+                    # Not lost yet: renewed again once the database answers, if still ours.
+                    log.warning("fetch %s: lease not renewed (%s)", self.fetch.pk, exc)
+                    connection.close()
+        finally:
+            connection.close()  # this thread's own
+
+    def check(self) -> None:
+        """Raise LeaseLost once another worker holds the fetch."""
+        if self.lost.is_set():
+            raise LeaseLost
+
+    def progress(self, bytes_done: int, *, message: str | None = None) -> None:
+        """Write progress (renewing the lease); raise LeaseLost when the lease is lost."""
+        self.check()
+        if not self.fetch.beat(bytes_done, message=message):
+            self.lost.set()
+            raise LeaseLost
 
 
 def _drop_broken_connection() -> None:
@@ -159,16 +230,19 @@ def _drop_broken_connection() -> None:
         connection.close()
 
 
-def _download_all(fetch: Fetch) -> None:
+def _download_all(fetch: Fetch, lease: LeaseKeeper) -> None:
     registry = Registry()
     with registry.session() as session:
-        _download_files(fetch, registry, session)
+        _download_files(fetch, registry, session, lease)
 
 
-def _download_files(fetch: Fetch, registry: Registry, session: requests.Session) -> None:
+def _download_files(
+    fetch: Fetch, registry: Registry, session: requests.Session, lease: LeaseKeeper
+) -> None:
     done = 0
-    progress = _FetchProgress(fetch)
+    progress = _FetchProgress(lease)
     for entry in fetch.files:
+        lease.check()
         target = local_path(fetch.repo, fetch.commit, entry["path"])
         if _already_here(fetch, entry, target):
             done += entry["size"]
@@ -184,24 +258,27 @@ def _download_files(fetch: Fetch, registry: Registry, session: requests.Session)
         control_metrics().fetch_bytes.inc(size)
         done += size
         record_change(fetch, entry, url)
-        fetch.beat(done)
+        lease.progress(done)
 
 
 class _FetchProgress:
-    """Writes a fetch's progress to its row, at most every PROGRESS_EVERY_SECONDS."""
+    """Writes a fetch's progress to its row, at most every PROGRESS_EVERY_SECONDS; stops the
+    download (LeaseLost) as soon as another worker holds the fetch."""
 
-    def __init__(self, fetch: Fetch) -> None:
-        self.fetch = fetch
+    def __init__(self, lease: LeaseKeeper) -> None:
+        self.lease = lease
+        self.fetch = lease.fetch
         self.last = time.monotonic()
 
     def of_file(self, path: str, before: int) -> Callable[[int, int | None], None]:
         """The progress callback for one file, the fetch's files before it ``before`` bytes."""
 
         def report(size: int, _total: int | None) -> None:
+            self.lease.check()
             if time.monotonic() - self.last > PROGRESS_EVERY_SECONDS:
                 self.last = time.monotonic()
                 try:
-                    self.fetch.beat(before + size, message=f"fetching {path}")
+                    self.lease.progress(before + size, message=f"fetching {path}")
                 except DatabaseError as exc:
                     # Progress is shown when it can be: the download goes on.
                     log.warning("fetch %s: progress not written (%s)", self.fetch.pk, exc)

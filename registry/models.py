@@ -13,11 +13,15 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-# A running fetch whose worker has not written its heartbeat for this long was interrupted (the
-# worker restarted or died) and may be claimed again. Its one home: Fetch.is_orphaned says it
-# for a row in hand, FetchQuerySet.orphaned for the database, and
-# tests/registry/test_models.py holds the two together.
-STALE_SECONDS = 60
+# A running fetch is leased to the worker process that claimed it (Fetch.holder) until its
+# heartbeat is this old; the holder renews it every RENEW_SECONDS while it fetches, from a thread
+# of its own (registry.mirror), so a slow download keeps it. A lapsed lease means the holder is
+# gone (killed, its machine down, the database out of its reach for longer than this) and any
+# worker may take the fetch over. It was 60 s, renewed only by progress: a dead worker's fetch
+# waited a minute. Its one home: Fetch.is_orphaned says it for a row in hand,
+# FetchQuerySet.orphaned for the database, and tests/registry/test_models.py holds the two together.
+LEASE_SECONDS = 10
+RENEW_SECONDS = 2.5
 
 
 class MirrorFile(models.Model):
@@ -46,7 +50,7 @@ class MirrorFile(models.Model):
 
 
 def _orphaned(now: datetime) -> Q:
-    stale = now - timedelta(seconds=STALE_SECONDS)
+    stale = now - timedelta(seconds=LEASE_SECONDS)
     return Q(state=Fetch.RUNNING) & (Q(heartbeat_at__lt=stale) | Q(heartbeat_at=None))
 
 
@@ -55,7 +59,7 @@ class FetchQuerySet(models.QuerySet["Fetch"]):
     same rules for a row in hand."""
 
     def orphaned(self, now: datetime) -> FetchQuerySet:
-        """Running, with no heartbeat for STALE_SECONDS: its worker is gone."""
+        """Running, its lease lapsed (no heartbeat for LEASE_SECONDS): its worker is gone."""
         return self.filter(_orphaned(now))
 
     def claimable(self, now: datetime) -> FetchQuerySet:
@@ -76,7 +80,7 @@ class FetchQuerySet(models.QuerySet["Fetch"]):
     def requeue(self, now: datetime) -> int:
         """Mark these fetches queued as of `now`, so that the next passes leave them alone for a
         while; how many were."""
-        return self.update(state=Fetch.QUEUED, heartbeat_at=now)
+        return self.update(state=Fetch.QUEUED, heartbeat_at=now, holder="")
 
 
 class Fetch(models.Model):
@@ -84,8 +88,9 @@ class Fetch(models.Model):
 
     Its state changes are the methods below, each one UPDATE, so that every caller changes a
     fetch the same way: claim (queued, or running with its worker gone -> running; conditional,
-    so one worker of two gets it), beat (progress and heartbeat), finish (-> done) and fail
-    (-> failed; also a done fetch whose model could not be added).
+    so one worker of two gets it), renew (the lease), beat (progress and heartbeat), finish
+    (-> done) and fail (-> failed), the last three only by the holder of the lease, and
+    refuse_model (a done fetch whose model could not be added -> failed).
     """
 
     QUEUED, RUNNING, DONE, FAILED = "queued", "running", "done", "failed"
@@ -106,9 +111,12 @@ class Fetch(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     door = models.CharField(max_length=20, default="api")
-    # Refreshed while a worker downloads: a fetch whose heartbeat is old was
-    # interrupted (worker restart) and is claimed again.
+    # The lease's last renewal: a running fetch whose heartbeat is LEASE_SECONDS old was
+    # interrupted (its worker died) and is claimed again.
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # The worker process running it (registry.holders): "" while queued. Another process of the
+    # same machine that finds it gone takes the fetch back at once, lease or not.
+    holder = models.CharField(max_length=300, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -123,9 +131,9 @@ class Fetch(models.Model):
     # -- the stale rule for a row in hand (its SQL twin: FetchQuerySet) --
 
     def is_orphaned(self, now: datetime) -> bool:
-        """Running, with no heartbeat for STALE_SECONDS (FetchQuerySet.orphaned)."""
+        """Running, its lease lapsed (FetchQuerySet.orphaned)."""
         return self.state == Fetch.RUNNING and (
-            self.heartbeat_at is None or self.heartbeat_at < now - timedelta(seconds=STALE_SECONDS)
+            self.heartbeat_at is None or self.heartbeat_at < now - timedelta(seconds=LEASE_SECONDS)
         )
 
     def is_claimable(self, now: datetime) -> bool:
@@ -135,44 +143,73 @@ class Fetch(models.Model):
     # -- transitions --
 
     @classmethod
-    def claim(cls, fetch_id: int, *, now: datetime | None = None) -> bool:
-        """Take the fetch for this worker: queued, or running with its worker gone. One
-        conditional UPDATE, so of two workers only one gets True."""
+    def claim(cls, fetch_id: int, *, holder: str = "", now: datetime | None = None) -> bool:
+        """Take the fetch for the worker process `holder`: queued, or running with its lease
+        lapsed. One conditional UPDATE, so of two workers only one gets True."""
         now = now or timezone.now()
         taken = (
             cls.objects.filter(pk=fetch_id)
             .claimable(now)
-            .update(state=Fetch.RUNNING, heartbeat_at=now)
+            .update(state=Fetch.RUNNING, heartbeat_at=now, holder=holder)
         )
         return taken == 1
 
-    def beat(self, bytes_done: int, *, message: str | None = None) -> None:
-        """Progress, which is also the heartbeat that tells the fetch is still running."""
+    @classmethod
+    def release(cls, fetch_id: int, holder: str, *, now: datetime | None = None) -> bool:
+        """Queue again a fetch whose holder is known gone (registry.holders.is_gone), its lease
+        running or not; conditional on that holder still holding it, so it is taken back once."""
+        return bool(
+            cls.objects.filter(pk=fetch_id, state=Fetch.RUNNING, holder=holder).requeue(
+                now or timezone.now()
+            )
+        )
+
+    def _held(self) -> FetchQuerySet:
+        """This row while the lease is still this instance's holder's."""
+        return Fetch.objects.filter(pk=self.pk, state=Fetch.RUNNING, holder=self.holder)
+
+    def renew(self) -> bool:
+        """Keep the lease another LEASE_SECONDS; False once it is lost (taken over, or ended)."""
+        return self._held().update(heartbeat_at=timezone.now()) == 1
+
+    def beat(self, bytes_done: int, *, message: str | None = None) -> bool:
+        """Progress, which renews the lease too; False once the lease is lost."""
         changes: dict[str, object] = {"bytes_done": bytes_done, "heartbeat_at": timezone.now()}
         if message is not None:
             changes["message"] = message
-        Fetch.objects.filter(pk=self.pk).update(**changes)
+        return self._held().update(**changes) == 1
 
-    def finish(self) -> None:
-        """Every file is in the mirror and checked."""
+    def finish(self) -> bool:
+        """Every file is in the mirror and checked; False (nothing written) when the lease was
+        lost meanwhile: the worker that took the fetch over finishes it."""
         now = timezone.now()
-        self.state, self.bytes_done, self.message = Fetch.DONE, self.bytes_total, ""
-        self.finished_at = self.heartbeat_at = now
-        Fetch.objects.filter(pk=self.pk).update(
+        written = self._held().update(
             state=Fetch.DONE,
             bytes_done=self.bytes_total,
             message="",
             finished_at=now,
             heartbeat_at=now,
         )
+        if written:
+            self.state, self.bytes_done, self.message = Fetch.DONE, self.bytes_total, ""
+            self.finished_at = self.heartbeat_at = now
+        return bool(written)
 
-    def fail(self, message: str) -> None:
-        """Given up, with the reason; a fetch that had finished keeps the time it did."""
-        self.state, self.message = Fetch.FAILED, message
-        self.finished_at = self.finished_at or timezone.now()
-        Fetch.objects.filter(pk=self.pk).update(
-            state=Fetch.FAILED, message=message, finished_at=self.finished_at
-        )
+    def fail(self, message: str) -> bool:
+        """Given up, with the reason; False (nothing written) when the lease was lost meanwhile."""
+        now = timezone.now()
+        written = self._held().update(state=Fetch.FAILED, message=message, finished_at=now)
+        if written:
+            self.state, self.message, self.finished_at = Fetch.FAILED, message, now
+        return bool(written)
+
+    def refuse_model(self, message: str) -> None:
+        """The files are in (done), but the model they were for could not be added: failed,
+        keeping the time the fetch finished."""
+        if Fetch.objects.filter(pk=self.pk, state=Fetch.DONE).update(
+            state=Fetch.FAILED, message=message
+        ):
+            self.state, self.message = Fetch.FAILED, message
 
 
 class RolloutQuerySet(models.QuerySet["Rollout"]):

@@ -14,6 +14,7 @@ def run_fetch(fetch_id: int) -> None:
 
 @shared_task(ignore_result=True, soft_time_limit=60, time_limit=90)
 def advance_rollouts() -> None:
+    fetches.release_abandoned()  # first, so that the rollouts' pass finds them queued
     rollouts.advance_rollouts()
     fetches.resume_interrupted()
 

@@ -218,7 +218,9 @@ def finish_serve(fetch: Fetch) -> None:
     try:
         model_add(actor=actor, definition=fetch.serve_definition, source_check=False)
     except Refused as exc:
-        fetch.fail(f"the files are in the mirror, but the model was not added: {exc.message}")
+        fetch.refuse_model(
+            f"the files are in the mirror, but the model was not added: {exc.message}"
+        )
 
 
 def _origin(model: Model) -> dict[str, Any]:

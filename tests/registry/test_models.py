@@ -10,12 +10,12 @@ import pytest
 from django.utils import timezone
 
 from catalog.models import Model
-from registry.models import STALE_SECONDS, Fetch, Rollout
+from registry.models import LEASE_SECONDS, Fetch, Rollout
 
 pytestmark = pytest.mark.django_db
 
 # Heartbeats around the stale limit, in seconds before now (None: never written).
-HEARTBEATS = [None, 0, 1, STALE_SECONDS - 1, STALE_SECONDS, STALE_SECONDS + 1, 3600]
+HEARTBEATS = [None, 0, 1, LEASE_SECONDS - 1, LEASE_SECONDS, LEASE_SECONDS + 1, 3600]
 
 
 def test_it_asks_the_stale_rule_alike_in_python_and_sql() -> None:
@@ -36,15 +36,15 @@ def test_it_asks_the_stale_rule_alike_in_python_and_sql() -> None:
     # Both answers occur, so neither side can pass by saying no (or yes) to everything.
     assert orphaned and claimable - orphaned
     assert set(Fetch.objects.values_list("pk", flat=True)) - claimable
-    assert Fetch.objects.get(repo=f"running/{STALE_SECONDS + 1}").pk in orphaned
-    assert Fetch.objects.get(repo=f"running/{STALE_SECONDS - 1}").pk not in orphaned
+    assert Fetch.objects.get(repo=f"running/{LEASE_SECONDS + 1}").pk in orphaned
+    assert Fetch.objects.get(repo=f"running/{LEASE_SECONDS - 1}").pk not in orphaned
 
 
 def test_it_lets_one_worker_claim_a_fetch_and_another_take_over_an_orphaned_one() -> None:
     fetch = Fetch.objects.create(repo="r", commit="c" * 40)
     assert Fetch.claim(fetch.pk)
     assert not Fetch.claim(fetch.pk)  # the first worker holds it
-    later = timezone.now() + timedelta(seconds=STALE_SECONDS + 1)
+    later = timezone.now() + timedelta(seconds=LEASE_SECONDS + 1)
     assert Fetch.claim(fetch.pk, now=later)  # its worker is gone
     fetch.refresh_from_db()
     assert (fetch.state, fetch.heartbeat_at) == (Fetch.RUNNING, later)
@@ -63,7 +63,7 @@ def test_it_finishes_and_fails_a_fetch() -> None:
     finished_at = fetch.finished_at
     assert finished_at is not None
     # The files are in but the model is refused: failed, and it keeps when it finished.
-    fetch.fail("the model was not added")
+    fetch.refuse_model("the model was not added")
     fetch.refresh_from_db()
     assert (fetch.state, fetch.message, fetch.finished_at) == (
         Fetch.FAILED,

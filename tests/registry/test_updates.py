@@ -12,7 +12,7 @@ from catalog.models import AuditEntry, Model
 from core.actor import Actor
 from core.refusals import Refused
 from registry import fetches, mirror
-from registry.models import STALE_SECONDS, Fetch, MirrorFile
+from registry.models import LEASE_SECONDS, Fetch, MirrorFile
 from registry.updates import check_updates, serve_start
 from tests.registry.serving import REPO, serve
 from tests.support.registry import LocalRegistry, available
@@ -119,7 +119,7 @@ def test_a_fetch_goes_on_when_the_database_fails_for_a_moment(
 ) -> None:
     """PostgreSQL restarting during a fetch (the fault matrix's postgres x serve and x
     update-fetch): its progress is not written, its end is written once the database answers
-    again, and it ends done, not left running until its heartbeat is stale (STALE_SECONDS)."""
+    again, and it ends done, not left running until its lease lapses (LEASE_SECONDS)."""
     from django.db import OperationalError
 
     fetch = serve_start(actor=alice, repo=REPO)
@@ -187,7 +187,7 @@ def test_a_serve_fetch_nobody_runs_is_queued_again(
 
         assert mirror.claim_fetch(lost.pk)  # a worker takes it, and dies
         Fetch.objects.filter(pk=lost.pk).update(heartbeat_at=now)
-        dead = now + timedelta(seconds=STALE_SECONDS + 1)
+        dead = now + timedelta(seconds=LEASE_SECONDS + 1)
         assert fetches.resume_interrupted(now=dead) == [lost.pk]
         assert Fetch.objects.get(pk=lost.pk).state == Fetch.QUEUED
     finally:
