@@ -47,9 +47,10 @@ MAX_NAME = 100
 ALL_LAYERS = "all"
 MAX_GPU_LAYERS = 10000
 # A vision projector is named by its path in the weights' repository: folders and file names of
-# letters, digits, '.', '_' and '-', ending as the engine's weights do (.gguf for llama-server,
-# which reads a GGUF projector). No '..', no absolute path, no '%' or '\\': the name becomes a
-# URL in the mirror and a path on its disk, and must stay inside the repository's folder in both.
+# letters, digits, '.', '_' and '-', ending as the engine's weights files do (its
+# weights_suffix: the engine reads the projector in its weights' format). No '..', no absolute
+# path, no '%' or '\\': the name becomes a URL in the mirror and a path on its disk, and must
+# stay inside the repository's folder in both.
 MMPROJ_PATTERN = re.compile(
     r"^(?:[A-Za-z0-9_][A-Za-z0-9._-]*/)*[A-Za-z0-9_][A-Za-z0-9._-]*"
     + re.escape(get_engine().weights_suffix)

@@ -192,8 +192,8 @@ def footprint(
     unknown) and the model's declared context_length.
 
     A replica's engine holds the weights and the KV cache its memory model says (the engine's
-    serving_memory: for llama-server, a whole context for each of its slots and one more slot's
-    worth for its prompt cache, as the node sizes it); the node uses the same arithmetic. A
+    serving_memory in llmgw.engines: for the default engine, a whole context for each of its
+    slots and one more slot's worth for its prompt cache); the node sizes it the same way. A
     declared figure above the estimate is kept: it may count what the estimate does not
     (compute buffers, a tokenizer, headroom).
 

@@ -66,7 +66,7 @@ class Entry:
 
     def serves(self, feature: str) -> bool:
         """Whether its engines serve `feature` (an endpoint's `needs`), as the engine's features
-        say: llama-server ranks for a reranker and computes embeddings for any other model."""
+        say (Engine.serves): a reranker's engines rank, any other model's compute embeddings."""
         return get_engine().serves(feature, reranking=self.reranking)
 
 

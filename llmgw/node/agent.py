@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import requests
 
 from llmgw import engine
+from llmgw.engines import get_engine
 
 from .cache import BlobCache
 from .config import NodeConfig
@@ -275,8 +276,9 @@ class Agent:
         """The backends of the engine binary (``llama-server --list-devices``), asked once: a
         binary is not rebuilt under a running agent (a rebuilt one needs a restarted agent)."""
         if self._engine_backends is None:
-            executable = self.config.engine or engine.find_engine()
-            backends, problem = engine.engine_backends(executable)
+            backend = get_engine()
+            executable = self.config.engine or backend.find()
+            backends, problem = backend.backends(executable)
             if problem is not None and executable is not None:
                 log.warning(
                     "cannot tell which backends the engine has (%s); reporting CPU only", problem
@@ -591,7 +593,7 @@ class Agent:
         self.check_address()
         self.lock_cache()
         self.cache.prepare()
-        executable = self.config.engine or engine.find_engine()
+        executable = self.config.engine or get_engine().find()
         if executable is None:
             log.warning(
                 "llama-server is not installed beside %s nor on PATH, so every engine will fail "

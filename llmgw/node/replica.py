@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from llmgw import engine
+from llmgw.engines import get_engine
+from llmgw.engines.base import BadSettings, NotReady
 from llmgw.gguf import (
     GGUFError,
     adapter_problems,
@@ -96,6 +98,8 @@ class Replica:
         self._metrics_read: tuple[float, dict[str, float]] | None = None
         self._log_start = 0  # where the output of the engine this agent started begins
         self._offload = ""  # what its log says of its layers on GPUs, for the ready message
+        # The engine's backend (llmgw.engines): how to start, check and read it.
+        self.backend = get_engine()
 
     @property
     def label(self) -> str:
@@ -282,7 +286,7 @@ class Replica:
         except GGUFError:
             header = None
         trained = header.context_length if header is not None else None
-        context = engine.serving_context(self.spec.context_length, trained)
+        context = self.backend.serving_context(self.spec.context_length, trained)
         try:
             assert header is not None
             one_slot = estimate_memory_bytes(
@@ -312,11 +316,11 @@ class Replica:
                 f"no port in {low}-{high} is free on {self.agent.config.address} for the engine; "
                 "widen --port-range or stop what uses those ports"
             )
-        executable = self.agent.config.engine or engine.find_engine()
+        executable = self.agent.config.engine or self.backend.find()
         if executable is None:
             raise ReplicaFailed(
-                "llama-server is not installed on this node: run `make setup` (it builds it), "
-                f"or give its path with --llama-server or {engine.ENGINE_ENV}"
+                f"{self.backend.executable} is not installed on this node: "
+                f"{self.backend.install_hint}"
             )
         context, prompt_cache_mib = self._sizes(weights)
         key_file = None
@@ -339,8 +343,8 @@ class Replica:
             **self._gpu_settings(),
         )
         try:
-            command = engine.engine_command(settings, executable)
-        except engine.BadAdapterPath as exc:
+            command = self.backend.command(settings, executable)
+        except BadSettings as exc:
             raise ReplicaFailed(f"{exc}; no engine was started") from None
         log_path = self.folder / "engine.log"
         try:
@@ -353,7 +357,7 @@ class Replica:
             if self.stop_requested.is_set() or self.agent.exiting.is_set():
                 raise Cancelled
             self.process = engine.start_engine(
-                command, log_path, engine.engine_environment(settings)
+                command, log_path, self.backend.environment(settings)
             )
             self.pid = self.process.pid
             self.command = command
@@ -402,7 +406,7 @@ class Replica:
         ADOPTION_CHECK_SECONDS is checked by the worker as before."""
         assert self.port is not None
         try:
-            engine.check_ready(
+            self.backend.check_ready(
                 self.host,
                 self.port,
                 self.spec.model,
@@ -410,7 +414,7 @@ class Replica:
                 timeout=ADOPTION_CHECK_SECONDS,
                 key=self.key,
             )
-        except engine.NotReady:
+        except NotReady:
             return False
         with self.lock:
             self.state, self.message = "ready", self._ready_text(adopted=True)
@@ -465,7 +469,7 @@ class Replica:
                 )
                 return
             try:
-                engine.check_ready(
+                self.backend.check_ready(
                     host,
                     self.port,
                     self.spec.model,
@@ -473,7 +477,7 @@ class Replica:
                     timeout=max(1.0, remaining),
                     key=self.key,
                 )
-            except engine.NotReady:
+            except NotReady:
                 self.stop_requested.wait(POLL_SECONDS)
                 continue
             break
@@ -515,7 +519,7 @@ class Replica:
             if now >= next_probe:
                 next_probe = now + HEALTH_INTERVAL_SECONDS
                 assert self.port is not None
-                problem = engine.health(self.host, self.port, timeout=HEALTH_TIMEOUT_SECONDS)
+                problem = self.backend.health(self.host, self.port, timeout=HEALTH_TIMEOUT_SECONDS)
                 misses = [*misses, problem] if problem is not None else []
                 if len(misses) >= HEALTH_MISSES:
                     self._fail_hung(misses)
@@ -543,7 +547,7 @@ class Replica:
 
     def _read_metrics(self) -> None:
         assert self.port is not None
-        numbers = engine.read_metrics(
+        numbers = self.backend.read_metrics(
             self.host, self.port, timeout=HEALTH_TIMEOUT_SECONDS, key=self.key
         )
         if numbers is None:
