@@ -5,6 +5,7 @@ back, with a ready replica at every moment."""
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,6 +130,11 @@ def test_serve_update_and_rollback(world: dict[str, Any], capsys: Any) -> None:
     out, lowest = roll(system, ["ctl", "model", "rollback", "tiny-chat-q4", "--wait"][1:], capsys)
     assert "done:" in out and lowest >= 1
     assert all_on(system, old)
+    # The weights rolled back from stay the update available, the next check too (issue 44).
+    for argv in (["model", "updates", "--json"], ["model", "updates", "--check", "--json"]):
+        [update] = json.loads(ctl(system, *argv, capsys=capsys))["updates"]
+        assert (update["model"], update["new_commit"]) == ("tiny-chat-q4", new_commit)
+        assert update["rolled_back_from"] == new_commit
 
     audit = system.api("GET", "audit", params={"model": "tiny-chat-q4"})["entries"]
     steps = [(e["action"], e["actor"]) for e in reversed(audit)]
