@@ -118,7 +118,7 @@ async def measure(
                     if pid:
                         cell.cpu += tree_cpu_seconds(pid) - before
             print(f"  whole answers: round {number + 1} of {rounds}", file=sys.stderr, flush=True)
-        for number in range(1 if quick else 2):
+        for number in range(1 if quick else 3):
             for api in APIS:
                 for name, (base, key, _) in paths.items():
                     await run_cell(
@@ -158,13 +158,19 @@ def report(
                 f"{api:<10}{name:<9}{len(sample.totals):>6}{p50 * ms:>8.3f}"
                 f"{plus or '':>16}{sample.errors:>8}{cpu:>8}"
             )
-    print(f"\n{STREAMS} concurrent 1-s streams (wall time over the ideal {STREAM_SECONDS:.0f} s)")
-    print(f"{'api':<10}{'path':<9}{'n':>6}{'wall/ideal':>12}{'errors':>8}")
+    print(
+        f"\n{STREAMS} concurrent 1-s streams (wall time over the ideal {STREAM_SECONDS:.0f} s: the "
+        "rounds' mean, as bench/gateway.py gives it, and the worst round)"
+    )
+    print(f"{'api':<10}{'path':<9}{'n':>6}{'wall/ideal':>12}{'worst':>8}{'errors':>8}")
     for api in APIS:
         for name in names:
             sample = streams[(api, name)]
-            wall = max(sample.walls) / STREAM_SECONDS if sample.walls else float("nan")
-            print(f"{api:<10}{name:<9}{len(sample.totals):>6}{wall:>12.2f}{sample.errors:>8}")
+            wall, worst = _walls(sample)
+            print(
+                f"{api:<10}{name:<9}{len(sample.totals):>6}{wall:>12.2f}{worst:>8.2f}"
+                f"{sample.errors:>8}"
+            )
     print(f"\n{TARGETS}")
     met = True
     for api in ("responses", "messages"):
@@ -182,7 +188,7 @@ def report(
             )
     for api in APIS:
         sample = streams[(api, "llmgw")]
-        wall = max(sample.walls) / STREAM_SECONDS
+        wall, _ = _walls(sample)
         ok = wall <= TARGET_WALL and sample.errors == 0
         met &= ok or api == "chat"
         print(
@@ -190,6 +196,14 @@ def report(
             f"(<= {TARGET_WALL}, 0: {'met' if ok else 'NOT met'})"
         )
     return met
+
+
+def _walls(sample: Sample) -> tuple[float, float]:
+    """A cell's wall time over the ideal: the rounds' mean, and the worst round."""
+    if not sample.walls:
+        return float("nan"), float("nan")
+    walls = [wall / STREAM_SECONDS for wall in sample.walls]
+    return sum(walls) / len(walls), max(walls)
 
 
 def main() -> int:

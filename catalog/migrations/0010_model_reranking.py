@@ -2,6 +2,8 @@
 
 from django.db import migrations, models
 
+from ._triggers import drop_model_triggers
+
 
 class Migration(migrations.Migration):
     dependencies = [
@@ -17,4 +19,6 @@ class Migration(migrations.Migration):
                 help_text="its engines rank documents (/v1/rerank) instead of computing embeddings",
             ),
         ),
+        # Taken back, the routing triggers that name the column go before it (SQLite).
+        migrations.RunPython(migrations.RunPython.noop, drop_model_triggers),
     ]
