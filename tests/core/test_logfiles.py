@@ -10,13 +10,13 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from core.logfiles import SharedLogFile, SharedRotatingFileHandler
+from tests.support.barrier import CHILD_WAIT, StartBarrier
 from tests.support.system import ROOT
 
 BOUND = 64 * 1024
@@ -26,20 +26,20 @@ LINES_EACH = 5 * BOUND // 100
 LINE = re.compile(r"^.* writer=(\d) line=(\d{6}) (x{60})$")
 
 # One process of the run command: Django's logging as the settings make it (LLMGW_LOG_FILE and
-# the rotation settings come from the environment), then, once the go file is there, lines.
-WRITER = """
-import logging, sys, time
-from pathlib import Path
+# the rotation settings come from the environment), then, when the barrier lets all go, lines.
+WRITER = (
+    """
+import logging, sys
 import django
 django.setup()
 log = logging.getLogger("llmgw.test")
-Path(sys.argv[3]).touch()
-go = Path(sys.argv[1])
-while not go.exists():
-    time.sleep(0.005)
-for number in range(int(sys.argv[4])):
-    log.info("writer=%s line=%06d %s", sys.argv[2], number, "x" * 60)
 """
+    + CHILD_WAIT
+    + """
+for number in range(int(sys.argv[2])):
+    log.info("writer=%s line=%06d %s", sys.argv[1], number, "x" * 60)
+"""
+)
 
 
 def files_of(folder: Path, name: str) -> list[Path]:
@@ -77,29 +77,19 @@ def test_it_keeps_every_line_of_two_processes_logging_ten_times_the_bound(
         "LLMGW_LOG_MAX_BYTES": str(BOUND),
         "LLMGW_LOG_BACKUPS": "40",  # enough to keep every line, so that each can be counted
     }
-    go = tmp_path / "go"
+    barrier = StartBarrier(WRITERS)
     writers = [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                WRITER,
-                str(go),
-                str(number),
-                str(tmp_path / f"ready{number}"),
-                str(LINES_EACH),
-            ],
+            [sys.executable, "-c", WRITER, str(number), str(LINES_EACH), *barrier.child_args()],
             cwd=ROOT,
             env=env,
             stderr=subprocess.PIPE,
+            pass_fds=barrier.child_fds(),
         )
         for number in range(WRITERS)
     ]
-    deadline = time.monotonic() + 60
-    while not all((tmp_path / f"ready{n}").exists() for n in range(WRITERS)):
-        assert time.monotonic() < deadline and all(w.poll() is None for w in writers)
-        time.sleep(0.02)
-    go.touch()
+    barrier.started()
+    barrier.release(timeout=60)
     for writer in writers:
         _, err = writer.communicate(timeout=120)
         assert writer.returncode == 0, err.decode()

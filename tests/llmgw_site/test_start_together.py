@@ -24,6 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from tests.support.barrier import CHILD_WAIT, StartBarrier
 from tests.support.system import ROOT
 
 BASE_URL = os.environ.get("DATABASE_URL", "")
@@ -35,20 +36,20 @@ PLANES = 3
 AT_ONCE = 2
 READY_SECONDS = 30
 
-# What one "machine" runs: Django set up (connected to nothing yet), `ready` made, then, when
-# the go file appears, the run command's first start.
-FIRST_START = """
-import sys, time
-from pathlib import Path
+# What one "machine" runs: Django set up (connected to nothing yet), then, when the barrier
+# lets all go at once, the run command's first start.
+FIRST_START = (
+    """
+import sys
 import django
 django.setup()
 from llmgw_site.firststart import first_start
-Path(sys.argv[2]).touch()
-go = Path(sys.argv[1])
-while not go.exists():
-    time.sleep(0.005)
+"""
+    + CHILD_WAIT
+    + """
 first_start(stdout=sys.stdout, node=True)
 """
+)
 
 # The admin command's words the first time, when it made the admin.
 MADE_ADMIN = "The password and the token are shown only now"
@@ -98,27 +99,24 @@ def _environment(var: Path, database_url: str) -> dict[str, str]:
 
 def start_together(folder: Path, database_url: str, planes: int) -> list[tuple[int, str]]:
     """Start `planes` first starts at the same instant; each one's exit code and output."""
-    go = folder / "go"
+    barrier = StartBarrier(planes)
     processes = []
     for number in range(planes):
         var = folder / f"plane{number}"
         var.mkdir()
         processes.append(
             subprocess.Popen(
-                [sys.executable, "-c", FIRST_START, str(go), str(var / "ready")],
+                [sys.executable, "-c", FIRST_START, *barrier.child_args()],
                 cwd=ROOT,
                 env=_environment(var, database_url),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                pass_fds=barrier.child_fds(),
             )
         )
-    ready = time.monotonic() + READY_SECONDS
-    while time.monotonic() < ready and not all(
-        (folder / f"plane{number}" / "ready").exists() for number in range(planes)
-    ):
-        time.sleep(0.02)
-    go.touch()
+    barrier.started()
+    barrier.release(timeout=READY_SECONDS)
     results = []
     for process in processes:
         out, _ = process.communicate(timeout=120)

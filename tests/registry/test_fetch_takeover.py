@@ -24,6 +24,7 @@ from registry.models import LEASE_SECONDS, RENEW_SECONDS, Fetch
 from registry.updates import serve_start
 from tests.registry.serving import REPO
 from tests.support.registry import LocalRegistry, available
+from tests.support.waiting import wait_for
 
 # What the fault matrix measures from the kill to the fetch resumed: at most a lease, then the
 # pass that queues it again (beat's advance-rollouts) and a worker claiming it.
@@ -34,9 +35,16 @@ ELSEWHERE = "another-machine|1|4242|99"
 needs_registry = pytest.mark.skipif(available() is not None, reason=str(available()))
 
 
+def live_process() -> subprocess.Popen[bytes]:
+    """A process of this machine that lives until its input closes (or it is killed)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+
+
 def dead_holder() -> str:
     """The holder name of a process of this machine that has ended."""
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    process = live_process()
     holder = holders.of_process(process.pid)
     process.kill()
     process.wait()
@@ -51,7 +59,7 @@ def test_it_renews_well_within_the_lease_and_takes_over_within_the_bound() -> No
 
 def test_it_tells_a_gone_process_of_this_machine_from_a_live_one_or_another_machines() -> None:
     assert not holders.is_gone(holders.this_process())
-    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    alive = live_process()
     try:
         assert not holders.is_gone(holders.of_process(alive.pid))
     finally:
@@ -109,7 +117,7 @@ def test_it_takes_back_at_once_a_fetch_whose_process_is_gone(
 @pytest.mark.django_db
 def test_it_never_takes_over_a_live_holders_fetch() -> None:
     now = timezone.now()
-    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    alive = live_process()
     try:
         for holder in (holders.this_process(), holders.of_process(alive.pid), ELSEWHERE):
             fetch = Fetch.objects.create(repo=holder, commit="c" * 40, serve_definition={})
@@ -154,7 +162,7 @@ def stalling(monkeypatch: pytest.MonkeyPatch, seconds: float) -> threading.Event
 
     def slow(*args: Any, **kwargs: Any) -> int:
         started.set()
-        time.sleep(seconds)
+        time.sleep(seconds)  # the time itself is what is tested: a stall longer than the lease
         return original(*args, **kwargs)
 
     monkeypatch.setattr(mirror, "_download_file", slow)
@@ -174,8 +182,7 @@ def test_a_download_that_stalls_longer_than_the_lease_keeps_it(
     while worker.is_alive():
         assert not Fetch.claim(fetch.pk, holder="b"), "a live holder's fetch was taken over"
         assert fetches.resume_interrupted() == []
-        time.sleep(0.05)
-    worker.join()
+        worker.join(0.05)  # again as soon as it ends, else every 50 ms while it stalls
     assert result == {"taken": True, "downloaded": True}
     assert Fetch.objects.get(pk=fetch.pk).state == Fetch.DONE
 
@@ -201,8 +208,11 @@ def test_a_holder_that_lost_its_lease_stops_and_writes_nothing(
     assert started.wait(10)
     # Out of the database's reach longer than its lease: another worker takes the fetch over.
     away.set()
-    time.sleep(short_lease + 0.3)
-    assert Fetch.claim(fetch.pk, holder="b")
+    wait_for(
+        lambda: Fetch.claim(fetch.pk, holder="b"),
+        timeout=10 * short_lease,
+        what="another worker to take the fetch over once its lease lapsed",
+    )
     away.clear()  # its next renewal finds the lease lost: it stops before its download goes on
     worker.join(30)
     assert result == {"taken": True, "downloaded": False}
