@@ -5,7 +5,7 @@ shared: gunicorn's and uvicorn's workers, Celery's pool. logging.handlers.Rotati
 not safe there: each process rotates on its own count, two rotate the same file in turn (one
 process's fresh file becomes .1 at once, and lines go to a file already renamed away).
 
-Here, as in the gateway's access log (gateway.accesslog, whose way this is), every write is
+Here (for the processes' logs and the gateway's access log, gateway.accesslog), every write is
 made under an exclusive flock of FILE.lock, which a rotation takes too: a line is never cut by
 another process's, and only one process rotates. Before writing, a process compares the file it
 holds with the one at the path, and reopens the path when another process (or an operator's
@@ -23,6 +23,7 @@ import fcntl
 import logging
 import os
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 FILE_MODE = 0o600
@@ -52,6 +53,12 @@ class SharedLogFile:
 
     def append(self, data: bytes) -> None:
         """Append `data` (whole lines) in one write, rotating first if it would pass max_bytes."""
+        self.append_lines((data,))
+
+    def append_lines(self, lines: Iterable[bytes]) -> None:
+        """Append `lines` (each whole) under the lock, as few writes as the size allows: the
+        file is rotated before a line that would take it past max_bytes (a batch larger than
+        that is spread over files; a line longer than it gets a file of its own)."""
         with self._thread_lock:
             if self._pid != os.getpid():
                 self._open()
@@ -60,15 +67,26 @@ class SharedLogFile:
             try:
                 self._follow()
                 assert self._file is not None
-                if self.max_bytes:
-                    size = os.fstat(self._file).st_size
-                    if size and size + len(data) > self.max_bytes:
+                size = os.fstat(self._file).st_size
+                batch: list[bytes] = []
+                held = 0
+                for line in lines:
+                    if self.max_bytes and size + held and size + held + len(line) > self.max_bytes:
+                        self._write(b"".join(batch))
+                        batch, held = [], 0
                         self._rotate()
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(self._file, view) :]
+                        size = 0
+                    batch.append(line)
+                    held += len(line)
+                self._write(b"".join(batch))
             finally:
                 fcntl.flock(self._lock, fcntl.LOCK_UN)
+
+    def _write(self, data: bytes) -> None:
+        assert self._file is not None
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._file, view) :]
 
     def close(self) -> None:
         with self._thread_lock:

@@ -7,23 +7,20 @@ takes the buffer a few times a second, looks up the names of the keys it has not
 (access.models.GatewayKey: the database is read there, never on the request path), formats
 the lines and appends them to the file.
 
-Every gateway process of the machine appends to the same file. Each batch is written under an
-exclusive flock of FILE.lock, which a rotation takes too: a process's lines are never cut by
-another's, and two processes never rotate over each other. Before writing, a process compares
-the file it holds with the one at the path, and reopens the path when another process (or a
-logrotate of the operator's) moved it away.
+Every gateway process of the machine appends to the same file, a core.logfiles.SharedLogFile:
+each batch is written under an flock that a rotation takes too, so a process's lines are never
+cut by another's, two processes never rotate over each other, and a file moved away (by another
+process, or a logrotate of the operator's) is followed.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
-import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +28,7 @@ from django.db import connection
 
 from access.models import GatewayKey
 from core.env import EnvError
+from core.logfiles import SharedLogFile
 
 from . import conf
 from .metrics import Metrics
@@ -187,8 +185,6 @@ class AccessLog:
         self.path = Path(path)
         self.form = form
         self.line = Lines(form)
-        self.max_bytes = max_bytes
-        self.backups = backups
         self.names = names
         self.board = board
         self.max_pending = max_pending
@@ -207,9 +203,8 @@ class AccessLog:
         self._known: dict[int, tuple[str | None, float]] = {}
         self._names_failed_at: float | None = None
         self._complained_at: float | None = None
-        self._file: int | None = None  # the log file, opened for appending
-        self._file_id: tuple[int, int] | None = None  # its (device, inode)
-        self._lock: int | None = None  # FILE.lock, whose flock guards writes and rotations
+        self.file = SharedLogFile(self.path, max_bytes=max_bytes, backups=backups)
+        self._opened = False
 
     # -- on the event loop ---------------------------------------------------------------------
 
@@ -253,12 +248,11 @@ class AccessLog:
     def open(self) -> None:
         """Open (create, owner-only) the file and its lock file: a path the process cannot
         write stops it at start, not at its first request."""
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._lock = os.open(self._lock_path(), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        self._reopen()
+        self.file.open()
+        self._opened = True
 
     def start(self) -> None:
-        if self._lock is None:
+        if not self._opened:
             self.open()
         self._thread = threading.Thread(target=self._run, name="llmgw-access-log", daemon=True)
         self._thread.start()
@@ -271,11 +265,8 @@ class AccessLog:
             self._thread.join(timeout=30)
             self._thread = None
         self.write_pending()
-        for fd in (self._file, self._lock):
-            if fd is not None:
-                os.close(fd)
-        self._file = self._lock = None
-        self._file_id = None
+        self.file.close()
+        self._opened = False
 
     def _run(self) -> None:
         while not self._stopping:
@@ -301,7 +292,7 @@ class AccessLog:
                 for entry in entries
             ]
             try:
-                self._append(lines)
+                self.file.append_lines(lines)
             except OSError as exc:
                 self._drop("unwritable", len(lines))
                 self._complain(exc)
@@ -342,74 +333,13 @@ class AccessLog:
             if key_id in known and (name := known[key_id][0]) is not None
         }
 
-    def _append(self, chunks: Iterable[bytes]) -> None:
-        """Append the lines under the machine's lock, rotating before a line that would pass
-        max_bytes (a line longer than that gets a file of its own)."""
-        if self._lock is None:
-            self.open()
-        assert self._lock is not None
-        fcntl.flock(self._lock, fcntl.LOCK_EX)
-        try:
-            self._follow()
-            assert self._file is not None
-            size = os.fstat(self._file).st_size
-            batch: list[bytes] = []
-            held = 0
-            for chunk in chunks:
-                if self.max_bytes and size + held + len(chunk) > self.max_bytes and size + held:
-                    self._write(b"".join(batch))
-                    batch, held = [], 0
-                    self._rotate()
-                    size = 0
-                batch.append(chunk)
-                held += len(chunk)
-            self._write(b"".join(batch))
-        finally:
-            fcntl.flock(self._lock, fcntl.LOCK_UN)
+    @property
+    def max_bytes(self) -> int:
+        return self.file.max_bytes
 
-    def _write(self, data: bytes) -> None:
-        assert self._file is not None
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self._file, view) :]
-
-    def _follow(self) -> None:
-        """Reopen the path when the file held is no longer there (rotated by another process,
-        or moved by logrotate)."""
-        try:
-            found = os.stat(self.path)
-        except FileNotFoundError:
-            self._reopen()
-            return
-        if (found.st_dev, found.st_ino) != self._file_id:
-            self._reopen()
-
-    def _reopen(self) -> None:
-        if self._file is not None:
-            os.close(self._file)
-            self._file = None
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        held = os.fstat(fd)
-        if held.st_mode & 0o077:
-            os.fchmod(fd, 0o600)  # a file made before, or by someone else, readable by others
-        self._file, self._file_id = fd, (held.st_dev, held.st_ino)
-
-    def _rotate(self) -> None:
-        """As logging.handlers.RotatingFileHandler: .N-1 to .N (the oldest gone), …, the file
-        to .1, and a new file. Under the lock, so no other process rotates meanwhile."""
-        for number in range(self.backups - 1, 0, -1):
-            older = self._backup(number)
-            if older.exists():
-                os.replace(older, self._backup(number + 1))
-        if self.path.exists():
-            os.replace(self.path, self._backup(1))
-        self._reopen()
-
-    def _backup(self, number: int) -> Path:
-        return self.path.with_name(f"{self.path.name}.{number}")
-
-    def _lock_path(self) -> Path:
-        return self.path.with_name(f"{self.path.name}.lock")
+    @property
+    def backups(self) -> int:
+        return self.file.backups
 
     @property
     def dropped(self) -> int:

@@ -150,7 +150,7 @@ def test_a_file_it_cannot_write_drops_the_batch_counts_it_and_goes_on(
         raise OSError(28, "No space left on device")
 
     with monkeypatch.context() as patched:
-        patched.setattr(access, "_write", full_disk)
+        patched.setattr(access.file, "_write", full_disk)
         assert access.write_pending() == 0
     assert board.access_log_dropped.labels("unwritable")._value.get() == 1
     record(access, "kept")
