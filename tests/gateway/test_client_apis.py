@@ -20,7 +20,7 @@ import requests
 from llmgw.engine import find_engine
 from llmgw.tinygguf import write_tiny_model
 from tests.support.engine import running_engine
-from tests.support.gateway_processes import chat_on_engine
+from tests.support.gateway_processes import serve_chat_with_keys
 from tests.support.system import System, wait_for
 
 anthropic = pytest.importorskip("anthropic")
@@ -127,31 +127,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             slots=2,
             log=folder / "engine.log",
         ) as engine:
-            system.manage("migrate", "--verbosity", "0")
-            made = "\n".join(
-                f"key, secret = key_create(actor=actor, name={name!r})\n"
-                f"GatewayKey.objects.filter(pk=key.pk).update(**{fields!r})\n"
-                f"secrets[{name!r}] = secret"
-                for name, fields in KEYS.items()
-            )
-            script = (
-                chat_on_engine(int(engine.rsplit(":", 1)[1]))
-                + "import json\nsecrets = {}\n"
-                + made
-                + "\nprint('KEYS=' + json.dumps(secrets))\n"
-            )
-            secrets = json.loads(system.manage("shell", "-c", script).split("KEYS=")[1])
-            system.start_gateway(workers=2)
-            wait_for(
-                lambda: (
-                    requests.get(
-                        f"{system.url}/v1/models",
-                        headers={"x-api-key": secrets["responses"]},
-                        timeout=2,
-                    ).ok
-                ),
-                what="the gateway",
-            )
+            secrets = serve_chat_with_keys(system, int(engine.rsplit(":", 1)[1]), KEYS)
             yield Served(system, secrets)
     finally:
         system.close()

@@ -7,6 +7,7 @@ them in turn.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -98,3 +99,33 @@ def ask_in_turn(urls: Sequence[str], secret: str, count: int = 40) -> list[int]:
 
     with ThreadPoolExecutor(8) as pool:
         return list(pool.map(ask, range(count)))
+
+
+def serve_chat_with_keys(
+    system: System, engine_port: int, keys: dict[str, dict[str, object]], *, workers: int = 2
+) -> dict[str, str]:
+    """The system's database migrated, chat served by the engine on `engine_port`, a key per
+    entry of `keys` (its name: the fields set on it, e.g. {"rpm": 1}), and the gateway started
+    (`workers` processes) and answering the first key (give it no limit): the keys' secrets by
+    name."""
+    system.manage("migrate", "--verbosity", "0")
+    made = "\n".join(
+        f"key, secret = key_create(actor=actor, name={name!r})\n"
+        f"GatewayKey.objects.filter(pk=key.pk).update(**{fields!r})\n"
+        f"secrets[{name!r}] = secret"
+        for name, fields in keys.items()
+    )
+    script = (
+        chat_on_engine(engine_port)
+        + "import json\nsecrets = {}\n"
+        + made
+        + "\nprint('KEYS=' + json.dumps(secrets))\n"
+    )
+    secrets: dict[str, str] = json.loads(system.manage("shell", "-c", script).split("KEYS=")[1])
+    system.start_gateway(workers=workers)
+    probe = {"Authorization": f"Bearer {next(iter(secrets.values()))}"}
+    wait_for(
+        lambda: requests.get(f"{system.url}/v1/models", headers=probe, timeout=2).ok,
+        what="the gateway",
+    )
+    return secrets
