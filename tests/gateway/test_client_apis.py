@@ -133,6 +133,24 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         system.close()
 
 
+def first_events(
+    served: Served, path: str, body: dict[str, Any], headers: dict[str, str], count: int
+) -> list[dict[str, Any]]:
+    """A stream's first `count` events, read as a client that then leaves (the connection
+    closes with the block)."""
+    events: list[dict[str, Any]] = []
+    with requests.post(
+        f"{served.url}{path}", json=body, headers=headers, stream=True, timeout=60
+    ) as cut:
+        assert cut.status_code == 200
+        for line in cut.iter_lines():
+            if line.startswith(b"data: "):
+                events.append(json.loads(line[6:]))
+            if len(events) == count:
+                break
+    return events
+
+
 def counted_since(served: Served, before: tuple[int, int], wanted: tuple[int, int]) -> None:
     """Waits until the gateway counted `wanted` more tokens than `before` (a stream is counted
     when it ends, just after the client has read it), and that it stays exactly that."""
@@ -277,16 +295,7 @@ def test_a_response_stream_cut_short_is_charged_its_prompt(served: Served) -> No
     before = served.tokens()
     body = {"model": "chat", "input": "a long story please", "stream": True, "ignore_eos": True}
     headers = {"Authorization": f"Bearer {served.secrets['cut']}"}
-    with requests.post(
-        f"{served.url}/v1/responses", json=body, headers=headers, stream=True, timeout=60
-    ) as cut:
-        assert cut.status_code == 200
-        events = []
-        for line in cut.iter_lines():
-            if line.startswith(b"data: "):
-                events.append(json.loads(line[6:]))
-            if len(events) == 5:
-                break  # the client leaves
+    events = first_events(served, "/v1/responses", body, headers, 5)
     # The gateway's own question to the engine (the prompt's progress) is not in the stream.
     assert all("prompt_progress" not in event for event in events)
     assert events[0]["type"] == "response.created"
@@ -320,16 +329,7 @@ def test_a_message_stream_cut_short_is_charged_its_prompt(served: Served) -> Non
         "ignore_eos": True,
     }
     headers = {"x-api-key": served.secrets["cut"], "anthropic-version": "2023-06-01"}
-    with requests.post(
-        f"{served.url}/v1/messages", json=body, headers=headers, stream=True, timeout=60
-    ) as cut:
-        assert cut.status_code == 200
-        events = []
-        for line in cut.iter_lines():
-            if line.startswith(b"data: "):
-                events.append(json.loads(line[6:]))
-            if len(events) == 4:
-                break  # the client leaves
+    events = first_events(served, "/v1/messages", body, headers, 4)
     start = events[0]["message"]["usage"]
     prompt = start["input_tokens"] + start.get("cache_read_input_tokens", 0)
     wait_for(lambda: served.tokens()[0] - before[0] == prompt, what=f"{prompt} prompt tokens")
