@@ -256,6 +256,15 @@ def wait_http(
     raise RuntimeError(f"{what} did not answer at {url} within {timeout:.0f}s")
 
 
+def start_upstreams(processes: Processes) -> tuple[int, int]:
+    """Two fake upstreams (bench/fake_upstream.py), answering: their ports."""
+    ports = free_port(), free_port()
+    for name, port in zip(("upstream", "upstream-2"), ports, strict=True):
+        processes.start(name, [sys.executable, str(ROOT / "bench" / "fake_upstream.py"), str(port)])
+        wait_http(f"http://127.0.0.1:{port}/health", "the fake upstream")
+    return ports
+
+
 # What every bench database starts with: migrated, an admin, its actor and one node ("bench").
 DATABASE_PRELUDE = """
 import django, os
@@ -864,12 +873,7 @@ def main() -> int:
         folder = Path(tmp)
         processes = Processes(folder)
         try:
-            upstream_port, second_port = free_port(), free_port()
-            for name, port in (("upstream", upstream_port), ("upstream-2", second_port)):
-                processes.start(
-                    name, [sys.executable, str(ROOT / "bench" / "fake_upstream.py"), str(port)]
-                )
-                wait_http(f"http://127.0.0.1:{port}/health", "the fake upstream")
+            upstream_port, second_port = start_upstreams(processes)
             upstream = f"http://127.0.0.1:{upstream_port}"
             env, secrets = prepare_gateway_keys(folder, upstream_port, second_port)
             key = secrets["bench"]

@@ -44,6 +44,7 @@ from bench.gateway import (  # noqa: E402
     prepare_gateway,
     run_cell,
     start_litellm,
+    start_upstreams,
     tree_cpu_seconds,
     wait_http,
 )
@@ -216,12 +217,7 @@ def main() -> int:
         folder = Path(tmp)
         processes = Processes(folder)
         try:
-            upstream_port, second_port = free_port(), free_port()
-            for name, port in (("upstream", upstream_port), ("upstream-2", second_port)):
-                processes.start(
-                    name, [sys.executable, str(ROOT / "bench" / "fake_upstream.py"), str(port)]
-                )
-                wait_http(f"http://127.0.0.1:{port}/health", "the fake upstream")
+            upstream_port, second_port = start_upstreams(processes)
             upstream = f"http://127.0.0.1:{upstream_port}"
             env, key = prepare_gateway(folder, upstream_port, second_port)
             from llmgw_site.management.commands.llmgw_run import gateway_command

@@ -39,6 +39,7 @@ from bench.gateway import (  # noqa: E402
     remove_baseline,
     run_cell,
     start_baseline,
+    start_upstreams,
     tree_cpu_seconds,
     wait_http,
 )
@@ -210,12 +211,7 @@ def main() -> int:
         raw_folder.mkdir(parents=True, exist_ok=True)
         processes = Processes(folder)
         try:
-            upstream_port, second_port = free_port(), free_port()
-            for name, port in (("upstream", upstream_port), ("upstream-2", second_port)):
-                processes.start(
-                    name, [sys.executable, str(ROOT / "bench" / "fake_upstream.py"), str(port)]
-                )
-                wait_http(f"http://127.0.0.1:{port}/health", "the fake upstream")
+            upstream_port, second_port = start_upstreams(processes)
             env, secrets = prepare_gateway_keys(folder, upstream_port, second_port)
             auth = {"Authorization": f"Bearer {secrets['bench']}"}
             from llmgw_site.management.commands.llmgw_run import gateway_command
