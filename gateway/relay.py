@@ -341,6 +341,8 @@ class Asked:
     entry: routing.Entry
     snapshot: Snapshot
     stream: bool
+    # Remote images the body names, for the gateway to fetch once the request is admitted.
+    images: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -461,15 +463,10 @@ async def _asked(call: Call, scope: Scope) -> Asked | Reply:
     problem = validate.refusal(endpoint.rules, body, images, walk=False)
     if problem is not None:
         return _refused(problem)
-    if images is not None and images.remote:
-        # Fetched here, from the allowed hosts only, and sent on inline (gateway.images).
-        inlined = await gateway_images.inline(body, images.remote, limit)
-        if isinstance(inlined, Refusal):
-            return _refused(inlined)
-        body, raw = inlined, json.dumps(inlined).encode()
     call.canary = entry.canary is not None
     stream = endpoint.streams and body.get("stream") is True
-    return Asked(key, body, raw, entry, snapshot, stream)
+    remote = images.remote if images is not None else []
+    return Asked(key, body, raw, entry, snapshot, stream, remote)
 
 
 async def _admit(call: Call, asked: Asked) -> limits.Admission | Refusal | None:
@@ -533,6 +530,13 @@ def most_tokens(entry: routing.Entry) -> int:
 
 
 async def _route_and_send(call: Call, asked: Asked) -> Reply:
+    if asked.images:
+        # Fetched once the request is admitted (a key past its limits makes the gateway fetch
+        # nothing), from the allowed hosts only, and sent on inline (gateway.images).
+        inlined = await gateway_images.inline(asked.body, asked.images, conf.max_body_bytes())
+        if isinstance(inlined, Refusal):
+            return _refused(inlined)
+        asked.body, asked.raw = inlined, json.dumps(inlined).encode()
     with _step(call, "route") as span:
         decision = await _decide(call, asked)
         if isinstance(decision, Reply):

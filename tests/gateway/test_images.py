@@ -78,15 +78,20 @@ def vision_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
         yield int(url.rsplit(":", 1)[1])
 
 
+FETCHED: list[str] = []  # the paths images_server was asked for
+
+
 @pytest.fixture
 def images_server() -> Iterator[str]:
     """A web server on 127.0.0.1: /cat.png is an image, /away redirects to another host's."""
+    FETCHED.clear()
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: Any) -> None:
             pass
 
         def do_GET(self) -> None:
+            FETCHED.append(self.path)
             if self.path == "/cat.png":
                 self.send_response(200)
                 self.send_header("Content-Type", "image/png")
@@ -231,3 +236,16 @@ def test_a_remote_image_is_fetched_by_the_gateway_only_from_an_allowed_host(
         "/v1/chat/completions", {**body, "messages": image_chat(f"{images_server}/page")}
     )
     assert page.status_code == 400 and "is not an image" in page.json()["error"]["message"]
+
+
+def test_a_key_past_its_limit_makes_the_gateway_fetch_nothing(
+    served: Any, settings: Any, images_server: str
+) -> None:
+    from access.models import GatewayKey, hash_key
+
+    settings.LLMGW_GATEWAY_IMAGE_HOSTS = [images_server.removeprefix("http://")]
+    GatewayKey.objects.filter(key_hash=hash_key(served.key)).update(rpm=1)
+    body = {"model": "seeing", "messages": image_chat(f"{images_server}/cat.png"), "max_tokens": 2}
+    assert served.post("/v1/chat/completions", body).status_code == 200
+    assert served.post("/v1/chat/completions", body).status_code == 429
+    assert FETCHED == ["/cat.png"]  # the refused request's image was never fetched
