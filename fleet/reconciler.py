@@ -17,7 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import connection, transaction
 from django.db.models import Q
@@ -209,12 +209,12 @@ def model_demand(model: Model, desired: int, facts: FileFacts | str) -> placemen
 MIB_PER_GB = 1024
 
 
-def has_gpu_engine(node: Node) -> bool:
+def has_gpu_engine(node: Node | Member) -> bool:
     """Whether the node's engine binary has a GPU backend: any backend besides the CPU's."""
     return any(str(backend).upper() != "CPU" for backend in node.engine_backends or [])
 
 
-def node_devices(node: Node) -> tuple[placement.Device, ...]:
+def node_devices(node: Node | Member) -> tuple[placement.Device, ...]:
     """The node's GPUs for the planner: as its agent reported them (devices whose figures are
     not numbers are left out: a report is hostile until checked), or, from an agent that
     reports none but declares GPUs (an older agent), one device per declared GPU of the
@@ -240,7 +240,7 @@ def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def planner_node(node: Node) -> placement.Node:
+def planner_node(node: Node | Member) -> placement.Node:
     return placement.Node(
         name=node.name,
         capacity=placement.Resources(node.memory_gb, node.cores, node.gpus, node.gpu_memory_gb),
@@ -302,6 +302,33 @@ class Active:
 _SPEC_COLUMNS = ("source", "sha256", "mmproj_source", "mmproj_sha256")
 
 
+@dataclass(slots=True)
+class Member:
+    """A node as a pass reads it: what placement decides by, a row, not a model instance (5,000
+    of those, their JSON and times loaded, for a pass that reads none of the rest)."""
+
+    pk: int
+    name: str
+    memory_gb: float
+    cores: float
+    gpus: int
+    gpu_memory_gb: float
+    cordoned: bool
+    lost: bool
+    last_heartbeat: datetime | None
+    devices: list[Any]
+    engine_backends: list[Any]
+
+    @property
+    def schedulable(self) -> bool:
+        return not self.cordoned and not self.lost and self.last_heartbeat is not None
+
+
+def fleet_members() -> list[Member]:
+    """Every node, as rows."""
+    return [Member(*row) for row in Node.objects.values_list(*Member.__dataclass_fields__)]
+
+
 def active_replicas() -> list[Active]:
     """Every replica in routing (not withdrawn), as rows."""
     columns = [f for f in Active.__dataclass_fields__ if f not in _SPEC_COLUMNS]
@@ -325,6 +352,7 @@ class _Pass:
         self.audit: list[AuditEntry] = []
         self.dirty_models: dict[int, Model] = {}
         self.surging: set[int] = set()  # models asking for one extra replica to replace an old one
+        self.replacing: set[int] = set()  # models with replicas out of date
         self.node_names: dict[int, str] = {}
 
     def withdraw_replica(self, replica: Active, reason: str) -> None:
@@ -336,21 +364,52 @@ class _Pass:
 _quiet: Quiet | None = None
 
 
+class Stamp(NamedTuple):
+    """The fleet as a pass reads it, hashed by PostgreSQL (`fleet_stamp`): per table a count and
+    a sum of the rows' hashes, so that a row changed, added or gone changes it."""
+
+    nodes: tuple[int, int]
+    placed: tuple[int, int]  # the replicas in routing, by what placement decides by
+    states: int  # their states and messages
+    failed: int  # how many of them are failed
+
+
 @dataclass(frozen=True)
 class Quiet:
-    """A pass that changed nothing, by what it read: the fleet's stamp (`fleet_stamp`), and per
-    model its row, the replicas it wants now and its file's facts. The next pass that reads the
-    same would plan the same nothing: it stops there (a few queries over 20,000 replicas,
-    instead of reading them all and planning)."""
+    """A pass that changed nothing, by what it read: the fleet's stamp, and per model its row,
+    the replicas it wants now and its file's facts (`models`). The next pass that reads the same
+    would plan the same nothing: it stops there (a few queries over 20,000 replicas, instead of
+    reading them all and planning).
 
-    stamp: tuple[Any, ...]
+    A replica's state decides nothing unless it failed (it is withdrawn) or its model is being
+    replaced or counts failures (`states_matter`: a new replica ready lets an old one go); so
+    without those, replicas turning ready change nothing a pass would do either. Why: a model of
+    thousands placed, their nodes' reports of them ready kick a pass every second or so, and
+    each of those passes read and planned the whole fleet again (about a second of the worker's
+    CPU at 20,000 replicas) while the web, the gateway and the database were busiest."""
+
+    stamp: Stamp
     models: str
     unplaced: tuple[placement.Unplaced, ...]
+    states_matter: bool
+
+    def holds(self, stamp: Stamp, models: str) -> bool:
+        """Whether a pass that reads `stamp` and `models` would plan what this one did."""
+        if models != self.models:
+            return False
+        if stamp == self.stamp:
+            return True
+        return (
+            not self.states_matter
+            and stamp.failed == 0
+            and (stamp.nodes, stamp.placed) == (self.stamp.nodes, self.stamp.placed)
+        )
 
 
 # The columns a pass decides by, hashed by PostgreSQL into a sum per table: nodes (not their
 # heartbeats' times, only whether they ever beat: placement's `schedulable`) and the replicas in
-# routing. A change of any of them, a row added or gone, changes the sum.
+# routing, where and what they are apart from their states. A change of any of them, a row added
+# or gone, changes the sum.
 _NODE_STAMP = """
     SELECT count(*), coalesce(sum(hashtextextended(concat_ws('|', id, name, memory_gb, cores,
         gpus, gpu_memory_gb, cordoned, lost, last_heartbeat IS NULL, devices::text,
@@ -358,20 +417,23 @@ _NODE_STAMP = """
     FROM fleet_node"""
 _REPLICA_STAMP = """
     SELECT count(*), coalesce(sum(hashtextextended(concat_ws('|', id, model_id, model_name,
-        node_id, profile, memory_gb, cores, gpus, gpu_memory_gb, devices::text, state, message,
-        spec_key, spec->>'source', spec->>'sha256'), 0)), 0)
+        node_id, profile, memory_gb, cores, gpus, gpu_memory_gb, devices::text, spec_key,
+        spec->>'source', spec->>'sha256'), 0)), 0),
+        coalesce(sum(hashtextextended(concat_ws('|', id, state, message), 0)), 0),
+        count(*) FILTER (WHERE state = %s)
     FROM fleet_replica WHERE withdrawn_at IS NULL"""
 
 
-def fleet_stamp() -> tuple[Any, ...] | None:
+def fleet_stamp() -> Stamp | None:
     """The nodes' and the replicas' stamp (PostgreSQL); None elsewhere (every pass is whole)."""
     if connection.vendor != "postgresql":
         return None
     with connection.cursor() as cursor:
         cursor.execute(_NODE_STAMP)
         nodes = cursor.fetchone()
-        cursor.execute(_REPLICA_STAMP)
-        return (*nodes, *cursor.fetchone())
+        cursor.execute(_REPLICA_STAMP, [Replica.FAILED])
+        count, placed, states, failed = cursor.fetchone()
+    return Stamp((nodes[0], nodes[1]), (count, placed), states, failed)
 
 
 def _models_said(run: _Pass, models: dict[int, Model], facts: dict[str, Any]) -> str:
@@ -406,15 +468,11 @@ def _reconcile(now: datetime, silent: SilentNodes) -> PassReport:
     stamp = fleet_stamp()
     said = _models_said(run, models, facts) if stamp is not None else ""
     last = _quiet
-    if last is not None and stamp is not None and last.stamp == stamp and last.models == said:
+    if last is not None and stamp is not None and last.holds(stamp, said):
         run.report.unplaced = list(last.unplaced)
         return run.report
     _quiet = None
-    # Without what placement never reads (a node's agent and reports, a replica's engine
-    # figures): a pass over 20,000 replicas spends most of its time building these rows.
-    nodes = list(
-        Node.objects.defer("agent", "reported_capacity", "registered_capacity", "address_allow")
-    )
+    nodes = fleet_members()
     node_names = run.node_names = {n.pk: n.name for n in nodes}
     active = active_replicas()
     by_model: dict[int, list[Active]] = {}
@@ -442,7 +500,8 @@ def _reconcile(now: datetime, silent: SilentNodes) -> PassReport:
     if stamp is not None and not (
         report.started or report.withdrawn or run.dirty_models or run.audit or report.nodes_lost
     ):
-        _quiet = Quiet(stamp, said, tuple(plan.unplaced))
+        states_matter = bool(run.replacing) or any(m.rollout_failures for m in models.values())
+        _quiet = Quiet(stamp, said, tuple(plan.unplaced), states_matter)
     return report
 
 
@@ -539,6 +598,8 @@ def _replacement(
     mine = kept
     stale = [r for r in mine if r.spec_key != keys.get(r.profile)]
     fresh = [r for r in mine if r.spec_key == keys.get(r.profile)]
+    if stale:
+        run.replacing.add(model.pk)
     if model.rollout_failures and any(r.state == Replica.READY for r in fresh):
         _set(run, model, rollout_failures=0, rollout_halted="", rollout_spec_key="")
 
@@ -601,7 +662,7 @@ def _apply(
     run: _Pass,
     plan: placement.Plan,
     models: dict[int, Model],
-    nodes: list[Node],
+    nodes: list[Member],
     active: dict[str, Active],
 ) -> None:
     """Write the plan: its stops and preemptions withdrawn, its starts inserted, the nodes'

@@ -18,8 +18,15 @@ from catalog.services import (
     model_set_resources,
 )
 from fleet.footprint import learn_facts
-from fleet.models import Lease, Node, Replica
-from fleet.reconciler import MAX_START_FAILURES, claim_lease, forget_quiet, reconcile_pass
+from fleet.models import Lease, Node, Replica, hash_token
+from fleet.reconciler import (
+    MAX_START_FAILURES,
+    claim_lease,
+    fleet_members,
+    forget_quiet,
+    planner_node,
+    reconcile_pass,
+)
 from fleet.services import node_cordon
 
 pytestmark = pytest.mark.django_db
@@ -379,6 +386,72 @@ def test_a_change_after_a_quiet_pass_is_acted_on(fleet: Any, change: str) -> Non
         gone = fleet.replicas("chat")[0].node
         Node.objects.filter(pk=gone.pk).delete()
         assert len(reconcile_pass().started) == 1
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the stamp is PostgreSQL's")
+def test_replicas_turning_ready_after_a_quiet_pass_are_not_read_again(fleet: Any) -> None:
+    """Nothing failed and no model being replaced: their states decide nothing (a model of
+    thousands placed, their reports of them ready would each have a pass read them all)."""
+    from django.test.utils import CaptureQueriesContext
+
+    fleet.node("a", memory_gb=16)
+    fleet.node("b", memory_gb=16)
+    fleet.add("chat", min_replicas=2)
+    while learn_facts(Model.objects.all()):
+        pass
+    assert len(reconcile_pass().started) == 2
+    report = reconcile_pass()  # nothing to do while they start: the pass the next compares with
+    assert not (report.started or report.withdrawn)
+    for node in ("a", "b"):
+        fleet.beat(node)
+    assert {r.state for r in fleet.replicas("chat")} == {Replica.READY}
+    with CaptureQueriesContext(connection) as captured:
+        report = reconcile_pass()
+    assert not report.skipped and not (report.started or report.withdrawn)
+    assert replica_reads(captured.captured_queries) == []
+
+
+def test_a_new_replica_ready_after_a_quiet_pass_lets_the_old_one_go(fleet: Any) -> None:
+    """While a model is replaced its replicas' states decide: the pass after the new replica is
+    ready withdraws an old one, even though the pass before it changed nothing."""
+    quiet_fleet(fleet)
+    old = {str(r.pk) for r in fleet.replicas("chat")}
+    model_restart(actor=fleet.owner, name="chat")
+    started = reconcile_pass().started
+    assert len(started) == 1  # one extra, of the new spec, before an old one goes
+    report = reconcile_pass()  # it is not ready yet: nothing changes
+    assert not (report.started or report.withdrawn)
+    fleet.beat(Replica.objects.get(pk=started[0]).node.name)
+    report = reconcile_pass()
+    assert len(report.withdrawn) == 1 and set(report.withdrawn) <= old
+
+
+def test_a_pass_sees_a_node_as_its_row_as_it_would_see_the_node(fleet: Any) -> None:
+    """A pass reads nodes as rows (fleet_members): the planner sees each as it sees the node."""
+    now = timezone.now()
+    devices = [
+        {"index": 1, "memory_total_mb": 24576, "memory_used_mb": 512},
+        {"index": 0, "memory_total_mb": 16384, "memory_used_mb": 99999},
+        {"index": "x", "memory_total_mb": 1, "memory_used_mb": 0},
+    ]
+    shapes: list[dict[str, Any]] = [
+        {"last_heartbeat": now},
+        {"last_heartbeat": now, "cordoned": True},
+        {"last_heartbeat": now, "lost": True},
+        {"last_heartbeat": None},
+        {"last_heartbeat": now, "gpus": 2, "gpu_memory_gb": 24, "devices": devices},
+        {"last_heartbeat": now, "gpus": 2, "gpu_memory_gb": 16, "engine_backends": ["CUDA"]},
+    ]
+    for i, shape in enumerate(shapes):
+        Node.objects.create(
+            name=f"n{i}", token_hash=hash_token(f"t{i}"), memory_gb=8 + i, cores=2 + i, **shape
+        )
+    members = {m.name: m for m in fleet_members()}
+    assert sorted(members) == sorted(n.name for n in Node.objects.all())
+    for node in Node.objects.all():
+        assert planner_node(members[node.name]) == planner_node(node)
+    schedulable = {name for name, m in members.items() if m.schedulable}
+    assert schedulable == {"n0", "n4", "n5"}
 
 
 def test_a_slow_heartbeat_does_not_start_a_nodes_run_of_heartbeats_again() -> None:
