@@ -370,13 +370,17 @@ class Profiler:
     worker's pool processes, the gateway's workers and the web's, each into a raw file of its
     own, stopped (SIGINT: py-spy writes what it has) when the phase ends."""
 
-    def __init__(self, folder: Path | None, system: Any) -> None:
+    def __init__(
+        self, folder: Path | None, system: Any, parts: list[str], phases: list[str]
+    ) -> None:
         self.folder = folder
         self.system = system
+        self.parts = parts
+        self.phases = phases
         self.running: list[tuple[str, Path, Any]] = []
 
     def start(self, phase: str) -> None:
-        if self.folder is None:
+        if self.folder is None or phase not in self.phases:
             return
         import shutil
         import subprocess
@@ -385,7 +389,7 @@ class Profiler:
 
         spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         self.folder.mkdir(parents=True, exist_ok=True)
-        for part in ("worker", "gateway", "web"):
+        for part in self.parts:
             parent = psutil.Process(self.system.processes[part].pid)
             for child in parent.children() or [parent]:
                 if "resource_tracker" in " ".join(child.cmdline()):
@@ -408,7 +412,7 @@ class Profiler:
             recorder.send_signal(signal.SIGINT)
         for _, _, recorder in self.running:
             recorder.wait(timeout=60)
-        for part in ("worker", "gateway", "web"):
+        for part in self.parts:
             own, inclusive, busy, idle = read_raw([raw for p, raw, _ in self.running if p == part])
             print(f"    profile {phase}, {part}: busy {busy} samples, idle {idle}")
             for function, count in own.most_common(top):
@@ -455,7 +459,9 @@ def one_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         total = args.replicas_per_node * n
         models = math.ceil(total / PER_MODEL_CEILING)
         simulator.stats.take()  # the heartbeats while placing, counted from here
-        profiler = Profiler(args.profile, system)
+        profiler = Profiler(
+            args.profile, system, args.profile_parts.split(","), args.profile_phases.split(",")
+        )
         profiler.start("placing")
         added = time.monotonic()
         placing_cpu = process_cpu(system)
@@ -723,6 +729,14 @@ def main() -> int:
         metavar="DIR",
         help="sample the worker, the gateway and the web with py-spy while placing and in the"
         " steady window (raw files kept in DIR), and print where their time went",
+    )
+    parser.add_argument(
+        "--profile-parts",
+        default="worker,gateway,web",
+        help="the parts --profile samples (each py-spy takes a tenth of a core or more)",
+    )
+    parser.add_argument(
+        "--profile-phases", default="placing,steady", help="the phases --profile samples"
     )
     args = parser.parse_args()
     # Stopped (a kill, a CI timeout): the control plane it started is stopped too, by pid.

@@ -7,12 +7,12 @@ import math
 import socket
 import time
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import F, QuerySet
+from django.db import connection, transaction
+from django.db.models import F, Field, QuerySet
 from django.utils import timezone
 
 from catalog.config import current_config
@@ -346,17 +346,47 @@ def _record_replicas(
         if seen is not None and _update_replica(replica, seen, now, ports):
             changed.append(replica)
             settled = settled or replica.state in (Replica.READY, Replica.FAILED)
-    for replica in changed:
-        # One UPDATE a replica rather than bulk_update's one: its CASE WHEN a row and a
-        # field cost more to build than the round trips save (a report of 4 replicas
-        # turning ready: 60 % of the report's CPU in the web, where 6 thousand of them
-        # come in within a minute when a model is placed over a large fleet).
-        Replica.objects.filter(pk=replica.pk).update(
-            **{field: getattr(replica, field) for field in REPORTED_FIELDS}
-        )
+    _write_reported(changed)
     if gone:
         Replica.objects.filter(pk__in=gone).delete()
     return wanted, settled
+
+
+def _write_reported(replicas: list[Replica]) -> None:
+    """Write what a report changed of these replicas (REPORTED_FIELDS).
+
+    On PostgreSQL one UPDATE from a VALUES list, each row cast to its column's type: building
+    Django's UPDATE took about 0.7 ms of the web's CPU a replica, and a report of 4 replicas
+    turning ready (5,000 of them within a minute or two when a model of thousands is placed)
+    spent a third of its CPU there. bulk_update was worse (its CASE WHEN a row and a field, 60 %
+    of such a report's CPU). Elsewhere, one UPDATE a replica."""
+    if not replicas:
+        return
+    if connection.vendor != "postgresql" or len(replicas) == 1:
+        for replica in replicas:
+            Replica.objects.filter(pk=replica.pk).update(
+                **{field: getattr(replica, field) for field in REPORTED_FIELDS}
+            )
+        return
+    meta = Replica._meta
+    fields = [cast("Field[Any, Any]", meta.get_field(name)) for name in REPORTED_FIELDS]
+    columns = [cast("Field[Any, Any]", meta.pk), *fields]
+    quote = connection.ops.quote_name
+    names = [quote(str(c.column)) for c in columns]  # the key first
+    row = "(" + ", ".join(f"%s::{c.db_type(connection)}" for c in columns) + ")"
+    sql = (
+        f"UPDATE {quote(meta.db_table)} AS replica SET "
+        + ", ".join(f"{name} = reported.{name}" for name in names[1:])
+        + f" FROM (VALUES {', '.join([row] * len(replicas))}) AS reported({', '.join(names)})"
+        + f" WHERE replica.{names[0]} = reported.{names[0]}"
+    )
+    values = [
+        column.get_db_prep_value(getattr(replica, column.attname), connection)
+        for replica in replicas
+        for column in columns
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, values)
 
 
 def _wanted(replica: Replica, now: Any) -> bool:
