@@ -10,6 +10,7 @@ per key and revision. What is kept, and for how long: docs/gateway.md#traffic-fi
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import secrets
@@ -224,7 +225,7 @@ class TrafficBook:
             figures.add_request(status, seconds, prompt, completion, request_id)
             self._dirty_minutes.add(minute)
             if key_id is not None:
-                day = (key_id, model, datetime.fromtimestamp(at, UTC).date())
+                day = (key_id, model, _utc_date(at))
                 usage = self._days.get(day)
                 if usage is None:
                     usage = self._days[day] = [0, 0, 0]
@@ -548,3 +549,13 @@ def model_traffic(model: str, window: Window, *, now: datetime | None = None) ->
         total=totals(points),
         waiting_now=live.waiting_now([model])[model],
     )
+
+
+@functools.lru_cache(maxsize=4)
+def _day_of(days: int) -> date:
+    return datetime.fromtimestamp(days * 86400, UTC).date()
+
+
+def _utc_date(at: float) -> date:
+    """The UTC date of the moment `at` (a request's: the day is made once, not per request)."""
+    return _day_of(int(at // 86400))

@@ -70,6 +70,8 @@ _ENTRIES_AT = _BUCKETS_AT + BUCKETS * _BUCKET.size
 BOARD_BYTES = _ENTRIES_AT + ENTRIES * _ENTRY.size
 
 FREE, WAITING, SERVED = 0, 1, 2
+# A flow's, its member's and its top's hashes.
+Hashes = tuple[int, int, int]
 
 
 def name_hash(*parts: str) -> int:
@@ -494,6 +496,9 @@ class FairQueue:
         self.poll = poll
         self._models: dict[str, _ModelQueue] = {}
         self._sequence = itertools.count()
+        # Who asks, and their hashes, by (model, key, owner, team): three hashes a request
+        # otherwise. As many as the models' queues (MAX_QUEUES); past that, forgotten at once.
+        self._named: dict[tuple[str, int | None, int | None, int | None], tuple[Who, Hashes]] = {}
         # For /metrics: (model, waiting in this process) when that changes; (model, seconds
         # queued, outcome) for every request that asked for a turn, outcome one of "served",
         # "timeout", "full", "gone".
@@ -526,10 +531,20 @@ class FairQueue:
         ClientGone when `hangup` returns first. The block's balancer choice takes `granted.hold` (`balancer.choose(..., hold=granted.hold)`), the slot counted
         for it until then; a block that chooses without it counts the request twice until it
         ends."""
+        asked = (model, key_id, user_id, team_id)
+        named = self._named.get(asked)
+        if named is None:
+            if len(self._named) >= MAX_QUEUES:
+                self._named.clear()
+            who = who_of(key_id, user_id, team_id)
+            hashes = (name_hash(model, who.flow), name_hash(model, who.member),
+                      name_hash(model, who.top))  # fmt: skip
+            named = self._named[asked] = (who, hashes)
         return _Turn(
             self,
             model=model,
-            who=who_of(key_id, user_id, team_id),
+            who=named[0],
+            hashes=named[1],
             weight=max(MIN_WEIGHT, float(weight)),
             team_weight=max(MIN_WEIGHT, float(team_weight)) if team_id is not None else None,
             user_weight=max(MIN_WEIGHT, float(user_weight)) if user_weight is not None else None,
@@ -955,6 +970,7 @@ class _Turn:
         *,
         model: str,
         who: Who,
+        hashes: Hashes,
         weight: float,
         team_weight: float | None,
         user_weight: float | None,
@@ -969,8 +985,7 @@ class _Turn:
         self.queue = queue
         self.model, self.who, self.weight, self.team_weight = model, who, weight, team_weight
         self.user_weight = user_weight
-        self.hashes = (name_hash(model, who.flow), name_hash(model, who.member),
-                       name_hash(model, who.top))  # fmt: skip
+        self.hashes = hashes
         self.candidates, self.balancer, self.hangup = candidates, balancer, hangup
         self.timeout, self.limit, self.per_key, self.per_user = timeout, limit, per_key, per_user
         self._waiter: _Waiter | None = None

@@ -13,9 +13,12 @@ client cannot grow the number of series by asking for made-up models.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import glob
 import os
 import re
+import struct
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -117,6 +120,9 @@ class MetricSpec:
     buckets: tuple[float, ...] | None = None  # histograms only
     # Gauges only: how the processes' values add up in multiprocess mode.
     multiprocess_mode: str | None = None
+    # Written by every request, from the event loop's thread only: its series write their
+    # numbers through _LeanValue.
+    lean: bool = False
 
 
 # Every metric of the gateway, in the order a scrape shows them. The names, types and labels are
@@ -129,6 +135,7 @@ GATEWAY_METRICS = (
         "Requests to /v1/, by the name asked for, the model that answered "
         "(a fallback, or empty when none did), endpoint and HTTP status.",
         labels=("model", "answered_by", "endpoint", "status"),
+        lean=True,
     ),
     MetricSpec(
         "latency",
@@ -137,6 +144,7 @@ GATEWAY_METRICS = (
         "From the request's arrival to the last byte of the answer (waits for a replica included).",
         labels=("model", "endpoint"),
         buckets=LATENCY_BUCKETS,
+        lean=True,
     ),
     MetricSpec(
         "tokens",
@@ -146,6 +154,7 @@ GATEWAY_METRICS = (
         "A stream counts what the engine said its answers had; one cut short, its prompt "
         "and a completion token per event sent (gateway.proxy.StreamTally).",
         labels=("model", "kind"),
+        lean=True,
     ),
     MetricSpec(
         "in_flight",
@@ -154,6 +163,7 @@ GATEWAY_METRICS = (
         "Requests being answered now, by the name asked for.",
         labels=("model",),
         multiprocess_mode="livesum",
+        lean=True,
     ),
     MetricSpec(
         "fallbacks",
@@ -187,6 +197,7 @@ GATEWAY_METRICS = (
         "free), by model and outcome: served, timeout (503), full (429), gone (hung up).",
         labels=("model", "outcome"),
         buckets=LATENCY_BUCKETS,
+        lean=True,
     ),
     MetricSpec(
         "queue_depth",
@@ -196,6 +207,7 @@ GATEWAY_METRICS = (
         "gateway process of the machine together.",
         labels=("model",),
         multiprocess_mode="livesum",
+        lean=True,
     ),
     MetricSpec(
         "forward_held",
@@ -479,15 +491,16 @@ def _made(spec: MetricSpec, kind: Any, registry: Any) -> Any:
         options["multiprocess_mode"] = spec.multiprocess_mode
     made = kind(spec.name, spec.help, spec.labels, **options)
     if spec.labels:
-        _keep_children(made)
+        _keep_children(made, lean=spec.lean)
     return made
 
 
-def _keep_children(metric: Any) -> None:
+def _keep_children(metric: Any, *, lean: bool = False) -> None:
     """`metric.labels(*values)` answered from a plain dict after the first call for `values`:
     prometheus_client's own look-up takes a lock and normalizes every value (about 2 µs, and a
     request asks for six). Bounded as the metric's series are (labels hold catalog names,
-    outcomes and endpoints: see the module's doc); the gateway never removes a series."""
+    outcomes and endpoints: see the module's doc); the gateway never removes a series.
+    `lean`: each new series writes its file through _LeanValue."""
     children: dict[tuple[str, ...], Any] = {}
     find = metric.labels
 
@@ -495,9 +508,107 @@ def _keep_children(metric: Any) -> None:
         child = children.get(values)
         if child is None:
             child = children[values] = find(*values)
+            if lean:
+                _make_lean(child)
         return child
 
     metric.labels = labels
+
+
+_TWO_DOUBLES = struct.Struct("dd").pack
+
+
+class _LeanValue:
+    """One series' number in multiprocess mode, written straight to its place in the process's
+    file, as prometheus_client's own value writes it (the number and a timestamp, in one slice
+    assignment, which a reader never sees half-written) but without its lock, its check for a
+    fork on every write and its look-up of the place: a third of the cost of a request's nine
+    writes (bench/gateway_profile.py).
+
+    Only for the series of MetricSpec.lean: those the request path writes, from the event
+    loop's thread alone (the lock guarded against two threads adding at once), in a process
+    that uvicorn started rather than forked (the check reset the values of a forked child)."""
+
+    __slots__ = ("_file", "_key", "_pos", "_value")
+    _multiprocess = True
+
+    def __init__(self, value: Any) -> None:
+        self._file, self._key = value._file, value._key
+        self._value = value._file.read_value(value._key)[0]  # gives the series its place
+        self._pos = value._file._positions[value._key]
+
+    def inc(self, amount: float) -> None:
+        self._value += amount
+        pos = self._pos
+        # The file's mapping is made anew when the file grows (a new series): looked up each time.
+        self._file._m[pos : pos + 16] = _TWO_DOUBLES(self._value, 0.0)
+
+    def set(self, value: float, timestamp: float | None = None) -> None:
+        self._value = value
+        pos = self._pos
+        self._file._m[pos : pos + 16] = _TWO_DOUBLES(value, timestamp or 0.0)
+
+    def set_exemplar(self, exemplar: Any) -> None:
+        return  # multiprocess mode keeps no exemplars
+
+    def get(self) -> float:
+        return self._value
+
+    def get_exemplar(self) -> None:
+        return None
+
+
+def _make_lean(child: Any) -> None:
+    """The child's values (a counter's or a gauge's, a histogram's sum and buckets) made
+    _LeanValue; left as they are outside multiprocess mode (one process: nothing to write)."""
+    for name in ("_value", "_sum"):
+        value = getattr(child, name, None)
+        if hasattr(value, "_file"):
+            setattr(child, name, _LeanValue(value))
+    value = getattr(child, "_value", None)
+    if isinstance(value, _LeanValue):
+        # A counter's or a gauge's inc (and a gauge's dec) straight to the value, with what
+        # prometheus_client's own checks: a counter never goes down.
+        if child._type == "counter":
+            child.inc = functools.partial(_counter_inc, value)
+        else:
+            child.inc = functools.partial(_gauge_inc, value)
+            child.dec = functools.partial(_gauge_dec, value)
+    buckets = getattr(child, "_buckets", None)
+    if buckets and hasattr(buckets[0], "_file"):
+        child._buckets = [_LeanValue(bucket) for bucket in buckets]
+        child.observe = functools.partial(
+            _lean_observe, child._sum, child._buckets, tuple(child._upper_bounds)
+        )
+
+
+def _counter_inc(value: _LeanValue, amount: float = 1, exemplar: Any = None) -> None:
+    if amount < 0:
+        raise ValueError("Counters can only be incremented by non-negative amounts.")
+    value.inc(amount)
+
+
+def _gauge_inc(value: _LeanValue, amount: float = 1) -> None:
+    value.inc(amount)
+
+
+def _gauge_dec(value: _LeanValue, amount: float = 1) -> None:
+    value.inc(-amount)
+
+
+def _lean_observe(
+    total: _LeanValue,
+    buckets: list[_LeanValue],
+    bounds: tuple[float, ...],
+    amount: float,
+    exemplar: Any = None,
+) -> None:
+    """A lean histogram's observe: as prometheus_client's (its sum, and the first bucket whose
+    bound is at least `amount`: a multiprocess histogram keeps no count of its own, nor
+    exemplars), found by bisection, and the sum left unwritten when 0 is added to it."""
+    if amount:
+        total.inc(amount)
+    buckets[bisect.bisect_left(bounds, amount)].inc(1)
 
 
 _LIVE_FILE = re.compile(r"gauge_live\w*?_(\d+)\.db$")

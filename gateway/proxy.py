@@ -262,9 +262,9 @@ async def _post(
     try:
         # The engine's key, and the request's ID for the engine's log (llama-server logs no
         # header today; a tracing proxy in front of it, or a later engine, may).
-        headers = {**candidate.headers, requestid.HEADER: requestid.now(), **traced}
+        more = {requestid.HEADER: requestid.now(), **traced}
         head = lean.request_head(
-            "POST", candidate.address, candidate.port, path, headers, len(payload)
+            "POST", candidate.address, candidate.port, path, candidate.headers, len(payload), more
         )
         connection.write(head, payload)
         # The upstream timeout bounds every wait for the engine: its answer's start, and each

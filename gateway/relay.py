@@ -50,6 +50,7 @@ MODEL_HEADER = "X-LLMGW-Model"
 # The weights that answered (fleet.specs.weights_revision): old or new during a canary update.
 REVISION_HEADER = "X-LLMGW-Revision"
 REQUEST_ID_HEADER = requestid.HEADER
+_MODEL_FIELD, _REVISION_FIELD = (name.lower().encode() for name in (MODEL_HEADER, REVISION_HEADER))
 # How often a request waiting for a replica looks at the (in-memory) state again.
 WAIT_POLL_SECONDS = 0.1
 # How long at most a request for something unknown (a key, a model) waits for the state to be
@@ -433,7 +434,7 @@ async def _asked(call: Call, scope: Scope) -> Asked | Reply:
         return _refused(body)
     # Every value readable (finite numbers, valid strings) before anything is looked up by
     # them; the endpoint's rules once the model is known (what it takes: images or not).
-    problem = validate.refusal(None, body)
+    problem = None if validate.plain(raw) else validate.refusal(None, body)
     if problem is not None:
         return _refused(problem)
     name = body["model"]
@@ -742,8 +743,8 @@ async def _sent(call: Call, asked: Asked, prepared: Prepared, hold: routing.Hold
     call.answered_by(answer.candidate, decision)
     headers = [
         (b"content-type", answer.content_type.encode()),
-        (MODEL_HEADER.lower().encode(), decision.model.encode()),
-        (REVISION_HEADER.lower().encode(), answer.candidate.revision.encode()),
+        (_MODEL_FIELD, decision.model.encode()),
+        (_REVISION_FIELD, answer.candidate.revision.encode()),
     ]
     if answer.streaming:
         streamed = Streamed(answer, prepared.rename, engine, progress=_progress_asked(call, asked))

@@ -16,6 +16,7 @@ READ_HIGH_BYTES unread before it stops reading from the engine until the client 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import deque
 from typing import Any
@@ -297,11 +298,33 @@ def _drop_stale(idle: list[Connection], now: float) -> None:
 
 
 def request_head(
-    method: str, host: str, port: int, path: str, headers: dict[str, str], length: int
+    method: str,
+    host: str,
+    port: int,
+    path: str,
+    headers: dict[str, str],
+    length: int,
+    more: dict[str, str] | None = None,
 ) -> bytes:
-    """A request's line and header fields; a CR or LF in any of them is refused (ValueError)."""
-    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {length}"]
-    lines.extend(f"{name}: {value}" for name, value in headers.items())
+    """A request's line and header fields: `headers` (a replica's, the same for each of its
+    requests), then `more` (this request's); a CR or LF in any of them is refused (ValueError).
+    What stays the same between a replica's requests is written and checked once
+    (`_head_start`)."""
+    start = _head_start(method, host, port, path, tuple(headers.items()))
+    lines = [f"{name}: {value}" for name, value in more.items()] if more else []
+    if lines and any("\r" in line or "\n" in line for line in lines):
+        raise ValueError("a header of the engine's request holds a line break")
+    lines.append(f"Content-Length: {length}\r\n\r\n")
+    return start + "\r\n".join(lines).encode("latin-1")
+
+
+@functools.lru_cache(maxsize=4096)
+def _head_start(
+    method: str, host: str, port: int, path: str, headers: tuple[tuple[str, str], ...]
+) -> bytes:
+    """The request line, Host and `headers`, each line ended (bounded: replicas times paths)."""
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}"]
+    lines.extend(f"{name}: {value}" for name, value in headers)
     if any("\r" in line or "\n" in line for line in lines):
         raise ValueError("a header of the engine's request holds a line break")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return ("\r\n".join(lines) + "\r\n").encode("latin-1")

@@ -235,6 +235,22 @@ def test_a_stream_the_client_stops_reading_stops_reading_from_the_engine(monkeyp
 def test_a_header_with_a_line_break_is_never_written() -> None:
     with pytest.raises(ValueError, match="line break"):
         upstream.request_head("POST", "h", 1, "/v1", {"Authorization": "Bearer a\r\nX: y"}, 0)
+    with pytest.raises(ValueError, match="line break"):  # a request's own, past the kept start
+        upstream.request_head("POST", "h", 1, "/v1", {}, 0, {"traceparent": "00-a\nX: y"})
+
+
+def test_a_head_is_its_line_host_headers_and_length() -> None:
+    for _ in range(2):  # the second from the kept start
+        head = upstream.request_head(
+            "POST", "h", 1, "/v1/x", {"Authorization": "Bearer a"}, 7, {"X-Request-ID": "r1"}
+        )
+        assert head == (
+            b"POST /v1/x HTTP/1.1\r\nHost: h:1\r\nAuthorization: Bearer a\r\n"
+            b"X-Request-ID: r1\r\nContent-Length: 7\r\n\r\n"
+        )
+    assert upstream.request_head("GET", "h", 2, "/", {}, 0) == (
+        b"GET / HTTP/1.1\r\nHost: h:2\r\nContent-Length: 0\r\n\r\n"
+    )
 
 
 def test_connections_idle_too_long_are_closed_not_reused(monkeypatch: Any) -> None:

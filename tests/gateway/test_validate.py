@@ -442,3 +442,33 @@ def test_through_the_gateway_each_body_the_engine_failed_on_is_a_400_that_never_
         what=f"the engine's log to say it failed on the {len(ENGINE_500)} bodies sent to it",
     )
     assert failures() == len(ENGINE_500)
+
+
+# What the gateway reads as a body, and whether its values may be left unwalked
+# (validate.plain): every body that is plain must be sound.
+PLAIN_OR_NOT = [
+    (b'{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0.5}', True),
+    (b'{"model":"m","n":-3,"text":"e1 E2"}', True),
+    (b'{"model":"m","x":"\\ud800"}', False),  # a lone surrogate, escaped
+    (b'{"model":"m","x":"\\u00e9"}', False),  # an escape: walked, though sound
+    ('{"model":"m","x":"\ud800"}'.encode("utf-8", "surrogatepass"), False),  # one encoded
+    (b'{"model":"m","x":1e400}', False),  # a float past the largest
+    (b'{"model":"m","x":1E5}', False),
+    (b'{"model":"m","x":' + b"9" * 400 + b".5}", False),  # a mantissa past it
+    ('{"model":"m","x":"é"}'.encode(), False),  # not ASCII
+]
+
+
+@pytest.mark.parametrize(("raw", "expected"), PLAIN_OR_NOT)
+def test_a_plain_body_is_one_whose_values_need_no_walk(raw: bytes, expected: bool) -> None:
+    assert validate.plain(raw) is expected
+    body = parse_body(raw)
+    if expected:
+        assert isinstance(body, dict) and validate.refusal(None, body) is None
+
+
+def test_a_body_that_is_not_plain_is_still_walked_and_refused() -> None:
+    for raw in (b'{"model":"m","x":"\\ud800"}', b'{"model":"m","x":1e400}'):
+        body = parse_body(raw)
+        assert isinstance(body, dict) and not validate.plain(raw)
+        assert validate.refusal(None, body) is not None
