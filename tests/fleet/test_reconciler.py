@@ -411,6 +411,32 @@ def test_replicas_turning_ready_after_a_quiet_pass_are_not_read_again(fleet: Any
     assert replica_reads(captured.captured_queries) == []
 
 
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the stamp is PostgreSQL's")
+def test_a_header_that_could_not_be_read_keeps_a_quiet_pass_quiet(
+    fleet: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A header read since the last quiet pass that leaves every profile reserving what it did
+    (here it could not be read: the profile's own figures stay in force, as before it was read)
+    changes nothing a pass would do: the pass stops at the stamp. Models added at once have their
+    headers read a few a pass, and each of those passes read and planned the whole fleet."""
+    from django.test.utils import CaptureQueriesContext
+
+    from fleet import reconciler
+    from fleet.models import ModelFile
+
+    quiet_fleet(fleet)
+    ModelFile.objects.all().delete()  # as if the header was never asked for
+    with monkeypatch.context() as patched:
+        patched.setattr(reconciler, "learn_facts", lambda *args, **kwargs: 0)
+        forget_quiet()
+        reconcile_pass()  # a whole pass that changes nothing, the header not read
+    with CaptureQueriesContext(connection) as captured:
+        report = reconcile_pass()  # reads the header (the mirror does not answer here)
+    assert ModelFile.objects.get().error
+    assert not report.skipped and not (report.started or report.withdrawn)
+    assert replica_reads(captured.captured_queries) == []
+
+
 def test_a_new_replica_ready_after_a_quiet_pass_lets_the_old_one_go(fleet: Any) -> None:
     """While a model is replaced its replicas' states decide: the pass after the new replica is
     ready withdraws an old one, even though the pass before it changed nothing."""
