@@ -11,7 +11,7 @@ from typing import Any
 from llmgw.client import Client
 
 from .commands import command
-from .output import print_json, table
+from .output import print_json, program, table
 
 
 def add_canary_flags(p: argparse.ArgumentParser) -> None:
@@ -93,7 +93,8 @@ def cmd_model_canary(client: Client, args: argparse.Namespace) -> None:
     print(describe(view))
     if args.action == "promote":
         print(
-            f"The other replicas move to it one at a time: llmgw ctl model update {args.name} --wait"
+            f"The other replicas move to it one at a time: {program()} ctl model update {args.name} "
+            "--wait"
         )
     elif args.action == "abort":
         print("The canary replica leaves; the old replicas, which never stopped, serve on.")

@@ -10,7 +10,7 @@ from llmgw.client import Client, CtlError
 
 from .commands import command
 from .limits import COUNTERS, add_limit_flags, counter_flag, limit_lines, limits_body
-from .output import print_json, table, table_wanted
+from .output import print_json, program, table, table_wanted
 
 KEYS_HELP = """\
 Applications send OpenAI-style requests to the gateway at LLMGW_URL/v1 with a
@@ -28,7 +28,7 @@ def add_keys(sub: Any) -> None:
 def cmd_keys(client: Client, args: argparse.Namespace) -> None:
     keys = client.get("keys")
     if not table_wanted(
-        args, keys, "No gateway keys yet. Create one with: llmgw ctl key create NAME"
+        args, keys, f"No gateway keys yet. Create one with: {program()} ctl key create NAME"
     ):
         return
     rows = [
@@ -100,7 +100,7 @@ def cmd_key_create(client: Client, args: argparse.Namespace) -> None:
         print(*_settings_lines(key), sep="\n")
     print("Use it with any OpenAI client:")
     print(f"  base_url={client.url}/v1  api_key={key['key']}")
-    print(f"Revoke it with: llmgw ctl key revoke {key['id']}")
+    print(f"Revoke it with: {program()} ctl key revoke {key['id']}")
 
 
 def cmd_key_limits(client: Client, args: argparse.Namespace) -> None:
@@ -230,7 +230,9 @@ def add_user_weights(ksub: Any) -> None:
 
 def cmd_user_weights(client: Client, args: argparse.Namespace) -> None:
     found = client.get("keys/weights")
-    none = "Nobody has a weight of their own. Staff set one with: llmgw ctl key weight USER N"
+    none = (
+        f"Nobody has a weight of their own. Staff set one with: {program()} ctl key weight USER N"
+    )
     if args.json:
         print_json(found)
     elif table_wanted(args, found["people"], none):
@@ -240,7 +242,9 @@ def cmd_user_weights(client: Client, args: argparse.Namespace) -> None:
 
 def cmd_user_weight(client: Client, args: argparse.Namespace) -> None:
     if args.clear == (args.weight is not None):
-        raise CtlError("give a weight (say, llmgw ctl key weight alice 2) or --clear, not both")
+        raise CtlError(
+            f"give a weight (say, {program()} ctl key weight alice 2) or --clear, not both"
+        )
     answer = client.request("PUT", f"keys/weights/{args.user}", json={"weight": args.weight})
     if args.json:
         print_json(answer)
@@ -253,7 +257,9 @@ def cmd_user_weight(client: Client, args: argparse.Namespace) -> None:
 
 def cmd_key_policies(client: Client, args: argparse.Namespace) -> None:
     found = client.get("keys/policies")
-    none = "No key policies. Staff set one with: llmgw ctl key policy default --max-rpm N ..."
+    none = (
+        f"No key policies. Staff set one with: {program()} ctl key policy default --max-rpm N ..."
+    )
     if not table_wanted(args, found, none):
         return
     rows = [
@@ -323,7 +329,7 @@ def _key_id(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a key id; `llmgw ctl keys` lists them (the ID column)"
+            f"{text!r} is not a key id; `{program()} ctl keys` lists them (the ID column)"
         ) from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not a key id; ids start at 1")

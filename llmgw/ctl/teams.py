@@ -9,7 +9,7 @@ from llmgw.client import Client, CtlError
 
 from .commands import command
 from .limits import COUNTERS, add_limit_flags, limit_lines, limits_body, limits_summary
-from .output import print_json, table, table_wanted
+from .output import print_json, program, table, table_wanted
 
 TEAMS_HELP = """\
 A team groups users whose keys share limits: a team's limits count all its keys
@@ -33,7 +33,7 @@ def add_teams(sub: Any) -> None:
 
 def cmd_teams(client: Client, args: argparse.Namespace) -> None:
     teams = client.get("teams")
-    none = "No teams yet. Staff add one with: llmgw ctl team add NAME [--rpm N ...]"
+    none = f"No teams yet. Staff add one with: {program()} ctl team add NAME [--rpm N ...]"
     if not table_wanted(args, teams, none):
         return
     rows = [

@@ -17,7 +17,7 @@ from llmgw.units import format_progress, format_size
 
 from .canary import add_canary_flags, canary_body, describe
 from .commands import command
-from .output import print_json, scaling_text, table
+from .output import print_json, program, scaling_text, table
 
 # How long a command waits without seeing anything move before it gives up and says
 # what it was waiting for. Nothing on the server is stopped by giving up.
@@ -92,7 +92,7 @@ def cmd_model_serve(client: Client, args: argparse.Namespace) -> None:
             raise CtlError(
                 f"the files of fetch {fetch['id']} are in the mirror, but the model was not added "
                 f"within {MODEL_ADDED_WAIT}s; see {client.url}/fetches/{fetch['id']}/ and "
-                "llmgw ctl models"
+                f"{program()} ctl models"
             )
         time.sleep(0.25)
         fetch = client.get(f"fetches/{fetch['id']}")
@@ -103,7 +103,7 @@ def cmd_model_serve(client: Client, args: argparse.Namespace) -> None:
         f"{view['name']} added, owned by {view['owner']}; replicas {scaling_text(view)}; "
         f"it follows {fetch['repo']} ({fetch['branch']}) at {fetch['commit'][:7]}."
     )
-    print("It is placed on the reconciler's next pass; watch it with: llmgw ctl models")
+    print(f"It is placed on the reconciler's next pass; watch it with: {program()} ctl models")
 
 
 def _follow_fetch(
@@ -224,7 +224,8 @@ def cmd_model_updates(client: Client, args: argparse.Namespace) -> None:
         if u.get("rolled_back_from") and not u["error"]:
             print(
                 f"{u['model']} was rolled back from {u['rolled_back_from'][:7]}; "
-                f"`llmgw ctl model update {u['model']}` moves it to {u['new_commit'][:7]} again."
+                f"`{program()} ctl model update {u['model']}` moves it to {u['new_commit'][:7]} "
+                "again."
             )
 
 
@@ -311,7 +312,8 @@ def _rollout(
         print(f"{change}; replicas are replaced one at a time, a ready one always serving.")
     if not args.wait:
         print(
-            f"Follow it with: llmgw ctl model {kind} {args.name} --wait (or llmgw ctl model target {args.name})"
+            f"Follow it with: {program()} ctl model {kind} {args.name} --wait (or {program()} ctl "
+            f"model target {args.name})"
         )
         return
     rollout = _follow_rollout(client, args.name, rollout, args.timeout)
@@ -332,7 +334,7 @@ def _follow_rollout(
         if patience.exhausted(line):
             raise CtlError(
                 f"gave up after {limit:g}s with the {rollout['kind']} of {name} still at "
-                f"'{line}'; it goes on on the server: llmgw ctl model target {name}"
+                f"'{line}'; it goes on on the server: {program()} ctl model target {name}"
             )
         time.sleep(0.5)
         rollout = client.get(f"models/{name}/rollout")

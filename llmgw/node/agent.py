@@ -33,6 +33,10 @@ from .spec import AnswerError, ReplicaSpec, parse_answer
 log = logging.getLogger("llmgw.node")
 
 HEARTBEAT_TIMEOUT = (5, 10)  # (connect, read) seconds
+# Beats that may find nothing listening at the control plane's address, before it was first
+# reached, before that is said as a problem (about 15 to 30 s at the default interval): until
+# then the agent says it is waiting, as for a control plane that is still starting.
+STARTING_BEATS = 8
 # While nothing on the node changes it renews (POST /api/v1/node/renew, a few dozen bytes) instead
 # of sending its whole report; the whole report goes at least this often all the same (as a
 # kubelet's status, every 5 minutes), give or take a quarter at random (full_report_seconds).
@@ -142,6 +146,8 @@ class Agent:
         self.node_name: str | None = None
         self._last_problem: str | None = None
         self._connected = False
+        # Beats that found nothing listening before the control plane was first reached.
+        self._unheard = 0
         self._warnings: tuple[str, ...] = ()
         self.exit_signal: str | None = None
         self._lock_file: TextIO | None = None
@@ -375,6 +381,18 @@ class Agent:
             )
             return
         server, kind, detail = failures[0]
+        if kind == "unreachable" and not self._connected and self._unheard < STARTING_BEATS:
+            # Not reached once since this agent started: a control plane started with it (the
+            # run command's, a reboot's) is seconds from listening. Said as that, once; a
+            # problem only if it stays so.
+            self._unheard += 1
+            if self._unheard == 1:
+                log.info(
+                    "waiting for the control plane at %s to answer (nothing listens there yet; "
+                    "it may still be starting)",
+                    server,
+                )
+            return
         if kind == "unreachable":
             self._problem(
                 f"cannot reach the control plane at {server}: nothing answered. "

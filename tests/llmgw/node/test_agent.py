@@ -553,7 +553,13 @@ def test_it_keeps_trying_when_the_control_plane_is_unreachable(
         closed_port = placeholder.getsockname()[1]
     agent = agents.start(server=f"http://127.0.0.1:{closed_port}")
 
+    # Never reached since it started: first a wait, as for a control plane still starting
+    # (said once), then, beats later, the problem.
     wait_for(lambda: "cannot reach the control plane" in agent.output(), what="the line")
+    said = agent.output()
+    waiting = f"waiting for the control plane at http://127.0.0.1:{closed_port} to answer"
+    assert said.count(waiting) == 1
+    assert said.index(waiting) < said.index("cannot reach the control plane")
     # Time is what is tested: a closed port shows no attempt, so a few more attempts are a
     # stretch of time in which the agent keeps going and says nothing again.
     stays(
