@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .ctl.output import program
 from .localhub import HubError, LocalHub, unavailable
 from .tinygguf import write_tiny_model
 
@@ -107,11 +108,12 @@ def run(args: argparse.Namespace) -> int:
     except HubError as exc:
         print(f"llmgw demo: {exc}")
         return 1
+    llmgw = program()
     print(
         f"Published new weights to {DEMO_REPO}: commit {commit[:7]} (seed {seed}).\n"
-        f"See it: llmgw ctl model updates --check, or Check for updates now on {DEMO_MODEL}'s "
+        f"See it: {llmgw} ctl model updates --check, or Check for updates now on {DEMO_MODEL}'s "
         f"page in the console; "
-        f"then llmgw ctl model update {DEMO_MODEL} --wait, and llmgw ctl model rollback "
+        f"then {llmgw} ctl model update {DEMO_MODEL} --wait, and {llmgw} ctl model rollback "
         f"{DEMO_MODEL} --wait."
     )
     return 0
