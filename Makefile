@@ -73,6 +73,7 @@ bench: setup
 	$(PY) bench/update_check.py
 	$(PY) bench/mirror_fetch.py
 	$(PY) bench/gateway.py --quick
+	$(PY) bench/gateway_floor.py
 	$(PY) bench/access_log.py
 	$(PY) bench/gateway_apis.py --quick
 	$(PY) bench/validate.py

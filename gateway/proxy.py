@@ -30,8 +30,10 @@ CONNECT_TIMEOUT_SECONDS = lean.CONNECT_TIMEOUT_SECONDS
 # engines close idle ones (llama.cpp's server after 5 s), and a failure on a reused connection
 # before any answer came is tried once more on a new one to the same replica (_attempt): the
 # engine closed it without reading the request, or it is gone, and then the new connection is
-# refused, which should_retry sends elsewhere.
-IDLE_SECONDS = lean.IDLE_SECONDS
+# refused, which should_retry sends elsewhere. This is the aiohttp sessions' (an engine's
+# /tokenize, the web); the pool that sends requests to the engines keeps its connections
+# upstream.IDLE_SECONDS.
+IDLE_SECONDS = 2.0
 POOL_SIZE = 0  # no limit: as many connections as requests in flight
 JSON_HEADERS = {"Content-Type": "application/json"}
 

@@ -23,8 +23,11 @@ from typing import Any
 
 import httptools
 
-# How long a connection may sit idle in the pool (see proxy.IDLE_SECONDS for why it is short).
-IDLE_SECONDS = 2.0
+# How long a connection may sit idle in the pool: less than engines keep an idle connection
+# open (llama.cpp's server 5 s, vLLM's uvicorn 5 s), so that the gateway is not the one to find
+# it closed (see proxy.IDLE_SECONDS), and long enough that a gap of a few seconds between two
+# bursts does not make every request of the next one connect anew.
+IDLE_SECONDS = 4.0
 CONNECT_TIMEOUT_SECONDS = 5.0
 # A whole answer larger than this is an engine gone wrong (or a hostile node): refused.
 MAX_ANSWER_BYTES = 256 * 1024 * 1024

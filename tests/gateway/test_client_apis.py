@@ -172,6 +172,7 @@ def test_the_openai_sdk_creates_a_response_whole_and_streamed(served: Served) ->
     )
     assert whole.headers["x-llmgw-model"] == "chat"
     assert whole.headers["x-request-id"]
+    assert "server" not in whole.headers  # the run command's gateway names no software
     response = whole.parse()
     assert response.status == "completed" and response.model == "chat"
     assert response.output[0].type == "message"

@@ -334,6 +334,7 @@ def test_the_gateway_trusts_no_proxy_unless_told(monkeypatch: Any) -> None:
     monkeypatch.delenv("LLMGW_TRUSTED_PROXIES", raising=False)
     argv = gateway_command(Path("/bin"), "127.0.0.1", 8000, workers=2)
     assert "--no-proxy-headers" in argv and "--forwarded-allow-ips" not in argv
+    assert "--no-server-header" in argv
     monkeypatch.setenv("LLMGW_TRUSTED_PROXIES", "10.0.0.5, 10.0.1.0/24")
     argv = gateway_command(Path("/bin"), "127.0.0.1", 8000, workers=2)
     assert "--no-proxy-headers" not in argv

@@ -91,6 +91,9 @@ def gateway_command(bin_dir: Path, host: str, port: int, *, workers: int) -> lis
         "none",
         *(["--forwarded-allow-ips", ",".join(proxies)] if proxies else ["--no-proxy-headers"]),
         "--no-access-log",
+        # No "server: uvicorn" in every answer: it names the software (and so what to try
+        # against it) to anyone, and costs a header's writing on every request.
+        "--no-server-header",
         # Longer than clients keep idle connections (httpx: 5 s), so that a client never
         # reuses a connection the server is closing at that moment.
         "--timeout-keep-alive",
