@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from gateway import prefix
 from gateway.prefix import BLOCK_CHARS, SLACK, PrefixTable, block_hashes, prompt_text
 from gateway.routing import Balancer, Candidate
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.smoke
 
@@ -238,6 +240,14 @@ def _second_turn_stays(gw: object, catalog: object, engines: list, routing_mode:
     replicas = [catalog.replica("chat", e) for e in engines]  # type: ignore[attr-defined]
     for replica in replicas:  # two slots each, so the busier one still has one free
         Replica.objects.filter(pk=replica.pk).update(spec={**replica.spec, "slots": 2})
+    # Loads are counted per slot of a hash of the replica's id (gateway.load), in this session's
+    # one gateway: a request of an earlier test still ending on a replica whose id shares a slot
+    # would make one of these look busy. Both idle first, or a clear failure.
+    wait_for(
+        lambda: all(balancer.load.total(str(r.pk), time.monotonic()) == 0 for r in replicas),
+        timeout=10,
+        what="no request in flight counted on either replica's slot",
+    )
     assert gw.post("/v1/chat/completions", chat("first question")).status_code == 200  # type: ignore[attr-defined]
     first = next(i for i, e in enumerate(engines) if e.requests)
     balancer.load.add(str(replicas[first].pk), 1)  # busier, one slot still free
