@@ -19,7 +19,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 from urllib.parse import urlsplit
 
 import requests
@@ -28,6 +28,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from core.actor import Actor
+from core.logfiles import SharedLogFile
 from gateway.conf import trusted_proxies
 from llmgw import demo, localhub
 from llmgw_site.private_files import kept_secret
@@ -424,22 +425,42 @@ class Child:
     start_at: float | None = None  # when it is to be started again after an exit
 
     def start(self) -> subprocess.Popen[bytes]:
-        out = self.log.open("ab") if self.log else None
-        try:
-            self.process = subprocess.Popen(
-                self.argv,
-                cwd=self.cwd,
-                stdout=out,
-                stderr=subprocess.STDOUT if out else None,
-                # This process's environment as it is now (the gateway's secret is set late).
-                env={**os.environ, **self.env} if self.env else None,
-                start_new_session=True,  # its own process group: see stop_child
-            )
-        finally:
-            if out is not None:
-                out.close()
+        self.process = subprocess.Popen(
+            self.argv,
+            cwd=self.cwd,
+            stdout=subprocess.PIPE if self.log else None,
+            stderr=subprocess.STDOUT if self.log else None,
+            # This process's environment as it is now (the gateway's secret is set late).
+            env={**os.environ, **self.env} if self.env else None,
+            start_new_session=True,  # its own process group: see stop_child
+        )
+        if self.log is not None:
+            assert self.process.stdout is not None
+            threading.Thread(
+                target=copy_output,
+                args=(self.process.stdout, self.log),
+                name=f"llmgw-run-{self.name}-output",
+                daemon=True,
+            ).start()
         self.start_at = None
         return self.process
+
+
+def copy_output(output: IO[bytes], path: Path) -> None:
+    """A child's output, line by line, into its log file, rotated as llmgw's own logs are
+    (LLMGW_LOG_MAX_BYTES, LLMGW_LOG_BACKUPS): a program that writes its own output to a file
+    (the demo registry's server writes a line a request) would otherwise grow it without
+    bound. Ends with the output (the child's exit)."""
+    log = SharedLogFile(
+        path, max_bytes=settings.LLMGW_LOG_MAX_BYTES, backups=settings.LLMGW_LOG_BACKUPS
+    )
+    with output:
+        # A line is read up to OUTPUT_LINE_BYTES at a time: a longer one goes on in pieces.
+        for line in iter(lambda: output.readline(OUTPUT_LINE_BYTES), b""):
+            log.append(line)
+
+
+OUTPUT_LINE_BYTES = 64 * 1024
 
 
 # A child that exits is started again after RESTART_DELAY seconds, doubled for each exit in the
