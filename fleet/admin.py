@@ -14,7 +14,7 @@ from core.admin import ReadOnlyAdmin, RemovedThroughServiceAdmin, admin_actor
 from core.refusals import Refused
 
 from . import services
-from .models import Lease, Node, Replica
+from .models import Lease, Node, RemovedNode, Replica
 
 
 class NodeAddForm(forms.ModelForm):
@@ -229,3 +229,12 @@ class ReplicaAdmin(ReadOnlyAdmin):
 @admin.register(Lease)
 class LeaseAdmin(ReadOnlyAdmin):
     list_display = ["name", "holder", "expires_at"]
+
+
+@admin.register(RemovedNode)
+class RemovedNodeAdmin(ReadOnlyAdmin):
+    """Nodes removed in the last 30 days: their agents are told so (410) and stop their engines."""
+
+    list_display = ["name", "removed_by", "door", "removed_at"]
+    fields = ["name", "removed_by", "door", "removed_at"]  # not the token's digest
+    search_fields = ["name", "removed_by"]

@@ -9,7 +9,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.authentication import BaseAuthentication
-from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.exceptions import APIException, AuthenticationFailed
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -32,6 +32,14 @@ from .models import Node
 # -- node authentication ------------------------------------------------------------
 
 
+class NodeRemoved(APIException):
+    """A lately removed node's token (fleet.models.RemovedNode): 410, which its agent takes as
+    the word to stop its engines and exit; a token never known is 401, as before."""
+
+    status_code = status.HTTP_410_GONE
+    default_code = "node_removed"
+
+
 class NodeTokenAuthentication(BaseAuthentication):
     """Only node tokens, only on the node-facing API; user tokens are refused here."""
 
@@ -42,6 +50,9 @@ class NodeTokenAuthentication(BaseAuthentication):
             return None
         node = services.authenticate_node(token.strip())
         if node is None:
+            removed = services.removed_node(token.strip())
+            if removed is not None:
+                raise NodeRemoved(removed.message)
             raise AuthenticationFailed(
                 "This is not a node token the control plane knows. Use the token `llmgw ctl node add` "
                 "printed for this node; if the node was removed, add it again."
@@ -227,7 +238,7 @@ class HeartbeatAPI(APIView):
     @extend_schema(
         summary="A node's heartbeat: its capacity and replica states; the answer is what it should run",
         request=HeartbeatInput,
-        responses=answers({200: HeartbeatOut}, 403, body=True),
+        responses=answers({200: HeartbeatOut}, 403, 410, body=True),
     )
     def post(self, request: Request) -> Response:
         data = HeartbeatInput(data=request.data)
@@ -301,7 +312,7 @@ class RenewAPI(APIView):
         summary="A node's renewal: it is alive and its last report holds; the answer says "
         "whether what it should run changed",
         request=RenewInput,
-        responses=answers({200: RenewOut}, 403, body=True),
+        responses=answers({200: RenewOut}, 403, 410, body=True),
     )
     def post(self, request: Request) -> Response:
         data = RenewInput(data=request.data)

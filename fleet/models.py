@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db import models
 from django.utils import timezone
@@ -136,6 +136,38 @@ class Node(models.Model):
             "what it reports."
             for note in notes
         ]
+
+
+# How long a removed node's token is remembered (RemovedNode): its agent hears within seconds,
+# unless it was stopped, or its machine off, when the node was removed; a month covers a
+# machine brought back from a shelf, and bounds the table by the removals of a month.
+REMOVED_NODE_KEPT = timedelta(days=30)
+
+
+class RemovedNode(models.Model):
+    """A node removed lately, by its token's digest, and by whom: its agent, still heartbeating
+    with that token, is told its node was removed (410), not that its token is unknown (401),
+    and stops its engines. Rows older than REMOVED_NODE_KEPT are deleted at the next removal.
+    A node added again under the same name has a new token: this row is not its."""
+
+    token_hash = models.CharField(max_length=64, unique=True)
+    name = models.CharField(max_length=100)
+    removed_by = models.CharField(max_length=150)
+    door = models.CharField(max_length=20, blank=True, default="")
+    removed_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    def __str__(self) -> str:
+        return f"{self.name}, removed by {self.removed_by} at {self.removed_at:%Y-%m-%d %H:%M}"
+
+    @property
+    def message(self) -> str:
+        """What its agent is answered, and logs."""
+        return (
+            f"This node ({self.name}) was removed by {self.removed_by} at "
+            f"{self.removed_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC; the control plane no "
+            f"longer takes its token. To run replicas on this machine again, add the node again "
+            f"(`llmgw ctl node add {self.name}`) and start its agent with the new token."
+        )
 
 
 class Replica(models.Model):

@@ -230,11 +230,11 @@ def held_row(
 class NodeGate:
     """At most NODE_REQUESTS nodes' requests of this process on their way to the web, and one a
     node: a node's room is taken only by a request carrying its token, so a client that is no
-    node of the copy (a token not held: the web answers it, 401 or a node newer than the copy)
-    passes beside the gate, as any other request to the web does, and cannot fill it with slow
-    bodies; nor can one node take more than one place. Past the room, up to `queue` more wait
-    for a place, first come first served, for at most `wait` seconds; past that, or past the
-    queue, 503 with Retry-After."""
+    node of the copy (a token not held: the web answers it, 401, 410 for a node removed lately,
+    or a node newer than the copy) passes beside the gate, as any other request to the web
+    does, and cannot fill it with slow bodies; nor can one node take more than one place. Past
+    the room, up to `queue` more wait for a place, first come first served, for at most `wait`
+    seconds; past that, or past the queue, 503 with Retry-After."""
 
     def __init__(
         self,

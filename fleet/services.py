@@ -24,7 +24,14 @@ from llmgw.bearer import NODE_TOKEN
 
 from . import trust
 from .liveness import Liveness
-from .models import Node, Replica, bump_generation, hash_token
+from .models import (
+    REMOVED_NODE_KEPT,
+    Node,
+    RemovedNode,
+    Replica,
+    bump_generation,
+    hash_token,
+)
 from .signals import fleet_changed, replica_state_changed
 from .specs import engine_key, gpu_order
 
@@ -120,10 +127,28 @@ def node_accept_capacity(*, actor: Actor, name: str) -> Node:
 
 
 def node_remove(*, actor: Actor, name: str) -> None:
-    """Forget a node; its replicas are placed elsewhere on the next pass."""
+    """Forget a node; its replicas are placed elsewhere on the next pass. Its token is
+    remembered (RemovedNode) so that its agent is told who removed it, and stops its engines."""
     require_staff(actor, "remove nodes")
     with transaction.atomic():
-        _get_node(name).delete()
+        node = _get_node(name)
+        # Deleted by a filter that says whether it deleted: of two removals at once, the one
+        # that finds the row already gone says so, as if it had come a moment later.
+        _, deleted = Node.objects.filter(pk=node.pk).delete()
+        if not deleted.get(Node._meta.label):
+            _get_node(name)  # gone: refused as not found (the other removal recorded it)
+            return  # added again meanwhile: not this removal's node
+        now = timezone.now()
+        RemovedNode.objects.filter(removed_at__lt=now - REMOVED_NODE_KEPT).delete()
+        RemovedNode.objects.update_or_create(
+            token_hash=node.token_hash,
+            defaults={
+                "name": node.name,
+                "removed_by": actor.name,
+                "door": actor.door,
+                "removed_at": now,
+            },
+        )
         transaction.on_commit(lambda: fleet_changed.send(sender=Node))
 
 
@@ -141,6 +166,12 @@ def node_cordon(*, actor: Actor, name: str, cordoned: bool) -> Node:
 def authenticate_node(token: str) -> Node | None:
     # token_hash is unique: no ORDER BY to build (first() would add one), at every node request.
     return next(iter(Node.objects.filter(token_hash=hash_token(token))[:1]), None)
+
+
+def removed_node(token: str) -> RemovedNode | None:
+    """The removal of the node whose token this was, if it was removed lately: asked only of a
+    token no node has, so a known node's request costs nothing more."""
+    return next(iter(RemovedNode.objects.filter(token_hash=hash_token(token))[:1]), None)
 
 
 def replica_order(replica: Replica, node: Node | None = None) -> dict[str, Any]:
