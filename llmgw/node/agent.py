@@ -25,7 +25,7 @@ from llmgw import engine
 from llmgw.engines import get_engine
 
 from .cache import BlobCache
-from .config import NodeConfig
+from .config import REMOVED_EXIT_STATUS, NodeConfig
 from .gpus import GpuDetector, capacity
 from .replica import KEY_FILE, Replica, now_iso
 from .spec import AnswerError, ReplicaSpec, parse_answer
@@ -150,6 +150,9 @@ class Agent:
         self._unheard = 0
         self._warnings: tuple[str, ...] = ()
         self.exit_signal: str | None = None
+        # What the control plane said when it answered that this node was removed (410): the
+        # loop then ends, and the agent stops its engines and exits with REMOVED_EXIT_STATUS.
+        self.removed: str | None = None
         self._lock_file: TextIO | None = None
         declared = None
         if config.gpus is not None:
@@ -429,6 +432,8 @@ class Agent:
         )
         if response is None:
             return True  # nothing answered: the report would not have been heard either
+        if self._removed(response):
+            return True
         if response.status_code == 404:
             # A control plane without renewals (an older one; the renewal itself never answers
             # 404): whole reports from now on.
@@ -457,7 +462,7 @@ class Agent:
     def full_heartbeat(self, body: dict[str, Any]) -> bool:
         """Send the whole report and act on the answer; whether the control plane took it."""
         response = self.send_heartbeat(body)
-        if response is None:
+        if response is None or self._removed(response):
             return False
         if response.status_code == 401:
             self._problem(
@@ -473,6 +478,23 @@ class Agent:
             )
             return False
         return self._act_on(response)
+
+    def _removed(self, response: requests.Response) -> bool:
+        """Whether the control plane says this node was removed (410, code node_removed; a
+        token it never knew, or no longer remembers, is 401 instead): if so the loop ends."""
+        if response.status_code != 410:
+            return False
+        try:
+            answer = response.json()
+        except ValueError:
+            return False
+        if not isinstance(answer, dict) or answer.get("code") != "node_removed":
+            return False
+        said = str(answer.get("detail") or "this node was removed")[:1000]
+        self.removed = f"the control plane at {self.server} says: {said}"
+        self.shutdown.set()
+        self.wake.set()
+        return True
 
     def _act_on(self, response: requests.Response) -> bool:
         """Make what runs here what a 200 answer asks for; whether it was understood."""
@@ -651,9 +673,38 @@ class Agent:
             self.wake.wait(self.next_pause())
             # State changes wake the loop early; a short pause keeps a burst to one heartbeat.
             self.shutdown.wait(0.05)
+        if self.removed is not None:
+            return self.exit_removed(self.removed)
         log.info("received %s; exiting", self.exit_signal or "a stop request")
         self.exit()
         return 0
+
+    def exit_removed(self, said: str) -> int:
+        """This node was removed: its engines serve nobody now (the gateway routes only to the
+        replicas of known nodes) and no agent will be told to run them, so they are stopped,
+        unless --keep-engines-when-removed; then the agent exits for good (REMOVED_EXIT_STATUS,
+        which its systemd unit does not restart)."""
+        log.warning("%s", said)
+        replicas = self._settled()
+        running = sum(1 for replica in replicas if replica.pid is not None)
+        if self.config.keep_engines_when_removed:
+            log.warning(
+                "leaving this node's %d engine(s) running, as --keep-engines-when-removed asks; "
+                "the gateway no longer sends them requests, and an agent started later with this "
+                "cache (%s) adopts them and stops them unless its control plane wants them. "
+                "Exiting with status %d.",
+                running,
+                self.config.cache,
+                REMOVED_EXIT_STATUS,
+            )
+            return REMOVED_EXIT_STATUS
+        log.warning(
+            "stopping this node's %d engine(s) (--keep-engines-when-removed leaves them running)",
+            running,
+        )
+        self._stop_all(replicas)
+        log.warning("stopped this node's engines; exiting with status %d", REMOVED_EXIT_STATUS)
+        return REMOVED_EXIT_STATUS
 
     def next_pause(self) -> float:
         """Seconds until the next beat, unless a change wakes the loop first."""
@@ -668,14 +719,7 @@ class Agent:
         self.wake.set()
 
     def exit(self) -> None:
-        with self.lock:
-            replicas = [*self.replicas.values(), *self.stopping.values()]
-        # Taking each replica's lock waits out an engine start in progress, after which no
-        # worker starts another: whatever runs is recorded in a state.json, for adoption.
-        self.exiting.set()
-        for replica in replicas:
-            with replica.lock:
-                pass
+        replicas = self._settled()
         if not self.config.stop_engines_on_exit:
             running = [r for r in replicas if r.pid is not None]
             if running:
@@ -685,6 +729,22 @@ class Agent:
                     len(running),
                 )
             return
+        self._stop_all(replicas)
+
+    def _settled(self) -> list[Replica]:
+        """Every replica, once no engine start is in progress or can begin."""
+        with self.lock:
+            replicas = [*self.replicas.values(), *self.stopping.values()]
+        # Taking each replica's lock waits out an engine start in progress, after which no
+        # worker starts another: whatever runs is recorded in a state.json, for adoption.
+        self.exiting.set()
+        for replica in replicas:
+            with replica.lock:
+                pass
+        return replicas
+
+    @staticmethod
+    def _stop_all(replicas: list[Replica]) -> None:
         stoppers = [threading.Thread(target=replica.stop) for replica in replicas]
         for stopper in stoppers:
             stopper.start()

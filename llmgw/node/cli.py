@@ -21,6 +21,7 @@ from .config import (
     DEFAULT_HEARTBEAT_SECONDS,
     DEFAULT_PORT_RANGE,
     DEFAULT_READY_TIMEOUT_SECONDS,
+    REMOVED_EXIT_STATUS,
     NodeConfig,
     default_cache_dir,
 )
@@ -175,6 +176,15 @@ def _add_engine_options(group: Any) -> None:
             "agent adopts them"
         ),
     )
+    group.add_argument(
+        "--keep-engines-when-removed",
+        action="store_true",
+        help=(
+            "when the control plane says this node was removed, leave its engines running "
+            "(the gateway no longer sends them requests) instead of stopping them; the agent "
+            f"exits with status {REMOVED_EXIT_STATUS} in both cases"
+        ),
+    )
 
 
 def _add_cache_options(group: Any) -> None:
@@ -272,6 +282,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         heartbeat_interval=args.heartbeat_interval,
         ready_timeout=args.ready_timeout,
         stop_engines_on_exit=args.stop_engines_on_exit,
+        keep_engines_when_removed=args.keep_engines_when_removed,
         engine=args.llama_server,
         cache_max_gb=args.cache_max_gb,
         engine_log_max_bytes=int(args.engine_log_max_mb * 1e6),

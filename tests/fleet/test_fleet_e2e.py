@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -289,20 +290,18 @@ def test_a_lower_class_is_preempted_for_a_critical_model(
     )
 
 
-def test_an_agent_naming_another_address_is_refused_until_staff_allow_it(
-    system: System, ctl: Any, tmp_path: Path, outward_address: str
-) -> None:
-    """A real agent whose engines would listen on this machine's outward address, while it
-    reaches the control plane over loopback: the control plane sees 127.0.0.1 and refuses that
-    address until staff allow it for the node."""
-    address = outward_address
-    token = system.api("POST", "nodes", json={"name": "node-c"})["token"]
-    # Cordoned, so that nothing is placed on it and the other tests' nodes stay as they were.
-    ctl("node", "cordon", "node-c")
-    log = tmp_path / "node-c.log"
+def cordoned_agent(
+    system: System, ctl: Any, tmp_path: Path, name: str, *options: str
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """A real agent for a new node `name` (its options added), and the file of its output. The
+    node is cordoned, so that nothing is placed on it and the other tests' nodes stay as they
+    were."""
+    token = system.api("POST", "nodes", json={"name": name})["token"]
+    ctl("node", "cordon", name)
+    log = tmp_path / f"{name}.log"
     argv = [
         *(sys.executable, "-m", "llmgw", "node", "--server", system.url),
-        *("--memory", "1", "--cores", "1", "--address", address),
+        *("--memory", "1", "--cores", "1", *options),
         *("--cache", str(tmp_path / "cache"), "--heartbeat-interval", "1"),
     ]
     with log.open("ab") as output:
@@ -312,6 +311,17 @@ def test_an_agent_naming_another_address_is_refused_until_staff_allow_it(
             stdout=output,
             stderr=subprocess.STDOUT,
         )
+    return agent, log
+
+
+def test_an_agent_naming_another_address_is_refused_until_staff_allow_it(
+    system: System, ctl: Any, tmp_path: Path, outward_address: str
+) -> None:
+    """A real agent whose engines would listen on this machine's outward address, while it
+    reaches the control plane over loopback: the control plane sees 127.0.0.1 and refuses that
+    address until staff allow it for the node."""
+    address = outward_address
+    agent, log = cordoned_agent(system, ctl, tmp_path, "node-c", "--address", address)
 
     def node_c() -> dict[str, Any]:
         return next(n for n in system.api("GET", "nodes") if n["name"] == "node-c")
@@ -334,3 +344,34 @@ def test_an_agent_naming_another_address_is_refused_until_staff_allow_it(
         agent.terminate()
         agent.wait(timeout=20)
         ctl("node", "remove", "node-c")
+
+
+def test_a_removed_nodes_agent_hears_who_removed_it_through_the_gateway_and_exits_for_good(
+    system: System, ctl: Any, tmp_path: Path
+) -> None:
+    """A real agent renewing through the gateway: once the node is removed, the gateway's copy
+    of the nodes drops it, its renewal goes on to the web, which answers 410 (who, when), and
+    the agent exits with the status its systemd unit does not restart (issue 44, item 7)."""
+    agent, log = cordoned_agent(system, ctl, tmp_path, "node-r")
+    try:
+        wait_for(
+            lambda: any(
+                n["name"] == "node-r" and n["state"] == "cordoned"
+                for n in system.api("GET", "nodes")
+            ),
+            what=f"node-r's first heartbeat (log: {log})",
+        )
+        ctl("node", "remove", "node-r")
+        assert agent.wait(timeout=30) == 78, log.read_text()
+    finally:
+        if agent.poll() is None:
+            agent.terminate()
+            agent.wait(timeout=20)
+    said = log.read_text()
+    assert re.search(
+        rf"the control plane at {re.escape(system.url)} says: This node \(node-r\) was removed "
+        r"by \S+ at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC",
+        said,
+    ), said
+    assert "stopped this node's engines; exiting with status 78" in said
+    assert "does not know this node's token" not in said

@@ -5,8 +5,9 @@
         report = plane.wait_for(lambda r: plane.replica(r, "r1")["state"] == "ready")
 
 It listens on 127.0.0.1 on a free port and answers ``POST /api/v1/node/heartbeat`` as the real
-one does: 401 for another token, else 200 with the replicas the test wants. Every heartbeat the
-agent sends is recorded; ``answer_with`` replaces the answer (an error, garbage) until
+one does: 401 for another token, else 200 with the replicas the test wants, or, once ``remove``
+was called, 410 for its token as the real one answers a removed node's. Every heartbeat the agent
+sends is recorded; ``answer_with`` replaces the answer (an error, garbage) until
 ``answer_normally``.
 """
 
@@ -46,6 +47,7 @@ class FakeControlPlane:
         self._keep: list[dict[str, Any]] = []
         self._override: tuple[int, bytes] | None = None
         self._heartbeats: list[Heartbeat] = []
+        self._removed: dict[str, str] | None = None
 
     # -- what the test sets -------------------------------------------------------------------
 
@@ -62,6 +64,18 @@ class FakeControlPlane:
         raw = json.dumps(body).encode() if isinstance(body, dict) else body
         with self._lock:
             self._override = (status, raw.encode() if isinstance(raw, str) else raw)
+
+    def remove(self, *, by: str = "alice", at: str = "2026-12-07 13:02:11") -> str:
+        """Answer the node's token from now on as the real control plane answers a removed
+        node's (fleet.api.NodeRemoved); returns the sentence it answers."""
+        detail = (
+            f"This node ({self.node}) was removed by {by} at {at} UTC; the control plane no "
+            "longer takes its token. To run replicas on this machine again, add the node again "
+            f"(`llmgw ctl node add {self.node}`) and start its agent with the new token."
+        )
+        with self._lock:
+            self._removed = {"detail": detail, "code": "node_removed"}
+        return detail
 
     def answer_normally(self) -> None:
         with self._lock:
@@ -140,6 +154,8 @@ class FakeControlPlane:
                 return self._override
             if authorization != f"Bearer {self.token}":
                 return 401, json.dumps({"detail": "Invalid token."}).encode()
+            if self._removed is not None:
+                return 410, json.dumps(self._removed).encode()
             answer = {
                 "node": self.node,
                 "heartbeat_interval": self.heartbeat_interval,

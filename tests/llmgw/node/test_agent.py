@@ -28,6 +28,7 @@ import pytest
 import requests
 
 from llmgw import engine
+from llmgw.node.config import REMOVED_EXIT_STATUS
 from llmgw.tinygguf import write_lora_adapter, write_tiny_model
 from tests.support.fake_control_plane import FakeControlPlane, fake_control_plane
 from tests.support.http_files import ServerStats, serve_directory
@@ -543,6 +544,52 @@ def test_it_keeps_running_through_401_garbage_and_errors(
     )
     assert still["state"] == "ready"
     assert agents.engine_pid(agent, spec["id"]) == pid
+
+
+def test_when_its_node_was_removed_it_says_so_stops_its_engines_and_exits_for_good(
+    plane: FakeControlPlane, agents: Agents, mirror: Mirror
+) -> None:
+    """Without --stop-engines-on-exit too: the engines of a removed node serve nobody, and no
+    agent would be told to run them (issue 44, item 7)."""
+    spec = replica_spec(mirror)
+    agent = agents.start_wanting(spec, stop_engines_on_exit=False)
+    settled(plane, spec, "ready")
+    pid = agents.engine_pid(agent, spec["id"])
+
+    said = plane.remove(by="alice", at="2026-12-07 13:02:11")
+
+    assert agent.process.wait(timeout=30) == REMOVED_EXIT_STATUS == 78
+    assert not engine.process_alive(pid)
+    assert not (agent.cache / "replicas" / spec["id"]).exists()
+    output = agent.output()
+    assert output.count(f"the control plane at {plane.url} says: {said}") == 1
+    assert "This node (node-a) was removed by alice at 2026-12-07 13:02:11 UTC" in said
+    assert "stopping this node's 1 engine(s) (--keep-engines-when-removed leaves them" in output
+    assert "stopped this node's engines; exiting with status 78" in output
+    assert "does not know this node's token" not in output
+    assert "for the next agent to adopt" not in output
+
+
+def test_with_keep_engines_when_removed_its_engines_keep_running_when_its_node_was_removed(
+    plane: FakeControlPlane, agents: Agents, mirror: Mirror
+) -> None:
+    spec = replica_spec(mirror)
+    # --stop-engines-on-exit as well: the flag about a removal is the one that decides then.
+    agent = agents.start_wanting(spec, "--keep-engines-when-removed", stop_engines_on_exit=True)
+    ready = settled(plane, spec, "ready")
+    pid = agents.engine_pid(agent, spec["id"])
+
+    said = plane.remove()
+
+    assert agent.process.wait(timeout=30) == REMOVED_EXIT_STATUS
+    assert engine.process_alive(pid)
+    assert complete(ready["port"], MODEL)["model"] == MODEL
+    assert agent.state(spec["id"])["pid"] == pid  # for an agent started later to adopt
+    output = agent.output()
+    assert output.count(f"the control plane at {plane.url} says: {said}") == 1
+    assert "leaving this node's 1 engine(s) running, as --keep-engines-when-removed asks" in output
+    assert "Exiting with status 78." in output
+    assert "stopping its engine" not in output
 
 
 def test_it_keeps_trying_when_the_control_plane_is_unreachable(
