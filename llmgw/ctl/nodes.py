@@ -180,7 +180,11 @@ def cmd_node_accept_capacity(client: Client, args: argparse.Namespace) -> None:
 
 def cmd_node_remove(client: Client, args: argparse.Namespace) -> None:
     client.delete(f"nodes/{args.name}")
-    print(f"Node {args.name} removed; its replicas are placed elsewhere on the next pass.")
+    print(
+        f"Node {args.name} removed; its replicas are placed elsewhere on the next pass. Its "
+        "agent, at its next heartbeat, stops its engines and exits (status 78; "
+        "--keep-engines-when-removed leaves them running)."
+    )
 
 
 def cmd_node_cordon(client: Client, args: argparse.Namespace) -> None:

@@ -260,6 +260,7 @@ def test_nodes_from_the_command_line(ctl: Any) -> None:
     assert code == 1 and "Only staff may cordon nodes" in err
     code, out, _ = ctl("staff", "node", "remove", "gpu-1")
     assert out.startswith("Node gpu-1 removed")
+    assert "agent, at its next heartbeat, stops its engines and exits (status 78" in out
     code, out, _ = ctl("alice", "nodes", "--json")
     assert json.loads(out) == []
 
