@@ -162,8 +162,10 @@ def _base64(data: str, where: str) -> None:
 # -- every value: finite numbers, valid strings ------------------------------------------------
 
 # What, in a body's JSON text, could be read as an unsound value: an escape (a lone surrogate is
-# written \udXXX), a number with an exponent, or a mantissa long enough to overflow a float.
-_MAY_BE_UNSOUND = re.compile(rb"\\u|[0-9][eE]|[0-9]{300}")
+# written \udXXX), a number with an exponent, or a mantissa long enough to overflow a float. A
+# run of digits is tried from its first digit only: tried from each, a body of 299-digit runs
+# took the search 0.45 s a megabyte, against 0.08.
+_MAY_BE_UNSOUND = re.compile(rb"\\u|[0-9][eE]|(?<![0-9])[0-9]{300}")
 
 
 def plain(raw: bytes) -> bool:

@@ -455,6 +455,8 @@ PLAIN_OR_NOT = [
     (b'{"model":"m","x":1e400}', False),  # a float past the largest
     (b'{"model":"m","x":1E5}', False),
     (b'{"model":"m","x":' + b"9" * 400 + b".5}", False),  # a mantissa past it
+    (b'{"model":"m","x":[12,' + b"9" * 300 + b"]}", False),  # its run after another's
+    (b'{"model":"m","x":"' + b",".join([b"9" * 299] * 50) + b'"}', True),  # runs just short
     ('{"model":"m","x":"é"}'.encode(), False),  # not ASCII
 ]
 
