@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from gateway.endpoints import ENDPOINTS
 from llmgw import engine, gguf
 from llmgw.engines import DEFAULT_ENGINE, UnknownEngine, engine_names, get_engine
 from llmgw.engines.base import (
@@ -118,18 +119,8 @@ def test_llama_server_features() -> None:
     assert backend.default_context_length == engine.DEFAULT_CONTEXT_LENGTH == 2048
     assert backend.metric_names == engine.METRIC_NAMES
     assert backend.features == Features(
-        endpoints=frozenset(
-            {
-                "/v1/models",
-                "/v1/chat/completions",
-                "/v1/completions",
-                "/v1/embeddings",
-                "/v1/responses",
-                "/v1/messages",
-                "/v1/rerank",
-                "/v1/messages/count_tokens",
-            }
-        ),
+        # llama-server answers every endpoint the gateway has (one table: gateway.endpoints).
+        endpoints=frozenset(endpoint.path for endpoint in ENDPOINTS),
         per_request_lora=True,
         embeddings=True,
         rerank=True,
