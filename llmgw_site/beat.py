@@ -19,7 +19,7 @@ import os
 import secrets
 import socket
 import time
-from datetime import UTC
+from datetime import UTC, datetime
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,9 @@ log = logging.getLogger("llmgw.beat")
 
 # How often a standby asks for the lease: with the lease's length, the most a takeover takes.
 STANDBY_SECONDS = 2.0
+# A jump of the wall clock against the monotonic one larger than this, between two ticks, is a
+# step (NTP setting the clock, an operator's `date -s`), not the drift a slewing clock has.
+CLOCK_STEP_SECONDS = 2.0
 # The message headers a send carries (the worker's PeriodicTask reads them).
 ENTRY_HEADER = "llmgw_periodic"
 SEND_HEADER = "llmgw_send"
@@ -70,11 +73,13 @@ class LeaderScheduler(PersistentScheduler):
         self.held: Held | None = None
         self.renew_at = 0.0
         self._said: str | None = None
+        self._wall_offset: float | None = None  # time.time() - time.monotonic() at the last tick
         super().__init__(*args, **kwargs)
 
     # -- the lease ----------------------------------------------------------------------------
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
+        self._follow_clock()
         if not self.shared:
             return super().tick(*args, **kwargs)
         if not self._lead():
@@ -126,13 +131,43 @@ class LeaderScheduler(PersistentScheduler):
         """Begin leading: each entry's last send is the one recorded by whichever beat sent it,
         so what came due while no beat led is sent now, and nothing is sent early."""
         sends = _leader().last_sends(list(self.schedule))
+        now = self.app.now().astimezone(UTC)
         for name, entry in self.schedule.items():
             sent = sends.get(name)
             if sent is not None:
-                entry.last_run_at = sent.astimezone(UTC)
+                # Never later than this beat's now: a send stamped by a database clock ahead of
+                # this machine's would keep the entry from coming due until this clock caught
+                # up (minutes of no reconcile pass for a clock minutes behind). Sending sooner
+                # is safe: claim_send checks the interval by the database's clock.
+                entry.last_run_at = min(sent.astimezone(UTC), now)
         self._heap = None  # rebuilt from the entries at the next tick
         taken = f", taken from {held.previous}" if held.previous else ""
         self._say(f"beat: {self.holder} runs the schedule now (term {held.term}{taken})")
+
+    def _follow_clock(self) -> None:
+        """After a step of the wall clock, go on from now.
+
+        Celery decides what is due by the wall clock: each entry's last send (stamped by the
+        clock before the step) plus its interval, against now. Stepped back by five minutes,
+        every entry would wait five minutes more (no reconcile pass, no rollout step meanwhile),
+        and the heap of entries, ordered by times from before the step, would serve first the
+        entries sent since, starving the others. So the last sends in the future count as sent
+        now, and the heap is made again. Stepped forward, entries come due early; claim_send
+        refuses those within their interval by the database's clock, and the heap is made
+        again all the same."""
+        offset = time.time() - time.monotonic()
+        previous, self._wall_offset = self._wall_offset, offset
+        if previous is None or abs(offset - previous) <= CLOCK_STEP_SECONDS:
+            return
+        now = self.app.now().astimezone(UTC)
+        for entry in self.schedule.values():
+            if entry.last_run_at is not None and _aware(entry.last_run_at) > now:
+                entry.last_run_at = now
+        self._heap = None
+        log.warning(
+            "beat: the clock stepped by %+.0f s; the schedule goes on from the new time",
+            offset - previous,
+        )
 
     def _say(self, text: str, level: int = logging.INFO) -> None:
         # A standby asks every two seconds: say each state once, not each time.
@@ -219,6 +254,11 @@ def _drop_cut_connection() -> None:
     if status is not None and status.name in ("ACTIVE", "UNKNOWN"):
         with contextlib.suppress(Exception):
             connection.close()
+
+
+def _aware(moment: datetime) -> datetime:
+    """A last send as an aware time: Celery keeps a naive one as UTC."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -21,7 +21,7 @@ from django.db import connection
 from django.utils import timezone
 
 from llmgw_site import leader
-from llmgw_site.beat import LeaderScheduler, PeriodicTask
+from llmgw_site.beat import LeaderScheduler, PeriodicTask, interval_of
 from llmgw_site.celery import app
 from llmgw_site.models import Lease, PeriodicRun
 from tests.support.system import ROOT
@@ -74,6 +74,60 @@ def test_a_new_leader_starts_from_the_sends_recorded_by_the_last_one(
     # Never sent by anyone: as Celery does, one interval after this beat's start.
     due, wait = scheduler.schedule["sample-capacity"].is_due()
     assert not due and wait > 50
+
+
+def test_a_send_recorded_by_a_database_clock_ahead_does_not_hold_the_entry_back(
+    scheduler: LeaderScheduler,
+) -> None:
+    # The database's clock five minutes ahead of this machine's: the last send it stamped is
+    # in this beat's future. The entry comes due within its interval, not five minutes later.
+    ahead = timezone.now() + timedelta(minutes=5)
+    PeriodicRun.objects.create(name="reconcile", task="fleet.tasks.reconcile", sends=4,
+                               sent_at=ahead)  # fmt: skip
+
+    assert scheduler._lead()
+
+    interval = interval_of(scheduler.schedule["reconcile"])
+    due, wait = scheduler.schedule["reconcile"].is_due()
+    assert due or wait <= interval
+
+
+def test_after_the_clock_steps_back_every_entry_comes_due_within_its_interval(
+    scheduler: LeaderScheduler, caplog: pytest.LogCaptureFixture
+) -> None:
+    scheduler._follow_clock()  # the first tick: the clock as it is
+    # Five minutes ago the clock read five minutes later than it does now: every entry's last
+    # send, stamped then, is five minutes in the future.
+    stamped = timezone.now() + timedelta(minutes=5)
+    for entry in scheduler.schedule.values():
+        entry.last_run_at = stamped
+    assert scheduler._wall_offset is not None
+    scheduler._wall_offset += 300
+
+    with caplog.at_level(logging.INFO, logger="llmgw.beat"):
+        scheduler._follow_clock()
+
+    # (Celery's own daily clean-up is a crontab, due at a time of day: not one of these.)
+    every = {n: e for n, e in scheduler.schedule.items() if not n.startswith("celery.")}
+    assert "reconcile" in every
+    for name, entry in every.items():
+        interval = interval_of(entry)
+        due, wait = entry.is_due()
+        assert due or wait <= interval, (name, wait)
+    assert scheduler._heap is None  # made again from the entries at the next tick
+    assert any("the clock stepped by -300 s" in r.getMessage() for r in caplog.records)
+
+
+def test_a_clock_that_only_drifts_changes_nothing(scheduler: LeaderScheduler) -> None:
+    scheduler._follow_clock()
+    later = timezone.now() + timedelta(minutes=5)
+    scheduler.schedule["reconcile"].last_run_at = later
+    scheduler._heap = []
+
+    scheduler._follow_clock()
+
+    assert scheduler.schedule["reconcile"].last_run_at == later
+    assert scheduler._heap == []
 
 
 def test_it_releases_the_lease_when_it_closes(tmp_path: Path) -> None:
