@@ -7,7 +7,8 @@ what is guaranteed). On SQLite (one machine) it is exactly the stock scheduler.
 
 Run it as `celery -A llmgw_site beat` (CELERY_BEAT_SCHEDULER names it; the run command does), or
 inside a worker, `celery -A llmgw_site worker -B --scheduler llmgw_site.beat:LeaderScheduler` (the
-worker does not read the setting for its embedded beat, and does not start it again if it dies).
+worker does not read the setting for its embedded beat, and does not start it again if it dies:
+such a worker stops then, with exit code 70, for its supervisor to start again; llmgw_site.celery).
 """
 
 from __future__ import annotations
