@@ -214,6 +214,9 @@ class Replica(models.Model):
     engine_metrics_at = models.DateTimeField(null=True, blank=True)
     withdrawn_at = models.DateTimeField(null=True, blank=True, db_index=True)
     withdraw_reason = models.TextField(blank=True, default="")
+    # Set when the reconciler moves it to spread its model over nodes (rule 6 of
+    # docs/nodes.md#how-placement-decides): it serves until a replacement elsewhere is ready.
+    move_reason = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
     ready_at = models.DateTimeField(null=True, blank=True)
     state_changed_at = models.DateTimeField(default=timezone.now)

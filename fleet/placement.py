@@ -22,6 +22,9 @@ CLASS_RANK: dict[str, int] = {"critical": 3, "standard": 2, "opportunistic": 1}
 #: Tolerance when comparing quantities, so float sums do not break exact fits.
 EPSILON = 1e-6
 
+#: The most moves one pass plans (rule 6), one per model at most: each starts an engine.
+MAX_MOVES = 8
+
 # Internal resource vector: (memory_gb, cores, gpus, gpu_memory_gb). Tuples and lists of
 # floats are used in the hot paths instead of Resources because they are much faster.
 _Vec = tuple[float, float, float, float]
@@ -90,7 +93,8 @@ class ModelDemand:
     ``desired`` is how many replicas it wants now (the caller has already applied min
     replicas and on-demand); ``minimum`` is its min replicas (0 for an on-demand model).
     A ``minimum`` above ``desired`` is treated as ``desired``. ``klass`` is a key of
-    :data:`CLASS_RANK`. ``profiles`` are tried in order.
+    :data:`CLASS_RANK`. ``profiles`` are tried in order. ``moving``: the replica it lacks
+    replaces one being moved (rule 6), which never preempts.
     """
 
     name: str
@@ -98,6 +102,7 @@ class ModelDemand:
     minimum: int
     desired: int
     profiles: tuple[Profile, ...]
+    moving: bool = False  # its replicas beyond its minimum only move (rule 6): no preemption
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,10 @@ class Replica:
     ``devices``: the indices of the node's GPUs it holds, its ``resources.gpu_memory_gb``
     split evenly over them. A GPU replica without them (placed before devices were known)
     is given the emptiest devices when the pass starts, for the pass's accounting only.
+
+    ``leaving``: it serves only until a replacement is ready (out of date in an update, a
+    rollback or a canary's end, or being moved): it holds its room, but the spread (rule 4)
+    does not count it, so that its replacement may go to its node.
     """
 
     id: str
@@ -115,6 +124,7 @@ class Replica:
     profile: str
     resources: Resources
     devices: tuple[int, ...] = ()
+    leaving: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,6 +152,19 @@ class Stop:
     model: str
     node: str
     reason: str
+
+
+@dataclass(frozen=True)
+class Move:
+    """Move replica ``replica_id`` of ``model`` off ``node``, which holds more of the model
+    than ``to``, a node without it that has room for one now (rule 6): a replacement starts
+    first and this one stops once it is ready."""
+
+    replica_id: str
+    model: str
+    node: str
+    to: str
+    here: int  # replicas of the model on ``node``
 
 
 @dataclass(frozen=True)
@@ -180,6 +203,7 @@ class Plan:
     stops: tuple[Stop, ...]
     preemptions: tuple[Stop, ...]
     unplaced: tuple[Unplaced, ...]
+    moves: tuple[Move, ...] = ()
 
 
 def plan_placement(
@@ -197,6 +221,7 @@ def plan_placement(
     planner.scale_down()
     for rank in sorted(set(CLASS_RANK.values()), reverse=True):
         planner.serve_class(rank)
+    planner.spread_out()
     return planner.plan()
 
 
@@ -310,6 +335,7 @@ class _Slot:
     rank: int
     start: int | None = None  # key of the planned Start, if it is one
     devices: tuple[int, ...] = ()  # the node's GPUs it holds (on a node that lists them)
+    leaving: bool = False  # serves until its replacement is ready; not in the spread
     # Victim order within a class: biggest reservation first (memory, then cores, GPUs,
     # GPU memory), then replica key for determinism.
     bigness: tuple[float, float, float, float, str] = field(init=False)
@@ -482,6 +508,7 @@ class _Planner:
         self.next_start = 0
         self.stops: list[Stop] = []
         self.preemptions: list[Stop] = []
+        self.moves: list[Move] = []
         # (node, tier, rank) -> preemptible replicas in victim order.
         self.order_cache: dict[tuple[str, int, int], _VictimOrder] = {}
 
@@ -524,8 +551,9 @@ class _Planner:
             if rank >= slot.rank:
                 for d in range(_DIMENSIONS):
                     load[d] += slot.need[d]
-        spread = self.spread[slot.model]
-        spread[slot.node] = spread.get(slot.node, 0) + 1
+        if not slot.leaving:
+            spread = self.spread[slot.model]
+            spread[slot.node] = spread.get(slot.node, 0) + 1
         self.count[slot.model] += 1
         self.model_slots[slot.model][slot.key] = slot
         if had_spare:
@@ -553,10 +581,11 @@ class _Planner:
             if rank >= slot.rank:
                 for d in range(_DIMENSIONS):
                     load[d] -= slot.need[d]
-        spread = self.spread[slot.model]
-        spread[slot.node] -= 1
-        if not spread[slot.node]:
-            del spread[slot.node]
+        if not slot.leaving:
+            spread = self.spread[slot.model]
+            spread[slot.node] -= 1
+            if not spread[slot.node]:
+                del spread[slot.node]
         self.count[slot.model] -= 1
         del self.model_slots[slot.model][slot.key]
         self.index.update(node)
@@ -680,6 +709,7 @@ class _Planner:
                     _charge(node, need),
                     rank,
                     devices=devices,
+                    leaving=replica.leaving,
                 )
                 self.add(slot)
 
@@ -706,11 +736,12 @@ class _Planner:
                 reason = f"scaled down to {model.desired}"
                 self.stops.append(Stop(victim.key, victim.model, victim.node, reason))
 
-    def _scale_down_order(self, slot: _Slot) -> tuple[bool, int, float, float, str, str]:
+    def _scale_down_order(self, slot: _Slot) -> tuple[bool, bool, int, float, float, str, str]:
         node = self.nodes[slot.node]
         return (
             node.schedulable,  # cordoned nodes drain first: they take nothing new anyway
-            -self.spread[slot.model][slot.node],  # keep the model spread over nodes
+            not slot.leaving,  # then those on their way out
+            -self.spread[slot.model].get(slot.node, 0),  # keep the model spread over nodes
             node.free[0],  # then relieve the fullest node
             node.free[1],
             node.name,
@@ -771,7 +802,7 @@ class _Planner:
             if node is not None:
                 self.start(model, profile, need, node)
                 return True
-        if not candidates:
+        if not candidates or (model.moving and not within_minimum):
             return False
         for profile in model.profiles:
             need = _vec(profile.resources)
@@ -808,6 +839,36 @@ class _Planner:
                 if best is None or key < best:
                     best = key
         return None if best is None else best[3]
+
+    def spread_out(self) -> None:
+        """Rule 6: a model this pass left alone, with two or more replicas on one node while a
+        node without it has free room for one, moves one replica there (at most one per model
+        and :data:`MAX_MOVES` a pass). Only free room counts: a move never preempts."""
+        changed = {start.model for start in self.starts.values()}
+        changed.update(stop.model for stop in self.stops)
+        changed.update(stop.model for stop in self.preemptions)
+        for name, model in self.models.items():
+            if len(self.moves) >= MAX_MOVES:
+                return
+            spread = self.spread[name]
+            if name in changed or self.count[name] != model.desired or not spread:
+                continue
+            most = max(spread.values())
+            slots = self.model_slots[name].values()
+            if most < 2 or any(slot.leaving for slot in slots):
+                continue  # spread already, or a replacement under way settles it
+            crowded = min(
+                (n for n, here in spread.items() if here == most),
+                key=lambda n: (self.nodes[n].free[0], self.nodes[n].free[1], n),
+            )
+            replica = min((s for s in slots if s.node == crowded), key=lambda s: s.key)
+            profile = next((p for p in model.profiles if p.name == replica.profile), None)
+            if profile is None:
+                continue  # its profile is gone: it is out of date and will be replaced anyway
+            need = _vec(profile.resources)
+            to = self.index.best_fit(need, self.nodes, spread, self.placeable(need))
+            if to is not None:
+                self.moves.append(Move(replica.key, name, crowded, to, most))
 
     # -- preemption ---------------------------------------------------------------------
 
@@ -1046,6 +1107,7 @@ class _Planner:
             stops=tuple(self.stops),
             preemptions=tuple(self.preemptions),
             unplaced=tuple(unplaced),
+            moves=tuple(self.moves),
         )
 
 

@@ -15,7 +15,7 @@ import os
 import socket
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -53,6 +53,7 @@ class PassReport:
     preempted: list[str] = field(default_factory=list)
     unplaced: list[placement.Unplaced] = field(default_factory=list)
     nodes_lost: list[str] = field(default_factory=list)
+    moved: list[str] = field(default_factory=list)  # replicas marked to move (rule 6)
 
 
 # -- the lease --------------------------------------------------------------------
@@ -250,7 +251,10 @@ def planner_node(node: Node | Member) -> placement.Node:
     )
 
 
-def planner_replica(replica: Replica | Active, node_names: dict[int, str]) -> placement.Replica:
+def planner_replica(
+    replica: Replica | Active, node_names: dict[int, str], leaving: bool = False
+) -> placement.Replica:
+    """``leaving``: it serves only until its replacement is ready (placement.Replica)."""
     # A replica whose model was removed keeps its name; keyed apart so that a new
     # model of the same name does not adopt it.
     owner = replica.model_name if replica.model_id is not None else f"removed:{replica.pk}"
@@ -261,6 +265,7 @@ def planner_replica(replica: Replica | Active, node_names: dict[int, str]) -> pl
         profile=replica.profile,
         resources=_resources(replica),
         devices=tuple(i for i in replica.devices or [] if isinstance(i, int)),
+        leaving=leaving,
     )
 
 
@@ -287,6 +292,7 @@ class Active:
     state: str
     message: str
     spec_key: str
+    move_reason: str
     created_at: datetime
     source: str | None
     sha256: str | None
@@ -352,7 +358,10 @@ class _Pass:
         self.audit: list[AuditEntry] = []
         self.dirty_models: dict[int, Model] = {}
         self.surging: set[int] = set()  # models asking for one extra replica to replace an old one
-        self.replacing: set[int] = set()  # models with replicas out of date
+        self.replacing: set[int] = set()  # models with replicas out of date or moving
+        self.leaving: set[str] = set()  # replicas serving until their replacement is ready
+        self.moving: set[int] = set()  # surging models whose only replacements are moves
+        self.cancel_moves: list[Active] = []  # moves whose replacement fits nowhere now
         self.node_names: dict[int, str] = {}
 
     def withdraw_replica(self, replica: Active, reason: str) -> None:
@@ -418,7 +427,7 @@ _NODE_STAMP = """
 _REPLICA_STAMP = """
     SELECT count(*), coalesce(sum(hashtextextended(concat_ws('|', id, model_id, model_name,
         node_id, profile, memory_gb, cores, gpus, gpu_memory_gb, devices::text, spec_key,
-        spec->>'source', spec->>'sha256'), 0)), 0),
+        move_reason, spec->>'source', spec->>'sha256'), 0)), 0),
         coalesce(sum(hashtextextended(concat_ws('|', id, state, message), 0)), 0),
         count(*) FILTER (WHERE state = %s)
     FROM fleet_replica WHERE withdrawn_at IS NULL"""
@@ -495,20 +504,28 @@ def _reconcile(now: datetime, silent: SilentNodes) -> PassReport:
         mine = by_model.get(model.pk, [])
         desired = model.desired_replicas(now, run.config.default_idle_timeout)
         planner_desired, mine = _replacement(run, model, mine, desired)
-        demands.append(model_demand(model, planner_desired, facts[model.name]))
+        demand = model_demand(model, planner_desired, facts[model.name])
+        if model.pk in run.moving:
+            demand = replace(demand, moving=True)
+        demands.append(demand)
         by_model[model.pk] = mine
 
     still_active = [r for r in active if str(r.pk) not in run.withdraw]
     plan = placement.plan_placement(
         [planner_node(n) for n in nodes],
         demands,
-        [planner_replica(r, node_names) for r in still_active],
+        [planner_replica(r, node_names, str(r.pk) in run.leaving) for r in still_active],
     )
     _fall_back_in_place(run, models, by_model, plan)
     _apply(run, plan, models, nodes, {str(r.pk): r for r in active})
     report = run.report
     if stamp is not None and not (
-        report.started or report.withdrawn or run.dirty_models or run.audit or report.nodes_lost
+        report.started
+        or report.withdrawn
+        or run.dirty_models
+        or run.audit
+        or report.nodes_lost
+        or run.cancel_moves
     ):
         states_matter = bool(run.replacing) or any(m.rollout_failures for m in models.values())
         _quiet = Quiet(stamp, said, tuple(plan.unplaced), states_matter)
@@ -606,10 +623,12 @@ def _replacement(
         else:
             kept.append(replica)
     mine = kept
-    stale = [r for r in mine if r.spec_key != keys.get(r.profile)]
-    fresh = [r for r in mine if r.spec_key == keys.get(r.profile)]
+    # Out of date, or moving to spread the model (rule 6): replaced alike, one at a time.
+    stale = [r for r in mine if r.spec_key != keys.get(r.profile) or r.move_reason]
+    fresh = [r for r in mine if r.spec_key == keys.get(r.profile) and not r.move_reason]
     if stale:
         run.replacing.add(model.pk)
+        run.leaving.update(str(r.pk) for r in stale)
     if model.rollout_failures and any(r.state == Replica.READY for r in fresh):
         _set(run, model, rollout_failures=0, rollout_halted="", rollout_spec_key="")
 
@@ -635,6 +654,8 @@ def _replacement(
         return 0, mine
     # Start one extra replica of the current spec before stopping an old one.
     run.surging.add(model.pk)
+    if all(r.move_reason for r in stale):
+        run.moving.add(model.pk)
     return len(mine) + 1, mine
 
 
@@ -655,6 +676,8 @@ def _fall_back_in_place(
         keys = current_keys(model)
         stale = [r for r in mine if r.spec_key != keys.get(r.profile)]
         if not stale:
+            # Only moves, whose replacement fits nowhere now: they stay where they are.
+            run.cancel_moves.extend(r for r in mine if r.move_reason)
             continue
         victim = _stale_victim(stale)
         ready_after = sum(1 for r in mine if r.state == Replica.READY and r is not victim)
@@ -696,6 +719,7 @@ def _apply(
     # first, thousands of them (a model of thousands placed) would stay locked for the whole
     # insert, their heartbeats waiting on the web's threads and their renewals not written
     # (fleet.liveness skips locked rows), until they were declared lost.
+    _write_moves(run, plan, models, active)
     node_ids = {n.name: n.pk for n in nodes}
     losing = {active[i].node_id for i in run.withdraw}
     bump_generation(losing)
@@ -721,6 +745,38 @@ def _apply(
             len(run.withdraw),
             len(plan.unplaced),
         )
+
+
+def _write_moves(
+    run: _Pass, plan: placement.Plan, models: dict[int, Model], active: dict[str, Active]
+) -> None:
+    """Mark the replicas the plan moves (its replacement is started by the next pass, as for an
+    out-of-date one), audited with the reason; and clear the moves that cannot be made now."""
+    by_name = {m.name: m for m in models.values()}
+    marked = []
+    for move in plan.moves:
+        model = by_name[move.model]
+        if (
+            model.pk in run.replacing
+            or model.canary_in_force is not None
+            or model.rollout_halted
+            or move.replica_id in run.withdraw
+        ):
+            continue  # a replacement, a canary or a halt decides where its replicas go now
+        reason = (
+            f"moving to spread the model: node {move.node} holds {move.here} of its replicas "
+            f"and node {move.to}, which has room for one, holds none"
+        )
+        marked.append(Replica(pk=active[move.replica_id].pk, move_reason=reason))
+        run.audit.append(
+            audit_entry(SYSTEM, model.name, "move", f"replica on {move.node}: {reason}")
+        )
+    for replica in run.cancel_moves:
+        if str(replica.pk) not in run.withdraw:
+            marked.append(Replica(pk=replica.pk, move_reason=""))
+    if marked:
+        Replica.objects.bulk_update(marked, ["move_reason"], batch_size=500)
+    run.report.moved = [str(r.pk) for r in marked if r.move_reason]
 
 
 def _write_withdrawals(run: _Pass, active: dict[str, Active]) -> None:

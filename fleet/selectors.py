@@ -140,6 +140,7 @@ def replica_view(replica: Replica, node_name: str, up_to_date: bool) -> dict[str
         "port": replica.port,
         "message": replica.message,
         "withdraw_reason": replica.withdraw_reason,
+        "move_reason": replica.move_reason,
         "generation": replica.spec.get("generation"),
         "weights_sha256": replica.weights_sha256,
         "created_at": replica.created_at.isoformat(),

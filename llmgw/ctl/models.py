@@ -220,6 +220,8 @@ def _print_target(target: dict[str, Any]) -> None:
     for r in target["replicas"]:
         extra = "" if r["up_to_date"] else " (out of date)"
         detail = r["withdraw_reason"] if r["state"] == "withdrawn" else r["message"]
+        if r.get("move_reason") and r["state"] != "withdrawn":
+            detail = f"{detail}  {r['move_reason']}".strip()
         port = f":{r['port']}" if r["port"] else ""
         gpus = f" GPU {', '.join(str(i) for i in r['devices'])}" if r.get("devices") else ""
         print(f"  {r['node']}{port}{gpus}  {r['state']}{extra}  {detail}".rstrip())

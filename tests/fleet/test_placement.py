@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given
@@ -17,7 +18,9 @@ from hypothesis import strategies as st
 from fleet.placement import (
     CLASS_RANK,
     EPSILON,
+    MAX_MOVES,
     ModelDemand,
+    Move,
     Node,
     Plan,
     Profile,
@@ -693,3 +696,72 @@ def test_the_index_built_in_one_sort_is_the_one_built_update_by_update() -> None
     assert any(len(bucket) > 1 for bucket in by_update._buckets.values())
     with planner.index.deferred(), pytest.raises(AssertionError, match="deferred"):
         planner.index.best_fit((1.0, 1.0, 0.0, 0.0), planner.nodes, {})
+
+
+# --- moves (rule 6) ----------------------------------------------------------------------
+
+
+def test_a_model_bunched_on_one_node_moves_a_replica_to_a_node_with_room() -> None:
+    nodes = [node("a"), node("b")]
+    replicas = [replica("r1", "m", "a"), replica("r2", "m", "a")]
+    plan = plan_placement(nodes, [model("m", desired=2)], replicas)
+    assert plan.moves == (Move("r1", "m", "a", "b", 2),)
+    assert plan.starts == plan.stops == ()  # the reconciler starts its replacement next
+
+
+def test_nothing_moves_where_no_node_without_the_model_has_free_room() -> None:
+    replicas = [replica("r1", "m", "a"), replica("r2", "m", "a"), replica("o", "o", "b", 60)]
+    full = plan_placement([node("a"), node("b")], [model("m", desired=2), model("o")], replicas)
+    assert full.moves == ()
+    cordoned = plan_placement(
+        [node("a"), node("b", schedulable=False)], [model("m", desired=2)], replicas[:2]
+    )
+    assert cordoned.moves == ()
+    # Three replicas over two nodes: as spread as they can be.
+    three = [*replicas[:2], replica("r3", "m", "b")]
+    assert plan_placement([node("a"), node("b")], [model("m", desired=3)], three).moves == ()
+
+
+def test_nothing_moves_for_a_model_this_pass_changes_or_that_is_being_replaced() -> None:
+    nodes = [node("a"), node("b"), node("c")]
+    replicas = [replica("r1", "m", "a"), replica("r2", "m", "a")]
+    growing = plan_placement(nodes, [model("m", desired=3)], replicas)
+    assert growing.moves == () and where(growing) == [("m", "b")]
+    leaving = [replicas[0], Replica("r2", "m", "a", "cpu", res(8), leaving=True)]
+    assert plan_placement(nodes, [model("m", desired=2)], leaving).moves == ()
+
+
+def test_replicas_on_their_way_out_do_not_count_in_the_spread() -> None:
+    # a is the better fit and both nodes hold one replica; b's is being replaced, so the
+    # replacement goes to b, where the model will otherwise be gone.
+    nodes = [node("a", memory=32), node("b", memory=64)]
+    replicas = [replica("r1", "m", "a"), Replica("r2", "m", "b", "cpu", res(8), leaving=True)]
+    plan = plan_placement(nodes, [model("m", desired=3)], replicas)
+    assert where(plan) == [("m", "b")]
+    counted = plan_placement(nodes, [model("m", desired=3)], [replicas[0], replica("r2", "m", "b")])
+    assert where(counted) == [("m", "a")]  # the same fleet, nothing leaving: best fit
+
+
+def test_a_pass_moves_at_most_one_replica_per_model_and_max_moves_in_all() -> None:
+    names = [f"m{i:02}" for i in range(MAX_MOVES + 3)]
+    nodes = [node("a", memory=1024), *(node(f"n{i}") for i in range(3))]
+    replicas = [replica(f"{m}-{i}", m, "a") for m in names for i in range(3)]
+    plan = plan_placement(nodes, [model(m, desired=3) for m in names], replicas)
+    assert len(plan.moves) == MAX_MOVES
+    assert len({move.model for move in plan.moves}) == MAX_MOVES
+
+
+def test_the_replacement_of_a_moving_replica_preempts_nothing() -> None:
+    nodes = [node("a", memory=16), node("b", memory=16)]
+    replicas = [
+        replica("r1", "m", "a"),
+        Replica("r2", "m", "a", "cpu", res(8), leaving=True),
+        replica("low", "o", "b", 16),
+    ]
+    models = [model("m", minimum=2, desired=3), model("o", klass="opportunistic")]
+    updating = plan_placement(nodes, models, replicas)
+    assert preempted(updating) == ["low"] and ("m", "b") in where(updating)
+    moving = [replace(models[0], moving=True), models[1]]
+    plan = plan_placement(nodes, moving, replicas)
+    assert plan.preemptions == () and plan.starts == ()
+    assert [u.model for u in plan.unplaced] == ["m"]

@@ -489,3 +489,80 @@ def test_a_slow_heartbeat_does_not_start_a_nodes_run_of_heartbeats_again() -> No
     assert node.heard_since_with(last + timedelta(seconds=5), lost_after=6) == since
     late = last + timedelta(seconds=7)
     assert node.heard_since_with(late, lost_after=6) == late
+
+
+def _roll_until_replaced(fleet: Any, model: str, old: set[Any], nodes: list[str]) -> None:
+    """Passes and heartbeats until none of `old` runs; a replica of the model is ready all along."""
+    for _ in range(30):
+        reconcile_pass()
+        assert any(r.routable for r in fleet.replicas(model)), "the model had no ready replica"
+        for name in nodes:
+            fleet.beat(name)
+        if not old & {r.pk for r in fleet.replicas(model)}:
+            return
+    raise AssertionError(f"{model} still runs {old & {r.pk for r in fleet.replicas(model)}}")
+
+
+def test_a_restart_keeps_the_replicas_spread_over_nodes(fleet: Any) -> None:
+    # Room for every replica on either node: a replacement is drawn to the fuller node by best
+    # fit unless the replicas on their way out leave the spread to the new ones.
+    fleet.node("a")
+    fleet.node("b")
+    fleet.add("chat", min_replicas=2)
+    settle(fleet)
+    assert sorted(r.node.name for r in fleet.replicas("chat")) == ["a", "b"]
+    for _ in range(3):  # an update, a rollback, a restart: each a replacement of every replica
+        model_restart(actor=fleet.owner, name="chat")
+        _roll_until_replaced(fleet, "chat", {r.pk for r in fleet.replicas("chat")}, ["a", "b"])
+        settle(fleet)
+        assert sorted(r.node.name for r in fleet.replicas("chat")) == ["a", "b"]
+
+
+def test_a_node_back_from_lost_gets_a_replica_moved_to_it(fleet: Any) -> None:
+    fleet.node("a")
+    fleet.node("b")
+    fleet.add("chat", min_replicas=2)
+    settle(fleet)
+    Node.objects.filter(name="b").update(last_heartbeat=timezone.now() - timedelta(minutes=5))
+    Node.objects.filter(name="a").update(heard_since=timezone.now() - timedelta(minutes=10))
+    assert reconcile_pass().nodes_lost == ["b"]
+    for _ in range(3):
+        fleet.beat("a")
+        reconcile_pass()
+    bunched = fleet.replicas("chat")
+    assert [r.node.name for r in bunched] == ["a", "a"]
+
+    fleet.beat("b")  # it is back
+    report = reconcile_pass()
+    assert len(report.moved) == 1 and report.started == [] and report.withdrawn == []
+    moving = Replica.objects.get(pk=report.moved[0])
+    assert moving.node.name == "a"
+    assert moving.move_reason == (
+        "moving to spread the model: node a holds 2 of its replicas "
+        "and node b, which has room for one, holds none"
+    )
+    assert AuditEntry.objects.filter(action="move", model_name="chat").count() == 1
+    # Its replacement first, on b; it leaves only once that one is ready.
+    report = reconcile_pass()
+    [new] = [Replica.objects.get(pk=pk) for pk in report.started]
+    assert new.node.name == "b" and report.withdrawn == []
+    fleet.beat("b", states={str(new.pk): "starting"})
+    assert reconcile_pass().withdrawn == []
+    fleet.beat("b")
+    assert reconcile_pass().withdrawn == [str(moving.pk)]
+    settle(fleet)
+    assert sorted(r.node.name for r in fleet.replicas("chat")) == ["a", "b"]
+    assert reconcile_pass().moved == []  # spread: nothing more to move
+
+
+def test_a_move_whose_replacement_fits_nowhere_now_is_called_off(fleet: Any) -> None:
+    fleet.node("a", memory_gb=2, cores=2)
+    fleet.add("chat", min_replicas=2)
+    settle(fleet)
+    first, second = fleet.replicas("chat")
+    Replica.objects.filter(pk=first.pk).update(move_reason="moving to spread the model")
+    report = reconcile_pass()
+    assert report.withdrawn == [] and report.started == []
+    assert Replica.objects.get(pk=first.pk).move_reason == ""
+    assert {r.pk for r in fleet.replicas("chat")} == {first.pk, second.pk}
+    assert reconcile_pass().moved == []  # and one node is all there is: nothing to move to
