@@ -5,7 +5,8 @@ with traffic through the gateway, and nothing lost once it is back.
 The cells are drawn by the seed, printed in each test's id (`seed=N`): LLMGW_FAULT_SEED=N replays a
 run, LLMGW_FAULT_CELLS sets how many cells run (2), or names them ("web:add,engine:scale").
 `bench/faults.py` runs every cell. The operations serve, update-fetch, update-roll and canary need
-a local registry (git, git-lfs and olah) and are skipped without one.
+a local registry (git, git-lfs and olah) and are skipped without one; the clock faults need a C
+compiler (tests.support.stepclock), and are skipped without one.
 Select these with `-m faults`.
 """
 
@@ -50,6 +51,8 @@ def test_nothing_is_lost_when_a_part_dies_during_an_operation(
 ) -> None:
     if operation in faults.REGISTRY_OPERATIONS and registry_available() is not None:
         pytest.skip(f"{operation} needs a local registry: {registry_available()}")
+    if faults.unavailable(fault) is not None:
+        pytest.skip(f"{fault}: {faults.unavailable(fault)}")
     print(f"fault matrix seed {SEED} (LLMGW_FAULT_SEED={SEED} replays it)")
     try:
         result = faults.run_cell(fleet, fault, operation, SEED)

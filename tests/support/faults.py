@@ -34,6 +34,33 @@ The faults (`FAULTS`):
 - postgres: the fleet's PostgreSQL stopped (fast shutdown) and started again.
 - redis: the fleet's redis-server stopped (an empty one comes back, as after a restart without
   persistence).
+- worker+postgres: two faults at once: the Celery worker killed (as worker) and PostgreSQL
+  stopped (as postgres); the worker is started again after 2 s while PostgreSQL is still down,
+  PostgreSQL 3 s later.
+- postgres-failover: a streaming standby of the fleet's PostgreSQL (pg_basebackup) runs from
+  before the operation; the fault stops the server for good and promotes the standby on its
+  port (a new timeline, the old data gone), as a replicated PostgreSQL fails over.
+- clock-plane-ahead, clock-plane-behind: the wall clock of every control-plane process
+  (gateway, web, worker, beat) stepped 5 minutes forward or back, as NTP steps a machine's
+  clock; clock-node-ahead, clock-node-behind: one node's (its agent and its engines). The
+  monotonic clock runs on. The clock stays where the step put it (later cells run with it).
+  tests.support.stepclock does it (a library in LD_PRELOAD that adds the offset in a file per
+  clock, which the fault rewrites): never the machine's clock. PostgreSQL's and Redis's clocks
+  are not stepped.
+- beat-in-worker, worker-with-beat: beat run inside the worker (`celery worker -B`, as some
+  operators run it) from before the operation; the fault kills the beat process inside the
+  worker (the worker must stop, for its supervisor to start it again with a new beat:
+  llmgw_site.celery.WatchEmbeddedBeat), or the whole worker, started again with -B. After the
+  cell the fleet goes back to beat as a process of its own.
+
+After the new faults (NEW_FAULTS: worker+postgres and those after it) two more things must not
+happen: a node declared lost (the agents never stop in them), and a lease held by two (a fetch
+taken over from a worker still running it, or a beat that loses the lease to another while it
+runs). In the clock
+cells the clients use a key that expires 9 minutes after the cell began by the gateway's clock:
+a step of 5 minutes must not expire it. After postgres, worker+postgres and postgres-failover the
+gateway must see a change made afterwards within LISTEN_SECONDS (a new key answered, then
+refused once revoked), so its LISTEN connection and its pools are on the server as it is now.
 
 The operations (`OPERATIONS`, each an `Operation`):
 - scale: "chat" from one replica to three.
@@ -67,12 +94,13 @@ import os
 import random
 import re
 import signal
+import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -81,7 +109,7 @@ import psutil
 import requests
 
 from llmgw.tinygguf import write_tiny_model
-from tests.support import postgres, waiting
+from tests.support import postgres, stepclock, waiting
 from tests.support.http_files import serve_directory
 from tests.support.redis_server import RedisServer
 from tests.support.registry import LocalRegistry
@@ -89,7 +117,43 @@ from tests.support.registry import available as registry_unavailable
 from tests.support.slow_proxy import slow_proxy
 from tests.support.system import ROOT, System, wait_for
 
-FAULTS = ("web", "gateway-worker", "worker", "beat", "node", "engine", "postgres", "redis")
+FAULTS = (
+    "web",
+    "gateway-worker",
+    "worker",
+    "beat",
+    "node",
+    "engine",
+    "postgres",
+    "redis",
+    "worker+postgres",
+    "postgres-failover",
+    "clock-plane-ahead",
+    "clock-plane-behind",
+    "clock-node-ahead",
+    "clock-node-behind",
+    "beat-in-worker",
+    "worker-with-beat",
+)
+# The faults added in issue 44, checked for nodes declared lost and leases held by two as well.
+NEW_FAULTS = FAULTS[FAULTS.index("worker+postgres") :]
+# After these, beat must send a periodic task again within SCHEDULE_BACK_SECONDS.
+SCHEDULE_FAULTS = ("worker", "beat", "postgres", "redis", *NEW_FAULTS)
+# After these, the gateway must follow a change made afterwards within LISTEN_SECONDS.
+DATABASE_FAULTS = ("postgres", "worker+postgres", "postgres-failover")
+LISTEN_SECONDS = 10.0
+# The clock faults: which clock ("plane", or a node's) and which way it steps, by CLOCK_STEP.
+CLOCK_FAULTS = {
+    "clock-plane-ahead": ("plane", 1),
+    "clock-plane-behind": ("plane", -1),
+    "clock-node-ahead": ("node", 1),
+    "clock-node-behind": ("node", -1),
+}
+CLOCK_STEP = 300
+# The key the clients use in a clock cell expires this long after the cell began, by the
+# gateway's clock: more than a step.
+CLOCK_KEY_SECONDS = 9 * 60
+BEAT_IN_WORKER_FAULTS = ("beat-in-worker", "worker-with-beat")
 # After a fault that stops the schedule, a periodic task is sent again within this long
 # (the beat lease, 15 s, plus the 1 s reconcile interval and some slack).
 SCHEDULE_BACK_SECONDS = 25.0
@@ -120,7 +184,21 @@ CANARY_WINDOW_SECONDS = 10.0
 CANARY_MIN_REQUESTS = 8
 CANARY_CHECK_SECONDS = 2
 # How long a killed process stays down before it is started again, and a stopped server.
-DOWN_SECONDS = {"postgres": 5.0, "redis": 3.0}
+DOWN_SECONDS = {
+    "postgres": 5.0,
+    "redis": 3.0,
+    # The worker comes back after 2 s (restore), PostgreSQL after WORKER_POSTGRES_SECONDS more.
+    "worker+postgres": 2.0,
+    # A fail-over is its own outage (stop, start, promote); a step of the clock is at once; the
+    # worker whose beat died stops itself, and tend() starts it again.
+    "postgres-failover": 0.0,
+    "clock-plane-ahead": 0.0,
+    "clock-plane-behind": 0.0,
+    "clock-node-ahead": 0.0,
+    "clock-node-behind": 0.0,
+    "beat-in-worker": 0.0,
+}
+WORKER_POSTGRES_SECONDS = 3.0
 DEFAULT_DOWN_SECONDS = 2.0
 # What tend() starts again when it exits on its own, and after how long (llmgw_run's
 # RESTART_DELAY, the first restart's delay).
@@ -134,6 +212,17 @@ TRAFFIC_CLIENTS = 2
 # Requests sent (and answered) after the operation ended, before the cell is judged: each client
 # three, the models in turn.
 SETTLED_ANSWERS = 3 * TRAFFIC_CLIENTS
+
+
+def unavailable(fault: str) -> str | None:
+    """Why `fault` cannot be tried on this machine; None when it can."""
+    if fault in CLOCK_FAULTS and stepclock.unavailable() is not None:
+        return stepclock.unavailable()
+    if fault == "postgres-failover" and not (
+        postgres.BIN is not None and (postgres.BIN / "pg_basebackup").exists()
+    ):
+        return "a fail-over needs PostgreSQL's pg_basebackup"
+    return None
 
 
 def seed_from_environment() -> int:
@@ -268,6 +357,9 @@ class CellResult:
     phase: str = ""  # where the operation was when the fault landed, as the API showed it
     ending: str = ""  # how it ended, as the API recorded it (a rollout's message, a canary's)
     restarted: list[str] = field(default_factory=list)  # parts that exited on their own (tend)
+    nodes_lost: list[str] = field(default_factory=list)  # declared lost during the cell
+    held_by_two: list[str] = field(default_factory=list)  # a lease taken from a live holder
+    gateway: str = ""  # why the gateway did not follow a change made after a database fault
 
     @property
     def ok(self) -> bool:
@@ -277,6 +369,9 @@ class CellResult:
             or self.audit_missing
             or self.unexcused
             or self.schedule
+            or self.nodes_lost
+            or self.held_by_two
+            or self.gateway
         )
 
     def describe(self) -> str:
@@ -289,8 +384,15 @@ class CellResult:
             f"started again: {', '.join(self.restarted) or 'none'}; "
             f"double placements {self.double_placements}; orphan engines {self.orphans}; "
             f"audit: {self.audit_missing or 'ok'}; schedule: {self.schedule or 'ok'}; "
-            f"unexcused failures {self.unexcused[:5]}"
+            f"nodes lost {self.nodes_lost}; leases held by two {self.held_by_two}; "
+            f"gateway: {self.gateway or 'ok'}; unexcused failures {self.unexcused[:5]}"
         )
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    with path.open("rb") as log:
+        log.seek(offset)
+        return log.read()
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -325,6 +427,11 @@ class Fleet:
         self.head_seed = WEIGHT_SEEDS[0]  # the weights at the head of REPO
         self.serve_fetches: list[int] = []  # the fetches `model serve` started
         self.restarted: list[str] = []  # what tend() started again, and why
+        # Each clock's offset from the real time, in seconds: "plane" (every control-plane
+        # process) and each node's (its agent and engines). Empty without a steppable clock.
+        self.clocks: dict[str, int] = {}
+        self.stepclock: Path | None = None  # the library that steps them (tests.support.stepclock)
+        self.beat_in_worker = False  # beat runs inside the worker (-B), not beside it
 
     def __enter__(self) -> Fleet:
         try:
@@ -381,6 +488,9 @@ class Fleet:
                 os.environ["DATABASE_URL"] = saved
         self.system = system
         self.stack.callback(system.close)
+        if stepclock.unavailable() is None:
+            self.stepclock = stepclock.build(self.folder / "clocks")
+        system.env.update(self._clock_env("plane"))
         system.env["REDIS_URL"] = self.redis.url
         system.env["LLMGW_CANARY_CHECK_SECONDS"] = str(CANARY_CHECK_SECONDS)
         system.env["LLMGW_CANARY_MIN_REQUESTS"] = str(CANARY_MIN_REQUESTS)
@@ -390,7 +500,8 @@ class Fleet:
         )
         system.start()
         for name in NODES:
-            self.node_tokens[name] = system.add_node(name, memory_gb=2, cores=2)
+            self.node_tokens[name] = system.add_node(name, memory_gb=2, cores=2, start=False)
+            self._start_agent(name)
         wait_for(
             lambda: all(n["state"] == "ready" for n in system.api("GET", "nodes")),
             what="every agent's first heartbeat",
@@ -401,6 +512,102 @@ class Fleet:
 
     def close(self) -> None:
         self.stack.close()
+
+    def _start_agent(self, name: str, *, same_ports: bool = False) -> None:
+        self.sys.start_agent(
+            name,
+            self.node_tokens[name],
+            memory_gb=2,
+            cores=2,
+            env=self._clock_env(name),
+            same_ports=same_ports,
+        )
+
+    # -- clocks -------------------------------------------------------------------------
+
+    def _clock_file(self, clock: str) -> Path:
+        return self.folder / "clocks" / f"{clock}.rc"
+
+    def _clock_env(self, clock: str) -> dict[str, str]:
+        """The environment that puts a process on `clock` (tests.support.stepclock; nothing
+        where it cannot be built): the real time plus the clock's offset, read again at most
+        once a second; the monotonic clock left alone, as a step of the wall clock leaves it."""
+        if self.stepclock is None:
+            return {}
+        if clock not in self.clocks:
+            self._set_clock(clock, 0)
+        return stepclock.environment(self.stepclock, self._clock_file(clock))
+
+    def _set_clock(self, clock: str, offset: int) -> None:
+        """Step `clock` to `offset` seconds from the real time: its processes read the new
+        offset within a second."""
+        stepclock.set_offset(self._clock_file(clock), offset)
+        self.clocks[clock] = offset
+
+    # -- beat inside the worker, a standby ----------------------------------------------
+
+    def arrange(self, fault: str) -> None:
+        """Put in place what `fault` needs before its operation starts: beat inside the worker
+        (-B), or a standby of the database to fail over to."""
+        if fault in BEAT_IN_WORKER_FAULTS and not self.beat_in_worker:
+            # SIGTERM: the beat releases its lease, and the worker's beat takes it at once.
+            self.sys.stop_processes(["worker", "beat"])
+            self.beat_in_worker = True
+            self._start_worker()
+            wait_for(
+                self.embedded_beat_pid,
+                timeout=60,
+                what="the beat inside the worker to take the schedule",
+            )
+        if fault == "postgres-failover" and self.database.standby is None:
+            self.database.start_standby()
+
+    def _leave_beat_in_worker(self) -> None:
+        """Back to beat as a process of its own beside a worker without -B."""
+        self.sys.stop_processes(["worker"])
+        self.beat_in_worker = False
+        self.sys.start_worker()
+        self.sys.start_beat()
+        wait_for(
+            lambda: self._holds(self.beat_pid),
+            timeout=60,
+            interval=0.5,
+            what="beat to take the schedule again",
+        )
+
+    @staticmethod
+    def _holds(pid_of: Any) -> bool:
+        try:
+            return bool(pid_of())
+        except AssertionError:
+            return False
+
+    def _start_worker(self) -> None:
+        if not self.beat_in_worker:
+            self.sys.start_worker()
+            return
+        from llmgw_site.management.commands.llmgw_run import worker_command
+
+        argv = [*worker_command(Path(sys.executable).parent), "-B", "--scheduler",
+                "llmgw_site.beat:LeaderScheduler", "--schedule",
+                str(self.sys.folder / "beat-schedule-in-worker")]  # fmt: skip
+        self.sys._spawn("worker", argv)
+
+    def embedded_beat_pid(self) -> int | None:
+        """The beat inside the worker (-B), once it holds the lease: the pid it logs as it
+        starts, and its line "beat: HOST:PID:… runs the schedule now"."""
+        text = self.sys.logs["worker"].read_text(errors="replace")
+        started = re.findall(r"beat: running inside the worker as process (\d+)", text)
+        if not started:
+            return None
+        pid = int(started[-1])
+        if not re.search(rf"beat: [^\s:]+:{pid}:\w+ runs the schedule now", text):
+            return None
+        return pid
+
+    def schedule_log(self) -> Path:
+        """The log beat writes to: its own, or the worker's when it runs inside it."""
+        return self.sys.logs["worker" if self.beat_in_worker else "beat"]
 
     # -- the fleet's state ------------------------------------------------------------
 
@@ -474,7 +681,7 @@ class Fleet:
         if name == "web":
             self.sys._spawn("web", argv)
         elif name == "worker":
-            self.sys.start_worker()
+            self._start_worker()
         else:
             self.sys.start_beat()
 
@@ -519,6 +726,9 @@ class Fleet:
         """Back to one ready replica of "chat" and nothing else, between cells: no fetch of a
         `model serve` left to add its model later, the served model removed (with its
         rollout, its canary and its engines)."""
+
+        if self.beat_in_worker:
+            self._leave_beat_in_worker()
 
         def fetches_ended() -> bool:
             self.tend()
@@ -609,9 +819,63 @@ class Fleet:
 
     def schedule_sends_since(self, offset: int) -> bool:
         """Whether beat sent a periodic task after `offset` bytes of its log."""
-        with self.sys.logs["beat"].open("rb") as log:
-            log.seek(offset)
-            return b"Sending due task" in log.read()
+        return b"Sending due task" in _read_from(self.schedule_log(), offset)
+
+    def nodes_lost_since(self, offset: int) -> list[str]:
+        """The reconciler's lines declaring nodes lost after `offset` bytes of the worker's log."""
+        text = _read_from(self.sys.logs["worker"], offset).decode(errors="replace")
+        return re.findall(r"nodes lost \(no heartbeat for [^)]*\): .*", text)
+
+    def held_by_two_since(self, worker_offset: int, beat_offset: int) -> list[str]:
+        """Leases taken from a holder that was still running, after these offsets of the logs:
+        a fetch taken over from a live worker (which logs it as it stops), a beat that learns
+        at its renewal that another took its lease."""
+        worker = _read_from(self.sys.logs["worker"], worker_offset).decode(errors="replace")
+        beat = _read_from(self.schedule_log(), beat_offset).decode(errors="replace")
+        return [
+            *re.findall(r"fetch \d+ was taken over by another worker.*", worker),
+            *re.findall(r"beat: \S+ lost the lease to .*", beat),
+        ]
+
+    def cell_key(self, name: str) -> tuple[str, str]:
+        """A key for the clients that expires CLOCK_KEY_SECONDS from now by the gateway's clock
+        (the control plane's, with its offset): the key and its expiry."""
+        offset = self.clocks.get("plane", 0)
+        expires = datetime.now(UTC) + timedelta(seconds=offset + CLOCK_KEY_SECONDS)
+        made = self.sys.api("POST", "keys", json={"name": name, "expires": expires.isoformat()})
+        return made["key"], made["expires_at"]
+
+    def gateway_follows(self) -> str:
+        """'' when the gateway follows a change made now: a new key answered (its pools reach
+        the database), then refused within LISTEN_SECONDS of its revocation (a notification on
+        its LISTEN connection: without one, its full check comes every 60 s); else what it did."""
+        made = self.sys.api("POST", "keys", json={"name": f"follows-{time.monotonic_ns()}"})
+
+        def status() -> int:
+            return requests.get(
+                f"{self.sys.url}/v1/models",
+                headers={"Authorization": f"Bearer {made['key']}"},
+                timeout=CLIENT_TIMEOUT,
+            ).status_code
+
+        try:
+            wait_for(lambda: status() == 200, timeout=30, interval=0.2, what="a new key answered")
+        except AssertionError:
+            return f"a key made after the fault was not answered in 30 s ({status()})"
+        self.sys.api("POST", f"keys/{made['id']}/revoke")
+        try:
+            wait_for(
+                lambda: status() == 401,
+                timeout=LISTEN_SECONDS,
+                interval=0.2,
+                what="the revoked key refused",
+            )
+        except AssertionError:
+            return (
+                f"a key revoked after the fault was still answered {LISTEN_SECONDS:.0f} s later "
+                "(no notification reached the gateway)"
+            )
+        return ""
 
     def gateway_workers(self) -> list[psutil.Process]:
         """uvicorn's worker processes (not multiprocessing's resource tracker beside them)."""
@@ -672,12 +936,48 @@ class Fleet:
         if fault == "redis":
             self.redis.stop()
             return "stopped Redis", {}
+        if fault in ("worker+postgres", "worker-with-beat"):
+            process = system.processes.pop("worker")
+            killed = _kill_tree(process.pid)
+            process.wait(timeout=10)
+            if fault == "worker-with-beat":
+                return f"killed the worker running beat (-B), pids {killed}", {}
+            self.database.stop()
+            return f"killed worker pids {killed} and stopped PostgreSQL", {}
+        if fault == "postgres-failover":
+            timeline = "SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)"
+            before = self.database.query(timeline)
+            self.database.fail_over()
+            return (
+                f"PostgreSQL failed over to its standby, promoted on its port: timeline {before} "
+                f"-> {self.database.query(timeline)}",
+                {},
+            )
+        if fault in CLOCK_FAULTS:
+            which, sign = CLOCK_FAULTS[fault]
+            clock = "plane" if which == "plane" else rng.choice(NODES)
+            self._set_clock(clock, self.clocks[clock] + sign * CLOCK_STEP)
+            return (
+                f"stepped the clock of {clock} by {sign * CLOCK_STEP:+d} s "
+                f"(now {self.clocks[clock]:+d} s from the real time)",
+                {},
+            )
+        if fault == "beat-in-worker":
+            embedded = self.embedded_beat_pid()
+            assert embedded is not None, "no beat inside the worker holds the schedule"
+            os.kill(embedded, signal.SIGKILL)
+            return f"killed beat {embedded} inside worker {system.processes['worker'].pid}", {}
         raise ValueError(fault)
 
     def restore(self, fault: str, saved: dict[str, Any]) -> None:
-        system = self.sys
         if fault in ("web", "worker", "beat"):
             self._start_again(fault, saved.get("argv", []))
+        elif fault == "worker-with-beat":
+            self._start_worker()
+        elif fault == "worker+postgres":
+            self._start_worker()  # while PostgreSQL is still down
+            time.sleep(WORKER_POSTGRES_SECONDS)  # time is what is tested: the database stays down
+            self.database.start()
         elif fault == "gateway-worker":
             # uvicorn's supervisor starts a worker in its place.
             wait_for(
@@ -689,8 +989,7 @@ class Fleet:
             # The same command line, as systemd would run it again: its port range too (System
             # gives each agent it starts new ports; a node that moved its range would have its
             # adopted engines refused, outside the ports it declares).
-            name = saved["node"]
-            system.start_agent(name, self.node_tokens[name], memory_gb=2, cores=2, same_ports=True)
+            self._start_agent(saved["node"], same_ports=True)
         elif fault == "postgres":
             self.database.start()
         elif fault == "redis":
@@ -1031,9 +1330,16 @@ def run_cell(fleet: Fleet, fault: str, operation: str, seed: int) -> CellResult:
     rng = random.Random(f"{seed}:{fault}:{operation}")
     result = CellResult(fault, operation, seed)
     op = OPERATION_KINDS[operation](fleet)
+    fleet.arrange(fault)
     op.prepare()
     restarted_before = len(fleet.restarted)
-    with Traffic(fleet.sys.url, fleet.key, models=op.traffic) as traffic:
+    key = fleet.key
+    if fault in CLOCK_FAULTS:
+        key, expires = fleet.cell_key(f"clock-{seed}-{fault}-{operation}")
+        result.fault_note = f"clients' key expires {expires}; "
+    worker_offset = fleet.sys.logs["worker"].stat().st_size
+    beat_offset = fleet.schedule_log().stat().st_size
+    with Traffic(fleet.sys.url, key, models=op.traffic) as traffic:
         opened = time.monotonic()
         wait_for(
             lambda: traffic.answered_since(opened) >= TRAFFIC_CLIENTS,
@@ -1050,11 +1356,12 @@ def run_cell(fleet: Fleet, fault: str, operation: str, seed: int) -> CellResult:
             result.phase = f"not read: {exc}"[:200]
         fault_at = time.monotonic()
         engines = _read(op.engines) if fault == "engine" else None
-        result.fault_note, saved = fleet.inject(fault, rng, engines)
+        note, saved = fleet.inject(fault, rng, engines)
+        result.fault_note += note
         down = DOWN_SECONDS.get(fault, DEFAULT_DOWN_SECONDS)
         time.sleep(down)  # time is what is tested: the part stays down this long
         fleet.restore(fault, saved)
-        log_offset = fleet.sys.logs["beat"].stat().st_size
+        log_offset = fleet.schedule_log().stat().st_size
         settled_at = float("inf")
 
         def ended() -> tuple[str, str] | None:
@@ -1080,7 +1387,7 @@ def run_cell(fleet: Fleet, fault: str, operation: str, seed: int) -> CellResult:
             interval=0.05,
             what=f"{SETTLED_ANSWERS} requests sent after the operation ended answered",
         )
-    if fault in ("worker", "beat", "postgres", "redis"):
+    if fault in SCHEDULE_FAULTS:
         try:
             wait_for(
                 lambda: fleet.schedule_sends_since(log_offset),
@@ -1094,6 +1401,11 @@ def run_cell(fleet: Fleet, fault: str, operation: str, seed: int) -> CellResult:
     result.double_placements = _read(lambda: fleet.double_placements(op.wanted))
     result.orphans = _read(fleet.orphan_engines)
     result.audit_missing = _audit_missing(fleet, op, result.outcome, audit_since)
+    if fault in NEW_FAULTS:
+        result.nodes_lost = fleet.nodes_lost_since(worker_offset)
+        result.held_by_two = fleet.held_by_two_since(worker_offset, beat_offset)
+    if fault in DATABASE_FAULTS:
+        result.gateway = fleet.gateway_follows()
     result.sent = len(traffic.answers)
     failures = [a for a in traffic.answers if a.status != 200]
     result.failed = len(failures)
