@@ -19,12 +19,16 @@ own before its first write.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+
+from . import diskspace
 
 FILE_MODE = 0o600
 
@@ -72,21 +76,29 @@ class SharedLogFile:
                 held = 0
                 for line in lines:
                     if self.max_bytes and size + held and size + held + len(line) > self.max_bytes:
-                        self._write(b"".join(batch))
+                        self._write(b"".join(batch), size)
                         batch, held = [], 0
                         self._rotate()
                         size = 0
                     batch.append(line)
                     held += len(line)
-                self._write(b"".join(batch))
+                self._write(b"".join(batch), size)
             finally:
                 fcntl.flock(self._lock, fcntl.LOCK_UN)
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes, size: int) -> None:
+        """Write `data` at the end of the file, whose size is `size`. A write that fails part
+        of the way (the disk filled) is taken back whole: no line is left cut in two."""
         assert self._file is not None
         view = memoryview(data)
-        while view:
-            view = view[os.write(self._file, view) :]
+        try:
+            while view:
+                view = view[os.write(self._file, view) :]
+        except OSError:
+            if len(view) < len(data):
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._file, size)
+            raise
 
     def close(self) -> None:
         with self._thread_lock:
@@ -159,12 +171,50 @@ class SharedRotatingFileHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             line = self.format(record) + "\n"
+            if self.dropped:
+                self._resume()
             self.file.append(line.encode("utf-8", "backslashreplace"))
+        except OSError as exc:
+            if diskspace.disk_full(exc) is None:
+                self.handleError(record)
+            else:
+                self._drop()
         except Exception:
             self.handleError(record)
+
+    # Lines this process could not write (the disk was full) since the last one it wrote: the
+    # first is said on stderr, in one line rather than logging's traceback a line; once the
+    # file takes a line again, the count is written there first.
+    dropped = 0
+
+    def _drop(self) -> None:
+        self.dropped += 1
+        if self.dropped == 1:
+            found = diskspace.room(self.file.path)
+            room = f" ({found.text()})" if found else ""
+            _say(
+                f"llmgw: cannot write to {self.file.path}: the disk is full{room}. Its lines are "
+                "left out until there is room again; the process goes on.\n"
+            )
+
+    def _resume(self) -> None:
+        note = (
+            f"llmgw: {self.dropped} line(s) of process {os.getpid()} were left out of "
+            f"{self.file.path} while its disk was full.\n"
+        )
+        self.file.append(note.encode())  # raises while the disk is still full: still dropped
+        self.dropped = 0
+        _say(note)
 
     def close(self) -> None:
         try:
             self.file.close()
         finally:
             super().close()
+
+
+def _say(text: str) -> None:
+    """A line on stderr (the terminal, under the run command), if even that can be written."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(text)
+        sys.stderr.flush()

@@ -21,6 +21,8 @@ from typing import Any
 
 from django.conf import settings
 
+from .diskspace import allocate
+
 # Seconds, from a pass over an empty catalog to an hour-long fetch.
 WORK_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 # The packages whose tasks are counted by name; any other task is counted as "other".
@@ -58,7 +60,39 @@ def prepare(folder: str | None) -> Any:
     # each time (ten a gateway request). The id is kept here instead, and taken again in a
     # forked child (gunicorn's and Celery's workers fork; the gateway's are spawned).
     values.ValueClass = values.MultiProcessValue(process_identifier=_own_pid)
+    # Each process's file is written through a memory mapping: allocated, so that a full disk
+    # is an OSError when a series is added, never SIGBUS (AllocatedFile).
+    values.MmapedDict = _allocated_file()
     return None
+
+
+def _allocated_file() -> Any:
+    """prometheus_client's MmapedDict with its file's blocks allocated before any write
+    through the mapping (core.diskspace.allocate): as the library makes it, the file is
+    sparse, and the first write to one of its pages when the disk holding LLMGW_METRICS_DIR
+    is full killed the process (SIGBUS) when a new series was counted (a new status, say)."""
+    from prometheus_client.mmap_dict import MmapedDict
+
+    class AllocatedFile(MmapedDict):  # type: ignore[misc]
+        def __init__(self, filename: str, read_mode: bool = False) -> None:
+            super().__init__(filename, read_mode)
+            self._allocated = 0
+            if not read_mode:
+                allocate(self._f.fileno(), self._capacity)
+                self._allocated = self._capacity
+
+        def _init_value(self, key: str) -> None:
+            # As the library grows the file for the entry (doubling), allocated first: the
+            # entry takes its length (4 bytes), the key padded to 8 and two doubles.
+            capacity = self._capacity
+            while self._used + len(key.encode("utf-8")) + 36 > capacity:
+                capacity *= 2
+            if capacity > self._allocated:
+                allocate(self._f.fileno(), capacity)
+                self._allocated = capacity
+            super()._init_value(key)
+
+    return AllocatedFile
 
 
 _pid = os.getpid()

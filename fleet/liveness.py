@@ -26,6 +26,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
+from core.diskspace import disk_full, where_full
 from core.metrics import control_metrics
 
 from .models import Node
@@ -114,15 +115,26 @@ class Liveness:
                 control_metrics().renewals_pending.set(len(self.pending))
 
     def _flush_forever(self) -> None:
+        full = False  # the database's disk was full at the last write: said once, not a second
         while True:
             time.sleep(flush_seconds() or 1.0)
             try:
                 close_old_connections()
-                self.flush()
-            except Exception:
+                if self.flush() and full:
+                    log.warning("node renewals are written again: the database has room")
+                    full = False
+            except Exception as exc:
                 # The database may be away for a moment; the renewals of this second are lost
                 # (the nodes renew again) and the next second is tried as usual.
-                log.exception("writing node renewals failed")
+                found = disk_full(exc)
+                if found is None:
+                    log.exception("writing node renewals failed")
+                elif not full:
+                    log.warning(
+                        "node renewals are not written: %s; tried again every second",
+                        where_full(found).text(),
+                    )
+                    full = True
                 connection.close()
 
 

@@ -15,13 +15,19 @@ from django.db import DatabaseError, connection
 from access import selectors
 from catalog.config import ConfigError
 from core import requestid
+from core.diskspace import var_space
 from fleet import renewals
 
 from . import conf, errors, http, relay
 from .endpoints import served
 from .errors import Refusal
 from .http import Receive, Scope, Send
-from .metrics import control_plane_exposition, exposition, model_exposition
+from .metrics import (
+    control_plane_exposition,
+    exposition,
+    model_exposition,
+    var_space_exposition,
+)
 from .process import Gateway
 from .webforward import forward
 
@@ -169,7 +175,13 @@ def _exposition(gateway: Gateway) -> tuple[bytes, str]:
     gateway.metrics.prefix_entries.set(gateway.balancer.prefixes.size())
     engines = gateway.state.get().engines
     text, content_type = exposition(gateway.metrics, engines)
-    return text + model_exposition(engines) + _control_plane_text(gateway), content_type
+    return (
+        text
+        + model_exposition(engines)
+        + _control_plane_text(gateway)
+        + var_space_exposition(var_space()),
+        content_type,
+    )
 
 
 # The control plane's state is read from the database at most once in this many seconds per

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from core.diskspace import allocate
+
 # Every board starts with this header, its writer's body after HEADER_BYTES: the magic, the
 # body's layout (its module's number: a file of another layout is neither read nor removed
 # while its writer lives), the writer's pid, when that process started (clock ticks since boot;
@@ -181,8 +183,9 @@ def map_shared(path: Path, size: int) -> mmap.mmap:
     path.parent.mkdir(parents=True, exist_ok=True)
     handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        if os.fstat(handle).st_size < size:
-            os.ftruncate(handle, size)
+        # Blocks allocated, not a sparse file: a first write to one of its pages through the
+        # mapping on a full disk would kill the process (SIGBUS).
+        allocate(handle, size)
         return mmap.mmap(handle, size)
     finally:
         os.close(handle)
@@ -222,7 +225,7 @@ def _create(path: Path, header: bytes, size: int) -> tuple[mmap.mmap, int]:
     making = path.with_name(f".{path.name}.new")
     handle = os.open(making, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
     try:
-        os.ftruncate(handle, size)
+        allocate(handle, size)  # as map_shared: no page left to allocate when written
         os.pwrite(handle, header, 0)
         mapped = mmap.mmap(handle, size)
         inode = os.fstat(handle).st_ino

@@ -32,6 +32,7 @@ from django.db.models import Case, CharField, F, IntegerField, Q, Sum, Value, Wh
 
 from access.live import LiveUse
 from access.models import KeyUsageDay
+from core.diskspace import allocate
 
 from . import boards, conf
 from .redislimits import Counted, Decided, RedisLimits, read_use
@@ -459,8 +460,8 @@ class SharedCounters:
         self._lock_handle = os.open(folder / "lock", os.O_RDWR | os.O_CREAT, 0o600)
         # The lock file holds the folder's generation: one more each time a process's file is
         # made or dropped, so a check reads one number, not the folder, to know it has them all.
-        if os.fstat(self._lock_handle).st_size < 8:
-            os.ftruncate(self._lock_handle, 8)
+        # Allocated, not sparse (gateway.boards.map_shared says why).
+        allocate(self._lock_handle, 8)
         self._generation_map = mmap.mmap(self._lock_handle, 8)
         self._generation = memoryview(self._generation_map).cast("q")
         self.board = boards.Board(folder, FILE_PREFIX, BOARD_BYTES, layout=LAYOUT, fmt="q", pid=pid)

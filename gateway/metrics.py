@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from core.diskspace import VarSpace
 from core.metrics import ControlPlaneFigures, created, prepare
 
 from . import conf
@@ -772,5 +773,26 @@ def control_plane_exposition(figures: ControlPlaneFigures) -> bytes:
             for node, age in figures.heartbeat_ages.items()
             if age is not None
         ),
+    ]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def var_space_exposition(space: VarSpace | None) -> bytes:
+    """Prometheus text for the room on the disk holding LLMGW_VAR_DIR, measured at the scrape
+    (one statvfs call) on the gateway's machine: nothing when it cannot be measured."""
+    if space is None:
+        return b""
+    lines = [
+        "# HELP llmgw_var_free_bytes Bytes llmgw may still write on the disk holding "
+        "LLMGW_VAR_DIR (the SQLite database, the mirror, the logs), at the scrape.",
+        "# TYPE llmgw_var_free_bytes gauge",
+        f"llmgw_var_free_bytes {space.room.free}",
+        "# HELP llmgw_var_size_bytes Size of the disk holding LLMGW_VAR_DIR.",
+        "# TYPE llmgw_var_size_bytes gauge",
+        f"llmgw_var_size_bytes {space.room.total}",
+        "# HELP llmgw_var_low_free 1 while llmgw_var_free_bytes is below LLMGW_VAR_LOW_FREE_MB "
+        "(the run command warns, the console shows a banner), else 0.",
+        "# TYPE llmgw_var_low_free gauge",
+        f"llmgw_var_low_free {int(space.low)}",
     ]
     return ("\n".join(lines) + "\n").encode()

@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from access import routed, services, traffic, triggers
 from access.models import DeletedGatewayKey, Team, UserWeight
+from core.diskspace import disk_full, where_full
 from fleet.models import Replica
 from fleet.selectors import engine_numbers, unplaceable_models
 from llmgw.limitdefs import COUNTERS
@@ -819,10 +820,11 @@ class GatewayState:
                     lost_at = time.monotonic()
                     self.board.database_up.set(0)
                     self.board.database_outages.inc()
+                    full = disk_full(exc)
                     log.warning(
                         "gateway: lost the database (%s); serving keys, models and replicas "
                         "from memory, keeping what requests leave to write",
-                        _one_line(exc),
+                        _one_line(exc) if full is None else where_full(full).text(),
                     )
                 else:
                     log.debug("gateway: the database is still away", exc_info=True)

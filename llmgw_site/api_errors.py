@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.template.loader import render_to_string
 from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from core import diskspace
 from core.refusals import Problem, Refused, invalid
 from core.serializers import flatten_errors, path_text
 
@@ -20,6 +23,14 @@ from core.serializers import flatten_errors, path_text
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, Refused):
         return Response(exc.as_dict(), status=exc.status)
+    full = diskspace.disk_full(exc)
+    if full is not None:
+        refusal = diskspace.refusal(full)
+        return Response(
+            refusal.as_dict(),
+            status=refusal.status,
+            headers={"Retry-After": str(diskspace.RETRY_AFTER_SECONDS)},
+        )
     if isinstance(exc, RequestDataTooBig):
         return Response(
             {
@@ -94,7 +105,12 @@ def no_such_endpoint(request: HttpRequest) -> JsonResponse:
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
-    """An unexpected error: the API answers in its JSON shape, pages with Django's page."""
+    """An unexpected error: the API answers in its JSON shape, pages with Django's page. A
+    write that met a full disk (outside DRF's views: the console, the admin, a session being
+    saved) is no unexpected error: it is answered as the API answers it (disk_full_answer)."""
+    full = diskspace.disk_full(sys.exc_info()[1])
+    if full is not None:
+        return disk_full_answer(request, full)
     if request.path.startswith("/api/"):
         return JsonResponse(
             {
@@ -105,3 +121,40 @@ def server_error(request: HttpRequest) -> HttpResponse:
             status=status.HTTP_500_INTERNAL_SERVER_ERROR,
         )
     return defaults.server_error(request)
+
+
+def disk_full_answer(request: HttpRequest, full: BaseException) -> HttpResponse:
+    """507 Insufficient Storage with the sentence of core.diskspace.refusal and a Retry-After:
+    JSON for the API, the sentence alone for the console's htmx requests (console.js shows
+    it), a page for the rest."""
+    refusal = diskspace.refusal(full)
+    response: HttpResponse
+    if request.path.startswith("/api/"):
+        response = JsonResponse(refusal.as_dict(), status=refusal.status)
+    elif request.headers.get("HX-Request") == "true":
+        response = HttpResponse(
+            refusal.message, status=refusal.status, content_type="text/plain; charset=utf-8"
+        )
+    else:
+        response = HttpResponse(
+            render_to_string("llmgw_site/disk_full.html", {"message": refusal.message}),
+            status=refusal.status,
+        )
+    response["Retry-After"] = str(diskspace.RETRY_AFTER_SECONDS)
+    return response
+
+
+class DiskFullMiddleware:
+    """A view's write that met a full disk answered by disk_full_answer, before Django's
+    handler would log it with its traceback as an unexpected error (DRF's views answer it in
+    exception_handler; server_error still answers what fails outside a view)."""
+
+    def __init__(self, get_response: Any) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
+        full = diskspace.disk_full(exc)
+        return None if full is None else disk_full_answer(request, full)

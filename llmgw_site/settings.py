@@ -84,6 +84,10 @@ LLMGW_NODE_PORT_MAX = env_int("LLMGW_NODE_PORT_MAX", 65535, minimum=1)
 # Active gateway keys one user may hold (staff too; revoked keys do not count): every gateway
 # process keeps every key in memory, so one user must not be able to make that list unbounded.
 LLMGW_MAX_KEYS_PER_USER = env_int("LLMGW_MAX_KEYS_PER_USER", 100, minimum=1)
+# Below this much free space (MB, of 1024**2 bytes) on the disk holding LLMGW_VAR_DIR (the SQLite
+# database, the mirror, the logs, the local node's cache) the run command warns, the console shows
+# a banner and /metrics says llmgw_var_low_free 1. 0: never warn.
+LLMGW_VAR_LOW_FREE_MB = env_int("LLMGW_VAR_LOW_FREE_MB", 1024, minimum=0)
 # Mirror space (GB, of 1024**3 bytes) a plain user's `model serve` may take: the files their
 # serves hold in the mirror plus those being fetched. 0: only staff may serve. Staff: no quota.
 LLMGW_SERVE_QUOTA_GB = env_int("LLMGW_SERVE_QUOTA_GB", 50, minimum=0)
@@ -123,6 +127,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # A view's write that met a full disk: 507 with the path and the room left, not a 500.
+    "llmgw_site.api_errors.DiskFullMiddleware",
     # Last, as django-axes asks: it answers a locked-out login with the lockout page.
     "axes.middleware.AxesMiddleware",
 ]
@@ -163,6 +169,8 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                # The banner saying the disk holding LLMGW_VAR_DIR is running out of room.
+                "console.context_processors.disk_space",
             ],
         },
     },

@@ -26,9 +26,12 @@ from django.utils import timezone
 
 from catalog.config import current_config
 from catalog.models import Model, projector_source
+from core import diskspace
 from core.metrics import control_metrics
 from core.outbound import URLRefused
+from core.refusals import Refused
 from llmgw.download import BadStatus, WrongDigest, WrongSize, download_verified
+from llmgw.units import format_bytes
 
 from . import holders
 from .hub import Registry
@@ -241,6 +244,7 @@ def _download_files(
 ) -> None:
     done = 0
     progress = _FetchProgress(lease)
+    missing = []
     for entry in fetch.files:
         lease.check()
         target = local_path(fetch.repo, fetch.commit, entry["path"])
@@ -250,6 +254,15 @@ def _download_files(
         if _link_same_content(fetch, entry, target):
             done += entry["size"]
             continue
+        missing.append((entry, target))
+    # Before the first byte: a fetch that cannot fit fails now, with the figures, rather than
+    # when the disk is full (and the database, the logs and the rest of var/ with it).
+    why = room_shortfall(sum(entry["size"] for entry, _ in missing))
+    if why is not None:
+        names = ", ".join(entry["path"] for entry, _ in missing)
+        raise FetchFailed(f"not enough disk space for {names}: {why}; nothing was fetched")
+    for entry, target in missing:
+        lease.check()
         target.parent.mkdir(parents=True, exist_ok=True)
         url = registry.file_url(fetch.repo, fetch.commit, entry["path"])
         size = _download_file(
@@ -335,12 +348,64 @@ def _download_file(
         raise FetchFailed(f"the download of {entry['path']} was refused: {exc}") from None
     except requests.RequestException as exc:
         raise FetchFailed(f"the download of {entry['path']} from {url} broke off: {exc}") from None
+    except OSError as exc:
+        if diskspace.disk_full(exc) is None:
+            raise
+        # The part downloaded is gone already (download_verified removes it).
+        found = diskspace.room(target.parent)
+        raise FetchFailed(
+            f"the disk filled while {entry['path']} was fetched"
+            + (f" ({found.text()})" if found else "")
+            + "; what was downloaded of it was removed"
+        ) from None
     if not sha256:
         # Small plain files (no LFS): their sha256, which nodes verify against, is worked out
         # here and recorded as the file's.
         with target.open("rb") as handle:
             entry["sha256"] = hashlib.file_digest(handle, "sha256").hexdigest()
     return size
+
+
+# A fetch leaves at least this much free on the mirror's disk: in the run command's var/ the
+# database, the logs and the node's cache share it.
+FETCH_RESERVE_BYTES = 64 * 1024 * 1024
+
+
+def room_shortfall(needed: int) -> str | None:
+    """Why `needed` more bytes will not fit in the mirror, in figures; None when they do (or
+    when its disk cannot be measured from here)."""
+    if needed == 0:
+        return None  # linked or in place already: no room taken
+    found = diskspace.room(root())
+    if found is None or needed + FETCH_RESERVE_BYTES <= found.free:
+        return None
+    return (
+        f"they take {format_bytes(needed)} and the mirror's disk has {format_bytes(found.free)} "
+        f"free ({found.path}, of {format_bytes(found.total)}), {format_bytes(FETCH_RESERVE_BYTES)} "
+        "of which is kept for the database and the logs"
+    )
+
+
+def refuse_past_mirror_room(doing: str, repo: str, files: list[dict[str, Any]]) -> None:
+    """Refuse `doing` (507) when the files of `repo` it would fetch into the mirror do not fit
+    there; a file the mirror holds already, at any commit, is linked and takes no room."""
+    known = set(
+        MirrorFile.objects.filter(
+            repo=repo, sha256__in=[f["sha256"] for f in files if f.get("sha256")]
+        ).values_list("sha256", flat=True)
+    )
+    new = [f for f in files if not f.get("sha256") or f["sha256"] not in known]
+    why = room_shortfall(sum(f["size"] for f in new))
+    if why is None:
+        return
+    names = ", ".join(f["path"] for f in new)
+    raise Refused(
+        f"Cannot {doing}: not enough disk space for {names}: {why}. Nothing was fetched. Free "
+        "space there (models no longer served: `llmgw ctl model remove NAME`, after which the "
+        "mirror deletes the files nothing else uses), then try again.",
+        code="disk_full",
+        status=507,
+    )
 
 
 def _already_here(fetch: Fetch, entry: dict[str, Any], target: Path) -> bool:

@@ -32,7 +32,7 @@ from fleet.specs import current_keys
 from llmgw.tracing import begin, continued, mark_failed, trace_id_of
 from llmgw.units import format_progress
 
-from .mirror import clean_mirror, file_url, parse_mirror_url
+from .mirror import clean_mirror, file_url, parse_mirror_url, refuse_past_mirror_room
 from .models import Fetch, Rollout
 from .queue import queue_now, queue_on_commit
 from .quota import file_key, refuse_past_serve_quota
@@ -92,6 +92,7 @@ def start_update(*, actor: Actor, name: str) -> Rollout:
             f"update {model.name}",
             {file_key(repo, new_commit, f): f["size"] for f in changed.values()},
         )
+        refuse_past_mirror_room(f"update {model.name}", repo, list(changed.values()))
         fetch = Fetch.objects.create(
             repo=repo,
             branch=model.origin.get("branch", "main"),

@@ -29,7 +29,7 @@ from .hub import (
     UnknownRepository,
     match_files,
 )
-from .mirror import file_url, origin_for_source
+from .mirror import file_url, origin_for_source, refuse_past_mirror_room
 from .models import Fetch
 from .queue import queue_on_commit
 from .quota import file_key, refuse_past_serve_quota
@@ -73,6 +73,8 @@ def serve_start(
         min_replicas=min_replicas,
         max_replicas=max_replicas,
     )
+    # Before the catalog's lock, which is a write: on a full disk the refusal gives the figures.
+    refuse_past_mirror_room(f"serve {repo}", repo, [f.as_dict() for f in files])
     with transaction.atomic():
         lock_catalog()
         if Model.objects.filter(name=definition["name"]).exists():

@@ -1,7 +1,14 @@
 // When htmx gets an answer it does not swap (a server error, a lost connection), say so
 // instead of leaving the button looking as though nothing happened.
 document.addEventListener("htmx:responseError", (event) => {
-  const status = event.detail.xhr ? event.detail.xhr.status : "?";
+  const xhr = event.detail.xhr;
+  const status = xhr ? xhr.status : "?";
+  // A write refused for want of disk space (507) says so in a sentence of its own.
+  const type = xhr ? xhr.getResponseHeader("content-type") || "" : "";
+  if (status === 507 && type.startsWith("text/plain") && xhr.responseText) {
+    flash(xhr.responseText);
+    return;
+  }
   flash(`The server could not do that (status ${status}). Reload the page and try again.`);
 });
 document.addEventListener("htmx:sendError", () => {

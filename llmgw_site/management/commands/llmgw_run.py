@@ -28,6 +28,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from core.actor import Actor
+from core.diskspace import var_space
 from core.logfiles import SharedLogFile
 from gateway.conf import trusted_proxies
 from llmgw import demo, localhub
@@ -450,14 +451,30 @@ def copy_output(output: IO[bytes], path: Path) -> None:
     """A child's output, line by line, into its log file, rotated as llmgw's own logs are
     (LLMGW_LOG_MAX_BYTES, LLMGW_LOG_BACKUPS): a program that writes its own output to a file
     (the demo registry's server writes a line a request) would otherwise grow it without
-    bound. Ends with the output (the child's exit)."""
+    bound. Ends with the output (the child's exit).
+
+    A line the file does not take (a full disk) is left out and counted, and the reading goes
+    on: a reader that stopped would leave the child blocked on its full pipe for good."""
     log = SharedLogFile(
         path, max_bytes=settings.LLMGW_LOG_MAX_BYTES, backups=settings.LLMGW_LOG_BACKUPS
     )
+    dropped = 0
     with output:
         # A line is read up to OUTPUT_LINE_BYTES at a time: a longer one goes on in pieces.
         for line in iter(lambda: output.readline(OUTPUT_LINE_BYTES), b""):
-            log.append(line)
+            try:
+                if dropped:
+                    log.append(
+                        f"llmgw: {dropped} line(s) left out while the disk was full\n".encode()
+                    )
+                    dropped = 0
+                log.append(line)
+            except OSError as exc:
+                dropped += 1
+                if dropped == 1:
+                    sys.stderr.write(
+                        f"llmgw: cannot write to {path} ({exc}); lines are left out until it can be written\n"
+                    )
 
 
 OUTPUT_LINE_BYTES = 64 * 1024
@@ -481,6 +498,7 @@ class Supervisor:
         self.children: dict[str, Child] = {}
         self.waiting: list[tuple[Child, threading.Event]] = []  # started once their event is set
         self.stopping = False
+        self.space = SpaceWatch(stdout, stderr)
 
     def adopt(self, child: Child) -> None:
         """A child already started (and waited for) by the caller."""
@@ -511,6 +529,7 @@ class Supervisor:
                 failed = self._tend(time.monotonic())
                 if failed is not None:
                     break
+                self.space.look(time.monotonic())
                 time.sleep(0.5)
         finally:
             self.stop_all()
@@ -557,6 +576,47 @@ class Supervisor:
             )
             child.start_at = now + delay
         return None
+
+
+# How often the run command looks at the room left on the disk holding LLMGW_VAR_DIR, and below
+# what it calls that disk full (where writes start failing; tmpfs and quotas show 0 then, a
+# filesystem's reserve for root a few blocks).
+SPACE_LOOK_SECONDS = 5.0
+FULL_BELOW_BYTES = 1024 * 1024
+
+
+class SpaceWatch:
+    """Says on the terminal when the disk holding LLMGW_VAR_DIR falls below LLMGW_VAR_LOW_FREE_MB,
+    when it is full, and when it has room again: a line at each change, not one a look."""
+
+    def __init__(self, stdout: Any, stderr: Any) -> None:
+        self.stdout = stdout
+        self.stderr = stderr
+        self.state = "ok"  # ok, low or full: what was last said
+        self.next_look = 0.0
+
+    def look(self, now: float) -> None:
+        if now < self.next_look:
+            return
+        self.next_look = now + SPACE_LOOK_SECONDS
+        space = var_space()
+        if space is None or space.threshold == 0:
+            return
+        state = "full" if space.room.free < FULL_BELOW_BYTES else "low" if space.low else "ok"
+        if state == self.state:
+            return
+        if state == "full":
+            self.stderr.write(
+                f"WARNING: the disk holding llmgw's data is full ({space.room.text()}): "
+                "changes (keys, models, node reports, fetches) are refused with HTTP 507 until "
+                "space is freed; the gateway goes on answering. Free space there (old logs in "
+                f"{settings.VAR_DIR / 'log'}, models no longer served); nothing needs a restart."
+            )
+        elif state == "low":
+            self.stderr.write(f"WARNING: {space.warning()}")
+        else:
+            self.stdout.write(f"The disk holding llmgw's data has room again: {space.room.text()}.")
+        self.state = state
 
 
 # Stopped one at a time, in this order, before the rest (Supervisor.stop_all).
