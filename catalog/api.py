@@ -101,6 +101,11 @@ class ModelOut(serializers.Serializer):
     ready = serializers.IntegerField(help_text="replicas ready and in routing")
     replicas = serializers.IntegerField(help_text="replicas placed (any state)")
     desired = serializers.IntegerField(help_text="replicas the reconciler aims for now")
+    autoscale = serializers.DictField(
+        allow_null=True,
+        help_text="the autoscale policy (wait, up_after, down_after) and the autoscaler's last "
+        "decision (replicas, why, changed_at, figures); null without a policy",
+    )
 
     def get_fields(self) -> dict[str, serializers.Field]:
         fields = super().get_fields()
@@ -279,6 +284,45 @@ class ResourcesAPI(ModelAnswerAPI):
     def post(self, request: Request, name: str) -> Response:
         data = validated(ResourcesInput, request.data)
         model = services.model_set_resources(actor=actor_of(request), name=name, **data)
+        return Response(self.answer(model))
+
+
+class AutoscaleInput(StrictSerializer):
+    wait = serializers.CharField(
+        required=False, help_text="the queue wait (p50) the model is held under, like 2s"
+    )
+    up_after = serializers.CharField(
+        required=False, help_text="how long the wait stays over it before a replica is added (30s)"
+    )
+    down_after = serializers.CharField(
+        required=False,
+        help_text="how long a replica's worth of slots stays unused before one is removed (10m)",
+    )
+    off = serializers.BooleanField(required=False, default=False, help_text="turn the policy off")
+
+
+class AutoscaleAPI(ModelAnswerAPI):
+    @extend_schema(
+        summary="Turn a model's autoscale policy on or off",
+        request=AutoscaleInput,
+        responses=answers({200: ModelOut}, 403, 404, 409, body=True),
+    )
+    def post(self, request: Request, name: str) -> Response:
+        data = validated(AutoscaleInput, request.data)
+        off = data.pop("off")
+        if off and data:
+            raise invalid(
+                [Problem("off", "turns the policy off: give it alone, without wait or windows")],
+                what="The autoscale policy",
+            )
+        if not off and "wait" not in data:
+            raise invalid(
+                [Problem("wait", "is needed to turn the policy on (like 2s), or send off: true")],
+                what="The autoscale policy",
+            )
+        model = services.model_autoscale(
+            actor=actor_of(request), name=name, policy=None if off else data
+        )
         return Response(self.answer(model))
 
 

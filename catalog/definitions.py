@@ -235,6 +235,64 @@ class AdapterSerializer(StrictSerializer):
     sha256 = serializers.CharField(required=False, validators=[validate_sha256])
 
 
+# An autoscale policy's figures, in seconds: the queue wait it holds a model to, and how long
+# the wait must stay above it (up) or the spare replica stay unused (down) before a step.
+AUTOSCALE_UP_AFTER = 30
+AUTOSCALE_DOWN_AFTER = 600
+AUTOSCALE_MIN_WINDOW = 10  # the gateways' figures come every few seconds: a shorter window is noise
+AUTOSCALE_MAX_WAIT = 600
+
+
+class AutoscaleSerializer(StrictSerializer):
+    wait = DurationField(
+        help_text="the queue wait (p50) the model is held under, like 2s"  # type: ignore[call-arg]
+    )
+    up_after = DurationField(required=False, default=AUTOSCALE_UP_AFTER)
+    down_after = DurationField(required=False, default=AUTOSCALE_DOWN_AFTER)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        errors: dict[str, list[str]] = {}
+        if not 1 <= attrs["wait"] <= AUTOSCALE_MAX_WAIT:
+            errors["wait"] = [
+                f"must be from 1s to {AUTOSCALE_MAX_WAIT // 60}m: the queue wait (p50) above "
+                "which a replica is added"
+            ]
+        for field in ("up_after", "down_after"):
+            if attrs[field] < AUTOSCALE_MIN_WINDOW:
+                errors[field] = [
+                    f"must be at least {AUTOSCALE_MIN_WINDOW}s: the gateways report their waits "
+                    "every few seconds, so a shorter window would act on noise"
+                ]
+        if errors:
+            raise serializers.ValidationError(errors)
+        return attrs
+
+
+def clean_autoscale(data: Any) -> dict[str, int]:
+    """An autoscale policy as given (durations as text), checked; a Refused naming each wrong
+    field otherwise."""
+    serializer = AutoscaleSerializer(data=data)
+    if not serializer.is_valid():
+        problems = [
+            Problem(path_text(path), message) for path, message in flatten_errors(serializer.errors)
+        ]
+        raise invalid(problems, what="The autoscale policy")
+    return dict(serializer.validated_data)
+
+
+def autoscale_room(min_replicas: int, max_replicas: int | None) -> str:
+    """Why a model with this scale gives an autoscale policy nothing to do; "" when it has room:
+    a max above its floor (its min, or 1 for an on-demand model)."""
+    floor = max(min_replicas, 1)
+    if max_replicas is None or max_replicas <= floor:
+        ceiling = "no max" if max_replicas is None else f"max {max_replicas}"
+        return (
+            f"with min {min_replicas} and {ceiling} there is no room to scale: set a max above "
+            f"{floor} first"
+        )
+    return ""
+
+
 class ModelDefinitionSerializer(StrictSerializer):
     name = serializers.CharField(validators=[validate_name])
     source = serializers.CharField(max_length=2000, validators=[validate_source])  # type: ignore[assignment]
@@ -306,6 +364,7 @@ class ModelDefinitionSerializer(StrictSerializer):
     )
     profiles = ProfileSerializer(many=True, allow_empty=False)
     adapters = AdapterSerializer(many=True, required=False, default=list, max_length=32)  # type: ignore[call-arg]
+    autoscale = AutoscaleSerializer(required=False, allow_null=True, default=None)
 
     def get_fields(self) -> dict[str, serializers.Field]:
         fields = super().get_fields()
@@ -335,6 +394,10 @@ class ModelDefinitionSerializer(StrictSerializer):
                 f"{mmproj!r} is the weights' own file; name the projector, a separate .gguf file "
                 "of the same repository"
             ]
+        if attrs.get("autoscale"):
+            room = autoscale_room(attrs["min_replicas"], attrs.get("max_replicas"))
+            if room:
+                errors["autoscale"] = [f"{room} (max_replicas)"]
         if attrs["name"] in attrs.get("fallbacks", []):
             errors["fallbacks"] = ["a model cannot fall back to itself"]
         profile_names = [p["name"] for p in attrs["profiles"]]
@@ -413,4 +476,5 @@ def normalize(attrs: dict[str, Any]) -> dict[str, Any]:
         adapters.append(adapter)
     attrs["adapters"] = adapters
     attrs["fallbacks"] = list(attrs.get("fallbacks", []))
+    attrs["autoscale"] = dict(attrs["autoscale"]) if attrs.get("autoscale") else None
     return attrs

@@ -204,6 +204,11 @@ class Model(models.Model):
     # A canary update: what the gateway routes by while it runs ({percent, revision, state,
     # ...}, see canary_routing) and, once it ended, its outcome and the figures that decided it.
     canary = models.JSONField(null=True, blank=True)
+    # An autoscale policy it opted into ({wait, up_after, down_after}, in seconds; None: the
+    # replica count is its min, as ever), and what the autoscaler last decided under it
+    # ({replicas, why, ...}: fleet.autoscale writes it, desired_replicas reads its replicas).
+    autoscale = models.JSONField(null=True, blank=True)
+    autoscale_state = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -228,9 +233,21 @@ class Model(models.Model):
         return is_parked(self.min_replicas, self.max_replicas)
 
     def desired_replicas(self, now: datetime, default_idle: int) -> int:
-        """The replica count the reconciler aims for now: min_replicas; for an on-demand model,
-        one while it was asked for within its idle timeout, else none. Every door that shows a
-        wanted count (API, plan, console, rollouts) asks this."""
+        """The replica count the reconciler aims for now: its floor (`floor_replicas`) or, with
+        an autoscale policy and while the floor is not 0, the count the autoscaler set, within
+        the floor and max in force. Every door that shows a wanted count (API, plan, console,
+        rollouts) asks this."""
+        floor = self.floor_replicas(now, default_idle)
+        if floor == 0 or not self.autoscale:
+            return floor
+        scaled = (self.autoscale_state or {}).get("replicas")
+        if not isinstance(scaled, int) or isinstance(scaled, bool):
+            return floor
+        return max(floor, min(scaled, self.effective_max))
+
+    def floor_replicas(self, now: datetime, default_idle: int) -> int:
+        """The replica count without autoscaling: min_replicas; for an on-demand model, one
+        while it was asked for within its idle timeout, else none."""
         if self.min_replicas > 0:
             return self.min_replicas
         if not self.on_demand or self.demand_at is None:
@@ -299,6 +316,8 @@ class Model(models.Model):
         data["profiles"] = [dict(p) for p in self.profiles]
         if self.adapters:
             data["adapters"] = [dict(a) for a in self.adapters]
+        if self.autoscale:
+            data["autoscale"] = {k: format_duration(v) for k, v in self.autoscale.items()}
         return data
 
 

@@ -27,6 +27,21 @@ def scaling_in_force(model: Model, config: ClusterConfig) -> dict[str, Any]:
     }
 
 
+def autoscale_view(model: Model) -> dict[str, Any] | None:
+    """A model's autoscale policy and what the autoscaler last decided; None without one."""
+    if not model.autoscale:
+        return None
+    state = model.autoscale_state or {}
+    view: dict[str, Any] = {k: format_duration(v) for k, v in model.autoscale.items()}
+    view.update(
+        replicas=state.get("replicas"),
+        why=state.get("why", "no decision yet: the next reconcile pass reads the gateways' waits"),
+        changed_at=state.get("changed_at"),
+        figures=state.get("figures"),
+    )
+    return view
+
+
 def model_view(
     model: Model,
     config: ClusterConfig,
@@ -64,6 +79,7 @@ def model_view(
             else None
         ),
         "rollout": rollout,
+        "autoscale": autoscale_view(model),
     }
     if status is not None:
         view.update(status)

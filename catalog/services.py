@@ -21,7 +21,15 @@ from core.actor import CONFIG, Actor
 from core.refusals import Problem, Refused, conflict, forbidden, invalid
 
 from .config import current_config
-from .definitions import CLASSES, MAX_CORES, MAX_MEMORY_GB, MAX_REPLICAS, whole_if_possible
+from .definitions import (
+    CLASSES,
+    MAX_CORES,
+    MAX_MEMORY_GB,
+    MAX_REPLICAS,
+    autoscale_room,
+    clean_autoscale,
+    whole_if_possible,
+)
 from .models import AuditEntry, CatalogVersion, Model, projector_source
 from .signals import catalog_changed, model_added
 from .sources import check_adapter, check_source
@@ -181,6 +189,10 @@ def apply_definition(model: Model, definition: dict[str, Any]) -> None:
     model.routing = definition.get("routing", "")
     model.profiles = definition["profiles"]
     model.adapters = definition.get("adapters", [])
+    autoscale = definition.get("autoscale")
+    if autoscale != model.autoscale:
+        model.autoscale = autoscale
+        model.autoscale_state = None  # a new policy (or none) starts from the floor
 
 
 # -- add and remove -------------------------------------------------------------
@@ -401,6 +413,27 @@ def model_set_resources(
         model.profiles = profiles
 
     return _change(actor, name, "resources", "resources set here would revert then", apply)
+
+
+def model_autoscale(*, actor: Actor, name: str, policy: dict[str, Any] | None) -> Model:
+    """Turn a model's autoscale policy on (`policy`: wait, and up_after and down_after, each a
+    duration like 2s or 10m, checked as server.yaml's are) or off (None). A model needs a max
+    above its floor for a policy to have room; a new policy starts from the floor."""
+    cleaned = None if policy is None else clean_autoscale(policy)
+
+    def apply(model: Model) -> None:
+        if cleaned is not None:
+            room = autoscale_room(model.min_replicas, model.max_replicas)
+            if room:
+                raise invalid(
+                    [Problem("autoscale", f"{model.name}: {room} (scale it with --max)")],
+                    what="The autoscale policy",
+                )
+        if cleaned != model.autoscale:
+            model.autoscale = cleaned
+            model.autoscale_state = None
+
+    return _change(actor, name, "autoscale", "a policy set here would revert then", apply)
 
 
 def model_set_class(*, actor: Actor, name: str, klass: str) -> Model:

@@ -25,6 +25,11 @@ def model_urlpatterns(
             name="api-model-resources",
         ),
         path("models/<str:name>/class", api.ClassAPI.as_view(**answers), name="api-model-class"),
+        path(
+            "models/<str:name>/autoscale",
+            api.AutoscaleAPI.as_view(**answers),
+            name="api-model-autoscale",
+        ),
         path("models/<str:name>/owner", api.OwnerAPI.as_view(**answers), name="api-model-owner"),
         path("models/<str:name>/adapters", api.AdaptersAPI.as_view(), name="api-model-adapters"),
     ]

@@ -17,7 +17,7 @@ from django.forms.renderers import DjangoTemplates
 from catalog.definitions import AdapterSerializer, normalize
 from catalog.models import Model
 from core.durations import DurationError, parse_duration
-from core.refusals import Refused
+from core.refusals import Problem, Refused
 from core.serializers import flatten_errors, path_text
 from registry.api import ServeInput
 
@@ -107,6 +107,42 @@ class ScaleForm(ChangeForm):
             "max_replicas": data["max"],
             "idle_timeout": data["idle_timeout"],
         }
+
+
+class AutoscaleForm(ChangeForm):
+    what = "autoscale"
+    problem_fields = {"wait": "wait", "up_after": "up_after", "down_after": "down_after"}
+
+    wait = forms.CharField(
+        label="Queue wait",
+        required=False,
+        max_length=20,
+        help_text="Keep the wait (p50) for a free slot under this, like 2s. Empty turns autoscaling off.",
+    )
+    up_after = forms.CharField(
+        label="Up after",
+        required=False,
+        max_length=20,
+        help_text="How long the wait stays over it before a replica is added (30s when empty).",
+    )
+    down_after = forms.CharField(
+        label="Down after",
+        required=False,
+        max_length=20,
+        help_text="How long a replica's worth of slots stays unused before one is removed (10m when empty).",
+    )
+
+    def arguments(self) -> dict[str, Any]:
+        data = {k: v.strip() for k, v in self.cleaned_data.items() if v and v.strip()}
+        if "wait" not in data:
+            if data:
+                raise Refused(
+                    "Give the queue wait to turn autoscaling on, or leave every field empty to "
+                    "turn it off.",
+                    problems=[Problem("wait", "needed with the windows, like 2s")],
+                )
+            return {"policy": None}
+        return {"policy": data}
 
 
 class ResourcesForm(ChangeForm):

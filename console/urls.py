@@ -29,6 +29,7 @@ urlpatterns = [
     path("models/<str:name>/scale", model.model_scale, name="console-model-scale"),
     path("models/<str:name>/resources", model.model_resources, name="console-model-resources"),
     path("models/<str:name>/class", model.model_class, name="console-model-class"),
+    path("models/<str:name>/autoscale", model.model_autoscale, name="console-model-autoscale"),
     path("models/<str:name>/owner", model.model_owner, name="console-model-owner"),
     path("models/<str:name>/adapters", model.model_adapters, name="console-model-adapters"),
     path("models/<str:name>/restart", model.model_restart, name="console-model-restart"),

@@ -121,6 +121,7 @@ class ControlMetrics:
     fetch_seconds: Any
     node_heartbeats: Any
     renewals_pending: Any
+    autoscale_steps: Any
     registry: Any  # single-process mode: where the metrics are; multiprocess: None
 
 
@@ -206,6 +207,14 @@ def _create(folder: str | None) -> ControlMetrics:
             "Renewals taken and not yet written (they are written together every second; at "
             "most fleet.liveness.MAX_PENDING per web process).",
             multiprocess_mode="livesum",
+            **where,
+        ),
+        autoscale_steps=Counter(
+            "llmgw_autoscale_steps",
+            "Replica counts changed by a model's autoscale policy (fleet.autoscale), by model and "
+            "direction: up (queue wait over the policy's for its up window) or down (a replica's "
+            "worth unused for its down window).",
+            ["model", "direction"],
             **where,
         ),
         registry=registry,

@@ -596,6 +596,11 @@ class ReplicaOut(serializers.Serializer):
     port = serializers.IntegerField(allow_null=True)
     message = serializers.CharField(allow_blank=True)
     withdraw_reason = serializers.CharField(allow_blank=True)
+    move_reason = serializers.CharField(
+        allow_blank=True,
+        help_text="why it is being moved to another node (it serves until its replacement is "
+        "ready); empty when it is not",
+    )
     generation = serializers.IntegerField(allow_null=True)
     weights_sha256 = serializers.CharField(allow_blank=True)
     created_at = serializers.DateTimeField()
@@ -619,6 +624,10 @@ class TargetOut(serializers.Serializer):
     unplaced = UnplacedOut(many=True)
     rollout_halted = serializers.CharField(allow_null=True)
     generation = serializers.IntegerField()
+    autoscale = serializers.DictField(
+        allow_null=True,
+        help_text="the autoscale policy and the autoscaler's last decision; null without one",
+    )
 
     def get_fields(self) -> dict[str, serializers.Field]:
         fields = super().get_fields()

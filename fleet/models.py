@@ -238,6 +238,21 @@ class Replica(models.Model):
         return f"http://{self.node.address}:{self.port}"
 
 
+class LoadSignal(models.Model):
+    """One gateway process's fair-queue figures over its last few seconds, per model: what
+    fleet.autoscale sums over the fresh rows of every process and machine. One row a process
+    (a new one at each start); rows not written for SIGNAL_KEEP are deleted by the autoscaler."""
+
+    writer = models.CharField(max_length=64, unique=True)
+    at = models.DateTimeField(db_index=True)
+    # {model: {"waits": [requests per fleet.autoscale.WAIT_BOUNDS bucket], "waiting": n,
+    #  "in_service": n}}; a model with nothing asked of it is left out.
+    figures = models.JSONField(default=dict)
+
+    def __str__(self) -> str:
+        return f"load of {self.writer} at {self.at:%H:%M:%S}"
+
+
 class Lease(models.Model):
     """A named lease claimed with a conditional UPDATE, so that only one holder acts at a time."""
 

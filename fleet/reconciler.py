@@ -31,7 +31,7 @@ from core.actor import SYSTEM
 from core.bulkinsert import insert_many
 from core.metrics import control_metrics
 
-from . import placement
+from . import autoscale, placement
 from .footprint import FileFacts, Footprint, known_facts, learn_facts, model_footprints
 from .models import Lease, Node, ReconcileRun, Replica, bump_generation
 from .specs import current_keys, replica_revision, replica_spec, spec_key
@@ -455,7 +455,14 @@ def _models_said(run: _Pass, models: dict[int, Model], facts: dict[str, Any]) ->
     profile's own figures in force, as one not read yet did. Said as facts, 20 models added at
     once whose headers could not be read made five passes in a row plan the whole fleet again
     (5-7 s each while their 20,000 replicas were being placed) for nothing."""
-    volatile = {"demand_at", "updated_at", "update_checked_at", "update_check_error"}
+    # (An autoscale state's figures change at every pass; the replicas it wants are in `desired`.)
+    volatile = {
+        "demand_at",
+        "updated_at",
+        "update_checked_at",
+        "update_check_error",
+        "autoscale_state",
+    }
     said = [repr(run.config)]
     for model in sorted(models.values(), key=lambda m: m.pk):
         row = {
@@ -483,6 +490,7 @@ def _reconcile(now: datetime, silent: SilentNodes) -> PassReport:
     run = _Pass(now, silent)
     _mark_lost_nodes(run)
     models = {m.pk: m for m in Model.objects.all()}
+    autoscale.evaluate(now, models.values(), run.config.default_idle_timeout)
     facts = known_facts(models.values())
     stamp = fleet_stamp()
     said = _models_said(run, models, facts) if stamp is not None else ""

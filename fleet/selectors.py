@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from catalog.config import current_config
 from catalog.models import Model
+from catalog.selectors import autoscale_view
 
 from . import placement
 from .footprint import FILE_FIELDS, Footprint, known_facts, model_footprints
@@ -270,6 +271,8 @@ def model_target(model: Model) -> dict[str, Any]:
         why = f"on demand: {'asked for within the idle timeout' if desired else 'not asked for within the idle timeout'}"
     else:
         why = f"min_replicas is {model.min_replicas}"
+    if model.autoscale and desired:
+        why = f"autoscaled: {(model.autoscale_state or {}).get('why') or 'no decision yet'}"
     return {
         "model": model.name,
         "desired": desired,
@@ -280,6 +283,7 @@ def model_target(model: Model) -> dict[str, Any]:
         "unplaced": [{"count": count, "reason": reason} for reason in unplaced],
         "rollout_halted": model.rollout_halted or None,
         "generation": model.generation,
+        "autoscale": autoscale_view(model),
     }
 
 

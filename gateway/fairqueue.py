@@ -568,6 +568,23 @@ class FairQueue:
         model_hash = name_hash(model)
         return self.board.scan(model_hash, time.monotonic()).waiting
 
+    def load(self) -> dict[str, tuple[int, list[float]]]:
+        """Per model with requests in this process: (requests in service, the seconds each
+        waiting request has waited so far). Read by the state refresher's thread (the
+        autoscaler's figures, gateway.loadsignal): everything it walks is copied first, each
+        copy one step the event loop cannot interleave."""
+        now = time.monotonic_ns()
+        figures = {}
+        for q in list(self._models.values()):
+            ages = [
+                (now - entry[3].order) / 1e9 for entry in list(q.heap) if not entry[3].future.done()
+            ]
+            entries = sum(e for e, _ in list(q.flows.values()))  # waiting or in service
+            in_service = max(0, entries - q.waiting)
+            if in_service or ages:
+                figures[q.name] = (in_service, ages)
+        return figures
+
     def size(self) -> tuple[int, int]:
         """(models' queues, flows) this process holds (see the module's Bounds): for /metrics,
         one pass over the models."""

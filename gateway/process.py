@@ -29,6 +29,7 @@ from .accesslog import AccessLog
 from .fairqueue import FairQueue
 from .limits import SharedCounters
 from .load import SharedLoad
+from .loadsignal import LoadSignalBook
 from .metrics import Metrics, metrics
 from .prefix import PrefixTable
 from .redislimits import RedisLimits
@@ -86,6 +87,9 @@ class Gateway:
         # One line per /v1/ request (gateway.relay._count): None writes none. A bare gateway
         # (a test's) writes none unless given one; Gateway.started makes the settings' one.
         self.access_log: AccessLog | None = None
+        # The fair queue's figures for the autoscaler (fleet.autoscale): a bare gateway writes
+        # none; Gateway.started makes one, which the state's refresher writes.
+        self.load_signal: LoadSignalBook | None = None
 
     @property
     def book(self) -> traffic.TrafficBook:
@@ -136,6 +140,7 @@ class Gateway:
         )
         # Opened before any thread starts: a file it cannot write stops the start.
         gateway.access_log = accesslog.from_settings(gateway.metrics)
+        gateway.load_signal = gateway.state.load_signal = LoadSignalBook(gateway.queue, book.writer)
         redis_url = conf.limits_redis_url()
         if redis_url:
             board = gateway.metrics
@@ -165,6 +170,11 @@ class Gateway:
             except Exception:
                 log.exception("gateway: could not write the access log's last lines")
         self.state.stop()
+        if self.load_signal is not None:
+            try:
+                self.load_signal.close()
+            except Exception:
+                log.exception("gateway: could not take its queue figures away")
         try:
             self.book.flush()  # the last seconds' figures
         except Exception:
@@ -190,6 +200,8 @@ class Gateway:
         # And in the traffic figures, for the model page and the API (a request that did not
         # queue is not written there).
         self.book.record_wait(model=model, seconds=seconds, outcome=outcome)
+        if self.load_signal is not None:
+            self.load_signal.wait(model, seconds, outcome)
 
 
 class RenewalDoor:

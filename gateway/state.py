@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from django.db import close_old_connections, connection
@@ -35,6 +35,9 @@ from . import limits
 from .limits import Budgets, Limits, key_ident, limits_of, no_budgets, team_ident
 from .metrics import EngineFigures, Metrics, metrics
 from .routing import Candidate, Catalog, Entry, read_catalog, read_replicas, replica_versions
+
+if TYPE_CHECKING:
+    from .loadsignal import LoadSignalBook
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -575,6 +578,8 @@ class GatewayState:
         self, book: traffic.TrafficBook | None = None, board: Metrics | None = None
     ) -> None:
         self.book = book if book is not None else traffic.TrafficBook()
+        # The fair queue's figures for the autoscaler, written with the traffic (Gateway.started).
+        self.load_signal: LoadSignalBook | None = None
         # The gateway's figures (gateway.process.Gateway.metrics), which the refresher sets.
         self.board = board if board is not None else metrics()
         # The gateway's limit counters, once made: a budget's reads leave out what their
@@ -724,6 +729,12 @@ class GatewayState:
                 # Figures are kept for the next flush; routing must not wait on them.
                 log.exception("gateway: could not write traffic figures; trying again later")
             self.board.traffic_entries.set(self.book.size())
+        signal = self.load_signal
+        if signal is not None and signal.due():
+            try:
+                signal.write()
+            except Exception:
+                log.exception("gateway: could not write its queue figures; trying again later")
 
     # -- the refresher ------------------------------------------------------------------
 

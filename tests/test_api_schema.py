@@ -26,7 +26,7 @@ CONFIG = Path(__file__).parent / "schemathesis.toml"
 
 # The operations, by path, in parts of 8-12 operations each.
 PARTS = {
-    "one-model-a": r"^/api/v1/models/\{name\}/(adapters|canary|class|demand|owner|plan)",
+    "one-model-a": r"^/api/v1/models/\{name\}/(adapters|autoscale|canary|class|demand|owner|plan)",
     "one-model-b": r"^/api/v1/models/\{name\}/(resources|restart|rollback|rollout|scale|target|traffic|update)",
     "catalog": r"^/api/v1/(models(/\{name\})?|plan|serve|updates(/check)?|fetches/\{id\}|canaries)$",
     "fleet": r"^/api/v1/(nodes|node|cluster)(/|$)",

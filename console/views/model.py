@@ -102,6 +102,10 @@ def blank_forms(model: Model) -> dict[str, forms.ConsoleForm]:
             initial={"memory_gb": first.get("memory_gb"), "cores": first.get("cores")},
         ),
         "class": forms.ClassForm(model=model, initial={"class": model.model_class or "default"}),
+        "autoscale": forms.AutoscaleForm(
+            model=model,
+            initial={k: format_duration(v) for k, v in (model.autoscale or {}).items()},
+        ),
         "owner": forms.OwnerForm(model=model),
         "adapters": forms.AdaptersForm(model=model),
     }
@@ -145,6 +149,24 @@ def _resources_done(model: Model) -> str:
     return (
         f"Each replica now reserves {profiles}. "
         "Running replicas are replaced one at a time to take it."
+    )
+
+
+@require_POST
+@login_required
+def model_autoscale(request: HtmxHttpRequest, name: str) -> HttpResponse:
+    """The autoscale policy: the queue wait the model is held under, between its min and max."""
+    return _change(request, name, forms.AutoscaleForm, services.model_autoscale, _autoscale_done)
+
+
+def _autoscale_done(model: Model) -> str:
+    if not model.autoscale:
+        return f"Autoscaling off: {model.name} runs its min ({model.min_replicas})."
+    policy = {k: format_duration(v) for k, v in model.autoscale.items()}
+    return (
+        f"Autoscaling on: between {max(model.min_replicas, 1)} and {model.effective_max} "
+        f"replicas, keeping the queue wait under {policy['wait']} (up after "
+        f"{policy['up_after']}, down after {policy['down_after']})."
     )
 
 

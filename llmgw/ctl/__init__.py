@@ -63,6 +63,7 @@ def _add_model(sub: Any) -> None:
         models.add_model_remove,
         models.add_model_resources,
         models.add_model_class,
+        models.add_model_autoscale,
         models.add_model_owner,
         models.add_model_adapters,
     ):

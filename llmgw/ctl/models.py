@@ -418,6 +418,57 @@ def cmd_model_class(client: Client, args: argparse.Namespace) -> None:
     print(f"{view['name']} is {view['class']} ({how}). It applies from the next pass.")
 
 
+AUTOSCALE_HELP = (
+    "Off by default: a model runs its --min replicas, and --max is only a ceiling. With a policy "
+    "on, the reconciler may run between the model's floor (its --min, or 1 while an on-demand "
+    "model is awake) and its --max: one replica more when the gateways' queue wait (p50) for it "
+    "stays over --wait for --up-after, one fewer when a replica's worth of its slots stays "
+    "unused for --down-after. One step per window at most; `model target` says why the count "
+    "is what it is."
+)
+
+
+def add_model_autoscale(msub: Any) -> None:
+    p = command(
+        msub,
+        "autoscale",
+        "let a model's replica count follow its queue wait, between its --min and --max",
+        AUTOSCALE_HELP,
+        run=cmd_model_autoscale,
+    )
+    p.add_argument("name")
+    p.add_argument("--wait", help="the queue wait (p50) to hold the model under, like 2s")
+    p.add_argument("--up-after", help="how long the wait stays over it before adding (30s)")
+    p.add_argument("--down-after", help="how long a replica stays unused before removing (10m)")
+    p.add_argument("--off", action="store_true", help="turn the policy off")
+    p.add_argument("--json", action="store_true", help="print the model as JSON")
+
+
+def cmd_model_autoscale(client: Client, args: argparse.Namespace) -> None:
+    body: dict[str, Any] = {"off": True} if args.off else {}
+    for field in ("wait", "up_after", "down_after"):
+        value = getattr(args, field)
+        if value is not None:
+            body[field] = value
+    if not args.off and "wait" not in body:
+        raise CtlError("give --wait (like 2s) to turn the policy on, or --off to turn it off")
+    view = client.post(f"models/{args.name}/autoscale", body)
+    if args.json:
+        print_json(view)
+        return
+    policy = view.get("autoscale")
+    if policy is None:
+        print(f"{view['name']}: autoscaling off; it runs {scaling_text(view)}.")
+        return
+    s = view["scaling"]
+    print(
+        f"{view['name']}: autoscaling between {max(s['min'], 1)} and {s['max']} replicas, to "
+        f"keep its queue wait under {policy['wait']} (up after {policy['up_after']}, down "
+        f"after {policy['down_after']}). It applies from the next pass."
+    )
+    print(f"Watch why with: {program()} ctl model target {view['name']}")
+
+
 def add_model_owner(msub: Any) -> None:
     p = command(
         msub, "owner", "hand a model over to another user (its owner or staff)", run=cmd_model_owner

@@ -364,3 +364,35 @@ def test_the_model_and_nodes_pages_show_what_the_engines_report(
     Replica.objects.update(engine_metrics_at=timezone.now() - timezone.timedelta(minutes=5))
     assert "tokens/s" not in text_of(client_for("carol").get("/models/tiny-chat/"))
     assert "Engines:" not in text_of(client_for("carol").get("/nodes/"))
+
+
+def test_autoscale_on_with_a_refusal_first_then_off(client_for: Any, running: Any) -> None:
+    client = client_for("alice")
+    response = client.post("/models/tiny-chat/autoscale", {"wait": "2s"}, headers=HTMX)
+    assert response.status_code == 400
+    assert "there is no room to scale: set a max above 1 first" in text_of(response)
+    assert Model.objects.get(name="tiny-chat").autoscale is None
+    client.post("/models/tiny-chat/scale", {"min": 1, "max": 3, "idle_timeout": ""}, headers=HTMX)
+
+    response = client.post(
+        "/models/tiny-chat/autoscale", {"wait": "2s", "down_after": "5m"}, headers=HTMX
+    )
+    assert response.status_code == 200
+    assert (
+        "Autoscaling on: between 1 and 3 replicas, keeping the queue wait under 2s "
+        "(up after 30s, down after 5m)." in text_of(response)
+    )
+    assert Model.objects.get(name="tiny-chat").autoscale == {
+        "wait": 2,
+        "up_after": 30,
+        "down_after": 300,
+    }
+    page = text_of(client.get("/models/tiny-chat/"))
+    assert "autoscaled: no decision yet" in page
+    response = client.post("/models/tiny-chat/autoscale", {"up_after": "1m"}, headers=HTMX)
+    assert response.status_code == 400 and "Give the queue wait" in text_of(response)
+    response = client.post("/models/tiny-chat/autoscale", {}, headers=HTMX)
+    assert "Autoscaling off: tiny-chat runs its min (1)." in text_of(response)
+    assert Model.objects.get(name="tiny-chat").autoscale is None
+    entry = AuditEntry.objects.filter(action="autoscale").first()
+    assert (entry.actor_name, entry.door) == ("alice", "console")

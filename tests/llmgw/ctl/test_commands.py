@@ -289,3 +289,30 @@ def test_restart_target_and_plan_from_the_command_line(ctl: Any, model_file: Any
     assert "could not be placed: no schedulable nodes" in out
     code, _, err = ctl("bob", "model", "plan")
     assert code == 1 and "give a model's name, or -f FILE" in err
+
+
+def test_autoscale_on_refused_on_and_off(ctl: Any, model_file: Any) -> None:
+    ctl("alice", "model", "add", "-f", model_file(), "--no-source-check")
+    code, _, err = ctl("alice", "model", "autoscale", "tiny-chat", "--wait", "2s")
+    assert code == 1
+    assert "with min 1 and no max there is no room to scale: set a max above 1 first" in err
+    code, _, err = ctl("alice", "model", "autoscale", "tiny-chat")
+    assert code == 1 and "give --wait (like 2s) to turn the policy on, or --off" in err
+    ctl("alice", "scale", "tiny-chat", "--min", "1", "--max", "4")
+    code, out, _ = ctl(
+        "alice", "model", "autoscale", "tiny-chat", "--wait", "2s", "--up-after", "1m"
+    )
+    assert code == 0
+    assert out.splitlines()[0] == (
+        "tiny-chat: autoscaling between 1 and 4 replicas, to keep its queue wait under 2s "
+        "(up after 1m, down after 10m). It applies from the next pass."
+    )
+    code, out, _ = ctl("alice", "model", "show", "tiny-chat")
+    assert "autoscale:\n  wait: 2s\n  up_after: 1m\n  down_after: 10m" in out
+    code, out, _ = ctl("alice", "model", "target", "tiny-chat", "--json")
+    target = json.loads(out)
+    assert target["autoscale"]["wait"] == "2s" and target["why"].startswith("autoscaled: ")
+    code, _, err = ctl("alice", "model", "autoscale", "tiny-chat", "--wait", "0s")
+    assert code == 1 and "must be from 1s to 10m" in err
+    code, out, _ = ctl("alice", "model", "autoscale", "tiny-chat", "--off")
+    assert code == 0 and out.strip() == "tiny-chat: autoscaling off; it runs 1 (max 4)."
