@@ -86,6 +86,7 @@ bench: setup
 	$(PY) bench/routing.py
 	$(PY) bench/canary.py
 	$(PY) bench/fairness.py
+	$(PY) bench/autoscale.py
 	$(PY) bench/limits.py
 	$(PY) bench/faults.py
 	$(PY) bench/fleet.py

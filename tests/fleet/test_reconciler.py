@@ -542,6 +542,12 @@ def test_a_node_back_from_lost_gets_a_replica_moved_to_it(fleet: Any) -> None:
         "and node b, which has room for one, holds none"
     )
     assert AuditEntry.objects.filter(action="move", model_name="chat").count() == 1
+    # The API's answer (model target) says it too.
+    from fleet.api import TargetOut
+    from fleet.selectors import model_target
+
+    shown = TargetOut(model_target(Model.objects.get(name="chat"))).data["replicas"]
+    assert {r["id"]: r["move_reason"] for r in shown}[str(moving.pk)] == moving.move_reason
     # Its replacement first, on b; it leaves only once that one is ready.
     report = reconcile_pass()
     [new] = [Replica.objects.get(pk=pk) for pk in report.started]
