@@ -25,12 +25,15 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from . import diskspace
 
 FILE_MODE = 0o600
+# A log file that cannot be written is said on stderr at most this often (per handler).
+SAY_SECONDS = 60.0
 
 
 class SharedLogFile:
@@ -183,13 +186,17 @@ class SharedRotatingFileHandler(logging.Handler):
             self.handleError(record)
 
     # Lines this process could not write (the disk was full) since the last one it wrote: the
-    # first is said on stderr, in one line rather than logging's traceback a line; once the
-    # file takes a line again, the count is written there first.
+    # first is said on stderr, in one line rather than logging's traceback a line (and at most
+    # once every SAY_SECONDS: a nearly full disk takes a short line now and then); once the file
+    # takes a line again, the count is written there first.
     dropped = 0
+    said_at: float | None = None
 
     def _drop(self) -> None:
         self.dropped += 1
-        if self.dropped == 1:
+        now = time.monotonic()
+        if self.dropped == 1 and (self.said_at is None or now - self.said_at >= SAY_SECONDS):
+            self.said_at = now
             found = diskspace.room(self.file.path)
             room = f" ({found.text()})" if found else ""
             _say(
@@ -204,7 +211,6 @@ class SharedRotatingFileHandler(logging.Handler):
         )
         self.file.append(note.encode())  # raises while the disk is still full: still dropped
         self.dropped = 0
-        _say(note)
 
     def close(self) -> None:
         try:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import OrderedDict
 from datetime import UTC, datetime
 from typing import Any
 
 from core import requestid
+from core.diskspace import disk_full, where_full
 
 
 def request_id_of(record: logging.LogRecord) -> str | None:
@@ -151,3 +153,49 @@ class OncePerSource(logging.Filter):
         record.exc_info, record.exc_text = None, None
         record.llmgw_source_noted = True
         return True
+
+
+class FullDiskOnce(logging.Filter):
+    """A record about a write that met a full disk, said in one line and at most once every
+    `every` seconds per logger and message (per process): what is retried every second or two
+    (beat's sends, the gateway's figures, a node's reports answered 507) would otherwise put a
+    traceback, or a line, in the log at each try, while the disk is full and the log cannot
+    take them anyway. The line names where the disk is full (core.diskspace.where_full) in
+    place of the traceback. Other records pass as they are.
+
+    Memory is bounded: at most `capacity` kinds of line are remembered (then forgotten all)."""
+
+    def __init__(self, every: float = 60.0, capacity: int = 256) -> None:
+        super().__init__()
+        self.every = every
+        self.capacity = capacity
+        self._said: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        decided = getattr(record, "llmgw_full_disk", None)
+        if decided is not None:
+            # Seen by this filter on another handler already (the terminal's, the file's).
+            return bool(decided)
+        full = disk_full(record.exc_info[1]) if record.exc_info else None
+        refused = getattr(record, "status_code", None) == 507
+        if full is None and not refused:
+            return True
+        request = getattr(record, "request", None)
+        what = str(record.msg) if full is not None else str(getattr(request, "path", ""))
+        key = (record.name, what)
+        now = time.monotonic()
+        with self._lock:
+            last = self._said.get(key)
+            passes = last is None or now - last >= self.every
+            if passes:
+                if len(self._said) >= self.capacity:
+                    self._said.clear()
+                self._said[key] = now
+        record.llmgw_full_disk = passes
+        if passes and full is not None:
+            first = record.getMessage().split("\n", 1)[0]
+            record.msg = f"{first} ({where_full(full).text()}; said once a minute while so)"
+            record.args = ()
+            record.exc_info, record.exc_text = None, None
+        return passes

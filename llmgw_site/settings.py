@@ -352,7 +352,7 @@ _LOG_HANDLERS: dict[str, dict[str, object]] = {
     "stderr": {
         "class": "logging.StreamHandler",
         "formatter": _LOG_FORMAT,
-        **({"filters": ["for_the_terminal"]} if _LOG_FILE else {}),
+        "filters": ["full_disk_once", *(["for_the_terminal"] if _LOG_FILE else [])],
     },
 }
 if _LOG_FILE:
@@ -365,6 +365,7 @@ if _LOG_FILE:
         "max_bytes": LLMGW_LOG_MAX_BYTES,
         "backups": LLMGW_LOG_BACKUPS,
         "formatter": _LOG_FORMAT,
+        "filters": ["full_disk_once"],
     }
 LOGGING = {
     "version": 1,
@@ -376,6 +377,8 @@ LOGGING = {
     "filters": {
         "once_per_source": {"()": "llmgw_site.logformat.OncePerSource", "capacity": 1024},
         "for_the_terminal": {"()": "llmgw_site.logformat.ForTheTerminal"},
+        # A write that met a full disk: one line, once a minute, not a traceback a retry.
+        "full_disk_once": {"()": "llmgw_site.logformat.FullDiskOnce"},
     },
     "handlers": _LOG_HANDLERS,
     "root": {"handlers": list(_LOG_HANDLERS), "level": "WARNING"},

@@ -5,20 +5,18 @@ tmpfs of the test's own, filled to the last byte while a client keeps asking the
 While it is full: every request to the ready model is answered 200 (the gateway answers from
 memory); writes are refused with 507, the path and the room left, and a Retry-After, and change
 nothing; the run command, the console and /metrics say the disk is full. Once the filler is
-deleted, writes work again within 30 s without any process started again, and SQLite's
-integrity check passes.
+deleted, writes work again within 30 s without any process started again, the usage of every
+request is written once, and SQLite's integrity check passes.
 
-The tmpfs is mounted here (root only; skipped otherwise) and unmounted when the test ends.
+The tmpfs is mounted for the test (tests.support.tmpfs: root only, skipped otherwise) and
+unmounted when it ends.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import os
 import re
 import sqlite3
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -33,6 +31,7 @@ from llmgw.engine import find_engine
 from tests.support.first_run import ADMIN_PASSWORD, FirstRun
 from tests.support.registry import available
 from tests.support.system import wait_for
+from tests.support.tmpfs import fill, free_bytes, mounted_tmpfs
 from tests.support.waiting import stays
 
 pytestmark = [
@@ -53,23 +52,9 @@ RECOVERY_SECONDS = 30
 
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Path]:
-    folder = tmp_path / "var"
-    folder.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_MB}m,mode=0700", "tmpfs", str(folder)],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
-    try:
+    # Unmounted after the run command stopped: the fixture that starts it ends first.
+    with mounted_tmpfs(tmp_path / "var", size_mb=TMPFS_MB) as folder:
         yield folder
-    finally:
-        # After the run command stopped (the fixture that started it ends first); lazily, in
-        # case an engine the node left is still closing its files.
-        subprocess.run(["umount", str(folder)], capture_output=True)
-        if os.path.ismount(folder):
-            subprocess.run(["umount", "-l", str(folder)], check=True)
 
 
 @pytest.fixture
@@ -121,25 +106,6 @@ class Traffic:
     def __exit__(self, *_: Any) -> None:
         self._stop.set()
         self._thread.join(timeout=60)
-
-
-def fill(folder: Path) -> Path:
-    """A file taking every byte left on the filesystem of `folder`."""
-    filler = folder / "filler"
-    chunk = b"\0" * (1 << 20)
-    with filler.open("wb", buffering=0) as out:
-        while chunk:
-            try:
-                out.write(chunk)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
-                chunk = chunk[: len(chunk) // 2]  # the last blocks, in smaller and smaller writes
-    return filler
-
-
-def free_bytes(folder: Path) -> int:
-    found = os.statvfs(folder)
-    return found.f_bavail * found.f_frsize
 
 
 def metric(run: FirstRun, name: str) -> float | None:
@@ -272,6 +238,18 @@ def test_a_full_disk_refuses_writes_keeps_answering_and_recovers_without_a_resta
         )
     recovered = time.monotonic() - freed_at
 
+    def counted() -> int:
+        rows = run.api("GET", "usage")
+        return sum(row["requests"] for row in rows if row["key_name"] == "traffic")
+
+    # The usage of every request, those answered while the disk was full too: kept by the
+    # gateway and written once there was room, each once.
+    wait_for(
+        lambda: counted() == len(traffic.statuses),
+        timeout=30,
+        interval=0.5,
+        what=f"{len(traffic.statuses)} requests in the key's usage",
+    )
     assert traffic.failed == []
     assert set(traffic.statuses) == {200}
     log = run.log()
