@@ -20,9 +20,8 @@ from pathlib import Path
 
 from django.conf import settings
 
+from core.refusals import Refused
 from llmgw.units import format_bytes
-
-from .refusals import Refused
 
 # What a refused write's answer asks the client to wait before trying again (Retry-After).
 RETRY_AFTER_SECONDS = 30
@@ -108,7 +107,7 @@ def where_full(exc: BaseException) -> FullDisk:
             return FullDisk("the file", str(exc.filename), room(exc.filename))
         return FullDisk("llmgw's files", str(settings.VAR_DIR), room(settings.VAR_DIR))
     database = settings.DATABASES["default"]
-    if "sqlite" in database["ENGINE"]:
+    if "sqlite" in str(database["ENGINE"]):
         name = str(database["NAME"])
         return FullDisk("the database", name, room(name))
     # PostgreSQL's files are on its server: their room is not known here.

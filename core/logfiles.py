@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from . import diskspace
+from core.diskspace import disk_full, room
 
 FILE_MODE = 0o600
 # A log file that cannot be written is said on stderr at most this often (per handler).
@@ -178,7 +178,7 @@ class SharedRotatingFileHandler(logging.Handler):
                 self._resume()
             self.file.append(line.encode("utf-8", "backslashreplace"))
         except OSError as exc:
-            if diskspace.disk_full(exc) is None:
+            if disk_full(exc) is None:
                 self.handleError(record)
             else:
                 self._drop()
@@ -197,10 +197,10 @@ class SharedRotatingFileHandler(logging.Handler):
         now = time.monotonic()
         if self.dropped == 1 and (self.said_at is None or now - self.said_at >= SAY_SECONDS):
             self.said_at = now
-            found = diskspace.room(self.file.path)
-            room = f" ({found.text()})" if found else ""
+            found = room(self.file.path)
+            figures = f" ({found.text()})" if found else ""
             _say(
-                f"llmgw: cannot write to {self.file.path}: the disk is full{room}. Its lines are "
+                f"llmgw: cannot write to {self.file.path}: the disk is full{figures}. Its lines are "
                 "left out until there is room again; the process goes on.\n"
             )
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from django.conf import settings
 
-from .diskspace import allocate
+from core.diskspace import allocate
 
 # Seconds, from a pass over an empty catalog to an hour-long fetch.
 WORK_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
@@ -62,7 +62,7 @@ def prepare(folder: str | None) -> Any:
     values.ValueClass = values.MultiProcessValue(process_identifier=_own_pid)
     # Each process's file is written through a memory mapping: allocated, so that a full disk
     # is an OSError when a series is added, never SIGBUS (AllocatedFile).
-    values.MmapedDict = _allocated_file()
+    values.MmapedDict = _allocated_file()  # type: ignore[misc]
     return None
 
 
@@ -73,7 +73,7 @@ def _allocated_file() -> Any:
     is full killed the process (SIGBUS) when a new series was counted (a new status, say)."""
     from prometheus_client.mmap_dict import MmapedDict
 
-    class AllocatedFile(MmapedDict):  # type: ignore[misc]
+    class AllocatedFile(MmapedDict):
         def __init__(self, filename: str, read_mode: bool = False) -> None:
             super().__init__(filename, read_mode)
             self._allocated = 0
