@@ -4,7 +4,10 @@ byte, SQLite and plain files written on it."""
 from __future__ import annotations
 
 import errno
+import os
+import pwd
 import sqlite3
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +15,7 @@ import psycopg
 import pytest
 
 from core.diskspace import disk_full, refusal, room, var_space, where_full
+from tests.support import postgres
 from tests.support.tmpfs import fill, mounted_tmpfs
 
 
@@ -62,11 +66,35 @@ def test_a_file_that_cannot_be_written_is_named_with_the_room_left(
     )
 
 
-def test_postgresqls_disk_full_is_one_too() -> None:
-    error = psycopg.errors.DiskFull(
-        'could not extend file "base/16384/16397": No space left on device'
-    )
-    assert disk_full(error) is error
+@pytest.mark.skipif(not postgres.AVAILABLE, reason="needs PostgreSQL's initdb")
+def test_postgresqls_full_disk_is_one_too() -> None:
+    """A PostgreSQL server of the test's own, with a tablespace on a 1 MB tmpfs filled by a
+    table: the error its client gets when the disk is full."""
+    server = postgres.PostgresServer()
+    space = Path(tempfile.mkdtemp(prefix="llmgw-test-tablespace-"))
+    try:
+        server.start()
+        with mounted_tmpfs(space, size_mb=1):
+            user = pwd.getpwnam("postgres") if os.geteuid() == 0 else None
+            if user is not None:
+                os.chown(space, user.pw_uid, user.pw_gid)
+            with psycopg.connect(server.admin_url, autocommit=True) as conn:
+                conn.execute(f"CREATE TABLESPACE small LOCATION '{space}'")
+                conn.execute("CREATE TABLE t (b bytea) TABLESPACE small")
+                with pytest.raises(psycopg.Error) as raised:
+                    for _ in range(100):  # 64 kB of random bytes (nothing to compress) a row
+                        conn.execute(
+                            "INSERT INTO t SELECT decode(string_agg(md5(random()::text), ''), "
+                            "'hex') FROM generate_series(1, 4096)"
+                        )
+                assert "No space left on device" in str(raised.value), raised.value
+                assert raised.value.sqlstate == "53100", raised.value.sqlstate  # disk_full
+                assert disk_full(raised.value) is raised.value
+                conn.execute("DROP TABLE t")
+                conn.execute("DROP TABLESPACE small")
+    finally:
+        server.close()
+        space.rmdir()
 
 
 def test_other_errors_are_not_a_full_disk(small: Path) -> None:
