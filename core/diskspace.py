@@ -120,10 +120,14 @@ def where_full(exc: BaseException) -> FullDisk:
 def refusal(exc: BaseException) -> Refused:
     """The answer to a request whose write met a full disk (`exc`, as disk_full found it)."""
     full = where_full(exc)
+    where = (
+        f"there (old files in {settings.VAR_DIR / 'log'}, models no longer served)"
+        if full.room is not None
+        else "on that server"  # PostgreSQL's: nothing of llmgw's is there to remove
+    )
     return Refused(
-        f"Nothing was changed: {full.text()}. Free some space there (old files in "
-        f"{settings.VAR_DIR / 'log'}, models no longer served), then try again; llmgw needs "
-        "no restart.",
+        f"Nothing was changed: {full.text()}. Free some space {where}, then try again; llmgw "
+        "needs no restart.",
         code="disk_full",
         status=507,
     )
