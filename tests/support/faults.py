@@ -1245,7 +1245,9 @@ class Canary(Update):
         if canary["state"] != "watching":
             return f"canary {canary['state']}: {canary['decision'] or canary['verdict']}"
         started = datetime.fromisoformat(canary["started_at"].replace("Z", "+00:00"))
-        into = (datetime.now(UTC) - started).total_seconds()
+        # By the control plane's clock, which stamped the start (stepped in the clock cells).
+        now = datetime.now(UTC) + timedelta(seconds=self.fleet.clocks.get("plane", 0))
+        into = (now - started).total_seconds()
         return (
             f"canary watching, {into:.1f}s into its {canary['window']} window, "
             f"{canary['new']['requests']} answers from the new revision"
