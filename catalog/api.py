@@ -289,13 +289,18 @@ class ResourcesAPI(ModelAnswerAPI):
 
 class AutoscaleInput(StrictSerializer):
     wait = serializers.CharField(
-        required=False, help_text="the queue wait (p50) the model is held under, like 2s"
+        required=False,
+        max_length=40,
+        help_text="the queue wait (p50) the model is held under, like 2s",
     )
     up_after = serializers.CharField(
-        required=False, help_text="how long the wait stays over it before a replica is added (30s)"
+        required=False,
+        max_length=40,
+        help_text="how long the wait stays over it before a replica is added (30s)",
     )
     down_after = serializers.CharField(
         required=False,
+        max_length=40,
         help_text="how long a replica's worth of slots stays unused before one is removed (10m)",
     )
     off = serializers.BooleanField(required=False, default=False, help_text="turn the policy off")
