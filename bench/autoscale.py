@@ -215,6 +215,7 @@ class Load:
     clients: int = 0
     ok: int = 0
     failed: list[str] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)  # of the answers, in order
     stop: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
 
@@ -236,10 +237,12 @@ class Load:
                 self.stop.wait(0.2)
                 continue
             try:
+                sent = time.monotonic()
                 response = session.post(
                     f"{self.url}/v1/chat/completions", json=body, headers=headers, timeout=120
                 )
                 if response.status_code == 200:
+                    self.latencies.append(time.monotonic() - sent)
                     self.ok += 1
                 else:
                     self.failed.append(f"{response.status_code} {response.text[:120]}")
@@ -277,6 +280,7 @@ class Phase:
     p50s: list[tuple[float, float | None]] = field(default_factory=list)
     failed: int = 0
     ok: int = 0
+    latencies: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     begun: float = field(default_factory=time.monotonic)
     wanted_at_start: int = field(default_factory=lambda: state()[0])
@@ -304,6 +308,7 @@ def watch(phase: Phase, seconds: float, load: Load, agent: Agent, *, every: floa
             break
     phase.ok += load.ok - ok0
     phase.failed += len(load.failed) - failed0
+    phase.latencies += load.latencies[len(load.latencies) - (load.ok - ok0) :]
 
 
 # -- the engine's own start ----------------------------------------------------------------------
@@ -476,7 +481,11 @@ def report(phases: list[Phase], agent: Agent) -> None:
     print()
     print(f"fake engine start (order to /health): median {statistics.median(starts):.2f} s")
     print("wait p50: the median over the phase of the autoscaler's p50 queue wait (its figures)")
-    print(f"{'phase':<7} {'changes':<22} {'ok':>6} {'failed':>6} {'wait p50':>9}  target")
+    print("latency p50: the clients' own, of an answer that takes 0.8-1.2 s at the engine")
+    print(
+        f"{'phase':<7} {'changes':<22} {'ok':>6} {'failed':>6} {'wait p50':>9} "
+        f"{'latency p50':>12}  target"
+    )
     targets = {
         "off": "no change (the policy off)",
         "step": "1 change up; 0 failed",
@@ -487,9 +496,10 @@ def report(phases: list[Phase], agent: Agent) -> None:
         changes = ", ".join(f"{n} at {t:.0f}s" for t, n in phase.changes) or "none"
         seen = [p for _, p in phase.p50s if p is not None]
         wait = f"{statistics.median(seen):.1f} s" if seen else "-"
+        latency = f"{statistics.median(phase.latencies):.2f} s" if phase.latencies else "-"
         print(
-            f"{phase.name:<7} {changes:<22} {phase.ok:>6} {phase.failed:>6} {wait:>9}  "
-            f"{targets[phase.name]}"
+            f"{phase.name:<7} {changes:<22} {phase.ok:>6} {phase.failed:>6} {wait:>9} "
+            f"{latency:>12}  {targets[phase.name]}"
         )
         for note in phase.notes:
             print(f"        {note}")
