@@ -20,8 +20,9 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import DateTimeField, ExpressionWrapper, Q, Value
 from django.db.models.fields.json import KT
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from catalog.config import current_config
@@ -60,18 +61,32 @@ class PassReport:
 
 
 def claim_lease(name: str, holder: str, seconds: int, *, now: datetime | None = None) -> bool:
-    """Claim `name` for `holder` with one conditional UPDATE; False when someone else holds it."""
-    now = now or timezone.now()
-    Lease.objects.get_or_create(name=name, defaults={"expires_at": now})
+    """Claim `name` for `holder` with one conditional UPDATE; False when someone else holds it.
 
-    claimed = Lease.objects.filter(Q(expires_at__lte=now) | Q(holder=holder), name=name).update(
-        holder=holder, expires_at=now + timedelta(seconds=seconds)
+    By the database's clock (unless a test gives `now`), as llmgw_site.leader's beat lease:
+    taken and released by each worker's wall clock, a clock stepped back N seconds found the
+    lease its own release had stamped N seconds ahead, and no pass ran for N seconds; one
+    stepped forward could take a running pass's lease."""
+    at: Any = Now() if now is None else now
+    Lease.objects.get_or_create(name=name, defaults={"expires_at": at})
+    until: Any = (
+        ExpressionWrapper(Now() + Value(timedelta(seconds=seconds)), output_field=DateTimeField())
+        if now is None
+        else now + timedelta(seconds=seconds)
+    )
+    claimed = Lease.objects.filter(Q(expires_at__lte=at) | Q(holder=holder), name=name).update(
+        holder=holder, expires_at=until
     )
     return claimed == 1
 
 
 def release_lease(name: str, holder: str) -> None:
-    Lease.objects.filter(name=name, holder=holder).update(holder="", expires_at=timezone.now())
+    Lease.objects.filter(name=name, holder=holder).update(holder="", expires_at=Now())
+
+
+# A pass's start later than now by more than this was stamped before the clock stepped back
+# (or by a machine whose clock is ahead): it tells nothing of when the next pass is due.
+CLOCK_SLACK = timedelta(seconds=1)
 
 
 # A periodic pass waits this many times the last pass's duration after its start: over a
@@ -91,7 +106,7 @@ def reconcile_wanted(kicked_at: datetime | None, now: datetime) -> bool:
     committed (None: the periodic pass). A kick is served by any pass that started after it; a
     periodic pass waits DUTY_FACTOR times the last pass's duration after that pass's start."""
     last = ReconcileRun.objects.filter(pk=1).first()
-    if last is None:
+    if last is None or last.started_at > now + CLOCK_SLACK:
         return True
     if kicked_at is not None:
         return last.started_at < kicked_at
@@ -102,7 +117,7 @@ def kick_wait(kicked_at: datetime, now: datetime) -> float:
     """Seconds until a pass kicked at `kicked_at` may start (KICK_DUTY_FACTOR); 0 when it may
     start now, or when a pass that started after the kick already serves it."""
     last = ReconcileRun.objects.filter(pk=1).first()
-    if last is None or last.started_at >= kicked_at:
+    if last is None or last.started_at >= kicked_at or last.started_at > now + CLOCK_SLACK:
         return 0.0
     due = last.started_at + timedelta(seconds=last.seconds * KICK_DUTY_FACTOR)
     return max(0.0, (due - now).total_seconds())

@@ -299,6 +299,24 @@ def test_only_one_pass_runs_at_a_time() -> None:
     assert not reconcile_pass().skipped
 
 
+def test_a_worker_clock_stepped_back_still_runs_passes(fleet: Any, monkeypatch: Any) -> None:
+    fleet.node("a")
+    fleet.add("chat", min_replicas=1)
+    assert reconcile_pass(periodic=True).started  # its lease released, its start recorded
+    real_now = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real_now() - timedelta(minutes=5))
+    model_scale(actor=fleet.owner, name="chat", min_replicas=2)
+    report = reconcile_pass(periodic=True)
+    assert not report.skipped and len(report.started) == 1
+    model_scale(actor=fleet.owner, name="chat", min_replicas=3)
+    report = reconcile_pass(kicked_at=timezone.now() + timedelta(seconds=2))
+    assert not report.skipped and len(report.started) == 1
+    # And stepped forward, a running pass's lease stays its own.
+    assert claim_lease("reconcile", "running", 120)
+    monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(minutes=5))
+    assert reconcile_pass(periodic=True).busy
+
+
 def test_a_pass_uses_the_same_number_of_queries_for_more_models_and_nodes(
     fleet: Any, django_assert_max_num_queries: Any
 ) -> None:

@@ -159,13 +159,7 @@ BEAT_IN_WORKER_FAULTS = ("beat-in-worker", "worker-with-beat")
 # Faults whose every cell fails for a cause in the product not yet fixed, and why: the suite's
 # draw leaves them out (bench/faults.py runs them, and so does naming a cell in
 # LLMGW_FAULT_CELLS). Remove one once its cause is fixed.
-KNOWN_FAILING = {
-    "clock-plane-behind": (
-        "the reconcile pass's lease is taken and released by the worker's wall clock "
-        "(fleet/reconciler.py claim_lease, release_lease): after a step back of N seconds no "
-        "pass can take it for N seconds, and nothing is placed meanwhile"
-    ),
-}
+KNOWN_FAILING: dict[str, str] = {}
 # After a fault that stops the schedule, a periodic task is sent again within this long
 # (the beat lease, 15 s, plus the 1 s reconcile interval and some slack).
 SCHEDULE_BACK_SECONDS = 25.0
