@@ -420,14 +420,22 @@ def _write_reported(replicas: list[Replica]) -> None:
         cursor.execute(sql, values)
 
 
+# A withdrawal stamped later than now by more than this was stamped before this clock stepped
+# back (or by a machine whose clock is ahead): its drain cannot be measured, and it is over.
+DRAIN_CLOCK_SLACK = timedelta(seconds=60)
+
+
 def _wanted(replica: Replica, now: Any) -> bool:
     """Whether the node should run it: not withdrawn, or withdrawn while serving and still
-    draining (requests sent to it finish before its engine stops)."""
-    if replica.withdrawn_at is None:
+    draining (requests sent to it finish before its engine stops). A withdrawal stamped well
+    after now ends its drain (DRAIN_CLOCK_SLACK): measured from it, a clock stepped back five
+    minutes kept every replica withdrawn before the step running for five minutes more."""
+    withdrawn = replica.withdrawn_at
+    if withdrawn is None:
         return True
-    return replica.state == Replica.READY and now < replica.withdrawn_at + timedelta(
-        seconds=DRAIN_SECONDS
-    )
+    if withdrawn > now + DRAIN_CLOCK_SLACK:
+        return False
+    return replica.state == Replica.READY and now < withdrawn + timedelta(seconds=DRAIN_SECONDS)
 
 
 def _orders(node: Node, wanted: list[Replica], now: Any) -> dict[str, Any]:

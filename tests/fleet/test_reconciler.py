@@ -120,6 +120,21 @@ def test_withdrawn_replicas_drain_then_leave_the_node(fleet: Any) -> None:
     assert not Replica.objects.exists()
 
 
+def test_a_withdrawal_stamped_before_the_clock_stepped_back_does_not_drain_for_the_step(
+    fleet: Any,
+) -> None:
+    fleet.node("a")
+    fleet.add("chat")
+    settle(fleet)
+    model_scale(actor=fleet.owner, name="chat", min_replicas=0, max_replicas=0)
+    reconcile_pass()
+    replica = Replica.objects.get()
+    assert [r["id"] for r in fleet.beat("a")["replicas"]] == [str(replica.pk)]  # draining
+    # Stamped by a clock five minutes ahead of the web's now (it stepped back since).
+    Replica.objects.update(withdrawn_at=timezone.now() + timedelta(minutes=5))
+    assert fleet.beat("a")["replicas"] == []
+
+
 def test_on_demand_loads_one_replica_when_asked_and_stops_when_idle(fleet: Any) -> None:
     fleet.node("a")
     fleet.add("lazy", min_replicas=0, max_replicas=3, idle_timeout="1m")
