@@ -4,7 +4,7 @@ with traffic through the gateway, and nothing lost once it is back.
 
 The cells are drawn by the seed, printed in each test's id (`seed=N`): LLMGW_FAULT_SEED=N replays a
 run, LLMGW_FAULT_CELLS sets how many cells run (2), or names them ("web:add,engine:scale"). The draw
-leaves out the faults of faults.KNOWN_FAILING (a cause in the product not fixed yet, said there).
+leaves out the cells of faults.KNOWN_FAILING (a cause in the product not fixed yet, said there).
 `bench/faults.py` runs every cell. The operations serve, update-fetch, update-roll and canary need
 a local registry (git, git-lfs and olah) and are skipped without one; the clock faults need a C
 compiler (tests.support.stepclock), and are skipped without one.

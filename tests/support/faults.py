@@ -156,10 +156,23 @@ CLOCK_KEY_SECONDS = 9 * 60
 # After a clock cell's operation, a change asked then must be carried out within this long.
 AFTER_STEP_SECONDS = 60.0
 BEAT_IN_WORKER_FAULTS = ("beat-in-worker", "worker-with-beat")
-# Faults whose every cell fails for a cause in the product not yet fixed, and why: the suite's
-# draw leaves them out (bench/faults.py runs them, and so does naming a cell in
-# LLMGW_FAULT_CELLS). Remove one once its cause is fixed.
-KNOWN_FAILING: dict[str, str] = {}
+# Cells ("fault:operation", or a fault for all its cells) that fail for a cause in the product
+# not yet fixed, and why: the suite's draw leaves them out (bench/faults.py runs them, and so
+# does naming a cell in LLMGW_FAULT_CELLS). Remove one once its cause is fixed.
+KNOWN_FAILING: dict[str, str] = {
+    "clock-plane-behind:canary": (
+        "a canary's window is measured by the control plane's wall clock (registry/canary: "
+        "started_at, ends_at, and the gateway's traffic minutes it sums from the window's start): "
+        "after a step back of N seconds the window lasts N seconds longer and the answers the "
+        "gateway counts after the step fall in minutes before its start"
+    ),
+}
+
+
+def known_failing(cell: tuple[str, str]) -> bool:
+    return cell[0] in KNOWN_FAILING or f"{cell[0]}:{cell[1]}" in KNOWN_FAILING
+
+
 # After a fault that stops the schedule, a periodic task is sent again within this long
 # (the beat lease, 15 s, plus the 1 s reconcile interval and some slack).
 SCHEDULE_BACK_SECONDS = 25.0
@@ -245,7 +258,7 @@ def sample_cells(rng: random.Random, wanted: str) -> list[tuple[str, str]]:
     """`wanted` is a number of cells drawn by `rng` (none of KNOWN_FAILING's), or named cells:
     "web:add,engine:scale"."""
     if wanted.strip().isdigit():
-        drawn = [cell for cell in all_cells() if cell[0] not in KNOWN_FAILING]
+        drawn = [cell for cell in all_cells() if not known_failing(cell)]
         return rng.sample(drawn, int(wanted))
     cells = [tuple(cell.strip().split(":", 1)) for cell in wanted.split(",") if cell.strip()]
     unknown = [cell for cell in cells if cell not in all_cells()]
