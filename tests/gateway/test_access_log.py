@@ -146,7 +146,7 @@ def test_a_file_it_cannot_write_drops_the_batch_counts_it_and_goes_on(
     access = AccessLog(path, names=no_names, board=board)
     record(access, "lost")
 
-    def full_disk(data: bytes) -> None:
+    def full_disk(data: bytes, size: int) -> None:
         raise OSError(28, "No space left on device")
 
     with monkeypatch.context() as patched:
