@@ -57,12 +57,19 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
         yield folder
 
 
+METRICS_TOKEN = "full-disk-metrics-token"
+
+
 @pytest.fixture
 def run(tmpfs: Path, tmp_path: Path) -> Iterator[FirstRun]:
     started = FirstRun(tmpfs)
     # The run command's own output is the terminal's, not var/'s: kept off the tmpfs.
     started.log_path = tmp_path / "run.log"
     started.env["LLMGW_VAR_LOW_FREE_MB"] = str(LOW_FREE_MB)
+    # Its own scrape token: one left in this process's environment by another test would keep
+    # the run command from making var/metrics-token.
+    started.env.pop("LLMGW_METRICS_OPEN", None)
+    started.env["LLMGW_METRICS_TOKEN"] = METRICS_TOKEN
     try:
         started.start()
         yield started
@@ -109,9 +116,8 @@ class Traffic:
 
 
 def metric(run: FirstRun, name: str) -> float | None:
-    token = (run.folder / "metrics-token").read_text().strip()
     text = requests.get(
-        f"{run.url}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=10
+        f"{run.url}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}, timeout=10
     ).text
     found = re.search(rf"^{name} (\S+)$", text, re.M)
     return float(found.group(1)) if found else None

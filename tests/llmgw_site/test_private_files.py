@@ -168,7 +168,9 @@ def test_the_run_commands_tokens_are_owner_only(
 
     get_user_model().objects.create_superuser("root", password="root-password-1")
     settings.VAR_DIR = tmp_path
-    monkeypatch.delenv("LLMGW_METRICS_TOKEN", raising=False)
+    # Set first, so that the token the command leaves in the environment goes with the test.
+    monkeypatch.setenv("LLMGW_METRICS_TOKEN", "")
+    monkeypatch.delenv("LLMGW_METRICS_TOKEN")
     monkeypatch.delenv("LLMGW_METRICS_OPEN", raising=False)
     command = Command()
 
