@@ -7,8 +7,8 @@ The signal: every gateway process writes its fair queue's figures per model ever
 WAIT_BOUNDS buckets (a request that found a slot free counts as a wait of 0), the requests
 waiting now (each counted at the age it has reached), and the requests in service. `evaluate`
 sums the rows written within SIGNAL_FRESH_SECONDS, whatever process or machine wrote them, so
-two gateway machines count as one; stale rows count for nothing, and with no fresh row at all
-nothing is decided.
+two gateway machines count as one; a gateway with nothing asked of it writes nothing, so stale
+rows count as no load, and with no row at all nothing is decided.
 
 It runs at the start of every reconcile pass (under its lease: one at a time), and writes what
 it decided and why on the model (`Model.autoscale_state`), which `Model.desired_replicas` reads.
@@ -95,7 +95,9 @@ class Load:
 
 
 def read_loads(now: datetime) -> dict[str, Load] | None:
-    """Every model's load over the fresh rows; None when no gateway wrote one lately."""
+    """Every model's load over the fresh rows. A gateway with nothing asked of it writes no
+    row, so rows that are all stale mean no load at all; None (nothing can be decided) only
+    when there is no row, not even a stale one: no gateway has run, or every one stopped."""
     rows = LoadSignal.objects.filter(at__gte=now - timedelta(seconds=SIGNAL_FRESH_SECONDS))
     loads: dict[str, Load] = {}
     fresh = False
@@ -105,7 +107,9 @@ def read_loads(now: datetime) -> dict[str, Load] | None:
             continue
         for model, each in figures.items():
             loads.setdefault(model, Load()).add(each)
-    return loads if fresh else None
+    if not fresh and not LoadSignal.objects.exists():
+        return None
+    return loads
 
 
 _forgot_at: datetime | None = None
@@ -184,10 +188,7 @@ def decide(
     of = f"{current} of max {ceiling}"
 
     if loads is None:
-        state["why"] = (
-            f"{of}: no gateway reported its queue in the last {SIGNAL_FRESH_SECONDS} s, so "
-            "nothing is decided"
-        )
+        state["why"] = f"{of}: no gateway has reported its queue, so nothing is decided"
         return state
     load = loads.get(model.name) or Load()
     p50 = wait_quantile(load.waits, 0.5)

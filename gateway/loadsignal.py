@@ -62,10 +62,13 @@ class LoadSignalBook:
         return figures
 
     def write(self) -> None:
-        """Write this process's row (every WRITE_SECONDS, even with nothing asked: a row says
-        the gateway is there, and a model it does not name had nothing asked of it)."""
+        """Write this process's row, every WRITE_SECONDS while it has anything to say: with
+        nothing asked and nothing in service it writes nothing (an idle gateway does not write
+        to the database every few seconds), and its row going stale says the same."""
         self._written_at = time.monotonic()
         figures = self.figures()
+        if not figures:
+            return
         LoadSignal.objects.update_or_create(
             writer=self.writer, defaults={"at": timezone.now(), "figures": figures}
         )

@@ -194,11 +194,16 @@ def test_two_gateways_count_as_one(fleet: Any, chat: Model) -> None:
     assert decide("chat", at)["figures"]["in_service"] == 1
 
 
-def test_without_a_fresh_row_nothing_is_decided(fleet: Any, chat: Model) -> None:
+def test_without_any_row_nothing_is_decided_and_stale_rows_are_no_load(
+    fleet: Any, chat: Model
+) -> None:
     now = timezone.now()
-    report("gw-1", now - timedelta(minutes=5), "chat", waits=[9.0] * 5)
     state = decide("chat", now)
-    assert state["replicas"] == 1 and "no gateway reported its queue" in state["why"]
+    assert state["replicas"] == 1 and "no gateway has reported its queue" in state["why"]
+    # An idle gateway writes nothing: its last row goes stale, and counts as nothing asked.
+    report("gw-1", now - timedelta(minutes=5), "chat", waits=[9.0] * 5, waiting=4)
+    state = decide("chat", now)
+    assert state["figures"]["waiting"] == 0 and "no requests lately" in state["why"]
 
 
 def test_without_a_policy_the_count_is_the_floor_whatever_the_wait(fleet: Any) -> None:
