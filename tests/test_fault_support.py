@@ -21,7 +21,7 @@ CHILD = """
 import json, subprocess, sys, time
 for _ in range(60):
     started = time.monotonic()
-    time.sleep(0.2)
+    time.sleep(0.2)  # time is what is tested: a sleep must still work under the stepped clock
     slept = time.monotonic() - started
     date = int(subprocess.run(["date", "+%s"], capture_output=True, text=True).stdout)
     print(json.dumps([time.time(), time.monotonic(), slept, date]), flush=True)
