@@ -149,11 +149,14 @@ def evaluate(now: datetime, models: Iterable[Model], default_idle: int) -> None:
         entry[1] += state == Replica.READY
         entry[2] = max(entry[2], slots or 0)
     audit: list[AuditEntry] = []
+    changed = []
     for model in with_policy:
         state = decide(model, now, default_idle, loads, counts.get(model.pk, [0, 0, 0]), audit)
         if state != model.autoscale_state:
             model.autoscale_state = state
-            Model.objects.filter(pk=model.pk).update(autoscale_state=state)
+            changed.append(model)
+    if changed:  # one query, however many policies (their figures change at every pass)
+        Model.objects.bulk_update(changed, ["autoscale_state"], batch_size=500)
     if audit:
         AuditEntry.objects.bulk_create(audit)
 
