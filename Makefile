@@ -51,7 +51,7 @@ PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup --durations=25
 PRODUCT = access accounts catalog console core fleet gateway llmgw llmgw_site registry
 COVERAGE = $(addprefix --cov=,$(PRODUCT)) --cov-report=
 test coverage: $(VENV)/.installed $(VENV)/bin/llama-server
-	@scripts/system-deps git-lfs chromium clis
+	@scripts/system-deps git-lfs chromium clis oidc
 	$(PY) -m pytest $(PYTEST_PARALLEL) $(if $(filter coverage,$@),$(COVERAGE))
 	@if [ -n "$$DATABASE_URL" ] && [ "$${DATABASE_URL#sqlite}" = "$$DATABASE_URL" ]; then \
 		echo "== the SQLite part =="; \
