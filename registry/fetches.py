@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.utils import timezone
-
+from core.dbclock import database_ago
 from llmgw.tracing import continued, enabled, mark_failed
 
 from . import holders, mirror
@@ -47,8 +46,8 @@ def release_abandoned(*, now: datetime | None = None) -> list[int]:
     """Queue again at once the running fetches whose worker process is gone from this machine
     (registry.holders.is_gone: a worker killed, or restarted), without waiting for their lease to
     lapse; a worker takes each at most once (Fetch.release, then Fetch.claim). A holder on another
-    machine is left to its lease. The ids queued."""
-    now = now or timezone.now()
+    machine is left to its lease. The ids queued. By the database's clock unless a test gives
+    `now`."""
     running = Fetch.objects.filter(state=Fetch.RUNNING).exclude(holder="")
     released = [
         fetch_id
@@ -65,9 +64,13 @@ def resume_interrupted(*, now: datetime | None = None) -> list[int]:
     the broker restarted, or an upgrade renamed the task) or running with their lease lapsed.
     An update's fetch needs none of this: its rollout queues it again (rollouts.py). Each is
     marked as queued now, so the next passes leave it alone for RESUME_AFTER_SECONDS; a worker
-    takes it at most once (Fetch.claim). The ids queued."""
-    now = now or timezone.now()
-    due = now - timedelta(seconds=RESUME_AFTER_SECONDS)
+    takes it at most once (Fetch.claim). The ids queued. By the database's clock, which stamps
+    the heartbeats, unless a test gives `now`."""
+    due = (
+        database_ago(RESUME_AFTER_SECONDS)
+        if now is None
+        else now - timedelta(seconds=RESUME_AFTER_SECONDS)
+    )
     serves = Fetch.objects.filter(serve_definition__isnull=False)
     resumable = serves.left_queued(due) | serves.orphaned(now)
     ids = list(resumable.order_by("pk").values_list("pk", flat=True)[:RESUMED_PER_PASS])

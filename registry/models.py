@@ -7,11 +7,15 @@ over from the catalog app without copying a row.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils import timezone
+
+from core.dbclock import database_ago
 
 # A running fetch is leased to the worker process that claimed it (Fetch.holder) until its
 # heartbeat is this old; the holder renews it every RENEW_SECONDS while it fetches, from a thread
@@ -49,20 +53,22 @@ class MirrorFile(models.Model):
         return f"{self.repo}/{self.commit}/{self.path}"
 
 
-def _orphaned(now: datetime) -> Q:
-    stale = now - timedelta(seconds=LEASE_SECONDS)
+def _orphaned(now: datetime | None) -> Q:
+    stale = database_ago(LEASE_SECONDS) if now is None else now - timedelta(seconds=LEASE_SECONDS)
     return Q(state=Fetch.RUNNING) & (Q(heartbeat_at__lt=stale) | Q(heartbeat_at=None))
 
 
 class FetchQuerySet(models.QuerySet["Fetch"]):
     """The fetches a worker may take, as SQL; Fetch.is_orphaned and Fetch.is_claimable are the
-    same rules for a row in hand."""
+    same rules for a row in hand. `now` None (as the workers call them): by the database's
+    clock, which stamps the heartbeats (core.dbclock), so that no worker's clock stepped forward
+    finds a live fetch's lease lapsed, nor one stepped back keeps a dead one's."""
 
-    def orphaned(self, now: datetime) -> FetchQuerySet:
+    def orphaned(self, now: datetime | None = None) -> FetchQuerySet:
         """Running, its lease lapsed (no heartbeat for LEASE_SECONDS): its worker is gone."""
         return self.filter(_orphaned(now))
 
-    def claimable(self, now: datetime) -> FetchQuerySet:
+    def claimable(self, now: datetime | None = None) -> FetchQuerySet:
         """Queued, or orphaned: what a worker may take (Fetch.claim)."""
         return self.filter(Q(state=Fetch.QUEUED) | _orphaned(now))
 
@@ -70,17 +76,19 @@ class FetchQuerySet(models.QuerySet["Fetch"]):
         """Queued or running (Fetch.UNDER_WAY)."""
         return self.filter(state__in=Fetch.UNDER_WAY)
 
-    def left_queued(self, due: datetime) -> FetchQuerySet:
+    def left_queued(self, due: Any) -> FetchQuerySet:
         """Queued and not (re)queued since `due`: its message may be lost."""
         return self.filter(
             Q(state=Fetch.QUEUED)
             & (Q(heartbeat_at__lt=due) | Q(heartbeat_at=None, created_at__lt=due))
         )
 
-    def requeue(self, now: datetime) -> int:
-        """Mark these fetches queued as of `now`, so that the next passes leave them alone for a
-        while; how many were."""
-        return self.update(state=Fetch.QUEUED, heartbeat_at=now, holder="")
+    def requeue(self, now: datetime | None = None) -> int:
+        """Mark these fetches queued as of `now` (the database's clock when None), so that the
+        next passes leave them alone for a while; how many were."""
+        return self.update(
+            state=Fetch.QUEUED, heartbeat_at=Now() if now is None else now, holder=""
+        )
 
 
 class Fetch(models.Model):
@@ -145,12 +153,12 @@ class Fetch(models.Model):
     @classmethod
     def claim(cls, fetch_id: int, *, holder: str = "", now: datetime | None = None) -> bool:
         """Take the fetch for the worker process `holder`: queued, or running with its lease
-        lapsed. One conditional UPDATE, so of two workers only one gets True."""
-        now = now or timezone.now()
+        lapsed. One conditional UPDATE, so of two workers only one gets True; by the database's
+        clock unless a test gives `now`."""
         taken = (
             cls.objects.filter(pk=fetch_id)
             .claimable(now)
-            .update(state=Fetch.RUNNING, heartbeat_at=now, holder=holder)
+            .update(state=Fetch.RUNNING, heartbeat_at=Now() if now is None else now, holder=holder)
         )
         return taken == 1
 
@@ -159,9 +167,7 @@ class Fetch(models.Model):
         """Queue again a fetch whose holder is known gone (registry.holders.is_gone), its lease
         running or not; conditional on that holder still holding it, so it is taken back once."""
         return bool(
-            cls.objects.filter(pk=fetch_id, state=Fetch.RUNNING, holder=holder).requeue(
-                now or timezone.now()
-            )
+            cls.objects.filter(pk=fetch_id, state=Fetch.RUNNING, holder=holder).requeue(now)
         )
 
     def _held(self) -> FetchQuerySet:
@@ -170,11 +176,11 @@ class Fetch(models.Model):
 
     def renew(self) -> bool:
         """Keep the lease another LEASE_SECONDS; False once it is lost (taken over, or ended)."""
-        return self._held().update(heartbeat_at=timezone.now()) == 1
+        return self._held().update(heartbeat_at=Now()) == 1
 
     def beat(self, bytes_done: int, *, message: str | None = None) -> bool:
         """Progress, which renews the lease too; False once the lease is lost."""
-        changes: dict[str, object] = {"bytes_done": bytes_done, "heartbeat_at": timezone.now()}
+        changes: dict[str, object] = {"bytes_done": bytes_done, "heartbeat_at": Now()}
         if message is not None:
             changes["message"] = message
         return self._held().update(**changes) == 1
@@ -188,7 +194,7 @@ class Fetch(models.Model):
             bytes_done=self.bytes_total,
             message="",
             finished_at=now,
-            heartbeat_at=now,
+            heartbeat_at=Now(),
         )
         if written:
             self.state, self.bytes_done, self.message = Fetch.DONE, self.bytes_total, ""

@@ -276,7 +276,7 @@ def _advance_fetching(rollout: Rollout) -> None:
         _end(rollout, rollout.fail, f"refused, the model is unchanged: {fetch.message}")
         return
     if fetch.state != Fetch.DONE:
-        if fetch.is_claimable(timezone.now()):
+        if Fetch.objects.filter(pk=fetch.pk).claimable().exists():  # the database's clock
             queue_now("registry.tasks.run_fetch", fetch.pk)  # resumes an interrupted fetch
         done = format_progress(fetch.bytes_done, fetch.bytes_total)
         rollout.show_step(f"fetching the new files into the mirror: {done}")

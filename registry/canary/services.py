@@ -22,6 +22,7 @@ from catalog.services import (
     require_change_rights,
 )
 from core.actor import SYSTEM, Actor
+from core.dbclock import database_now
 from core.durations import format_duration
 from core.refusals import conflict
 from fleet.models import Replica
@@ -119,14 +120,16 @@ def advance_canary(
     *,
     baseline: dict[str, RevisionFigures] | None = None,
     now: datetime | None = None,
+    counted_from: datetime | None = None,
 ) -> bool:
     """Start the window once the canary replica is ready; end a canary whose rollout ended or
     whose replica cannot start. True when the window started now.
 
-    `baseline` is what the gateway's figures (from the minute of `now` on) held at the start:
-    the checks count what came after it, so requests before the window (and a canary of the
-    same revision tried a moment before) decide nothing."""
-    now = now or timezone.now()
+    `now` is the database's clock (core.dbclock), which measures the window. `baseline` is what
+    the gateway's figures (from the minute of `counted_from`, `now` when not given) held at the
+    start: the checks count what came after it from that same minute, so requests before the
+    window (and a canary of the same revision tried a moment before) decide nothing."""
+    now = now or database_now()
     canary = model.canary or {}
     rollout = rollout_of(canary)
     if rollout is None or rollout.state not in Rollout.ACTIVE:
@@ -161,6 +164,7 @@ def advance_canary(
             "state": "watching",
             "started_at": now.isoformat(),
             "ends_at": ends.isoformat(),
+            "counted_from": (counted_from or now).isoformat(),
             "baseline": {rev: asdict(seen) for rev, seen in (baseline or {}).items()},
         }
         Model.objects.filter(pk=model.pk).update(canary=canary)
@@ -184,15 +188,18 @@ def check_canary(
     now: datetime | None = None,
 ) -> Verdict | None:
     """One check of a watching canary against the gateway's figures per revision (from the
-    minute the window started in; its baseline is taken off); rolls it back or promotes it when
+    minute the canary counts from, its `counted_from`; its baseline is taken off); rolls it back or promotes it when
     that is decided. None when the canary is not watching.
 
     `keys` holds each gateway key's figures per revision (registry.models.CanaryKeyMinute),
-    from the minute the window started in: judge weighs errors per key with them. They carry no
-    baseline of their own (that would be a row per key in the canary's record), so up to a
-    minute of answers from before the window may count in them; they only ever compare a key's
-    two revisions with each other, which such answers leave fair."""
-    now = now or timezone.now()
+    from that same minute: judge weighs errors per key with them. They carry no
+    baseline of their own (that would be a row per key in the canary's record), so the answers
+    from before the window back to the minute it counts from (check.COUNTED_CLOCK_SLACK) count in
+    them; they only ever compare a key's two revisions with each other, which such answers
+    leave fair.
+
+    `now` is the database's clock (core.dbclock): the window is over by it."""
+    now = now or database_now()
     canary = model.canary or {}
     if canary.get("state") != "watching":
         return None

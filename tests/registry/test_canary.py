@@ -6,7 +6,7 @@ the same with real engines."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +17,14 @@ from access.canary import check_canaries
 from access.traffic import TrafficBook
 from catalog.models import AuditEntry, Model
 from core.actor import Actor
+from core.dbclock import database_now
 from core.refusals import Refused
 from fleet.models import Replica
 from fleet.reconciler import reconcile_pass
 from fleet.specs import current_keys, replica_revision
 from llmgw.tinygguf import write_tiny_model
 from registry import canary, fetches
+from registry.canary import check as canary_check
 from registry.models import Rollout
 from registry.rollouts import advance_rollouts, start_rollback
 from registry.updates import check_updates, serve_start
@@ -102,8 +104,11 @@ def revisions() -> list[str]:
     )
 
 
-def answers(old: tuple[int, int, float], new: tuple[int, int, float]) -> None:
-    """The gateway's figures: (requests, server errors, seconds each) per revision."""
+def answers(
+    old: tuple[int, int, float], new: tuple[int, int, float], *, at: float | None = None
+) -> None:
+    """The gateway's figures: (requests, server errors, seconds each) per revision, stamped by
+    the gateway's wall clock (`at`, a Unix time, when it stands elsewhere)."""
     state = model().canary or {}
     book = TrafficBook("gw-1")
     for revision, (requests, errors, seconds) in (
@@ -117,6 +122,7 @@ def answers(old: tuple[int, int, float], new: tuple[int, int, float]) -> None:
                 status=500 if index < errors else 200,
                 seconds=seconds,
                 revision=revision,
+                at=at,
             )
     book.flush()
 
@@ -239,6 +245,41 @@ def test_healthy_at_the_end_of_the_window_it_is_promoted_and_the_rollout_complet
     assert revisions() == ["current", "current"]
     entry = AuditEntry.objects.get(model_name=NAME, action="canary-promote")
     assert entry.actor_name == "system" and entry.note.startswith("canary of ")
+
+
+def test_answers_a_gateway_stamps_after_its_clock_stepped_back_are_counted(
+    world: dict[str, Any],
+) -> None:
+    start(world)
+    started = datetime.fromisoformat(model().canary["started_at"])
+    # The gateway's clock stepped back five minutes since the window opened: the minutes it
+    # stamps now fall before the window's start.
+    answers(old=(40, 0, 0.2), new=(20, 20, 0.05), at=(started - timedelta(minutes=5)).timestamp())
+    check_canaries()
+    assert model().canary["state"] == "rolled back"
+    assert model().canary["figures"]["new"]["requests"] == 20
+
+
+class _FiveMinutesBehind(datetime):
+    """A worker's wall clock stepped five minutes back."""
+
+    @classmethod
+    def now(cls, tz: Any = None) -> Any:
+        return datetime.now(tz) - timedelta(minutes=5)
+
+
+def test_the_window_ends_by_the_databases_clock_whatever_the_workers_says(
+    world: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    start(world, window="10m")
+    answers(old=(40, 0, 0.2), new=(20, 0, 0.25))
+    state = model().canary
+    Model.objects.filter(name=NAME).update(
+        canary={**state, "ends_at": (database_now() - timedelta(seconds=1)).isoformat()}
+    )
+    monkeypatch.setattr(canary_check, "datetime", _FiveMinutesBehind)
+    check_canaries()
+    assert model().canary["state"] == "promoted"
 
 
 def test_a_canary_replica_that_cannot_start_is_rolled_back(world: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ import pytest
 from django.utils import timezone
 
 from catalog.models import Model
+from core.dbclock import database_now
 from registry.models import LEASE_SECONDS, Fetch, Rollout
 
 pytestmark = pytest.mark.django_db
@@ -50,6 +51,28 @@ def test_it_lets_one_worker_claim_a_fetch_and_another_take_over_an_orphaned_one(
     assert (fetch.state, fetch.heartbeat_at) == (Fetch.RUNNING, later)
     fetch.finish()
     assert not Fetch.claim(fetch.pk, now=later + timedelta(hours=1))
+
+
+def test_its_lease_is_kept_by_the_databases_clock_not_a_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fetch = Fetch.objects.create(repo="r", commit="c" * 40)
+    assert Fetch.claim(fetch.pk, holder="worker-1")
+    # Another worker whose wall clock stepped five minutes forward: by it the lease lapsed long
+    # ago, by the database's (which stamped the heartbeat) it did not.
+    ahead = timezone.now() + timedelta(minutes=5)
+    monkeypatch.setattr(timezone, "now", lambda: ahead)
+    assert fetch.pk in set(Fetch.objects.orphaned(ahead).values_list("pk", flat=True))
+    assert not Fetch.objects.orphaned().filter(pk=fetch.pk).exists()
+    assert not Fetch.claim(fetch.pk, holder="worker-2")
+    # Once the database's clock says its heartbeat is LEASE_SECONDS old, another takes it over.
+    Fetch.objects.filter(pk=fetch.pk).update(
+        heartbeat_at=database_now() - timedelta(seconds=LEASE_SECONDS + 1)
+    )
+    assert Fetch.claim(fetch.pk, holder="worker-2")
+    fetch.refresh_from_db()
+    assert fetch.holder == "worker-2"
+    assert abs((fetch.heartbeat_at - database_now()).total_seconds()) < 5
 
 
 def test_it_finishes_and_fails_a_fetch() -> None:
