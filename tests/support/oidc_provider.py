@@ -458,7 +458,8 @@ class OidcProvider:
         `http` as the browser (it keeps the provider's cookies: a second sign-in in it needs no
         form), starting at the authorization request `authorization_url`. Answers where the
         provider then sends the browser: the relying party's redirect_uri with code and state,
-        or with error. AssertionError with the page if it stops on a page of its own."""
+        or with error (the query response mode, the code flow's default). AssertionError with
+        the page if it stops on a page of its own (an unknown or disabled user's, form_post's)."""
         response = self._follow(
             http, http.get(authorization_url, allow_redirects=False, timeout=30)
         )
