@@ -151,6 +151,17 @@ const provider = new Provider(issuer, {
   fetch(url, { dispatcher, ...options }) {
     return globalThis.fetch(url, options);
   },
+  // In seconds: oidc-provider's defaults, written out.
+  ttl: {
+    AccessToken: 3600,
+    AuthorizationCode: 60,
+    DeviceCode: 600,
+    Grant: 14 * 24 * 3600,
+    IdToken: 3600,
+    Interaction: 3600,
+    RefreshToken: 14 * 24 * 3600,
+    Session: 14 * 24 * 3600,
+  },
   interactions: {
     url(ctx, interaction) {
       return `/interaction/${interaction.uid}`;
