@@ -18,6 +18,15 @@ The sign-in page (/interaction/UID) has `input[name=login]` (a user's preferred_
 subject), `input[name=password]` (any value or none), one `button[type=submit]` and a cancel
 link `a#cancel` (the relying party gets error=access_denied); an unknown or disabled user gets
 the page again with `p[role=alert]` saying so. Consent is given at once, without a page.
+The other pages are oidc-provider's, as it writes them (less the web font they load from
+outside): the device verification page (/device) has
+`input[name=user_code]` and `button:has-text("Continue")`, its confirmation page the same
+button (and `button[name=abort]`), its last page `<h1>Sign-in Success</h1>`; the logout page
+(end_session) has `button[name=logout][value=yes]` ("Yes, sign me out").
+
+Refresh tokens: without offline_access one ends with the user's session at the provider
+(logout, sign_out); with offline_access, which OIDC Core grants only with prompt=consent, it
+outlives it.
 
 Users and clients are added while it runs, through its control API (/__test__/..., behind a
 random token): tests start their servers on ports known only then. A removed or disabled user's

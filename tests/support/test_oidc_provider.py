@@ -391,6 +391,33 @@ def test_the_sign_in_page_refuses_unknown_and_disabled_users(oidc_provider: Oidc
         assert f'<p role="alert">{problem.replace(chr(34), "&quot;")}</p>' in str(stopped.value)
 
 
+def test_its_pages_load_nothing_from_outside_the_machine(oidc_provider: OidcProvider) -> None:
+    sub = new_user(oidc_provider)
+    client = oidc_provider.add_client(redirect_uris=[REDIRECT_URI])
+    http = requests.Session()
+    tokens, _kept = signed_in(oidc_provider, client, sub, http=http)
+    pages = {
+        "sign-in": requests.get(authorization_request(oidc_provider, client[0])[0], timeout=30),
+        "device": requests.get(f"{oidc_provider.issuer}/device", timeout=30),
+        "logout": http.get(
+            oidc_provider.discovery()["end_session_endpoint"],
+            params={"id_token_hint": tokens["id_token"]},
+            timeout=30,
+        ),
+        "error": requests.get(oidc_provider.discovery()["authorization_endpoint"], timeout=30),
+    }
+
+    assert {name: response.status_code for name, response in pages.items()} == {
+        "sign-in": 200,
+        "device": 200,
+        "logout": 200,
+        "error": 400,
+    }
+    assert 'value="yes" name="logout">Yes, sign me out</button>' in pages["logout"].text
+    for name, response in pages.items():
+        assert "://" not in response.text.replace(oidc_provider.issuer, ""), (name, response.text)
+
+
 def test_cancelling_the_sign_in_sends_access_denied(oidc_provider: OidcProvider) -> None:
     client = oidc_provider.add_client(redirect_uris=[REDIRECT_URI])
     url, kept = authorization_request(oidc_provider, client[0])

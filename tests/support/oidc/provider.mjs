@@ -114,6 +114,72 @@ const signingKey = {
   use: 'sig',
 };
 
+// -- the pages ----------------------------------------------------------------------------------
+
+function escapeHtml(value) {
+  return String(value).replace(
+    /[&<>"']/g,
+    (char) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' })[char],
+  );
+}
+
+/** A whole page around `body` (HTML already escaped), loading nothing from elsewhere. */
+function page(title, body) {
+  return `<!DOCTYPE html>
+<html lang="en">
+<head><meta charset="utf-8"><title>${escapeHtml(title)}</title></head>
+<body>
+${body}
+</body>
+</html>`;
+}
+
+// oidc-provider's own pages for the device flow, logout and errors, with their forms, buttons and
+// headings as they are, without the web font their style sheets load from fonts.googleapis.com:
+// nothing a test's browser shows may reach outside the machine.
+const pages = {
+  async userCodeInputSource(ctx, form, out, err) {
+    let message = 'Enter the code displayed on your device';
+    if (err && (err.userCode || err.name === 'NoCodeError')) {
+      message = 'The code you entered is incorrect. Try again';
+    } else if (err && err.name === 'AbortedError') {
+      message = 'The Sign-in request was interrupted';
+    } else if (err) {
+      message = 'There was an error processing your request';
+    }
+    ctx.body = page('Sign-in', `<h1>Sign-in</h1>
+<p${err ? ' role="alert"' : ''}>${message}</p>
+${form}
+<button type="submit" form="op.deviceInputForm">Continue</button>`);
+  },
+  async userCodeConfirmSource(ctx, form, client, deviceInfo, userCode) {
+    ctx.body = page('Device Login Confirmation', `<h1>Confirm Device</h1>
+<p><strong>${escapeHtml(client.clientName ?? client.clientId)}</strong></p>
+<p>The following code should be displayed on your device: <code>${escapeHtml(userCode)}</code></p>
+${form}
+<button autofocus type="submit" form="op.deviceConfirmForm">Continue</button>
+<button type="submit" form="op.deviceConfirmForm" value="yes" name="abort">[ Abort ]</button>`);
+  },
+  async successSource(ctx) {
+    ctx.body = page('Sign-in Success', `<h1>Sign-in Success</h1>
+<p>Your sign-in was successful, you can now close this page.</p>`);
+  },
+  async logoutSource(ctx, form) {
+    ctx.body = page('Logout Request', `<h1>Do you want to sign-out from ${escapeHtml(ctx.host)}?</h1>
+${form}
+<button autofocus type="submit" form="op.logoutForm" value="yes" name="logout">Yes, sign me out</button>
+<button type="submit" form="op.logoutForm">No, stay signed in</button>`);
+  },
+  async postLogoutSuccessSource(ctx) {
+    ctx.body = page('Sign-out Success', '<h1>Sign-out Success</h1>\n<p>Your sign-out was successful.</p>');
+  },
+  async renderError(ctx, out) {
+    ctx.type = 'html';
+    ctx.body = page('oops! something went wrong', `<h1>oops! something went wrong</h1>
+${Object.entries(out).map(([key, value]) => `<pre><strong>${escapeHtml(key)}</strong>: ${escapeHtml(value)}</pre>`).join('\n')}`);
+  },
+};
+
 const provider = new Provider(issuer, {
   adapter: adapterFor,
   jwks: { keys: [signingKey] },
@@ -169,37 +235,38 @@ const provider = new Provider(issuer, {
   },
   features: {
     devInteractions: { enabled: false },
-    deviceFlow: { enabled: true },
+    deviceFlow: {
+      enabled: true,
+      userCodeInputSource: pages.userCodeInputSource,
+      userCodeConfirmSource: pages.userCodeConfirmSource,
+      successSource: pages.successSource,
+    },
     backchannelLogout: { enabled: true },
-    rpInitiatedLogout: { enabled: true },
+    rpInitiatedLogout: {
+      enabled: true,
+      logoutSource: pages.logoutSource,
+      postLogoutSuccessSource: pages.postLogoutSuccessSource,
+    },
     revocation: { enabled: true },
   },
+  renderError: pages.renderError,
 });
 
 // -- the sign-in page ---------------------------------------------------------------------------
 
-function escapeHtml(value) {
-  return String(value).replace(
-    /[&<>"']/g,
-    (char) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' })[char],
-  );
-}
-
 function signInPage(uid, clientName, { login = '', problem = '' } = {}) {
-  return `<!DOCTYPE html>
-<html lang="en">
-<head><meta charset="utf-8"><title>Sign in</title></head>
-<body>
-<h1>Sign in to ${escapeHtml(clientName)}</h1>
+  return page('Sign in', `<h1>Sign in to ${escapeHtml(clientName)}</h1>
 ${problem ? `<p role="alert">${escapeHtml(problem)}</p>` : ''}
 <form method="post" action="/interaction/${escapeHtml(uid)}" autocomplete="off">
   <label>Username <input name="login" value="${escapeHtml(login)}" autofocus required></label>
   <label>Password <input name="password" type="password"></label>
   <button type="submit">Sign in</button>
 </form>
-<a id="cancel" href="/interaction/${escapeHtml(uid)}/abort">Cancel</a>
-</body>
-</html>`;
+<a id="cancel" href="/interaction/${escapeHtml(uid)}/abort">Cancel</a>`);
+}
+
+function problemPage(problem) {
+  return page('Sign in', `<p role="alert">${escapeHtml(problem)}</p>`);
 }
 
 async function readBody(req) {
@@ -235,13 +302,12 @@ async function interaction(req, res, uid, action) {
   try {
     details = await provider.interactionDetails(req, res);
   } catch (error) {
-    answerHtml(res, 400, `<!DOCTYPE html><title>Sign in</title><p role="alert">${escapeHtml(
-      `This sign-in has ended or was never started here (${error.message}): start it again.`,
-    )}</p>`);
+    const problem = `This sign-in has ended or was never started here (${error.message}): start it again.`;
+    answerHtml(res, 400, problemPage(problem));
     return;
   }
   if (details.uid !== uid) {
-    answerHtml(res, 400, '<!DOCTYPE html><title>Sign in</title><p role="alert">This sign-in page belongs to another sign-in: start it again.</p>');
+    answerHtml(res, 400, problemPage('This sign-in page belongs to another sign-in: start it again.'));
     return;
   }
   const client = await provider.Client.find(details.params.client_id);
