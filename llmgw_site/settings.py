@@ -112,6 +112,9 @@ INSTALLED_APPS = [
     "access",
     "gateway",
     "console",
+    # Sign-in through the company's OpenID Connect provider (LLMGW_OIDC_*), and the switch for
+    # local passwords.
+    "signin",
     # The process-starting commands (llmgw_run) and start-up; no models.
     "llmgw_site",
 ]
@@ -133,6 +136,31 @@ MIDDLEWARE = [
     "axes.middleware.AxesMiddleware",
 ]
 
+# Sign-in through the company's OpenID Connect provider (docs/signin.md): authorization code
+# with PKCE, people made at their first sign-in. An empty issuer turns it off (passwords only).
+# The issuer exactly as the provider names itself (its discovery document's "issuer"); llmgw
+# asks only its scheme, host and port, and the hosts in LLMGW_OIDC_ALLOWED_HOSTS (Google keeps
+# its keys and token endpoint on hosts of their own).
+LLMGW_OIDC_ISSUER = env_str("LLMGW_OIDC_ISSUER", "")
+LLMGW_OIDC_CLIENT_ID = env_str("LLMGW_OIDC_CLIENT_ID", "")
+# A file holding the client secret, owned by llmgw's account and readable by it alone (0600):
+# every process refuses to start otherwise. Never the secret itself in the environment.
+LLMGW_OIDC_CLIENT_SECRET_FILE = env_str("LLMGW_OIDC_CLIENT_SECRET_FILE", "")
+LLMGW_OIDC_SCOPES = env_str("LLMGW_OIDC_SCOPES", "openid email profile groups offline_access")
+# The ID token's claim holding the person's groups (a dotted path reaches into objects, as
+# Keycloak's realm_access.roles).
+LLMGW_OIDC_GROUPS_CLAIM = env_str("LLMGW_OIDC_GROUPS_CLAIM", "groups")
+# The login button says "Sign in with ..." this.
+LLMGW_OIDC_PROVIDER_NAME = env_str("LLMGW_OIDC_PROVIDER_NAME", "your company")
+LLMGW_OIDC_ALLOWED_HOSTS = env_list("LLMGW_OIDC_ALLOWED_HOSTS") or []
+# Groups to roles (access.roles reads it; docs/signin.md gives its form).
+LLMGW_OIDC_GROUP_MAP = env_str("LLMGW_OIDC_GROUP_MAP", "")
+# Off: password logins (console and admin) are refused but for the usernames below, the
+# break-glass administrators, who can still get in when the provider is down. API tokens are
+# not passwords and keep working.
+LLMGW_LOCAL_PASSWORDS = env_bool("LLMGW_LOCAL_PASSWORDS", True)
+LLMGW_BREAK_GLASS_USERS = env_list("LLMGW_BREAK_GLASS_USERS") or ["admin"]
+
 # Login throttling (console and admin logins, the only password logins; the API takes tokens,
 # 24 random bytes, which cannot be guessed). Failures are counted per username and, apart,
 # per client address, in the database, so every web process sees them (SQLite or PostgreSQL);
@@ -140,7 +168,11 @@ MIDDLEWARE = [
 # what a lockout by others leaves working (API tokens, sessions already logged in).
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
-    "django.contrib.auth.backends.ModelBackend",
+    # Django's ModelBackend, refusing passwords while LLMGW_LOCAL_PASSWORDS is off (but for
+    # LLMGW_BREAK_GLASS_USERS): the console's login and the admin's both go through it.
+    "signin.backends.PasswordBackend",
+    # Sessions made by a sign-in through the provider (signin.views); it checks no password.
+    "signin.backends.ProviderBackend",
 ]
 AXES_FAILURE_LIMIT = env_int("LLMGW_LOGIN_FAILURE_LIMIT", 5, minimum=1)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("LLMGW_LOGIN_LOCKOUT_MINUTES", 15, minimum=1))
@@ -171,6 +203,8 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 # The banner saying the disk holding LLMGW_VAR_DIR is running out of room.
                 "console.context_processors.disk_space",
+                # The login pages' ways in: the provider's button, the password form or not.
+                "signin.context_processors.signin",
             ],
         },
     },

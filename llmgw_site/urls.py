@@ -26,6 +26,8 @@ urlpatterns = [
     # Everything else under /api/v1/ answers in the API's JSON shape, not an HTML page.
     re_path(r"^api/v1/", api_errors.no_such_endpoint),
     path("mirror/<path:path>", mirror_access(mirror_files.serve), name="mirror-file"),
+    # Sign-in through the provider: /signin/start and /signin/callback.
+    path("", include("signin.urls")),
     path("", include("console.urls")),
 ]
 
