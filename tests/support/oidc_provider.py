@@ -290,11 +290,15 @@ class OidcProvider:
             )
         process = self.process
         ready = f"READY {self.issuer}\n"
-        wait_for(
-            lambda: ready in self._log_text() or process.poll() is not None,
-            timeout=START_TIMEOUT,
-            what=f"the OIDC provider to print {ready.strip()!r} (its log: {self.log})",
-        )
+        try:
+            wait_for(
+                lambda: ready in self._log_text() or process.poll() is not None,
+                timeout=START_TIMEOUT,
+                what=f"the OIDC provider to print {ready.strip()!r} (its log: {self.log})",
+            )
+        except AssertionError:
+            self.stop()
+            raise
         if process.poll() is None:
             return True
         self.process = None
@@ -401,7 +405,9 @@ class OidcProvider:
         """Registers (or replaces) a confidential client; answers its (client_id, secret), made
         at random where not given. More client metadata (RFC 7591 names) goes in `metadata`.
         With a back-channel logout URI the ID tokens carry `sid`, and so do the logout tokens,
-        unless backchannel_logout_session_required is False."""
+        unless backchannel_logout_session_required is False. The secrets made here are
+        URL-safe; with client_secret_basic, a given one with other characters must be
+        form-encoded before Basic encoding (RFC 6749, 2.3.1), as oidc-provider checks."""
         client_id = client_id or f"client-{secrets.token_hex(6)}"
         client_secret = client_secret or secrets.token_urlsafe(32)
         grant_types = list(grant_types)
