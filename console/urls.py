@@ -12,6 +12,7 @@ from .views import (
     models,
     nodes,
     teams,
+    tokens,
     usage,
 )
 
@@ -62,6 +63,8 @@ urlpatterns = [
     path("keys/create", keys.key_create, name="console-key-create"),
     path("keys/<int:key_id>/limits", keys.key_limits, name="console-key-limits"),
     path("keys/<int:key_id>/revoke", keys.key_revoke, name="console-key-revoke"),
+    path("tokens/", tokens.tokens_page, name="console-tokens"),
+    path("tokens/<int:token_id>/revoke", tokens.token_revoke, name="console-token-revoke"),
     path("teams/", teams.teams_page, name="console-teams"),
     path("teams/create", teams.team_create, name="console-team-create"),
     path("teams/policy", teams.default_policy, name="console-default-policy"),

@@ -7,6 +7,8 @@ from typing import Any
 
 import requests
 
+from llmgw import credentials
+
 
 class CtlError(Exception):
     """A refusal or failure, already worded for the terminal."""
@@ -20,7 +22,15 @@ class Client:
         self, url: str | None = None, token: str | None = None, timeout: float = 60
     ) -> None:
         self.url = (url or os.environ.get("LLMGW_URL") or DEFAULT_URL).rstrip("/")
-        self.token = token if token is not None else os.environ.get("LLMGW_TOKEN", "")
+        if token is None:
+            # LLMGW_TOKEN, else the token `llmgw ctl login` kept for this control plane ("" is
+            # none: a request made without one).
+            token = os.environ.get("LLMGW_TOKEN", "")
+            try:
+                token = token or credentials.token_for(self.url) or ""
+            except credentials.CredentialsError as exc:
+                raise CtlError(str(exc)) from None
+        self.token = token
         self.timeout = timeout
         self.session = requests.Session()
         self.session.headers["X-LLMGW-Client"] = "ctl"

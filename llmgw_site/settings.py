@@ -160,6 +160,12 @@ LLMGW_OIDC_GROUP_MAP = env_str("LLMGW_OIDC_GROUP_MAP", "")
 # not passwords and keep working.
 LLMGW_LOCAL_PASSWORDS = env_bool("LLMGW_LOCAL_PASSWORDS", True)
 LLMGW_BREAK_GLASS_USERS = env_list("LLMGW_BREAK_GLASS_USERS") or ["admin"]
+# `llmgw ctl login` (signin.device): the API token it gives expires after this many days.
+LLMGW_CLI_TOKEN_DAYS = env_int("LLMGW_CLI_TOKEN_DAYS", 30, minimum=1)
+# People who signed in through the provider are asked about again (their refresh token) once
+# this long has passed: removed or disabled there, or left without a mapped group, they leave
+# (signin.leavers).
+LLMGW_OIDC_RECHECK_SECONDS = env_int("LLMGW_OIDC_RECHECK_SECONDS", 300, minimum=10)
 
 # Login throttling (console and admin logins, the only password logins; the API takes tokens,
 # 24 random bytes, which cannot be guessed). Failures are counted per username and, apart,
@@ -352,6 +358,8 @@ CELERY_BEAT_SCHEDULE = {
         "task": "access.tasks.check_canaries",
         "schedule": float(LLMGW_CANARY_CHECK_SECONDS),
     },
+    # Only while sign-in through a provider is configured does it ask anything.
+    "check-members": {"task": "signin.tasks.check_members", "schedule": 60.0},
 }
 # One beat sends, however many run (llmgw_site.leader): the holder of a lease in the database,
 # this many seconds long, renewed every third of it. A standby takes over within about this long

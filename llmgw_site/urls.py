@@ -23,6 +23,9 @@ urlpatterns = [
     path("api/v1/", include("catalog.urls")),
     path("api/v1/", include("registry.urls")),
     path("", include("access.urls")),
+    path("", include("accounts.urls")),
+    # `llmgw ctl login` (signin.device) and the provider's back-channel logout.
+    path("", include("signin.provider_urls")),
     # Everything else under /api/v1/ answers in the API's JSON shape, not an HTML page.
     re_path(r"^api/v1/", api_errors.no_such_endpoint),
     path("mirror/<path:path>", mirror_access(mirror_files.serve), name="mirror-file"),

@@ -28,6 +28,8 @@ class Identity(models.Model):
     # it); never shown. Empty when the provider gave none. A new secret key makes it unreadable,
     # which counts as none.
     refresh_token = models.TextField(blank=True, default="", editable=False)
+    # When the provider was last asked about the person between sign-ins (signin.leavers).
+    checked_at = models.DateTimeField(null=True, blank=True, db_index=True)
 
     class Meta:
         verbose_name_plural = "identities"

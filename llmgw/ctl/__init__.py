@@ -15,21 +15,26 @@ from typing import Any
 
 from llmgw.client import Client, CtlError
 
-from . import audit, canary, gateway, models, nodes, teams, traffic, updates
+from . import audit, canary, gateway, login, models, nodes, teams, traffic, updates
 
 
 def add_parser(subparsers: Any) -> None:
     ctl = subparsers.add_parser(
         "ctl",
         help="manage the catalog through the control plane's API",
-        description="Talks to the control plane at LLMGW_URL with the API token in LLMGW_TOKEN.",
+        description="Talks to the control plane at LLMGW_URL with the API token in LLMGW_TOKEN, "
+        "else the one `llmgw ctl login` kept for it.",
     )
     ctl.add_argument(
         "--url", help="the control plane (default: LLMGW_URL, else http://127.0.0.1:8000)"
     )
-    ctl.add_argument("--token", help="an API token (default: LLMGW_TOKEN)")
+    ctl.add_argument(
+        "--token",
+        help="an API token (default: LLMGW_TOKEN, else the one `llmgw ctl login` kept)",
+    )
     sub = ctl.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add_command in (
+        login.add_login,
         models.add_models,
         models.add_scale,
         audit.add_audit,

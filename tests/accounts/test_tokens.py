@@ -124,3 +124,38 @@ def test_plain_text_tokens_from_before_are_hashed_and_removed(users: dict[str, A
     token = ApiToken.objects.get()
     assert token.user == users["alice"] and old_key not in str(ApiToken.objects.values().get())
     assert client_with(f"Token {old_key}").get("/api/v1/models").status_code == 200
+
+
+def test_an_expired_token_is_refused(users: dict[str, Any]) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    _, soon = token_create(user=users["alice"], expires_at=timezone.now() + timedelta(hours=1))
+    assert client_with(f"Token {soon}").get("/api/v1/models").status_code == 200
+    _, past = token_create(user=users["alice"], expires_at=timezone.now() - timedelta(seconds=1))
+    answer = client_with(f"Token {past}").get("/api/v1/models")
+    assert answer.status_code == 401
+
+
+def test_people_list_and_revoke_their_own_tokens_and_no_one_elses(users: dict[str, Any]) -> None:
+    laptop, laptop_secret = token_create(user=users["alice"], name="laptop")
+    script, script_secret = token_create(user=users["alice"], name="script")
+    bobs, bobs_secret = token_create(user=users["bob"], name="bob's")
+    alice = client_with(f"Token {laptop_secret}")
+    listed = alice.get("/api/v1/tokens").json()
+    assert {t["name"] for t in listed} == {"laptop", "script"}
+    assert [t["current"] for t in listed if t["name"] == "laptop"] == [True]
+    assert all(set(t) >= {"prefix", "expires_at", "last_used_at"} for t in listed)
+    assert all(laptop_secret not in str(t) for t in listed)
+    # Another's token is no different from none, and refusing it changes nothing.
+    refused = alice.delete(f"/api/v1/tokens/{bobs.pk}")
+    assert refused.status_code == 404 and "no API token" in refused.json()["detail"]
+    assert alice.delete("/api/v1/tokens/x1").status_code == 404
+    assert ApiToken.objects.filter(pk=bobs.pk).exists()
+    assert alice.delete(f"/api/v1/tokens/{script.pk}").json()["name"] == "script"
+    assert client_with(f"Token {script_secret}").get("/api/v1/models").status_code == 401
+    # `current`: the token the request is made with (llmgw ctl logout).
+    assert alice.delete("/api/v1/tokens/current").json()["name"] == "laptop"
+    assert alice.get("/api/v1/tokens").status_code == 401
+    assert client_with(f"Token {bobs_secret}").get("/api/v1/tokens").status_code == 200
