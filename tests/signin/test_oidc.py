@@ -319,3 +319,22 @@ def test_the_authorization_request_carries_state_nonce_and_an_s256_challenge(
         "code_challenge": base64.urlsafe_b64encode(digest).rstrip(b"=").decode(),
         "code_challenge_method": "S256",
     }
+
+
+def test_a_process_refuses_to_start_with_a_secret_others_may_read(
+    settings: Any, secret_file: Path
+) -> None:
+    from django.apps import apps
+    from django.core.exceptions import ImproperlyConfigured
+
+    settings.LLMGW_OIDC_ISSUER = "https://login.example.com"
+    settings.LLMGW_OIDC_CLIENT_ID = CLIENT_ID
+    settings.LLMGW_OIDC_CLIENT_SECRET_FILE = str(secret_file)
+    apps.get_app_config("signin").ready()  # owner-only: it starts
+    os.chmod(secret_file, 0o644)
+    with pytest.raises(ImproperlyConfigured) as caught:
+        apps.get_app_config("signin").ready()
+    message = str(caught.value)
+    assert message.startswith("Sign-in through a provider (LLMGW_OIDC_ISSUER) cannot work: ")
+    assert "may be read by others (mode 0644" in message
+    assert message.endswith("Fix these, or unset LLMGW_OIDC_ISSUER to turn it off.")
