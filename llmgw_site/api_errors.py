@@ -80,7 +80,10 @@ def _code(exc: exceptions.APIException) -> str:
 
 def _sentence(detail: str, exc: exceptions.APIException) -> str:
     if isinstance(exc, exceptions.NotAuthenticated):
-        return "Log in first: send an API token as 'Authorization: Token KEY' (llmgw ctl reads LLMGW_TOKEN)."
+        return (
+            "Log in first: send an API token as 'Authorization: Token KEY' (llmgw ctl reads "
+            "LLMGW_TOKEN, else the token `llmgw ctl login` kept)."
+        )
     if isinstance(exc, exceptions.AuthenticationFailed):
         return (
             f"{detail} Check LLMGW_TOKEN (a disabled account's tokens stop working); the run "
