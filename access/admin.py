@@ -3,7 +3,9 @@
 Keys are made by their owners (the key is shown once, to whoever creates it), so the admin
 does not add them; it changes a key's limits, team and expiry (what it sets becomes the key's
 ceilings: the admin is staff's), and revokes keys. Teams are added, limited, given members and
-removed here, and key policies set and removed. As in catalog.admin, the services are called
+removed here, given team admins, and key policies set and removed; roles given by hand (viewer)
+and the identity provider's groups mapped to roles (access.roles) are added and removed here.
+The admin is staff's door: team admins use the console, the API and the CLI. As in catalog.admin, the services are called
 from the form's clean(), so that a refusal (a key limit above its team's, an unknown user) is
 shown on the form rather than becoming a server error, and the audit says "admin" and who.
 """
@@ -26,9 +28,18 @@ from core.admin import RemovedThroughServiceAdmin, RequestFormAdmin, admin_actor
 from core.refusals import Refused
 from llmgw.limitdefs import Limit
 
-from . import policies, services
+from . import policies, roles, services
 from .forms import with_limit_fields
-from .models import GatewayKey, KeyPolicy, Team, UserWeight
+from .models import (
+    TEAM_ADMIN,
+    VIEWER,
+    GatewayKey,
+    GroupMapping,
+    KeyPolicy,
+    Team,
+    TeamRole,
+    UserWeight,
+)
 
 
 def _counter_field(label: str, help_text: str, blank: str = "no limit") -> forms.IntegerField:
@@ -104,6 +115,14 @@ class TeamForm(LimitsForm):
         required=False,
         widget=widgets.FilteredSelectMultiple("members", is_stacked=False),
     )
+    admins = forms.ModelMultipleChoiceField(
+        label="Team admins",
+        queryset=get_user_model().objects.order_by("username"),
+        required=False,
+        widget=widgets.FilteredSelectMultiple("team admins", is_stacked=False),
+        help_text="they change the team's members and manage its keys, within what staff set; "
+        "a team admin is a member too",
+    )
 
     class Meta:
         model = Team
@@ -117,25 +136,39 @@ class TeamForm(LimitsForm):
             if not self.is_bound:
                 self.initial["name"] = self.instance.name
                 self.initial["members"] = list(self.instance.members.all())
+                self.initial["admins"] = list(
+                    get_user_model().objects.filter(
+                        llmgw_roles__team=self.instance, llmgw_roles__role=TEAM_ADMIN
+                    )
+                )
 
     def apply(self, actor: Actor) -> Team:
         members = [u.get_username() for u in self.cleaned_data["members"]]
+        admins = {u.get_username() for u in self.cleaned_data["admins"]}
         if self.instance.pk is None:
-            return services.team_add(
+            team = services.team_add(
                 actor=actor,
                 name=self.cleaned_data["name"],
                 limits=self.changes(),
                 members=members,
             )
-        team = services.team_set_limits(
-            actor=actor, name=self.instance.name, changes=self.changes()
-        )
-        had = {u.get_username() for u in self.instance.members.all()}
+            had: set[str] = set(members)
+            admins_had: set[str] = set()
+        else:
+            team = services.team_set_limits(
+                actor=actor, name=self.instance.name, changes=self.changes()
+            )
+            had = {u.get_username() for u in self.instance.members.all()}
+            admins_had = set(roles.admins_of(team))
+        if set(members) == had and admins == admins_had:
+            return team
         return services.team_members(
             actor=actor,
             name=team.name,
             add=sorted(set(members) - had),
-            remove=sorted(had - set(members)),
+            remove=sorted(had - set(members) - admins),
+            add_admins=sorted(admins - admins_had),
+            remove_admins=sorted(admins_had - admins),
         )
 
 
@@ -189,10 +222,10 @@ class ThroughServicesAdmin(RequestFormAdmin):
 @admin.register(Team)
 class TeamAdmin(RemovedThroughServiceAdmin, ThroughServicesAdmin):
     form = TeamForm
-    list_display = ["name", "member_count", "limits_shown", "created_at"]
+    list_display = ["name", "member_count", "admins_shown", "limits_shown", "created_at"]
     search_fields = ["name", "members__username"]
     fieldsets = [
-        (None, {"fields": ["name", "members"]}),
+        (None, {"fields": ["name", "members", "admins"]}),
         (
             "Limits, over all the team's keys together",
             {"fields": [*services.COUNTERS, "models", "weight"]},
@@ -209,6 +242,10 @@ class TeamAdmin(RemovedThroughServiceAdmin, ThroughServicesAdmin):
     @admin.display(description="limits")
     def limits_shown(self, obj: Team) -> str:
         return limits_text(obj)
+
+    @admin.display(description="team admins")
+    def admins_shown(self, obj: Team) -> str:
+        return ", ".join(roles.admins_of(obj)) or "none"
 
     def delete_model(self, request: HttpRequest, obj: Team) -> None:
         keys = services.team_remove(actor=admin_actor(request), name=obj.name)
@@ -519,3 +556,113 @@ def _figures(figures: dict[str, Any]) -> str:
     return ", ".join(
         f"{name} {figures[name]:,}" for name in services.COUNTERS if name in figures
     ) or ("none")
+
+
+# -- roles given by hand, and the identity provider's groups ------------------------------------
+
+
+class GivenForm(forms.ModelForm):
+    """A row a service makes (give()) from the form's clean(): its refusal is shown on the form,
+    and the row it made is the form's instance (so the model's own checks find it, not a twin)."""
+
+    request: HttpRequest  # set per request by RequestFormAdmin.get_form
+
+    def give(self, actor: Actor, data: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def clean(self) -> dict[str, Any] | None:
+        data = super().clean() or {}
+        if self.errors:
+            return data
+        try:
+            with transaction.atomic():
+                self.instance = self.give(admin_actor(self.request), data)
+        except Refused as error:
+            self.add_error(None, error.message)
+        return data
+
+
+class TeamRoleForm(GivenForm):
+    """A role given by hand: viewer (no team) or team admin of a team; the services write it."""
+
+    role = forms.ChoiceField(
+        choices=[
+            (VIEWER, "viewer: reads models and usage, makes no keys"),
+            (TEAM_ADMIN, "team admin: the team's members, keys and usage"),
+        ],
+        help_text="member is given by adding them to a team, admin by staff status",
+    )
+
+    class Meta:
+        model = TeamRole
+        fields = ["user", "role", "team"]
+
+    def give(self, actor: Actor, data: dict[str, Any]) -> TeamRole:
+        return services.role_give(
+            actor=actor,
+            username=data["user"].get_username(),
+            role=data["role"],
+            team=data["team"].name if data.get("team") else None,
+        )
+
+
+@admin.register(TeamRole)
+class TeamRoleAdmin(RemovedThroughServiceAdmin, ThroughServicesAdmin):
+    """Roles: given here by hand, or by the group mapping at a sign-in (source "groups"). A role
+    is given or taken away, not changed: another role is another row."""
+
+    form = TeamRoleForm
+    list_display = ["user", "role", "team", "source", "granted_at"]
+    list_filter = ["role", "source", "team"]
+    search_fields = ["user__username", "team__name"]
+    list_select_related = ["user", "team"]
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return obj is None and super().has_change_permission(request, obj)
+
+    def delete_model(self, request: HttpRequest, obj: TeamRole) -> None:
+        services.role_take(
+            actor=admin_actor(request),
+            username=obj.user.get_username(),
+            role=obj.role,
+            team=obj.team.name if obj.team else None,
+        )
+
+    def refused_removal_url(self, object_id: str) -> str:
+        return reverse("admin:access_teamrole_changelist")
+
+
+class GroupMappingForm(GivenForm):
+    """One group of the identity provider and its role; the services write it (and audit it)."""
+
+    class Meta:
+        model = GroupMapping
+        fields = ["group", "role", "team"]
+
+    def give(self, actor: Actor, data: dict[str, Any]) -> GroupMapping:
+        return services.group_mapping_add(
+            actor=actor,
+            group=data["group"],
+            role=data["role"],
+            team=data["team"].name if data.get("team") else None,
+        )
+
+
+@admin.register(GroupMapping)
+class GroupMappingAdmin(RemovedThroughServiceAdmin, ThroughServicesAdmin):
+    """The identity provider's groups and the roles they give at each sign-in, beside the
+    setting LLMGW_OIDC_GROUP_MAP (both apply)."""
+
+    form = GroupMappingForm
+    list_display = ["group", "role", "team"]
+    search_fields = ["group", "team__name"]
+    list_select_related = ["team"]
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return obj is None and super().has_change_permission(request, obj)
+
+    def delete_model(self, request: HttpRequest, obj: GroupMapping) -> None:
+        services.group_mapping_remove(actor=admin_actor(request), mapping_id=obj.pk)
+
+    def refused_removal_url(self, object_id: str) -> str:
+        return reverse("admin:access_groupmapping_changelist")

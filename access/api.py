@@ -1,9 +1,10 @@
 """Gateway keys, teams and key policies in the REST API under /api/v1/keys, /api/v1/teams and
 /api/v1/key-policies, for `llmgw ctl`.
 
-Any user creates keys of their own and sees, limits and revokes their own;
-staff see, limit and revoke everyone's. Staff add teams and set their limits
-and members; a user sees the teams they are in. Staff set key policies; a user
+Any user (not a viewer) creates keys of their own and sees, limits and revokes
+their own; a team admin those in their teams; staff everyone's. Staff add teams
+and set their limits, members and team admins; a team admin sets their team's
+members; a user sees the teams they are in (access.roles has the table). Staff set key policies; a user
 sees those that may hold their keys. What staff set is a ceiling the owner may
 lower and never raise (access.services and access.policies have the rules).
 """
@@ -191,7 +192,8 @@ def team_items(teams: Iterable[Team]) -> list[dict[str, Any]]:
 
 class KeysAPI(APIView):
     @extend_schema(
-        summary="Gateway keys: your own (staff: everyone's)",
+        summary="Gateway keys: your own and, for a team admin, those in their teams (staff: "
+        "everyone's)",
         responses=answers({200: KeyOut(many=True)}),
     )
     def get(self, request: Request) -> Response:
@@ -213,7 +215,8 @@ class KeysAPI(APIView):
 
 class KeyRevokeAPI(APIView):
     @extend_schema(
-        summary="Revoke a gateway key (its owner or staff); requests with it get 401 from now on",
+        summary="Revoke a gateway key (its owner, its team's team admins or staff); requests with "
+        "it get 401 from now on",
         request=None,
         responses=answers({200: KeyOut}, 404),
     )
@@ -234,7 +237,8 @@ def refuse_past_ids(key_id: int) -> None:
 
 class KeyLimitsAPI(APIView):
     @extend_schema(
-        summary="Change a key's limits, models, weight, team or expiry (its owner or staff)",
+        summary="Change a key's limits, models, weight, team or expiry (its owner, its team's team "
+        "admins or staff)",
         description="Fields not sent stay as they are. A key's limits are at most its team's.",
         request=KeyLimitsInput,
         responses=answers({200: KeyOut}, 404, body=True),
@@ -262,6 +266,11 @@ class TeamPolicyOut(serializers.Serializer):
 class TeamOut(serializers.Serializer):
     name = serializers.CharField()
     members = serializers.ListField(child=serializers.CharField(), help_text="usernames")
+    admins = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="the members who are its team admins: they change its members and manage its "
+        "keys",
+    )
     keys = serializers.IntegerField(help_text="active keys in the team")
     created_at = serializers.DateTimeField()
     limits = LimitsOut(help_text="over all the team's keys together")
@@ -284,6 +293,16 @@ class TeamMembersInput(StrictSerializer):
     )
     remove = serializers.ListField(
         child=serializers.CharField(max_length=150), required=False, help_text="usernames"
+    )
+    add_admins = serializers.ListField(
+        child=serializers.CharField(max_length=150),
+        required=False,
+        help_text="usernames to give the team admin role (staff); they become members too",
+    )
+    remove_admins = serializers.ListField(
+        child=serializers.CharField(max_length=150),
+        required=False,
+        help_text="usernames whose team admin role is taken away (staff); they stay members",
     )
 
 
@@ -354,7 +373,8 @@ class TeamAPI(APIView):
 
 class TeamMembersAPI(APIView):
     @extend_schema(
-        summary="Add and remove a team's members (staff)",
+        summary="Add and remove a team's members (staff and its team admins), and give or take "
+        "away the team admin role (staff)",
         request=TeamMembersInput,
         responses=answers({200: TeamOut}, 403, 404, body=True),
     )
@@ -365,6 +385,8 @@ class TeamMembersAPI(APIView):
             name=name,
             add=data.get("add", []),
             remove=data.get("remove", []),
+            add_admins=data.get("add_admins", []),
+            remove_admins=data.get("remove_admins", []),
         )
         return Response(_team_answer(request, team.name))
 

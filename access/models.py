@@ -387,3 +387,104 @@ class KeyUsageDay(models.Model):
 
     def __str__(self) -> str:
         return f"key {self.key_id}, {self.model} on {self.day}: {self.requests} requests"
+
+
+# The roles (access.roles): admin is staff (User.is_staff), member is Team.members; these rows
+# hold the rest, and mark what the identity provider's groups gave (access.roles.apply_groups).
+ADMIN, TEAM_ADMIN, MEMBER, VIEWER = "admin", "team-admin", "member", "viewer"
+ROLES = [
+    (ADMIN, "admin: staff, over everything"),
+    (TEAM_ADMIN, "team admin: a team's members, keys and usage"),
+    (MEMBER, "member: makes keys under the team's policy"),
+    (VIEWER, "viewer: reads models and usage, makes no keys"),
+]
+TEAM_ROLES = (TEAM_ADMIN, MEMBER)
+HAND, GROUPS = "hand", "groups"
+
+
+def team_when_needed(name: str) -> models.CheckConstraint:
+    """A team for team admin and member, none for admin and viewer."""
+    return models.CheckConstraint(
+        condition=(
+            models.Q(role__in=TEAM_ROLES, team__isnull=False)
+            | models.Q(role__in=(ADMIN, VIEWER), team__isnull=True)
+        ),
+        name=name,
+    )
+
+
+SOURCES = [(HAND, "given by hand (staff)"), (GROUPS, "from the identity provider's groups")]
+
+
+class TeamRole(models.Model):
+    """One role of one user: team admin of a team, or viewer (of everything, no team).
+
+    Rows of source "groups" were made by the group mapping at a sign-in and are taken away by it
+    when the groups no longer say so; it also marks with them the memberships (member) and the
+    staff flag (admin) it gave, so that it never takes away what staff gave by hand.
+    """
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="llmgw_roles"
+    )
+    role = models.CharField(max_length=20, choices=ROLES)
+    team = models.ForeignKey(
+        Team,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="roles",
+        help_text="the team a team admin's or member's role is in; blank for viewer and admin",
+    )
+    source = models.CharField(max_length=10, choices=SOURCES, default=HAND)
+    granted_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "gateway_teamrole"
+        ordering = ["user__username", "role", "team__name"]
+        verbose_name = "role"
+        constraints = [
+            team_when_needed("team_role_team_when_needed"),
+            models.UniqueConstraint(
+                fields=["user", "role", "team"],
+                condition=models.Q(team__isnull=False),
+                name="team_role_once_in_a_team",
+            ),
+            models.UniqueConstraint(
+                fields=["user", "role"],
+                condition=models.Q(team__isnull=True),
+                name="team_role_once_without_a_team",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        where = f" of {self.team.name}" if self.team_id else ""
+        return f"{self.user} is {self.role}{where} ({self.source})"
+
+
+class GroupMapping(models.Model):
+    """One group of the identity provider and the role it gives in llmgw, beside the setting
+    LLMGW_OIDC_GROUP_MAP (both apply; access.roles.apply_groups reads them at each sign-in)."""
+
+    group = models.CharField(max_length=200, help_text="the group's name as the provider sends it")
+    role = models.CharField(max_length=20, choices=ROLES)
+    team = models.ForeignKey(
+        Team,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="group_mappings",
+        help_text="for member and team admin: the team; blank for admin and viewer",
+    )
+
+    class Meta:
+        db_table = "gateway_groupmapping"
+        ordering = ["group", "role"]
+        verbose_name = "group mapping"
+        constraints = [
+            team_when_needed("group_mapping_team_when_needed"),
+        ]
+
+    def __str__(self) -> str:
+        where = f":{self.team.name}" if self.team_id else ""
+        return f"{self.group}={self.role}{where}"

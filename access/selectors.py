@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from datetime import UTC, date, datetime
 from typing import Any
 
-from django.db.models import Count, F, Q, QuerySet, Sum
+from django.db.models import Count, F, Prefetch, Q, QuerySet, Sum
 from django.utils import timezone
 
 from core.actor import Actor
@@ -14,19 +14,20 @@ from core.metrics import ControlPlaneFigures
 from fleet.models import Node
 from registry.models import Rollout
 
-from . import policies
-from .models import GatewayKey, KeyPolicy, KeyUsageDay, Team
+from . import policies, roles
+from .models import TEAM_ADMIN, GatewayKey, KeyPolicy, KeyUsageDay, Team, TeamRole
 from .services import could_be_team, limits_of
 
 
 def keys_visible_to(actor: Actor) -> QuerySet[GatewayKey]:
-    """A user sees their own keys; staff see everyone's."""
+    """A user sees their own keys, and a team admin the keys in their teams; staff see everyone's
+    (access.roles: team.keys)."""
     keys = GatewayKey.objects.select_related("owner", "revoked_by", "team").order_by(
         "-created_at", "-id"
     )
     if actor.is_staff:
         return keys
-    return keys.filter(owner=actor.user)
+    return keys.filter(Q(owner=actor.user) | Q(team_id__in=roles.teams_administered(actor.user)))
 
 
 def key_view(key: GatewayKey, usage: dict[str, int], policy: KeyPolicy | None) -> dict[str, Any]:
@@ -106,16 +107,31 @@ def _usage_by(group: str, ids: list[int]) -> dict[int, dict[str, int]]:
 
 
 def teams_visible_to(actor: Actor) -> QuerySet[Team]:
-    """Staff see every team; a user sees the teams they are a member of."""
+    """Staff and viewers see every team; a user sees the teams they are a member of."""
     teams = (
-        Team.objects.prefetch_related("members")
+        Team.objects.prefetch_related("members", _ADMIN_ROLES)
         .select_related("key_policy")
         .annotate(key_count=Count("keys", filter=Q(keys__revoked_at__isnull=True)))
         .order_by("name")
     )
-    if actor.is_staff:
+    if roles.may(actor, "teams.read-all"):
         return teams
     return teams.filter(members=actor.user)
+
+
+# A team's team admins, read with the teams (team_view shows them).
+_ADMIN_ROLES = Prefetch(
+    "roles",
+    queryset=TeamRole.objects.filter(role=TEAM_ADMIN).select_related("user"),
+    to_attr="admin_roles",
+)
+
+
+def _admins(team: Team) -> list[str]:
+    found = getattr(team, "admin_roles", None)
+    if found is None:
+        return roles.admins_of(team)
+    return sorted(row.user.get_username() for row in found)
 
 
 def team_visible_to(actor: Actor, name: str) -> Team | None:
@@ -134,6 +150,7 @@ def team_view(team: Team, usage: dict[str, int] | None = None) -> dict[str, Any]
     return {
         "name": team.name,
         "members": sorted(u.get_username() for u in team.members.all()),
+        "admins": _admins(team),
         "keys": keys,
         "created_at": team.created_at.isoformat(),
         "limits": limits_of(team),
@@ -191,9 +208,13 @@ def key_usage(
     model: str | None = None,
     since: date | None = None,
 ) -> list[dict[str, Any]]:
-    """Requests and tokens per day, key and model, newest day first, of the keys `actor` sees."""
+    """Requests and tokens per day, key and model, newest day first, of the keys `actor` sees
+    (viewers: everyone's, access.roles: usage.read-all)."""
+    keys = (
+        GatewayKey.objects.all() if roles.may(actor, "usage.read-all") else keys_visible_to(actor)
+    )
     rows = (
-        KeyUsageDay.objects.filter(key__in=keys_visible_to(actor).order_by())
+        KeyUsageDay.objects.filter(key__in=keys.order_by())
         .values("day", "key_id", "key__name", "key__prefix", "key__owner__username", "model")
         .annotate(
             requests_sum=Sum("requests"),

@@ -3,16 +3,19 @@
 The API, the CLI (through the API), the admin and the console all call these,
 so they cannot disagree about who may do what. Who may set what:
 
-- any user creates keys of their own, and sets their own keys' limits, team
-  and expiry; staff do the same for everyone's keys;
-- only staff add and remove teams, set a team's limits and members, and set key
-  policies (each limit's default and ceiling for the keys of a team, of a user,
-  or of everyone else);
+- any user creates keys of their own (a viewer in no team makes none), and sets
+  their own keys' limits, team and expiry; staff do the same for everyone's keys,
+  and a team admin for the keys in their team (never moving them out of it);
+- only staff add and remove teams, set a team's limits, give the team admin role,
+  and set key policies (each limit's default and ceiling for the keys of a team,
+  of a user, or of everyone else); staff and the team's team admins set its members;
 - what staff set on a key, and its policy's ceilings, are ceilings: an owner may
   lower what they use, never raise or lift it past what staff gave, nor take a
   key out of the teams that hold it. access.policies.judge decides, for every
   door. A key's limits are also at most its team's, and a user puts a key only
   into a team they are a member of.
+
+access.roles says who holds which role, and what each role may do (its table of actions).
 
 Every change of a key's limits, of a team and of a key policy is in the audit, with who made it.
 """
@@ -26,6 +29,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -42,8 +46,22 @@ from core.refusals import Problem, Refused, conflict, forbidden, invalid
 from llmgw.bearer import GATEWAY_KEY
 from llmgw.limitdefs import LIMITS
 
-from . import live, policies
-from .models import GatewayKey, KeyPolicy, Team, UserWeight, hash_key
+from . import live, policies, roles
+from .models import (
+    ADMIN,
+    HAND,
+    MEMBER,
+    ROLES,
+    TEAM_ADMIN,
+    VIEWER,
+    GatewayKey,
+    GroupMapping,
+    KeyPolicy,
+    Team,
+    TeamRole,
+    UserWeight,
+    hash_key,
+)
 from .policies import COUNTERS
 
 # A key's look (llmgw.bearer.GATEWAY_KEY): its fixed prefix, and what is kept of it in clear,
@@ -291,6 +309,7 @@ def key_create(
     given are its key policy's defaults. Nothing is made when any of them is refused."""
     if actor.user is None:
         raise forbidden("Only a user can own a gateway key; log in first.")
+    roles.require(actor, "keys.make")
     name = (name or "").strip()
     if not name or len(name) > KEY_NAME_MAX:
         raise Refused(
@@ -362,6 +381,9 @@ def key_set_limits(*, actor: Actor, key_id: int, changes: Mapping[str, Any]) -> 
     wanted = _read_settings(changes, KEY_SETTINGS, what="The change")
     with transaction.atomic():
         key = _key_for_change(actor, key_id)
+        if "team" in wanted and not _owns(actor, key):
+            # A team admin manages the keys in their team; where a key is, staff decide.
+            roles.require(actor, "key.move-others")
         before = _key_record(key)
         _apply_key_settings(actor, key, wanted, what="The change")
         after = _key_record(key)
@@ -413,18 +435,33 @@ def _team_for_key(actor: Actor, key: GatewayKey, name: Any) -> Team | None:
     return team
 
 
+def _owns(actor: Actor, key: GatewayKey) -> bool:
+    return actor.is_staff or key.owner_id == getattr(actor.user, "pk", None)
+
+
 def _key_for_change(actor: Actor, key_id: int) -> GatewayKey:
-    key = GatewayKey.objects.select_for_update().select_related("owner").filter(pk=key_id).first()
+    """The key `actor` changes: theirs, one in a team they are a team admin of, or (staff) any.
+    A teammate's key is refused naming the role it needs."""
+    key = (
+        GatewayKey.objects.select_for_update(of=("self",))
+        .select_related("owner", "team")
+        .filter(pk=key_id)
+        .first()
+    )
+    if key is not None and _owns(actor, key):
+        return key
+    if key is not None and key.team is not None:
+        if roles.may(actor, "team.keys", team=key.team):
+            return key
+        if roles.role_in(actor, key.team) == MEMBER:
+            raise roles.refusal(actor, "team.keys", team=key.team)
     # Someone else's key is reported as missing, not forbidden, so that key ids
     # do not tell outsiders which keys exist.
-    mine = key is not None and (actor.is_staff or key.owner_id == getattr(actor.user, "pk", None))
-    if key is None or not mine:
-        raise Refused(
-            f"There is no gateway key {key_id} of yours; `llmgw ctl keys` lists them.",
-            code="not_found",
-            status=404,
-        )
-    return key
+    raise Refused(
+        f"There is no gateway key {key_id} of yours; `llmgw ctl keys` lists them.",
+        code="not_found",
+        status=404,
+    )
 
 
 # -- teams ------------------------------------------------------------------------------
@@ -452,6 +489,18 @@ def _team_named(name: str, *, lock: bool = False) -> Team:
     return team
 
 
+def _team_seen(actor: Actor, name: str, *, lock: bool = False) -> Team:
+    """The team named, if `actor` may see it: a team one is not in is reported as missing."""
+    team = _team_named(name, lock=lock)
+    if not roles.may(actor, "team.read", team=team):
+        raise Refused(
+            f"There is no team named {name[:100]!r} of yours; `llmgw ctl teams` lists them.",
+            code="not_found",
+            status=404,
+        )
+    return team
+
+
 def _team_name(name: Any) -> str:
     """A team's name follows the catalog's name rules: it is part of URLs and commands."""
     name = name.strip() if isinstance(name, str) else ""
@@ -473,7 +522,7 @@ def team_add(
     members: Iterable[str] = (),
 ) -> Team:
     """A new team (staff), with its limits (any of TEAM_SETTINGS) and first members."""
-    require_staff(actor, "add teams")
+    roles.require(actor, "team.add")
     name = _team_name(name)
     wanted = _read_settings(dict(limits or {}), TEAM_SETTINGS, what="The team")
     with transaction.atomic():
@@ -504,7 +553,7 @@ def team_add(
 def team_set_limits(*, actor: Actor, name: str, changes: Mapping[str, Any]) -> Team:
     """Change a team's limits (staff). Its keys' own limits stay as they are: each request is
     held to the key's and the team's, whichever is lower."""
-    require_staff(actor, "set a team's limits")
+    roles.require(actor, "team.limits")
     wanted = _read_settings(changes, TEAM_SETTINGS, what="The change")
     with transaction.atomic():
         team = _team_named(name, lock=True)
@@ -519,24 +568,53 @@ def team_set_limits(*, actor: Actor, name: str, changes: Mapping[str, Any]) -> T
 
 
 def team_members(
-    *, actor: Actor, name: str, add: Iterable[str] = (), remove: Iterable[str] = ()
+    *,
+    actor: Actor,
+    name: str,
+    add: Iterable[str] = (),
+    remove: Iterable[str] = (),
+    add_admins: Iterable[str] = (),
+    remove_admins: Iterable[str] = (),
 ) -> Team:
-    """Add and remove a team's members (staff). A member removed keeps their keys in the team
-    (still held to its limits) until the key's owner or staff moves them."""
-    require_staff(actor, "change a team's members")
+    """Add and remove a team's members (staff, and the team's team admins), and give or take
+    away the team admin role (staff; a team admin is made a member too). A member removed keeps
+    their keys in the team (still held to its limits) until the key's owner or staff moves them,
+    and loses their roles in it; a team admin removes members, not other team admins."""
     add, remove = list(add), list(remove)
-    both = sorted(set(add) & set(remove))
-    if both:
-        raise invalid(
-            [Problem("members", f"{', '.join(both)} is both added and removed; say which")],
-            what="The change",
-        )
+    add_admins, remove_admins = list(add_admins), list(remove_admins)
+    problems = [
+        Problem(field, f"{', '.join(both)} is both {words}; say which")
+        for field, both, words in [
+            ("members", sorted(set(add) & set(remove)), "added and removed"),
+            ("admins", sorted(set(add_admins) & set(remove_admins)), "made and unmade team admin"),
+            ("members", sorted(set(add_admins) & set(remove)), "made team admin and removed"),
+        ]
+        if both
+    ]
+    if problems:
+        raise invalid(problems, what="The change")
     with transaction.atomic():
-        team = _team_named(name, lock=True)
-        joining, leaving = _users_named(add), _users_named(remove)
+        team = _team_seen(actor, name, lock=True)
+        roles.require(actor, "team.members", team=team)
+        if add_admins or remove_admins:
+            roles.require(actor, "team.admins")
+        joining, leaving = _users_named([*add, *add_admins]), _users_named(remove)
+        made = _users_named(add_admins, field="admins")
+        unmade = _users_named(remove_admins, field="admins")
+        admins_before = roles.admins_of(team)
+        if not actor.is_staff and set(admins_before) & {u.get_username() for u in leaving}:
+            roles.require(actor, "team.remove-admin")
         before = sorted(team.members.values_list("username", flat=True))
         team.members.add(*joining)
         team.members.remove(*leaving)
+        # Their roles in the team go with their membership (the group mapping's marks too).
+        TeamRole.objects.filter(team=team, user__in=leaving).delete()
+        TeamRole.objects.filter(team=team, role=TEAM_ADMIN, user__in=unmade).delete()
+        for user in made:
+            # Given by hand: the group mapping no longer takes it away.
+            TeamRole.objects.update_or_create(
+                user=user, role=TEAM_ADMIN, team=team, defaults={"source": HAND}
+            )
         after = sorted(team.members.values_list("username", flat=True))
         if after != before:
             record_change(
@@ -546,12 +624,21 @@ def team_members(
                 {"members": before},
                 {"members": after},
             )
+        admins_after = roles.admins_of(team)
+        if admins_after != admins_before:
+            record_change(
+                actor,
+                _team_subject(team.name),
+                "team-admins",
+                {"admins": admins_before},
+                {"admins": admins_after},
+            )
     return team
 
 
 def team_remove(*, actor: Actor, name: str) -> int:
     """Remove a team (staff); its keys stay, without a team's limits. Returns how many keys."""
-    require_staff(actor, "remove teams")
+    roles.require(actor, "team.remove")
     with transaction.atomic():
         team = _team_named(name, lock=True)
         keys = team.keys.count()
@@ -648,7 +735,7 @@ def policy_set(
     in the audit: a ceiling holds for every key under it, not only the next ones. Staff's own keys,
     and a limit staff set on a key itself, are left as they are. Returns the policy and how many
     keys were lowered."""
-    require_staff(actor, "set key policies")
+    roles.require(actor, "policies.set")
     kind, team, user = policy_scope(scope)
     problems: list[Problem] = []
     given = {"defaults": defaults, "ceilings": ceilings}
@@ -705,7 +792,7 @@ def policy_set(
 def policy_remove(*, actor: Actor, scope: str) -> KeyPolicy:
     """Remove a key policy (staff). The keys under it keep their limits; their owners are held to
     the next policy in line (a user's, then the default) from their next change."""
-    require_staff(actor, "remove key policies")
+    roles.require(actor, "policies.remove")
     kind, team, user = policy_scope(scope)
     with transaction.atomic():
         policy = (
@@ -784,6 +871,105 @@ def _lower_keys_to(actor: Actor, policy: KeyPolicy) -> int:
         AuditEntry.objects.bulk_create(entries)
         lowered += len(chunk)
         after_id = chunk[-1].pk
+
+
+# -- roles given by hand, and the group mapping's rows ----------------------------------------
+
+
+def role_give(*, actor: Actor, username: str, role: str, team: str | None = None) -> TeamRole:
+    """Give `username` a role by hand (staff): team-admin of `team` (which makes them a member,
+    as team_members does), or viewer (no team). Given by hand, the group mapping leaves it."""
+    roles.require(actor, "roles.give")
+    if role == TEAM_ADMIN:
+        if not team:
+            raise invalid(
+                [Problem("team", "a team admin's role is in a team: say which team")],
+                what="The role",
+            )
+        found = team_members(actor=actor, name=team, add_admins=[username])
+        return TeamRole.objects.get(user__username=username, role=TEAM_ADMIN, team=found)
+    _refuse_role(role, team, given=(VIEWER,))
+    with transaction.atomic():
+        (user,) = _users_named([username], field="user")
+        row = TeamRole.objects.filter(user=user, role=role, team=None).first()
+        if row is not None and row.source == HAND:
+            return row
+        row, _ = TeamRole.objects.update_or_create(
+            user=user, role=role, team=None, defaults={"source": HAND}
+        )
+        record_event(
+            actor, f"{USER_SUBJECT}{username}"[:100], "role-add", f"{username} is a {role}"
+        )
+    return row
+
+
+def role_take(*, actor: Actor, username: str, role: str, team: str | None = None) -> None:
+    """Take a role away (staff), whoever gave it: the group mapping gives it again at the next
+    sign-in if the person's groups still say so."""
+    roles.require(actor, "roles.give")
+    if role == TEAM_ADMIN:
+        team_members(actor=actor, name=team or "", remove_admins=[username])
+        return
+    _refuse_role(role, team, given=(VIEWER,))
+    with transaction.atomic():
+        (user,) = _users_named([username], field="user")
+        gone, _ = TeamRole.objects.filter(user=user, role=role, team=None).delete()
+        if gone:
+            record_event(
+                actor,
+                f"{USER_SUBJECT}{username}"[:100],
+                "role-remove",
+                f"{username} is no longer a {role}",
+            )
+
+
+def _refuse_role(role: str, team: str | None, *, given: tuple[str, ...]) -> None:
+    """A role by hand is team-admin in a team or one of `given` in none; member is Team.members
+    and admin is staff, each set where they are (team members, the user's staff flag)."""
+    if role in given and not team:
+        return
+    if role in given:
+        message = f"{role} is a role over everything: give no team"
+    elif role == MEMBER:
+        message = "a member is given by adding them to the team (team members)"
+    elif role == ADMIN:
+        message = "an admin is a staff user: set their staff status"
+    else:
+        message = f"is not a role; the roles are {', '.join(r for r, _ in ROLES)}"
+    raise invalid([Problem("role", message)], what="The role")
+
+
+GROUP_SUBJECT = "group mapping "
+
+
+def group_mapping_add(*, actor: Actor, group: str, role: str, team: str | None = None) -> Any:
+    """Map one of the identity provider's groups to a role (staff), beside the setting
+    LLMGW_OIDC_GROUP_MAP; it applies from each person's next sign-in (access.roles)."""
+    roles.require(actor, "roles.give")
+    text = f"{group}={role}:{team}" if team else f"{group}={role}"
+    try:
+        (grant,) = roles.parse_group_map(text)
+    except (ImproperlyConfigured, ValueError) as error:
+        raise invalid([Problem("group", str(error))], what="The mapping") from None
+    with transaction.atomic():
+        found = _team_named(grant.team) if grant.team else None
+        row, made = GroupMapping.objects.get_or_create(
+            group=grant.group, role=grant.role, team=found
+        )
+        if made:
+            record_event(actor, f"{GROUP_SUBJECT}{grant.group}"[:100], "group-mapping-add", text)
+    return row
+
+
+def group_mapping_remove(*, actor: Actor, mapping_id: int) -> None:
+    """Remove a group's mapping row (staff); from the next sign-in, it gives nothing."""
+    roles.require(actor, "roles.give")
+    with transaction.atomic():
+        row = GroupMapping.objects.select_related("team").filter(pk=mapping_id).first()
+        if row is None:
+            return
+        record_event(actor, f"{GROUP_SUBJECT}{row.group}"[:100], "group-mapping-remove", str(row))
+        row.delete()
 
 
 # -- people's weights in the fair queue ------------------------------------------------------

@@ -2,7 +2,8 @@
 and a model's traffic through the gateway under /api/v1/models/NAME/traffic, for
 `llmgw ctl model traffic`.
 
-A user sees the usage of their own keys; staff see everyone's (as with the keys themselves).
+A user sees the usage of their own keys, a team admin also that of the keys in their teams, and
+staff and viewers everyone's (access.roles).
 Every signed-in user sees every model's traffic, as on the console's model page.
 """
 
@@ -124,7 +125,8 @@ class UsageAPI(APIView):
         return super().perform_content_negotiation(request, force)
 
     @extend_schema(
-        summary="Requests and tokens per day, key and model (your keys; staff: everyone's)",
+        summary="Requests and tokens per day, key and model (your keys and, for a team admin, "
+        "their teams'; staff and viewers: everyone's)",
         parameters=[
             UsageQuery,
             OpenApiParameter("format", OpenApiTypes.STR, enum=list(FORMATS), required=False),

@@ -1,4 +1,5 @@
-"""The Keys page: a user's own gateway keys (staff: everyone's), made, limited and revoked here.
+"""The Keys page: a user's own gateway keys, and a team admin's teams' (staff: everyone's), made,
+limited and revoked here (access.roles says who may: a viewer makes none).
 
 A new key is shown once, in the answer to its creation, and kept nowhere in clear (not in the
 session's messages either, which a cookie may hold).
@@ -14,7 +15,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from access import policies, selectors, services
+from access import policies, roles, selectors, services
 from access.api import key_items
 from access.models import GatewayKey, Team
 from access.services import COUNTERS, limits_of
@@ -96,8 +97,11 @@ def key_revoke(request: HtmxHttpRequest, key_id: int) -> HttpResponse:
     who = actor(request)
     try:
         key = services.key_revoke(actor=who, key_id=key_id)
-    except Refused:
-        return _missing(request, who, key_id)
+    except Refused as refusal:
+        if refusal.status != 403:
+            return _missing(request, who, key_id)
+        # A teammate's key: the refusal names the role it needs (access.roles).
+        return _missing(request, who, key_id, message=refusal.message, status=403)
     done = f"{key.prefix}… ({key.name}) is revoked: requests with it get 401."
     return _card_answer(request, who, key_id, done=done)
 
@@ -129,6 +133,15 @@ def _page(request: HtmxHttpRequest, who: Actor, create_form: KeyCreateForm) -> d
         ],
         "create_form": create_form,
         "staff": who.is_staff,
+        "me": who.name,
+        "makes_keys": roles.may(who, "keys.make"),
+        "team_admin_of": sorted(
+            Team.objects.filter(pk__in=roles.teams_administered(who.user)).values_list(
+                "name", flat=True
+            )
+        )
+        if who.user is not None and not who.is_staff
+        else [],
         "page": page,
     }
 
@@ -254,13 +267,15 @@ def _card_answer(
         context["cards"] += others
         return render(request, "console/keys.html", context, status=status)
     card = _card(view, form or KeyLimitsForm(**_teams(who), view=view), team)
-    context = {"card": card, "done": done, "staff": who.is_staff}
+    context = {"card": card, "done": done, "staff": who.is_staff, "me": who.name}
     return render(request, "console/keys.html#key-card", context, status=status)
 
 
-def _missing(request: HtmxHttpRequest, who: Actor, key_id: int) -> HttpResponse:
+def _missing(
+    request: HtmxHttpRequest, who: Actor, key_id: int, *, message: str = "", status: int = 404
+) -> HttpResponse:
     # Someone else's key is reported as missing, as the API does.
-    message = f"There is no gateway key {key_id} of yours; the Keys page lists them."
+    message = message or f"There is no gateway key {key_id} of yours; the Keys page lists them."
     context = _page(request, who, KeyCreateForm(**_teams(who)))
     context["refusal"] = message
-    return render(request, "console/keys.html", context, status=404)
+    return render(request, "console/keys.html", context, status=status)

@@ -1,8 +1,8 @@
 """The Teams page: the teams whose members' keys share limits, with their use against each limit.
 
 Staff add teams here, set their limits, key policies and members and remove them, and set the
-default key policy (for everyone's keys in no team); a user sees the teams they are in and their
-policies, read-only. Every change goes through access.services, as the API's and the CLI's do,
+default key policy (for everyone's keys in no team); a team admin sets their team's members; a
+user sees the teams they are in and their policies, read-only. Every change goes through access.services, as the API's and the CLI's do,
 so the audit records who made it and the doors cannot disagree.
 """
 
@@ -402,12 +402,14 @@ def _page(
         selectors.teams_visible_to(who), request.GET.get("page"), TEAMS_PER_PAGE
     )
     default = _default_policy()
+    cards = [_card(view, who) for view in team_items(page.object_list)]
     context = {
-        "cards": [_card(view, who) for view in team_items(page.object_list)],
+        "cards": cards,
         "create_form": create_form,
         "staff": who.is_staff,
         "page": page,
         "default_policy": policy_text(default),
+        "team_admin_of": [c["view"]["name"] for c in cards if "members_form" in c],
     }
     if who.is_staff:
         context["default_policy_form"] = policy_form or KeyPolicyForm(
@@ -441,13 +443,20 @@ def _card(
         "weight": f"{limits['weight']:g}",
         "policy": policy_text(view["policy"]),
     }
-    if who.is_staff:  # only staff change a team: the others get no forms to fill in vain
+    # Only those who may change a team get its forms: the others get none to fill in vain.
+    if who.is_staff:
         card["limits_form"] = limits_form or TeamLimitsForm(view=view)
-        card["members_form"] = members_form or TeamMembersForm(view=view)
         card["policy_form"] = policy_form or KeyPolicyForm(
             scope=f"team:{view['name']}", policy=view["policy"]
         )
+    if who.is_staff or _team_admin(who, view):
+        card["members_form"] = members_form or TeamMembersForm(view=view)
     return card
+
+
+def _team_admin(who: Actor, view: dict[str, Any]) -> bool:
+    """Whether `who` is a team admin of the team shown (its view lists them: access.roles)."""
+    return who.user is not None and who.user.get_username() in view["admins"]
 
 
 def _visible(who: Actor, name: str) -> dict[str, Any] | None:
@@ -476,8 +485,10 @@ def _card_answer(
     card = _card(
         view, who, limits_form=limits_form, members_form=members_form, policy_form=policy_form
     )
-    # A refusal without a form on the page (a member is not staff) is said in the card itself.
-    card["error"] = refusal.message if refusal is not None and not who.is_staff else ""
+    # A refusal without its form on the card (a member changes nothing) is said in the card.
+    form_shown = members_form is not None and "members_form" in card
+    shown_on_form = who.is_staff or form_shown
+    card["error"] = refusal.message if refusal is not None and not shown_on_form else ""
     card["done"] = done
     if not wants_partial(request):
         if status == 200:

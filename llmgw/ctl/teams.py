@@ -14,10 +14,11 @@ from .output import print_json, program, table, table_wanted
 TEAMS_HELP = """\
 A team groups users whose keys share limits: a team's limits count all its keys
 together, and each key's own limits (at most the team's) count that key alone.
-Staff add teams and set their limits, members and key policy (llmgw ctl key
-policy team:NAME); a user sees the teams they are in, and puts their keys into
-them (llmgw ctl key limits ID --team TEAM). A member keeps their keys in their
-teams with limits or a key policy."""
+Staff add teams and set their limits, members, team admins and key policy
+(llmgw ctl key policy team:NAME); a team admin sets their team's members and
+manages the keys in it (llmgw ctl keys lists them); a user sees the teams they
+are in, and puts their keys into them (llmgw ctl key limits ID --team TEAM). A
+member keeps their keys in their teams with limits or a key policy."""
 
 
 def add_teams(sub: Any) -> None:
@@ -83,14 +84,31 @@ def add_team(sub: Any) -> None:
     p = command(
         tsub,
         "members",
-        "add and remove a team's members (staff)",
+        "add and remove a team's members (staff and its team admins)",
         "A member removed keeps their keys in the team, held to its limits, until "
-        "they or staff move them (llmgw ctl key limits ID --team none).",
+        "they or staff move them (llmgw ctl key limits ID --team none), and loses "
+        "their roles in it. Staff give and take away the team admin role "
+        "(--add-admin, --remove-admin); a team admin changes the team's members "
+        "and manages the keys in it.",
         run=cmd_team_members,
     )
     p.add_argument("name")
     p.add_argument("--add", action="append", default=[], metavar="USER", help="repeatable")
     p.add_argument("--remove", action="append", default=[], metavar="USER", help="repeatable")
+    p.add_argument(
+        "--add-admin",
+        action="append",
+        default=[],
+        metavar="USER",
+        help="give the team admin role (staff; makes them a member); repeatable",
+    )
+    p.add_argument(
+        "--remove-admin",
+        action="append",
+        default=[],
+        metavar="USER",
+        help="take the team admin role away (staff; they stay a member); repeatable",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = command(
@@ -123,16 +141,19 @@ def cmd_team_limits(client: Client, args: argparse.Namespace) -> None:
 
 
 def cmd_team_members(client: Client, args: argparse.Namespace) -> None:
-    if not args.add and not args.remove:
+    if not (args.add or args.remove or args.add_admin or args.remove_admin):
         raise CtlError("say whom: --add USER or --remove USER (each may be repeated)")
-    team = client.post(
-        f"teams/{args.name}/members", {"add": _users(args.add), "remove": _users(args.remove)}
-    )
+    body = {"add": _users(args.add), "remove": _users(args.remove)}
+    if args.add_admin or args.remove_admin:
+        body.update(add_admins=_users(args.add_admin), remove_admins=_users(args.remove_admin))
+    team = client.post(f"teams/{args.name}/members", body)
     if args.json:
         print_json(team)
         return
     members = ", ".join(team["members"]) or "none"
     print(f"Team {team['name']} has {len(team['members'])} member(s): {members}.")
+    if team.get("admins"):
+        print(f"Its team admins: {', '.join(team['admins'])}.")
 
 
 def cmd_team_show(client: Client, args: argparse.Namespace) -> None:
@@ -153,6 +174,8 @@ def _print_team(team: dict[str, Any], args: argparse.Namespace, title: str, then
         return
     print(title)
     print(f"  {'members':<17} {', '.join(team['members']) or 'none'}")
+    if team.get("admins"):
+        print(f"  {'team admins':<17} {', '.join(team['admins'])}")
     print(f"  {'keys':<17} {team['keys']} active")
     print(*limit_lines(team), sep="\n")
     policy = team.get("policy")
