@@ -3,7 +3,7 @@
 llmgw (the command, no Django) -> core (the kernel: refusals, the actor, the API and admin kits,
 env parsing, bounded documents, outbound URLs, durations; no models) -> accounts -> catalog ->
 fleet -> registry -> access (keys, teams, limits, usage) -> gateway (the data plane: the request
-path only, no tables) -> console -> llmgw_site: a module may import its own app and the apps to its left, never one to its right,
+path only, no tables) -> signin (sign-in through the company's provider) -> console -> llmgw_site: a module may import its own app and the apps to its left, never one to its right,
 not even inside a function. The README's Layout section draws the same map.
 """
 
@@ -23,8 +23,9 @@ LAYERS = {
     "registry": 5,
     "access": 6,
     "gateway": 7,
-    "console": 8,
-    "llmgw_site": 9,
+    "signin": 8,
+    "console": 9,
+    "llmgw_site": 10,
 }
 
 
