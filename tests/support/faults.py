@@ -159,14 +159,7 @@ BEAT_IN_WORKER_FAULTS = ("beat-in-worker", "worker-with-beat")
 # Cells ("fault:operation", or a fault for all its cells) that fail for a cause in the product
 # not yet fixed, and why: the suite's draw leaves them out (bench/faults.py runs them, and so
 # does naming a cell in LLMGW_FAULT_CELLS). Remove one once its cause is fixed.
-KNOWN_FAILING: dict[str, str] = {
-    "clock-plane-behind:canary": (
-        "a canary's window is measured by the control plane's wall clock (registry/canary: "
-        "started_at, ends_at, and the gateway's traffic minutes it sums from the window's start): "
-        "after a step back of N seconds the window lasts N seconds longer and the answers the "
-        "gateway counts after the step fall in minutes before its start"
-    ),
-}
+KNOWN_FAILING: dict[str, str] = {}
 
 
 def known_failing(cell: tuple[str, str]) -> bool:
