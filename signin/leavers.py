@@ -5,8 +5,8 @@ How llmgw learns someone left:
   session and API tokens at the next request, and the gateway stops the user's keys as soon as
   the database says so (access.triggers: the owner's is_active);
 - the provider no longer accepts their refresh token (removed, disabled, their grant revoked),
-  or their groups no longer map to any role: found by `check_members`, run by beat every
-  LLMGW_OIDC_RECHECK_SECONDS over the identities not checked for that long (a batch a run), and
+  or their groups no longer map to any role: found by `check_members`, run by beat every 20 s
+  over the identities not checked for LLMGW_OIDC_RECHECK_SECONDS (40; a batch a run), and
   for each such person `leave` deactivates the account, revokes every API token, ends every
   session, and says why in the audit;
 - the provider ends their session and tells llmgw (back-channel logout, signin.views): their
@@ -43,8 +43,8 @@ from .people import refresh_token_of
 log = logging.getLogger("llmgw.signin")
 
 LEAVE = "leaver"
-# Identities asked about in one run: the next run takes the next ones.
-CHECK_BATCH = 200
+# Identities asked about in one run (beat's every 20 s): the next run takes the next ones.
+CHECK_BATCH = 100
 # Sessions read in one query while looking for a user's (their data is encoded, so each is read).
 SESSIONS_CHUNK = 2000
 

@@ -192,14 +192,48 @@ def test_a_person_whose_groups_map_to_no_role_gets_no_token(signin: dict[str, An
     assert not (signin["home"] / "llmgw" / "login.json").exists()
 
 
-def test_a_leaver_loses_their_tokens_and_their_account_at_the_next_check(
+def test_a_leaver_loses_their_sessions_tokens_and_keys_at_the_next_check(
     signin: dict[str, Any], settings: Any
 ) -> None:
+    from access.services import key_create
+    from core.actor import Actor
     from signin.leavers import check_members
+    from tests.gateway.conftest import GatewayServer
 
     person = signin["person"]
     login(signin, person)
     user = get_user_model().objects.get(username=person)
+    # Signed in in a browser too, and a gateway key of theirs answered by a running gateway.
+    browser = requests.Session()
+    start = browser.get(f"{signin['url']}/signin/start", allow_redirects=False, timeout=30)
+    landed = browser.get(
+        signin["provider"].sign_in(browser, start.headers["Location"], person), timeout=30
+    )
+    assert landed.status_code == 200 and person in landed.text
+    key = key_create(actor=Actor.for_user(user, "api"), name="app")[1]
+    gateway = GatewayServer(lifespan=True)
+
+    def answered(expected: int) -> bool:
+        headers = {"Authorization": f"Bearer {key}"}
+        return (
+            requests.get(f"{gateway.url}/v1/models", headers=headers, timeout=10).status_code
+            == expected
+        )
+
+    try:
+        wait_for(lambda: answered(200), timeout=60, what="the gateway to know the key")
+        leaves(signin, settings, user, person, check_members)
+        assert (
+            browser.get(f"{signin['url']}/", allow_redirects=False, timeout=30).status_code == 302
+        )
+        wait_for(lambda: answered(401), timeout=60, what="the leaver's gateway key to be refused")
+    finally:
+        gateway.stop()
+
+
+def leaves(
+    signin: dict[str, Any], settings: Any, user: Any, person: str, check_members: Any
+) -> None:
     identity = Identity.objects.get(user=user)
     assert identity.refresh_token  # offline_access: the provider can be asked again
     # Still there: the check brings their groups up to date and nothing else.
@@ -220,6 +254,7 @@ def test_a_leaver_loses_their_tokens_and_their_account_at_the_next_check(
     assert not ApiToken.objects.filter(user=user).exists()
     entry = AuditEntry.objects.get(model_name=f"user {person}", action="leaver")
     assert "no longer accepts" in entry.note and entry.actor_name == "system"
+    assert "1 session(s) ended" in entry.note
     # The token the command kept is refused now.
     keys = ctl(signin["url"], signin["home"], "keys")
     _, err = keys.communicate(timeout=60)
