@@ -4,7 +4,6 @@ nothing."""
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ import requests
 
 from catalog.models import AuditEntry
 from signin.backchannel import LOGOUT_EVENT
+from tests.signin.real_provider import use_provider
 from tests.support.oidc_provider import OidcProvider, oidc_provider_fixture  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -27,21 +27,14 @@ def world(
 ) -> Iterator[dict[str, Any]]:
     from signin.oidc import forget_providers
 
-    client_id, secret = oidc_provider.add_client(
-        client_id=f"llmgw-{uuid.uuid4().hex[:8]}",
+    client_id = use_provider(
+        oidc_provider,
+        settings,
+        tmp_path,
         redirect_uris=[f"{live_server.url}/signin/callback"],
         backchannel_logout_uri=f"{live_server.url}/signin/backchannel-logout",
     )
-    secret_file = tmp_path / "client-secret"
-    descriptor = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(secret)
-    settings.LLMGW_OIDC_ISSUER = oidc_provider.issuer
-    settings.LLMGW_OIDC_CLIENT_ID = client_id
-    settings.LLMGW_OIDC_CLIENT_SECRET_FILE = str(secret_file)
-    settings.LLMGW_OIDC_GROUP_MAP = "ml=member:research"
     settings.LLMGW_PUBLIC_URL = live_server.url
-    forget_providers()
     person = f"grace-{uuid.uuid4().hex[:6]}"
     oidc_provider.put_user(person, preferred_username=person, groups=["ml"])
     yield {"url": live_server.url, "person": person, "client_id": client_id}

@@ -21,6 +21,7 @@ from django.contrib.auth import get_user_model
 from accounts.models import ApiToken, DeviceLogin
 from catalog.models import AuditEntry
 from signin.models import Identity
+from tests.signin.real_provider import use_provider
 from tests.support.oidc_provider import OidcProvider, oidc_provider_fixture  # noqa: F401
 from tests.support.system import ROOT
 from tests.support.waiting import wait_for
@@ -37,21 +38,14 @@ def signin(
 ) -> Iterator[dict[str, Any]]:
     from signin.oidc import forget_providers
 
-    client_id, secret = oidc_provider.add_client(
-        client_id=f"llmgw-{uuid.uuid4().hex[:8]}",
+    use_provider(
+        oidc_provider,
+        settings,
+        tmp_path,
         redirect_uris=[f"{live_server.url}/signin/callback"],
+        group_map="ml=member:research, ml-leads=team-admin:research",
     )
-    secret_file = tmp_path / "client-secret"
-    descriptor = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(secret)
-    settings.LLMGW_OIDC_ISSUER = oidc_provider.issuer
-    settings.LLMGW_OIDC_CLIENT_ID = client_id
-    settings.LLMGW_OIDC_CLIENT_SECRET_FILE = str(secret_file)
-    settings.LLMGW_OIDC_SCOPES = "openid email profile groups offline_access"
-    settings.LLMGW_OIDC_GROUP_MAP = "ml=member:research, ml-leads=team-admin:research"
     settings.LLMGW_PUBLIC_URL = live_server.url
-    forget_providers()
     person = f"ada-{uuid.uuid4().hex[:6]}"
     oidc_provider.put_user(
         person,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 
 from core.refusals import Refused
+from tests.signin.real_provider import use_provider
 from tests.support.oidc_provider import OidcProvider, oidc_provider_fixture  # noqa: F401
 
 pytestmark = pytest.mark.django_db
@@ -25,17 +25,7 @@ pytestmark = pytest.mark.django_db
 def provider(oidc_provider: OidcProvider, settings: Any, tmp_path: Path) -> Iterator[Any]:
     from signin.oidc import ProviderConfig, forget_providers, provider_for
 
-    client_id, secret = oidc_provider.add_client(
-        client_id=f"llmgw-{uuid.uuid4().hex[:8]}", redirect_uris=["http://127.0.0.1:9/cb"]
-    )
-    secret_file = tmp_path / "client-secret"
-    descriptor = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(secret)
-    settings.LLMGW_OIDC_ISSUER = oidc_provider.issuer
-    settings.LLMGW_OIDC_CLIENT_ID = client_id
-    settings.LLMGW_OIDC_CLIENT_SECRET_FILE = str(secret_file)
-    forget_providers()
+    use_provider(oidc_provider, settings, tmp_path, redirect_uris=["http://127.0.0.1:9/cb"])
     config = ProviderConfig.from_settings()
     assert config is not None
     yield provider_for(config)
