@@ -458,7 +458,7 @@ class TeamRole(models.Model):
         ]
 
     def __str__(self) -> str:
-        where = f" of {self.team.name}" if self.team_id else ""
+        where = f" of {self.team.name}" if self.team is not None else ""
         return f"{self.user} is {self.role}{where} ({self.source})"
 
 
@@ -486,5 +486,5 @@ class GroupMapping(models.Model):
         ]
 
     def __str__(self) -> str:
-        where = f":{self.team.name}" if self.team_id else ""
+        where = f":{self.team.name}" if self.team is not None else ""
         return f"{self.group}={self.role}{where}"

@@ -156,7 +156,7 @@ def refusal(actor: Actor, action: str, *, team: Team | None = None) -> Refused:
     return forbidden(f"{words} needs {ROLE_WORDS[needed]} ({you}); ask an administrator.")
 
 
-def teams_administered(user: Any) -> QuerySet[TeamRole]:
+def teams_administered(user: Any) -> QuerySet[TeamRole, Any]:
     """The ids of the teams `user` is a team admin of, as a subquery (values of team_id)."""
     return TeamRole.objects.filter(user=user, role=TEAM_ADMIN).values("team_id")
 
@@ -309,22 +309,24 @@ def _apply(user: Any, grants: list[Grant], actor: Actor) -> None:
             team.members.add(user)
             TeamRole.objects.create(user=user, role=MEMBER, team=team, source=GROUPS)
             record_event(actor, _team_subject(name), "team-member-add", f"{who} (groups)")
-    for (role, name), row in rows.items():
-        if role == MEMBER and row.source == GROUPS and name not in teams:
+    for (role, held), row in rows.items():
+        if role == MEMBER and row.source == GROUPS and held not in teams:
             assert row.team is not None
             row.team.members.remove(user)
             row.delete()
-            record_event(actor, _team_subject(name), "team-member-remove", f"{who} (groups)")
+            record_event(
+                actor, _team_subject(row.team.name), "team-member-remove", f"{who} (groups)"
+            )
     # team admin: a row in the team.
     for name in sorted(wanted_teams[TEAM_ADMIN]):
         if (TEAM_ADMIN, name) not in rows:
             TeamRole.objects.create(user=user, role=TEAM_ADMIN, team=teams[name], source=GROUPS)
             record_event(actor, _team_subject(name), "role-add", f"{who} is a team admin (groups)")
-    for (role, name), row in rows.items():
-        if role == TEAM_ADMIN and row.source == GROUPS and name not in wanted_teams[TEAM_ADMIN]:
+    for (role, held), row in rows.items():
+        if role == TEAM_ADMIN and row.source == GROUPS and held not in wanted_teams[TEAM_ADMIN]:
             row.delete()
             record_event(
-                actor, _team_subject(str(name)), "role-remove", f"{who} is no longer a team admin"
+                actor, _team_subject(str(held)), "role-remove", f"{who} is no longer a team admin"
             )
 
 
