@@ -70,7 +70,6 @@ def _action(words: str, *roles: str, in_team: bool = False) -> Action:
 
 # The one table of who may do what. Admins (staff, and the installation itself) may do all.
 ACTIONS: dict[str, Action] = {
-    "models.read": _action("Reading the models", TEAM_ADMIN, MEMBER, VIEWER),
     "keys.make": _action("Making gateway keys", TEAM_ADMIN, MEMBER),
     "usage.read-all": _action("Reading everyone's usage", VIEWER),
     "teams.read-all": _action("Reading every team", VIEWER),
@@ -156,9 +155,11 @@ def refusal(actor: Actor, action: str, *, team: Team | None = None) -> Refused:
     return forbidden(f"{words} needs {ROLE_WORDS[needed]} ({you}); ask an administrator.")
 
 
-def teams_administered(user: Any) -> QuerySet[TeamRole, Any]:
-    """The ids of the teams `user` is a team admin of, as a subquery (values of team_id)."""
-    return TeamRole.objects.filter(user=user, role=TEAM_ADMIN).values("team_id")
+def teams_where(user: Any, action: str) -> QuerySet[TeamRole, Any]:
+    """The ids of the teams where `user` may do `action` by a role row of theirs (team admin),
+    as a subquery (values of team_id): what a listing of many teams' rows filters by."""
+    held = ACTIONS[action].roles & {TEAM_ADMIN}
+    return TeamRole.objects.filter(user=user, role__in=held).values("team_id")
 
 
 def admins_of(team: Team) -> list[str]:

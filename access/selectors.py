@@ -27,7 +27,9 @@ def keys_visible_to(actor: Actor) -> QuerySet[GatewayKey]:
     )
     if actor.is_staff:
         return keys
-    return keys.filter(Q(owner=actor.user) | Q(team_id__in=roles.teams_administered(actor.user)))
+    return keys.filter(
+        Q(owner=actor.user) | Q(team_id__in=roles.teams_where(actor.user, "team.keys"))
+    )
 
 
 def key_view(key: GatewayKey, usage: dict[str, int], policy: KeyPolicy | None) -> dict[str, Any]:
@@ -208,11 +210,14 @@ def key_usage(
     model: str | None = None,
     since: date | None = None,
 ) -> list[dict[str, Any]]:
-    """Requests and tokens per day, key and model, newest day first, of the keys `actor` sees
-    (viewers: everyone's, access.roles: usage.read-all)."""
-    keys = (
-        GatewayKey.objects.all() if roles.may(actor, "usage.read-all") else keys_visible_to(actor)
-    )
+    """Requests and tokens per day, key and model, newest day first: of `actor`'s own keys and
+    their teams' where they are team admin; staff's and viewers', of everyone's (access.roles)."""
+    if roles.may(actor, "usage.read-all"):
+        keys = GatewayKey.objects.all()
+    else:
+        keys = GatewayKey.objects.filter(
+            Q(owner=actor.user) | Q(team_id__in=roles.teams_where(actor.user, "team.usage"))
+        )
     rows = (
         KeyUsageDay.objects.filter(key__in=keys.order_by())
         .values("day", "key_id", "key__name", "key__prefix", "key__owner__username", "model")

@@ -136,7 +136,7 @@ def _page(request: HtmxHttpRequest, who: Actor, create_form: KeyCreateForm) -> d
         "me": who.name,
         "makes_keys": roles.may(who, "keys.make"),
         "team_admin_of": sorted(
-            Team.objects.filter(pk__in=roles.teams_administered(who.user)).values_list(
+            Team.objects.filter(pk__in=roles.teams_where(who.user, "team.keys")).values_list(
                 "name", flat=True
             )
         )
