@@ -139,6 +139,8 @@ def require(actor: Actor, action: str, *, team: Team | None = None) -> None:
 
 
 def refusal(actor: Actor, action: str, *, team: Team | None = None) -> Refused:
+    """The 403 that require() raises: the least role that may do `action`, and the most that
+    `actor` holds. An action only admins do keeps the words of every staff-only refusal."""
     wanted = ACTIONS[action]
     if wanted.roles == {ADMIN}:
         return forbidden(f"Only staff may {wanted.words}; ask an administrator.")
