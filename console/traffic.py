@@ -14,6 +14,7 @@ from urllib.parse import urlencode
 
 from django.utils.safestring import SafeString, mark_safe
 
+from access import roles
 from access import selectors as gateway_selectors
 from access import traffic
 from core.actor import Actor
@@ -163,7 +164,10 @@ def usage_context(actor: Actor, query: dict[str, str]) -> dict[str, Any]:
             "completion_tokens": sum(r["completion_tokens"] for r in rows),
         },
         "csv_url": "/api/v1/usage?" + urlencode({**given, "format": "csv"}),
-        "everyone": actor.is_staff,
+        "everyone": roles.may(actor, "usage.read-all"),
+        # A team admin sees their teams' keys too: whose each one is, as staff do.
+        "team_keys": actor.user is not None
+        and roles.teams_where(actor.user, "team.usage").exists(),
     }
 
 

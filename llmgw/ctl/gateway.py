@@ -21,7 +21,13 @@ kept, to tell keys apart."""
 
 
 def add_keys(sub: Any) -> None:
-    p = command(sub, "keys", "the gateway keys: yours (staff: everyone's)", KEYS_HELP, run=cmd_keys)
+    p = command(
+        sub,
+        "keys",
+        "the gateway keys: yours, and your teams' where you are team admin (staff: everyone's)",
+        KEYS_HELP,
+        run=cmd_keys,
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -341,7 +347,8 @@ def add_usage(sub: Any) -> None:
         sub,
         "usage",
         "requests and tokens per day, gateway key and model",
-        "Usage of your own gateway keys (staff: everyone's), per day (UTC), key and "
+        "Usage of your own gateway keys (a team admin's: their teams' too; staff's and "
+        "viewers': everyone's), per day (UTC), key and "
         "model asked for, newest day first, with the totals. The gateway writes it every few "
         "seconds. For a spreadsheet: GET LLMGW_URL/api/v1/usage?format=csv (the console's "
         "Usage page has the link).",

@@ -123,3 +123,25 @@ def test_a_viewer_gets_no_new_key_form(client_for: Any, users: dict[str, Any]) -
     assert refused.status_code == 403
     assert "Making gateway keys needs the member role (you are a viewer)" in text_of(refused)
     assert not GatewayKey.objects.exists()
+
+
+# -- the Usage page ---------------------------------------------------------------------------
+
+
+def test_a_team_admin_sees_whose_each_team_key_is_on_the_usage_page(
+    client_for: Any, users: dict[str, Any], research: Team
+) -> None:
+    from datetime import date
+
+    from access.models import KeyUsageDay
+
+    for name in ("alice", "bob"):
+        KeyUsageDay.objects.create(
+            key=key_of(users, name), day=date(2026, 12, 1), model="chat", requests=3
+        )
+    admin_page = text_of(client_for("alice").get("/usage/"))
+    assert "for your own keys and those of the teams you are team admin of" in admin_page
+    assert "bob-app" in admin_page and "Owner" in admin_page
+    member_page = text_of(client_for("bob").get("/usage/"))
+    assert "for your own keys." in member_page
+    assert "alice-app" not in member_page and "Owner" not in member_page
