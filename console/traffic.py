@@ -14,9 +14,8 @@ from urllib.parse import urlencode
 
 from django.utils.safestring import SafeString, mark_safe
 
-from access import roles
+from access import roles, traffic
 from access import selectors as gateway_selectors
-from access import traffic
 from core.actor import Actor
 from fleet import capacity as fleet_capacity
 

@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('signin', '0001_initial'),
+        ("signin", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='identity',
-            name='checked_at',
+            model_name="identity",
+            name="checked_at",
             field=models.DateTimeField(blank=True, db_index=True, null=True),
         ),
     ]

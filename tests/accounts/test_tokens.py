@@ -139,7 +139,7 @@ def test_an_expired_token_is_refused(users: dict[str, Any]) -> None:
 
 
 def test_people_list_and_revoke_their_own_tokens_and_no_one_elses(users: dict[str, Any]) -> None:
-    laptop, laptop_secret = token_create(user=users["alice"], name="laptop")
+    _, laptop_secret = token_create(user=users["alice"], name="laptop")
     script, script_secret = token_create(user=users["alice"], name="script")
     bobs, bobs_secret = token_create(user=users["bob"], name="bob's")
     alice = client_with(f"Token {laptop_secret}")

@@ -57,7 +57,7 @@ def test_an_expired_token_is_not_sent() -> None:
 def test_a_file_others_may_read_is_not_used_and_the_error_says_how_to_fix_it() -> None:
     path = credentials.save(HERE, token="llmgw_here", username="alice", expires_at=None)
     path.chmod(0o644)
-    with pytest.raises(CtlError, match="may be read by others.*chmod 600"):
+    with pytest.raises(CtlError, match=r"may be read by others.*chmod 600"):
         Client(url=HERE)
     # Signing in again writes it anew, owner-only, without the old tokens.
     credentials.save(THERE, token="llmgw_there", username="alice", expires_at=None)
