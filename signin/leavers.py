@@ -90,7 +90,9 @@ def leave(user: Any, *, why: str, actor: Actor = SYSTEM) -> dict[str, int]:
 class CheckRun:
     checked: int = 0
     left: list[str] = field(default_factory=list)
-    unknown: int = 0  # no refresh token to ask with: they are checked at their next sign-in
+    # No refresh token to ask with, or the provider's answer says nothing of groups: they are
+    # checked at their next sign-in.
+    unknown: int = 0
     stopped: str = ""  # the provider could not be asked: nothing was decided of the rest
 
 
@@ -101,7 +103,7 @@ def check_members(*, batch: int = CHECK_BATCH) -> CheckRun:
     leave. A provider that cannot be asked stops the run: that says nothing about anyone."""
     from access import roles
 
-    from .people import refresh_identity
+    from .people import NO_ID_TOKEN, refresh_identity
 
     run = CheckRun()
     config = ProviderConfig.from_settings()
@@ -123,6 +125,10 @@ def check_members(*, batch: int = CHECK_BATCH) -> CheckRun:
         try:
             claims = refresh_identity(identity)
         except ProviderUnavailable as exc:
+            if exc.code == NO_ID_TOKEN:
+                run.unknown += 1
+                Identity.objects.filter(pk=identity.pk).update(checked_at=now)
+                continue
             run.stopped = exc.message
             log.warning("signin: membership check stopped: %s", exc.message)
             break

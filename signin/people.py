@@ -37,7 +37,7 @@ from core.refusals import Refused, forbidden
 
 from . import audit
 from .models import Identity
-from .oidc import Claims, ProviderConfig, provider_for, verify_id_token
+from .oidc import Claims, ProviderConfig, ProviderUnavailable, provider_for, verify_id_token
 
 _NOT_IN_A_USERNAME = re.compile(r"[^A-Za-z0-9_.@+-]")
 USERNAME_CHARS = 120  # leaves room for a suffix within Django's 150
@@ -190,6 +190,9 @@ def refresh_token_of(identity: Identity) -> str:
         return ""
 
 
+NO_ID_TOKEN = "refresh_without_id_token"
+
+
 def refresh_identity(identity: Identity) -> Claims | None:
     """What the provider says of the identity now, through its refresh token: the claims of the
     new ID token (its groups included), or None when it has no usable refresh token or the
@@ -213,7 +216,13 @@ def refresh_identity(identity: Identity) -> Claims | None:
         identity.save(update_fields=["refresh_token"])
     id_token = answer.get("id_token")
     if not isinstance(id_token, str):
-        return None
+        # Not a refusal: the provider answers a refresh without an ID token, so it cannot say
+        # what the person's groups are now (signin.leavers counts them as not known).
+        raise ProviderUnavailable(
+            "The provider's answer to a refresh holds no ID token, so it tells nothing of the "
+            "person's groups.",
+            code=NO_ID_TOKEN,
+        )
     claims = verify_id_token(id_token, provider=provider, nonce=None)
     if claims.subject != identity.subject:
         return None

@@ -65,3 +65,22 @@ def test_without_a_refresh_token_the_provider_is_not_asked(
     identity.refresh_token = ""
     assert refresh_identity(identity) is None
     assert provider.hits["token"] == 0
+
+
+def test_a_refresh_answered_without_an_id_token_says_nothing_of_the_person(
+    provider: StubProvider, identity: Identity, settings: Any
+) -> None:
+    from signin.leavers import check_members
+    from signin.oidc import ProviderUnavailable
+    from signin.people import NO_ID_TOKEN
+
+    provider.token_answer = lambda form: (200, {"access_token": "at", "token_type": "Bearer"})
+    with pytest.raises(ProviderUnavailable) as unknown:
+        refresh_identity(identity)
+    assert unknown.value.code == NO_ID_TOKEN
+    # The membership check counts them as not known, and nobody leaves for it.
+    settings.LLMGW_OIDC_RECHECK_SECONDS = 0
+    run = check_members()
+    assert (run.unknown, run.left, run.stopped) == (1, [], "")
+    identity.user.refresh_from_db()
+    assert identity.user.is_active
