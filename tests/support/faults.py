@@ -620,7 +620,12 @@ class Fleet:
         pid = int(started[-1])
         if not re.search(rf"beat: [^\s:]+:{pid}:\w+ runs the schedule now", text):
             return None
-        return pid
+        # The last one logged may be of a worker killed since, whose new one has not logged yet.
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return None
+        return pid if state != "Z" else None
 
     def schedule_log(self) -> Path:
         """The log beat writes to: its own, or the worker's when it runs inside it."""
@@ -980,8 +985,13 @@ class Fleet:
                 {},
             )
         if fault == "beat-in-worker":
-            embedded = self.embedded_beat_pid()
-            assert embedded is not None, "no beat inside the worker holds the schedule"
+            # After a worker started again (a cell before), its beat may still be waiting for
+            # the dead one's lease.
+            embedded = wait_for(
+                self.embedded_beat_pid,
+                timeout=SCHEDULE_BACK_SECONDS * 2,
+                what="a beat inside the worker that holds the schedule",
+            )
             os.kill(embedded, signal.SIGKILL)
             return f"killed beat {embedded} inside worker {system.processes['worker'].pid}", {}
         raise ValueError(fault)
