@@ -69,7 +69,7 @@ class TokenAPI(APIView):
         summary="Revoke one of your API tokens (`current`: the one this request is made with); "
         "requests with it get 401 from now on",
         request=None,
-        responses=answers({200: TokenOut}, 404),
+        responses=answers({200: TokenOut}, 400, 404),
     )
     def delete(self, request: Request, token_id: str) -> Response:
         if token_id == "current":

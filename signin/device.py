@@ -107,7 +107,9 @@ def _seconds(answer: dict[str, Any], name: str, default: int, most: int) -> int:
 
 class StartInput(StrictSerializer):
     client = serializers.CharField(
-        max_length=100, required=False, allow_blank=True, help_text="the machine signing in"
+        max_length=100,
+        required=False,
+        help_text="the machine signing in, shown in the token's name",
     )
 
 
@@ -140,7 +142,7 @@ class DeviceLoginStartAPI(APIView):
     @extend_schema(
         summary="Start `llmgw ctl login`: the address and code to sign in with at the provider",
         request=StartInput,
-        responses=answers({200: StartOut}, 404, 409, 429),
+        responses=answers({200: StartOut}, 404, 409, 429, 502, body=True),
     )
     def post(self, request: Request) -> Response:
         data = validated(StartInput, request.data)
@@ -217,7 +219,7 @@ class DeviceLoginPollAPI(APIView):
     @extend_schema(
         summary="Poll `llmgw ctl login`: pending (202), or done with a new API token (200)",
         request=PollInput,
-        responses=answers({200: PollOut, 202: PollOut}, 403, 404, 410),
+        responses=answers({200: PollOut, 202: PollOut}, 403, 404, 410, 502, body=True),
     )
     def post(self, request: Request) -> Response:
         handle = validated(PollInput, request.data)["login"]

@@ -30,7 +30,7 @@ PARTS = {
     "one-model-b": r"^/api/v1/models/\{name\}/(resources|restart|rollback|rollout|scale|target|traffic|update)",
     "catalog": r"^/api/v1/(models(/\{name\})?|plan|serve|updates(/check)?|fetches/\{id\}|canaries)$",
     "fleet": r"^/api/v1/(nodes|node|cluster)(/|$)",
-    "people": r"^/api/v1/(keys|teams|usage|audit)(/|$)",
+    "people": r"^/api/v1/(keys|teams|usage|audit|tokens|login)(/|$)",
 }
 
 

@@ -48,7 +48,8 @@ def add_login(sub: Any) -> None:
 
 def cmd_login(client: Client, args: argparse.Namespace) -> None:
     anonymous = Client(url=client.url, token="", timeout=client.timeout)
-    started = anonymous.post("login/device", {"client": platform.node()[:100]})
+    machine = platform.node()[:100]
+    started = anonymous.post("login/device", {"client": machine} if machine else {})
     shown = started.get("verification_uri_complete") or started["verification_uri"]
     print(
         f"To sign in to {client.url}, open this address in a browser:\n\n  {shown}\n\n"
