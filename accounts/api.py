@@ -72,15 +72,16 @@ class TokenAPI(APIView):
         responses=answers({200: TokenOut}, 400, 404),
     )
     def delete(self, request: Request, token_id: str) -> Response:
+        user: Any = request.user  # authenticated: a User
         if token_id == "current":
             if not isinstance(request.auth, str):
                 raise Refused(
                     "This request was not made with an API token (a browser session has none).",
                     code="no_token",
                 )
-            token = ApiToken.objects.filter(user=request.user, digest=digest(request.auth)).first()
+            token = ApiToken.objects.filter(user=user, digest=digest(request.auth)).first()
         elif token_id.isdigit() and len(token_id) < 19:
-            token = ApiToken.objects.filter(user=request.user, pk=int(token_id)).first()
+            token = ApiToken.objects.filter(user=user, pk=int(token_id)).first()
         else:
             raise _not_yours(token_id)
         if token is None:

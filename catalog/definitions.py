@@ -244,9 +244,7 @@ AUTOSCALE_MAX_WAIT = 600
 
 
 class AutoscaleSerializer(StrictSerializer):
-    wait = DurationField(
-        help_text="the queue wait (p50) the model is held under, like 2s"  # type: ignore[call-arg]
-    )
+    wait = DurationField(help_text="the queue wait (p50) the model is held under, like 2s")
     up_after = DurationField(required=False, default=AUTOSCALE_UP_AFTER)
     down_after = DurationField(required=False, default=AUTOSCALE_DOWN_AFTER)
 

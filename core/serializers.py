@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import threading
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -66,7 +66,7 @@ class TypedSerializer(serializers.Serializer):
         except serializers.ValidationError as exc:
             if not isinstance(exc.detail, dict):
                 raise
-            errors = {**exc.detail, **errors}
+            errors = {**cast(dict[str, Any], exc.detail), **errors}
         if errors:
             raise serializers.ValidationError(errors)
         return value
@@ -119,7 +119,7 @@ class StrictSerializer(TypedSerializer):
         except serializers.ValidationError as exc:
             if not isinstance(exc.detail, dict):
                 raise
-            errors = {**exc.detail, **errors}
+            errors = {**cast(dict[str, Any], exc.detail), **errors}
         if errors:
             raise serializers.ValidationError(errors)
         return value

@@ -151,9 +151,9 @@ def evaluate(now: datetime, models: Iterable[Model], default_idle: int) -> None:
     audit: list[AuditEntry] = []
     changed = []
     for model in with_policy:
-        state = decide(model, now, default_idle, loads, counts.get(model.pk, [0, 0, 0]), audit)
-        if state != model.autoscale_state:
-            model.autoscale_state = state
+        decided = decide(model, now, default_idle, loads, counts.get(model.pk, [0, 0, 0]), audit)
+        if decided != model.autoscale_state:
+            model.autoscale_state = decided
             changed.append(model)
     if changed:  # one query, however many policies (their figures change at every pass)
         Model.objects.bulk_update(changed, ["autoscale_state"], batch_size=500)

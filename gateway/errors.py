@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from core import requestid
 from llmgw.limitdefs import BY_NAME
@@ -73,7 +74,10 @@ def stream_broken(api: str) -> bytes:
     as an error rather than take as a complete answer."""
     request_id = requestid.now()
     if api == "anthropic":
-        event = {"type": "error", "error": {"type": "api_error", "message": BROKEN_MESSAGE}}
+        event: dict[str, Any] = {
+            "type": "error",
+            "error": {"type": "api_error", "message": BROKEN_MESSAGE},
+        }
         return b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
     if api == "responses":
         event = {"type": "error", "code": "stream_broken", "message": BROKEN_MESSAGE, "param": None}

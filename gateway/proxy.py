@@ -15,6 +15,7 @@ import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
@@ -282,10 +283,10 @@ async def _post(
             # the answer starts with the event after them.
             first = await connection.read(timeout)
             while first and _only_progress(first):
-                more = await connection.read(timeout)
-                if not more:
+                progress = await connection.read(timeout)
+                if not progress:
                     break
-                first += more
+                first += progress
             return Answer(candidate, 200, content_type, connection, first=first, timeout=timeout)
         body = await connection.whole(timeout)
         connection.done()
@@ -481,7 +482,7 @@ class AnthropicTally(StreamTally):
         self._started = True
         if b'"type":"message_start"' in passed[: passed.find(b"\n\n") + 1 or len(passed)]:
             return passed
-        message = {
+        message: dict[str, Any] = {
             "id": f"msg_{requestid.now()}",
             "type": "message",
             "role": "assistant",

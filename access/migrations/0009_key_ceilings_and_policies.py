@@ -45,7 +45,7 @@ def record_staff_ceilings(apps, schema_editor):
     AuditEntry = apps.get_model("catalog", "AuditEntry")
     GatewayKey = apps.get_model("access", "GatewayKey")
     # Each key's settings whose last setter was staff, with what they set.
-    staff_set = {}
+    staff_set: dict[int, dict[str, object]] = {}
     entries = AuditEntry.objects.filter(action="key-limits", model_name__startswith=SUBJECT)
     for entry in entries.order_by("at", "id").iterator(chunk_size=2000):
         number = entry.model_name[len(SUBJECT) :]

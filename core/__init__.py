@@ -1,0 +1,1 @@
+"""The kernel every app uses, without models (docs/design.md#layout)."""
