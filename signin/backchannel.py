@@ -70,8 +70,9 @@ def backchannel_logout(request: HttpRequest) -> JsonResponse:
     config = ProviderConfig.from_settings()
     if config is None:
         return _refuse("sign-in through a provider is not set up here")
-    if int(request.META.get("CONTENT_LENGTH") or 0) > MAX_FORM_BYTES:
-        return _refuse("the request is larger than a logout token")
+    length = request.META.get("CONTENT_LENGTH") or "0"
+    if not length.isdigit() or int(length) > MAX_FORM_BYTES:
+        return _refuse("the request is larger than a logout token, or says no length it has")
     token = request.POST.get("logout_token", "")
     provider = provider_for(config)
     try:

@@ -20,7 +20,6 @@ import hashlib
 from datetime import timedelta
 from typing import Any
 
-import requests
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -66,22 +65,6 @@ def _provider() -> Provider:
             status=404,
         )
     return provider_for(config)
-
-
-def _client_request(provider: Provider, url: str, what: str, form: dict[str, str]) -> Any:
-    """POST `form` to one of the provider's endpoints as this client, authenticated the way its
-    token endpoint takes (as signin.oidc.Provider's token requests are)."""
-    from .oidc import _form_encoded, read_client_secret
-
-    config = provider.config
-    secret = read_client_secret(config.secret_file)
-    methods = provider.metadata().token_auth_methods
-    auth: Any = None
-    if "client_secret_basic" in methods or not methods:
-        auth = requests.auth.HTTPBasicAuth(_form_encoded(config.client_id), _form_encoded(secret))
-    else:
-        form = {**form, "client_id": config.client_id, "client_secret": secret}
-    return provider.fetch_json("POST", url, what, data=form, auth=auth)
 
 
 def _text(answer: dict[str, Any], name: str, *, required: bool = True) -> str:
@@ -166,8 +149,8 @@ class DeviceLoginStartAPI(APIView):
                 status=429,
             )
         scopes = " ".join(provider.config.scopes)
-        code, answer = _client_request(
-            provider, endpoint, "device authorization endpoint", {"scope": scopes}
+        code, answer = provider.client_post(
+            endpoint, "device authorization endpoint", {"scope": scopes}
         )
         if code != 200 or not isinstance(answer, dict):
             error = answer.get("error") if isinstance(answer, dict) else None
@@ -248,8 +231,7 @@ class DeviceLoginPollAPI(APIView):
         if not taken:
             return _pending(login.interval)
         provider = _provider()
-        code, answer = _client_request(
-            provider,
+        code, answer = provider.client_post(
             provider.metadata().token_endpoint,
             "token endpoint",
             {"grant_type": DEVICE_GRANT, "device_code": login.device_code},

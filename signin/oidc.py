@@ -542,37 +542,35 @@ class Provider:
 
     def exchange_code(self, *, code: str, verifier: str, redirect_uri: str) -> dict[str, Any]:
         """The token endpoint's answer for an authorization code (its id_token not yet checked)."""
-        metadata = self.metadata()
-        secret = read_client_secret(self.config.secret_file)
         form = {
             "grant_type": "authorization_code",
             "code": code,
             "redirect_uri": redirect_uri,
             "code_verifier": verifier,
         }
-        return self._token_request(metadata, form, secret)
+        return self._token_request(form)
 
     def refresh(self, refresh_token: str) -> dict[str, Any]:
         """The token endpoint's answer for a refresh token."""
-        metadata = self.metadata()
-        secret = read_client_secret(self.config.secret_file)
-        form = {"grant_type": "refresh_token", "refresh_token": refresh_token}
-        return self._token_request(metadata, form, secret)
+        return self._token_request({"grant_type": "refresh_token", "refresh_token": refresh_token})
 
-    def _token_request(
-        self, metadata: Metadata, form: dict[str, str], secret: str
-    ) -> dict[str, Any]:
+    def client_post(self, url: str, what: str, form: dict[str, str]) -> tuple[int, Any]:
+        """POST `form` to one of the provider's endpoints as llmgw's client, authenticated the
+        way its token endpoint takes: the status and the JSON answer (fetch_json)."""
+        methods = self.metadata().token_auth_methods
+        secret = read_client_secret(self.config.secret_file)
         auth: Any = None
-        if "client_secret_basic" in metadata.token_auth_methods or not metadata.token_auth_methods:
+        if "client_secret_basic" in methods or not methods:
             # RFC 6749 2.3.1: both parts form-encoded before they are joined.
             auth = requests.auth.HTTPBasicAuth(
                 _form_encoded(self.config.client_id), _form_encoded(secret)
             )
         else:
             form = {**form, "client_id": self.config.client_id, "client_secret": secret}
-        status, answer = self.fetch_json(
-            "POST", metadata.token_endpoint, "token endpoint", data=form, auth=auth
-        )
+        return self.fetch_json("POST", url, what, data=form, auth=auth)
+
+    def _token_request(self, form: dict[str, str]) -> dict[str, Any]:
+        status, answer = self.client_post(self.metadata().token_endpoint, "token endpoint", form)
         if status != 200 or not isinstance(answer, dict):
             error = answer.get("error") if isinstance(answer, dict) else None
             if status == 400 and isinstance(error, str):

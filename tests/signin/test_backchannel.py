@@ -112,3 +112,9 @@ def test_forged_and_replayed_logout_tokens_change_nothing(
     replayed = requests.post(endpoint, data={"logout_token": token}, timeout=30)
     assert replayed.status_code == 400 and "already used" in replayed.json()["error_description"]
     assert browser.get(f"{world['url']}/", allow_redirects=False, timeout=30).status_code == 200
+
+
+def test_a_body_larger_than_a_logout_token_is_refused_unread(world: dict[str, Any]) -> None:
+    endpoint = f"{world['url']}/signin/backchannel-logout"
+    answer = requests.post(endpoint, data={"logout_token": "x" * (80 * 1024)}, timeout=30)
+    assert answer.status_code == 400 and "larger than a logout token" in answer.text
