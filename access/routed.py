@@ -37,11 +37,22 @@ MODEL_ROUTING = (
     "context_length",
     "mmproj",
     "reranking",
+    "engine",
 )
 # _unplaceable: whether an on-demand model fits on a node (fleet.footprint reads its profiles,
 # its file by source and sha256, its vision projector by name and where the weights came from,
 # and the context its KV cache is sized for).
-MODEL_PLACING = ("name", "profiles", "source", "sha256", "context_length", "mmproj", "origin")
+MODEL_PLACING = (
+    "name",
+    "profiles",
+    "source",
+    "sha256",
+    "context_length",
+    "mmproj",
+    "origin",
+    "engine",
+    "files",
+)
 
 # -- fleet.Replica ----------------------------------------------------------------------------
 # read_replicas: where a model's requests can go.
@@ -58,6 +69,7 @@ NODE_PLACING = (
     "gpus",
     "gpu_memory_gb",
     "engine_backends",
+    "engines",
     "cordoned",
     "lost",
     "last_heartbeat",

@@ -30,6 +30,8 @@ FIXED = (
     "source",
     "sha256",
     "mmproj",
+    "engine",
+    "files",
     "reranking",
     "description",
     "fallbacks",

@@ -17,7 +17,7 @@ from core.outbound import URLRefused, parse_target
 from core.refusals import Problem, Refused, invalid
 from core.serializers import DurationField, StrictSerializer, flatten_errors, path_text
 from core.yamltext import Path, YAMLSyntaxError, line_for, load_with_lines
-from llmgw.engines import get_engine
+from llmgw.engines import DEFAULT_ENGINE, engine_names, get_engine
 
 # A name is part of URLs (/api/v1/models/NAME, /console/models/NAME) and of command lines:
 # it starts with a letter or digit, so that "." and ".." (which a URL path resolves away)
@@ -57,6 +57,25 @@ MMPROJ_PATTERN = re.compile(
     + "$"
 )
 MAX_MMPROJ = 500  # registry.MirrorFile.path's length
+# A snapshot's other files, by the same rule as the projector's path but any ending; a snapshot
+# of more files than this is not one model's.
+REPOSITORY_PATH_PATTERN = re.compile(
+    r"^(?:[A-Za-z0-9_][A-Za-z0-9._-]*/)*[A-Za-z0-9_][A-Za-z0-9._-]*$"
+)
+MAX_FILES = 256
+
+
+def validate_repository_path(value: str) -> None:
+    if len(value) > MAX_MMPROJ:
+        raise serializers.ValidationError(f"a file's path is at most {MAX_MMPROJ} characters")
+    parts = value.split("/")
+    if REPOSITORY_PATH_PATTERN.fullmatch(value) and not any(p in (".", "..") for p in parts):
+        return
+    raise serializers.ValidationError(
+        f"{value!r} is not a file of the weights' repository: name it by its path there, like "
+        "tokenizer.json or model-00001-of-00002.safetensors (letters, digits, '.', '_' and '-', "
+        "folders separated by '/', no '..')"
+    )
 
 
 def validate_name(value: str) -> None:
@@ -342,6 +361,31 @@ class ModelDefinitionSerializer(StrictSerializer):
             "model takes images; empty for none"
         ),
     )
+    engine = serializers.ChoiceField(
+        choices=list(engine_names()),
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text=(
+            f"the engine its replicas run: {', '.join(engine_names())} ({DEFAULT_ENGINE} when "
+            "left out); a node runs it only if its agent has it installed"
+        ),
+        error_messages={
+            "invalid_choice": f"{{input}} is not an engine llmgw runs: use one of "
+            f"{', '.join(engine_names())}, or leave engine out for {DEFAULT_ENGINE}"
+        },
+    )
+    files = serializers.ListField(
+        child=serializers.CharField(validators=[validate_repository_path]),
+        required=False,
+        default=list,
+        max_length=MAX_FILES,
+        help_text=(
+            "for an engine that loads a Hugging Face snapshot (vllm): the snapshot's other "
+            "files (tokenizer, safetensors shards...) by their paths in the weights' repository, "
+            "beside the source (its config.json), fetched and served at the source's revision"
+        ),
+    )
     reranking = serializers.BooleanField(
         required=False,
         default=False,
@@ -392,6 +436,7 @@ class ModelDefinitionSerializer(StrictSerializer):
                 f"{mmproj!r} is the weights' own file; name the projector, a separate .gguf file "
                 "of the same repository"
             ]
+        errors.update(_engine_problems(attrs))
         if attrs.get("autoscale"):
             room = autoscale_room(attrs["min_replicas"], attrs.get("max_replicas"))
             if room:
@@ -407,6 +452,50 @@ class ModelDefinitionSerializer(StrictSerializer):
         if errors:
             raise serializers.ValidationError(errors)
         return attrs
+
+
+def _engine_problems(attrs: dict[str, Any]) -> dict[str, list[str]]:
+    """What the definition asks of its engine that the engine does not do (its backend's
+    facts: the weights it reads, adapters, projectors, reranking)."""
+    engine = get_engine(attrs.get("engine") or DEFAULT_ENGINE)
+    files = attrs.get("files") or []
+    errors: dict[str, list[str]] = {}
+    if len(set(files)) != len(files):
+        errors["files"] = ["a file is named twice"]
+    if engine.weights_layout == "file":
+        if files:
+            errors["files"] = [
+                f"{engine.name} loads one weights file, the source: leave files out (or use an "
+                "engine that loads a snapshot, like vllm)"
+            ]
+        return errors
+    entry = engine.snapshot_entry
+    path = urlsplit(attrs["source"]).path
+    if not path.endswith("/" + entry):
+        errors["source"] = [
+            f"{engine.name} loads a Hugging Face snapshot: the source is its {entry} (a URL "
+            f"ending in /{entry}), and files lists the snapshot's other files"
+        ]
+    elif entry in files:
+        errors["files"] = [f"{entry} is the source; list the snapshot's other files"]
+    if not errors.get("files") and not any(f.endswith(engine.weights_suffix) for f in files):
+        errors.setdefault("files", []).append(
+            f"{engine.name} needs the weights among the files: at least one "
+            f"{engine.weights_suffix} file of the snapshot"
+        )
+    if attrs.get("mmproj"):
+        errors["mmproj"] = [
+            f"{engine.name} takes no separate projector file (a vision model's snapshot holds "
+            "its own): leave mmproj out"
+        ]
+    if attrs.get("reranking") and not engine.features.rerank:
+        errors["reranking"] = [f"{engine.name} is not run as a reranker by llmgw"]
+    if attrs.get("adapters") and not engine.adapters_from_files:
+        errors["adapters"] = [
+            f"{engine.name}'s adapters are folders, which llmgw does not fetch yet: leave "
+            "adapters out"
+        ]
+    return errors
 
 
 def load_definition_text(text: str) -> tuple[Any, dict[Path, int]]:
@@ -474,5 +563,6 @@ def normalize(attrs: dict[str, Any]) -> dict[str, Any]:
         adapters.append(adapter)
     attrs["adapters"] = adapters
     attrs["fallbacks"] = list(attrs.get("fallbacks", []))
+    attrs["files"] = list(attrs.get("files", []))
     attrs["autoscale"] = dict(attrs["autoscale"]) if attrs.get("autoscale") else None
     return attrs

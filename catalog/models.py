@@ -11,6 +11,7 @@ from django.db import models
 from django.db.models import Q
 
 from core.durations import format_duration
+from llmgw.engines import DEFAULT_ENGINE
 
 CLASS_CHOICES = [
     ("critical", "critical"),
@@ -90,7 +91,8 @@ def projector_source(source: str, mmproj: str) -> str:
 
 @dataclass(frozen=True)
 class Projector:
-    """The projector a model's replicas are started with (llama-server's --mmproj)."""
+    """A file of the weights' repository at the weights' revision, loaded with them: the vision
+    projector a model's replicas are started with, or one of a snapshot's other files."""
 
     path: str  # in the repository, as the definition names it
     source: str  # its URL, at the weights' revision
@@ -104,20 +106,35 @@ class Projector:
 
 def projector_of(source: str, mmproj: str, origin: dict[str, Any] | None) -> Projector | None:
     """The projector of weights at `source` (and, from the registry, `origin`), or None for
-    a model without one. Its sha256 and size are the origin's record of the file, when it has
-    one at that commit."""
-    if not mmproj:
-        return None
+    a model without one."""
+    return repository_file(source, mmproj, origin) if mmproj else None
+
+
+def repository_file(source: str, path: str, origin: dict[str, Any] | None) -> Projector:
+    """The file `path` of the repository of weights at `source`, at their revision. Its sha256
+    and size are the origin's record of the file, when it has one at that commit."""
     entry = next(
-        (f for f in (origin or {}).get("files", []) if f.get("path") == mmproj),
+        (f for f in (origin or {}).get("files", []) if f.get("path") == path),
         None,
     )
     return Projector(
-        path=mmproj,
-        source=projector_source(source, mmproj),
+        path=path,
+        source=projector_source(source, path),
         sha256=(entry or {}).get("sha256") or None,
         size=(entry or {}).get("size"),
     )
+
+
+def engine_of(engine: str) -> str:
+    """The engine a model's `engine` field names: "" is the default one."""
+    return engine or DEFAULT_ENGINE
+
+
+def repository_file_sources(source: str, mmproj: str, files: list[str] | None) -> list[str]:
+    """The URLs of a revision's files besides its weights: the projector's, then the other
+    files', each at the revision of `source` (what the mirror keeps with those weights)."""
+    paths = ([mmproj] if mmproj else []) + list(files or [])
+    return [projector_source(source, path) for path in paths]
 
 
 class Model(models.Model):
@@ -161,7 +178,25 @@ class Model(models.Model):
             "mmproj-model-f16.gguf; empty for a model without images"
         ),
     )
-    # Its engines rank documents (/v1/rerank; llama-server's --reranking, a reranker's weights)
+    # The engine its replicas run (llmgw.engines; "" for the default one, so that a model defined
+    # before there were several reads back as it was written). Each fact of that engine (the
+    # weights it reads, the endpoints it serves, its memory) is asked of its backend.
+    engine = models.CharField(
+        max_length=40,
+        blank=True,
+        default="",
+        help_text="the engine its replicas run: llama.cpp (the default) or vllm",
+    )
+    # Beside source: the other files of the weights' repository the engine loads with it (a
+    # Hugging Face snapshot's tokenizer, config and safetensors shards), at the source's
+    # revision (repository_files), so that they move with every update and rollback as the
+    # projector does; their sha256 are in origin's files with the source's.
+    files = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="the other files of the weights' repository its engine loads, by their paths there",
+    )
+    # Its engines rank documents (/v1/rerank; the engine's reranking mode, a reranker's weights)
     # instead of computing embeddings (/v1/embeddings).
     reranking = models.BooleanField(
         default=False,
@@ -279,6 +314,18 @@ class Model(models.Model):
         return canary_routing(self.canary)
 
     @property
+    def engine_name(self) -> str:
+        """The engine its replicas run (the default one when the definition names none)."""
+        return engine_of(self.engine)
+
+    @property
+    def snapshot_files(self) -> tuple[Projector, ...]:
+        """The other files its engine loads beside the source, at the source's revision."""
+        if not self.files:
+            return ()  # origin is not read: a one-file model's reads stay what they were
+        return tuple(repository_file(self.source, path, self.origin) for path in self.files)
+
+    @property
     def projector(self) -> Projector | None:
         """The vision projector in force, at the weights' revision; None without one."""
         if not self.mmproj:
@@ -309,6 +356,10 @@ class Model(models.Model):
             data["context_length"] = self.context_length
         if self.mmproj:
             data["mmproj"] = self.mmproj
+        if self.engine:
+            data["engine"] = self.engine
+        if self.files:
+            data["files"] = list(self.files)
         if self.reranking:
             data["reranking"] = True
         if self.routing:

@@ -185,6 +185,8 @@ def apply_definition(model: Model, definition: dict[str, Any]) -> None:
     model.fallbacks = definition.get("fallbacks", [])
     model.context_length = definition.get("context_length")
     model.mmproj = definition.get("mmproj", "")
+    model.engine = definition.get("engine", "")
+    model.files = definition.get("files", [])
     model.reranking = definition.get("reranking", False)
     model.routing = definition.get("routing", "")
     model.profiles = definition["profiles"]

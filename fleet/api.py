@@ -127,6 +127,7 @@ class PortRangeInput(TypedSerializer):
 MAX_DEVICES = 64
 MAX_DEVICE_MEMORY_MB = 16 * 1024 * 1024  # 16 TB on one device
 MAX_BACKENDS = 16
+MAX_ENGINES = 8
 
 
 class DeviceInput(TypedSerializer):
@@ -166,7 +167,15 @@ class HeartbeatInput(FieldsOncePerThread, TypedSerializer):
         required=False,
         default=list,
         max_length=MAX_BACKENDS,
-        help_text="the backends its llama-server was built with (--list-devices): CPU, CUDA, ...",
+        help_text="the backends its llama.cpp engine was built with (--list-devices): CPU, "
+        "CUDA, ...",
+    )
+    engines = serializers.ListField(
+        child=serializers.CharField(max_length=40),
+        required=False,
+        default=list,
+        max_length=MAX_ENGINES,
+        help_text="the engines its agent has installed (llama.cpp, vllm); left out: llama.cpp",
     )
     address = serializers.CharField(
         required=False,
@@ -430,6 +439,11 @@ class NodeOut(serializers.Serializer):
     engine_backends = serializers.ListField(
         child=serializers.CharField(),
         help_text="the backends its engine was built with (CPU, CUDA): GPU replicas need one",
+    )
+    engines = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="the engines its agent has installed: a model's replicas go only to nodes "
+        "that have its engine",
     )
 
 

@@ -20,12 +20,12 @@ from typing import Any
 
 from django.utils import timezone
 
-from catalog.models import Model, Projector, projector_of
+from catalog.models import Model, Projector, projector_of, repository_file
 from catalog.sources import check_source, source_session
 from core.outbound import URLRefused
 from core.refusals import Refused
-from llmgw import gguf
-from llmgw.engines import get_engine
+from llmgw.engines import DEFAULT_ENGINE, get_engine
+from llmgw.engines.base import WeightsUnreadable
 from llmgw.units import format_bytes
 
 from .models import ModelFile
@@ -187,6 +187,7 @@ def footprint(
     facts: FileFacts | str,
     *,
     context_length: int | None,
+    engine_name: str = DEFAULT_ENGINE,
 ) -> Footprint:
     """What a replica of ``profile`` reserves, given its model file's facts (or why they are
     unknown) and the model's declared context_length.
@@ -210,7 +211,7 @@ def footprint(
     if isinstance(facts, str):
         return Footprint(profile["name"], declared, None, facts, gpus, declared_gpu, layers)
     slots = profile_slots(profile)
-    engine = get_engine()
+    engine = get_engine(engine_name)
     context = engine.serving_context(context_length, facts.trained_context)
     memory = engine.serving_memory(
         weights_bytes=facts.weights_bytes,
@@ -231,7 +232,10 @@ def footprint(
 
 def model_footprints(model: Model, facts: FileFacts | str) -> list[Footprint]:
     """Every profile's footprint, in the model's profile order."""
-    return [footprint(p, facts, context_length=model.context_length) for p in model.profiles]
+    return [
+        footprint(p, facts, context_length=model.context_length, engine_name=model.engine_name)
+        for p in model.profiles
+    ]
 
 
 # -- the model files' facts -------------------------------------------------------------
@@ -239,19 +243,26 @@ def model_footprints(model: Model, facts: FileFacts | str) -> list[Footprint]:
 
 # What file_key reads of a model beyond source and sha256: a read of models for their footprint
 # (fleet.selectors.unplaceable_models) loads these too, or each would be loaded row by row.
-FILE_FIELDS = ("mmproj", "origin")
+FILE_FIELDS = ("mmproj", "origin", "engine", "files")
 
 
 def file_key(model: Model) -> str:
     """A model file is its source and, when known, its sha256 (a URL may serve new bytes); with
-    a vision projector, the projector's too (its bytes count with the weights')."""
-    return _key(model.source, model.sha256, model.projector)
+    a vision projector or a snapshot's other files, theirs too (their bytes count with the
+    weights')."""
+    return _key(model.source, model.sha256, model.projector, model.snapshot_files)
 
 
-def _key(source: str, sha256: str | None, projector: Projector | None = None) -> str:
+def _key(
+    source: str,
+    sha256: str | None,
+    projector: Projector | None = None,
+    files: tuple[Projector, ...] = (),
+) -> str:
     text = f"{source}\0{sha256 or ''}"
-    if projector is not None:
-        text += f"\0{projector.source}\0{projector.sha256 or ''}"
+    for loaded in (projector, *files):
+        if loaded is not None:
+            text += f"\0{loaded.source}\0{loaded.sha256 or ''}"
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -307,8 +318,10 @@ def forget_unused(models: Iterable[Model], *, now: datetime | None = None) -> in
         kept.add(file_key(model))
         previous = model.previous or {}
         if previous.get("source"):
-            projector = projector_of(previous["source"], model.mmproj, previous.get("origin"))
-            kept.add(_key(previous["source"], previous.get("sha256", ""), projector))
+            origin = previous.get("origin")
+            projector = projector_of(previous["source"], model.mmproj, origin)
+            files = tuple(repository_file(previous["source"], p, origin) for p in model.files)
+            kept.add(_key(previous["source"], previous.get("sha256", ""), projector, files))
     old = ModelFile.objects.filter(read_at__lt=now - FORGET_AFTER).values_list("pk", "key")
     unused = [pk for pk, key in old.iterator() if key not in kept]
     for start in range(0, len(unused), FORGOTTEN_PER_DELETE):
@@ -325,26 +338,26 @@ def facts_for_plan(model: Model) -> FileFacts | str:
 
 
 def read_facts(model: Model, *, now: datetime | None = None) -> FileFacts | str:
-    """Read ``model``'s file header now and keep what the estimate needs (or why it failed)."""
+    """Read ``model``'s weights' facts now (its engine says how: a GGUF header, a snapshot's
+    config) and keep what the estimate needs (or why it failed)."""
+    engine = get_engine(model.engine_name)
     try:
+        # The engine loads the vision projector and a snapshot's other files beside the
+        # weights: their bytes are held as the weights' are (in host memory, or on the GPUs
+        # with the offloaded layers).
+        loaded_with = _loaded_with_bytes(model)
         with source_session() as session:
-            header = gguf.read_header_from_url(
-                model.source, session=session, timeout=READ_TIMEOUT_SECONDS
+            read = engine.read_facts(
+                model.source, session=session, timeout=READ_TIMEOUT_SECONDS, loaded_with=loaded_with
             )
-        if header.file_size is None:
-            raise gguf.GGUFError("the server did not say how large the file is")
-        per_token = get_engine().kv_bytes_per_token(header)
-        # The engine loads the vision projector beside the weights: its bytes are held as the
-        # weights' are (in host memory, or on the GPUs with the offloaded layers).
-        loaded = header.file_size + _projector_bytes(model)
         facts: FileFacts | str = FileFacts(
-            loaded, per_token, header.context_length, header.block_count
+            read.weights_bytes, read.kv_bytes_per_token, read.trained_context, read.block_count
         )
-    except gguf.GGUFError as exc:
+    except WeightsUnreadable as exc:
         facts = exc.__cause__.message if isinstance(exc.__cause__, URLRefused) else str(exc)
         log.info("memory of %s not estimated: %s", model.name, facts)
     except Refused as exc:
-        facts = f"its vision projector: {exc.message}"
+        facts = exc.message
         log.info("memory of %s not estimated: %s", model.name, facts)
     ModelFile.objects.update_or_create(
         key=file_key(model),
@@ -363,15 +376,27 @@ def read_facts(model: Model, *, now: datetime | None = None) -> FileFacts | str:
     return facts
 
 
-def _projector_bytes(model: Model) -> int:
-    """The size of the model's vision projector (0 without one): the registry's record of it,
-    else what its URL says (catalog.sources.check_source, which refuses when it is not there)."""
+def _loaded_with_bytes(model: Model) -> int:
+    """The bytes of the files loaded beside the weights: the vision projector's (0 without
+    one) and a snapshot's other files'; Refused naming the file whose size is not known."""
+    total = 0
     projector = model.projector
-    if projector is None:
-        return 0
-    if projector.size is not None:
-        return projector.size
-    size = check_source(projector.source, what=f"projector {projector.path!r}").size
+    named = [(projector, "projector", "its vision projector")] if projector else []
+    named += [(f, "file", f"its file {f.path!r}") for f in model.snapshot_files]
+    for loaded, kind, what in named:
+        try:
+            total += _size_of(loaded, kind)
+        except Refused as exc:
+            raise Refused(f"{what}: {exc.message}", code=exc.code) from None
+    return total
+
+
+def _size_of(loaded: Projector, kind: str) -> int:
+    """A file's size: the registry's record of it, else what its URL says
+    (catalog.sources.check_source, which refuses when it is not there)."""
+    if loaded.size is not None:
+        return loaded.size
+    size = check_source(loaded.source, what=f"{kind} {loaded.path!r}").size
     if size is None:
-        raise Refused(f"{projector.source} did not say how large it is", code="source_size")
+        raise Refused(f"{loaded.source} did not say how large it is", code="source_size")
     return size

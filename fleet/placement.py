@@ -63,6 +63,8 @@ class Node:
     ``devices``: its GPUs, when known; then GPU profiles are placed on them one by one (rule 7)
     and ``capacity.gpus`` / ``capacity.gpu_memory_gb`` are not used. ``gpu_engine``: whether
     its engine binary has a GPU backend (CUDA); a node without one takes no GPU profile.
+    ``engines``: the engines it has (llmgw.engines' names); a model's replicas go only to nodes
+    with its engine. None: every engine (a node the caller does not say of).
     """
 
     name: str
@@ -70,6 +72,7 @@ class Node:
     schedulable: bool = True
     devices: tuple[Device, ...] = ()
     gpu_engine: bool = True
+    engines: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,7 @@ class ModelDemand:
     desired: int
     profiles: tuple[Profile, ...]
     moving: bool = False  # its replicas beyond its minimum only move (rule 6): no preemption
+    engine: str = ""  # the engine its replicas run: only nodes that have it take them ("": any)
 
 
 @dataclass(frozen=True)
@@ -392,6 +396,7 @@ class _NodeState:
     # Its GPUs by index, when it lists them; GPU profiles then go to devices (rule 7).
     devices: dict[int, _Device] = field(default_factory=dict)
     gpu_engine: bool = True
+    engines: frozenset[str] | None = None
 
 
 class _FreeIndex:
@@ -533,6 +538,7 @@ class _Planner:
                 spare_load={rank: [0.0] * _DIMENSIONS for rank in CLASS_RANK.values()},
                 devices=devices,
                 gpu_engine=node.gpu_engine,
+                engines=node.engines,
             )
             self.nodes[node.name] = state
             self.index.update(state)
@@ -658,11 +664,14 @@ class _Planner:
         room.sort()  # the emptiest first, then the lowest index
         return tuple(sorted(index for _, index in room[:count]))
 
-    def placeable(self, need: _Vec) -> Callable[[_NodeState], bool] | None:
-        """The device test for ``need`` (None for a CPU need: nothing to test)."""
+    def placeable(self, need: _Vec, engine: str = "") -> Callable[[_NodeState], bool] | None:
+        """The test a node must pass for ``need`` of a model of ``engine``, beyond its free
+        room: it has the engine, and its devices can take a GPU need (None: nothing to test)."""
         if need[2] <= 0:
-            return None
-        return lambda node: self.devices_for(node, need) is not None
+            if not engine:
+                return None
+            return lambda node: has_engine(node, engine)
+        return lambda node: has_engine(node, engine) and self.devices_for(node, need) is not None
 
     def settle_devices(self) -> None:
         """Once the running replicas are adopted: what other programs hold on each device is
@@ -822,7 +831,7 @@ class _Planner:
     def best_free_node(self, model: str, need: _Vec) -> str | None:
         """Spread first, then best fit, among nodes where ``need`` fits in free room."""
         spread = self.spread[model]
-        placeable = self.placeable(need)
+        placeable = self.placeable(need, self.models[model].engine)
         # A node without this model always wins the spread, so look there first.
         node = self.index.best_fit(need, self.nodes, spread, placeable)
         if node is not None:
@@ -866,7 +875,7 @@ class _Planner:
             if profile is None:
                 continue  # its profile is gone: it is out of date and will be replaced anyway
             need = _vec(profile.resources)
-            to = self.index.best_fit(need, self.nodes, spread, self.placeable(need))
+            to = self.index.best_fit(need, self.nodes, spread, self.placeable(need, model.engine))
             if to is not None:
                 self.moves.append(Move(replica.key, name, crowded, to, most))
 
@@ -930,6 +939,7 @@ class _Planner:
         so the search stops at the first node that no other node can beat.
         """
         spread = self.spread[model]
+        engine = self.models[model].engine
         for tier in self.preemptible_ranks(rank, within_minimum):
             roomy = []
             nodes = self.nodes
@@ -938,7 +948,11 @@ class _Planner:
                 if need[0] > 0 and bound + EPSILON < need[0]:
                     break
                 room = room_of(nodes[name], rank, tier)
-                if _fits(need, room) and (need[2] <= 0 or nodes[name].gpu_engine):
+                if (
+                    _fits(need, room)
+                    and (need[2] <= 0 or nodes[name].gpu_engine)
+                    and has_engine(nodes[name], engine)
+                ):
                     roomy.append((-room[0], name))
             roomy.sort()
             best_key: tuple[int, int, int] | None = None
@@ -1111,6 +1125,11 @@ class _Planner:
         )
 
 
+def has_engine(node: _NodeState, engine: str) -> bool:
+    """Whether a node has the engine a model runs ("" or a node that does not say: yes)."""
+    return not engine or node.engines is None or engine in node.engines
+
+
 def _validate(model: ModelDemand, known: dict[str, ModelDemand]) -> None:
     if model.name in known:
         raise ValueError(f"duplicate model {model.name!r}")
@@ -1161,6 +1180,8 @@ class _Explainer:
             return "the model has no profiles", ()
         if not self.nodes:
             return "no schedulable nodes", ()
+        if not any(has_engine(node, model.engine) for node in self.nodes):
+            return self._no_engine(model.engine), ()
         profile = model.profiles[0]
         need = _vec(profile.resources)
         # Many models share a profile shape; the words only depend on it.
@@ -1199,6 +1220,13 @@ class _Explainer:
 
     def _placeable(self, node: _NodeState, need: _Vec) -> bool:
         return _fits(need, node.free) and self.planner.devices_for(node, need) is not None
+
+    def _no_engine(self, engine: str) -> str:
+        names = ", ".join(n.name for n in self.nodes[:3]) + (", ..." if len(self.nodes) > 3 else "")
+        return (
+            f"no schedulable node has the engine {engine}: its nodes ({names}) report others. "
+            f"Install it on a node (docs/engines.md) and restart that node's agent"
+        )
 
     def _no_gpu_engine(self, profile: str, need: _Vec) -> str:
         names = ", ".join(n.name for n in self.nodes[:3]) + (", ..." if len(self.nodes) > 3 else "")

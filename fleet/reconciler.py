@@ -10,6 +10,7 @@ runs at a time across all workers.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -31,6 +32,7 @@ from catalog.services import audit_entry
 from core.actor import SYSTEM
 from core.bulkinsert import insert_many
 from core.metrics import control_metrics
+from llmgw.engines import DEFAULT_ENGINE
 
 from . import autoscale, placement
 from .footprint import FileFacts, Footprint, known_facts, learn_facts, model_footprints
@@ -219,10 +221,17 @@ def model_demand(model: Model, desired: int, facts: FileFacts | str) -> placemen
             planner_profile(p, memory)
             for p, memory in zip(model.profiles, model_footprints(model, facts), strict=True)
         ),
+        engine=model.engine_name,
     )
 
 
 MIB_PER_GB = 1024
+
+
+def node_engines(node: Node | Member) -> list[str]:
+    """The engines a node's agent has: what it reported, llama.cpp for an agent that does not
+    say (one from before there were several)."""
+    return list(node.engines or [DEFAULT_ENGINE])
 
 
 def has_gpu_engine(node: Node | Member) -> bool:
@@ -263,6 +272,7 @@ def planner_node(node: Node | Member) -> placement.Node:
         schedulable=node.schedulable,
         devices=node_devices(node),
         gpu_engine=has_gpu_engine(node),
+        engines=frozenset(node_engines(node)),
     )
 
 
@@ -313,14 +323,18 @@ class Active:
     sha256: str | None
     mmproj_source: str | None = None
     mmproj_sha256: str | None = None
+    files: Any = None  # a snapshot's other files (the spec's JSON, as text on some databases)
 
     @property
     def revision(self) -> str:
         mmproj = {"source": self.mmproj_source, "sha256": self.mmproj_sha256}
-        return replica_revision({"source": self.source, "sha256": self.sha256, "mmproj": mmproj})
+        files = json.loads(self.files) if isinstance(self.files, str) else self.files
+        return replica_revision(
+            {"source": self.source, "sha256": self.sha256, "mmproj": mmproj, "files": files}
+        )
 
 
-_SPEC_COLUMNS = ("source", "sha256", "mmproj_source", "mmproj_sha256")
+_SPEC_COLUMNS = ("source", "sha256", "mmproj_source", "mmproj_sha256", "files")
 
 
 @dataclass(slots=True)
@@ -339,6 +353,7 @@ class Member:
     last_heartbeat: datetime | None
     devices: list[Any]
     engine_backends: list[Any]
+    engines: list[Any]
 
     @property
     def schedulable(self) -> bool:
@@ -359,6 +374,7 @@ def active_replicas() -> list[Active]:
         KT("spec__sha256"),
         KT("spec__mmproj__source"),
         KT("spec__mmproj__sha256"),
+        KT("spec__files"),
     )
     return [Active(*row) for row in rows]
 
@@ -437,7 +453,7 @@ class Quiet:
 _NODE_STAMP = """
     SELECT count(*), coalesce(sum(hashtextextended(concat_ws('|', id, name, memory_gb, cores,
         gpus, gpu_memory_gb, cordoned, lost, last_heartbeat IS NULL, devices::text,
-        engine_backends::text), 0)), 0)
+        engine_backends::text, engines::text), 0)), 0)
     FROM fleet_node"""
 _REPLICA_STAMP = """
     SELECT count(*), coalesce(sum(hashtextextended(concat_ws('|', id, model_id, model_name,

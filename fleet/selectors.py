@@ -20,6 +20,7 @@ from .models import Node, Replica
 from .reconciler import (
     has_gpu_engine,
     model_demand,
+    node_engines,
     planner_node,
     planner_profile,
     planner_replica,
@@ -97,6 +98,7 @@ def nodes_view(*, addresses: bool, name: str | None = None) -> list[dict[str, An
                 "devices": device_views(node.devices or [], on_device.get(node.pk, {})),
                 "devices_source": node.devices_source,
                 "engine_backends": list(node.engine_backends or []),
+                "engines": node_engines(node),
             }
         )
     return views
@@ -319,9 +321,17 @@ def unplaceable_models(
                 "no node is ready to run it (none has sent a heartbeat, or all are cordoned or lost)"
             )
             continue
+        engine = model.engine_name
+        with_engine = [node for node in planned if node.engines is None or engine in node.engines]
+        if not with_engine:
+            why[name] = (
+                f"no node that is ready has its engine, {engine}: install it on a node and "
+                "restart that node's agent"
+            )
+            continue
         profiles = list(zip(model.profiles, model_footprints(model, facts[name]), strict=True))
         needs = [planner_profile(profile, memory).resources for profile, memory in profiles]
-        if any(placement.fits_on_empty(need, node) for need in needs for node in planned):
+        if any(placement.fits_on_empty(need, node) for need in needs for node in with_engine):
             continue
         largest = max(nodes, key=lambda n: (n.memory_gb, n.cores))
         described = "; ".join(_describe(p, memory) for p, memory in profiles) or "no profile"
@@ -346,6 +356,7 @@ def _as_placed(node: Node) -> placement.Node:
         schedulable=True,
         devices=devices,
         gpu_engine=has_gpu_engine(node),
+        engines=frozenset(node_engines(node)),
     )
 
 

@@ -17,10 +17,11 @@ from django.utils import timezone
 
 from catalog.config import current_config
 from catalog.definitions import NAME_PATTERN
-from catalog.models import projector_of
+from catalog.models import projector_of, repository_file
 from core.actor import Actor, require_staff
 from core.refusals import Refused, conflict
 from llmgw.bearer import NODE_TOKEN
+from llmgw.engines import engine_names
 
 from . import trust
 from .liveness import Liveness
@@ -335,6 +336,8 @@ def _record_node(node: Node, report: dict[str, Any], believed: _Believed, now: d
     node.devices = list(report.get("devices") or [])[: capacity.gpus]
     node.devices_source = report.get("devices_source") or ""
     node.engine_backends = list(report.get("engine_backends") or [])
+    # Only names llmgw knows: a report is hostile until checked, and placement matches by name.
+    node.engines = [e for e in report.get("engines") or [] if e in engine_names()]
     node.report_digest = report.get("report_digest") or ""
     node.heard_since = node.heard_since_with(now, lost_after=current_config().node_lost_after)
     node.last_heartbeat = now
@@ -344,7 +347,7 @@ def _record_node(node: Node, report: dict[str, Any], believed: _Believed, now: d
     # allow-list or accepted its capacity since it was read, and that must not be undone.
     written = ["memory_gb", "cores", "gpus", "gpu_memory_gb", "reported_capacity"]
     written += ["address", "port_first", "port_last", "agent", "last_heartbeat", "lost"]
-    written += ["devices", "devices_source", "engine_backends", "report_digest"]
+    written += ["devices", "devices_source", "engine_backends", "engines", "report_digest"]
     written.append("heard_since")
     if believed.first_report:
         written.append("registered_capacity")
@@ -553,7 +556,11 @@ def _node_replicas(node: Node) -> QuerySet[Replica]:
     (`model_previous`, for _previous_revisions): one query for what an answer holds."""
     return (
         Replica.objects.filter(node=node)
-        .annotate(model_previous=F("model__previous"), model_mmproj=F("model__mmproj"))
+        .annotate(
+            model_previous=F("model__previous"),
+            model_mmproj=F("model__mmproj"),
+            model_files=F("model__files"),
+        )
         .order_by("created_at")
     )
 
@@ -564,15 +571,20 @@ def _previous_revisions(replicas: list[Replica]) -> list[dict[str, Any]]:
     --cache-max-gb). `replicas` come from _node_replicas."""
     previous = {r.model_name: r.model_previous for r in replicas if r.model_id is not None}  # type: ignore[attr-defined]
     mmproj = {r.model_name: r.model_mmproj for r in replicas if r.model_id is not None}  # type: ignore[attr-defined]
+    files = {r.model_name: r.model_files for r in replicas if r.model_id is not None}  # type: ignore[attr-defined]
     kept = []
     for name, p in sorted(previous.items()):
         if not isinstance(p, dict) or not p.get("source"):
             continue
         kept.append({"source": p["source"], "sha256": p.get("sha256") or None})
         # The projector of that revision comes back with its weights.
+        # The projector and a snapshot's other files of that revision come back with its weights.
         projector = projector_of(p["source"], mmproj.get(name) or "", p.get("origin"))
-        if projector is not None:
-            kept.append({"source": projector.source, "sha256": projector.sha256})
+        others = [
+            repository_file(p["source"], path, p.get("origin")) for path in files.get(name) or []
+        ]
+        for loaded in ([projector] if projector else []) + others:
+            kept.append({"source": loaded.source, "sha256": loaded.sha256})
     return kept
 
 

@@ -6,13 +6,14 @@ import functools
 import hashlib
 import hmac
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.conf import settings
 
 from catalog.definitions import ALL_LAYERS, DEFAULT_SLOTS
 from catalog.models import Model
+from llmgw.engines import DEFAULT_ENGINE
 
 
 def engine_key(replica_id: str) -> str:
@@ -77,6 +78,10 @@ def replica_spec(model: Model, profile: dict[str, Any]) -> dict[str, Any]:
         **({"mmproj": projector.spec()} if (projector := model.projector) else {}),
         # Only for a reranker: any other model's spec (and key) stays what it was.
         **({"reranking": True} if model.reranking else {}),
+        # Only for a model of another engine than the default, and for a snapshot's files: a
+        # llama.cpp model's spec (and key) stays what it was.
+        **({"engine": model.engine_name} if model.engine_name != DEFAULT_ENGINE else {}),
+        **({"files": [f.spec() for f in model.snapshot_files]} if model.files else {}),
         "slots": profile_slots(profile),
         "generation": model.generation,
         "resources": {
@@ -109,33 +114,46 @@ def gpu_order(spec: dict[str, Any], devices: list[int], node_devices: list[Any])
 
 
 def weights_revision(
-    source: str, sha256: str | None, mmproj: Mapping[str, Any] | None = None
+    source: str,
+    sha256: str | None,
+    mmproj: Mapping[str, Any] | None = None,
+    files: Sequence[Mapping[str, Any]] | None = None,
 ) -> str:
     """A short name for the files a replica serves: the weights' checksum's start when known (a
     registry model always has one), else a digest of where they come from; with a vision
     projector (`mmproj`, as a spec holds it), a digest of that and the projector's checksum (or
     URL), so that a new projector alone is a new revision too. Replicas of one model on the same
     files share it whatever their profile, which is what the gateway counts a canary's figures
-    by. A text model's revision is what it was before projectors."""
+    by. A text model's revision is what it was before projectors. A snapshot's other files
+    (`files`, as a spec holds them) are digested with the rest the same way."""
     weights = sha256[:12] if sha256 else hashlib.sha256(source.encode()).hexdigest()[:12]
-    if not mmproj or not mmproj.get("source"):
+    loaded = [mmproj] if mmproj and mmproj.get("source") else []
+    loaded += [f for f in files or () if isinstance(f, Mapping) and f.get("source")]
+    if not loaded:
         return weights
-    projector = mmproj.get("sha256") or mmproj["source"]
-    return hashlib.sha256(f"{weights}+{projector}".encode()).hexdigest()[:12]
+    text = "+".join([weights, *(str(f.get("sha256") or f["source"]) for f in loaded)])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def model_revision(model: Model) -> str:
     """The revision of the files a model points at now (weights_revision)."""
     projector = model.projector
     return weights_revision(
-        model.source, model.sha256 or None, projector.spec() if projector else None
+        model.source,
+        model.sha256 or None,
+        projector.spec() if projector else None,
+        [f.spec() for f in model.snapshot_files],
     )
 
 
 def replica_revision(spec: dict[str, Any] | None) -> str:
     spec = spec or {}
+    files = spec.get("files")
     return weights_revision(
-        str(spec.get("source") or ""), spec.get("sha256"), spec.get("mmproj") or None
+        str(spec.get("source") or ""),
+        spec.get("sha256"),
+        spec.get("mmproj") or None,
+        files if isinstance(files, list) else None,
     )
 
 

@@ -313,6 +313,15 @@ def nodes_busy(seconds: int) -> Refusal:
     )
 
 
+def not_answered(path: str, name: str, engine: str) -> Refusal:
+    """400 for an endpoint the model's engine does not serve at all."""
+    why = (
+        f"{shown_name(name)} runs on {engine}, which does not serve {path}. Use an endpoint "
+        f"{engine} serves (chat completions always), or a model of another engine."
+    )
+    return openai_error(400, why, code="endpoint_not_served", param="model")
+
+
 def not_served(path: str, name: str, feature: str) -> Refusal:
     """400 for an endpoint the model's engines are not started for: a reranker's rank, or the
     embeddings every other model computes."""

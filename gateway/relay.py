@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 from access.models import hash_key
 from access.services import KEY_PREFIX
 from core import jsontext, requestid
-from llmgw.engine import DEFAULT_CONTEXT_LENGTH
 
 from . import canary, conf, errors, fairqueue, http, limits, proxy, routing, validate
 from . import images as gateway_images
@@ -455,6 +454,8 @@ async def _asked(call: Call, scope: Scope) -> Asked | Reply:
         closest = await asyncio.to_thread(routing.entry_names_closest_first, name, names)
         # Counted under "unknown": in /metrics, not in the traffic figures.
         return _refused(errors.unknown_model(name, closest, len(names)), "unknown")
+    if not entry.answers(endpoint.path):
+        return _refused(errors.not_answered(endpoint.path, entry.name, entry.engine), entry.name)
     if endpoint.needs is not None and not entry.serves(endpoint.needs):
         return _refused(errors.not_served(endpoint.path, entry.name, endpoint.needs), entry.name)
     # What the engine would answer with a 500 (counted against the replica's revision, which
@@ -525,9 +526,8 @@ async def _admit(call: Call, asked: Asked) -> limits.Admission | Refusal | None:
 
 
 def most_tokens(entry: routing.Entry) -> int:
-    """The most tokens one answer of `entry` may have without a max_tokens: its context (an
-    engine generates until it is full), llmgw.engine's default where the catalog sets none."""
-    return entry.context_length or DEFAULT_CONTEXT_LENGTH
+    """The most tokens one answer of `entry` may have without a max_tokens (Entry.most_tokens)."""
+    return entry.most_tokens
 
 
 async def _route_and_send(call: Call, asked: Asked) -> Reply:
@@ -594,7 +594,7 @@ def _prepare(call: Call, asked: Asked, decision: routing.Serve) -> Prepared:
     target = snapshot.catalog.entries[decision.model]
     # An engine with adapters is told in every request which to apply (the one asked for, at
     # its scale; none for the base model), naming them by their place among the replica's
-    # adapters: only replicas that agree on that are candidates. See llmgw.engine.lora_request.
+    # adapters: only replicas that agree on that are candidates. See Candidate.engine_lora.
     lora = decision.candidates[0].engine_lora(target.name)
     if lora is not None:
         decision = replace(
@@ -686,7 +686,9 @@ async def _sent(call: Call, asked: Asked, prepared: Prepared, hold: routing.Hold
     engine = (
         None
         if call.span is None
-        else gateway.tracer.engine_call(decision.engine_name, endpoint.operation)
+        else gateway.tracer.engine_call(
+            decision.engine_name, endpoint.operation, decision.candidates[0].engine
+        )
     )
     sent_at = time.monotonic()
     try:

@@ -25,11 +25,18 @@ from django.db.models.expressions import RawSQL
 
 from access import routed
 from catalog.definitions import MAX_NAME, NAME_PATTERN
-from catalog.models import CanaryRouting, Model, canary_routing, is_on_demand, is_parked
+from catalog.models import (
+    CanaryRouting,
+    Model,
+    canary_routing,
+    engine_of,
+    is_on_demand,
+    is_parked,
+)
 from fleet.models import Replica
 from fleet.specs import engine_key, replica_revision
-from llmgw.engine import key_headers, lora_request
-from llmgw.engines import get_engine
+from llmgw.engines import DEFAULT_ENGINE, Engine, get_engine
+from llmgw.engines.base import key_headers
 
 from .load import SharedLoad
 from .prefix import SLACK, PrefixTable
@@ -56,18 +63,34 @@ class Entry:
     routing: str = "prefix"
     # A canary update under way: its revision gets `percent` of the requests (gateway.canary).
     canary: CanaryRouting | None = None
-    # The context its engines are started with (None: llmgw.engine's default): the most tokens
+    # The context its engines are started with (None: its engine's default): the most tokens
     # an answer without max_tokens may have, what a request reserves of a token limit.
     context_length: int | None = None
     # Its engines are started with a vision projector (the catalog's mmproj): they take images.
     vision: bool = False
     # Its engines rank documents instead of computing embeddings (the catalog's reranking).
     reranking: bool = False
+    # The engine its replicas run (llmgw.engines' name).
+    engine: str = DEFAULT_ENGINE
+
+    @property
+    def backend(self) -> Engine:
+        return get_engine(self.engine)
 
     def serves(self, feature: str) -> bool:
         """Whether its engines serve `feature` (an endpoint's `needs`), as the engine's features
         say (Engine.serves): a reranker's engines rank, any other model's compute embeddings."""
-        return get_engine().serves(feature, reranking=self.reranking)
+        return self.backend.serves(feature, reranking=self.reranking)
+
+    def answers(self, path: str) -> bool:
+        """Whether its engine answers the endpoint at `path` (Features.endpoints)."""
+        return path in self.backend.features.endpoints
+
+    @property
+    def most_tokens(self) -> int:
+        """The most tokens one answer may have without a max_tokens: its context (an engine
+        generates until it is full), its engine's default where the catalog sets none."""
+        return self.context_length or self.backend.default_context_length
 
 
 @dataclass(frozen=True)
@@ -106,6 +129,7 @@ def read_catalog() -> Catalog:
             context_length=row["context_length"],
             vision=bool(row["mmproj"]),
             reranking=row["reranking"],
+            engine=engine_of(row["engine"]),
         )
         entries[model.name] = model
         for adapter in row["adapters"] or ():
@@ -137,6 +161,8 @@ class Candidate:
     # Its row's version when it was read (PostgreSQL's xmin; "" on SQLite): what
     # replica_versions is compared with.
     version: str = field(default="", repr=False, compare=False)
+    # The engine it runs (llmgw.engines' name), as its spec says.
+    engine: str = DEFAULT_ENGINE
 
     @cached_property
     def headers(self) -> dict[str, str]:
@@ -146,8 +172,12 @@ class Candidate:
     def engine_lora(self, name: str) -> list[dict[str, Any]] | None:
         """The request's ``lora`` field that makes this engine answer as ``name``: that
         adapter at its scale, the others at 0 (all at 0 for the base model); None when the
-        engine has no adapters. See llmgw.engine.lora_request."""
-        return lora_request([{"name": n, "scale": s} for n, s in self.lora], name)
+        engine has no adapters. See the engine's lora_request (llmgw.engines)."""
+        if not self.lora:
+            return None
+        return get_engine(self.engine).lora_request(
+            [{"name": n, "scale": s} for n, s in self.lora], name
+        )
 
     @property
     def endpoint(self) -> str:
@@ -220,9 +250,16 @@ def read_replicas(
                 revision=replica_revision(spec),
                 key=engine_key(replica_id),
                 version=row["version"],
+                engine=_engine_of(spec),
             )
         )
     return found
+
+
+def _engine_of(spec: dict | None) -> str:
+    """The engine a replica runs, as its spec says (the default one when it does not)."""
+    value = (spec or {}).get("engine")
+    return value if isinstance(value, str) and value else DEFAULT_ENGINE
 
 
 def _slots(spec: dict | None) -> int:

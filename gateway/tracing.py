@@ -68,7 +68,6 @@ class Tracer:
                 "url.path": path,
                 "http.route": path,
                 "gen_ai.operation.name": operation,
-                "gen_ai.system": "llama.cpp",
                 "llmgw.request_id": request_id,
             },
         ) as span:
@@ -80,18 +79,20 @@ class Tracer:
         with self._tracer.start_as_current_span(name, attributes=_plain(attributes)) as span:
             yield span
 
-    def engine_call(self, model: str, operation: str) -> Any:
+    def engine_call(self, model: str, operation: str, system: str) -> Any:
         """The engine call's client span, current until `end_engine_call` (call only when on): it
         outlives the function that starts it, for a stream ends when its last chunk is relayed."""
         from opentelemetry import context, trace  # imported only with tracing on
         from opentelemetry.trace import SpanKind  # imported only with tracing on
 
+        # The request's span learns the engine here, once its replicas are known.
+        trace.get_current_span().set_attribute("gen_ai.system", system)
         span = self._tracer.start_span(
             f"engine {model}",
             kind=SpanKind.CLIENT,
             attributes={
                 "gen_ai.operation.name": operation,
-                "gen_ai.system": "llama.cpp",
+                "gen_ai.system": system,
                 "gen_ai.request.model": model,
             },
         )

@@ -24,6 +24,7 @@ from catalog.services import get_model
 from core.api import actor_of, answers, out, validated
 from core.refusals import Refused
 from core.serializers import StrictSerializer
+from llmgw.engines import DEFAULT_ENGINE, engine_names
 
 from . import canary, rollouts, updates
 from .canary_api import CanaryInput, canary_settings_from
@@ -57,9 +58,19 @@ class ServeInput(StrictSerializer):
     file = serializers.CharField(
         source="pattern",
         required=False,
-        default="*.gguf",
+        default=None,
+        allow_null=True,
         max_length=500,
-        help_text="a glob naming one GGUF file",
+        help_text="a glob naming one GGUF file (default *.gguf); for an engine that loads a "
+        "snapshot, globs separated by commas naming its files (default: its config, tokenizer "
+        "and safetensors files)",
+    )
+    engine = serializers.ChoiceField(
+        choices=list(engine_names()),
+        required=False,
+        default="",
+        allow_blank=True,
+        help_text=f"the engine the model runs (default {DEFAULT_ENGINE})",
     )
     revision = serializers.CharField(
         source="branch",

@@ -25,7 +25,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from catalog.config import current_config
-from catalog.models import Model, projector_source
+from catalog.models import Model, repository_file_sources
 from core import diskspace
 from core.metrics import control_metrics
 from core.outbound import URLRefused
@@ -82,10 +82,13 @@ def parse_mirror_url(url: str) -> tuple[str, str, str] | None:
     return f"{parts[0]}/{parts[1]}", parts[2], "/".join(parts[3:])
 
 
-def origin_for_source(url: str, mmproj: str = "") -> dict[str, Any] | None:
+def origin_for_source(
+    url: str, mmproj: str = "", files: list[str] | None = None
+) -> dict[str, Any] | None:
     """A source in the mirror has a known origin: the mirror recorded where it fetched the file.
-    With a vision projector (`mmproj`, its path in the repository) fetched at the same commit,
-    the origin lists it too, so that the update check follows both files."""
+    With a vision projector (`mmproj`, its path in the repository) or a snapshot's other files
+    (`files`) fetched at the same commit, the origin lists them too, so that the update check
+    follows every file."""
     parsed = parse_mirror_url(url)
     if parsed is None:
         return None
@@ -93,12 +96,16 @@ def origin_for_source(url: str, mmproj: str = "") -> dict[str, Any] | None:
     record = MirrorFile.objects.filter(repo=repo, commit=commit, path=path).first()
     if record is None:
         return None
-    files = [{"path": path, "sha256": record.sha256, "size": record.size}]
-    projector = (
-        MirrorFile.objects.filter(repo=repo, commit=commit, path=mmproj).first() if mmproj else None
-    )
-    if projector is not None:
-        files.append({"path": mmproj, "sha256": projector.sha256, "size": projector.size})
+    entries = [{"path": path, "sha256": record.sha256, "size": record.size}]
+    besides = ([mmproj] if mmproj else []) + list(files or [])
+    found = {
+        f.path: f for f in MirrorFile.objects.filter(repo=repo, commit=commit, path__in=besides)
+    }
+    for other in besides:
+        if other in found:
+            entries.append(
+                {"path": other, "sha256": found[other].sha256, "size": found[other].size}
+            )
     fetch = (
         Fetch.objects.filter(repo=repo, commit=commit, state=Fetch.DONE)
         .order_by("-created_at")
@@ -108,7 +115,7 @@ def origin_for_source(url: str, mmproj: str = "") -> dict[str, Any] | None:
         "repo": repo,
         "branch": fetch.branch if fetch else "main",
         "commit": commit,
-        "files": files,
+        "files": entries,
     }
 
 
@@ -448,13 +455,13 @@ def referenced_files() -> set[tuple[str, str, str]]:
     """Files a model, a model's previous revision, or a fetch or rollout under way still refers to."""
     keep: set[tuple[str, str, str]] = set()
     names = set()
-    for name, source, previous, mmproj in Model.objects.values_list(
-        "name", "source", "previous", "mmproj"
+    for name, source, previous, mmproj, files in Model.objects.values_list(
+        "name", "source", "previous", "mmproj", "files"
     ):
         names.add(name)
         for url in (source, (previous or {}).get("source")):
-            # A revision's vision projector is kept with its weights.
-            urls = [url, projector_source(url, mmproj)] if url and mmproj else [url]
+            # A revision's vision projector and other files are kept with its weights.
+            urls = [url, *repository_file_sources(url, mmproj, files)] if url else []
             for kept in urls:
                 parsed = parse_mirror_url(kept) if kept else None
                 if parsed:
@@ -470,9 +477,9 @@ def referenced_files() -> set[tuple[str, str, str]]:
             continue
         keep.update((fetch.repo, fetch.commit, f["path"]) for f in fetch.files)
     for rollout in Rollout.objects.active().select_related("model"):
-        mmproj = rollout.model.mmproj
+        mmproj, files = rollout.model.mmproj, rollout.model.files
         for url in (rollout.from_source, rollout.to_source):
-            urls = [url, projector_source(url, mmproj)] if url and mmproj else [url]
+            urls = [url, *repository_file_sources(url, mmproj, files)] if url else []
             for kept in urls:
                 parsed = parse_mirror_url(kept) if kept else None
                 if parsed:

@@ -21,7 +21,7 @@ from .queue import queue_now
 def record_origin(sender: Any, *, model: Model, **kwargs: Any) -> None:
     """A model added by a mirror URL follows the registry repository its files came from."""
     if model.origin is None:
-        origin = origin_for_source(model.source, model.mmproj)
+        origin = origin_for_source(model.source, model.mmproj, model.files)
         if origin is not None:
             model.origin = origin
             model.save(update_fields=["origin"])

@@ -15,11 +15,12 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from catalog.definitions import clean_definition
+from catalog.definitions import MAX_FILES, clean_definition
 from catalog.models import Model
 from catalog.services import catalog_snapshot, lock_catalog, model_add, refuse_if_invalid
 from core.actor import SYSTEM, Actor
 from core.refusals import Refused, conflict
+from llmgw.engines import DEFAULT_ENGINE, Engine, get_engine
 
 from .hub import (
     Registry,
@@ -49,7 +50,7 @@ def serve_start(
     *,
     actor: Actor,
     repo: str,
-    pattern: str = "*.gguf",
+    pattern: str | None = None,
     branch: str = "main",
     name: str | None = None,
     mmproj: str = "",
@@ -57,11 +58,18 @@ def serve_start(
     cores: float | None = None,
     min_replicas: int = 1,
     max_replicas: int | None = None,
+    engine: str = "",
 ) -> Fetch:
     """Start fetching one GGUF file of a repository into the mirror, and its vision projector
-    (`mmproj`, a path in the repository) when given; the model is added when they are in."""
-    commit, weights = _one_gguf_file(repo, pattern, branch, besides=mmproj)
-    files = [weights] + ([_projector_file(repo, commit, mmproj)] if mmproj else [])
+    (`mmproj`, a path in the repository) when given; or, for an engine that loads a snapshot,
+    the repository's files that `pattern` names (its default set when not given). The model is
+    added when they are in."""
+    backend = get_engine(engine or DEFAULT_ENGINE)
+    if backend.weights_layout == "snapshot":
+        commit, files = _snapshot_files(repo, pattern, branch, backend)
+    else:
+        commit, weights = _one_gguf_file(repo, pattern or "*.gguf", branch, besides=mmproj)
+        files = [weights] + ([_projector_file(repo, commit, mmproj)] if mmproj else [])
     definition = _serve_definition(
         repo,
         branch,
@@ -72,6 +80,8 @@ def serve_start(
         cores=cores,
         min_replicas=min_replicas,
         max_replicas=max_replicas,
+        engine=engine,
+        mmproj=bool(mmproj),
     )
     # Before the catalog's lock, which is a write: on a full disk the refusal gives the figures.
     refuse_past_mirror_room(f"serve {repo}", repo, [f.as_dict() for f in files])
@@ -109,28 +119,10 @@ def _one_gguf_file(
 ) -> tuple[str, RegistryFile]:
     """The branch's head commit and the one GGUF file of it that `pattern` names, the vision
     projector (`besides`) not counted: "*.gguf" names the weights of a repository with both."""
-    registry = Registry()
-    try:
-        commit = registry.branch_head(repo, branch)
-        matches = [
-            f
-            for f in match_files(registry.files(repo, commit), pattern)
-            if f.path.endswith(".gguf") and f.path != besides
-        ]
-    except UnknownBranch as exc:
-        raise Refused(f"Cannot serve {repo}: {exc}.", code="unknown_branch") from None
-    except UnknownRepository as exc:
-        raise Refused(
-            f"Cannot serve {repo}: {exc}. Check the name (ORG/NAME, as on the registry).",
-            code="unknown_repository",
-            status=404,
-        ) from None
-    except RegistryError as exc:
-        raise Refused(
-            f"Cannot serve {repo}: {exc}. Check that the registry is up and try again.",
-            code="registry_error",
-            status=502,
-        ) from None
+    commit, listing = _listing(repo, branch)
+    matches = [
+        f for f in match_files(listing, pattern) if f.path.endswith(".gguf") and f.path != besides
+    ]
     if not matches:
         raise Refused(
             f"{repo} has no GGUF file matching {pattern!r} on {branch} ({commit[:7]}). "
@@ -145,6 +137,56 @@ def _one_gguf_file(
             code="ambiguous",
         )
     return commit, matches[0]
+
+
+def _listing(repo: str, branch: str) -> tuple[str, list[RegistryFile]]:
+    """The branch's head commit and its files, or the refusal that says why not."""
+    registry = Registry()
+    try:
+        commit = registry.branch_head(repo, branch)
+        return commit, registry.files(repo, commit)
+    except UnknownBranch as exc:
+        raise Refused(f"Cannot serve {repo}: {exc}.", code="unknown_branch") from None
+    except UnknownRepository as exc:
+        raise Refused(
+            f"Cannot serve {repo}: {exc}. Check the name (ORG/NAME, as on the registry).",
+            code="unknown_repository",
+            status=404,
+        ) from None
+    except RegistryError as exc:
+        raise Refused(
+            f"Cannot serve {repo}: {exc}. Check that the registry is up and try again.",
+            code="registry_error",
+            status=502,
+        ) from None
+
+
+def _snapshot_files(
+    repo: str, pattern: str | None, branch: str, engine: Engine
+) -> tuple[str, list[RegistryFile]]:
+    """The head commit and the files of a snapshot: those any of the globs in `pattern` (comma
+    separated; the engine's set when not given) names, its entry (config.json) first."""
+    commit, listing = _listing(repo, branch)
+    globs = [g.strip() for g in (pattern or ",".join(engine.snapshot_patterns)).split(",")]
+    picked = {f.path: f for glob in globs if glob for f in match_files(listing, glob)}
+    entry = picked.pop(engine.snapshot_entry, None)
+    weights = [p for p in picked if p.endswith(engine.weights_suffix)]
+    if entry is None or not weights:
+        missing = engine.snapshot_entry if entry is None else f"a {engine.weights_suffix} file"
+        raise Refused(
+            f"{repo} at {commit[:7]} ({branch}) has no {missing} among the files "
+            f"{', '.join(globs)} name: {engine.name} loads a Hugging Face snapshot (its "
+            f"{engine.snapshot_entry}, tokenizer and {engine.weights_suffix} weights). Check "
+            "the repository, or name its files with a pattern (globs separated by commas).",
+            code="no_match",
+        )
+    if len(picked) + 1 > MAX_FILES:
+        raise Refused(
+            f"{len(picked) + 1} files of {repo} match {', '.join(globs)}; a model loads at most "
+            f"{MAX_FILES}: narrow the pattern.",
+            code="ambiguous",
+        )
+    return commit, [entry, *sorted(picked.values(), key=lambda f: f.path)]
 
 
 def _projector_file(repo: str, commit: str, mmproj: str) -> RegistryFile:
@@ -177,18 +219,30 @@ def _serve_definition(
     cores: float | None,
     min_replicas: int,
     max_replicas: int | None,
+    engine: str = "",
+    mmproj: bool = False,
 ) -> dict[str, Any]:
     """The definition of the model a serve adds, its source the file's place in the mirror
-    (`files`: the weights, then the vision projector when there is one)."""
+    (`files`: the weights, then the vision projector when there is one; for a snapshot, its
+    config.json, then its other files)."""
     weights = files[0]
+    snapshot = get_engine(engine or DEFAULT_ENGINE).weights_layout == "snapshot"
     # The projector is loaded beside the weights: it counts as they do.
     size_gib = sum(f.size for f in files) / 2**30
+    if snapshot:
+        default_name = repo.rsplit("/", 1)[-1]
+        besides: dict[str, Any] = {"engine": engine, "files": [f.path for f in files[1:]]}
+        described = f"{len(files)} files"
+    else:
+        default_name = weights.path
+        besides = {"mmproj": files[1].path} if mmproj else {}
+        described = weights.path
     return clean_definition(
         {
-            "name": name or _default_name(weights.path),
+            "name": name or _default_name(default_name),
             "source": file_url(repo, commit, weights.path),
-            **({"mmproj": files[1].path} if len(files) > 1 else {}),
-            "description": f"{weights.path} from {repo} ({branch})",
+            **besides,
+            "description": f"{described} from {repo} ({branch})",
             "min_replicas": min_replicas,
             "max_replicas": max_replicas,
             "profiles": [
@@ -290,7 +344,7 @@ def _adopt_origins() -> list[Model]:
     """Models added by URL before: their origin is worked out from the mirror's records."""
     adopted = []
     for model in Model.objects.filter(origin=None, source__contains="/mirror/"):
-        origin = origin_for_source(model.source, model.mmproj)
+        origin = origin_for_source(model.source, model.mmproj, model.files)
         if origin is not None:
             model.origin = origin
             adopted.append(model)

@@ -40,7 +40,15 @@ def add_model_serve(msub: Any) -> None:
     )
     p.add_argument("repo", help="ORG/NAME in the registry")
     p.add_argument(
-        "--file", default="*.gguf", help="a glob picking the one GGUF file (default *.gguf)"
+        "--file",
+        help="a glob picking the one GGUF file (default *.gguf); with --engine vllm, globs "
+        "separated by commas picking the snapshot's files (default: its config, tokenizer and "
+        "safetensors files)",
+    )
+    p.add_argument(
+        "--engine",
+        help="the engine the model runs: llama.cpp (the default) or vllm, which loads the "
+        "repository's Hugging Face snapshot",
     )
     p.add_argument("--revision", default="main", help="the branch to follow (default main)")
     p.add_argument("--name", help="the model's name (default: from the file name)")
@@ -72,6 +80,7 @@ def cmd_model_serve(client: Client, args: argparse.Namespace) -> None:
         "revision": args.revision,
         "name": args.name,
         **({"mmproj": args.mmproj} if args.mmproj else {}),
+        **({"engine": args.engine} if args.engine else {}),
         "memory_gb": args.memory,
         "cores": args.cores,
         "min": args.min,

@@ -26,6 +26,7 @@ __all__ = [
 DEFAULT_ENGINE = "llama.cpp"
 ENGINES: dict[str, str] = {
     "llama.cpp": "llmgw.engines.llamacpp.LlamaServer",
+    "vllm": "llmgw.engines.vllm.VLLM",
 }
 
 

@@ -90,6 +90,17 @@ class EngineSettings:
     hide_gpus: bool = False
 
 
+@dataclass(frozen=True)
+class WeightsFacts:
+    """What placement's memory estimate needs of a model's weights, read from their header (a
+    GGUF file's) or their config (a snapshot's config.json)."""
+
+    weights_bytes: int  # what the engine loads: the weights and the files it holds with them
+    kv_bytes_per_token: int  # K and V of every layer for one position
+    trained_context: int | None
+    block_count: int | None = None  # the model's layers
+
+
 class BadSettings(ValueError):
     """The engine cannot be started with these settings; the message says why and what to do."""
 
@@ -152,6 +163,16 @@ class Engine:
     # The weights it reads: a format's name and the file names' ending.
     weights_format: ClassVar[str]
     weights_suffix: ClassVar[str]
+    # "file": one weights file, the model's source; "snapshot": a repository's folder, whose
+    # snapshot_entry file is the model's source and whose other files are the model's files.
+    weights_layout: ClassVar[str] = "file"
+    snapshot_entry: ClassVar[str] = ""
+    # The repository's files a snapshot is made of by default (globs), for a snapshot engine.
+    snapshot_patterns: ClassVar[tuple[str, ...]] = ()
+    # Its LoRA adapters are single files the catalog fetches (a folder otherwise).
+    adapters_from_files: ClassVar[bool] = True
+    # The control plane's name for it in traces (OpenTelemetry's gen_ai.system).
+    system_name: ClassVar[str] = ""
     # Tokens per request when the catalog gives none (and the model was trained for that many).
     default_context_length: ClassVar[int] = 2048
     # Its Prometheus names -> the control plane's (prompt_tokens, requests_processing...).
@@ -263,6 +284,27 @@ class Engine:
             return declared
         default = self.default_context_length
         return min(default, trained) if trained else default
+
+    def read_facts(
+        self, source: str, *, session: Any, timeout: float, loaded_with: int = 0
+    ) -> WeightsFacts:
+        """The facts of the weights at ``source`` (a URL, read through ``session``, a requests
+        session that checks every hop), with ``loaded_with`` bytes of other files the engine
+        loads beside them; raises WeightsUnreadable."""
+        raise NotImplementedError
+
+    def local_facts(self, weights: Path) -> WeightsFacts | None:
+        """The same facts from the fetched weights on a node (the source's file there); None
+        when they cannot be read (the engine will say why in its own words)."""
+        return None
+
+    def serving_sizes(self, weights: Path, declared_context: int | None) -> tuple[int, int]:
+        """(the context per request, the MiB of the engine's store of earlier prompts) a node
+        starts the engine with for the fetched weights at ``weights``: sized as the control
+        plane's memory estimate counts them (fleet.footprint). No store by default."""
+        facts = self.local_facts(weights)
+        trained = facts.trained_context if facts is not None else None
+        return self.serving_context(declared_context, trained), 0
 
     def kv_bytes_per_token(self, header: Any) -> int:
         """The KV cache bytes one position takes, from the weights' header as its format

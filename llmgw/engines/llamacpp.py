@@ -11,6 +11,7 @@ import re
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -24,6 +25,7 @@ from .base import (
     EngineSettings,
     Features,
     NotReady,
+    WeightsFacts,
     WeightsUnreadable,
     health,
     key_headers,
@@ -454,6 +456,46 @@ class LlamaServer(Engine):
             raise WeightsUnreadable(str(exc)) from exc.__cause__
         architecture = model_header.architecture or "unknown"
         return architecture, gguf.adapter_problems(adapter_header, architecture, model=model_header)
+
+    def read_facts(
+        self, source: str, *, session: Any, timeout: float, loaded_with: int = 0
+    ) -> WeightsFacts:
+        """From the GGUF header, read over HTTP Range requests."""
+        try:
+            header = gguf.read_header_from_url(source, session=session, timeout=timeout)
+            if header.file_size is None:
+                raise gguf.GGUFError("the server did not say how large the file is")
+            per_token = self.kv_bytes_per_token(header)
+        except gguf.GGUFError as exc:
+            raise WeightsUnreadable(str(exc)) from exc.__cause__
+        return WeightsFacts(
+            header.file_size + loaded_with, per_token, header.context_length, header.block_count
+        )
+
+    def local_facts(self, weights: Path) -> WeightsFacts | None:
+        try:
+            header = gguf.read_header_from_file(weights, require_tensors=False)
+            per_token = self.kv_bytes_per_token(header)
+        except gguf.GGUFError:
+            return None
+        size = weights.stat().st_size if weights.exists() else 0
+        return WeightsFacts(size, per_token, header.context_length, header.block_count)
+
+    def serving_sizes(self, weights: Path, declared_context: int | None) -> tuple[int, int]:
+        """The prompt store is one slot's KV cache, as the estimate counts it (llama-server's
+        default, 8 GiB, would overrun any reservation)."""
+        try:
+            header = gguf.read_header_from_file(weights, require_tensors=False)
+        except gguf.GGUFError:
+            return self.serving_context(declared_context, None), 0
+        context = self.serving_context(declared_context, header.context_length)
+        try:
+            one_slot = gguf.estimate_memory_bytes(
+                header, file_size=0, context_length=context
+            ).prompt_cache_bytes
+        except gguf.GGUFError:
+            return context, 0
+        return context, max(1, -(-one_slot // (1 << 20)))
 
     def kv_bytes_per_token(self, header: Any) -> int:
         """K and V of every layer for one position, f16 (llama.cpp's default cache type)."""

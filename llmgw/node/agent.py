@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import requests
 
 from llmgw import engine
-from llmgw.engines import get_engine
+from llmgw.engines import DEFAULT_ENGINE, engine_names, get_engine
 
 from .cache import BlobCache
 from .config import REMOVED_EXIT_STATUS, NodeConfig
@@ -159,6 +159,7 @@ class Agent:
             declared = (config.gpus, config.gpu_memory_gb or 0.0)
         self.gpus = GpuDetector(declared=declared)
         self._engine_backends: list[str] | None = None
+        self._engines: list[str] | None = None
         # The renewal's state: the generation of the last answer acted on, the digest of the last
         # whole report the control plane took, and when (monotonic). renewing turns off for good
         # when the control plane has no renewal (an older one answers 404).
@@ -295,6 +296,20 @@ class Agent:
             self._engine_backends = backends
         return self._engine_backends
 
+    def executable_of(self, name: str) -> str | None:
+        """Where engine ``name``'s program is on this node (None: not installed): for the
+        default engine, --llama-server's path when given."""
+        explicit = self.config.engine if name == DEFAULT_ENGINE else None
+        return get_engine(name).find(explicit)
+
+    @property
+    def engines(self) -> list[str]:
+        """The engines installed here, found once: the control plane places a model only on a
+        node that has its engine (an engine installed later needs a restarted agent)."""
+        if self._engines is None:
+            self._engines = [name for name in engine_names() if self.executable_of(name)]
+        return self._engines
+
     def heartbeat_body(self) -> dict[str, Any]:
         with self.lock:
             replicas = list(self.replicas.values())
@@ -310,6 +325,7 @@ class Agent:
             "devices": devices,
             "devices_source": source,
             "engine_backends": self.engine_backends,
+            "engines": self.engines,
             "address": self.config.address,
             # The control plane routes only to replicas on these ports (fleet.trust).
             "port_range": {
@@ -589,6 +605,7 @@ class Agent:
             sources += [(a.source, a.sha256) for a in replica.spec.adapters]
             if replica.spec.mmproj is not None:
                 sources.append((replica.spec.mmproj.source, replica.spec.mmproj.sha256))
+            sources += [(f.source, f.sha256) for f in replica.spec.files]
         return {sha for source, known in sources if (sha := self.cache.sha256_of(source, known))}
 
     def evict(self) -> None:
@@ -642,6 +659,9 @@ class Agent:
             )
         else:
             log.info("engines run %s (backends: %s)", executable, ", ".join(self.engine_backends))
+        for name in self.engines:
+            if name != DEFAULT_ENGINE:
+                log.info("engine %s: %s", name, self.executable_of(name))
         devices, source = self.gpus.devices()
         if devices:
             log.info(

@@ -20,18 +20,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from llmgw import engine
-from llmgw.engines import get_engine
+from llmgw.engines import DEFAULT_ENGINE, get_engine
 from llmgw.engines.base import BadSettings, NotReady
 from llmgw.gguf import (
     GGUFError,
     adapter_problems,
-    estimate_memory_bytes,
     read_header_from_file,
 )
 
 from .cache import POLL_SECONDS, BlobCache, Cancelled, FetchFailed, write_json, write_private
 from .config import NodeConfig
-from .spec import AdapterSpec, ReplicaSpec
+from .spec import AdapterSpec, FileSpec, ReplicaSpec
 
 log = logging.getLogger("llmgw.node")
 
@@ -67,6 +66,8 @@ class Host(Protocol):
 
     def allocate_port(self, replica: Replica) -> int | None: ...
 
+    def executable_of(self, name: str) -> str | None: ...
+
     def evict(self) -> None: ...
 
 
@@ -99,7 +100,7 @@ class Replica:
         self._log_start = 0  # where the output of the engine this agent started begins
         self._offload = ""  # what its log says of its layers on GPUs, for the ready message
         # The engine's backend (llmgw.engines): how to start, check and read it.
-        self.backend = get_engine()
+        self.backend = get_engine(spec.engine)
 
     @property
     def label(self) -> str:
@@ -192,9 +193,10 @@ class Replica:
         self.folder.mkdir(parents=True, exist_ok=True)
         weights, adapters = self._fetch_all()
         projector = self._fetch_projector()
+        files = self._fetch_files()
         self.agent.evict()
         self._check_adapters(weights, adapters)
-        self._start_engine(weights, adapters, projector)
+        self._start_engine(weights, adapters, projector, files)
         self._wait_until_ready(adopted=False)
         self._watch()
 
@@ -233,6 +235,33 @@ class Replica:
             cancelled=self.stop_requested,
         )
         return path
+
+    def _fetch_files(self) -> list[tuple[FileSpec, Path]]:
+        """A snapshot's other files, verified as the weights are; none for a one-file model."""
+        fetched = []
+        for file in self.spec.files:
+            path, _ = self.agent.cache.fetch(
+                file.source,
+                file.sha256,
+                label=file.path,
+                progress=self._on_progress,
+                cancelled=self.stop_requested,
+            )
+            fetched.append((file, path))
+        return fetched
+
+    def _snapshot(self, weights: Path, files: list[tuple[FileSpec, Path]]) -> Path:
+        """The folder an engine that loads a snapshot is given: the source (its entry, the
+        config.json) and the other files under their paths in the repository, each a link to
+        its verified blob. Made anew each start (a spec's files never change)."""
+        folder = self.folder / "snapshot"
+        shutil.rmtree(folder, ignore_errors=True)
+        entries = [(self.backend.snapshot_entry, weights)] + [(f.path, p) for f, p in files]
+        for relative, blob in entries:
+            link = folder / relative
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(blob)
+        return folder
 
     def _check_adapters(self, weights: Path, adapters: list[tuple[AdapterSpec, Path]]) -> None:
         """Refuse adapters llama.cpp would crash on, before any engine loads them."""
@@ -275,34 +304,15 @@ class Replica:
         if reasons:
             raise ReplicaFailed("; ".join(reasons) + ". No engine was started.")
 
-    def _sizes(self, weights: Path) -> tuple[int, int]:
-        """The context per request, and the MiB of the engine's prompt cache: one slot's KV
-        cache, as the control plane's memory estimate counts it (its default, 8 GiB, would
-        overrun any reservation)."""
-        # If the header is unreadable the engine will say why in its own words, which is the
-        # more useful message.
-        try:
-            header = read_header_from_file(weights, require_tensors=False)
-        except GGUFError:
-            header = None
-        trained = header.context_length if header is not None else None
-        context = self.backend.serving_context(self.spec.context_length, trained)
-        try:
-            assert header is not None
-            one_slot = estimate_memory_bytes(
-                header, file_size=0, context_length=context
-            ).prompt_cache_bytes
-        except (AssertionError, GGUFError):
-            return context, 0
-        return context, max(1, -(-one_slot // (1 << 20)))
-
     def _start_engine(
         self,
         weights: Path,
         adapters: list[tuple[AdapterSpec, Path]],
         projector: Path | None = None,
+        files: list[tuple[FileSpec, Path]] | None = None,
     ) -> None:
-        if self.spec.on_gpus and self.agent.engine_backends == ["CPU"]:
+        gpu_less = self.agent.engine_backends == ["CPU"] and self.backend.name == DEFAULT_ENGINE
+        if self.spec.on_gpus and gpu_less:
             raise ReplicaFailed(
                 f"it is placed on GPU device(s) {', '.join(map(str, self.spec.devices))}, but "
                 "this node's llama-server has no GPU backend (`llama-server --list-devices` "
@@ -316,13 +326,18 @@ class Replica:
                 f"no port in {low}-{high} is free on {self.agent.config.address} for the engine; "
                 "widen --port-range or stop what uses those ports"
             )
-        executable = self.agent.config.engine or self.backend.find()
+        executable = self.agent.executable_of(self.backend.name)
         if executable is None:
             raise ReplicaFailed(
                 f"{self.backend.executable} is not installed on this node: "
                 f"{self.backend.install_hint}"
             )
-        context, prompt_cache_mib = self._sizes(weights)
+        # The engine sizes its KV cache as the control plane's estimate counts it (fleet.footprint);
+        # if the weights cannot be read the engine says why in its own words, which is the more
+        # useful message.
+        context, prompt_cache_mib = self.backend.serving_sizes(weights, self.spec.context_length)
+        if self.backend.weights_layout == "snapshot":
+            weights = self._snapshot(weights, files or [])
         key_file = None
         if self.spec.engine_key:
             key_file = self.folder / KEY_FILE
@@ -481,7 +496,7 @@ class Replica:
                 self.stop_requested.wait(POLL_SECONDS)
                 continue
             break
-        if not adopted and self.spec.on_gpus:
+        if not adopted and self.spec.on_gpus and self.backend.name == DEFAULT_ENGINE:
             # Before it is reported ready, so that nothing is routed to an engine on the CPU.
             self._check_offload()
         self._set("ready", self._ready_text(adopted))

@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmgw.engines import DEFAULT_ENGINE, engine_names
+
 MAX_SLOTS = 256
 MAX_DEVICES = 64  # devices per node, as the heartbeat reports them
 MAX_GPU_LAYERS = 100_000
@@ -20,6 +22,12 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 _REPLICA_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # An engine's key goes into a file and an HTTP header: letters, digits, "-" and "_" only.
 _ENGINE_KEY = re.compile(r"[A-Za-z0-9_-]{16,128}")
+# A snapshot file's path in its repository becomes a path under the replica's folder: names of
+# letters, digits, '.', '_' and '-' (not starting with '.'), folders separated by '/'.
+_FILE_PATH = re.compile(
+    r"(?:[A-Za-z0-9_][A-Za-z0-9._-]{0,199}/){0,8}[A-Za-z0-9_][A-Za-z0-9._-]{0,199}"
+)
+MAX_FILES = 256
 # A GPU's UUID goes into the engine's CUDA_VISIBLE_DEVICES ("GPU-1c2e...", "MIG-..."): no commas.
 _DEVICE_UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_/-]{0,99}")
 
@@ -40,6 +48,16 @@ class AdapterSpec:
 class ProjectorSpec:
     """A model's vision projector, of its weights' revision (llama-server's --mmproj)."""
 
+    source: str
+    sha256: str | None
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    """One of a snapshot's other files: its path in the repository (and the snapshot's folder),
+    at the weights' revision."""
+
+    path: str
     source: str
     sha256: str | None
 
@@ -68,6 +86,10 @@ class ReplicaSpec:
     mmproj: ProjectorSpec | None = None
     # Its engine ranks documents (--reranking) instead of computing embeddings.
     reranking: bool = False
+    # The engine it runs (llmgw.engines), and, for one that loads a snapshot, the snapshot's
+    # files besides the source (its config.json).
+    engine: str = DEFAULT_ENGINE
+    files: tuple[FileSpec, ...] = ()
 
     @property
     def on_gpus(self) -> bool:
@@ -98,6 +120,8 @@ class ReplicaSpec:
             engine_key=_engine_key(data.get("engine_key"), where),
             mmproj=_projector(data.get("mmproj"), where),
             reranking=_flag(data.get("reranking"), "reranking", where),
+            engine=_engine(data.get("engine"), where),
+            files=_files(data.get("files"), where),
             **_gpus(data, where),
         )
 
@@ -124,6 +148,16 @@ class ReplicaSpec:
                 else {}
             ),
             **({"reranking": True} if self.reranking else {}),
+            **({"engine": self.engine} if self.engine != DEFAULT_ENGINE else {}),
+            **(
+                {
+                    "files": [
+                        {"path": f.path, "source": f.source, "sha256": f.sha256} for f in self.files
+                    ]
+                }
+                if self.files
+                else {}
+            ),
         }
 
 
@@ -243,6 +277,45 @@ def _tensor_split(data: dict[str, Any], devices: list[int], where: str) -> list[
     if sum(split) <= 0:
         raise AnswerError(f"{where}: tensor_split gives the devices no share of the layers")
     return split
+
+
+def _engine(value: Any, where: str) -> str:
+    if value is None:
+        return DEFAULT_ENGINE  # a control plane from before engines, or the default one
+    if value not in engine_names():
+        raise AnswerError(
+            f"{where}: engine is {str(value)[:60]!r}, not one this agent runs "
+            f"({', '.join(engine_names())})"
+        )
+    return str(value)
+
+
+def _files(data: Any, where: str) -> tuple[FileSpec, ...]:
+    if data is None:
+        return ()
+    if not isinstance(data, list) or len(data) > MAX_FILES:
+        raise AnswerError(f"{where}: files is not a list of at most {MAX_FILES}")
+    files = []
+    for item in data:
+        if not isinstance(item, dict):
+            raise AnswerError(f"{where}: a file is {type(item).__name__}, not an object")
+        path = item.get("path")
+        if (
+            not isinstance(path, str)
+            or not _FILE_PATH.fullmatch(path)
+            or any(part in (".", "..") for part in path.split("/"))
+        ):
+            raise AnswerError(f"{where}: a file's path is {str(path)[:120]!r}, not a usable one")
+        files.append(
+            FileSpec(
+                path=path,
+                source=_text(item, "source", f"{where}, file {path}"),
+                sha256=_sha256(item.get("sha256"), f"{where}, file {path}"),
+            )
+        )
+    if len({f.path for f in files}) != len(files):
+        raise AnswerError(f"{where}: files names one path twice")
+    return tuple(files)
 
 
 def _projector(data: Any, where: str) -> ProjectorSpec | None:
