@@ -13,7 +13,7 @@ ENGINE_DIR := $(VENV)/llama.cpp-$(LLAMA_CPP_PYTHON)
 LLMGW_ENGINE ?= auto
 export LLMGW_ENGINE
 
-.PHONY: run setup engine test coverage test-sqlite lint bench
+.PHONY: run setup engine engine-vllm test coverage test-sqlite lint bench
 
 run: setup
 	@scripts/system-deps git-lfs
@@ -31,6 +31,12 @@ $(VENV)/.installed: pyproject.toml
 # only checks that it runs), then linked as $(VENV)/bin/llama-server.
 engine: | $(VENV)/.installed
 	scripts/build-llama-server $(LLAMA_CPP_PYTHON) $(ENGINE_DIR) $(PY) $(VENV)/bin/llama-server
+
+# vLLM, the second engine (docs/engines.md), in an environment of its own that node agents run
+# (about 1.3 GB; the control plane's stays small): installed once per version and kept in
+# ~/.cache/llmgw. `make setup` does not install it; `make test` does, for the vLLM tests.
+engine-vllm:
+	scripts/install-vllm
 
 # `make test` needs an engine, not a particular one: it keeps whichever setup linked, and builds
 # one only when there is none (the CPU one unless LLMGW_ENGINE is given): a GPU machine's
@@ -50,7 +56,7 @@ PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup --durations=25
 # (not those of the processes they start), then the report.
 PRODUCT = access accounts catalog console core fleet gateway llmgw llmgw_site registry
 COVERAGE = $(addprefix --cov=,$(PRODUCT)) --cov-report=
-test coverage: $(VENV)/.installed $(VENV)/bin/llama-server
+test coverage: $(VENV)/.installed $(VENV)/bin/llama-server engine-vllm
 	@scripts/system-deps git-lfs chromium clis oidc
 	$(PY) -m pytest $(PYTEST_PARALLEL) $(if $(filter coverage,$@),$(COVERAGE))
 	@if [ -n "$$DATABASE_URL" ] && [ "$${DATABASE_URL#sqlite}" = "$$DATABASE_URL" ]; then \

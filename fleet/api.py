@@ -617,6 +617,10 @@ class ReplicaOut(serializers.Serializer):
     )
     generation = serializers.IntegerField(allow_null=True)
     weights_sha256 = serializers.CharField(allow_blank=True)
+    revision = serializers.CharField(
+        help_text="the files it serves, in short (fleet.specs.weights_revision): the weights' "
+        "sha256's start, or a digest of them with their projector or snapshot files"
+    )
     created_at = serializers.DateTimeField()
     slots = serializers.IntegerField(help_text="requests the replica serves at once")
     engine = EngineNumbersOut(

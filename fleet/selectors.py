@@ -25,7 +25,7 @@ from .reconciler import (
     planner_profile,
     planner_replica,
 )
-from .specs import current_keys
+from .specs import current_keys, replica_revision
 
 
 def _num(value: float) -> float | int:
@@ -146,6 +146,7 @@ def replica_view(replica: Replica, node_name: str, up_to_date: bool) -> dict[str
         "move_reason": replica.move_reason,
         "generation": replica.spec.get("generation"),
         "weights_sha256": replica.weights_sha256,
+        "revision": replica_revision(replica.spec),
         "created_at": replica.created_at.isoformat(),
         "slots": replica.slots,
         "engine": engine_numbers(replica),
