@@ -87,6 +87,9 @@ class ModelOut(serializers.Serializer):
         required=False, help_text="the size for people; only in the answer to an add"
     )
     generation = serializers.IntegerField()
+    engine = serializers.CharField(
+        help_text="the engine its replicas run (docs/engines.md): its definition's, else the default engine"
+    )
     definition = serializers.DictField(help_text="the definition, as in server.yaml")
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()

@@ -43,7 +43,7 @@ MAX_SLOTS = 256
 DEFAULT_SLOTS = 1
 MAX_NAME = 100
 # Layers offloaded to a GPU profile's GPUs: "all" (the default) or a count. No model has this
-# many layers; a count above the model's offloads them all, as llama-server does.
+# many layers; a count above the model's offloads them all, as the engine does.
 ALL_LAYERS = "all"
 MAX_GPU_LAYERS = 10000
 # A vision projector is named by its path in the weights' repository: folders and file names of

@@ -185,7 +185,7 @@ class Model(models.Model):
         max_length=40,
         blank=True,
         default="",
-        help_text="the engine its replicas run: llama.cpp (the default) or vllm",
+        help_text="the engine its replicas run (docs/engines.md); empty for the default one",
     )
     # Beside source: the other files of the weights' repository the engine loads with it (a
     # Hugging Face snapshot's tokenizer, config and safetensors shards), at the source's

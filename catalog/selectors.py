@@ -63,6 +63,7 @@ def model_view(
         "scaling": scaling_in_force(model, config),
         "source_size": model.source_size,
         "generation": model.generation,
+        "engine": model.engine_name,
         "definition": model.definition(),
         "created_at": model.created_at.isoformat(),
         "updated_at": model.updated_at.isoformat(),

@@ -167,15 +167,15 @@ class HeartbeatInput(FieldsOncePerThread, TypedSerializer):
         required=False,
         default=list,
         max_length=MAX_BACKENDS,
-        help_text="the backends its llama.cpp engine was built with (--list-devices): CPU, "
-        "CUDA, ...",
+        help_text="the backends its default engine was built with (--list-devices): CPU, CUDA, ...",
     )
     engines = serializers.ListField(
         child=serializers.CharField(max_length=40),
         required=False,
         default=list,
         max_length=MAX_ENGINES,
-        help_text="the engines its agent has installed (llama.cpp, vllm); left out: llama.cpp",
+        help_text="the engines its agent has installed (docs/engines.md); left out: the default "
+        "engine only",
     )
     address = serializers.CharField(
         required=False,

@@ -85,11 +85,11 @@ class Node(models.Model):
     devices = models.JSONField(default=list, blank=True)
     # Where the devices came from: "nvml", "nvidia-smi", "flags" or "" (none found).
     devices_source = models.CharField(max_length=20, blank=True, default="")
-    # The backends its engine binary was built with (llama-server --list-devices), like
+    # The backends its engine binary was built with (its --list-devices), like
     # ["CPU", "CUDA"]: a replica with GPUs goes only to a node whose engine has a GPU backend.
     engine_backends = models.JSONField(default=list, blank=True)
     # The engines its agent has installed (llmgw.engines' names): a replica goes only to a node
-    # that has its model's engine. Empty from an agent that does not say: llama.cpp only.
+    # that has its model's engine. Empty from an agent that does not say: the default engine only.
     engines = models.JSONField(default=list, blank=True)
     # What the node should run, versioned: bumped (in the transaction that changes it) whenever
     # a replica is placed on it or withdrawn from it, or its warnings change. A renewal that

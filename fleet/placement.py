@@ -1232,7 +1232,7 @@ class _Explainer:
         names = ", ".join(n.name for n in self.nodes[:3]) + (", ..." if len(self.nodes) > 3 else "")
         gpus = int(need[2] + EPSILON)
         return (
-            "no node has a GPU engine (llama-server built with CUDA): profile "
+            "no node has a GPU engine (an engine built with CUDA): profile "
             f"{profile} needs {gpus} GPU{'' if gpus == 1 else 's'}, and the engine of every "
             f"schedulable node ({names}) has only its CPU backend. On a machine with NVIDIA "
             "GPUs, build the engine with `LLMGW_ENGINE=cuda make setup` (docs/nodes.md, "

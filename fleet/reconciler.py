@@ -229,7 +229,7 @@ MIB_PER_GB = 1024
 
 
 def node_engines(node: Node | Member) -> list[str]:
-    """The engines a node's agent has: what it reported, llama.cpp for an agent that does not
+    """The engines a node's agent has: what it reported, the default engine for an agent that does not
     say (one from before there were several)."""
     return list(node.engines or [DEFAULT_ENGINE])
 

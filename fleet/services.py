@@ -191,11 +191,16 @@ def replica_order(replica: Replica, node: Node | None = None) -> dict[str, Any]:
         # The vision projector, of the weights' revision; left out for a text model, so that
         # an agent from before projectors is told nothing new.
         **({"mmproj": spec["mmproj"]} if spec.get("mmproj") else {}),
+        # Likewise for a reranker, a model of another engine than the default, and a snapshot's
+        # other files: left out where the spec has none.
+        **({"reranking": True} if spec.get("reranking") else {}),
+        **({"engine": spec["engine"]} if spec.get("engine") else {}),
+        **({"files": spec["files"]} if spec.get("files") else {}),
         "context_length": spec.get("context_length"),
         "threads": max(1, int(cores)) if cores else None,
         "slots": replica.slots,
         "engine_key": engine_key(str(replica.pk)),
-        **gpu_order(spec, devices, node_devices),
+        **gpu_order(spec, devices, node_devices, float(replica.gpu_memory_gb or 0)),
     }
 
 

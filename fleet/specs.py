@@ -17,7 +17,7 @@ from llmgw.engines import DEFAULT_ENGINE
 
 
 def engine_key(replica_id: str) -> str:
-    """The key a replica's engine is started with (llama-server's --api-key-file) and the
+    """The key a replica's engine is started with (from a file the node writes, never its command line) and the
     gateway sends it: without it the engine answers nothing but /health.
 
     Derived from the installation's secret (LLMGW_SECRET_KEY) and the replica's id, so it is
@@ -79,7 +79,7 @@ def replica_spec(model: Model, profile: dict[str, Any]) -> dict[str, Any]:
         # Only for a reranker: any other model's spec (and key) stays what it was.
         **({"reranking": True} if model.reranking else {}),
         # Only for a model of another engine than the default, and for a snapshot's files: a
-        # llama.cpp model's spec (and key) stays what it was.
+        # default engine's model's spec (and key) stays what it was.
         **({"engine": model.engine_name} if model.engine_name != DEFAULT_ENGINE else {}),
         **({"files": [f.spec() for f in model.snapshot_files]} if model.files else {}),
         "slots": profile_slots(profile),
@@ -94,23 +94,38 @@ def replica_spec(model: Model, profile: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def gpu_order(spec: dict[str, Any], devices: list[int], node_devices: list[Any]) -> dict[str, Any]:
+def gpu_order(
+    spec: dict[str, Any],
+    devices: list[int],
+    node_devices: list[Any],
+    reserved_gb: float = 0.0,
+) -> dict[str, Any]:
     """What a node is told about a replica's GPUs (the heartbeat answer): the device indices it
     was placed on, their UUIDs as the node reported them ("" when unknown), the layers to
     offload, and the share of the layers each device takes when there are several (even, as
-    placement splits the replica's GPU memory evenly)."""
-    uuids = {
-        d["index"]: str(d.get("uuid") or "")[:100]
+    placement splits the replica's GPU memory evenly). With `reserved_gb` (what placement
+    reserved on its GPUs, all together), also the share of each device's memory that is (the
+    smallest device's), for an engine that is told how much of a device to take (vLLM's
+    --gpu-memory-utilization), so that two replicas can share a device."""
+    known = {
+        d["index"]: d
         for d in node_devices
         if isinstance(d, dict) and isinstance(d.get("index"), int)
     }
+    uuids = {index: str(d.get("uuid") or "")[:100] for index, d in known.items()}
     split = [round(1 / len(devices), 6)] * len(devices) if len(devices) >= 2 else []
-    return {
+    order = {
         "devices": list(devices),
         "device_uuids": [uuids.get(i, "") for i in devices],
         "gpu_layers": spec.get("gpu_layers", 0) if devices else 0,
         "tensor_split": split,
     }
+    totals = [known.get(i, {}).get("memory_total_mb") for i in devices]
+    if devices and reserved_gb > 0 and all(isinstance(t, int) and t > 0 for t in totals):
+        per_device_mb = reserved_gb * 1024 / len(devices)
+        share = per_device_mb / min(t for t in totals if isinstance(t, int))
+        order["gpu_memory_share"] = round(min(1.0, share), 4)
+    return order
 
 
 def weights_revision(

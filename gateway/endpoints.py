@@ -51,7 +51,7 @@ class Endpoint:
     tally: type[StreamTally] = StreamTally
     # The engine is asked to report a stream's prompt as it reads it (proxy.with_progress): the
     # prompt's tokens are known, and charged, however soon the stream ends. Not the Messages
-    # API: llama.cpp sends it no reports (its message_start, with the first token, says them).
+    # API: the default engine sends it no reports (its message_start, with the first token, says them).
     progress: bool = False
     # The body's fields that bound the answer's tokens, the first one given counting (a token
     # limit reserves that many while the request is in flight: gateway.limits.reservation); ()
@@ -61,7 +61,7 @@ class Endpoint:
     # Its requests use tokens (a prompt read, an answer made): a token limit reserves them while
     # it is in flight. False: it is counted by rpm alone (a count of a prompt's tokens).
     uses_tokens: bool = True
-    # A feature the engine must be started with to serve it (llama-server's flag of that name,
+    # A feature the engine must be started with to serve it (the engine's flag of that name,
     # --embeddings); None: every engine serves it.
     needs: str | None = None
 
@@ -118,7 +118,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         tally=AnthropicTally,
         answer_limit=("max_tokens",),
     ),
-    # A reranker's (a model defined with reranking: true): the Cohere/Jina shape llama-server
+    # A reranker's (a model defined with reranking: true): the Cohere/Jina shape the engine
     # speaks; not a generation.
     Endpoint(
         "/v1/rerank",

@@ -1,6 +1,6 @@
 """Prefix-cache-aware routing: send a request where its prompt's beginning was computed recently.
 
-llama.cpp's server keeps each slot's prompt in its KV cache (and earlier prompts in its RAM
+The default engine's server keeps each slot's prompt in its KV cache (and earlier prompts in its RAM
 cache), so a request whose prompt starts like one the same replica served a moment ago skips
 most of its prefill: a conversation's earlier turns, a long system prompt shared by many
 requests. The gateway cannot see those caches, but it can remember where it sent what: a

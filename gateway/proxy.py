@@ -28,7 +28,7 @@ from .routing import Balancer, Candidate, Hold, Serve
 CONNECT_TIMEOUT_SECONDS = lean.CONNECT_TIMEOUT_SECONDS
 # A kept connection can be closed by the engine just as it is reused, which looks exactly like an
 # engine that died with the request. So the pool drops a connection unused this long, well before
-# engines close idle ones (llama.cpp's server after 5 s), and a failure on a reused connection
+# engines close idle ones (the default engine's server after 5 s), and a failure on a reused connection
 # before any answer came is tried once more on a new one to the same replica (_attempt): the
 # engine closed it without reading the request, or it is gone, and then the new connection is
 # refused, which should_retry sends elsewhere. This is the aiohttp sessions' (an engine's
@@ -263,7 +263,7 @@ async def _post(
     except lean.NotConnected as exc:
         raise NotConnected(str(exc)) from exc
     try:
-        # The engine's key, and the request's ID for the engine's log (llama-server logs no
+        # The engine's key, and the request's ID for the engine's log (the default engine logs no
         # header today; a tracing proxy in front of it, or a later engine, may).
         more = {requestid.HEADER: requestid.now(), **traced}
         head = lean.request_head(
@@ -317,7 +317,7 @@ PROGRESS = b'"prompt_progress"'
 _PROGRESS_TOTAL = re.compile(rb'"prompt_progress"\s*:\s*\{[^}]*"total"\s*:\s*(\d+)')
 _PREDICTED = re.compile(rb'"predicted_n"\s*:\s*(\d+)')
 _INDEX = re.compile(rb'"index"\s*:\s*(\d+)')
-# Where an event of a stream ends: a blank line (llama.cpp writes "\n\n", others "\r\n\r\n").
+# Where an event of a stream ends: a blank line (the default engine writes "\n\n", others "\r\n\r\n").
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
 # The most of an event not yet whole a stream holds back (a token's event is a few hundred
 # bytes); past it, it goes on as it is.
@@ -345,7 +345,7 @@ def usage_of(body: bytes) -> tuple[int, int]:
 
 def with_progress(payload: bytes) -> bytes:
     """A streamed request's body asking the engine to report its prompt's progress first
-    (llama.cpp's return_progress): the first report gives the prompt's tokens, as the engine
+    (the default engine's return_progress): the first report gives the prompt's tokens, as the engine
     counts them (its chat template included), before any is generated, at no cost of a round
     trip; so a stream cut short is charged its prompt. The gateway takes the reports out of
     what the client is sent (StreamTally)."""
@@ -366,7 +366,7 @@ class StreamTally:
 
     - The prompt: the engine's last "usage", else its first report of the prompt's progress
       (its total), so that a stream cut before its end is charged its prompt.
-    - The answer: llama.cpp sends one event per generated token (its text may be empty while a
+    - The answer: the default engine sends one event per generated token (its text may be empty while a
       multi-byte character is incomplete), plus a first chat event with the role and a last
       one with the finish reason, which says how many tokens its choice had ("timings"); a
       "usage" event, when the engine sends one, wins. Each choice (n > 1) ends with its own:
@@ -461,7 +461,7 @@ class AnthropicTally(StreamTally):
     """Tokens of a Messages API stream: the prompt's in its message_start event, the answer's in
     its last message_delta; a stream cut short, one a content_block_delta event.
 
-    It also makes the stream start as Anthropic's clients require: llama.cpp sends message_start
+    It also makes the stream start as Anthropic's clients require: the default engine sends message_start
     with the first token that has text, so where the first tokens are parts of a character (a
     random model's, or a word of CJK text) the stream starts with a later event, and the SDKs
     raise "unexpected event order". Such a stream is given its message_start first."""
@@ -571,7 +571,7 @@ def _split_events(data: bytes) -> list[bytes]:
 async def choice_tokens(
     upstream: Upstream, candidate: Candidate, body: bytes, most: int | None
 ) -> int:
-    """The tokens of every choice of a whole answer but its first, which llama.cpp's "usage"
+    """The tokens of every choice of a whole answer but its first, which the default engine's "usage"
     counts alone (n > 1, or several prompts): a choice cut by its max_tokens had that many;
     another's text is counted by the engine's tokenizer (/tokenize), else one a byte."""
     try:

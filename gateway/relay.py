@@ -940,7 +940,7 @@ async def _chunks(answer: proxy.Answer, tally: proxy.StreamTally, api: str) -> A
 
 
 def _renamed(body: bytes, served: str, asked: str) -> bytes:
-    """``"model":"<served>"`` made ``"model":"<asked>"`` (llama-server writes compact JSON)."""
+    """``"model":"<served>"`` made ``"model":"<asked>"`` (the engines write compact JSON)."""
     return body.replace(
         b'"model":' + json.dumps(served).encode(), b'"model":' + json.dumps(asked).encode()
     )

@@ -150,7 +150,7 @@ class Candidate:
     address: str
     port: int
     adapters: frozenset[str] = field(default_factory=frozenset)
-    # Requests the engine computes at once (llama.cpp's parallel slots); 1 = one at a time.
+    # Requests the engine computes at once (its parallel slots); 1 = one at a time.
     slots: int = 1
     # The adapters (name, scale) in the order the engine was started with them.
     lora: tuple[tuple[str, float], ...] = ()

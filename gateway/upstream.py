@@ -24,7 +24,7 @@ from typing import Any
 import httptools
 
 # How long a connection may sit idle in the pool: less than engines keep an idle connection
-# open (llama.cpp's server 5 s, vLLM's uvicorn 5 s), so that the gateway is not the one to find
+# open (both engines' servers after 5 s), so that the gateway is not the one to find
 # it closed (see proxy.IDLE_SECONDS), and long enough that a gap of a few seconds between two
 # bursts does not make every request of the next one connect anew.
 IDLE_SECONDS = 4.0

@@ -1,6 +1,6 @@
 """What the engine would answer with a 500, refused by the gateway with a 400 first.
 
-llama-server answers many client mistakes with a server error (a number JSON cannot hold, a
+The default engine answers many client mistakes with a server error (a number JSON cannot hold, a
 lone UTF-16 surrogate, a role that is not a string, image parts, a nameless tool, an `input`
 nested too deep): wrong for the client, whose mistake reads as ours, and counted against the
 replica's revision, which a canary update is judged by. So every /v1/ body is checked here,
@@ -22,11 +22,11 @@ from typing import Any
 from . import errors
 from .errors import Refusal
 
-# The roles OpenAI documents ("function" is its deprecated one, still taken); llama-server
+# The roles OpenAI documents ("function" is its deprecated one, still taken); the default engine
 # passes any string to the chat template, and templates differ in what they do with others.
 ROLES = ("system", "user", "assistant", "tool", "developer", "function")
 _ROLES = frozenset(ROLES)
-# What llama-server takes as content parts of a text model. It also knows image_url,
+# What the default engine takes as content parts of a text model. It also knows image_url,
 # input_audio, input_video and video_url, but answers them with a 500 unless it was started with
 # a multimodal projector (--mmproj): images are taken for a model that names one (its catalog
 # entry's `vision`), the rest never.
@@ -40,7 +40,7 @@ IMAGE_TYPES = ("png", "jpeg", "jpg", "gif", "webp", "bmp")
 MAX_IMAGES = 16
 _DATA_URL = re.compile(r"data:image/([a-z]+);base64,", re.IGNORECASE)
 MAX_STOP = 4
-# llama-server's own values (common_reasoning_format_from_name); any other is a 500.
+# The default engine's own values (common_reasoning_format_from_name); any other is a 500.
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
 INT32_MAX = 2**31 - 1
 INT64 = 2**63
@@ -360,7 +360,7 @@ def _list_what(value: list[Any]) -> str:
 
 
 def _logit_bias(name: str, value: Any) -> None:
-    """OpenAI's object of token ids to biases, or llama-server's own list of [token, bias]
+    """OpenAI's object of token ids to biases, or the default engine's own list of [token, bias]
     pairs (a token id or a piece of text; false for never), which its clients send."""
     if isinstance(value, list):
         for number, pair in enumerate(value):
@@ -398,7 +398,7 @@ def _logit_bias(name: str, value: Any) -> None:
 
 def _bias(where: str, bias: Any) -> None:
     if bias is False:
-        return  # llama-server's "never"
+        return  # the default engine's "never"
     if not _is_number(bias) or not -100 <= bias <= 100:
         raise _Bad(
             f"{where} must be a number from -100 to 100 (or false for never); got {_what(bias)}.",

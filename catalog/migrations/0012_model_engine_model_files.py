@@ -17,7 +17,7 @@ class Migration(migrations.Migration):
             field=models.CharField(
                 blank=True,
                 default="",
-                help_text="the engine its replicas run: llama.cpp (the default) or vllm",
+                help_text="the engine its replicas run (docs/engines.md); empty for the default one",
                 max_length=40,
             ),
         ),

@@ -86,6 +86,9 @@ class EngineSettings:
     device_uuids: tuple[str, ...] = ()
     gpu_layers: int | str | None = None
     tensor_split: tuple[float, ...] = ()
+    # The share of each device's memory the replica may take (placement's reservation), for an
+    # engine that is told it; None: the engine's own rule.
+    gpu_memory_share: float | None = None
     # A CPU replica on an engine built with a GPU backend: keep it off every GPU.
     hide_gpus: bool = False
 

@@ -138,6 +138,11 @@ class VLLM(Engine):
     def command(self, settings: EngineSettings, executable: str) -> list[str]:
         if settings.adapters:
             raise BadSettings("llmgw does not start vLLM with adapters yet")
+        if settings.devices and settings.gpu_layers not in (None, "all"):
+            raise BadSettings(
+                f"vLLM puts every layer on its GPUs: gpu_layers {settings.gpu_layers} cannot be "
+                "honoured; leave gpu_layers out of a vLLM profile"
+            )
         if settings.mmproj_path:
             raise BadSettings("vLLM takes no separate vision projector")
         command = [
@@ -169,6 +174,9 @@ class VLLM(Engine):
         ]
         if settings.devices:
             command += ["--tensor-parallel-size", str(len(settings.devices))]
+            if settings.gpu_memory_share is not None:
+                # The share of each device placement reserved: two replicas can share one.
+                command += ["--gpu-memory-utilization", f"{settings.gpu_memory_share:g}"]
         return command
 
     def environment(self, settings: EngineSettings) -> dict[str, str]:

@@ -393,6 +393,7 @@ class Replica:
             "device_uuids": spec.device_uuids,
             "gpu_layers": spec.gpu_layers,
             "tensor_split": spec.tensor_split,
+            "gpu_memory_share": spec.gpu_memory_share,
         }
 
     def _check_offload(self) -> None:

@@ -83,6 +83,9 @@ class ReplicaSpec:
     device_uuids: tuple[str, ...] = ()
     gpu_layers: int | str = 0
     tensor_split: tuple[float, ...] = ()
+    # The share of each of its devices' memory placement reserved for it (0 < share <= 1), for
+    # an engine told how much of a device to take; None when not given.
+    gpu_memory_share: float | None = None
     mmproj: ProjectorSpec | None = None
     # Its engine ranks documents (--reranking) instead of computing embeddings.
     reranking: bool = False
@@ -142,6 +145,11 @@ class ReplicaSpec:
             "device_uuids": list(self.device_uuids),
             "gpu_layers": self.gpu_layers,
             "tensor_split": list(self.tensor_split),
+            **(
+                {"gpu_memory_share": self.gpu_memory_share}
+                if self.gpu_memory_share is not None
+                else {}
+            ),
             **(
                 {"mmproj": {"source": self.mmproj.source, "sha256": self.mmproj.sha256}}
                 if self.mmproj
@@ -212,7 +220,24 @@ def _gpus(data: dict[str, Any], where: str) -> dict[str, Any]:
         "device_uuids": tuple(uuids),
         "gpu_layers": layers,
         "tensor_split": tuple(float(share) for share in split),
+        "gpu_memory_share": _share(data.get("gpu_memory_share"), devices, where),
     }
+
+
+def _share(value: Any, devices: list[int], where: str) -> float | None:
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 < value <= 1
+        or not devices
+    ):
+        raise AnswerError(
+            f"{where}: gpu_memory_share is {value!r}, not a share above 0 and at most 1 of the "
+            "replica's devices"
+        )
+    return float(value)
 
 
 def _devices(data: dict[str, Any], where: str) -> list[int]:

@@ -1,7 +1,10 @@
 """A model's replicas go only to nodes that have its engine (fleet.placement), and a definition
-asks of its engine only what the engine does (catalog.definitions). Pure: no database."""
+asks of its engine only what the engine does (catalog.definitions), and the node is told a
+replica's engine and files (fleet.services.replica_order)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
@@ -112,3 +115,79 @@ def test_a_definition_asks_of_its_engine_only_what_it_does(
     found = problems(**fields)
     assert field in found, found
     assert words in found[field]
+
+
+@pytest.mark.django_db
+def test_the_node_is_told_the_engine_the_files_and_reranking_and_only_a_node_with_vllm(
+    fleet: Any,
+) -> None:
+    from fleet.models import Replica
+    from fleet.reconciler import reconcile_pass
+    from fleet.services import replica_order
+    from llmgw.node.spec import ReplicaSpec
+
+    fleet.node("plain", memory_gb=16, cores=4)  # an agent that does not say: llama.cpp
+    both = fleet.node("both", memory_gb=16, cores=4)
+    both.engines = ["llama.cpp", "vllm"]
+    both.save(update_fields=["engines"])
+    files = ["tokenizer.json", "model.safetensors"]
+    fleet.add("snap", engine="vllm", source=SNAPSHOT, files=files, min_replicas=2)
+    fleet.add("ranker", reranking=True)
+
+    report = reconcile_pass()
+
+    assert report.unplaced == []
+    snap = Replica.objects.filter(model_name="snap").select_related("node")
+    assert [r.node.name for r in snap] == ["both", "both"]
+    assert Replica.objects.filter(model_name="ranker").count() == 1
+    for replica in Replica.objects.select_related("node"):
+        order = replica_order(replica, replica.node)
+        spec = ReplicaSpec.from_json(order)  # as the node reads it
+        if replica.model_name == "snap":
+            assert spec.engine == "vllm"
+            assert [f.path for f in spec.files] == files
+            assert [f.source for f in spec.files] == [
+                SNAPSHOT.removesuffix("config.json") + path for path in files
+            ]
+        else:
+            assert (spec.engine, spec.files, spec.reranking) == ("llama.cpp", (), True)
+
+
+@pytest.mark.django_db
+def test_a_vllm_replica_on_a_gpu_is_told_the_share_of_the_device_placement_reserved(
+    fleet: Any, tmp_path: Any
+) -> None:
+    from fleet.models import Replica
+    from fleet.reconciler import reconcile_pass
+    from fleet.services import replica_order
+    from llmgw.engines import get_engine
+    from llmgw.engines.base import EngineSettings
+    from llmgw.node.spec import ReplicaSpec
+
+    node = fleet.node("g", memory_gb=16, cores=4)
+    # As a stand-in nvidia-smi reports them: a 24 GB device and a 16 GB one, nothing in use.
+    node.devices = [
+        {"index": i, "uuid": f"GPU-{i}", "name": "L4", "memory_total_mb": mb,
+         "memory_used_mb": 0, "utilization_pct": 0}
+        for i, mb in ((0, 24576), (1, 16384))
+    ]  # fmt: skip
+    node.devices_source, node.engine_backends, node.engines = "nvml", ["CPU", "CUDA"], ["vllm"]
+    node.save(update_fields=["devices", "devices_source", "engine_backends", "engines"])
+    gpu = {"name": "gpu", "memory_gb": 3, "cores": 1, "gpus": 1, "gpu_memory_gb": 6}
+    fleet.add("snap", engine="vllm", source=SNAPSHOT, files=["m.safetensors"], profiles=[gpu])
+    fleet.add("snap2", engine="vllm", source=SNAPSHOT, files=["m.safetensors"], profiles=[gpu])
+
+    reconcile_pass()
+
+    replicas = list(Replica.objects.select_related("node").order_by("model_name"))
+    assert [r.devices for r in replicas] == [[0], [0]]  # both on the roomier device: it holds two
+    for replica in replicas:
+        spec = ReplicaSpec.from_json(replica_order(replica, replica.node))
+        assert spec.devices == (0,) and spec.gpu_memory_share == 0.25  # 6 GB of 24
+        settings = EngineSettings(
+            model_path=str(tmp_path), model_alias="snap", host="127.0.0.1", port=18001,
+            context_length=512, devices=spec.devices, device_uuids=spec.device_uuids,
+            gpu_layers=spec.gpu_layers, gpu_memory_share=spec.gpu_memory_share,
+        )  # fmt: skip
+        command = get_engine("vllm").command(settings, "python")
+        assert command[command.index("--gpu-memory-utilization") + 1] == "0.25"

@@ -100,7 +100,7 @@ def test_a_gpu_profile_is_refused_on_a_node_without_a_gpu_engine() -> None:
     plan = plan_placement(nodes, [model("m")], [])
     assert plan.starts == ()
     assert plan.unplaced[0].reason.startswith(
-        "no node has a GPU engine (llama-server built with CUDA): profile gpu needs 1 GPU, and "
+        "no node has a GPU engine (an engine built with CUDA): profile gpu needs 1 GPU, and "
         "the engine of every schedulable node (cpu-only) has only its CPU backend. On a machine "
         "with NVIDIA GPUs, build the engine with `LLMGW_ENGINE=cuda make setup`"
     )

@@ -100,7 +100,7 @@ def test_a_gpu_profile_is_refused_on_a_node_whose_engine_has_no_gpu_backend(flee
     assert not Replica.objects.exists()
     [unplaced] = report.unplaced
     assert unplaced.reason.startswith(
-        "no node has a GPU engine (llama-server built with CUDA): profile gpu needs 1 GPU, and "
+        "no node has a GPU engine (an engine built with CUDA): profile gpu needs 1 GPU, and "
         "the engine of every schedulable node (cpu-box) has only its CPU backend"
     )
     assert "LLMGW_ENGINE=cuda make setup" in unplaced.reason

@@ -54,9 +54,18 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     registry.start()
     system = System(folder / "system", config={"registry": {"endpoint": registry.endpoint}})
     try:
-        with system.running():
-            system.add_ready_nodes(memory_gb=8, cores=2, names=("node-a",))
-            system.start_gateway()
+        with system.running():  # the gateway too
+            token = system.add_node("node-a", memory_gb=8, cores=2, start=False)
+            # vLLM takes a minute or more to start here: a longer wait than llama-server's.
+            system.start_agent(
+                "node-a",
+                token,
+                memory_gb=8,
+                cores=2,
+                env={k: v for k, v in os.environ.items() if k == "LLMGW_VLLM"},
+                args=("--ready-timeout", str(START_TIMEOUT)),
+            )
+            system.wait_for_ready_nodes()
             yield {"system": system, "registry": registry, "second": second}
     finally:
         registry.stop()
@@ -138,8 +147,10 @@ def test_a_vllm_model_serves_through_the_gateway_and_moves_to_new_weights_and_ba
 
     out = ctl(system, "model", "serve", REPO, "--engine", "vllm", "--memory", "3", capsys=capsys)
     assert f"{NAME} added" in out, out
-    definition = system.api("GET", f"models/{NAME}")
-    assert definition["engine"] == "vllm" and definition["source"].endswith("/config.json")
+    shown = system.api("GET", f"models/{NAME}")
+    definition = shown["definition"]
+    assert shown["engine"] == definition["engine"] == "vllm"
+    assert definition["source"].endswith("/config.json")
     assert sorted(definition["files"]) == sorted(
         p for p in _files(world["second"]) if p != "config.json"
     )

@@ -134,7 +134,7 @@ def test_plan_says_a_gpu_profile_needs_a_node_with_a_gpu_engine(
     _gpu_node(users, "cpu-box", [_device(0, 24576, 0)], ["CPU"])
     out = _plan_gpu(tmp_path, capsys)
     assert (
-        "  1 could not be placed: no node has a GPU engine (llama-server built with CUDA): "
+        "  1 could not be placed: no node has a GPU engine (an engine built with CUDA): "
         "profile gpu needs 1 GPU, and the engine of every schedulable node (cpu-box) has only "
         "its CPU backend. On a machine with NVIDIA GPUs, build the engine with "
         "`LLMGW_ENGINE=cuda make setup`"
