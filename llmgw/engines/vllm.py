@@ -164,6 +164,9 @@ class VLLM(Engine):
             # The KV cache placement reserved, no more: vLLM's default is a share of the memory.
             "--kv-cache-memory-bytes",
             str(self.kv_cache_bytes(settings)),
+            # The weights' own dtype: "auto" would compute a float32 model in half precision.
+            "--dtype",
+            _config_dtype(Path(settings.model_path) / self.snapshot_entry),
             # Started in seconds rather than after compiling graphs; the key every /v1 request
             # sends is in the environment (VLLM_API_KEY), not in argv.
             "--enforce-eager",
@@ -180,12 +183,23 @@ class VLLM(Engine):
         return command
 
     def environment(self, settings: EngineSettings) -> dict[str, str]:
+        # Its own files beside the snapshot, in the replica's folder (removed with it): vLLM
+        # writes a cache (~/.cache/vllm otherwise) and leaves a file in the temporary folder at
+        # every start.
+        folder = Path(settings.model_path).parent
+        for name in ("vllm-cache", "tmp"):
+            (folder / name).mkdir(parents=True, exist_ok=True)
         env = {
             # Offline: a snapshot is a local folder, and nothing may leave the machine.
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
+            "VLLM_CACHE_ROOT": str(folder / "vllm-cache"),
+            "TMPDIR": str(folder / "tmp"),
+            # Its default binds every replica's threads to the same cores: the operating system
+            # places them instead, as many as the replica reserved.
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         }
         if settings.api_key_file:
             env["VLLM_API_KEY"] = Path(settings.api_key_file).read_text().strip()
@@ -310,6 +324,18 @@ def _config(text: bytes, where: str) -> dict[str, Any]:
     # A multimodal or wrapped model keeps the language model's figures apart.
     inner = config.get("text_config")
     return {**config, **inner} if isinstance(inner, dict) else config
+
+
+def _config_dtype(path: Path) -> str:
+    """The dtype a snapshot's config gives its weights, as vLLM's --dtype names it; "auto"
+    when the config cannot be read or names another."""
+    try:
+        with open(path, "rb") as file:
+            config = _config(file.read(CONFIG_MAX_BYTES), str(path))
+    except (OSError, WeightsUnreadable):
+        return "auto"
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "").removeprefix("torch.")
+    return dtype if dtype in ("float32", "float16", "bfloat16") else "auto"
 
 
 def _int(config: Mapping[str, Any], *names: str) -> int | None:

@@ -58,9 +58,15 @@ def test_its_command_serves_the_snapshot_and_keeps_the_key_out_of_argv(
     assert flags["--served-model-name"] == "tiny"
     assert (flags["--max-model-len"], flags["--max-num-seqs"]) == ("1024", "2")
     assert KEY not in " ".join(command)
+    assert flags["--dtype"] == "float32"  # the weights' own, not half precision
     env = VLLM.environment(given)
     assert env["VLLM_API_KEY"] == KEY
     assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_NO_USAGE_STATS"] == "1"
+    # Its threads are not pinned to the cores every replica would share, and its files stay
+    # beside the snapshot (the replica's folder), not in the agent's home.
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    for name in ("VLLM_CACHE_ROOT", "TMPDIR"):
+        assert Path(env[name]).parent == snapshot.parent and Path(env[name]).is_dir()
 
 
 def test_its_kv_cache_is_every_slots_context_as_placement_reserves_it(
