@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -183,12 +185,15 @@ class VLLM(Engine):
         return command
 
     def environment(self, settings: EngineSettings) -> dict[str, str]:
-        # Its own files beside the snapshot, in the replica's folder (removed with it): vLLM
-        # writes a cache (~/.cache/vllm otherwise) and leaves a file in the temporary folder at
-        # every start.
+        # Its cache beside the snapshot, in the replica's folder (removed with it), not in the
+        # agent's home. Its temporary folder is one per port, emptied at each start: vLLM leaves
+        # a file there at every start, and makes its sockets there (whose paths must stay under
+        # 108 bytes, which a replica's folder may not).
         folder = Path(settings.model_path).parent
-        for name in ("vllm-cache", "tmp"):
-            (folder / name).mkdir(parents=True, exist_ok=True)
+        (folder / "vllm-cache").mkdir(parents=True, exist_ok=True)
+        temporary = Path(tempfile.gettempdir()) / f"llmgw-vllm-{settings.port}"
+        shutil.rmtree(temporary, ignore_errors=True)
+        temporary.mkdir(mode=0o700, parents=True, exist_ok=True)
         env = {
             # Offline: a snapshot is a local folder, and nothing may leave the machine.
             "HF_HUB_OFFLINE": "1",
@@ -196,7 +201,7 @@ class VLLM(Engine):
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
             "VLLM_CACHE_ROOT": str(folder / "vllm-cache"),
-            "TMPDIR": str(folder / "tmp"),
+            "TMPDIR": str(temporary),
             # Its default binds every replica's threads to the same cores: the operating system
             # places them instead, as many as the replica reserved.
             "VLLM_CPU_OMP_THREADS_BIND": "nobind",

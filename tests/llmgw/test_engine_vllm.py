@@ -65,8 +65,8 @@ def test_its_command_serves_the_snapshot_and_keeps_the_key_out_of_argv(
     # Its threads are not pinned to the cores every replica would share, and its files stay
     # beside the snapshot (the replica's folder), not in the agent's home.
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
-    for name in ("VLLM_CACHE_ROOT", "TMPDIR"):
-        assert Path(env[name]).parent == snapshot.parent and Path(env[name]).is_dir()
+    assert Path(env["VLLM_CACHE_ROOT"]).parent == snapshot.parent
+    assert Path(env["TMPDIR"]).is_dir() and len(env["TMPDIR"]) < 60  # its sockets' paths
 
 
 def test_its_kv_cache_is_every_slots_context_as_placement_reserves_it(
