@@ -454,6 +454,11 @@ class ModelDefinitionSerializer(StrictSerializer):
         return attrs
 
 
+def _names(url: str, file: str) -> bool:
+    """Whether the URL's path names `file` (its last part)."""
+    return urlsplit(url).path.endswith("/" + file)
+
+
 def _engine_problems(attrs: dict[str, Any]) -> dict[str, list[str]]:
     """What the definition asks of its engine that the engine does not do (its backend's
     facts: the weights it reads, adapters, projectors, reranking)."""
@@ -490,11 +495,15 @@ def _engine_problems(attrs: dict[str, Any]) -> dict[str, list[str]]:
         ]
     if attrs.get("reranking") and not engine.features.rerank:
         errors["reranking"] = [f"{engine.name} is not run as a reranker by llmgw"]
-    if attrs.get("adapters") and not engine.adapters_from_files:
-        errors["adapters"] = [
-            f"{engine.name}'s adapters are folders, which llmgw does not fetch yet: leave "
-            "adapters out"
-        ]
+    folder = engine.adapter_folder
+    if folder:
+        wrong = [a["name"] for a in attrs.get("adapters", []) if not _names(a["source"], folder[0])]
+        if wrong:
+            errors["adapters"] = [
+                f"{engine.name}'s adapters are folders of {', '.join(folder)}: an adapter's "
+                f"source is its {folder[0]} (a URL ending in /{folder[0]}), the rest beside it; "
+                f"not so for {', '.join(wrong)}"
+            ]
     return errors
 
 

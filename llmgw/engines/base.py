@@ -172,8 +172,11 @@ class Engine:
     snapshot_entry: ClassVar[str] = ""
     # The repository's files a snapshot is made of by default (globs), for a snapshot engine.
     snapshot_patterns: ClassVar[tuple[str, ...]] = ()
-    # Its LoRA adapters are single files the catalog fetches (a folder otherwise).
-    adapters_from_files: ClassVar[bool] = True
+    # An adapter of its is one file, its source (()), or a folder of these files, the first
+    # one its source and the rest beside it (PEFT's adapter_config.json and weights).
+    adapter_folder: ClassVar[tuple[str, ...]] = ()
+    # The least time a node gives it to become ready (its --ready-timeout when longer).
+    ready_seconds: ClassVar[float] = 0
     # The control plane's name for it in traces (OpenTelemetry's gen_ai.system).
     system_name: ClassVar[str] = ""
     # Tokens per request when the catalog gives none (and the model was trained for that many).

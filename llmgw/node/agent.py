@@ -602,7 +602,9 @@ class Agent:
         sources = list(self.kept)
         for replica in replicas:
             sources.append((replica.spec.source, replica.spec.sha256 or replica.sha256))
-            sources += [(a.source, a.sha256) for a in replica.spec.adapters]
+            for adapter in replica.spec.adapters:
+                sources.append((adapter.source, adapter.sha256))
+                sources += [(url, None) for url in replica.beside_adapter(adapter)]
             if replica.spec.mmproj is not None:
                 sources.append((replica.spec.mmproj.source, replica.spec.mmproj.sha256))
             sources += [(f.source, f.sha256) for f in replica.spec.files]

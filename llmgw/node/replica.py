@@ -212,7 +212,7 @@ class Replica:
         with self.lock:
             self.sha256 = sha256
         adapters = []
-        for adapter in spec.adapters:
+        for index, adapter in enumerate(spec.adapters):
             path, _ = cache.fetch(
                 adapter.source,
                 adapter.sha256,
@@ -220,8 +220,36 @@ class Replica:
                 progress=self._on_progress,
                 cancelled=self.stop_requested,
             )
+            if self.backend.adapter_folder:
+                path = self._adapter_folder(index, adapter, path)
             adapters.append((adapter, path))
         return weights, adapters
+
+    def beside_adapter(self, adapter: AdapterSpec) -> list[str]:
+        """The URLs of the files beside an adapter's source that make its folder (none for an
+        engine whose adapters are one file)."""
+        base = adapter.source.split("?", 1)[0].rsplit("/", 1)[0]
+        return [f"{base}/{name}" for name in self.backend.adapter_folder[1:]]
+
+    def _adapter_folder(self, index: int, adapter: AdapterSpec, source_file: Path) -> Path:
+        """An adapter that is a folder (the engine's adapter_folder): its source and the files
+        beside it, fetched and linked under adapters/<its place>/ (a number: no name the
+        control plane sends becomes a path)."""
+        folder = self.folder / "adapters" / str(index)
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        first, *rest = self.backend.adapter_folder
+        (folder / first).symlink_to(source_file)
+        for name, url in zip(rest, self.beside_adapter(adapter), strict=True):
+            path, _ = self.agent.cache.fetch(
+                url,
+                None,
+                label=f"adapter {adapter.name}: {name}",
+                progress=self._on_progress,
+                cancelled=self.stop_requested,
+            )
+            (folder / name).symlink_to(path)
+        return folder
 
     def _fetch_projector(self) -> Path | None:
         """The vision projector, verified as the weights are; None for a text model."""
@@ -264,7 +292,8 @@ class Replica:
         return folder
 
     def _check_adapters(self, weights: Path, adapters: list[tuple[AdapterSpec, Path]]) -> None:
-        """Refuse adapters llama.cpp would crash on, before any engine loads them."""
+        """Refuse adapters llama.cpp would crash on, before any engine loads them (an engine
+        whose adapters are folders checks them itself when it starts)."""
         if not adapters:
             return
         self._set("fetching", "checking the adapters against the model")
@@ -275,6 +304,8 @@ class Replica:
                 f"the name {duplicates[0]} is used twice (model and adapter names must differ, "
                 "since each is asked for as a model); no engine was started"
             )
+        if self.backend.adapter_folder:
+            return
         try:
             model = read_header_from_file(weights, require_tensors=True)
         except GGUFError as exc:
@@ -464,7 +495,7 @@ class Replica:
         self._fail(f"{how}; its last output:\n{output}")
 
     def _wait_until_ready(self, *, adopted: bool) -> None:
-        timeout = self.agent.config.ready_timeout
+        timeout = max(self.agent.config.ready_timeout, self.backend.ready_seconds)
         deadline = time.monotonic() + timeout
         host = self.host
         assert self.port is not None
