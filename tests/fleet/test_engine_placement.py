@@ -191,3 +191,12 @@ def test_a_vllm_replica_on_a_gpu_is_told_the_share_of_the_device_placement_reser
         )  # fmt: skip
         command = get_engine("vllm").command(settings, "python")
         assert command[command.index("--gpu-memory-utilization") + 1] == "0.25"
+
+
+def test_a_vllm_adapter_is_named_by_its_adapter_config() -> None:
+    base = "http://127.0.0.1:8000/mirror/acme/tiny-lora/0123abc/"
+    fields = {"engine": "vllm", "source": SNAPSHOT, "files": ["a.safetensors"]}
+    good = {"name": "sql", "source": base + "adapter_config.json"}
+    assert clean_definition(definition(**fields, adapters=[good]))["adapters"][0]["name"] == "sql"
+    found = problems(**fields, adapters=[{"name": "sql", "source": base + "adapter.gguf"}])
+    assert "an adapter's source is its adapter_config.json" in found["adapters"]

@@ -174,3 +174,24 @@ def test_an_answer_with_an_unknown_engine_or_a_path_outside_the_snapshot_is_refu
 ) -> None:
     with pytest.raises(AnswerError, match=reason):
         ReplicaSpec.from_json(_order(**fields))
+
+
+def test_its_adapters_are_served_by_name_at_a_rank_that_holds_them(
+    snapshot: Path, tmp_path: Path
+) -> None:
+    from llmgw.engines.base import AdapterEntry
+    from tests.support.tiny_hf import make_tiny_lora
+
+    small = make_tiny_lora(tmp_path / "small", rank=4)
+    large = make_tiny_lora(tmp_path / "large", rank=12)
+    given = settings(
+        snapshot,
+        tmp_path,
+        adapters=(AdapterEntry("sql", str(small)), AdapterEntry("poet", str(large))),
+    )
+    command = VLLM.command(given, "python")
+    assert "--enable-lora" in command
+    assert command[command.index("--max-loras") + 1] == "2"
+    assert command[command.index("--max-lora-rank") + 1] == "16"  # the least vLLM takes >= 12
+    at = command.index("--lora-modules")
+    assert command[at + 1 : at + 3] == [f"sql={small}", f"poet={large}"]
