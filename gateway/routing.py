@@ -84,7 +84,8 @@ class Entry:
 
     def answers(self, path: str) -> bool:
         """Whether its engine answers the endpoint at `path` (Features.endpoints)."""
-        return path in self.backend.features.endpoints
+        served = self.backend.features.endpoints
+        return served is None or path in served
 
     @property
     def most_tokens(self) -> int:

@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 class Features:
     """What an engine serves, as plain facts for the gateway, placement and the catalog."""
 
-    # The gateway's endpoint paths (gateway.endpoints.ENDPOINTS) the engine answers itself.
-    endpoints: frozenset[str]
+    # The gateway's endpoint paths (gateway.endpoints.ENDPOINTS) the engine answers itself;
+    # None: every one the gateway has (the default engine's, for which the table is made).
+    endpoints: frozenset[str] | None
     # A request picks its adapter (and scale), so one engine serves the base model and all its
     # adapters; otherwise adapters are fixed when the engine starts.
     per_request_lora: bool

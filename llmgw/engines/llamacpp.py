@@ -368,22 +368,6 @@ def read_metrics(
     return LlamaServer().read_metrics(host, port, timeout=timeout, key=key)
 
 
-# Every path of the gateway's ENDPOINTS: llama-server answers them all itself (embeddings or
-# rerank as it was started, images with a projector).
-ENDPOINTS = frozenset(
-    {
-        "/v1/models",
-        "/v1/chat/completions",
-        "/v1/completions",
-        "/v1/embeddings",
-        "/v1/responses",
-        "/v1/messages",
-        "/v1/rerank",
-        "/v1/messages/count_tokens",
-    }
-)
-
-
 class LlamaServer(Engine):
     """llama-server in the engine contract."""
 
@@ -398,7 +382,9 @@ class LlamaServer(Engine):
     default_context_length = DEFAULT_CONTEXT_LENGTH
     metric_names = METRIC_NAMES
     features = Features(
-        endpoints=ENDPOINTS,
+        # Every endpoint the gateway has (embeddings or rerank as it was started, images with a
+        # projector): the gateway's table is made for it, so a new entry there is served.
+        endpoints=None,
         per_request_lora=True,  # the request's "lora" field (lora_request)
         embeddings=True,  # --embeddings --pooling mean
         rerank=True,  # --reranking

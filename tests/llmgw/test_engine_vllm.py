@@ -195,3 +195,11 @@ def test_its_adapters_are_served_by_name_at_a_rank_that_holds_them(
     assert command[command.index("--max-lora-rank") + 1] == "16"  # the least vLLM takes >= 12
     at = command.index("--lora-modules")
     assert command[at + 1 : at + 3] == [f"sql={small}", f"poet={large}"]
+
+
+def test_the_endpoints_it_serves_are_the_gateways() -> None:
+    from gateway.endpoints import ENDPOINTS
+
+    served = VLLM.features.endpoints
+    assert served is not None and served <= {endpoint.path for endpoint in ENDPOINTS}
+    assert "/v1/chat/completions" in served and "/v1/embeddings" not in served

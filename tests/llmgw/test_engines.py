@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from gateway.endpoints import ENDPOINTS
 from llmgw import engine, gguf
 from llmgw.engines import DEFAULT_ENGINE, UnknownEngine, engine_names, get_engine
 from llmgw.engines.base import (
@@ -97,7 +96,7 @@ GOLDEN: dict[str, tuple[dict[str, Any], str, dict[str, str]]] = {
 
 def test_it_gives_llama_server_by_default() -> None:
     assert DEFAULT_ENGINE == "llama.cpp"
-    assert engine_names() == ("llama.cpp",)
+    assert engine_names() == ("llama.cpp", "vllm")
     assert isinstance(get_engine(), LlamaServer)
     assert get_engine() is get_engine("llama.cpp")  # one backend per process
 
@@ -105,7 +104,9 @@ def test_it_gives_llama_server_by_default() -> None:
 def test_it_refuses_an_unknown_engine_naming_the_known_ones() -> None:
     with pytest.raises(UnknownEngine) as refused:
         get_engine("tgi")
-    assert str(refused.value) == "there is no engine called 'tgi': the engines are llama.cpp"
+    assert str(refused.value) == (
+        "there is no engine called 'tgi': the engines are llama.cpp, vllm"
+    )
 
 
 # -- llama-server's facts -------------------------------------------------------------------
@@ -120,7 +121,7 @@ def test_llama_server_features() -> None:
     assert backend.metric_names == engine.METRIC_NAMES
     assert backend.features == Features(
         # llama-server answers every endpoint the gateway has (one table: gateway.endpoints).
-        endpoints=frozenset(endpoint.path for endpoint in ENDPOINTS),
+        endpoints=None,
         per_request_lora=True,
         embeddings=True,
         rerank=True,
