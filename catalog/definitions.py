@@ -65,11 +65,17 @@ REPOSITORY_PATH_PATTERN = re.compile(
 MAX_FILES = 256
 
 
-def validate_repository_path(value: str) -> None:
+def _path_in_repository(value: str, pattern: re.Pattern[str], what: str) -> bool:
+    """Whether `value` is a path the pattern takes, with no '.' or '..' part (a ValidationError
+    when it is too long for the mirror's records)."""
     if len(value) > MAX_MMPROJ:
-        raise serializers.ValidationError(f"a file's path is at most {MAX_MMPROJ} characters")
+        raise serializers.ValidationError(f"{what} path is at most {MAX_MMPROJ} characters")
     parts = value.split("/")
-    if REPOSITORY_PATH_PATTERN.fullmatch(value) and not any(p in (".", "..") for p in parts):
+    return bool(pattern.fullmatch(value)) and not any(p in (".", "..") for p in parts)
+
+
+def validate_repository_path(value: str) -> None:
+    if _path_in_repository(value, REPOSITORY_PATH_PATTERN, "a file's"):
         return
     raise serializers.ValidationError(
         f"{value!r} is not a file of the weights' repository: name it by its path there, like "
@@ -114,10 +120,7 @@ MMPROJ_BLANK = "an empty name is no projector: leave mmproj out for a model with
 
 
 def validate_mmproj(value: str) -> None:
-    if len(value) > MAX_MMPROJ:
-        raise serializers.ValidationError(f"a projector's path is at most {MAX_MMPROJ} characters")
-    parts = value.split("/")
-    if MMPROJ_PATTERN.fullmatch(value) and not any(p in (".", "..") for p in parts):
+    if _path_in_repository(value, MMPROJ_PATTERN, "a projector's"):
         return
     raise serializers.ValidationError(
         f"{value!r} is not a projector file: name the .gguf file by its path in the weights' "

@@ -238,8 +238,28 @@ class Engine:
         timeout: float,
         key: str | None = None,
     ) -> None:
-        """Raise NotReady unless the engine computes for its model and every adapter."""
-        raise NotImplementedError
+        """Raise NotReady unless /health answers 200 and the model and every adapter compute
+        one token (a completion asked with `key`, the engine's, and for an adapter what
+        lora_request says a request for it carries)."""
+        problem = health(host, port, timeout=min(timeout, 5))
+        if problem is not None:
+            raise NotReady(f"/health: {problem}")
+        for name in [alias, *(adapter.name for adapter in adapters)]:
+            body: dict[str, Any] = {"model": name, "prompt": "hi", "max_tokens": 1}
+            lora = self.lora_request(adapters, name)
+            if lora is not None:
+                body["lora"] = lora
+            try:
+                answer = requests.post(
+                    f"http://{host}:{port}/v1/completions",
+                    json=body,
+                    headers=key_headers(key),
+                    timeout=timeout,
+                )
+            except requests.RequestException as exc:
+                raise NotReady(f"a completion for {name}: {exc.__class__.__name__}") from None
+            if answer.status_code != 200:
+                raise NotReady(f"a completion for {name} answered {answer.status_code}")
 
     def parse_metrics(self, text: str) -> dict[str, float]:
         return parse_prometheus(text, self.metric_names)

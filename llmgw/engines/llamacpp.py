@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import requests
-
 from llmgw import gguf
 
 from .base import (
@@ -24,11 +22,8 @@ from .base import (
     Engine,
     EngineSettings,
     Features,
-    NotReady,
     WeightsFacts,
     WeightsUnreadable,
-    health,
-    key_headers,
     parse_prometheus,
 )
 from .process import LOG_READ_MAX_BYTES, run_bounded
@@ -325,24 +320,8 @@ def check_ready(
     key: str | None = None,
 ) -> None:
     """Raise NotReady unless /health answers 200 and the base model and every adapter compute
-    one token (asked with `key`, the engine's)."""
-    problem = health(host, port, timeout=min(timeout, 5))
-    if problem is not None:
-        raise NotReady(f"/health: {problem}")
-    base = f"http://{host}:{port}"
-    for name in [alias, *(adapter.name for adapter in adapters)]:
-        body: dict[str, Any] = {"model": name, "prompt": "hi", "max_tokens": 1}
-        lora = lora_request(adapters, name)
-        if lora is not None:
-            body["lora"] = lora
-        try:
-            answer = requests.post(
-                f"{base}/v1/completions", json=body, headers=key_headers(key), timeout=timeout
-            )
-        except requests.RequestException as exc:
-            raise NotReady(f"a completion for {name}: {exc.__class__.__name__}") from None
-        if answer.status_code != 200:
-            raise NotReady(f"a completion for {name} answered {answer.status_code}")
+    one token (asked with `key`, the engine's): Engine.check_ready."""
+    LlamaServer().check_ready(host, port, alias, adapters, timeout=timeout, key=key)
 
 
 # What the control plane keeps of the engine's Prometheus numbers (llama.cpp's names).
@@ -409,18 +388,6 @@ class LlamaServer(Engine):
         self, log_text: str, gpu_layers: int | str, devices: Sequence[int]
     ) -> str | None:
         return offload_problem(offload_report(log_text), gpu_layers, devices)
-
-    def check_ready(
-        self,
-        host: str,
-        port: int,
-        alias: str,
-        adapters: Sequence[AdapterEntry],
-        *,
-        timeout: float,
-        key: str | None = None,
-    ) -> None:
-        check_ready(host, port, alias, adapters, timeout=timeout, key=key)
 
     def lora_request(self, adapters: Sequence[Any], name: str) -> list[dict[str, Any]] | None:
         return lora_request(adapters, name)

@@ -33,11 +33,8 @@ from .base import (
     Engine,
     EngineSettings,
     Features,
-    NotReady,
     WeightsFacts,
     WeightsUnreadable,
-    health,
-    key_headers,
 )
 
 ENGINE_NAME = "vllm"
@@ -246,37 +243,6 @@ class VLLM(Engine):
         return _kv_space(facts.kv_bytes_per_token, settings.context_length, settings.slots)
 
     # -- serving -------------------------------------------------------------------------------
-
-    def health(self, host: str, port: int, *, timeout: float) -> str | None:
-        return health(host, port, timeout=timeout)
-
-    def check_ready(
-        self,
-        host: str,
-        port: int,
-        alias: str,
-        adapters: Sequence[AdapterEntry],
-        *,
-        timeout: float,
-        key: str | None = None,
-    ) -> None:
-        """/health answers 200 and the model and every adapter compute one token."""
-        problem = health(host, port, timeout=min(timeout, 5))
-        if problem is not None:
-            raise NotReady(f"/health: {problem}")
-        for name in [alias, *(adapter.name for adapter in adapters)]:
-            body = {"model": name, "prompt": "hi", "max_tokens": 1}
-            try:
-                answer = requests.post(
-                    f"http://{host}:{port}/v1/completions",
-                    json=body,
-                    headers=key_headers(key),
-                    timeout=timeout,
-                )
-            except requests.RequestException as exc:
-                raise NotReady(f"a completion for {name}: {exc.__class__.__name__}") from None
-            if answer.status_code != 200:
-                raise NotReady(f"a completion for {name} answered {answer.status_code}")
 
     # -- placement -----------------------------------------------------------------------------
 
