@@ -66,6 +66,12 @@ def serve_start(
     added when they are in."""
     backend = get_engine(engine or DEFAULT_ENGINE)
     if backend.weights_layout == "snapshot":
+        if mmproj:
+            raise Refused(
+                f"{backend.name} takes no separate projector file (a vision model's snapshot "
+                "holds its own): leave mmproj out.",
+                code="invalid",
+            )
         commit, files = _snapshot_files(repo, pattern, branch, backend)
     else:
         commit, weights = _one_gguf_file(repo, pattern or "*.gguf", branch, besides=mmproj)

@@ -16,6 +16,7 @@ from registry.models import LEASE_SECONDS, Fetch, MirrorFile
 from registry.updates import check_updates, serve_start
 from tests.registry.serving import REPO, serve
 from tests.support.registry import LocalRegistry, available
+from tests.support.tiny_hf import make_tiny_llama
 
 pytestmark = [
     pytest.mark.django_db,
@@ -217,3 +218,24 @@ def test_a_model_added_by_mirror_url_gets_its_origin_from_the_mirror_record(
         source_check=False,
     )
     assert by_url.origin == served.origin
+
+
+def test_serve_for_vllm_takes_the_snapshot_and_refuses_a_repository_that_is_not_one(
+    registry: LocalRegistry, alice: Actor, weights: dict[int, Path], tmp_path: Path
+) -> None:
+    # A repository of GGUF files is no Hugging Face snapshot: no config.json, no safetensors.
+    with pytest.raises(Refused, match=r"has no config\.json among the files"):
+        serve_start(actor=alice, repo=REPO, engine="vllm")
+    with pytest.raises(Refused, match="takes no separate projector file"):
+        serve_start(actor=alice, repo=REPO, engine="vllm", mmproj="mmproj.gguf")
+    assert not Fetch.objects.exists()
+
+    snapshot = make_tiny_llama(tmp_path / "snap", seed=1, shards=2)
+    files = {p.name: p for p in snapshot.iterdir()}
+    registry.commit("acme/tiny-llama", {**files, "README.md": weights[1]})
+    fetch = serve_start(actor=alice, repo="acme/tiny-llama", engine="vllm")
+    definition = fetch.serve_definition
+    assert definition["engine"] == "vllm" and definition["source"].endswith("/config.json")
+    # Every file of the snapshot but its entry, and nothing else of the repository.
+    assert sorted(definition["files"]) == sorted(set(files) - {"config.json"})
+    assert fetch.files[0]["path"] == "config.json"
