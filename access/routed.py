@@ -70,6 +70,7 @@ NODE_PLACING = (
     "gpu_memory_gb",
     "engine_backends",
     "engines",
+    "gpu_engines",
     "cordoned",
     "lost",
     "last_heartbeat",

@@ -177,6 +177,13 @@ class HeartbeatInput(FieldsOncePerThread, TypedSerializer):
         help_text="the engines its agent has installed (docs/engines.md); left out: the default "
         "engine only",
     )
+    gpu_engines = serializers.ListField(
+        child=serializers.CharField(max_length=40),
+        required=False,
+        default=list,
+        max_length=MAX_ENGINES,
+        help_text="those of its engines that can put a model on its GPUs",
+    )
     address = serializers.CharField(
         required=False,
         allow_blank=True,
@@ -444,6 +451,11 @@ class NodeOut(serializers.Serializer):
         child=serializers.CharField(),
         help_text="the engines its agent has installed: a model's replicas go only to nodes "
         "that have its engine",
+    )
+    gpu_engines = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="those of its engines with a GPU backend: a GPU replica goes only to a node "
+        "where its model's engine has one",
     )
 
 

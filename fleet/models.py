@@ -91,6 +91,10 @@ class Node(models.Model):
     # The engines its agent has installed (llmgw.engines' names): a replica goes only to a node
     # that has its model's engine. Empty from an agent that does not say: the default engine only.
     engines = models.JSONField(default=list, blank=True)
+    # Those of them that can put a model on GPUs (a GPU backend): a GPU replica goes only to a
+    # node where its model's engine can. Empty from an agent that does not say: engine_backends
+    # decides for the default engine.
+    gpu_engines = models.JSONField(default=list, blank=True)
     # What the node should run, versioned: bumped (in the transaction that changes it) whenever
     # a replica is placed on it or withdrawn from it, or its warnings change. A renewal that
     # names the current generation is answered "nothing changed" without reading its replicas.

@@ -73,6 +73,8 @@ class Node:
     devices: tuple[Device, ...] = ()
     gpu_engine: bool = True
     engines: frozenset[str] | None = None
+    # Those of its engines that can use its GPUs; None: gpu_engine says for every engine.
+    gpu_engines: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -241,7 +243,7 @@ def fits(need: Resources, room: Resources) -> bool:
     return _fits(_vec(need), _vec(room))
 
 
-def fits_on_empty(need: Resources, node: Node) -> bool:
+def fits_on_empty(need: Resources, node: Node, engine: str = "") -> bool:
     """Whether ``need`` fits on ``node`` with nothing of llmgw on it: what the gateway asks of
     an on-demand model before it wakes it (fleet.selectors.unplaceable_models). A GPU need asks
     for a GPU engine and, on a node that lists its devices, ``need.gpus`` devices whose total
@@ -249,7 +251,7 @@ def fits_on_empty(need: Resources, node: Node) -> bool:
     be given back by the time the model is placed."""
     if need.gpus <= 0:
         return fits(need, node.capacity)
-    if not node.gpu_engine:
+    if not gpus_for(node, engine):
         return False
     if not node.devices:
         return fits(need, node.capacity)
@@ -397,6 +399,7 @@ class _NodeState:
     devices: dict[int, _Device] = field(default_factory=dict)
     gpu_engine: bool = True
     engines: frozenset[str] | None = None
+    gpu_engines: frozenset[str] | None = None
 
 
 class _FreeIndex:
@@ -539,6 +542,7 @@ class _Planner:
                 devices=devices,
                 gpu_engine=node.gpu_engine,
                 engines=node.engines,
+                gpu_engines=node.gpu_engines,
             )
             self.nodes[node.name] = state
             self.index.update(state)
@@ -671,7 +675,11 @@ class _Planner:
             if not engine:
                 return None
             return lambda node: has_engine(node, engine)
-        return lambda node: has_engine(node, engine) and self.devices_for(node, need) is not None
+        return lambda node: (
+            has_engine(node, engine)
+            and gpus_for(node, engine)
+            and self.devices_for(node, need) is not None
+        )
 
     def settle_devices(self) -> None:
         """Once the running replicas are adopted: what other programs hold on each device is
@@ -950,7 +958,7 @@ class _Planner:
                 room = room_of(nodes[name], rank, tier)
                 if (
                     _fits(need, room)
-                    and (need[2] <= 0 or nodes[name].gpu_engine)
+                    and (need[2] <= 0 or gpus_for(nodes[name], engine))
                     and has_engine(nodes[name], engine)
                 ):
                     roomy.append((-room[0], name))
@@ -1125,9 +1133,16 @@ class _Planner:
         )
 
 
-def has_engine(node: _NodeState, engine: str) -> bool:
+def has_engine(node: _NodeState | Node, engine: str) -> bool:
     """Whether a node has the engine a model runs ("" or a node that does not say: yes)."""
     return not engine or node.engines is None or engine in node.engines
+
+
+def gpus_for(node: _NodeState | Node, engine: str) -> bool:
+    """Whether the node's engine of a model (any, for "") can put it on the node's GPUs."""
+    if not node.gpu_engine:
+        return False
+    return not engine or node.gpu_engines is None or engine in node.gpu_engines
 
 
 def _validate(model: ModelDemand, known: dict[str, ModelDemand]) -> None:
@@ -1183,6 +1198,12 @@ class _Explainer:
         if not any(has_engine(node, model.engine) for node in self.nodes):
             return self._no_engine(model.engine), ()
         profile = model.profiles[0]
+        if (
+            profile.resources.gpus > 0
+            and self.gpu_nodes
+            and not any(gpus_for(node, model.engine) for node in self.nodes)
+        ):
+            return self._no_gpus_for(model.engine, profile.name), ()
         need = _vec(profile.resources)
         # Many models share a profile shape; the words only depend on it.
         said = self._said.get((profile.name, need, profile.note))
@@ -1226,6 +1247,12 @@ class _Explainer:
         return (
             f"no schedulable node has the engine {engine}: its nodes ({names}) report others. "
             f"Install it on a node (docs/engines.md) and restart that node's agent"
+        )
+
+    def _no_gpus_for(self, engine: str, profile: str) -> str:
+        return (
+            f"no node's {engine} can use its GPUs: profile {profile} needs GPUs, and {engine} "
+            "is installed without a GPU backend on every node that has one (docs/engines.md)"
         )
 
     def _no_gpu_engine(self, profile: str, need: _Vec) -> str:

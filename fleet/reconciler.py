@@ -234,9 +234,18 @@ def node_engines(node: Node | Member) -> list[str]:
     return list(node.engines or [DEFAULT_ENGINE])
 
 
+def node_gpu_engines(node: Node | Member) -> list[str]:
+    """The engines of a node that can put a model on GPUs: what its agent reported, or, from
+    an agent that does not say, the default engine when its binary has a GPU backend."""
+    if node.gpu_engines:
+        return list(node.gpu_engines)
+    gpu = any(str(backend).upper() != "CPU" for backend in node.engine_backends or [])
+    return [DEFAULT_ENGINE] if gpu else []
+
+
 def has_gpu_engine(node: Node | Member) -> bool:
-    """Whether the node's engine binary has a GPU backend: any backend besides the CPU's."""
-    return any(str(backend).upper() != "CPU" for backend in node.engine_backends or [])
+    """Whether any engine of the node can put a model on its GPUs."""
+    return bool(node_gpu_engines(node))
 
 
 def node_devices(node: Node | Member) -> tuple[placement.Device, ...]:
@@ -273,6 +282,7 @@ def planner_node(node: Node | Member) -> placement.Node:
         devices=node_devices(node),
         gpu_engine=has_gpu_engine(node),
         engines=frozenset(node_engines(node)),
+        gpu_engines=frozenset(node_gpu_engines(node)),
     )
 
 
@@ -354,6 +364,7 @@ class Member:
     devices: list[Any]
     engine_backends: list[Any]
     engines: list[Any]
+    gpu_engines: list[Any]
 
     @property
     def schedulable(self) -> bool:
@@ -453,7 +464,7 @@ class Quiet:
 _NODE_STAMP = """
     SELECT count(*), coalesce(sum(hashtextextended(concat_ws('|', id, name, memory_gb, cores,
         gpus, gpu_memory_gb, cordoned, lost, last_heartbeat IS NULL, devices::text,
-        engine_backends::text, engines::text), 0)), 0)
+        engine_backends::text, engines::text, gpu_engines::text), 0)), 0)
     FROM fleet_node"""
 _REPLICA_STAMP = """
     SELECT count(*), coalesce(sum(hashtextextended(concat_ws('|', id, model_id, model_name,

@@ -21,6 +21,7 @@ from .reconciler import (
     has_gpu_engine,
     model_demand,
     node_engines,
+    node_gpu_engines,
     planner_node,
     planner_profile,
     planner_replica,
@@ -99,6 +100,7 @@ def nodes_view(*, addresses: bool, name: str | None = None) -> list[dict[str, An
                 "devices_source": node.devices_source,
                 "engine_backends": list(node.engine_backends or []),
                 "engines": node_engines(node),
+                "gpu_engines": node_gpu_engines(node),
             }
         )
     return views
@@ -332,7 +334,9 @@ def unplaceable_models(
             continue
         profiles = list(zip(model.profiles, model_footprints(model, facts[name]), strict=True))
         needs = [planner_profile(profile, memory).resources for profile, memory in profiles]
-        if any(placement.fits_on_empty(need, node) for need in needs for node in with_engine):
+        if any(
+            placement.fits_on_empty(need, node, engine) for need in needs for node in with_engine
+        ):
             continue
         largest = max(nodes, key=lambda n: (n.memory_gb, n.cores))
         described = "; ".join(_describe(p, memory) for p, memory in profiles) or "no profile"
@@ -358,6 +362,7 @@ def _as_placed(node: Node) -> placement.Node:
         devices=devices,
         gpu_engine=has_gpu_engine(node),
         engines=frozenset(node_engines(node)),
+        gpu_engines=frozenset(node_gpu_engines(node)),
     )
 
 

