@@ -30,11 +30,16 @@ from tests.support.system import System, wait_for
 from tests.support.tiny_hf import make_tiny_llama
 
 VLLM = get_engine("vllm")
-MISSING = "vLLM is not installed (make engine-vllm installs it; make test does)"
+MISSING = "vLLM is not installed (make engine-vllm installs it; make test-vllm does)"
+# Run by `make test-vllm`, not by `make test`: its three vLLM starts took 446 s of one worker
+# and pushed the whole suite from about 22 to 31 minutes on CI's two cores (the other tests
+# slowed by them), past the 25 the suite must stay under.
+WANTED = os.environ.get("LLMGW_TEST_VLLM") == "1"
 
 pytestmark = [
     pytest.mark.engine,
     pytest.mark.xdist_group("vllm"),
+    pytest.mark.skipif(not WANTED, reason="make test-vllm runs it (LLMGW_TEST_VLLM=1)"),
     pytest.mark.skipif(VLLM.find() is None and os.environ.get("CI") != "true", reason=MISSING),
     pytest.mark.skipif(available() is not None, reason=str(available())),
 ]
