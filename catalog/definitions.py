@@ -478,8 +478,7 @@ def _engine_problems(attrs: dict[str, Any]) -> dict[str, list[str]]:
             ]
         return errors
     entry = engine.snapshot_entry
-    path = urlsplit(attrs["source"]).path
-    if not path.endswith("/" + entry):
+    if not _names(attrs["source"], entry):
         errors["source"] = [
             f"{engine.name} loads a Hugging Face snapshot: the source is its {entry} (a URL "
             f"ending in /{entry}), and files lists the snapshot's other files"
