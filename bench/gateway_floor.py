@@ -13,6 +13,13 @@ One worker process each, so that the CPU per request is one process's (the sched
 counters), beside issue 39's targets for the gateway: <= 0.3 ms of CPU a request and <= 0.5 ms
 added at the median at one client. `features` is llmgw less floor.
 
+`sleeps/req` is how often a request put the process to sleep (its voluntary context switches: at
+1 client a proxy waits twice a request, for the client and for the upstream; at 32 the work of
+one wake serves many). Waking is not free, and on a virtual machine it can be dear: the bench
+also prints what one wake from a short sleep costs this machine in CPU, measured in its own
+process, which is what a request at 1 client pays twice in every process it passes, whatever the
+code does.
+
     .venv/bin/python bench/gateway_floor.py [--seconds 3] [--rounds 3]
 """
 
@@ -93,48 +100,78 @@ async def application(scope, receive, send):
 
 async def measure(
     paths: dict[str, tuple[str, dict[str, str], int]], seconds: float, rounds: int
-) -> dict[int, dict[str, tuple[Sample, float]]]:
+) -> dict[int, dict[str, tuple[Sample, float, int]]]:
     import aiohttp
 
     body = request_body("bench-fast", False)
-    found: dict[int, dict[str, tuple[Sample, float]]] = {}
+    found: dict[int, dict[str, tuple[Sample, float, int]]] = {}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         for url, headers, _ in paths.values():  # warm: connections, first requests
             await run_cell(session, url, headers, body, 8, 200, Sample())
         for clients in LEVELS:
-            cell = {name: (Sample(), 0.0) for name in paths}
+            cell = {name: (Sample(), 0.0, 0) for name in paths}
             for _ in range(rounds):
                 for name, (url, headers, pid) in paths.items():
-                    sample, cpu = cell[name]
-                    before = tree_cpu_seconds(pid)
+                    sample, cpu, slept = cell[name]
+                    before, switches = tree_cpu_seconds(pid), sleeps(pid)
                     until = time.monotonic() + seconds
                     while time.monotonic() < until:
                         await run_cell(session, url, headers, body, clients, clients * 20, sample)
-                    cell[name] = (sample, cpu + tree_cpu_seconds(pid) - before)
+                    cell[name] = (
+                        sample,
+                        cpu + tree_cpu_seconds(pid) - before,
+                        slept + sleeps(pid) - switches,
+                    )
             found[clients] = cell
             print(f"  measured {clients} clients", file=sys.stderr, flush=True)
     return found
 
 
-def report(found: dict[int, dict[str, tuple[Sample, float]]]) -> None:
-    print(f"{'clients':>7} {'path':<9}{'n':>7}{'p50 ms':>9}{'+p50 ms':>9}{'cpu ms/req':>11}")
+def sleeps(pid: int) -> int:
+    """How often the process's threads have given up the CPU to wait, so far (voluntary
+    context switches)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total
+
+
+def wake_cost_us(pause: float = 0.0005, times: int = 400) -> float:
+    """The CPU one wake from a `pause`-second sleep costs this machine, in microseconds (this
+    process's own, measured over `times` sleeps)."""
+    started = time.process_time()
+    for _ in range(times):
+        time.sleep(pause)
+    return (time.process_time() - started) / times * 1e6
+
+
+def report(found: dict[int, dict[str, tuple[Sample, float, int]]]) -> None:
+    print(
+        f"{'clients':>7} {'path':<9}{'n':>7}{'p50 ms':>9}{'+p50 ms':>9}{'cpu ms/req':>11}"
+        f"{'sleeps/req':>11}"
+    )
     for clients, cell in found.items():
         direct = percentile(cell["direct"][0].totals, 0.5)
         cpu = {}
-        for name, (sample, seconds) in cell.items():
+        for name, (sample, seconds, slept) in cell.items():
             p50 = percentile(sample.totals, 0.5)
             cpu[name] = seconds / max(1, len(sample.totals)) * 1000
             added = "-" if name == "direct" else f"{(p50 - direct) * 1000:.3f}"
             print(
                 f"{clients:>7} {name:<9}{len(sample.totals):>7}{p50 * 1000:>9.3f}{added:>9}"
-                f"{cpu[name]:>11.3f}"
+                f"{cpu[name]:>11.3f}{slept / max(1, len(sample.totals)):>11.2f}"
             )
         features = cpu["llmgw"] - cpu["floor"]
         print(f"{clients:>7} {'features':<9}{'':>7}{'':>9}{'':>9}{features:>11.3f}")
     one = found[1]
     direct = percentile(one["direct"][0].totals, 0.5)
     for name in ("floor", "llmgw"):
-        sample, seconds = one[name]
+        sample, seconds, _ = one[name]
         cpu = seconds / max(1, len(sample.totals)) * 1000
         added = (percentile(sample.totals, 0.5) - direct) * 1000
         print(
@@ -142,6 +179,11 @@ def report(found: dict[int, dict[str, tuple[Sample, float]]]) -> None:
             f"{'met' if cpu <= TARGET_CPU_MS else 'NOT met'}), +{added:.3f} ms p50 "
             f"(<= {TARGET_ADDED_MS}: {'met' if added <= TARGET_ADDED_MS else 'NOT met'})"
         )
+    wake = wake_cost_us()
+    print(
+        f"  this machine: one wake from a 0.5 ms sleep costs {wake:.0f} us of CPU; at 1 client "
+        f"each path's process sleeps and wakes the times per request in sleeps/req"
+    )
 
 
 def main() -> int:

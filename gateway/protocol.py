@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    HEADER_RE,
+    HEADER_VALUE_RE,
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 from core import requestid
 
@@ -86,6 +92,79 @@ class HeadWithBody:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
+
+
+class GatewayCycle(RequestResponseCycle):
+    """uvicorn's cycle of one request and its answer, with a shorter way for what every answer
+    sends (the gateway writes a stream's every event through here: 20 a second per stream, 10,000
+    a second at 512 streams), and the same bytes on the wire:
+
+    - the status line and headers: the names are checked for forbidden bytes in one search over
+      all of them, and so are the values (both patterns are single-byte classes, so one search
+      over the joined parts finds what one a part would), instead of two searches a header;
+    - a piece of a chunked body that more follow: framed and written, without the checks that
+      apply to a first, last or HEAD answer's piece (those go through uvicorn's own send).
+
+    GatewayProtocol makes every request's cycle one of these (uvicorn builds the cycle; its
+    class is swapped before the application runs: it adds no state of its own)."""
+
+    async def send(self, message: Any) -> None:
+        if self.flow.write_paused or self.disconnected:
+            await super().send(message)
+        elif not self.response_started:
+            if message["type"] == "http.response.start" and not self.access_log:
+                self._start(message)
+            else:
+                await super().send(message)
+        elif (
+            self.chunked_encoding
+            and not self.response_complete
+            and message.get("more_body", False)
+            and message["type"] == "http.response.body"
+        ):
+            body = message.get("body", b"")
+            if body:
+                self.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        else:
+            await super().send(message)
+
+    def _start(self, message: Any) -> None:
+        """uvicorn's http.response.start, with the header checks done once for all headers."""
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        status = message["status"]
+        headers = self.default_headers + list(message.get("headers", []))
+        if HEADER_RE.search(b"".join(name for name, _ in headers)):
+            raise RuntimeError("Invalid HTTP header name.")
+        if HEADER_VALUE_RE.search(b"".join(value for _, value in headers)):
+            raise RuntimeError("Invalid HTTP header value.")
+        content = [STATUS_LINE[status]]
+        closes = False
+        for name, value in headers:
+            name = name.lower()
+            if name == b"content-length" and self.chunked_encoding is None:
+                self.expected_content_length = int(value.decode())
+                self.chunked_encoding = False
+            elif name == b"transfer-encoding" and value.lower() == b"chunked":
+                self.expected_content_length = 0
+                self.chunked_encoding = True
+            elif name == b"connection" and b"close" in [
+                token.lower().strip() for token in value.split(b",")
+            ]:
+                self.keep_alive = False
+                closes = True
+            content.extend((name, b": ", value, b"\r\n"))
+        if not self.keep_alive and not closes:
+            content.append(b"connection: close\r\n")
+        if (
+            self.chunked_encoding is None
+            and self.scope["method"] != "HEAD"
+            and status not in (204, 304)
+        ):
+            self.chunked_encoding = True
+            content.append(b"transfer-encoding: chunked\r\n")
+        content.append(b"\r\n")
+        self.transport.write(b"".join(content))
 
 
 class _TooManyHeaders(Exception):
@@ -285,8 +364,10 @@ class GatewayProtocol(HttpToolsProtocol):
         before = self.cycle
         super().on_headers_complete()
         cycle = self.cycle
-        if cycle is not None and cycle is not before and self.scope["method"] != "HEAD":
-            cycle.transport = HeadWithBody(cycle.transport)  # type: ignore[assignment]
+        if cycle is not None and cycle is not before:
+            cycle.__class__ = GatewayCycle
+            if self.scope["method"] != "HEAD":
+                cycle.transport = HeadWithBody(cycle.transport)  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
         self._in_body = False

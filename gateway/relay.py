@@ -921,8 +921,11 @@ async def _chunks(answer: proxy.Answer, tally: proxy.StreamTally, api: str) -> A
     first = tally.feed(answer.first)
     if first:
         yield first
+    # Answer.rest's reads, here without its generator between: one layer less a chunk.
+    connection, timeout = answer.connection, answer.timeout
+    assert connection is not None
     try:
-        async for chunk in answer.rest():
+        while chunk := await connection.read(timeout):
             passed = tally.feed(chunk)
             if passed:
                 yield passed
