@@ -573,6 +573,8 @@ async def _decide(call: Call, asked: Asked) -> routing.Serve | Reply:
             snapshot.catalog,
             may_wait=time.monotonic() < deadline,
             unplaceable=snapshot.unplaceable,
+            path=call.endpoint.path,
+            needs=call.endpoint.needs,
         )
         if not isinstance(decision, routing.Wait):
             break

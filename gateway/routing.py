@@ -306,6 +306,8 @@ def decide(
     *,
     may_wait: bool,
     unplaceable: dict[str, str] | None = None,
+    path: str | None = None,
+    needs: str | None = None,
 ) -> Decision:
     """Where a request for `entry` goes now, given the replicas in routing.
 
@@ -315,6 +317,10 @@ def decide(
     falls back as its base model does, to the fallback model itself. Fallbacks are
     not followed further (a fallback's own fallbacks) nor woken when on demand: a
     fallback is a stand-in that is there now, not a second wait.
+
+    A request to the endpoint at `path` (needing the engine feature `needs`, if any) falls
+    back only to a model whose engine answers it: one of another engine that does not would
+    answer an error of its own for what the model asked for serves (`Entry.answers`).
 
     An on-demand model with nothing placed that fits on no node (`unplaceable`
     names it, with the reason) is not waited for: no wait would end otherwise.
@@ -329,28 +335,42 @@ def decide(
         may_wait = False
     if may_wait and (entry.on_demand or starting):
         return Wait(model=entry.model, on_demand=entry.on_demand)
+    unfit: list[str] = []
     for fallback in entry.fallbacks:
         target = catalog.entries.get(fallback)
         if target is None:
             continue  # removed since; validation keeps this rare
+        if (path is not None and not target.answers(path)) or (
+            needs is not None and not target.serves(needs)
+        ):
+            unfit.append(fallback)
+            continue
         ready = tuple(c for c in replicas.get(fallback, []) if c.ready and c.serves(target))
         if ready:
             return Serve(
                 model=fallback, engine_name=fallback, candidates=ready, fallback_from=entry.name
             )
     return Unavailable(
-        message=_why_unavailable(entry, starting, cannot_place),
+        message=_why_unavailable(entry, starting, cannot_place, unfit, path),
         retry_after=60 if cannot_place else 10,
     )
 
 
-def _why_unavailable(entry: Entry, starting: bool, cannot_place: str | None = None) -> str:
+def _why_unavailable(
+    entry: Entry,
+    starting: bool,
+    cannot_place: str | None = None,
+    unfit: Sequence[str] = (),
+    path: str | None = None,
+) -> str:
     what = f"{entry.name} (an adapter of {entry.model})" if entry.adapter else entry.name
-    tried = (
-        f"; its fallbacks ({', '.join(entry.fallbacks)}) have none either"
-        if entry.fallbacks
-        else ""
-    )
+    tried_ones = [name for name in entry.fallbacks if name not in unfit]
+    tried = f"; its fallbacks ({', '.join(tried_ones)}) have none either" if tried_ones else ""
+    if unfit:
+        tried += (
+            f"; {'its fallback' if len(unfit) == 1 else 'its fallbacks'} ({', '.join(unfit)}) "
+            f"cannot answer {path or 'this endpoint'}"
+        )
     if cannot_place is not None:
         return (
             f"{what} cannot be started: {cannot_place}{tried}. Add a node that is large enough, "

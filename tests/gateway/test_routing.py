@@ -106,6 +106,36 @@ def test_when_the_wait_is_over_it_falls_back() -> None:
     assert isinstance(decision, Serve) and decision.model == "small"
 
 
+def test_it_falls_back_only_to_a_model_whose_engine_answers_the_endpoint() -> None:
+    # vLLM computes no embeddings: a request for them skips its model and takes the next.
+    chat = entry("chat", fallbacks=("big", "small"))
+    big, small = entry("big", engine="vllm"), entry("small")
+    replicas = {"big": [replica("b", "big")], "small": [replica("s", "small")]}
+    catalog = catalog_of(chat, big, small)
+    decision = decide(
+        chat, replicas, catalog, may_wait=False, path="/v1/embeddings", needs="embeddings"
+    )
+    assert isinstance(decision, Serve) and decision.model == "small"
+    # Chat completions, which both answer: the first in order.
+    decision = decide(chat, replicas, catalog, may_wait=False, path="/v1/chat/completions")
+    assert isinstance(decision, Serve) and decision.model == "big"
+    # With only the one that cannot answer, the request is refused, and the answer says why.
+    alone = entry("chat", fallbacks=("big",))
+    decision = decide(
+        alone,
+        replicas,
+        catalog_of(alone, big),
+        may_wait=False,
+        path="/v1/embeddings",
+        needs="embeddings",
+    )
+    assert isinstance(decision, Unavailable)
+    assert decision.message == (
+        "chat has no ready replica right now; its fallback (big) cannot answer /v1/embeddings. "
+        "Try again shortly; `llmgw ctl model target chat` shows why."
+    )
+
+
 def test_with_no_replica_and_no_fallback_it_says_why() -> None:
     parked = entry("chat", parked=True)
     decision = decide(parked, {}, catalog_of(parked), may_wait=True)

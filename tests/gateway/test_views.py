@@ -174,6 +174,25 @@ def test_a_fallback_answers_when_the_model_has_no_ready_replica(
     assert engine.names() == ["small"]
 
 
+def test_a_fallback_whose_engine_does_not_answer_the_endpoint_is_passed_over(
+    gw: Any, catalog: Any, engine: FakeEngine
+) -> None:
+    # vLLM computes no embeddings: "big" would answer chat for "small", not embeddings.
+    snapshot = "http://127.0.0.1:8000/mirror/acme/big/0123abc/config.json"
+    catalog.add("big", engine="vllm", source=snapshot, files=["model.safetensors"])
+    catalog.add("small", fallbacks=["big"])
+    catalog.replica("big", engine)
+    refused = gw.post("/v1/embeddings", {"model": "small", "input": "a"})
+    assert refused.status_code == 503, refused.text
+    assert "its fallback (big) cannot answer /v1/embeddings" in refused.json()["error"]["message"]
+    assert engine.requests == []  # no engine was asked
+    chat = {"model": "small", "messages": [{"role": "user", "content": "hi"}]}
+    answered = gw.post("/v1/chat/completions", chat)
+    assert answered.status_code == 200, answered.text
+    assert answered.headers["X-LLMGW-Model"] == "big"
+    assert engine.names() == ["big"]
+
+
 def test_an_on_demand_model_is_asked_for_and_waited_for(
     gw: Any, catalog: Any, engine: FakeEngine, settings: Any, monkeypatch: Any
 ) -> None:
