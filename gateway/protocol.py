@@ -121,6 +121,7 @@ class GatewayCycle(RequestResponseCycle):
             and not self.response_complete
             and message.get("more_body", False)
             and message["type"] == "http.response.body"
+            and self.scope["method"] != "HEAD"  # no body, even one an answer says is chunked
         ):
             body = message.get("body", b"")
             if body:

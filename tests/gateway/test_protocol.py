@@ -297,3 +297,105 @@ def test_a_broken_chunked_body_behind_another_request_is_a_400_after_its_answer(
         )
         got = answers(sock)
     assert [status for status, _ in got] == [200, 400]
+
+
+# -- the answer's bytes: GatewayCycle against uvicorn's own cycle ----------------------------
+
+
+class _Written:
+    """A transport that keeps what is written to it."""
+
+    def __init__(self) -> None:
+        self.data = b""
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+
+def _cycle(kind: type, method: str) -> tuple[Any, _Written]:
+    import asyncio
+    import logging
+
+    from uvicorn.protocols.http.flow_control import FlowControl
+
+    transport = _Written()
+    cycle = kind(
+        scope={"type": "http", "method": method, "http_version": "1.1", "path": "/"},
+        transport=transport,
+        flow=FlowControl(transport),  # type: ignore[arg-type]
+        logger=logging.getLogger("test"),
+        access_logger=logging.getLogger("test.access"),
+        access_log=False,
+        default_headers=[(b"date", b"Mon, 07 Dec 2026 00:00:00 GMT")],
+        message_event=asyncio.Event(),
+        expect_100_continue=False,
+        keep_alive=True,
+        on_response=lambda: None,
+    )
+    return cycle, transport
+
+
+def _start(status: int, *headers: tuple[bytes, bytes]) -> dict[str, Any]:
+    return {"type": "http.response.start", "status": status, "headers": list(headers)}
+
+
+def _body(body: bytes, more: bool = False) -> dict[str, Any]:
+    return {"type": "http.response.body", "body": body, "more_body": more}
+
+
+JSON_TYPE = (b"content-type", b"application/json")
+ANSWERS = {
+    "whole": ("POST", [_start(200, JSON_TYPE, (b"Content-Length", b"2")), _body(b"{}")]),
+    "stream": (
+        "POST",
+        [
+            _start(200, JSON_TYPE),
+            _body(b"data: 1\n\n", True),
+            _body(b"", True),
+            _body(b"data: 2\n\n", True),
+            _body(b""),
+        ],
+    ),
+    "close": (
+        "POST",
+        [_start(200, (b"connection", b"Keep-Alive, Close")), _body(b"x", True), _body(b"")],
+    ),
+    "head": (
+        "HEAD",
+        [_start(200, (b"transfer-encoding", b"chunked")), _body(b"hidden", True), _body(b"")],
+    ),
+    "no content": ("POST", [_start(204), _body(b"")]),
+    "bad value": ("POST", [_start(200, (b"x-a", b"one\r\ntwo"))]),
+    "bad name": ("POST", [_start(200, (b"x a", b"one"))]),
+}
+
+
+@pytest.mark.parametrize("answer", list(ANSWERS))
+def test_the_cycle_writes_what_uvicorns_writes(answer: str) -> None:
+    import asyncio
+
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+    method, messages = ANSWERS[answer]
+
+    async def run(kind: type) -> tuple[bytes, str, bool, bool]:
+        cycle, transport = _cycle(kind, method)
+        failed = ""
+        for message in messages:
+            try:
+                await cycle.send(message)
+            except RuntimeError as exc:
+                failed = str(exc)
+                break
+        return transport.data, failed, cycle.keep_alive, cycle.response_complete
+
+    ours = asyncio.run(run(protocol.GatewayCycle))
+    assert ours == asyncio.run(run(RequestResponseCycle))
+    assert ours[0] or ours[1]  # something was written, or refused
