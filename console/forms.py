@@ -19,6 +19,7 @@ from catalog.models import Model
 from core.durations import DurationError, parse_duration
 from core.refusals import Problem, Refused
 from core.serializers import flatten_errors, path_text
+from llmgw.engines import DEFAULT_ENGINE, engine_names, get_engine
 from registry.api import ServeInput
 
 
@@ -311,6 +312,16 @@ class AddModelForm(ConsoleForm):
     )
 
 
+GGUF_FILES = "*.gguf"
+
+
+def _engine_choice(name: str) -> str:
+    """An engine as the serve form offers it: its name and what it loads."""
+    if get_engine(name).weights_layout == "snapshot":
+        return f"{name}: a Hugging Face snapshot (config, tokenizer, safetensors)"
+    return f"{name}: one GGUF file"
+
+
 class ServeForm(ConsoleForm):
     """`llmgw ctl model serve` as a form; the API's own input schema has the last word."""
 
@@ -323,13 +334,24 @@ class ServeForm(ConsoleForm):
         widget=forms.TextInput(attrs={"placeholder": "ORG/NAME", "spellcheck": "false"}),
         error_messages={"required": "Give the repository, as ORG/NAME."},
     )
+    engine = forms.ChoiceField(
+        label="Engine",
+        required=False,
+        choices=[
+            ("" if name == DEFAULT_ENGINE else name, _engine_choice(name))
+            for name in sorted(engine_names(), key=lambda name: name != DEFAULT_ENGINE)
+        ],
+        help_text="What runs the model. Its node must have it installed.",
+    )
     file = forms.CharField(
         label="File pattern",
         required=False,
         max_length=500,
-        initial="*.gguf",
+        initial=GGUF_FILES,
         widget=forms.TextInput(attrs={"spellcheck": "false"}),
-        help_text="A glob that picks exactly one GGUF file of the repository, like *q4_k_m.gguf.",
+        help_text="A glob that picks exactly one GGUF file of the repository, like *q4_k_m.gguf. "
+        "For a snapshot: globs separated by commas; left as *.gguf or empty, its config, "
+        "tokenizer and safetensors files.",
     )
     branch = forms.CharField(
         label="Branch",
@@ -382,9 +404,17 @@ class ServeForm(ConsoleForm):
         data = super().clean() or {}
         if self.errors:
             return data
+        engine = data["engine"] or ""
+        pattern = data["file"].strip()
+        if get_engine(engine or DEFAULT_ENGINE).weights_layout == "snapshot":
+            # The field's first value is a GGUF glob: left as it is, the engine's own set.
+            files = None if pattern in ("", GGUF_FILES) else pattern
+        else:
+            files = pattern or GGUF_FILES
         wanted = {
             "repo": data["repo"].strip(),
-            "file": data["file"].strip() or "*.gguf",
+            "file": files,
+            **({"engine": engine} if engine else {}),
             "revision": data["branch"].strip() or "main",
             "name": data["name"].strip() or None,
             # Left out when empty: the API takes no empty name.

@@ -23,6 +23,7 @@ from registry.models import Fetch, MirrorFile, Rollout
 from registry.rollouts import advance_rollouts
 from tests.console.pages import HTMX, row_of, text_of
 from tests.support.registry import LocalRegistry, available
+from tests.support.tiny_hf import make_tiny_llama
 
 pytestmark = [pytest.mark.django_db]
 
@@ -499,6 +500,41 @@ def test_serving_creates_a_fetch_and_follows_it_until_the_model_is_in(
     )
     assert response.status_code == 302
     assert response["Location"] == f"/fetches/{Fetch.objects.latest('pk').pk}/"
+
+
+@needs_registry
+def test_the_form_serves_a_snapshot_for_vllm(
+    client_for: Any, running: Any, registry: dict[str, Any], tmp_path: Path
+) -> None:
+    client = client_for("alice")
+    html = client.get("/add/").content.decode()
+    engine = html[html.index('id="serve-engine"') :]
+    assert (
+        '<option value="vllm">vllm: a Hugging Face snapshot' in engine[: engine.index("</select>")]
+    )
+    snapshot = make_tiny_llama(tmp_path / "snapshot", seed=1)
+    files = {path.name: path for path in snapshot.iterdir()}
+    repo = registry["repo"] + "-hf"
+    registry["registry"].commit(repo, files)
+    # The file pattern left at its first value (*.gguf): the snapshot's own files.
+    response = client.post(
+        "/add/serve",
+        {"repo": repo, "engine": "vllm", "file": "*.gguf", "memory_gb": "3"},
+        headers=HTMX,
+    )
+    assert response.status_code == 200, text_of(response)
+    fetch = Fetch.objects.get()
+    definition = fetch.serve_definition
+    assert definition["engine"] == "vllm" and definition["source"].endswith("/config.json")
+    assert sorted(definition["files"]) == sorted(set(files) - {"config.json"})
+    fetches.run_fetch(fetch.pk)
+    model = Model.objects.get(name=definition["name"])
+    assert model.engine == "vllm" and sorted(model.files) == sorted(definition["files"])
+    # A GGUF repository is no snapshot: refused in the form, nothing fetched.
+    refused = client.post("/add/serve", {"repo": registry["repo"], "engine": "vllm"}, headers=HTMX)
+    assert refused.status_code == 400
+    assert "has no config.json among the files" in text_of(refused)
+    assert Fetch.objects.count() == 1
 
 
 @needs_registry
