@@ -30,7 +30,7 @@ from .fairqueue import FairQueue
 from .limits import SharedCounters
 from .load import SharedLoad
 from .loadsignal import LoadSignalBook
-from .metrics import Metrics, metrics
+from .metrics import EngineFigures, Metrics, metrics
 from .prefix import PrefixTable
 from .redislimits import RedisLimits
 from .routing import Balancer
@@ -77,9 +77,10 @@ class Gateway:
         self.balancer.on_remembered = self.metrics.replica_names.set
         self.tracer = tracer if tracer is not None else Tracer()
         self.upstream = proxy.Upstream()
-        # /metrics' figures of the control plane, read from the database at most every
-        # CONTROL_PLANE_READ_SECONDS: (when read, the text).
-        self.control_plane_read: tuple[float, bytes] | None = None
+        # /metrics' figures of the engines and the control plane, read from the database at most
+        # every CONTROL_PLANE_READ_SECONDS: (when read, the engines' figures, the control
+        # plane's text).
+        self.control_plane_read: tuple[float, tuple[EngineFigures, ...], bytes] | None = None
         self.web = Web()
         self.forward_budget = Budget(self.metrics)
         # Nodes' renewals answered here (fleet.renewals), through this process's door.

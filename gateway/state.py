@@ -27,8 +27,7 @@ from django.utils import timezone
 from access import routed, services, traffic, triggers
 from access.models import DeletedGatewayKey, Team, UserWeight
 from core.diskspace import disk_full, where_full
-from fleet.models import Replica
-from fleet.selectors import engine_numbers, unplaceable_models
+from fleet.selectors import fresh_engine_rows, reported_numbers, unplaceable_models
 from llmgw.limitdefs import COUNTERS
 
 from . import limits
@@ -48,7 +47,7 @@ log = logging.getLogger("llmgw.gateway")
 # a withdrawn replica is out within about this plus one read, well inside the drain that keeps a
 # withdrawn replica running (fleet.services.DRAIN_SECONDS).
 POLL_SECONDS = 0.05
-# The engines' figures and the budgets' tokens, which no notification covers, are read this often.
+# The budgets' tokens, which no notification covers, are read this often.
 SAFETY_SECONDS = 5.0
 # On PostgreSQL a replica's notification names it, and the refresher reads again only the
 # replicas named (`Changes`, `refresh_replicas`): placing a model changes hundreds a second.
@@ -407,7 +406,6 @@ class Snapshot:
     keys: Keys
     unplaceable: dict[str, str]  # on-demand model -> why it fits on no node
     # What each serving replica's engine last reported of itself (fleet.selectors), for /metrics.
-    engines: tuple[EngineFigures, ...] = ()
     # Every team's limits, by id (few rows: read whole when one changes), and the tokens the
     # database held this month for keys and teams with a budget (gateway.limits.Budgets).
     teams: dict[int, Limits] = field(default_factory=dict)
@@ -427,7 +425,6 @@ class Snapshot:
             + len(self.people)
             + len(self.budgets.by_subject)
             + len(self.unplaceable)
-            + len(self.engines)
         )
 
 
@@ -456,7 +453,6 @@ def read_snapshot(
         replicas=replicas,
         keys=keys,
         unplaceable=_unplaceable(catalog),
-        engines=_engines(),
         teams=teams,
         budgets=budgets,
         people=read_user_weights(),
@@ -504,12 +500,11 @@ def checked_replicas(
 
 
 def refresh_figures(previous: Snapshot, counters: limits.SharedCounters | None) -> Snapshot:
-    """`previous` with what no notification covers read again: the engines' figures and the
-    budgets' tokens."""
+    """`previous` with what no notification covers read again: the budgets' tokens."""
     budgets = previous.budgets
     if previous.keys.budgeted() or any(team.budgeted for team in previous.teams.values()):
         budgets = limits.read_budgets(counters.writers() if counters is not None else ())
-    return replace(previous, engines=_engines(), budgets=budgets, read_at=time.monotonic())
+    return replace(previous, budgets=budgets, read_at=time.monotonic())
 
 
 def read_teams() -> dict[int, Limits]:
@@ -534,30 +529,15 @@ def read_user_weights() -> dict[int, float]:
     return dict(UserWeight.objects.order_by().values_list(*routed.USER_WEIGHTS))
 
 
-def _engines() -> tuple[EngineFigures, ...]:
-    """The serving replicas' engine numbers, fresh ones only (fleet.selectors.engine_numbers)."""
+def engine_figures() -> tuple[EngineFigures, ...]:
+    """The serving replicas' engine numbers, fresh ones only (fleet.selectors.engine_numbers),
+    read as rows: what /metrics shows (gateway.app), read when it is asked."""
+    now = timezone.now()
     figures = []
-    for replica in (
-        Replica.objects.filter(withdrawn_at__isnull=True, state=Replica.READY, model__isnull=False)
-        .exclude(engine_metrics_at__isnull=True)
-        .select_related("node")
-        .only(
-            "id",
-            "model_name",
-            "state",
-            "withdrawn_at",
-            "slots",
-            "engine_metrics",
-            "engine_metrics_at",
-            "node__name",
-        )
-        .order_by("model_name", "id")
-    ):
-        numbers = engine_numbers(replica)
+    for replica_id, model_name, node_name, reported, at, slots in fresh_engine_rows():
+        numbers = reported_numbers(reported, at, slots, now)
         if numbers is not None:
-            figures.append(
-                EngineFigures(replica.model_name, str(replica.pk), replica.node.name, numbers)
-            )
+            figures.append(EngineFigures(model_name, str(replica_id), node_name, numbers))
     return tuple(figures)
 
 

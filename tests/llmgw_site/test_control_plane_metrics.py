@@ -134,17 +134,25 @@ def test_scrapes_read_the_database_at_most_once_in_a_while(monkeypatch: pytest.M
         reads.append(1)
         return ControlPlaneFigures(rollouts={"done": len(reads)}, heartbeat_ages={})
 
+    engine_reads = []
+    serving = (EngineFigures("chat", "r1", "gpu-1", {"slots": 4}),)
+
+    def engines() -> tuple[EngineFigures, ...]:
+        engine_reads.append(1)
+        return serving
+
     monkeypatch.setattr(selectors, "control_plane_figures", figures)
+    monkeypatch.setattr(app, "engine_figures", engines)
     gateway = SimpleNamespace(control_plane_read=None)
     # No database here: closing the connection would touch the one an earlier database test
     # left open, which pytest-django refuses outside a database test.
     monkeypatch.setattr(app, "connection", SimpleNamespace(close=lambda: None))
-    texts = {app._control_plane_text(gateway) for _ in range(100)}
-    assert len(reads) == 1
-    assert texts == {control_plane_exposition(ControlPlaneFigures({"done": 1}, {}))}
+    read = [app._database_figures(gateway) for _ in range(100)]
+    assert len(reads) == 1 and len(engine_reads) == 1  # the engines too: 20,000 rows at scale
+    assert read == [(serving, control_plane_exposition(ControlPlaneFigures({"done": 1}, {})))] * 100
     monkeypatch.setattr(app, "CONTROL_PLANE_READ_SECONDS", 0.0)
-    app._control_plane_text(gateway)
-    assert len(reads) == 2
+    app._database_figures(gateway)
+    assert len(reads) == 2 and len(engine_reads) == 2
 
 
 @pytest.mark.django_db(transaction=True)
@@ -164,7 +172,7 @@ def test_a_scrape_leaves_no_connection_open_in_the_thread_that_read_the_database
 
     def scrape() -> None:
         fresh = SimpleNamespace(control_plane_read=None)
-        assert app._control_plane_text(fresh).startswith(b"# HELP")
+        assert app._database_figures(fresh)[1].startswith(b"# HELP")
         held.append(connection.connection)
 
     thread = threading.Thread(target=scrape)
