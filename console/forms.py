@@ -21,6 +21,7 @@ from core.refusals import Problem, Refused
 from core.serializers import flatten_errors, path_text
 from llmgw.engines import DEFAULT_ENGINE, engine_names, get_engine
 from registry.api import ServeInput
+from registry.updates import GGUF_PATTERN
 
 
 class ConsoleRenderer(DjangoTemplates):
@@ -312,9 +313,6 @@ class AddModelForm(ConsoleForm):
     )
 
 
-GGUF_FILES = "*.gguf"
-
-
 def _engine_choice(name: str) -> str:
     """An engine as the serve form offers it: its name and what it loads."""
     if get_engine(name).weights_layout == "snapshot":
@@ -347,7 +345,7 @@ class ServeForm(ConsoleForm):
         label="File pattern",
         required=False,
         max_length=500,
-        initial=GGUF_FILES,
+        initial=GGUF_PATTERN,
         widget=forms.TextInput(attrs={"spellcheck": "false"}),
         help_text="A glob that picks exactly one GGUF file of the repository, like *q4_k_m.gguf. "
         "For a snapshot: globs separated by commas; left as *.gguf or empty, its config, "
@@ -406,14 +404,14 @@ class ServeForm(ConsoleForm):
             return data
         engine = data["engine"] or ""
         pattern = data["file"].strip()
-        if get_engine(engine or DEFAULT_ENGINE).weights_layout == "snapshot":
-            # The field's first value is a GGUF glob: left as it is, the engine's own set.
-            files = None if pattern in ("", GGUF_FILES) else pattern
-        else:
-            files = pattern or GGUF_FILES
+        if (
+            pattern == GGUF_PATTERN
+            and get_engine(engine or DEFAULT_ENGINE).weights_layout == "snapshot"
+        ):
+            pattern = ""  # the field's first value, left as it is: the engine's own set
         wanted = {
             "repo": data["repo"].strip(),
-            "file": files,
+            "file": pattern or None,  # the default, serve_start's
             **({"engine": engine} if engine else {}),
             "revision": data["branch"].strip() or "main",
             "name": data["name"].strip() or None,

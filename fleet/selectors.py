@@ -174,7 +174,7 @@ def engine_numbers(replica: Replica) -> dict[str, Any] | None:
 def fresh_engine_rows() -> Iterable[tuple[UUID, str, str, Any, datetime | None, int]]:
     """(replica id, model name, node name, engine metrics, when reported, slots) of every
     serving replica whose engine reported within ENGINE_NUMBERS_FRESH_SECONDS: rows, not
-    Replica instances (the gateway reads them every few seconds, and at 20,000 replicas their
+    Replica instances (the gateway's /metrics reads them, and at 20,000 replicas their
     instances cost a second of its CPU a read)."""
     since = timezone.now() - timedelta(seconds=ENGINE_NUMBERS_FRESH_SECONDS)
     return (

@@ -13,7 +13,7 @@ import asyncio
 import functools
 import json
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,13 +96,6 @@ class Answer:
     @property
     def streaming(self) -> bool:
         return self.body is None
-
-    async def rest(self) -> AsyncIterator[bytes]:
-        """The stream after `first`, as it arrives (each wait bounded by the upstream
-        timeout, which the request set as its read timeout)."""
-        assert self.connection is not None
-        while chunk := await self.connection.read(self.timeout):
-            yield chunk
 
     def close(self) -> None:
         """Let the connection go; closing it mid-stream tells the engine to stop generating."""

@@ -923,7 +923,8 @@ async def _chunks(answer: proxy.Answer, tally: proxy.StreamTally, api: str) -> A
     first = tally.feed(answer.first)
     if first:
         yield first
-    # Answer.rest's reads, here without its generator between: one layer less a chunk.
+    # The stream after `first`, as it arrives, each wait bounded by the upstream timeout (the
+    # request's read timeout).
     connection, timeout = answer.connection, answer.timeout
     assert connection is not None
     try:

@@ -37,6 +37,10 @@ from .quota import file_key, refuse_past_serve_quota
 
 log = logging.getLogger("registry.updates")
 
+# The file a GGUF model is served from when no pattern is given: the repository's only GGUF
+# file (a projector beside it not counted).
+GGUF_PATTERN = "*.gguf"
+
 
 # -- serve ------------------------------------------------------------------------
 
@@ -74,7 +78,7 @@ def serve_start(
             )
         commit, files = _snapshot_files(repo, pattern, branch, backend)
     else:
-        commit, weights = _one_gguf_file(repo, pattern or "*.gguf", branch, besides=mmproj)
+        commit, weights = _one_gguf_file(repo, pattern or GGUF_PATTERN, branch, besides=mmproj)
         files = [weights] + ([_projector_file(repo, commit, mmproj)] if mmproj else [])
     definition = _serve_definition(
         repo,
